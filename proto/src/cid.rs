@@ -1,0 +1,269 @@
+//! ADR-0040 connection IDs: 12 bytes that carry the owning instance's server id,
+//! encrypted so that observers cannot link two CIDs or count instances.
+//!
+//! ```text
+//! byte 0      : cr (2 bits) | random (6 bits)     cr = key generation 0..=2, 3 = unroutable
+//! bytes 1..=8 : nonce (64 random bits, fresh per CID)
+//! bytes 9..=10: server id XOR HMAC-SHA-256(key[cr], byte0 || nonce)[0..2]
+//! byte 11     : random
+//! ```
+//!
+//! The PRF input is byte 0 *including* its six random bits, followed by the nonce
+//! (bytes 0..=8 of the CID), so a decoder can recompute it from the CID alone.
+
+use aws_lc_rs::hmac;
+
+/// Every server-issued CID is exactly this long (ADR-0040 "Length"), which is what
+/// lets the demux parse short headers without per-connection state (RFC 9000 §17.3).
+pub const CID_LEN: usize = 12;
+/// Length of one key generation's secret.
+pub const KEY_LEN: usize = 32;
+/// `cr` value that marks a CID as deliberately unroutable (ADR-0040).
+pub const CR_UNROUTABLE: u8 = 3;
+/// At most this many generations are live (decodable) at once (ADR-0040 "Rotation").
+pub const MAX_LIVE_GENERATIONS: usize = 2;
+/// Bytes of caller-supplied randomness one CID consumes: 6 bits of byte 0 (taken from
+/// the low bits of `rand[0]`), 8 nonce bytes and the trailing random byte.
+pub const CID_RANDOM_LEN: usize = 10;
+
+/// A 16-bit server id, assigned per instance start by the controller (ADR-0040).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServerId(pub u16);
+
+impl std::fmt::Display for ServerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A key generation, carried in the two `cr` bits: 0, 1 or 2.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Generation(u8);
+
+impl Generation {
+    pub const fn new(g: u8) -> Option<Generation> {
+        if g < CR_UNROUTABLE {
+            Some(Generation(g))
+        } else {
+            None
+        }
+    }
+    pub const fn get(self) -> u8 {
+        self.0
+    }
+    /// The generation that follows this one in the 0 → 1 → 2 → 0 cycle.
+    pub const fn next(self) -> Generation {
+        Generation((self.0 + 1) % CR_UNROUTABLE)
+    }
+}
+
+/// Why a byte string is not a routable CID.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unroutable {
+    /// Not 12 bytes long.
+    WrongLength,
+    /// `cr` = 3: marked unroutable by its issuer.
+    Marked,
+    /// `cr` names a generation this key set does not hold (rotated away or never made).
+    UnknownGeneration(u8),
+}
+
+/// What a routable CID says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decoded {
+    pub generation: Generation,
+    pub server_id: ServerId,
+}
+
+/// Errors building a key set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeySetError {
+    /// The previous generation equals the newest one.
+    DuplicateGeneration,
+}
+
+impl std::fmt::Display for KeySetError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeySetError::DuplicateGeneration => f.write_str("two live keys share one generation"),
+        }
+    }
+}
+impl std::error::Error for KeySetError {}
+
+/// The live key generations (at most two), with HMAC keys prepared once.
+#[derive(Clone)]
+pub struct KeySet {
+    newest: Generation,
+    /// Indexed by generation; `None` for generations that are not live.
+    keys: [Option<hmac::Key>; 3],
+    raw: [Option<[u8; KEY_LEN]>; 3],
+}
+
+impl std::fmt::Debug for KeySet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print key material.
+        f.debug_struct("KeySet")
+            .field("newest", &self.newest)
+            .field("live", &self.live_generations().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl KeySet {
+    /// A key set whose newest generation is `newest`, optionally still decoding `previous`.
+    pub fn new(
+        newest: (Generation, [u8; KEY_LEN]),
+        previous: Option<(Generation, [u8; KEY_LEN])>,
+    ) -> Result<KeySet, KeySetError> {
+        let mut keys: [Option<hmac::Key>; 3] = [None, None, None];
+        let mut raw = [None; 3];
+        if let Some((g, _)) = previous {
+            if g == newest.0 {
+                return Err(KeySetError::DuplicateGeneration);
+            }
+        }
+        for (g, k) in std::iter::once(newest).chain(previous) {
+            keys[g.0 as usize] = Some(hmac::Key::new(hmac::HMAC_SHA256, &k));
+            raw[g.0 as usize] = Some(k);
+        }
+        Ok(KeySet { newest: newest.0, keys, raw })
+    }
+
+    /// The generation new CIDs are minted with.
+    pub fn newest(&self) -> Generation {
+        self.newest
+    }
+
+    /// The generations this set decodes, newest first.
+    pub fn live_generations(&self) -> impl Iterator<Item = Generation> + '_ {
+        let prev = (0..3u8)
+            .map(Generation)
+            .filter(move |g| *g != self.newest && self.keys[g.0 as usize].is_some());
+        std::iter::once(self.newest).chain(prev)
+    }
+
+    /// The raw secret of a live generation (for handing to workers).
+    pub fn secret(&self, g: Generation) -> Option<&[u8; KEY_LEN]> {
+        self.raw[g.0 as usize].as_ref()
+    }
+
+    /// Rotation: `fresh` becomes the newest generation (the one after the current newest),
+    /// the current newest stays decodable, and the one before it is dropped.
+    pub fn rotated(&self, fresh: [u8; KEY_LEN]) -> KeySet {
+        let prev = self.newest;
+        let next = prev.next();
+        let prev_key = self.raw[prev.0 as usize].expect("newest generation always has a key");
+        KeySet::new((next, fresh), Some((prev, prev_key))).expect("next() differs from prev")
+    }
+
+    /// The two server-id mask bytes for `prefix` = CID bytes 0..=8 under generation `g`.
+    #[inline]
+    fn mask(key: &hmac::Key, prefix: &[u8]) -> [u8; 2] {
+        let tag = hmac::sign(key, prefix);
+        let t = tag.as_ref();
+        [t[0], t[1]]
+    }
+
+    /// Mints a CID for `server_id` with the newest generation. `rand` supplies every
+    /// random bit: the low six bits of `rand[0]`, the nonce `rand[1..9]`, and `rand[9]`.
+    pub fn encode(&self, server_id: ServerId, rand: &[u8; CID_RANDOM_LEN]) -> [u8; CID_LEN] {
+        self.encode_with(self.newest, server_id, rand)
+            .expect("newest generation always has a key")
+    }
+
+    /// Mints a CID under a specific live generation; `None` if `g` is not live.
+    pub fn encode_with(
+        &self,
+        g: Generation,
+        server_id: ServerId,
+        rand: &[u8; CID_RANDOM_LEN],
+    ) -> Option<[u8; CID_LEN]> {
+        let key = self.keys[g.0 as usize].as_ref()?;
+        let mut cid = [0u8; CID_LEN];
+        cid[0] = (g.0 << 6) | (rand[0] & 0x3f);
+        cid[1..9].copy_from_slice(&rand[1..9]);
+        let m = Self::mask(key, &cid[..9]);
+        let id = server_id.0.to_be_bytes();
+        cid[9] = id[0] ^ m[0];
+        cid[10] = id[1] ^ m[1];
+        cid[11] = rand[9];
+        Some(cid)
+    }
+
+    /// Recovers (generation, server id) from a CID, or says why it is not routable.
+    /// Any 12 bytes with a live `cr` decode to *some* server id: integrity is not
+    /// needed (ADR-0040), the caller checks whether that id is live.
+    #[inline]
+    pub fn decode(&self, cid: &[u8]) -> Result<Decoded, Unroutable> {
+        if cid.len() != CID_LEN {
+            return Err(Unroutable::WrongLength);
+        }
+        let cr = cid[0] >> 6;
+        if cr == CR_UNROUTABLE {
+            return Err(Unroutable::Marked);
+        }
+        let Some(key) = self.keys[cr as usize].as_ref() else {
+            return Err(Unroutable::UnknownGeneration(cr));
+        };
+        let m = Self::mask(key, &cid[..9]);
+        let id = u16::from_be_bytes([cid[9] ^ m[0], cid[10] ^ m[1]]);
+        Ok(Decoded { generation: Generation(cr), server_id: ServerId(id) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys() -> KeySet {
+        KeySet::new((Generation(1), [7; 32]), Some((Generation(0), [9; 32]))).unwrap()
+    }
+
+    #[test]
+    fn layout_matches_adr_0040() {
+        let ks = keys();
+        let rand = [0xff, 1, 2, 3, 4, 5, 6, 7, 8, 0xaa];
+        let cid = ks.encode(ServerId(0x1234), &rand);
+        assert_eq!(cid[0] >> 6, 1, "cr bits carry the newest generation");
+        assert_eq!(cid[0] & 0x3f, 0x3f, "six random bits kept");
+        assert_eq!(&cid[1..9], &[1, 2, 3, 4, 5, 6, 7, 8], "nonce in bytes 1..=8");
+        assert_eq!(cid[11], 0xaa, "byte 11 random");
+        // Recompute the mask independently of the implementation.
+        let k = hmac::Key::new(hmac::HMAC_SHA256, &[7; 32]);
+        let tag = hmac::sign(&k, &cid[..9]);
+        assert_eq!(cid[9] ^ tag.as_ref()[0], 0x12);
+        assert_eq!(cid[10] ^ tag.as_ref()[1], 0x34);
+    }
+
+    #[test]
+    fn unroutable_reasons() {
+        let ks = KeySet::new((Generation(0), [1; 32]), None).unwrap();
+        assert_eq!(ks.decode(&[0; 11]), Err(Unroutable::WrongLength));
+        assert_eq!(ks.decode(&[0; 13]), Err(Unroutable::WrongLength));
+        assert_eq!(ks.decode(&[0xc0; 12]), Err(Unroutable::Marked));
+        assert_eq!(ks.decode(&[0x40; 12]), Err(Unroutable::UnknownGeneration(1)));
+        assert_eq!(ks.decode(&[0x80; 12]), Err(Unroutable::UnknownGeneration(2)));
+        assert!(ks.decode(&[0x3f; 12]).is_ok());
+    }
+
+    #[test]
+    fn rotation_keeps_previous_and_drops_older() {
+        let ks = KeySet::new((Generation(2), [1; 32]), Some((Generation(1), [2; 32]))).unwrap();
+        let old = ks.encode(ServerId(5), &[0; 10]);
+        let r = ks.rotated([3; 32]);
+        assert_eq!(r.newest(), Generation(0));
+        assert_eq!(r.decode(&old).unwrap().server_id, ServerId(5));
+        let older = ks.encode_with(Generation(1), ServerId(6), &[0; 10]).unwrap();
+        assert_eq!(r.decode(&older), Err(Unroutable::UnknownGeneration(1)));
+        assert_eq!(r.live_generations().collect::<Vec<_>>(), vec![Generation(0), Generation(2)]);
+    }
+
+    #[test]
+    fn duplicate_generation_rejected() {
+        assert_eq!(
+            KeySet::new((Generation(0), [1; 32]), Some((Generation(0), [2; 32]))).unwrap_err(),
+            KeySetError::DuplicateGeneration
+        );
+    }
+}

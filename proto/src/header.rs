@@ -1,0 +1,291 @@
+//! Zero-copy parser for the cleartext part of a QUIC packet header.
+//!
+//! It reads only what is never header-protected or encrypted: the first byte's form
+//! and fixed bits, the long-header packet type, version, connection IDs, the Initial
+//! token and the Length field. It never reads packet-number bits or payload.
+//!
+//! - RFC 8999 §5.1 / §5.2: version-independent long and short header invariants.
+//! - RFC 9000 §17.2 (long header), §17.2.1 (Version Negotiation), §17.2.2 (Initial),
+//!   §17.2.3 (0-RTT), §17.2.4 (Handshake), §17.2.5 (Retry), §17.3 (short header).
+//! - RFC 9369 §3.2: QUIC version 2 long-header type codes.
+
+/// QUIC version 1 (RFC 9000 §15).
+pub const VERSION_1: u32 = 0x0000_0001;
+/// QUIC version 2 (RFC 9369 §3.1).
+pub const VERSION_2: u32 = 0x6b33_43cf;
+/// Versions whose long-header packet types this parser understands.
+pub const SUPPORTED_VERSIONS: [u32; 2] = [VERSION_1, VERSION_2];
+/// RFC 9000 §17.2: in QUIC v1 and v2 a connection ID is at most 20 bytes.
+pub const MAX_CID_LEN_V1: usize = 20;
+/// RFC 9001 §5.4.2: header protection samples 16 bytes starting 4 bytes after the
+/// packet-number offset, so a protected packet has at least 20 bytes after it.
+pub const MIN_AFTER_PN_OFFSET: usize = 20;
+
+/// Long-header packet types of QUIC v1/v2 (RFC 9000 §17.2, RFC 9369 §3.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LongType {
+    Initial,
+    ZeroRtt,
+    Handshake,
+    Retry,
+}
+
+/// A parsed header, borrowing from the datagram.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Header<'a> {
+    /// A long header of QUIC v1 or v2.
+    Long(LongHeader<'a>),
+    /// A long header of a version this parser does not know (RFC 8999 §5.1 invariants
+    /// only): the server would answer it with Version Negotiation (RFC 9000 §6.1).
+    UnsupportedVersion { version: u32, dcid: &'a [u8], scid: &'a [u8] },
+    /// A Version Negotiation packet (version 0, RFC 9000 §17.2.1). Only servers send
+    /// these; a server receiving one discards it.
+    VersionNegotiation { dcid: &'a [u8], scid: &'a [u8] },
+    /// A 1-RTT packet (RFC 9000 §17.3.1) whose DCID is `dcid_len` bytes.
+    Short { dcid: &'a [u8] },
+}
+
+/// A QUIC v1/v2 long header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LongHeader<'a> {
+    pub version: u32,
+    pub ty: LongType,
+    pub dcid: &'a [u8],
+    pub scid: &'a [u8],
+    /// Initial only: the token (empty when the client has none).
+    pub token: &'a [u8],
+    /// Bytes of the datagram this packet covers (header + Length), so the caller can
+    /// find coalesced packets after it (RFC 9000 §12.2). For Retry, the whole datagram.
+    pub packet_len: usize,
+}
+
+impl Header<'_> {
+    /// The destination connection ID, whatever the header form.
+    pub fn dcid(&self) -> &[u8] {
+        match self {
+            Header::Long(h) => h.dcid,
+            Header::UnsupportedVersion { dcid, .. }
+            | Header::VersionNegotiation { dcid, .. }
+            | Header::Short { dcid } => dcid,
+        }
+    }
+}
+
+/// Why a datagram is not a QUIC packet this demux can route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HeaderError {
+    /// Empty, or ends before a field it announces.
+    Truncated,
+    /// The fixed bit (0x40) is clear on a v1/v2 or short-header packet (RFC 9000
+    /// §17.2, §17.3.1). Greasing it (RFC 9287) is never negotiated by our workers.
+    FixedBitClear,
+    /// A connection ID length above 20 in a v1/v2 packet (RFC 9000 §17.2).
+    CidTooLong,
+    /// A short header too short to carry the fixed-length DCID and a protected
+    /// payload that can be sampled (RFC 9001 §5.4.2).
+    ShortTooShort,
+    /// A Length (or Retry integrity tag) that runs past the end of the datagram.
+    LengthMismatch,
+}
+
+impl std::fmt::Display for HeaderError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = match self {
+            HeaderError::Truncated => "truncated header",
+            HeaderError::FixedBitClear => "fixed bit clear",
+            HeaderError::CidTooLong => "connection id longer than 20 bytes",
+            HeaderError::ShortTooShort => "short header packet too short",
+            HeaderError::LengthMismatch => "length field exceeds datagram",
+        };
+        f.write_str(s)
+    }
+}
+impl std::error::Error for HeaderError {}
+
+const FORM_LONG: u8 = 0x80;
+const FIXED_BIT: u8 = 0x40;
+
+/// A cursor over the datagram that never panics: every read is bounds-checked.
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    #[inline]
+    fn u8(&mut self) -> Result<u8, HeaderError> {
+        let b = *self.buf.get(self.pos).ok_or(HeaderError::Truncated)?;
+        self.pos += 1;
+        Ok(b)
+    }
+    #[inline]
+    fn bytes(&mut self, n: usize) -> Result<&'a [u8], HeaderError> {
+        let end = self.pos.checked_add(n).ok_or(HeaderError::Truncated)?;
+        let s = self.buf.get(self.pos..end).ok_or(HeaderError::Truncated)?;
+        self.pos = end;
+        Ok(s)
+    }
+    #[inline]
+    fn u32(&mut self) -> Result<u32, HeaderError> {
+        let b = self.bytes(4)?;
+        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    /// RFC 9000 §16 variable-length integer.
+    #[inline]
+    fn varint(&mut self) -> Result<u64, HeaderError> {
+        let first = self.u8()?;
+        let extra = (1usize << (first >> 6)) - 1;
+        let mut v = u64::from(first & 0x3f);
+        for &b in self.bytes(extra)? {
+            v = (v << 8) | u64::from(b);
+        }
+        Ok(v)
+    }
+    #[inline]
+    fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+}
+
+/// Decodes an RFC 9000 §16 varint from the front of `buf`: (value, bytes used).
+pub fn read_varint(buf: &[u8]) -> Option<(u64, usize)> {
+    let mut r = Reader { buf, pos: 0 };
+    let v = r.varint().ok()?;
+    Some((v, r.pos))
+}
+
+/// The long-header packet type for a v1/v2 first byte (RFC 9000 §17.2, RFC 9369 §3.2).
+fn long_type(version: u32, first: u8) -> LongType {
+    let bits = (first >> 4) & 0x03;
+    if version == VERSION_2 {
+        // RFC 9369 §3.2: Initial 0b01, 0-RTT 0b10, Handshake 0b11, Retry 0b00.
+        match bits {
+            0b01 => LongType::Initial,
+            0b10 => LongType::ZeroRtt,
+            0b11 => LongType::Handshake,
+            _ => LongType::Retry,
+        }
+    } else {
+        // RFC 9000 §17.2, Table 5.
+        match bits {
+            0b00 => LongType::Initial,
+            0b01 => LongType::ZeroRtt,
+            0b10 => LongType::Handshake,
+            _ => LongType::Retry,
+        }
+    }
+}
+
+/// Parses the first packet header of a datagram. `short_dcid_len` is the fixed DCID
+/// length of short headers (ADR-0040: 12).
+pub fn parse(datagram: &[u8], short_dcid_len: usize) -> Result<Header<'_>, HeaderError> {
+    let mut r = Reader { buf: datagram, pos: 0 };
+    let first = r.u8()?;
+    if first & FORM_LONG == 0 {
+        // RFC 9000 §17.3.1: 1-RTT packet.
+        if first & FIXED_BIT == 0 {
+            return Err(HeaderError::FixedBitClear);
+        }
+        let dcid = r.bytes(short_dcid_len).map_err(|_| HeaderError::ShortTooShort)?;
+        if r.remaining() < MIN_AFTER_PN_OFFSET {
+            return Err(HeaderError::ShortTooShort);
+        }
+        return Ok(Header::Short { dcid });
+    }
+    // RFC 8999 §5.1: version, then DCID and SCID, each with a one-byte length.
+    let version = r.u32()?;
+    let dcid_len = r.u8()? as usize;
+    let dcid = r.bytes(dcid_len)?;
+    let scid_len = r.u8()? as usize;
+    let scid = r.bytes(scid_len)?;
+    if version == 0 {
+        return Ok(Header::VersionNegotiation { dcid, scid });
+    }
+    if !SUPPORTED_VERSIONS.contains(&version) {
+        return Ok(Header::UnsupportedVersion { version, dcid, scid });
+    }
+    if first & FIXED_BIT == 0 {
+        return Err(HeaderError::FixedBitClear);
+    }
+    if dcid_len > MAX_CID_LEN_V1 || scid_len > MAX_CID_LEN_V1 {
+        return Err(HeaderError::CidTooLong);
+    }
+    let ty = long_type(version, first);
+    let mut token: &[u8] = &[];
+    match ty {
+        LongType::Retry => {
+            // RFC 9000 §17.2.5: Retry Token, then a 16-byte integrity tag.
+            if r.remaining() < 16 {
+                return Err(HeaderError::LengthMismatch);
+            }
+            return Ok(Header::Long(LongHeader {
+                version,
+                ty,
+                dcid,
+                scid,
+                token: &datagram[r.pos..datagram.len() - 16],
+                packet_len: datagram.len(),
+            }));
+        }
+        LongType::Initial => {
+            // RFC 9000 §17.2.2: Token Length (varint) and Token.
+            let len = r.varint()?;
+            let len = usize::try_from(len).map_err(|_| HeaderError::Truncated)?;
+            token = r.bytes(len)?;
+        }
+        LongType::ZeroRtt | LongType::Handshake => {}
+    }
+    // RFC 9000 §17.2.2-4: Length covers packet number and payload.
+    let length = r.varint()?;
+    let length = usize::try_from(length).map_err(|_| HeaderError::LengthMismatch)?;
+    // RFC 9001 §5.4.2: the header-protection sample must fit inside the packet.
+    if length > r.remaining() || length < MIN_AFTER_PN_OFFSET {
+        return Err(HeaderError::LengthMismatch);
+    }
+    Ok(Header::Long(LongHeader { version, ty, dcid, scid, token, packet_len: r.pos + length }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn varint_examples_rfc9000_a1() {
+        // RFC 9000 Appendix A.1 sample encodings.
+        let cases: [(&[u8], u64); 4] = [
+            (&[0xc2, 0x19, 0x7c, 0x5e, 0xff, 0x14, 0xe8, 0x8c], 151_288_809_941_952_652),
+            (&[0x9d, 0x7f, 0x3e, 0x7d], 494_878_333),
+            (&[0x7b, 0xbd], 15_293),
+            (&[0x25], 37),
+        ];
+        for (bytes, v) in cases {
+            assert_eq!(read_varint(bytes), Some((v, bytes.len())));
+            assert_eq!(read_varint(&bytes[..bytes.len() - 1]), None);
+        }
+        assert_eq!(read_varint(&[0x40, 0x25]), Some((37, 2)));
+    }
+
+    #[test]
+    fn short_header_needs_dcid_and_sample() {
+        let mut p = vec![0x40u8; 1 + 12 + 20];
+        assert!(matches!(parse(&p, 12), Ok(Header::Short { dcid }) if dcid.len() == 12));
+        p.pop();
+        assert_eq!(parse(&p, 12), Err(HeaderError::ShortTooShort));
+        let q = [0x00u8; 40];
+        assert_eq!(parse(&q, 12), Err(HeaderError::FixedBitClear));
+        assert_eq!(parse(&[], 12), Err(HeaderError::Truncated));
+    }
+
+    #[test]
+    fn v2_types_differ_from_v1() {
+        for (first, v1, v2) in [
+            (0xc0, LongType::Initial, LongType::Retry),
+            (0xd0, LongType::ZeroRtt, LongType::Initial),
+            (0xe0, LongType::Handshake, LongType::ZeroRtt),
+            (0xf0, LongType::Retry, LongType::Handshake),
+        ] {
+            assert_eq!(long_type(VERSION_1, first), v1);
+            assert_eq!(long_type(VERSION_2, first), v2);
+        }
+    }
+}

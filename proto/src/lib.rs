@@ -1,0 +1,24 @@
+//! # quicdemux-proto
+//!
+//! The sans-IO core shared by the demux, the workers and the tools: pure functions
+//! over bytes, time passed in, no sockets, no clocks, no threads, no `unsafe`.
+//!
+//! - [`cid`]: ADR-0040 connection IDs (encode / decode, key generations).
+//! - [`header`]: the cleartext QUIC header (RFC 8999, RFC 9000 §17, RFC 9369).
+//! - [`route`]: the ADR-0040 routing table as a function of datagram and snapshot.
+//! - [`pin`]: the fixed-capacity 10 s placement pin table.
+//! - [`rendezvous`]: keyed highest-random-weight hashing.
+//! - [`wire`]: demux → worker data frames and control messages.
+#![forbid(unsafe_code)]
+
+pub mod cid;
+pub mod header;
+pub mod pin;
+pub mod rendezvous;
+pub mod route;
+pub mod wire;
+
+pub use cid::{Decoded, Generation, KeySet, ServerId, Unroutable, CID_LEN};
+pub use header::{Header, HeaderError, LongHeader, LongType};
+pub use pin::PinTable;
+pub use route::{route, route_train, Decision, InstanceInfo, Reason, Table, TrainRun};

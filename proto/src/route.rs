@@ -1,0 +1,344 @@
+//! The ADR-0040 routing table as a pure function:
+//! (datagram, table snapshot, pin table, now) → [`Decision`].
+//!
+//! | datagram                                                  | reason               |
+//! |-----------------------------------------------------------|----------------------|
+//! | any header whose DCID decodes to a live server id         | `Owner`              |
+//! | client Initial / 0-RTT, client-chosen DCID, pinned        | `Pinned`             |
+//! | client Initial / 0-RTT, client-chosen DCID, not pinned    | `Placed` (+ pin 10 s)|
+//! | decodes to a dead id, `cr` = 3, unknown generation        | `Orphan`             |
+//! | long header of an unsupported version, ≥ 1200 bytes       | `VersionNegotiation` |
+//! | too short, fixed bit clear, inconsistent lengths, …       | `NotQuic` (drop)     |
+//! | a reason above, but no instance to send it to             | `NoInstance` (drop)  |
+//!
+//! **Why a client Initial whose random DCID decodes to a live id may go to that
+//! instance.** Routing by DCID is deterministic: every datagram the client sends
+//! with that DCID (its Initials, its 0-RTT) decodes to the same live id and so reaches
+//! the same instance, exactly as a pin would guarantee. The instance sees an ordinary
+//! new connection; it need not have issued the CID (RFC 9000 §7.2 lets the client pick
+//! any DCID), and from its Handshake on the client uses the instance's own CIDs. The
+//! only cost is placement ignoring `placeable` with probability ≤ live/65 536 per
+//! random DCID: a draining instance refuses the connection and the client retries with
+//! a fresh DCID. The alternative — pinning first — would need the pin table on the
+//! Owner path, which must stay stateless (ADR-0040 "Consequences").
+
+use crate::cid::{KeySet, ServerId, CID_LEN};
+use crate::header::{self, Header, LongType};
+use crate::pin::PinTable;
+use crate::rendezvous::Rendezvous;
+use std::time::Duration;
+
+/// RFC 9000 §14.1: a server MUST discard an Initial in a datagram smaller than this;
+/// RFC 9000 §5.2.2: a server MUST drop smaller packets of unsupported versions.
+pub const MIN_INITIAL_DATAGRAM: usize = 1200;
+
+/// Why a datagram goes where it goes. The order is the counter order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Reason {
+    Owner = 0,
+    Placed = 1,
+    Pinned = 2,
+    Orphan = 3,
+    VersionNegotiation = 4,
+    NotQuic = 5,
+    NoInstance = 6,
+}
+
+impl Reason {
+    pub const COUNT: usize = 7;
+    pub const ALL: [Reason; Reason::COUNT] = [
+        Reason::Owner,
+        Reason::Placed,
+        Reason::Pinned,
+        Reason::Orphan,
+        Reason::VersionNegotiation,
+        Reason::NotQuic,
+        Reason::NoInstance,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            Reason::Owner => "Owner",
+            Reason::Placed => "Placed",
+            Reason::Pinned => "Pinned",
+            Reason::Orphan => "Orphan",
+            Reason::VersionNegotiation => "VersionNegotiation",
+            Reason::NotQuic => "NotQuic",
+            Reason::NoInstance => "NoInstance",
+        }
+    }
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Where a datagram goes: `target` indexes [`Table::instances`]; `None` means drop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub reason: Reason,
+    pub target: Option<usize>,
+}
+
+impl Decision {
+    const fn drop(reason: Reason) -> Decision {
+        Decision { reason, target: None }
+    }
+}
+
+/// An instance as the controller describes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InstanceInfo {
+    pub server_id: ServerId,
+    /// Accepts new connections (ready and not draining).
+    pub placeable: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    info: InstanceInfo,
+    seed: u64,
+}
+
+/// Errors building a table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TableError {
+    DuplicateServerId(ServerId),
+}
+
+impl std::fmt::Display for TableError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TableError::DuplicateServerId(id) => write!(f, "server id {id} listed twice"),
+        }
+    }
+}
+impl std::error::Error for TableError {}
+
+/// An immutable snapshot of what routing needs: keys and live instances.
+/// The data plane swaps whole snapshots (RCU); it never mutates one.
+#[derive(Clone, Debug)]
+pub struct Table {
+    keys: KeySet,
+    rendezvous: Rendezvous,
+    entries: Vec<Entry>,
+    /// (server id, entry index), sorted by id, for O(log n) lookup.
+    by_id: Vec<(u16, u32)>,
+    any_placeable: bool,
+}
+
+impl Table {
+    /// `instances` keeps its order: [`Decision::target`] indexes it.
+    pub fn new(
+        keys: KeySet,
+        rendezvous_key: [u8; 16],
+        instances: &[InstanceInfo],
+    ) -> Result<Table, TableError> {
+        let rendezvous = Rendezvous::new(rendezvous_key);
+        let entries: Vec<Entry> = instances
+            .iter()
+            .map(|&info| Entry { info, seed: rendezvous.seed(info.server_id) })
+            .collect();
+        let mut by_id: Vec<(u16, u32)> =
+            entries.iter().enumerate().map(|(i, e)| (e.info.server_id.0, i as u32)).collect();
+        by_id.sort_unstable();
+        if let Some(w) = by_id.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(TableError::DuplicateServerId(ServerId(w[0].0)));
+        }
+        let any_placeable = instances.iter().any(|i| i.placeable);
+        Ok(Table { keys, rendezvous, entries, by_id, any_placeable })
+    }
+
+    pub fn keys(&self) -> &KeySet {
+        &self.keys
+    }
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+    pub fn instance(&self, index: usize) -> Option<InstanceInfo> {
+        self.entries.get(index).map(|e| e.info)
+    }
+    pub fn instances(&self) -> impl Iterator<Item = InstanceInfo> + '_ {
+        self.entries.iter().map(|e| e.info)
+    }
+
+    /// The entry index of a live server id.
+    #[inline]
+    pub fn index_of(&self, id: ServerId) -> Option<usize> {
+        self.by_id
+            .binary_search_by_key(&id.0, |&(sid, _)| sid)
+            .ok()
+            .map(|i| self.by_id[i].1 as usize)
+    }
+
+    /// Rendezvous winner among placeable instances.
+    #[inline]
+    fn place(&self, key_hash: u64) -> Option<usize> {
+        Rendezvous::pick(
+            key_hash,
+            self.entries.iter().enumerate().filter(|(_, e)| e.info.placeable).map(|(i, e)| (e.seed, i)),
+        )
+    }
+
+    /// "Any serving instance": placeable ones first, else any live one.
+    #[inline]
+    fn any_serving(&self, dcid: &[u8]) -> Option<usize> {
+        let h = self.rendezvous.key_hash(dcid);
+        if self.any_placeable {
+            self.place(h)
+        } else {
+            Rendezvous::pick(h, self.entries.iter().enumerate().map(|(i, e)| (e.seed, i)))
+        }
+    }
+
+    #[inline]
+    fn owner(&self, dcid: &[u8]) -> Option<usize> {
+        // ADR-0040: only a 12-byte CID with a live `cr` can name an owner.
+        self.keys.decode(dcid).ok().and_then(|d| self.index_of(d.server_id))
+    }
+
+    fn orphan(&self, dcid: &[u8]) -> Decision {
+        match self.any_serving(dcid) {
+            Some(i) => Decision { reason: Reason::Orphan, target: Some(i) },
+            None => Decision::drop(Reason::NoInstance),
+        }
+    }
+}
+
+/// Routes one datagram (a single UDP payload, possibly of coalesced packets; RFC 9000
+/// §12.2 has them share one DCID, so the first header decides).
+pub fn route(datagram: &[u8], table: &Table, pins: &mut PinTable, now: Duration) -> Decision {
+    let Ok(h) = header::parse(datagram, CID_LEN) else {
+        return Decision::drop(Reason::NotQuic);
+    };
+    route_header(&h, datagram.len(), table, pins, now)
+}
+
+/// [`route`] for a header already parsed from a datagram of `datagram_len` bytes.
+pub fn route_header(
+    h: &Header<'_>,
+    datagram_len: usize,
+    table: &Table,
+    pins: &mut PinTable,
+    now: Duration,
+) -> Decision {
+    match *h {
+        // RFC 9000 §17.2.1: only servers send Version Negotiation; a server drops it.
+        Header::VersionNegotiation { .. } => Decision::drop(Reason::NotQuic),
+        Header::UnsupportedVersion { dcid, .. } => {
+            // RFC 9000 §5.2.2: answer with VN only if large enough to start a connection.
+            if datagram_len < MIN_INITIAL_DATAGRAM {
+                return Decision::drop(Reason::NotQuic);
+            }
+            match table.any_serving(dcid) {
+                Some(i) => Decision { reason: Reason::VersionNegotiation, target: Some(i) },
+                None => Decision::drop(Reason::NoInstance),
+            }
+        }
+        Header::Short { dcid } => match table.owner(dcid) {
+            Some(i) => Decision { reason: Reason::Owner, target: Some(i) },
+            None => table.orphan(dcid),
+        },
+        Header::Long(l) => {
+            if let Some(i) = table.owner(l.dcid) {
+                return Decision { reason: Reason::Owner, target: Some(i) };
+            }
+            match l.ty {
+                LongType::Initial | LongType::ZeroRtt => {
+                    // RFC 9000 §14.1: Initials travel in datagrams of ≥ 1200 bytes.
+                    if l.ty == LongType::Initial && datagram_len < MIN_INITIAL_DATAGRAM {
+                        return Decision::drop(Reason::NotQuic);
+                    }
+                    place(l.dcid, table, pins, now)
+                }
+                LongType::Handshake => table.orphan(l.dcid),
+                // RFC 9000 §17.2.5: only servers send Retry.
+                LongType::Retry => Decision::drop(Reason::NotQuic),
+            }
+        }
+    }
+}
+
+/// Placement of a client-chosen DCID: the pin if it still names a live instance,
+/// else the rendezvous winner among placeable instances, pinned.
+fn place(dcid: &[u8], table: &Table, pins: &mut PinTable, now: Duration) -> Decision {
+    if let Some(i) = pins.get(dcid, now).and_then(|id| table.index_of(id)) {
+        return Decision { reason: Reason::Pinned, target: Some(i) };
+    }
+    match table.place(table.rendezvous.key_hash(dcid)) {
+        Some(i) => {
+            pins.insert(dcid, table.entries[i].info.server_id, now);
+            Decision { reason: Reason::Placed, target: Some(i) }
+        }
+        None => Decision::drop(Reason::NoInstance),
+    }
+}
+
+/// A run of consecutive segments of a GRO train that go to the same place.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TrainRun {
+    /// Byte range within the train.
+    pub bytes: std::ops::Range<usize>,
+    /// Segments in the run (each is one datagram for the counters).
+    pub segments: usize,
+    pub decision: Decision,
+}
+
+/// Routes a GRO train of `stride`-byte segments (the last may be shorter).
+/// When every segment parses with the first segment's DCID the train is routed once
+/// and travels whole; otherwise each segment is routed by itself and consecutive
+/// segments with the same decision are merged. `out` receives the runs in order.
+pub fn route_train(
+    train: &[u8],
+    stride: usize,
+    table: &Table,
+    pins: &mut PinTable,
+    now: Duration,
+    mut out: impl FnMut(TrainRun),
+) {
+    if train.is_empty() {
+        return;
+    }
+    if stride == 0 || stride >= train.len() {
+        let decision = route(train, table, pins, now);
+        out(TrainRun { bytes: 0..train.len(), segments: 1, decision });
+        return;
+    }
+    let first = &train[..stride];
+    let first_hdr = header::parse(first, CID_LEN);
+    let uniform = match &first_hdr {
+        Ok(h0) => train.chunks(stride).skip(1).all(|seg| {
+            matches!(header::parse(seg, CID_LEN), Ok(h) if h.dcid() == h0.dcid())
+        }),
+        Err(_) => false,
+    };
+    if let (true, Ok(h0)) = (uniform, &first_hdr) {
+        let decision = route_header(h0, first.len(), table, pins, now);
+        let segments = train.len().div_ceil(stride);
+        out(TrainRun { bytes: 0..train.len(), segments, decision });
+        return;
+    }
+    let mut run: Option<TrainRun> = None;
+    for (k, seg) in train.chunks(stride).enumerate() {
+        let decision = route(seg, table, pins, now);
+        let start = k * stride;
+        let end = start + seg.len();
+        match &mut run {
+            Some(r) if r.decision == decision => {
+                r.bytes.end = end;
+                r.segments += 1;
+            }
+            _ => {
+                if let Some(r) = run.take() {
+                    out(r);
+                }
+                run = Some(TrainRun { bytes: start..end, segments: 1, decision });
+            }
+        }
+    }
+    if let Some(r) = run {
+        out(r);
+    }
+}

@@ -1,0 +1,481 @@
+//! Wire formats between quicdemux processes (layout: docs/wire.md).
+//!
+//! - The data frame: one SOCK_SEQPACKET record from the demux to a worker, carrying
+//!   one datagram or one GRO train plus its addressing metadata. The header is a
+//!   fixed [`FRAME_HEADER_LEN`] bytes so the demux can send header and payload as two
+//!   iovecs without copying the payload.
+//! - Control messages: one SOCK_SEQPACKET record each, between controller, data plane
+//!   and workers.
+//!
+//! Every decoder checks every length and reserved bit: malformed input is an error,
+//! never a panic.
+
+use crate::cid::{Generation, ServerId, KEY_LEN};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// First byte of a data frame.
+pub const FRAME_MAGIC: u8 = 0xd7;
+/// Data-frame layout version.
+pub const FRAME_VERSION: u8 = 1;
+/// Fixed data-frame header length.
+pub const FRAME_HEADER_LEN: usize = 44;
+/// Largest UDP payload (and so largest GRO train) a frame can carry.
+pub const MAX_PAYLOAD: usize = 65_535;
+
+const FLAG_CLIENT_V6: u8 = 0x01;
+const FLAG_LOCAL: u8 = 0x02;
+const FLAG_LOCAL_V6: u8 = 0x04;
+const FLAGS_KNOWN: u8 = FLAG_CLIENT_V6 | FLAG_LOCAL | FLAG_LOCAL_V6;
+
+/// Why bytes are not a valid frame or control message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WireError {
+    Truncated,
+    BadMagic,
+    UnsupportedVersion(u8),
+    ReservedBits,
+    BadEcn,
+    BadSegmentSize,
+    EmptyPayload,
+    PayloadTooLarge,
+    UnknownMessage(u8),
+    BadGeneration(u8),
+    TooMany,
+    TrailingBytes,
+    BadUtf8,
+}
+
+impl std::fmt::Display for WireError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WireError::Truncated => f.write_str("truncated"),
+            WireError::BadMagic => f.write_str("bad magic byte"),
+            WireError::UnsupportedVersion(v) => write!(f, "unsupported version {v}"),
+            WireError::ReservedBits => f.write_str("reserved bits set"),
+            WireError::BadEcn => f.write_str("ECN codepoint out of range"),
+            WireError::BadSegmentSize => f.write_str("segment size zero or larger than payload"),
+            WireError::EmptyPayload => f.write_str("empty payload"),
+            WireError::PayloadTooLarge => f.write_str("payload larger than 65535 bytes"),
+            WireError::UnknownMessage(t) => write!(f, "unknown message type {t}"),
+            WireError::BadGeneration(g) => write!(f, "key generation {g} out of range"),
+            WireError::TooMany => f.write_str("list longer than allowed"),
+            WireError::TrailingBytes => f.write_str("trailing bytes"),
+            WireError::BadUtf8 => f.write_str("text is not UTF-8"),
+        }
+    }
+}
+impl std::error::Error for WireError {}
+
+/// Metadata of one forwarded datagram or GRO train.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameMeta {
+    /// The client's address and port (the datagram's source).
+    pub client: SocketAddr,
+    /// The address the client sent to (IP_PKTINFO / IPV6_PKTINFO), when known; the
+    /// worker answers from it.
+    pub local: Option<SocketAddr>,
+    /// The ECN codepoint of the IP header (RFC 3168: 0..=3).
+    pub ecn: u8,
+    /// GRO segment size; `None` for a single datagram.
+    pub segment_size: Option<u16>,
+}
+
+fn put_addr(out: &mut [u8], ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            out[..4].copy_from_slice(&v4.octets());
+            out[4..16].fill(0);
+        }
+        IpAddr::V6(v6) => out.copy_from_slice(&v6.octets()),
+    }
+}
+
+fn get_addr(b: &[u8], v6: bool) -> Result<IpAddr, WireError> {
+    let mut a = [0u8; 16];
+    a.copy_from_slice(&b[..16]);
+    if v6 {
+        Ok(IpAddr::V6(Ipv6Addr::from(a)))
+    } else if a[4..].iter().any(|&x| x != 0) {
+        Err(WireError::ReservedBits)
+    } else {
+        Ok(IpAddr::V4(Ipv4Addr::new(a[0], a[1], a[2], a[3])))
+    }
+}
+
+/// Writes the frame header for `meta` (the payload follows it in the same record).
+pub fn encode_frame_header(meta: &FrameMeta, out: &mut [u8; FRAME_HEADER_LEN]) {
+    let mut flags = 0;
+    if meta.client.is_ipv6() {
+        flags |= FLAG_CLIENT_V6;
+    }
+    out[0] = FRAME_MAGIC;
+    out[1] = FRAME_VERSION;
+    out[3] = meta.ecn & 0x03;
+    out[4..6].copy_from_slice(&meta.segment_size.unwrap_or(0).to_be_bytes());
+    out[6..8].copy_from_slice(&meta.client.port().to_be_bytes());
+    put_addr(&mut out[8..24], meta.client.ip());
+    match meta.local {
+        Some(l) => {
+            flags |= FLAG_LOCAL;
+            if l.is_ipv6() {
+                flags |= FLAG_LOCAL_V6;
+            }
+            put_addr(&mut out[24..40], l.ip());
+            out[40..42].copy_from_slice(&l.port().to_be_bytes());
+        }
+        None => out[24..42].fill(0),
+    }
+    out[42..44].fill(0);
+    out[2] = flags;
+}
+
+/// Encodes a whole frame into a new buffer (tests, tools; the demux uses iovecs).
+pub fn encode_frame(meta: &FrameMeta, payload: &[u8]) -> Vec<u8> {
+    let mut h = [0u8; FRAME_HEADER_LEN];
+    encode_frame_header(meta, &mut h);
+    let mut v = Vec::with_capacity(FRAME_HEADER_LEN + payload.len());
+    v.extend_from_slice(&h);
+    v.extend_from_slice(payload);
+    v
+}
+
+/// Decodes one frame record into its metadata and payload.
+pub fn decode_frame(rec: &[u8]) -> Result<(FrameMeta, &[u8]), WireError> {
+    if rec.len() < FRAME_HEADER_LEN {
+        return Err(WireError::Truncated);
+    }
+    if rec[0] != FRAME_MAGIC {
+        return Err(WireError::BadMagic);
+    }
+    if rec[1] != FRAME_VERSION {
+        return Err(WireError::UnsupportedVersion(rec[1]));
+    }
+    let flags = rec[2];
+    if flags & !FLAGS_KNOWN != 0 || (flags & FLAG_LOCAL == 0 && flags & FLAG_LOCAL_V6 != 0) {
+        return Err(WireError::ReservedBits);
+    }
+    if rec[3] > 3 {
+        return Err(WireError::BadEcn);
+    }
+    if rec[42] != 0 || rec[43] != 0 {
+        return Err(WireError::ReservedBits);
+    }
+    let payload = &rec[FRAME_HEADER_LEN..];
+    if payload.is_empty() {
+        return Err(WireError::EmptyPayload);
+    }
+    if payload.len() > MAX_PAYLOAD {
+        return Err(WireError::PayloadTooLarge);
+    }
+    let seg = u16::from_be_bytes([rec[4], rec[5]]);
+    let segment_size = match seg {
+        0 => None,
+        s if usize::from(s) <= payload.len() => Some(s),
+        _ => return Err(WireError::BadSegmentSize),
+    };
+    let client = SocketAddr::new(
+        get_addr(&rec[8..24], flags & FLAG_CLIENT_V6 != 0)?,
+        u16::from_be_bytes([rec[6], rec[7]]),
+    );
+    let local = if flags & FLAG_LOCAL != 0 {
+        Some(SocketAddr::new(
+            get_addr(&rec[24..40], flags & FLAG_LOCAL_V6 != 0)?,
+            u16::from_be_bytes([rec[40], rec[41]]),
+        ))
+    } else {
+        if rec[24..42].iter().any(|&b| b != 0) {
+            return Err(WireError::ReservedBits);
+        }
+        None
+    };
+    Ok((FrameMeta { client, local, ecn: rec[3], segment_size }, payload))
+}
+
+// ---------------------------------------------------------------------------------
+// Control messages
+// ---------------------------------------------------------------------------------
+
+/// First byte of a control message.
+pub const CONTROL_MAGIC: u8 = 0xc7;
+/// Control-protocol version.
+pub const CONTROL_VERSION: u8 = 1;
+/// Most instances one table update may list.
+pub const MAX_INSTANCES: usize = 4096;
+/// Longest text (reasons, status) a control message may carry.
+pub const MAX_TEXT: usize = 60_000;
+
+/// A key generation with its secret, as handed to workers and the data plane.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct KeyGen {
+    pub generation: Generation,
+    pub secret: [u8; KEY_LEN],
+}
+
+impl std::fmt::Debug for KeyGen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KeyGen({:?}, <secret>)", self.generation)
+    }
+}
+
+/// The live key generations: the newest first, then the previous one if still live.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Keys {
+    pub newest: KeyGen,
+    pub previous: Option<KeyGen>,
+}
+
+/// What a process is, in its hello.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Role {
+    Worker = 1,
+    DataPlane = 2,
+    Operator = 3,
+}
+
+/// An instance entry in a table update.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InstanceState {
+    pub server_id: ServerId,
+    pub placeable: bool,
+}
+
+/// Every control message. Directions are in the comments:
+/// W = worker, C = controller, D = data plane, O = operator tool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Control {
+    /// W/D/O → C: who is connecting.
+    Hello { role: Role, pid: u32 },
+    /// C → W: your server id, the key generations and the shared secrets.
+    /// The UDP socket fds travel with this record (SCM_RIGHTS).
+    Assign { server_id: ServerId, keys: Keys, reset_key: [u8; 32], token_key: [u8; 32] },
+    /// C → W, C → D: the key generations changed (rotation).
+    KeysChanged { keys: Keys },
+    /// W → C: ready for new connections (becomes placeable).
+    Ready,
+    /// W → C: draining, place nothing new here (stays live until it disconnects).
+    Draining,
+    /// C → D: the full set of live instances and the keys (a whole new snapshot).
+    Table { keys: Keys, instances: Vec<InstanceState> },
+    /// W → D, on a data connection: the frames on this connection are for this id.
+    DataHello { server_id: ServerId },
+    /// O → C/D: request the status text (JSON).
+    StatusRequest,
+    /// C/D → O: status as JSON text.
+    Status { json: String },
+    /// Any direction: why the sender is about to close the connection.
+    Error { reason: String },
+}
+
+mod tag {
+    pub const HELLO: u8 = 1;
+    pub const ASSIGN: u8 = 2;
+    pub const KEYS_CHANGED: u8 = 3;
+    pub const READY: u8 = 4;
+    pub const DRAINING: u8 = 5;
+    pub const TABLE: u8 = 6;
+    pub const DATA_HELLO: u8 = 7;
+    pub const STATUS_REQUEST: u8 = 8;
+    pub const STATUS: u8 = 9;
+    pub const ERROR: u8 = 10;
+}
+
+fn put_keys(v: &mut Vec<u8>, k: &Keys) {
+    v.push(k.newest.generation.get());
+    v.extend_from_slice(&k.newest.secret);
+    match &k.previous {
+        Some(p) => {
+            v.push(1);
+            v.push(p.generation.get());
+            v.extend_from_slice(&p.secret);
+        }
+        None => v.push(0),
+    }
+}
+
+fn put_text(v: &mut Vec<u8>, s: &str) {
+    let b = &s.as_bytes()[..s.len().min(MAX_TEXT)];
+    // Never cut inside a UTF-8 sequence.
+    let mut n = b.len();
+    while !s.is_char_boundary(n) {
+        n -= 1;
+    }
+    v.extend_from_slice(&(n as u32).to_be_bytes());
+    v.extend_from_slice(&b[..n]);
+}
+
+/// Encodes a control message as one record.
+pub fn encode_control(m: &Control) -> Vec<u8> {
+    let mut v = vec![CONTROL_MAGIC, CONTROL_VERSION];
+    match m {
+        Control::Hello { role, pid } => {
+            v.push(tag::HELLO);
+            v.push(*role as u8);
+            v.extend_from_slice(&pid.to_be_bytes());
+        }
+        Control::Assign { server_id, keys, reset_key, token_key } => {
+            v.push(tag::ASSIGN);
+            v.extend_from_slice(&server_id.0.to_be_bytes());
+            put_keys(&mut v, keys);
+            v.extend_from_slice(reset_key);
+            v.extend_from_slice(token_key);
+        }
+        Control::KeysChanged { keys } => {
+            v.push(tag::KEYS_CHANGED);
+            put_keys(&mut v, keys);
+        }
+        Control::Ready => v.push(tag::READY),
+        Control::Draining => v.push(tag::DRAINING),
+        Control::Table { keys, instances } => {
+            v.push(tag::TABLE);
+            put_keys(&mut v, keys);
+            let n = instances.len().min(MAX_INSTANCES);
+            v.extend_from_slice(&(n as u16).to_be_bytes());
+            for i in &instances[..n] {
+                v.extend_from_slice(&i.server_id.0.to_be_bytes());
+                v.push(u8::from(i.placeable));
+            }
+        }
+        Control::DataHello { server_id } => {
+            v.push(tag::DATA_HELLO);
+            v.extend_from_slice(&server_id.0.to_be_bytes());
+        }
+        Control::StatusRequest => v.push(tag::STATUS_REQUEST),
+        Control::Status { json } => {
+            v.push(tag::STATUS);
+            put_text(&mut v, json);
+        }
+        Control::Error { reason } => {
+            v.push(tag::ERROR);
+            put_text(&mut v, reason);
+        }
+    }
+    v
+}
+
+struct Cur<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> Cur<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        if self.b.len() < n {
+            return Err(WireError::Truncated);
+        }
+        let (h, t) = self.b.split_at(n);
+        self.b = t;
+        Ok(h)
+    }
+    fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, WireError> {
+        let b = self.take(2)?;
+        Ok(u16::from_be_bytes([b[0], b[1]]))
+    }
+    fn u32(&mut self) -> Result<u32, WireError> {
+        let b = self.take(4)?;
+        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+    fn bool(&mut self) -> Result<bool, WireError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(WireError::ReservedBits),
+        }
+    }
+    fn generation(&mut self) -> Result<Generation, WireError> {
+        let g = self.u8()?;
+        Generation::new(g).ok_or(WireError::BadGeneration(g))
+    }
+    fn keys(&mut self) -> Result<Keys, WireError> {
+        let newest = KeyGen { generation: self.generation()?, secret: self.array()? };
+        let previous = if self.bool()? {
+            let p = KeyGen { generation: self.generation()?, secret: self.array()? };
+            if p.generation == newest.generation {
+                return Err(WireError::BadGeneration(p.generation.get()));
+            }
+            Some(p)
+        } else {
+            None
+        };
+        Ok(Keys { newest, previous })
+    }
+    fn text(&mut self) -> Result<String, WireError> {
+        let n = self.u32()? as usize;
+        if n > MAX_TEXT {
+            return Err(WireError::TooMany);
+        }
+        let b = self.take(n)?;
+        std::str::from_utf8(b).map(str::to_owned).map_err(|_| WireError::BadUtf8)
+    }
+}
+
+/// Decodes one control record.
+pub fn decode_control(rec: &[u8]) -> Result<Control, WireError> {
+    let mut c = Cur { b: rec };
+    if c.u8()? != CONTROL_MAGIC {
+        return Err(WireError::BadMagic);
+    }
+    let ver = c.u8()?;
+    if ver != CONTROL_VERSION {
+        return Err(WireError::UnsupportedVersion(ver));
+    }
+    let t = c.u8()?;
+    let m = match t {
+        tag::HELLO => {
+            let role = match c.u8()? {
+                1 => Role::Worker,
+                2 => Role::DataPlane,
+                3 => Role::Operator,
+                _ => return Err(WireError::ReservedBits),
+            };
+            Control::Hello { role, pid: c.u32()? }
+        }
+        tag::ASSIGN => Control::Assign {
+            server_id: ServerId(c.u16()?),
+            keys: c.keys()?,
+            reset_key: c.array()?,
+            token_key: c.array()?,
+        },
+        tag::KEYS_CHANGED => Control::KeysChanged { keys: c.keys()? },
+        tag::READY => Control::Ready,
+        tag::DRAINING => Control::Draining,
+        tag::TABLE => {
+            let keys = c.keys()?;
+            let n = c.u16()? as usize;
+            if n > MAX_INSTANCES {
+                return Err(WireError::TooMany);
+            }
+            let mut instances = Vec::with_capacity(n);
+            for _ in 0..n {
+                instances.push(InstanceState { server_id: ServerId(c.u16()?), placeable: c.bool()? });
+            }
+            Control::Table { keys, instances }
+        }
+        tag::DATA_HELLO => Control::DataHello { server_id: ServerId(c.u16()?) },
+        tag::STATUS_REQUEST => Control::StatusRequest,
+        tag::STATUS => Control::Status { json: c.text()? },
+        tag::ERROR => Control::Error { reason: c.text()? },
+        other => return Err(WireError::UnknownMessage(other)),
+    };
+    if !c.b.is_empty() {
+        return Err(WireError::TrailingBytes);
+    }
+    Ok(m)
+}
+
+impl Keys {
+    /// The routing key set these generations describe.
+    pub fn key_set(&self) -> Result<crate::cid::KeySet, crate::cid::KeySetError> {
+        crate::cid::KeySet::new(
+            (self.newest.generation, self.newest.secret),
+            self.previous.map(|p| (p.generation, p.secret)),
+        )
+    }
+}
