@@ -41,6 +41,7 @@ impl std::fmt::Display for ServerId {
 pub struct Generation(u8);
 
 impl Generation {
+    pub const ZERO: Generation = Generation(0);
     pub const fn new(g: u8) -> Option<Generation> {
         if g < CR_UNROUTABLE {
             Some(Generation(g))

@@ -8,11 +8,13 @@
 //! - [`route`]: the ADR-0040 routing table as a function of datagram and snapshot.
 //! - [`pin`]: the fixed-capacity 10 s placement pin table.
 //! - [`rendezvous`]: keyed highest-random-weight hashing.
+//! - [`keyfile`]: the shared-secrets file of the state directory.
 //! - [`wire`]: demux → worker data frames and control messages.
 #![forbid(unsafe_code)]
 
 pub mod cid;
 pub mod header;
+pub mod keyfile;
 pub mod pin;
 pub mod rendezvous;
 pub mod route;

@@ -201,6 +201,9 @@ pub const CONTROL_MAGIC: u8 = 0xc7;
 pub const CONTROL_VERSION: u8 = 1;
 /// Most instances one table update may list.
 pub const MAX_INSTANCES: usize = 4096;
+/// Most UDP sockets (listen addresses) one `Sockets` message may carry: the SCM_RIGHTS
+/// limit is 253 fds per message (SCM_MAX_FD).
+pub const MAX_SOCKETS: usize = 64;
 /// Longest text (reasons, status) a control message may carry.
 pub const MAX_TEXT: usize = 60_000;
 
@@ -259,6 +262,10 @@ pub enum Control {
     Table { keys: Keys, instances: Vec<InstanceState> },
     /// W → D, on a data connection: the frames on this connection are for this id.
     DataHello { server_id: ServerId },
+    /// D → W (reply to `DataHello`), C → W (after `Assign`): the shared UDP sockets,
+    /// one per listen address in this order; the fds travel with this record
+    /// (SCM_RIGHTS). The worker only sends on them, never reads.
+    Sockets { addrs: Vec<SocketAddr> },
     /// O → C/D: request the status text (JSON).
     StatusRequest,
     /// C/D → O: status as JSON text.
@@ -278,6 +285,7 @@ mod tag {
     pub const STATUS_REQUEST: u8 = 8;
     pub const STATUS: u8 = 9;
     pub const ERROR: u8 = 10;
+    pub const SOCKETS: u8 = 11;
 }
 
 fn put_keys(v: &mut Vec<u8>, k: &Keys) {
@@ -339,6 +347,18 @@ pub fn encode_control(m: &Control) -> Vec<u8> {
         Control::DataHello { server_id } => {
             v.push(tag::DATA_HELLO);
             v.extend_from_slice(&server_id.0.to_be_bytes());
+        }
+        Control::Sockets { addrs } => {
+            v.push(tag::SOCKETS);
+            let n = addrs.len().min(MAX_SOCKETS);
+            v.push(n as u8);
+            for a in &addrs[..n] {
+                v.push(if a.is_ipv6() { 6 } else { 4 });
+                let mut b = [0u8; 16];
+                put_addr(&mut b, a.ip());
+                v.extend_from_slice(&b);
+                v.extend_from_slice(&a.port().to_be_bytes());
+            }
         }
         Control::StatusRequest => v.push(tag::STATUS_REQUEST),
         Control::Status { json } => {
@@ -459,6 +479,23 @@ pub fn decode_control(rec: &[u8]) -> Result<Control, WireError> {
             Control::Table { keys, instances }
         }
         tag::DATA_HELLO => Control::DataHello { server_id: ServerId(c.u16()?) },
+        tag::SOCKETS => {
+            let n = c.u8()? as usize;
+            if n > MAX_SOCKETS {
+                return Err(WireError::TooMany);
+            }
+            let mut addrs = Vec::with_capacity(n);
+            for _ in 0..n {
+                let v6 = match c.u8()? {
+                    4 => false,
+                    6 => true,
+                    _ => return Err(WireError::ReservedBits),
+                };
+                let ip = get_addr(c.take(16)?, v6)?;
+                addrs.push(SocketAddr::new(ip, c.u16()?));
+            }
+            Control::Sockets { addrs }
+        }
         tag::STATUS_REQUEST => Control::StatusRequest,
         tag::STATUS => Control::Status { json: c.text()? },
         tag::ERROR => Control::Error { reason: c.text()? },
