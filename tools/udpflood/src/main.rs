@@ -1,1 +1,259 @@
-fn main() {}
+//! udpflood: quicdemux's load generator and latency probe. Loopback targets only.
+//!
+//! Load:    udpflood --target 127.0.0.1:4433 --mode short --keys keys --server-ids 1,2 \
+//!                   --size 1200 --rate max --duration 10 --threads 2 --sources 64 [--gso 8]
+//! Latency: udpflood --latency --target 127.0.0.1:4433 --keys keys --server-ids 1,2 \
+//!                   --rate 1000 --duration 10 [--background-rate 200000] [--hgrm-out rtt.hgrm]
+
+mod flood;
+mod hgrm;
+mod latency;
+mod packets;
+mod sys;
+
+use anyhow::Context;
+use clap::Parser;
+use packets::Mode;
+use proto::cid::{KeySet, ServerId};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Clone, Debug)]
+struct Ids(Vec<ServerId>);
+
+fn parse_ids(s: &str) -> Result<Ids, String> {
+    packets::parse_server_ids(s).map(Ids)
+}
+
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 86_400.0 => Ok(Duration::from_secs_f64(v)),
+        _ => Err(format!("'{s}' is not a duration in (0, 86400] seconds")),
+    }
+}
+
+fn parse_pps(s: &str) -> Result<f64, String> {
+    match flood::parse_rate(s)? {
+        flood::Rate::Pps(v) => Ok(v),
+        flood::Rate::Max => Err("a fixed rate is needed here, not 'max'".into()),
+    }
+}
+
+#[derive(Parser, Debug)]
+#[command(name = "udpflood", version, about = "quicdemux load generator and latency probe (loopback targets only)")]
+struct Args {
+    /// Where to send: ADDR:PORT on 127.0.0.0/8 or [::1].
+    #[arg(long)]
+    target: SocketAddr,
+    /// Datagram kind: initial, short, orphan, garbage or mix (6 short : 2 initial : 1 orphan : 1 garbage).
+    #[arg(long, default_value = "short")]
+    mode: Mode,
+    /// UDP payload bytes per datagram (initial: >= 1200; short/orphan: >= 33).
+    #[arg(long, default_value_t = 1200)]
+    size: usize,
+    /// Datagrams per second in total, or 'max'. With --latency: probes per second.
+    #[arg(long, default_value = "max", value_parser = flood::parse_rate)]
+    rate: flood::Rate,
+    /// Seconds to run.
+    #[arg(long, default_value = "10", value_parser = parse_secs)]
+    duration: Duration,
+    /// Sender threads.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Source sockets in total (spread over the threads); default: one per thread.
+    #[arg(long)]
+    sources: Option<usize>,
+    /// Send UDP GSO trains of this many --size datagrams per message (1..=64).
+    #[arg(long)]
+    gso: Option<usize>,
+    /// Key file (quicdemux-keys 1) to mint ADR-0040 CIDs with.
+    #[arg(long)]
+    keys: Option<PathBuf>,
+    /// Live server ids, e.g. "1,2,10-12": short datagrams go to them, orphans avoid them.
+    #[arg(long, value_parser = parse_ids)]
+    server_ids: Option<Ids>,
+    /// Stop after this many datagrams (or probes) in total.
+    #[arg(long)]
+    count: Option<u64>,
+    /// Print the final summary as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// No progress lines on stderr.
+    #[arg(long)]
+    quiet: bool,
+    /// Latency mode: timestamped probes to echo workers, round trips in an HDR histogram.
+    #[arg(long)]
+    latency: bool,
+    /// Latency mode: background load in datagrams/s from another thread.
+    #[arg(long, value_parser = parse_pps)]
+    background_rate: Option<f64>,
+    /// Latency mode: background load kind (short or mix).
+    #[arg(long, default_value = "short")]
+    background_mode: Mode,
+    /// Latency mode: write the round-trip distribution (µs) as an HdrHistogram .hgrm file.
+    #[arg(long)]
+    hgrm_out: Option<PathBuf>,
+    /// Latency mode: milliseconds to wait for echoes after the last probe.
+    #[arg(long, default_value_t = 1000)]
+    drain_ms: u64,
+}
+
+fn load_keys(path: &Option<PathBuf>) -> anyhow::Result<Option<KeySet>> {
+    let Some(p) = path else { return Ok(None) };
+    let text = std::fs::read_to_string(p).with_context(|| format!("reading key file {}", p.display()))?;
+    let kf = proto::keyfile::KeyFile::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+    let ks = kf.key_set().map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+    Ok(Some(ks))
+}
+
+fn json_str(s: &str) -> String {
+    let mut o = String::with_capacity(s.len() + 2);
+    o.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+fn run_flood(a: &Args, keys: Option<KeySet>, ids: Vec<ServerId>) -> anyhow::Result<()> {
+    let threads = a.threads;
+    let cfg = flood::Config {
+        target: a.target,
+        spec: packets::Spec { mode: a.mode, size: a.size, keys, server_ids: ids, fixed_size: a.gso.is_some() },
+        rate: a.rate,
+        duration: a.duration,
+        threads,
+        sources: a.sources.unwrap_or(threads),
+        gso: a.gso,
+        count: a.count,
+        progress: !a.quiet,
+        label: "",
+    };
+    let s = flood::run(&cfg, Arc::new(AtomicBool::new(false)))?;
+    if a.json {
+        println!(
+            "{{\"mode\":{},\"target\":{},\"size\":{},\"threads\":{},\"sources\":{},\"gso\":{},\"sent\":{},\"errors\":{},\"bytes\":{},\"elapsed_s\":{:.6},\"datagrams_per_s\":{:.1},\"last_error\":{}}}",
+            json_str(a.mode.name()),
+            json_str(&a.target.to_string()),
+            a.size,
+            cfg.threads,
+            cfg.sources,
+            a.gso.unwrap_or(0),
+            s.sent,
+            s.errors,
+            s.bytes,
+            s.elapsed.as_secs_f64(),
+            s.rate(),
+            s.last_error.as_deref().map_or("null".to_string(), json_str)
+        );
+    } else {
+        println!(
+            "udpflood: mode {} size {} -> {}: sent {} datagrams in {:.3} s = {:.0} datagrams/s ({:.1} MB/s), errors {}{}",
+            a.mode.name(),
+            a.size,
+            a.target,
+            s.sent,
+            s.elapsed.as_secs_f64(),
+            s.rate(),
+            s.bytes as f64 / s.elapsed.as_secs_f64().max(1e-9) / 1e6,
+            s.errors,
+            s.last_error.map(|e| format!(" (last: {e})")).unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+fn run_latency(a: &Args, keys: Option<KeySet>, ids: Vec<ServerId>) -> anyhow::Result<()> {
+    let keys = keys.context("--latency needs --keys FILE")?;
+    let rate = match a.rate {
+        flood::Rate::Pps(r) => r,
+        flood::Rate::Max => anyhow::bail!("--latency needs a fixed --rate (probes/s), not 'max'"),
+    };
+    if !matches!(a.background_mode, Mode::Short | Mode::Mix) {
+        anyhow::bail!("--background-mode must be short or mix");
+    }
+    let cfg = latency::Config {
+        target: a.target,
+        keys,
+        server_ids: ids,
+        rate,
+        duration: a.duration,
+        size: a.size,
+        count: a.count,
+        drain: Duration::from_millis(a.drain_ms.min(60_000)),
+        background: a.background_rate.map(|r| (a.background_mode, r)),
+        progress: !a.quiet,
+    };
+    let r = latency::run(&cfg, Arc::new(AtomicBool::new(false)))?;
+    if let Some(p) = &a.hgrm_out {
+        std::fs::write(p, hgrm::percentile_distribution(&r.hist, 5, 1000.0))
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    let q = [0.5, 0.9, 0.99, 0.999];
+    let bg_sent = r.background.as_ref().map(|b| b.sent);
+    if a.json {
+        println!(
+            "{{\"target\":{},\"rate\":{},\"size\":{},\"sent\":{},\"received\":{},\"lost\":{},\"duplicates\":{},\"send_errors\":{},\"ignored\":{},\"p50_us\":{:.3},\"p90_us\":{:.3},\"p99_us\":{:.3},\"p999_us\":{:.3},\"max_us\":{:.3},\"mean_us\":{:.3},\"elapsed_s\":{:.6},\"background_sent\":{}}}",
+            json_str(&a.target.to_string()),
+            rate,
+            a.size,
+            r.sent,
+            r.received,
+            r.lost,
+            r.duplicates,
+            r.send_errors,
+            r.ignored,
+            r.us(q[0]),
+            r.us(q[1]),
+            r.us(q[2]),
+            r.us(q[3]),
+            r.max_us(),
+            if r.hist.is_empty() { 0.0 } else { r.hist.mean() / 1000.0 },
+            r.elapsed.as_secs_f64(),
+            bg_sent.map_or("null".to_string(), |v| v.to_string())
+        );
+    } else {
+        println!(
+            "udpflood latency -> {}: probes sent {} received {} lost {} dup {} | RTT p50 {:.1} µs  p90 {:.1} µs  p99 {:.1} µs  p99.9 {:.1} µs  max {:.1} µs{}",
+            a.target,
+            r.sent,
+            r.received,
+            r.lost,
+            r.duplicates,
+            r.us(q[0]),
+            r.us(q[1]),
+            r.us(q[2]),
+            r.us(q[3]),
+            r.max_us(),
+            bg_sent.map(|v| format!(" | background sent {v}")).unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+fn real_main() -> anyhow::Result<()> {
+    let a = Args::parse();
+    let keys = load_keys(&a.keys)?;
+    let ids = a.server_ids.clone().map(|i| i.0).unwrap_or_default();
+    if a.latency {
+        run_latency(&a, keys, ids)
+    } else {
+        run_flood(&a, keys, ids)
+    }
+}
+
+fn main() {
+    if let Err(e) = real_main() {
+        eprintln!("udpflood: error: {e:#}");
+        std::process::exit(1);
+    }
+}

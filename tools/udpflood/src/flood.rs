@@ -1,0 +1,366 @@
+//! The load generator: N threads, each with its own connected source sockets,
+//! sending prebuilt datagrams with sendmmsg (optionally as UDP GSO trains),
+//! paced by a per-thread token bucket.
+
+use crate::packets::{Pool, Rng, Spec};
+use crate::sys::{self, MmsgSender};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Datagrams per sendmmsg call.
+pub const BATCH: usize = 64;
+/// Prebuilt datagrams per thread (cycled).
+const POOL_DATAGRAMS: usize = 4096;
+/// The longest single sleep of the pacing loop, so stop and deadline are seen promptly.
+const MAX_SLEEP: Duration = Duration::from_millis(5);
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Rate {
+    Max,
+    /// Datagrams per second, in total over all threads.
+    Pps(f64),
+}
+
+pub fn parse_rate(s: &str) -> Result<Rate, String> {
+    if s == "max" {
+        return Ok(Rate::Max);
+    }
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 1e9 => Ok(Rate::Pps(v)),
+        _ => Err(format!("rate '{s}' must be 'max' or a number of datagrams/s in (0, 1e9]")),
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub target: SocketAddr,
+    pub spec: Spec,
+    pub rate: Rate,
+    pub duration: Duration,
+    pub threads: usize,
+    pub sources: usize,
+    /// Segments per GSO train; None = one datagram per message.
+    pub gso: Option<usize>,
+    pub count: Option<u64>,
+    /// Print a progress line to stderr every second.
+    pub progress: bool,
+    /// Prefix of progress lines.
+    pub label: &'static str,
+}
+
+impl Config {
+    pub fn validate(&self) -> Result<(), String> {
+        self.spec.validate()?;
+        if !is_loopback(self.target.ip()) {
+            return Err(format!("target {} is not a loopback address: udpflood only sends to 127.0.0.0/8 and ::1", self.target));
+        }
+        if self.target.port() == 0 {
+            return Err("target port must not be 0".into());
+        }
+        if self.threads == 0 || self.threads > 256 {
+            return Err("--threads must be in 1..=256".into());
+        }
+        if self.sources < self.threads || self.sources > 4096 {
+            return Err(format!("--sources must be in {}..=4096 (at least one socket per thread)", self.threads));
+        }
+        if self.duration.is_zero() || self.duration > Duration::from_secs(24 * 3600) {
+            return Err("--duration must be in (0, 86400] seconds".into());
+        }
+        if let Some(g) = self.gso {
+            if g == 0 || g > sys::MAX_GSO_SEGMENTS {
+                return Err(format!("--gso must be in 1..={}", sys::MAX_GSO_SEGMENTS));
+            }
+            if g * self.spec.size > crate::packets::MAX_DATAGRAM {
+                return Err(format!(
+                    "--gso {g} x --size {} = {} bytes exceeds one UDP send ({})",
+                    self.spec.size,
+                    g * self.spec.size,
+                    crate::packets::MAX_DATAGRAM
+                ));
+            }
+            if self.spec.size > u16::MAX as usize {
+                return Err("--size too large for GSO".into());
+            }
+        }
+        if self.count == Some(0) {
+            return Err("--count must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+pub fn is_loopback(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(a) => a.is_loopback(),
+        IpAddr::V6(a) => a.is_loopback(),
+    }
+}
+
+/// A loopback source socket of the target's family.
+pub fn source_socket(target: SocketAddr) -> std::io::Result<UdpSocket> {
+    let local: SocketAddr = match target {
+        SocketAddr::V4(_) => (IpAddr::V4(Ipv4Addr::LOCALHOST), 0).into(),
+        SocketAddr::V6(_) => (IpAddr::V6(Ipv6Addr::LOCALHOST), 0).into(),
+    };
+    UdpSocket::bind(local)
+}
+
+#[derive(Default)]
+pub struct Counters {
+    /// Datagrams the kernel accepted.
+    pub sent: AtomicU64,
+    /// Datagrams whose send failed (skipped, not retried).
+    pub errors: AtomicU64,
+    pub bytes: AtomicU64,
+}
+
+#[derive(Clone, Debug)]
+pub struct Summary {
+    pub sent: u64,
+    pub errors: u64,
+    pub bytes: u64,
+    pub elapsed: Duration,
+    pub last_error: Option<String>,
+}
+
+impl Summary {
+    pub fn rate(&self) -> f64 {
+        let s = self.elapsed.as_secs_f64();
+        if s > 0.0 {
+            self.sent as f64 / s
+        } else {
+            0.0
+        }
+    }
+}
+
+/// A token bucket: `rate` tokens per second, at most `cap` banked.
+struct Bucket {
+    rate: f64,
+    tokens: f64,
+    cap: f64,
+    last: Instant,
+}
+
+impl Bucket {
+    fn new(rate: f64, cap: f64) -> Bucket {
+        Bucket { rate, tokens: 0.0, cap, last: Instant::now() }
+    }
+    fn refill(&mut self, now: Instant) {
+        let dt = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + dt * self.rate).min(self.cap);
+    }
+}
+
+/// Splits `total` into `parts` nearly equal shares.
+fn share(total: u64, parts: usize, i: usize) -> u64 {
+    let p = parts as u64;
+    total / p + u64::from((i as u64) < total % p)
+}
+
+struct Worker {
+    socks: Vec<UdpSocket>,
+    pool: Pool,
+    sender: MmsgSender,
+    seg: usize,
+    rate: Option<f64>,
+    limit: Option<u64>,
+}
+
+impl Worker {
+    fn run(mut self, deadline: Instant, stop: &AtomicBool, c: &Counters) -> Option<String> {
+        let seg = self.seg;
+        let trains = self.pool.len() / seg;
+        // Aim for about a millisecond's worth of datagrams per call when paced.
+        let (mut bucket, target) = match self.rate {
+            Some(r) => {
+                let t = ((r / 1000.0) as usize).clamp(seg, BATCH.max(seg));
+                (Some(Bucket::new(r, (t.max(BATCH)) as f64)), t)
+            }
+            None => (None, BATCH.max(seg)),
+        };
+        let mut remaining = self.limit.unwrap_or(u64::MAX);
+        let (mut cursor, mut sock_i) = (0usize, 0usize);
+        let mut last_err = None;
+        let mut msgs: Vec<&[u8]> = Vec::with_capacity(self.sender.capacity());
+        while remaining > 0 && !stop.load(Ordering::Relaxed) {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            let mut n = (target as u64).min(remaining) as usize;
+            if let Some(b) = bucket.as_mut() {
+                b.refill(now);
+                let need = n.min(seg.max(1)) as f64;
+                let want = n as f64;
+                if b.tokens < want {
+                    if b.tokens >= need {
+                        n = ((b.tokens as usize) / seg * seg).max(need as usize).min(n);
+                    } else {
+                        let wait = Duration::from_secs_f64((want - b.tokens) / b.rate);
+                        std::thread::sleep(wait.min(MAX_SLEEP).min(deadline - now));
+                        continue;
+                    }
+                }
+                b.tokens -= n as f64;
+            }
+            // n datagrams as ceil(n / seg) messages of consecutive pool slots.
+            msgs.clear();
+            let mut left = n;
+            while left > 0 {
+                let k = left.min(seg);
+                let start = cursor * seg * self.pool.stride;
+                if seg == 1 {
+                    msgs.push(self.pool.slot(cursor));
+                } else {
+                    msgs.push(&self.pool.data[start..start + k * self.pool.stride]);
+                }
+                cursor = (cursor + 1) % trains;
+                left -= k;
+            }
+            let sock = &self.socks[sock_i];
+            sock_i = (sock_i + 1) % self.socks.len();
+            let (ok, errs, e) = self.sender.send(sock, &msgs);
+            // Messages map to `seg` datagrams each except possibly the last.
+            let (mut okd, mut okb) = (0u64, 0u64);
+            for m in &msgs[..ok] {
+                okd += (m.len() as u64).div_ceil(self.pool.stride as u64).max(1);
+                okb += m.len() as u64;
+            }
+            let errd = (n as u64).saturating_sub(okd);
+            c.sent.fetch_add(okd, Ordering::Relaxed);
+            c.bytes.fetch_add(okb, Ordering::Relaxed);
+            if errs > 0 {
+                c.errors.fetch_add(errd, Ordering::Relaxed);
+                last_err = e.map(|e| e.to_string()).or(last_err);
+            }
+            remaining = remaining.saturating_sub(n as u64);
+        }
+        last_err
+    }
+}
+
+/// Runs the flood to completion; progress lines go to stderr.
+pub fn run(cfg: &Config, stop: Arc<AtomicBool>) -> anyhow::Result<Summary> {
+    cfg.validate().map_err(anyhow::Error::msg)?;
+    let seg = cfg.gso.unwrap_or(1);
+    let mut spec = cfg.spec.clone();
+    spec.fixed_size = cfg.gso.is_some();
+    let pool_n = POOL_DATAGRAMS.div_ceil(seg) * seg;
+    let mut workers = Vec::with_capacity(cfg.threads);
+    for t in 0..cfg.threads {
+        let mut socks = Vec::new();
+        for _ in 0..share(cfg.sources as u64, cfg.threads, t) {
+            let s = source_socket(cfg.target)
+                .map_err(|e| anyhow::anyhow!("binding a loopback source socket: {e}"))?;
+            s.connect(cfg.target).map_err(|e| anyhow::anyhow!("connecting to {}: {e}", cfg.target))?;
+            sys::set_send_buffer(&s, 4 << 20);
+            socks.push(s);
+        }
+        let mut rng = Rng::from_entropy(t as u64);
+        let pool = Pool::build(&spec, pool_n, &mut rng).map_err(anyhow::Error::msg)?;
+        let gso_size = cfg.gso.map(|_| spec.size as u16);
+        workers.push(Worker {
+            socks,
+            pool,
+            sender: MmsgSender::new(BATCH.div_ceil(seg).max(1), gso_size),
+            seg,
+            rate: match cfg.rate {
+                Rate::Max => None,
+                Rate::Pps(r) => Some(r / cfg.threads as f64),
+            },
+            limit: cfg.count.map(|c| share(c, cfg.threads, t)),
+        });
+    }
+    let counters = Arc::new(Counters::default());
+    let start = Instant::now();
+    let deadline = start + cfg.duration;
+    let handles: Vec<_> = workers
+        .into_iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let (stop, c) = (stop.clone(), counters.clone());
+            std::thread::Builder::new()
+                .name(format!("udpflood-{i}"))
+                .spawn(move || w.run(deadline, &stop, &c))
+        })
+        .collect::<Result<_, _>>()?;
+
+    let mut last = (start, 0u64);
+    let mut next_tick = start + Duration::from_secs(1);
+    while !handles.iter().all(|h| h.is_finished()) {
+        let now = Instant::now();
+        if now >= next_tick {
+            let sent = counters.sent.load(Ordering::Relaxed);
+            let errors = counters.errors.load(Ordering::Relaxed);
+            let dt = now.duration_since(last.0).as_secs_f64();
+            if cfg.progress {
+                eprintln!(
+                    "{}[{:>4.0}s] sent {:>12}  {:>10.0} datagrams/s  errors {}",
+                    cfg.label,
+                    now.duration_since(start).as_secs_f64(),
+                    sent,
+                    (sent - last.1) as f64 / dt,
+                    errors
+                );
+            }
+            last = (now, sent);
+            next_tick += Duration::from_secs(1);
+        }
+        // Bounded: the workers stop at the deadline; give them a grace second.
+        if now > deadline + Duration::from_secs(5) {
+            stop.store(true, Ordering::Relaxed);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let elapsed = start.elapsed();
+    let mut last_error = None;
+    for h in handles {
+        match h.join() {
+            Ok(e) => last_error = e.or(last_error),
+            Err(_) => anyhow::bail!("a sender thread panicked"),
+        }
+    }
+    Ok(Summary {
+        sent: counters.sent.load(Ordering::Relaxed),
+        errors: counters.errors.load(Ordering::Relaxed),
+        bytes: counters.bytes.load(Ordering::Relaxed),
+        elapsed,
+        last_error,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_add_up() {
+        for (total, parts) in [(10u64, 3usize), (1000, 7), (5, 8), (0, 2)] {
+            let s: u64 = (0..parts).map(|i| share(total, parts, i)).sum();
+            assert_eq!(s, total);
+        }
+    }
+
+    #[test]
+    fn rates() {
+        assert_eq!(parse_rate("max"), Ok(Rate::Max));
+        assert_eq!(parse_rate("2000"), Ok(Rate::Pps(2000.0)));
+        assert!(parse_rate("0").is_err());
+        assert!(parse_rate("-5").is_err());
+        assert!(parse_rate("fast").is_err());
+        assert!(parse_rate("inf").is_err());
+    }
+
+    #[test]
+    fn loopback_only() {
+        assert!(is_loopback("127.0.0.1".parse().unwrap()));
+        assert!(is_loopback("127.9.9.9".parse().unwrap()));
+        assert!(is_loopback("::1".parse().unwrap()));
+        assert!(!is_loopback("10.0.0.1".parse().unwrap()));
+        assert!(!is_loopback("0.0.0.0".parse().unwrap()));
+    }
+}

@@ -1,0 +1,157 @@
+//! The few system calls std does not wrap: sendmmsg with an optional UDP_SEGMENT
+//! control message, socket buffer sizes, and CLOCK_MONOTONIC in nanoseconds.
+
+use std::io;
+use std::os::fd::AsRawFd;
+
+/// `UDP_SEGMENT` (linux/udp.h): per-message GSO segment size, level SOL_UDP.
+const UDP_SEGMENT: libc::c_int = 103;
+/// The kernel's UDP_MAX_SEGMENTS.
+pub const MAX_GSO_SEGMENTS: usize = 64;
+
+/// CLOCK_MONOTONIC in nanoseconds.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    debug_assert_eq!(rc, 0);
+    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
+}
+
+fn setsockopt_int(fd: &impl AsRawFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> io::Result<()> {
+    // SAFETY: passes a pointer to a live c_int and its exact size.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Asks for a `bytes` send buffer; as root, SO_SNDBUFFORCE passes net.core.wmem_max.
+pub fn set_send_buffer(fd: &impl AsRawFd, bytes: usize) {
+    let v = bytes.min(i32::MAX as usize) as libc::c_int;
+    if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, v).is_err() {
+        let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, v);
+    }
+}
+
+/// Asks for a `bytes` receive buffer; as root, SO_RCVBUFFORCE passes net.core.rmem_max.
+pub fn set_recv_buffer(fd: &impl AsRawFd, bytes: usize) {
+    let v = bytes.min(i32::MAX as usize) as libc::c_int;
+    if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, v).is_err() {
+        let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, v);
+    }
+}
+
+/// One control buffer big enough for CMSG_SPACE(sizeof u16), 8-byte aligned.
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+struct CmsgBuf([u8; 32]);
+
+/// Reusable sendmmsg state for a connected socket: up to `cap` messages, each one
+/// datagram or (with GSO) one train of equal-sized segments.
+pub struct MmsgSender {
+    hdrs: Vec<libc::mmsghdr>,
+    iovs: Vec<libc::iovec>,
+    cmsg: Box<CmsgBuf>,
+    cmsg_len: usize,
+}
+
+// The raw pointers inside point only into this struct's own boxes and into buffers
+// borrowed for the duration of one `send` call.
+unsafe impl Send for MmsgSender {}
+
+impl MmsgSender {
+    /// `gso_segment_size`: Some(size) attaches UDP_SEGMENT = size to every message.
+    pub fn new(cap: usize, gso_segment_size: Option<u16>) -> MmsgSender {
+        let mut cmsg = Box::new(CmsgBuf([0; 32]));
+        let mut cmsg_len = 0;
+        if let Some(seg) = gso_segment_size {
+            // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic on the constant size of u16.
+            let (space, len) = unsafe {
+                (libc::CMSG_SPACE(2) as usize, libc::CMSG_LEN(2) as usize)
+            };
+            assert!(space <= cmsg.0.len());
+            // Build the header by hand in the aligned buffer: cmsg_len, level, type, data.
+            // SAFETY: the buffer is 8-byte aligned and at least CMSG_SPACE(2) long, so a
+            // cmsghdr fits at its start and CMSG_DATA(hdr) + 2 stays inside it; the
+            // msghdr only serves to let CMSG_FIRSTHDR compute the first header address.
+            unsafe {
+                let mut mh: libc::msghdr = std::mem::zeroed();
+                mh.msg_control = cmsg.0.as_mut_ptr().cast();
+                mh.msg_controllen = space as _;
+                let hdr = libc::CMSG_FIRSTHDR(&mh);
+                (*hdr).cmsg_level = libc::SOL_UDP;
+                (*hdr).cmsg_type = UDP_SEGMENT;
+                (*hdr).cmsg_len = len as _;
+                std::ptr::copy_nonoverlapping(seg.to_ne_bytes().as_ptr(), libc::CMSG_DATA(hdr), 2);
+            }
+            cmsg_len = space;
+        }
+        // SAFETY: mmsghdr and iovec are plain C structs for which all-zero is valid
+        // (null pointers, zero lengths).
+        let (hdrs, iovs) = unsafe {
+            (vec![std::mem::zeroed::<libc::mmsghdr>(); cap], vec![std::mem::zeroed::<libc::iovec>(); cap])
+        };
+        MmsgSender { hdrs, iovs, cmsg, cmsg_len }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.hdrs.len()
+    }
+
+    /// Sends each of `msgs` (at most `capacity()`) as one message on the connected
+    /// socket `fd`. Returns, per call outcome, how many messages went out and the
+    /// errors met; a message that fails is counted and skipped, never retried.
+    pub fn send(&mut self, fd: &impl AsRawFd, msgs: &[&[u8]]) -> (usize, usize, Option<io::Error>) {
+        let n = msgs.len().min(self.hdrs.len());
+        for (i, m) in msgs[..n].iter().enumerate() {
+            self.iovs[i] = libc::iovec { iov_base: m.as_ptr() as *mut libc::c_void, iov_len: m.len() };
+            let h = &mut self.hdrs[i].msg_hdr;
+            h.msg_name = std::ptr::null_mut();
+            h.msg_namelen = 0;
+            h.msg_iov = &mut self.iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_control =
+                if self.cmsg_len > 0 { self.cmsg.0.as_mut_ptr().cast() } else { std::ptr::null_mut() };
+            h.msg_controllen = self.cmsg_len as _;
+            h.msg_flags = 0;
+            self.hdrs[i].msg_len = 0;
+        }
+        let (mut done, mut errors, mut last_err) = (0usize, 0usize, None);
+        let mut off = 0;
+        while off < n {
+            // SAFETY: hdrs[off..n] are initialised above; each points at its own iovec,
+            // which points into a slice of `msgs` that outlives this call, and at the
+            // control buffer owned by self. The kernel only reads them (and writes msg_len).
+            let rc = unsafe {
+                libc::sendmmsg(fd.as_raw_fd(), self.hdrs[off..].as_mut_ptr(), (n - off) as libc::c_uint, 0)
+            };
+            if rc < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                errors += 1;
+                off += 1;
+                last_err = Some(e);
+            } else {
+                done += rc as usize;
+                off += (rc as usize).max(1).min(n - off);
+                if rc == 0 {
+                    errors += 1;
+                }
+            }
+        }
+        (done, errors, last_err)
+    }
+}
