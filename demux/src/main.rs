@@ -1,1 +1,210 @@
-fn main() {}
+//! `demux`: the quicdemux data plane (docs/architecture.md, issue #3).
+
+mod bpf;
+mod cli;
+mod cmsg;
+mod cores;
+mod counters;
+mod forward;
+mod io_uring_backend;
+mod mmsg_backend;
+mod registry;
+mod seqpacket;
+mod shard;
+mod snapshot;
+mod socket;
+mod status;
+mod sys;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use cli::{Cli, Command, DataPlaneArgs, IoKind, Steer};
+use proto::keyfile::KeyFile;
+use proto::wire::{decode_control, encode_control, Control};
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+use std::sync::Arc;
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("DEMUX_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let cli = Cli::parse();
+    let r = match cli.command {
+        None => dataplane(cli.dataplane),
+        Some(Command::Dataplane(a)) => dataplane(a),
+        Some(Command::GenKeys { out, force }) => gen_keys(&out, force),
+        Some(Command::LbStatus { control_socket, json }) => lb_status(&control_socket, json),
+    };
+    if let Err(e) = r {
+        eprintln!("demux: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn gen_keys(out: &Path, force: bool) -> Result<()> {
+    let mut random = [0u8; 3 * 32 + 16];
+    sys::os_random(&mut random).context("getrandom")?;
+    let text = KeyFile::generate(&random).to_text();
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).mode(0o600);
+    if force {
+        opts.create(true).truncate(true);
+    } else {
+        opts.create_new(true);
+    }
+    let mut f = opts.open(out).with_context(|| format!("creating key file {}", out.display()))?;
+    // An existing file opened with --force keeps its mode: set 0600 explicitly.
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    f.write_all(text.as_bytes()).with_context(|| format!("writing {}", out.display()))?;
+    Ok(())
+}
+
+fn lb_status(path: &Path, json: bool) -> Result<()> {
+    let fd = seqpacket::connect(path)?;
+    seqpacket::send(fd.as_raw_fd(), &encode_control(&Control::StatusRequest), &[], 0).context("sending StatusRequest")?;
+    let mut buf = vec![0u8; 128 * 1024];
+    let mut truncated = false;
+    let n = seqpacket::recv(fd.as_raw_fd(), &mut buf, 0, &mut truncated).context("reading status")?;
+    if n == 0 {
+        bail!("the data plane closed the control connection without answering");
+    }
+    match decode_control(&buf[..n]).map_err(|e| anyhow::anyhow!("malformed reply: {e}"))? {
+        Control::Status { json: text } => {
+            if json {
+                println!("{text}");
+            } else {
+                print!("{}", status::pretty(&text).context("status is not valid JSON")?);
+            }
+            Ok(())
+        }
+        Control::Error { reason } => bail!("data plane refused: {reason}"),
+        _ => bail!("unexpected reply to StatusRequest"),
+    }
+}
+
+fn load_keys(path: &Path) -> Result<KeyFile> {
+    let md = std::fs::metadata(path).with_context(|| format!("key file {} (create one with `demux gen-keys --out FILE`)", path.display()))?;
+    if md.permissions().mode() & 0o077 != 0 {
+        tracing::warn!(path = %path.display(), mode = format!("{:o}", md.permissions().mode() & 0o777), "key file is readable by group/others; it should be 0600");
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading key file {}", path.display()))?;
+    KeyFile::parse(&text).with_context(|| format!("key file {}", path.display()))
+}
+
+fn dataplane(a: DataPlaneArgs) -> Result<()> {
+    if a.listen.is_empty() {
+        bail!("--listen ADDR:PORT is required (repeatable)");
+    }
+    let Some(keys_path) = a.keys.as_deref() else { bail!("--keys FILE is required") };
+    let Some(data_path) = a.data_socket.as_deref() else { bail!("--data-socket PATH is required") };
+    if a.listen.len() > proto::wire::MAX_SOCKETS {
+        bail!("at most {} --listen addresses", proto::wire::MAX_SOCKETS);
+    }
+    if a.max_instances == 0 || a.max_instances > 65_536 {
+        bail!("--max-instances must be 1..=65536");
+    }
+    let keyfile = load_keys(keys_path)?;
+    let keyset = keyfile.key_set().map_err(|e| anyhow::anyhow!("key file {}: {e:?}", keys_path.display()))?;
+    let cores = cores::resolve(&a.cores)?;
+
+    let backend = match a.io {
+        IoKind::Mmsg => "mmsg",
+        IoKind::Uring => {
+            io_uring_backend::probe().context("--io uring: io_uring is not usable here")?;
+            "uring"
+        }
+        IoKind::Auto => match io_uring_backend::probe() {
+            Ok(()) => "uring",
+            Err(e) => {
+                tracing::warn!("io_uring unavailable ({e:#}); using the recvmmsg+epoll backend (--io mmsg)");
+                "mmsg"
+            }
+        },
+    };
+
+    let sockets = socket::bind_all(&a.listen, cores.len())?;
+    let bound: Vec<std::net::SocketAddr> = sockets[0].iter().map(|s| s.local).collect();
+    if a.steer == Steer::Cpu {
+        bpf::attach_cpu_steering(&sockets, &cores)?;
+    }
+    let udp_fds = sockets[0].iter().map(|s| s.fd.as_raw_fd()).collect();
+
+    let shared: snapshot::Shared = Arc::new(arc_swap::ArcSwap::from_pointee(registry::empty_snapshot(&keyset, keyfile.rendezvous_key)?));
+    let counters: Vec<Arc<counters::ShardCounters>> =
+        (0..cores.len()).map(|_| Arc::new(counters::ShardCounters::new(a.max_instances))).collect();
+    let data_listener = seqpacket::listen(data_path)?;
+    let control_listener = match &a.control_socket {
+        Some(p) => Some(seqpacket::listen(p)?),
+        None => None,
+    };
+    let info = status::StatusInfo {
+        io: backend,
+        steer: if a.steer == Steer::Cpu { "cpu" } else { "hash" },
+        cores: cores.iter().map(|c| c.id).collect(),
+        listen: bound.iter().map(|a| a.to_string()).collect(),
+        pid: std::process::id(),
+    };
+    let mut reg = registry::Registry::new(registry::RegistryConfig {
+        keys: keyset,
+        rendezvous_key: keyfile.rendezvous_key,
+        shared: shared.clone(),
+        data_listener,
+        control_listener,
+        udp_fds,
+        udp_addrs: bound.clone(),
+        counters: counters.clone(),
+        max_instances: a.max_instances,
+        info,
+    })?;
+
+    // Shard 0's sockets stay open for the registry (their fds are handed to workers):
+    // the shard threads own their sockets for the life of the process.
+    for (i, (socks, core)) in sockets.into_iter().zip(cores.iter().copied()).enumerate() {
+        let setup = shard::ShardSetup {
+            index: i,
+            core,
+            sockets: socks,
+            counters: counters[i].clone(),
+            shared: shared.clone(),
+            pin_capacity: a.pin_capacity,
+            batch: a.batch,
+        };
+        std::thread::Builder::new()
+            .name(format!("shard-{i}"))
+            .spawn(move || {
+                let r = if backend == "uring" { io_uring_backend::run(setup) } else { mmsg_backend::run(setup) };
+                if let Err(e) = r {
+                    tracing::error!(shard = i, "shard failed: {e:#}");
+                    std::process::exit(1);
+                }
+            })
+            .context("spawning shard thread")?;
+    }
+    tracing::info!(
+        listen = ?bound, cores = %cores::format(&cores.iter().map(|c| c.id).collect::<Vec<_>>()),
+        io = backend, data_socket = %data_path.display(), "data plane running"
+    );
+    if let Some(p) = &a.ready_file {
+        write_ready(p, &bound, data_path)?;
+    }
+    reg.run()
+}
+
+fn write_ready(path: &Path, bound: &[std::net::SocketAddr], data: &Path) -> Result<()> {
+    let mut text = String::new();
+    for b in bound {
+        text += &format!("udp {b}\n");
+    }
+    text += &format!("data {}\n", data.display());
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
+    Ok(())
+}

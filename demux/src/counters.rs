@@ -1,0 +1,94 @@
+//! Per-shard counters. Each shard owns one [`ShardCounters`]: only that shard writes
+//! it (plain relaxed load + store, no locked read-modify-write), the control thread
+//! reads it for status. The struct is aligned to 128 bytes (two cache lines, the
+//! adjacent-line prefetcher's unit) and the per-instance array is a separate heap
+//! allocation, so no hot cache line is shared between shards.
+//!
+//! Per-instance counters are indexed by *slot*, not by server id: the registry gives
+//! every live instance a slot in `0..max_instances` (`--max-instances`, default 1024:
+//! 24 KiB per shard) and reuses freed slots oldest-first, remembering a baseline so a
+//! reused slot reports only its new owner's traffic.
+
+use proto::Reason;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Adds `n` to a counter that only the calling thread writes.
+#[inline(always)]
+pub fn bump(c: &AtomicU64, n: u64) {
+    c.store(c.load(Relaxed).wrapping_add(n), Relaxed);
+}
+
+#[derive(Debug, Default)]
+pub struct InstanceCounters {
+    /// Datagrams handed to the instance's data connection (a train counts its segments).
+    pub datagrams: AtomicU64,
+    pub bytes: AtomicU64,
+    /// Datagrams dropped because the data connection was full (EAGAIN / ENOBUFS).
+    pub drops_full: AtomicU64,
+}
+
+#[derive(Debug)]
+#[repr(align(128))]
+pub struct ShardCounters {
+    /// Datagrams received (a GRO train counts its segments); truncated ones excluded.
+    pub datagrams_in: AtomicU64,
+    pub bytes_in: AtomicU64,
+    /// GRO trains (receives carrying more than one segment).
+    pub trains_in: AtomicU64,
+    /// One count per datagram, by routing reason ([`Reason::index`]).
+    pub reasons: [AtomicU64; Reason::COUNT],
+    /// Routed to nobody: no live / placeable instance.
+    pub drops_no_instance: AtomicU64,
+    /// The destination's data connection was full.
+    pub drops_full: AtomicU64,
+    /// Receives with MSG_TRUNC (payload) or MSG_CTRUNC (control data): not routed.
+    pub drops_truncated: AtomicU64,
+    /// sendmmsg failed otherwise (the worker went away between snapshot and send).
+    pub drops_send_error: AtomicU64,
+    /// io_uring: the provided-buffer ring ran empty (multishot ended with ENOBUFS).
+    pub recv_no_buffers: AtomicU64,
+    /// Receive batches processed.
+    pub batches: AtomicU64,
+    /// sendmmsg calls.
+    pub sendmmsg_calls: AtomicU64,
+    pub instances: Box<[InstanceCounters]>,
+}
+
+impl ShardCounters {
+    pub fn new(max_instances: usize) -> ShardCounters {
+        ShardCounters {
+            datagrams_in: AtomicU64::new(0),
+            bytes_in: AtomicU64::new(0),
+            trains_in: AtomicU64::new(0),
+            reasons: Default::default(),
+            drops_no_instance: AtomicU64::new(0),
+            drops_full: AtomicU64::new(0),
+            drops_truncated: AtomicU64::new(0),
+            drops_send_error: AtomicU64::new(0),
+            recv_no_buffers: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            sendmmsg_calls: AtomicU64::new(0),
+            instances: (0..max_instances).map(|_| InstanceCounters::default()).collect(),
+        }
+    }
+
+    /// This slot's (datagrams, bytes, drops_full).
+    pub fn instance(&self, slot: usize) -> [u64; 3] {
+        match self.instances.get(slot) {
+            Some(i) => [i.datagrams.load(Relaxed), i.bytes.load(Relaxed), i.drops_full.load(Relaxed)],
+            None => [0; 3],
+        }
+    }
+}
+
+/// Sum of every shard's slot counters.
+pub fn instance_total(shards: &[std::sync::Arc<ShardCounters>], slot: usize) -> [u64; 3] {
+    let mut t = [0u64; 3];
+    for s in shards {
+        let v = s.instance(slot);
+        for k in 0..3 {
+            t[k] = t[k].wrapping_add(v[k]);
+        }
+    }
+    t
+}

@@ -1,0 +1,170 @@
+//! Forwarding to workers: frames collected during one receive batch are grouped by
+//! destination and sent with one sendmmsg(2) per destination, MSG_DONTWAIT. Each
+//! message is two iovecs — the 44-byte frame header (proto::wire, docs/wire.md) and
+//! the payload where it was received — so payloads are never copied. All arrays are
+//! allocated once per shard; nothing is allocated per datagram.
+//!
+//! A full data connection (EAGAIN / ENOBUFS) drops the rest of that destination's
+//! frames in this batch, counted for the instance: a shard never blocks on a worker.
+
+use crate::counters::{bump, ShardCounters};
+use crate::snapshot::Snapshot;
+use proto::wire::{encode_frame_header, FrameMeta, FRAME_HEADER_LEN};
+use std::os::fd::AsRawFd;
+
+/// Frames one batch may hold before a forced flush.
+pub const MAX_PENDING: usize = 1024;
+
+struct Pending {
+    hdr: [u8; FRAME_HEADER_LEN],
+    target: u32,
+    segments: u32,
+    payload: *const u8,
+    len: usize,
+}
+
+pub struct Forwarder {
+    pending: Vec<Pending>,
+    order: Vec<(u32, u32)>,
+    iovs: Vec<[libc::iovec; 2]>,
+    msgs: Vec<libc::mmsghdr>,
+}
+
+impl Default for Forwarder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Forwarder {
+    pub fn new() -> Forwarder {
+        let empty_iov = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
+        Forwarder {
+            pending: Vec::with_capacity(MAX_PENDING),
+            order: Vec::with_capacity(MAX_PENDING),
+            iovs: vec![[empty_iov, empty_iov]; MAX_PENDING],
+            // SAFETY: mmsghdr is plain old data; all-zero is a valid (empty) value.
+            msgs: (0..MAX_PENDING).map(|_| unsafe { std::mem::zeroed::<libc::mmsghdr>() }).collect(),
+        }
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.pending.len() >= MAX_PENDING
+    }
+
+    /// Queues `payload` for `target` (an index of `snap.conns`).
+    ///
+    /// # Safety
+    /// `payload` must stay valid and unchanged until the next [`Forwarder::flush`]:
+    /// only its address is kept. The caller must flush before the queue is full
+    /// ([`Forwarder::is_full`]); an overfull push is dropped and counted.
+    pub unsafe fn push(&mut self, target: usize, meta: &FrameMeta, payload: &[u8], segments: u32, counters: &ShardCounters) {
+        if self.pending.len() >= MAX_PENDING {
+            bump(&counters.drops_full, u64::from(segments));
+            return;
+        }
+        let mut hdr = [0u8; FRAME_HEADER_LEN];
+        encode_frame_header(meta, &mut hdr);
+        self.pending.push(Pending {
+            hdr,
+            target: target as u32,
+            segments,
+            payload: payload.as_ptr(),
+            len: payload.len(),
+        });
+    }
+
+    /// Sends everything queued, one sendmmsg per destination, and counts the outcome.
+    pub fn flush(&mut self, snap: &Snapshot, counters: &ShardCounters) {
+        if self.pending.is_empty() {
+            return;
+        }
+        self.order.clear();
+        self.order.extend(self.pending.iter().enumerate().map(|(i, p)| (p.target, i as u32)));
+        // Sorting (target, arrival index) groups by destination and keeps each
+        // destination's order. sort_unstable does not allocate.
+        self.order.sort_unstable();
+        let mut start = 0;
+        while start < self.order.len() {
+            let target = self.order[start].0;
+            let mut end = start;
+            while end < self.order.len() && self.order[end].0 == target {
+                end += 1;
+            }
+            self.send_group(snap, target as usize, start, end, counters);
+            start = end;
+        }
+        self.pending.clear();
+    }
+
+    fn send_group(&mut self, snap: &Snapshot, target: usize, start: usize, end: usize, counters: &ShardCounters) {
+        let n = end - start;
+        let Some(conn) = snap.conns.get(target) else {
+            // Cannot happen with a Decision from this snapshot's table; count, not panic.
+            let segs: u64 = self.order[start..end].iter().map(|&(_, i)| u64::from(self.pending[i as usize].segments)).sum();
+            bump(&counters.drops_send_error, segs);
+            return;
+        };
+        for (k, &(_, i)) in self.order[start..end].iter().enumerate() {
+            let p = &self.pending[i as usize];
+            self.iovs[k] = [
+                libc::iovec { iov_base: p.hdr.as_ptr() as *mut libc::c_void, iov_len: FRAME_HEADER_LEN },
+                libc::iovec { iov_base: p.payload as *mut libc::c_void, iov_len: p.len },
+            ];
+            let h = &mut self.msgs[k].msg_hdr;
+            h.msg_name = std::ptr::null_mut();
+            h.msg_namelen = 0;
+            h.msg_iov = self.iovs[k].as_mut_ptr();
+            h.msg_iovlen = 2;
+            h.msg_control = std::ptr::null_mut();
+            h.msg_controllen = 0;
+            h.msg_flags = 0;
+            self.msgs[k].msg_len = 0;
+        }
+        let inst = counters.instances.get(conn.slot);
+        let mut sent = 0usize;
+        let mut failure = None;
+        while sent < n {
+            bump(&counters.sendmmsg_calls, 1);
+            // SAFETY: msgs[sent..n] are initialised above and point into `self.iovs`,
+            // the headers in `self.pending` and payloads the caller keeps alive until
+            // flush returns (Forwarder::push contract).
+            let r = unsafe {
+                libc::sendmmsg(
+                    conn.fd.as_raw_fd(),
+                    self.msgs[sent..n].as_mut_ptr(),
+                    (n - sent) as libc::c_uint,
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            if r > 0 {
+                sent += r as usize;
+                continue;
+            }
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN | libc::ENOBUFS) => failure = Some(true),
+                _ => failure = Some(false),
+            }
+            break;
+        }
+        for (k, &(_, i)) in self.order[start..end].iter().enumerate() {
+            let p = &self.pending[i as usize];
+            let segs = u64::from(p.segments);
+            if k < sent {
+                if let Some(c) = inst {
+                    bump(&c.datagrams, segs);
+                    bump(&c.bytes, p.len as u64);
+                }
+            } else if failure == Some(true) {
+                bump(&counters.drops_full, segs);
+                if let Some(c) = inst {
+                    bump(&c.drops_full, segs);
+                }
+            } else {
+                bump(&counters.drops_send_error, segs);
+            }
+        }
+    }
+}

@@ -1,0 +1,337 @@
+//! The control thread: accepts data connections (docs/architecture.md "Processes and
+//! the data-connection protocol") and status requests, keeps the set of live
+//! instances and publishes a new immutable snapshot on every change.
+//!
+//! 1. worker → `DataHello{server_id}`; a server id another open connection holds is
+//!    refused with `Error`, then close.
+//! 2. → `Sockets{addrs}` with the shared UDP fds (SCM_RIGHTS), one per listen address;
+//!    the id is live (Owner / Orphan / VersionNegotiation routing).
+//! 3. `Ready` → placeable; `Draining` → not placeable (still live).
+//! 4. close → dead at once.
+
+use crate::counters::{instance_total, ShardCounters};
+use crate::seqpacket;
+use crate::snapshot::{DataConn, Shared, Snapshot};
+use crate::status::{self, StatusInfo};
+use crate::sys::Epoll;
+use anyhow::{Context, Result};
+use proto::wire::{decode_control, encode_control, Control};
+use proto::{InstanceInfo, KeySet, ServerId, Table};
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+
+const TOKEN_DATA_LISTENER: u64 = 0;
+const TOKEN_CONTROL_LISTENER: u64 = 1;
+/// Send buffer of a data connection: frames wait here while the worker catches up.
+const DATA_SNDBUF: libc::c_int = 4 << 20;
+
+enum Conn {
+    /// Data connection before its DataHello.
+    Pending(OwnedFd),
+    Live { conn: Arc<DataConn>, placeable: bool },
+    Control(OwnedFd),
+}
+
+impl Conn {
+    fn raw(&self) -> RawFd {
+        match self {
+            Conn::Pending(fd) | Conn::Control(fd) => fd.as_raw_fd(),
+            Conn::Live { conn, .. } => conn.fd.as_raw_fd(),
+        }
+    }
+}
+
+pub struct Registry {
+    keys: KeySet,
+    rendezvous_key: [u8; 16],
+    shared: Shared,
+    version: u64,
+    epoll: Epoll,
+    data_listener: OwnedFd,
+    control_listener: Option<OwnedFd>,
+    conns: HashMap<u64, Conn>,
+    next_token: u64,
+    free_slots: VecDeque<usize>,
+    /// Slot counter totals when the slot was handed to its current owner.
+    baselines: Vec<[u64; 3]>,
+    /// The fds handed to workers: shard 0's socket per listen address.
+    udp_fds: Vec<RawFd>,
+    udp_addrs: Vec<SocketAddr>,
+    counters: Vec<Arc<ShardCounters>>,
+    info: StatusInfo,
+    buf: Vec<u8>,
+}
+
+pub struct RegistryConfig {
+    pub keys: KeySet,
+    pub rendezvous_key: [u8; 16],
+    pub shared: Shared,
+    pub data_listener: OwnedFd,
+    pub control_listener: Option<OwnedFd>,
+    pub udp_fds: Vec<RawFd>,
+    pub udp_addrs: Vec<SocketAddr>,
+    pub counters: Vec<Arc<ShardCounters>>,
+    pub max_instances: usize,
+    pub info: StatusInfo,
+}
+
+/// The snapshot before any worker connected.
+pub fn empty_snapshot(keys: &KeySet, rendezvous_key: [u8; 16]) -> Result<Snapshot> {
+    let table = Table::new(keys.clone(), rendezvous_key, &[]).map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(Snapshot { table, conns: Vec::new(), version: 0 })
+}
+
+impl Registry {
+    pub fn new(cfg: RegistryConfig) -> Result<Registry> {
+        let epoll = Epoll::new().context("epoll_create1")?;
+        epoll.add(cfg.data_listener.as_raw_fd(), libc::EPOLLIN as u32, TOKEN_DATA_LISTENER)?;
+        if let Some(c) = &cfg.control_listener {
+            epoll.add(c.as_raw_fd(), libc::EPOLLIN as u32, TOKEN_CONTROL_LISTENER)?;
+        }
+        Ok(Registry {
+            keys: cfg.keys,
+            rendezvous_key: cfg.rendezvous_key,
+            shared: cfg.shared,
+            version: 0,
+            epoll,
+            data_listener: cfg.data_listener,
+            control_listener: cfg.control_listener,
+            conns: HashMap::new(),
+            next_token: 2,
+            free_slots: (0..cfg.max_instances).collect(),
+            baselines: vec![[0; 3]; cfg.max_instances],
+            udp_fds: cfg.udp_fds,
+            udp_addrs: cfg.udp_addrs,
+            counters: cfg.counters,
+            info: cfg.info,
+            buf: vec![0u8; 65_536],
+        })
+    }
+
+    /// Runs forever (errors here are per connection and logged).
+    pub fn run(&mut self) -> Result<()> {
+        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
+        loop {
+            let n = self.epoll.wait(&mut events, -1).context("epoll_wait (registry)")?;
+            for k in 0..n {
+                let (token, ev) = (events[k].u64, events[k].events);
+                match token {
+                    TOKEN_DATA_LISTENER => self.accept_all(false),
+                    TOKEN_CONTROL_LISTENER => self.accept_all(true),
+                    t => self.on_conn(t, ev),
+                }
+            }
+        }
+    }
+
+    fn accept_all(&mut self, control: bool) {
+        loop {
+            let listener = if control { self.control_listener.as_ref() } else { Some(&self.data_listener) };
+            let Some(listener) = listener else { return };
+            match seqpacket::accept(listener) {
+                Ok(Some(fd)) => {
+                    let token = self.next_token;
+                    self.next_token += 1;
+                    let ev = (libc::EPOLLIN | libc::EPOLLRDHUP) as u32;
+                    if let Err(e) = self.epoll.add(fd.as_raw_fd(), ev, token) {
+                        tracing::warn!(error = %e, "epoll_ctl ADD connection");
+                        continue;
+                    }
+                    if !control {
+                        seqpacket::set_sndbuf(fd.as_raw_fd(), DATA_SNDBUF);
+                    }
+                    self.conns.insert(token, if control { Conn::Control(fd) } else { Conn::Pending(fd) });
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    // EMFILE and friends: log and retry on the next readiness.
+                    tracing::warn!(error = %e, control, "accept failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn on_conn(&mut self, token: u64, ev: u32) {
+        let Some(raw) = self.conns.get(&token).map(Conn::raw) else { return };
+        // Drain every record waiting; stop at EAGAIN, close on EOF or error.
+        for _ in 0..64 {
+            let mut truncated = false;
+            match seqpacket::recv(raw, &mut self.buf, libc::MSG_DONTWAIT, &mut truncated) {
+                Ok(0) => return self.close(token, "peer closed"),
+                Ok(n) => {
+                    if truncated {
+                        return self.refuse(token, "record too long");
+                    }
+                    let rec = self.buf[..n].to_vec();
+                    match decode_control(&rec) {
+                        Ok(m) => {
+                            if !self.on_message(token, m) {
+                                return;
+                            }
+                        }
+                        Err(e) => return self.refuse(token, &format!("malformed control message: {e}")),
+                    }
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => break,
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) => return self.close(token, &format!("recv: {e}")),
+            }
+        }
+        if ev & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
+            self.close(token, "hang-up");
+        }
+    }
+
+    /// Handles one message; false when the connection was closed.
+    fn on_message(&mut self, token: u64, m: Control) -> bool {
+        let Some(conn) = self.conns.get_mut(&token) else { return false };
+        match (conn, m) {
+            (Conn::Pending(_), Control::DataHello { server_id }) => self.hello(token, server_id),
+            (Conn::Live { placeable, conn }, Control::Ready) => {
+                if !*placeable {
+                    *placeable = true;
+                    tracing::info!(server_id = conn.server_id, "instance ready (placeable)");
+                    self.publish();
+                }
+                true
+            }
+            (Conn::Live { placeable, conn }, Control::Draining) => {
+                if *placeable {
+                    *placeable = false;
+                    tracing::info!(server_id = conn.server_id, "instance draining (not placeable)");
+                    self.publish();
+                }
+                true
+            }
+            (Conn::Control(_), Control::StatusRequest) => {
+                let json = self.status_json();
+                let rec = encode_control(&Control::Status { json });
+                let raw = self.conns.get(&token).map(Conn::raw).unwrap_or(-1);
+                if let Err(e) = seqpacket::send(raw, &rec, &[], libc::MSG_DONTWAIT) {
+                    self.close(token, &format!("sending status: {e}"));
+                    return false;
+                }
+                true
+            }
+            (Conn::Control(_), Control::Hello { .. }) => true,
+            (_, other) => {
+                self.refuse(token, &format!("unexpected message {}", message_name(&other)));
+                false
+            }
+        }
+    }
+
+    fn hello(&mut self, token: u64, server_id: ServerId) -> bool {
+        let dup = self.conns.values().any(|c| matches!(c, Conn::Live { conn, .. } if conn.server_id == server_id.0));
+        if dup {
+            self.refuse(token, &format!("server id {} is already live on another data connection", server_id.0));
+            return false;
+        }
+        let Some(slot) = self.free_slots.pop_front() else {
+            self.refuse(token, &format!("too many live instances (--max-instances {})", self.baselines.len()));
+            return false;
+        };
+        let Some(Conn::Pending(fd)) = self.conns.remove(&token) else { return false };
+        let rec = encode_control(&Control::Sockets { addrs: self.udp_addrs.clone() });
+        if let Err(e) = seqpacket::send(fd.as_raw_fd(), &rec, &self.udp_fds, libc::MSG_DONTWAIT) {
+            tracing::warn!(server_id = server_id.0, error = %e, "could not send Sockets; closing");
+            self.free_slots.push_back(slot);
+            let _ = self.epoll.delete(fd.as_raw_fd());
+            return false;
+        }
+        self.baselines[slot] = instance_total(&self.counters, slot);
+        let conn = Arc::new(DataConn { fd, server_id: server_id.0, slot });
+        self.conns.insert(token, Conn::Live { conn, placeable: false });
+        tracing::info!(server_id = server_id.0, slot, "instance live");
+        self.publish();
+        true
+    }
+
+    /// Sends `Error{reason}` (best effort) and closes.
+    fn refuse(&mut self, token: u64, reason: &str) {
+        if let Some(c) = self.conns.get(&token) {
+            let rec = encode_control(&Control::Error { reason: reason.to_string() });
+            let _ = seqpacket::send(c.raw(), &rec, &[], libc::MSG_DONTWAIT);
+        }
+        self.close(token, reason);
+    }
+
+    fn close(&mut self, token: u64, why: &str) {
+        let Some(c) = self.conns.remove(&token) else { return };
+        let _ = self.epoll.delete(c.raw());
+        if let Conn::Live { conn, .. } = c {
+            tracing::info!(server_id = conn.server_id, why, "instance dead");
+            self.free_slots.push_back(conn.slot);
+            self.publish();
+            // The fd closes when the last snapshot holding `conn` is dropped.
+        } else {
+            tracing::debug!(why, "connection closed");
+        }
+    }
+
+    /// Builds and publishes a new snapshot of the live instances (sorted by id).
+    fn publish(&mut self) {
+        let mut live: Vec<(Arc<DataConn>, bool)> = self
+            .conns
+            .values()
+            .filter_map(|c| match c {
+                Conn::Live { conn, placeable } => Some((conn.clone(), *placeable)),
+                _ => None,
+            })
+            .collect();
+        live.sort_by_key(|(c, _)| c.server_id);
+        let instances: Vec<InstanceInfo> =
+            live.iter().map(|(c, p)| InstanceInfo { server_id: ServerId(c.server_id), placeable: *p }).collect();
+        let table = match Table::new(self.keys.clone(), self.rendezvous_key, &instances) {
+            Ok(t) => t,
+            Err(e) => {
+                // Unreachable: hello() refuses duplicates. Keep the old snapshot.
+                tracing::error!(error = %e, "not publishing an invalid table");
+                return;
+            }
+        };
+        self.version += 1;
+        let conns = live.into_iter().map(|(c, _)| c).collect();
+        self.shared.store(Arc::new(Snapshot { table, conns, version: self.version }));
+    }
+
+    fn status_json(&self) -> String {
+        let snap = self.shared.load();
+        let instances: Vec<status::InstanceStatus> = snap
+            .conns
+            .iter()
+            .zip(snap.table.instances())
+            .map(|(c, info)| {
+                let total = instance_total(&self.counters, c.slot);
+                let base = self.baselines.get(c.slot).copied().unwrap_or([0; 3]);
+                status::InstanceStatus {
+                    server_id: c.server_id,
+                    placeable: info.placeable,
+                    datagrams: total[0].wrapping_sub(base[0]),
+                    bytes: total[1].wrapping_sub(base[1]),
+                    drops_full: total[2].wrapping_sub(base[2]),
+                }
+            })
+            .collect();
+        status::render(&self.info, snap.version, &self.counters, &instances)
+    }
+}
+
+fn message_name(m: &Control) -> &'static str {
+    match m {
+        Control::Hello { .. } => "Hello",
+        Control::Assign { .. } => "Assign",
+        Control::KeysChanged { .. } => "KeysChanged",
+        Control::Ready => "Ready",
+        Control::Draining => "Draining",
+        Control::Table { .. } => "Table",
+        Control::DataHello { .. } => "DataHello",
+        Control::Sockets { .. } => "Sockets",
+        Control::StatusRequest => "StatusRequest",
+        Control::Status { .. } => "Status",
+        Control::Error { .. } => "Error",
+    }
+}

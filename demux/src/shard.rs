@@ -1,0 +1,129 @@
+//! What every backend does with a received datagram or GRO train: count it, route it
+//! with proto (ADR-0040 routing table), queue it for its worker. Backends only differ
+//! in how bytes arrive (docs/architecture.md "The shard loop").
+
+use crate::cmsg::RecvMeta;
+use crate::counters::{bump, ShardCounters};
+use crate::forward::Forwarder;
+use crate::snapshot::Snapshot;
+use crate::socket::UdpSock;
+use proto::route::route_train;
+use proto::wire::FrameMeta;
+use proto::{PinTable, Reason};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Everything a shard thread needs, built by main before the thread starts.
+pub struct ShardSetup {
+    pub index: usize,
+    pub core: core_affinity::CoreId,
+    pub sockets: Vec<UdpSock>,
+    pub counters: Arc<ShardCounters>,
+    pub shared: crate::snapshot::Shared,
+    pub pin_capacity: usize,
+    pub batch: usize,
+}
+
+/// Per-socket facts the hot path needs.
+#[derive(Clone, Copy, Debug)]
+pub struct SockInfo {
+    pub local: SocketAddr,
+}
+
+pub struct Router {
+    pins: PinTable,
+    pub counters: Arc<ShardCounters>,
+    pub fwd: Forwarder,
+    start: Instant,
+    now: Duration,
+}
+
+impl Router {
+    pub fn new(setup: &ShardSetup) -> std::io::Result<Router> {
+        let mut hash_key = [0u8; 16];
+        crate::sys::os_random(&mut hash_key)?;
+        Ok(Router {
+            pins: PinTable::new(setup.pin_capacity, hash_key),
+            counters: setup.counters.clone(),
+            fwd: Forwarder::new(),
+            start: Instant::now(),
+            now: Duration::ZERO,
+        })
+    }
+
+    /// Start of a batch: one clock read for all its routing decisions.
+    #[inline]
+    pub fn begin(&mut self) {
+        self.now = self.start.elapsed();
+        bump(&self.counters.batches, 1);
+    }
+
+    /// A receive the kernel flagged MSG_TRUNC / MSG_CTRUNC: counted, not routed.
+    #[inline]
+    pub fn truncated(&self) {
+        bump(&self.counters.drops_truncated, 1);
+    }
+
+    /// Routes and queues one received payload (a datagram, or a GRO train when
+    /// `meta.gro_size` is set).
+    ///
+    /// # Safety
+    /// `payload` must stay valid and unchanged until the next `flush`.
+    #[inline]
+    pub unsafe fn datagram(&mut self, snap: &Snapshot, sock: &SockInfo, client: SocketAddr, meta: &RecvMeta, payload: &[u8]) {
+        let stride = meta.gro_size.map(usize::from).unwrap_or(0);
+        let segments = if stride > 0 && stride < payload.len() { payload.len().div_ceil(stride) } else { 1 };
+        let c = &*self.counters;
+        bump(&c.datagrams_in, segments as u64);
+        bump(&c.bytes_in, payload.len() as u64);
+        if segments > 1 {
+            bump(&c.trains_in, 1);
+        }
+        let local = match meta.local_ip {
+            Some(ip) => Some(SocketAddr::new(ip, sock.local.port())),
+            None if !sock.local.ip().is_unspecified() => Some(sock.local),
+            None => None,
+        };
+        let fwd = &mut self.fwd;
+        route_train(payload, stride, &snap.table, &mut self.pins, self.now, |run| {
+            let segs = run.segments as u64;
+            bump(&c.reasons[run.decision.reason.index()], segs);
+            match run.decision.target {
+                Some(t) => {
+                    if fwd.is_full() {
+                        fwd.flush(snap, c);
+                    }
+                    let frame = FrameMeta {
+                        client,
+                        local,
+                        ecn: meta.ecn,
+                        segment_size: if run.segments > 1 { Some(stride as u16) } else { None },
+                    };
+                    let bytes = payload.get(run.bytes.clone()).unwrap_or(&[]);
+                    // SAFETY: `bytes` lies within `payload`, which the caller keeps
+                    // valid until flush (this function's contract).
+                    unsafe { fwd.push(t, &frame, bytes, run.segments as u32, c) };
+                }
+                None => {
+                    if run.decision.reason == Reason::NoInstance {
+                        bump(&c.drops_no_instance, segs);
+                    }
+                }
+            }
+        });
+    }
+
+    /// End of a batch: one sendmmsg per destination.
+    #[inline]
+    pub fn flush(&mut self, snap: &Snapshot) {
+        self.fwd.flush(snap, &self.counters);
+    }
+}
+
+/// Pins the calling thread to its core (logs, does not fail, when refused).
+pub fn pin_thread(setup: &ShardSetup) {
+    if !core_affinity::set_for_current(setup.core) {
+        tracing::warn!(shard = setup.index, core = setup.core.id, "could not pin shard thread to its core");
+    }
+}

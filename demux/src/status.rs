@@ -1,0 +1,169 @@
+//! Status: the shards' counters aggregated on request (Control::StatusRequest on
+//! `--control-socket`), as JSON, and its readable rendering for `demux lb-status`.
+
+use crate::counters::ShardCounters;
+use proto::wire::MAX_TEXT;
+use proto::Reason;
+use serde_json::{json, Map, Value};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+/// Fixed facts of this data plane.
+#[derive(Clone, Debug)]
+pub struct StatusInfo {
+    pub io: &'static str,
+    pub steer: &'static str,
+    pub cores: Vec<usize>,
+    pub listen: Vec<String>,
+    pub pid: u32,
+}
+
+pub struct InstanceStatus {
+    pub server_id: u16,
+    pub placeable: bool,
+    pub datagrams: u64,
+    pub bytes: u64,
+    pub drops_full: u64,
+}
+
+fn shard_json(c: &ShardCounters) -> Map<String, Value> {
+    let mut reasons = Map::new();
+    for r in Reason::ALL {
+        reasons.insert(r.name().to_string(), json!(c.reasons[r.index()].load(Relaxed)));
+    }
+    let mut m = Map::new();
+    m.insert("datagrams_in".into(), json!(c.datagrams_in.load(Relaxed)));
+    m.insert("bytes_in".into(), json!(c.bytes_in.load(Relaxed)));
+    m.insert("trains_in".into(), json!(c.trains_in.load(Relaxed)));
+    m.insert("reasons".into(), Value::Object(reasons));
+    m.insert(
+        "drops".into(),
+        json!({
+            "no_instance": c.drops_no_instance.load(Relaxed),
+            "full": c.drops_full.load(Relaxed),
+            "truncated": c.drops_truncated.load(Relaxed),
+            "send_error": c.drops_send_error.load(Relaxed),
+        }),
+    );
+    m.insert("recv_no_buffers".into(), json!(c.recv_no_buffers.load(Relaxed)));
+    m.insert("batches".into(), json!(c.batches.load(Relaxed)));
+    m.insert("sendmmsg_calls".into(), json!(c.sendmmsg_calls.load(Relaxed)));
+    m
+}
+
+/// Adds every numeric leaf of `b` into `a` (same shape).
+fn add_into(a: &mut Map<String, Value>, b: &Map<String, Value>) {
+    for (k, v) in b {
+        match (a.get_mut(k), v) {
+            (Some(Value::Object(x)), Value::Object(y)) => add_into(x, y),
+            (Some(Value::Number(x)), Value::Number(y)) => {
+                let s = x.as_u64().unwrap_or(0).wrapping_add(y.as_u64().unwrap_or(0));
+                *a.get_mut(k).unwrap_or(&mut Value::Null) = json!(s);
+            }
+            (None, v) => {
+                a.insert(k.clone(), v.clone());
+            }
+            _ => {}
+        }
+    }
+}
+
+pub fn render(info: &StatusInfo, snapshot_version: u64, shards: &[Arc<ShardCounters>], instances: &[InstanceStatus]) -> String {
+    let per_shard: Vec<Map<String, Value>> = shards.iter().map(|c| shard_json(c)).collect();
+    let mut total = Map::new();
+    for s in &per_shard {
+        add_into(&mut total, s);
+    }
+    let inst: Vec<Value> = instances
+        .iter()
+        .map(|i| {
+            json!({
+                "server_id": i.server_id,
+                "placeable": i.placeable,
+                "datagrams": i.datagrams,
+                "bytes": i.bytes,
+                "drops_full": i.drops_full,
+            })
+        })
+        .collect();
+    let mut top = Map::new();
+    top.insert("pid".into(), json!(info.pid));
+    top.insert("io".into(), json!(info.io));
+    top.insert("steer".into(), json!(info.steer));
+    top.insert("shards".into(), json!(shards.len()));
+    top.insert("cores".into(), json!(info.cores));
+    top.insert("listen".into(), json!(info.listen));
+    top.insert("snapshot_version".into(), json!(snapshot_version));
+    for (k, v) in total {
+        top.insert(k, v);
+    }
+    let shard_list: Vec<Value> = per_shard
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut m)| {
+            m.insert("shard".into(), json!(i));
+            m.insert("core".into(), json!(info.cores.get(i)));
+            Value::Object(m)
+        })
+        .collect();
+    top.insert("per_shard".into(), Value::Array(shard_list));
+    top.insert("instances_total".into(), json!(inst.len()));
+    // A control message carries at most MAX_TEXT bytes (proto::wire): list as many
+    // instances as fit and say so.
+    let mut keep = inst.len();
+    loop {
+        top.insert("instances".into(), Value::Array(inst[..keep].to_vec()));
+        top.insert("instances_truncated".into(), json!(keep < inst.len()));
+        let s = Value::Object(top.clone()).to_string();
+        if s.len() <= MAX_TEXT || keep == 0 {
+            return s;
+        }
+        keep = keep * 3 / 4;
+    }
+}
+
+/// Human-readable rendering of a status JSON text.
+pub fn pretty(json_text: &str) -> Result<String, serde_json::Error> {
+    let v: Value = serde_json::from_str(json_text)?;
+    let g = |p: &str| v.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+    let mut s = String::new();
+    s += &format!(
+        "data plane pid {}  io {}  steer {}  shards {}  cores {}\n",
+        g("/pid"),
+        v["io"].as_str().unwrap_or("?"),
+        v["steer"].as_str().unwrap_or("?"),
+        g("/shards"),
+        v["cores"]
+    );
+    s += &format!("listen {}\n", v["listen"]);
+    s += &format!("datagrams in {}  bytes in {}  GRO trains {}\n", g("/datagrams_in"), g("/bytes_in"), g("/trains_in"));
+    s += "reasons:";
+    for r in Reason::ALL {
+        s += &format!("  {} {}", r.name(), g(&format!("/reasons/{}", r.name())));
+    }
+    s += "\n";
+    s += &format!(
+        "drops: no instance {}  full instance socket {}  truncated {}  send error {}\n",
+        g("/drops/no_instance"),
+        g("/drops/full"),
+        g("/drops/truncated"),
+        g("/drops/send_error")
+    );
+    s += &format!("{:>9} {:>9} {:>14} {:>16} {:>10}\n", "server_id", "placeable", "datagrams", "bytes", "drops_full");
+    if let Some(list) = v["instances"].as_array() {
+        for i in list {
+            s += &format!(
+                "{:>9} {:>9} {:>14} {:>16} {:>10}\n",
+                i["server_id"].as_u64().unwrap_or(0),
+                if i["placeable"].as_bool().unwrap_or(false) { "yes" } else { "no" },
+                i["datagrams"].as_u64().unwrap_or(0),
+                i["bytes"].as_u64().unwrap_or(0),
+                i["drops_full"].as_u64().unwrap_or(0)
+            );
+        }
+    }
+    if v["instances_truncated"].as_bool() == Some(true) {
+        s += &format!("(instance list truncated; {} live)\n", g("/instances_total"));
+    }
+    Ok(s)
+}
