@@ -1,0 +1,236 @@
+//! End-to-end: the udpflood binary against plain UDP sockets on 127.0.0.1.
+
+use proto::cid::{ServerId, CID_LEN};
+use proto::header::{parse, Header, LongType};
+use proto::keyfile::KeyFile;
+use std::collections::HashSet;
+use std::net::UdpSocket;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_udpflood");
+
+fn temp_path(name: &str) -> PathBuf {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    std::env::temp_dir().join(format!("udpflood-test-{}-{n}-{name}", std::process::id()))
+}
+
+fn key_file() -> (PathBuf, KeyFile) {
+    let kf = KeyFile::generate(&[0x5a; 112]);
+    let p = temp_path("keys");
+    std::fs::write(&p, kf.to_text()).unwrap();
+    (p, kf)
+}
+
+fn rcvbuf(s: &UdpSocket, bytes: i32) {
+    // SAFETY: a pointer to a live c_int with its exact size.
+    unsafe {
+        let v: libc::c_int = bytes;
+        let p = (&v as *const libc::c_int).cast();
+        let l = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        if libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, p, l) != 0 {
+            libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, p, l);
+        }
+    }
+}
+
+/// The number after `"key":` in a one-line JSON object.
+fn json_num(json: &str, key: &str) -> f64 {
+    let pat = format!("\"{key}\":");
+    let i = json.find(&pat).unwrap_or_else(|| panic!("no {key} in {json}")) + pat.len();
+    let rest = &json[i..];
+    let end = rest.find([',', '}']).unwrap();
+    rest[..end].parse().unwrap_or_else(|_| panic!("{key} not a number in {json}"))
+}
+
+fn run(args: &[&str]) -> Output {
+    let out = Command::new(BIN).args(args).output().expect("run udpflood");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    out
+}
+
+/// Receives until `quiet` passes with nothing arriving after `done` is set.
+fn sink(sock: UdpSocket, done: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<(u16, Vec<u8>)>> {
+    std::thread::spawn(move || {
+        sock.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 65_536];
+        let start = Instant::now();
+        let mut idle_since = None;
+        while start.elapsed() < Duration::from_secs(20) {
+            match sock.recv_from(&mut buf) {
+                Ok((n, from)) => {
+                    got.push((from.port(), buf[..n].to_vec()));
+                    idle_since = None;
+                }
+                Err(_) => {
+                    if done.load(Ordering::Acquire) {
+                        let t = *idle_since.get_or_insert(Instant::now());
+                        if t.elapsed() > Duration::from_millis(300) {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        got
+    })
+}
+
+fn flood_into_sink(extra: &[&str]) -> (String, Vec<(u16, Vec<u8>)>) {
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    rcvbuf(&sock, 4 << 20);
+    let target = sock.local_addr().unwrap().to_string();
+    let done = Arc::new(AtomicBool::new(false));
+    let h = sink(sock, done.clone());
+    let mut args = vec!["--target", &target, "--json", "--quiet", "--duration", "10"];
+    args.extend_from_slice(extra);
+    let out = run(&args);
+    done.store(true, Ordering::Release);
+    let got = h.join().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    (String::from_utf8(out.stdout).unwrap(), got)
+}
+
+#[test]
+fn paced_mix_arrives_complete_and_in_ratio() {
+    let (keys, kf) = key_file();
+    let ks = kf.key_set().unwrap();
+    let (json, got) = flood_into_sink(&[
+        "--mode", "mix", "--keys", keys.to_str().unwrap(), "--server-ids", "1,2", "--size", "200",
+        "--count", "1000", "--rate", "20000",
+    ]);
+    assert_eq!(json_num(&json, "sent"), 1000.0, "{json}");
+    assert_eq!(json_num(&json, "errors"), 0.0, "{json}");
+    assert_eq!(got.len(), 1000, "received == sent");
+    let (mut live, mut init, mut orphan, mut bad) = (0, 0, 0, 0);
+    for (_, d) in &got {
+        match parse(d, CID_LEN) {
+            Ok(Header::Short { dcid }) => match ks.decode(dcid) {
+                Ok(x) if [ServerId(1), ServerId(2)].contains(&x.server_id) => live += 1,
+                _ => orphan += 1,
+            },
+            Ok(Header::Long(h)) if h.ty == LongType::Initial && d.len() == 1200 => init += 1,
+            Err(_) => bad += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((live, init, orphan, bad), (600, 200, 100, 100));
+    let _ = std::fs::remove_file(keys);
+}
+
+#[test]
+fn gso_trains_from_many_sources() {
+    let (keys, kf) = key_file();
+    let ks = kf.key_set().unwrap();
+    let (json, got) = flood_into_sink(&[
+        "--mode", "short", "--keys", keys.to_str().unwrap(), "--server-ids", "7", "--size", "100",
+        "--gso", "8", "--threads", "2", "--sources", "6", "--count", "1000", "--rate", "20000",
+    ]);
+    assert_eq!(json_num(&json, "sent"), 1000.0, "{json}");
+    assert_eq!(got.len(), 1000, "GSO trains are split into single datagrams");
+    let ports: HashSet<u16> = got.iter().map(|(p, _)| *p).collect();
+    assert_eq!(ports.len(), 6, "every source socket used");
+    for (_, d) in &got {
+        assert_eq!(d.len(), 100);
+        let Ok(Header::Short { dcid }) = parse(d, CID_LEN) else { panic!() };
+        assert_eq!(ks.decode(dcid).unwrap().server_id, ServerId(7));
+    }
+    let _ = std::fs::remove_file(keys);
+}
+
+#[test]
+fn initial_flood_is_well_formed() {
+    let (json, got) = flood_into_sink(&["--mode", "initial", "--size", "1252", "--count", "300", "--rate", "20000"]);
+    assert_eq!(json_num(&json, "sent"), 300.0);
+    assert_eq!(got.len(), 300);
+    for (_, d) in &got {
+        let Ok(Header::Long(h)) = parse(d, CID_LEN) else { panic!() };
+        assert_eq!((h.ty, h.packet_len), (LongType::Initial, 1252));
+    }
+}
+
+#[test]
+fn latency_against_an_echo_server() {
+    let (keys, _) = key_file();
+    let echo = UdpSocket::bind("127.0.0.1:0").unwrap();
+    rcvbuf(&echo, 4 << 20);
+    echo.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let target = echo.local_addr().unwrap().to_string();
+    let stop = Arc::new(AtomicBool::new(false));
+    let h = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 65_536];
+            let start = Instant::now();
+            while !stop.load(Ordering::Acquire) && start.elapsed() < Duration::from_secs(20) {
+                if let Ok((n, from)) = echo.recv_from(&mut buf) {
+                    let _ = echo.send_to(&buf[..n], from);
+                }
+            }
+        })
+    };
+    let hgrm = temp_path("rtt.hgrm");
+    let out = run(&[
+        "--latency", "--target", &target, "--keys", keys.to_str().unwrap(), "--server-ids", "3,4",
+        "--rate", "2000", "--duration", "1", "--size", "64", "--background-rate", "5000",
+        "--hgrm-out", hgrm.to_str().unwrap(), "--json", "--quiet",
+    ]);
+    stop.store(true, Ordering::Release);
+    h.join().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(json_num(&json, "sent"), 2000.0, "{json}");
+    assert_eq!(json_num(&json, "received"), 2000.0, "{json}");
+    assert_eq!(json_num(&json, "lost"), 0.0, "{json}");
+    assert!(json_num(&json, "background_sent") > 2000.0, "{json}");
+    let (p50, p99, p999, max) =
+        (json_num(&json, "p50_us"), json_num(&json, "p99_us"), json_num(&json, "p999_us"), json_num(&json, "max_us"));
+    assert!(p50 > 0.0 && p50 <= p99 && p99 <= p999 && p999 <= max, "{json}");
+    assert!(max < 1_000_000.0, "a loopback echo takes well under a second: {json}");
+    let text = std::fs::read_to_string(&hgrm).unwrap();
+    assert!(text.starts_with("       Value     Percentile TotalCount 1/(1-Percentile)\n\n"), "{text}");
+    assert!(text.contains("Total count    =         2000]"), "{text}");
+    let _ = std::fs::remove_file(hgrm);
+    let _ = std::fs::remove_file(keys);
+}
+
+#[test]
+fn bad_flags_are_clear_errors() {
+    let (keys, _) = key_file();
+    let bad_keys = temp_path("badkeys");
+    std::fs::write(&bad_keys, "quicdemux-keys 1\nnewest 7 00\n").unwrap();
+    let k = keys.to_str().unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--target", "10.1.2.3:443", "--mode", "garbage"], "loopback"),
+        (vec!["--target", "127.0.0.1:443", "--mode", "initial", "--size", "500"], "1200"),
+        (vec!["--target", "127.0.0.1:443", "--mode", "short"], "--keys"),
+        (vec!["--target", "127.0.0.1:443", "--mode", "bogus"], "unknown mode"),
+        (vec!["--target", "127.0.0.1:443", "--rate=-1"], "rate"),
+        (vec!["--target", "localhost"], "--target"),
+        (vec!["--target", "127.0.0.1:443", "--duration", "0"], "duration"),
+        (vec!["--target", "127.0.0.1:443", "--mode", "garbage", "--gso", "65"], "--gso"),
+        (vec!["--target", "127.0.0.1:443", "--mode", "garbage", "--gso", "64", "--size", "1200"], "exceeds"),
+        (vec!["--target", "127.0.0.1:443", "--threads", "4", "--sources", "2", "--mode", "garbage"], "--sources"),
+        (vec!["--target", "127.0.0.1:443", "--keys", "/nonexistent/keys"], "key file"),
+        (vec!["--target", "127.0.0.1:443", "--keys", bad_keys.to_str().unwrap()], "line 2"),
+        (vec!["--target", "127.0.0.1:443", "--keys", k, "--server-ids", "9-1"], "backwards"),
+        (vec!["--latency", "--target", "127.0.0.1:443", "--keys", k, "--server-ids", "1"], "fixed --rate"),
+        (vec!["--latency", "--target", "127.0.0.1:443", "--server-ids", "1", "--rate", "10"], "--keys"),
+        (vec!["--latency", "--target", "127.0.0.1:443", "--keys", k, "--server-ids", "1", "--rate", "10", "--size", "20"], "--size"),
+    ];
+    for (args, want) in cases {
+        let out = run(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} should fail");
+        assert!(err.contains(want), "{args:?}: expected '{want}' in: {err}");
+    }
+    let _ = std::fs::remove_file(keys);
+    let _ = std::fs::remove_file(bad_keys);
+}
