@@ -1,0 +1,840 @@
+//! `proto::route::route` and `route_train` against a slow, obviously-right model
+//! written from ADR-0040 "Routing rules", docs/adr/0002-routing.md and the table in
+//! route.rs's module docs — not from route.rs's code:
+//!
+//! | datagram                                                  | reason               |
+//! |-----------------------------------------------------------|----------------------|
+//! | v1/v2 long or short header whose DCID decodes to a live id | Owner               |
+//! | client Initial (≥ 1200 B) / 0-RTT, pinned to a live id     | Pinned              |
+//! | the same, not pinned                                       | Placed (+ pin 10 s) |
+//! | short / Handshake: dead id, cr = 3, unknown gen, wrong len | Orphan              |
+//! | unsupported version, datagram ≥ 1200 bytes                | VersionNegotiation  |
+//! | unparsable, Initial < 1200 B, VN or Retry sent to a server | NotQuic             |
+//! | a target is needed but there is none                       | NoInstance          |
+//!
+//! The model uses its own header parser (tests/common/refparse.rs), its own CID
+//! decoder (HMAC-SHA-256 straight from aws-lc-rs, ADR-0040 "PRF"), a naive pin list
+//! (Vec of (key, target, time), large enough never to evict) and a naive argmax over
+//! `Rendezvous::weight` (whose `pick` is checked against a naive argmax in
+//! tests/rendezvous.rs).
+
+mod common;
+
+use aws_lc_rs::hmac;
+use common::refparse::ref_parse;
+use common::rng::Rng;
+use common::{hex, vectors};
+use proto::cid::{Generation, KeySet, ServerId, CID_LEN, KEY_LEN};
+use proto::header::{Header, LongType};
+use proto::pin::{PinTable, PIN_TTL};
+use proto::rendezvous::Rendezvous;
+use proto::route::{route, route_train, Decision, InstanceInfo, Reason, Table, TrainRun};
+use std::time::Duration;
+
+const V1: u32 = 1;
+const V2: u32 = 0x6b33_43cf;
+/// RFC 9000 §14.1 / §5.2.2.
+const MIN_INITIAL: usize = 1200;
+
+fn to(reason: Reason, target: usize) -> Decision {
+    Decision { reason, target: Some(target) }
+}
+fn dropped(reason: Reason) -> Decision {
+    Decision { reason, target: None }
+}
+
+// ---------------------------------------------------------------------------------
+// The model
+// ---------------------------------------------------------------------------------
+
+struct Model {
+    /// Raw secrets of the live generations (ADR-0040: at most two).
+    live_keys: [Option<[u8; KEY_LEN]>; 3],
+    instances: Vec<InstanceInfo>,
+    rendezvous: Rendezvous,
+    /// Every pin ever made, with the time it was made.
+    pins: Vec<(Vec<u8>, ServerId, Duration)>,
+}
+
+impl Model {
+    /// ADR-0040: 12 bytes, cr = byte 0 >> 6 names a live generation, server id =
+    /// bytes 9..=10 XOR HMAC-SHA-256(key[cr], bytes 0..=8)[0..2].
+    fn decode(&self, dcid: &[u8]) -> Option<ServerId> {
+        if dcid.len() != 12 {
+            return None;
+        }
+        let cr = usize::from(dcid[0] >> 6);
+        let secret = self.live_keys.get(cr)?.as_ref()?;
+        let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, secret), &dcid[..9]);
+        let t = tag.as_ref();
+        Some(ServerId(u16::from_be_bytes([dcid[9] ^ t[0], dcid[10] ^ t[1]])))
+    }
+
+    fn index_of(&self, id: ServerId) -> Option<usize> {
+        self.instances.iter().position(|i| i.server_id == id)
+    }
+
+    fn owner(&self, dcid: &[u8]) -> Option<usize> {
+        self.decode(dcid).and_then(|id| self.index_of(id))
+    }
+
+    /// Highest weight among the candidates; the first one listed wins a tie.
+    fn argmax(&self, dcid: &[u8], only_placeable: bool) -> Option<usize> {
+        let h = self.rendezvous.key_hash(dcid);
+        let mut best: Option<(u64, usize)> = None;
+        for (i, inst) in self.instances.iter().enumerate() {
+            if only_placeable && !inst.placeable {
+                continue;
+            }
+            let w = Rendezvous::weight(self.rendezvous.seed(inst.server_id), h);
+            if best.map_or(true, |(bw, _)| w > bw) {
+                best = Some((w, i));
+            }
+        }
+        best.map(|(_, i)| i)
+    }
+
+    /// "Any serving instance": among placeable ones if there are any, else among all.
+    fn any_serving(&self, dcid: &[u8]) -> Option<usize> {
+        let any_placeable = self.instances.iter().any(|i| i.placeable);
+        self.argmax(dcid, any_placeable)
+    }
+
+    fn serve(&self, reason: Reason, dcid: &[u8]) -> Decision {
+        match self.any_serving(dcid) {
+            Some(i) => to(reason, i),
+            None => dropped(Reason::NoInstance),
+        }
+    }
+
+    fn place(&mut self, dcid: &[u8], now: Duration) -> Decision {
+        let alive = |at: Duration| now.saturating_sub(at) < PIN_TTL;
+        if let Some(p) = self.pins.iter().find(|p| p.0 == dcid && alive(p.2)) {
+            if let Some(i) = self.index_of(p.1) {
+                return to(Reason::Pinned, i);
+            }
+        }
+        let Some(i) = self.argmax(dcid, true) else {
+            return dropped(Reason::NoInstance);
+        };
+        let id = self.instances[i].server_id;
+        // Pin: expired pins are gone; a live pin of this key is retargeted and keeps
+        // its time (its expiry), otherwise a new pin starts now.
+        self.pins.retain(|p| alive(p.2));
+        match self.pins.iter_mut().find(|p| p.0 == dcid) {
+            Some(p) => p.1 = id,
+            None => self.pins.push((dcid.to_vec(), id, now)),
+        }
+        to(Reason::Placed, i)
+    }
+
+    fn route(&mut self, d: &[u8], now: Duration) -> Decision {
+        let h = match ref_parse(d, CID_LEN) {
+            Ok(h) => h,
+            Err(_) => return dropped(Reason::NotQuic),
+        };
+        match h {
+            Header::VersionNegotiation { .. } => dropped(Reason::NotQuic),
+            Header::UnsupportedVersion { dcid, .. } => {
+                if d.len() < MIN_INITIAL {
+                    dropped(Reason::NotQuic)
+                } else {
+                    self.serve(Reason::VersionNegotiation, dcid)
+                }
+            }
+            Header::Short { dcid } => match self.owner(dcid) {
+                Some(i) => to(Reason::Owner, i),
+                None => self.serve(Reason::Orphan, dcid),
+            },
+            Header::Long(l) => {
+                if let Some(i) = self.owner(l.dcid) {
+                    return to(Reason::Owner, i);
+                }
+                match l.ty {
+                    LongType::Initial if d.len() < MIN_INITIAL => dropped(Reason::NotQuic),
+                    LongType::Initial | LongType::ZeroRtt => self.place(l.dcid, now),
+                    LongType::Handshake => self.serve(Reason::Orphan, l.dcid),
+                    LongType::Retry => dropped(Reason::NotQuic),
+                }
+            }
+        }
+    }
+
+    /// ADR-0002: a train whose segments all parse with the first one's DCID is routed
+    /// once (as its first segment) and travels whole; otherwise segment by segment,
+    /// consecutive equal decisions merged.
+    fn route_train(&mut self, train: &[u8], stride: usize, now: Duration) -> Vec<TrainRun> {
+        if train.is_empty() {
+            return vec![];
+        }
+        if stride == 0 || stride >= train.len() {
+            let decision = self.route(train, now);
+            return vec![TrainRun { bytes: 0..train.len(), segments: 1, decision }];
+        }
+        let segs: Vec<&[u8]> = train.chunks(stride).collect();
+        let first = ref_parse(segs[0], CID_LEN);
+        let uniform = match &first {
+            Ok(h0) => segs[1..].iter().all(|s| matches!(ref_parse(s, CID_LEN), Ok(h) if h.dcid() == h0.dcid())),
+            Err(_) => false,
+        };
+        if uniform {
+            let decision = self.route(segs[0], now);
+            let segments = (train.len() + stride - 1) / stride;
+            return vec![TrainRun { bytes: 0..train.len(), segments, decision }];
+        }
+        let mut runs: Vec<TrainRun> = Vec::new();
+        for (k, s) in segs.iter().enumerate() {
+            let decision = self.route(s, now);
+            let start = k * stride;
+            match runs.last_mut() {
+                Some(r) if r.decision == decision => {
+                    r.bytes.end = start + s.len();
+                    r.segments += 1;
+                }
+                _ => runs.push(TrainRun { bytes: start..start + s.len(), segments: 1, decision }),
+            }
+        }
+        runs
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The world: the real table and pins, the model, and a datagram generator.
+// ---------------------------------------------------------------------------------
+
+struct World {
+    rng: Rng,
+    keys: KeySet,
+    /// Every key set that ever existed (to mint CIDs of rotated-away generations).
+    old_keys: Vec<KeySet>,
+    rendezvous_key: [u8; 16],
+    table: Table,
+    pins: PinTable,
+    model: Model,
+    next_id: u16,
+    dead_ids: Vec<u16>,
+    client_dcids: Vec<Vec<u8>>,
+    now: Duration,
+    counts: [u64; Reason::COUNT],
+    changes: [u64; 6],
+}
+
+fn long_first_byte(version: u32, ty: LongType, low: u8) -> u8 {
+    // RFC 9000 §17.2 Table 5 (v1), RFC 9369 §3.2 (v2).
+    let bits = match (version == V2, ty) {
+        (false, LongType::Initial) => 0,
+        (false, LongType::ZeroRtt) => 1,
+        (false, LongType::Handshake) => 2,
+        (false, LongType::Retry) => 3,
+        (true, LongType::Retry) => 0,
+        (true, LongType::Initial) => 1,
+        (true, LongType::ZeroRtt) => 2,
+        (true, LongType::Handshake) => 3,
+    };
+    0xc0 | (bits << 4) | (low & 0x0f)
+}
+
+impl World {
+    fn new(seed: u64, instances: usize) -> World {
+        let mut rng = Rng::new(seed);
+        let keys = KeySet::new((Generation::new(0).unwrap(), rng.array()), None).unwrap();
+        let rendezvous_key = rng.array();
+        let infos: Vec<InstanceInfo> =
+            (0..instances).map(|i| InstanceInfo { server_id: ServerId(100 + i as u16), placeable: true }).collect();
+        let model = Model {
+            live_keys: [keys.secret(Generation::new(0).unwrap()).copied(), None, None],
+            instances: infos.clone(),
+            rendezvous: Rendezvous::new(rendezvous_key),
+            pins: Vec::new(),
+        };
+        World {
+            table: Table::new(keys.clone(), rendezvous_key, &infos).unwrap(),
+            // Large enough that nothing is evicted within one TTL of this test's traffic.
+            pins: PinTable::new(1 << 17, rng.array()),
+            old_keys: vec![keys.clone()],
+            keys,
+            rendezvous_key,
+            model,
+            next_id: 100 + instances as u16,
+            dead_ids: vec![1, 2, 99],
+            client_dcids: Vec::new(),
+            now: Duration::from_secs(1_000),
+            counts: [0; Reason::COUNT],
+            changes: [0; 6],
+            rng,
+        }
+    }
+
+    fn rebuild(&mut self) {
+        self.table = Table::new(self.keys.clone(), self.rendezvous_key, &self.model.instances).unwrap();
+        for g in 0..3u8 {
+            self.model.live_keys[g as usize] = self.keys.secret(Generation::new(g).unwrap()).copied();
+        }
+    }
+
+    /// One random change of the instance set, keys or clock.
+    fn change(&mut self) {
+        let n = self.model.instances.len();
+        let kind = self.rng.below(6);
+        self.changes[kind] += 1;
+        match kind {
+            0 if n < 16 => {
+                // A new instance start: a fresh, never-reused server id (ADR-0040).
+                self.next_id += 1 + self.rng.below(3) as u16;
+                let info = InstanceInfo { server_id: ServerId(self.next_id), placeable: self.rng.chance(4, 5) };
+                let at = self.rng.below(n + 1);
+                self.model.instances.insert(at, info);
+            }
+            1 if n > 0 => {
+                let i = self.rng.below(n);
+                let gone = self.model.instances.remove(i);
+                self.dead_ids.push(gone.server_id.0);
+            }
+            2 if n > 0 => {
+                let i = self.rng.below(n);
+                self.model.instances[i].placeable ^= true;
+            }
+            3 => {
+                // Rotation: a fresh newest generation, the current one stays decodable.
+                self.keys = self.keys.rotated(self.rng.array());
+                self.old_keys.push(self.keys.clone());
+            }
+            4 => {
+                // The order of the snapshot changes (indices change, ids do not).
+                let i = self.rng.below(n.max(1));
+                let j = self.rng.below(n.max(1));
+                if n > 0 {
+                    self.model.instances.swap(i, j);
+                }
+            }
+            _ => {
+                // The clock jumps, often past the 10 s pin TTL.
+                let ms = *self.rng.pick(&[1_000u64, 5_000, 9_999, 10_000, 10_001, 12_000]);
+                self.now += Duration::from_millis(ms);
+            }
+        }
+        self.rebuild();
+    }
+
+    /// A 12-byte CID as the instances mint them, or not quite.
+    fn server_dcid(&mut self) -> Vec<u8> {
+        let rand = self.rng.array::<10>();
+        let live: Vec<Generation> = self.keys.live_generations().collect();
+        match self.rng.below(12) {
+            0..=5 if !self.model.instances.is_empty() => {
+                let id = self.rng.pick(&self.model.instances).server_id;
+                let g = *self.rng.pick(&live);
+                self.keys.encode_with(g, id, &rand).unwrap().to_vec()
+            }
+            6 => {
+                let id = ServerId(*self.rng.pick(&self.dead_ids));
+                self.keys.encode(id, &rand).to_vec()
+            }
+            7 | 8 => {
+                // Minted under some key set of the past (possibly rotated away, possibly
+                // a generation number that is live again under a new key).
+                let ks = self.rng.pick(&self.old_keys).clone();
+                let id = if self.model.instances.is_empty() || self.rng.chance(1, 2) {
+                    ServerId(self.rng.u8().into())
+                } else {
+                    self.rng.pick(&self.model.instances).server_id
+                };
+                ks.encode(id, &rand).to_vec()
+            }
+            9 => {
+                let mut c = self.rng.bytes(CID_LEN);
+                c[0] |= 0xc0; // cr = 3
+                c
+            }
+            10 => self.rng.bytes(CID_LEN),
+            _ => {
+                let n = *self.rng.pick(&[0usize, 1, 8, 11, 13, 20]);
+                self.rng.bytes(n)
+            }
+        }
+    }
+
+    /// A client-chosen DCID (RFC 9000 §7.2): often one seen before, so pins matter.
+    fn client_dcid(&mut self) -> Vec<u8> {
+        if !self.client_dcids.is_empty() && self.rng.chance(2, 5) {
+            return self.rng.pick(&self.client_dcids).clone();
+        }
+        let d = match self.rng.below(10) {
+            0..=5 => {
+                let n = self.rng.range(8, 20);
+                self.rng.bytes(n)
+            }
+            6 => {
+                let n = self.rng.range(0, 7);
+                self.rng.bytes(n)
+            }
+            7 => self.rng.bytes(CID_LEN),
+            // The client's second Initial after a Retry uses our CID (ADR-0040 "Retry").
+            _ => self.server_dcid(),
+        };
+        if self.client_dcids.len() < 64 {
+            self.client_dcids.push(d.clone());
+        } else {
+            let i = self.rng.below(64);
+            self.client_dcids[i] = d.clone();
+        }
+        d
+    }
+
+    /// A v1/v2 long header of type `ty`, `total` bytes long (when the header fits).
+    fn long_packet(&mut self, ty: LongType, dcid: &[u8], total: usize) -> Vec<u8> {
+        let version = if self.rng.chance(1, 2) { V1 } else { V2 };
+        let mut d = vec![long_first_byte(version, ty, self.rng.u8())];
+        d.extend_from_slice(&version.to_be_bytes());
+        d.push(dcid.len() as u8);
+        d.extend_from_slice(dcid);
+        let scid_len = self.rng.range(0, 20);
+        d.push(scid_len as u8);
+        d.extend(self.rng.bytes(scid_len));
+        match ty {
+            LongType::Retry => {
+                let tok = self.rng.range(0, 40);
+                d.extend(self.rng.bytes(tok + 16));
+                return d;
+            }
+            LongType::Initial => {
+                let tok = if self.rng.chance(3, 4) { 0 } else { self.rng.range(1, 60) };
+                d.push(tok as u8); // < 64: one-byte varint
+                d.extend(self.rng.bytes(tok));
+            }
+            _ => {}
+        }
+        // Length (2-byte varint) covers the rest, minus coalesced bytes sometimes.
+        let rest = total.saturating_sub(d.len() + 2);
+        let coalesced = if self.rng.chance(1, 8) { self.rng.range(0, rest.min(60)) } else { 0 };
+        let length = (rest - coalesced) as u16 | 0x4000;
+        d.extend_from_slice(&length.to_be_bytes());
+        d.extend(self.rng.bytes(rest));
+        d
+    }
+
+    fn initial_size(&mut self) -> usize {
+        match self.rng.below(10) {
+            0..=5 => MIN_INITIAL + self.rng.range(0, 200),
+            6 => MIN_INITIAL,
+            7 => MIN_INITIAL - 1,
+            _ => self.rng.range(60, MIN_INITIAL - 1),
+        }
+    }
+
+    fn datagram(&mut self) -> Vec<u8> {
+        match self.rng.below(100) {
+            0..=29 => {
+                let first = if self.rng.chance(1, 20) { self.rng.u8() & 0x3f } else { 0x40 | (self.rng.u8() & 0x3f) };
+                let mut d = vec![first];
+                d.extend(self.server_dcid());
+                let n = if self.rng.chance(1, 10) { self.rng.range(0, 25) } else { self.rng.range(20, 1400) };
+                d.extend(self.rng.bytes(n));
+                d
+            }
+            30..=49 => {
+                let dcid = self.client_dcid();
+                let size = self.initial_size();
+                self.long_packet(LongType::Initial, &dcid, size)
+            }
+            50..=57 => {
+                let dcid = self.client_dcid();
+                let size = self.rng.range(40, 1400);
+                self.long_packet(LongType::ZeroRtt, &dcid, size)
+            }
+            58..=67 => {
+                let dcid = self.server_dcid();
+                let size = self.rng.range(40, 1400);
+                self.long_packet(LongType::Handshake, &dcid, size)
+            }
+            68..=71 => {
+                let dcid = self.server_dcid();
+                self.long_packet(LongType::Retry, &dcid, 0)
+            }
+            72..=75 => {
+                // RFC 9000 §17.2.1 Version Negotiation.
+                let mut d = vec![0x80 | self.rng.u8(), 0, 0, 0, 0];
+                let dcid = self.server_dcid();
+                d.push(dcid.len() as u8);
+                d.extend(dcid);
+                d.push(8);
+                d.extend(self.rng.bytes(8));
+                d.extend_from_slice(&[0, 0, 0, 1, 0x6b, 0x33, 0x43, 0xcf]);
+                if self.rng.chance(1, 3) {
+                    d.resize(1300, 0);
+                }
+                d
+            }
+            76..=81 => {
+                // RFC 8999 long header of an unknown version (e.g. a draft, or greased).
+                let version = loop {
+                    let v = self.rng.next_u64() as u32;
+                    if v != 0 && v != V1 && v != V2 {
+                        break if self.rng.chance(1, 2) { 0xff00_001d } else { v | 0x0a0a_0a0a };
+                    }
+                };
+                let mut d = vec![0x80 | self.rng.u8()];
+                d.extend_from_slice(&version.to_be_bytes());
+                let dcid = if self.rng.chance(1, 2) { self.client_dcid() } else { self.server_dcid() };
+                d.push(dcid.len() as u8);
+                d.extend(dcid);
+                d.push(0);
+                let size = if self.rng.chance(1, 2) { self.initial_size() } else { self.rng.range(20, 300) };
+                d.resize(size.max(d.len()), 0xee);
+                d
+            }
+            82..=89 => {
+                let n = self.rng.range(0, 1500);
+                self.rng.bytes(n)
+            }
+            _ => {
+                let mut d = self.datagram();
+                let cut = self.rng.below(d.len() + 1);
+                d.truncate(cut);
+                d
+            }
+        }
+    }
+
+    fn check_one(&mut self, d: &[u8]) {
+        let got = route(d, &self.table, &mut self.pins, self.now);
+        let want = self.model.route(d, self.now);
+        assert_eq!(got, want, "datagram {:02x?}… ({} bytes) at {:?}", &d[..d.len().min(48)], d.len(), self.now);
+        self.counts[got.reason.index()] += 1;
+    }
+
+    /// A GRO train: `k` segments of `stride` bytes, the last possibly shorter; all
+    /// with one DCID (uniform) or assorted.
+    fn train(&mut self) -> (Vec<u8>, usize) {
+        let uniform = self.rng.chance(1, 2);
+        let k = self.rng.range(2, 6);
+        if uniform && self.rng.chance(1, 2) {
+            // Initials of one client DCID (each ≥ 1200 except maybe the last).
+            let dcid = self.client_dcid();
+            let stride = self.rng.range(MIN_INITIAL, 1400);
+            let mut t = Vec::new();
+            for _ in 0..k {
+                t.extend(self.long_packet(LongType::Initial, &dcid, stride));
+            }
+            let last = self.rng.range(1, stride);
+            t.truncate((k - 1) * stride + last);
+            return (t, stride);
+        }
+        let stride = self.rng.range(33, 1400);
+        let dcid = self.server_dcid();
+        let mut t = Vec::new();
+        for i in 0..k {
+            let mut seg = if uniform || (i > 0 && self.rng.chance(1, 3)) {
+                let mut s = vec![0x40 | (self.rng.u8() & 0x3f)];
+                s.extend_from_slice(&dcid);
+                s
+            } else {
+                self.datagram()
+            };
+            seg.resize(stride, 0x5a);
+            t.extend(seg);
+        }
+        let last = self.rng.range(1, stride);
+        t.truncate((k - 1) * stride + last);
+        let stride = match self.rng.below(20) {
+            0 => 0,
+            1 => t.len() + self.rng.below(3),
+            _ => stride,
+        };
+        (t, stride)
+    }
+
+    fn check_train(&mut self) {
+        let (t, stride) = self.train();
+        let mut got = Vec::new();
+        route_train(&t, stride, &self.table, &mut self.pins, self.now, |r| got.push(r));
+        let want = self.model.route_train(&t, stride, self.now);
+        assert_eq!(got, want, "train of {} bytes, stride {stride}", t.len());
+        // The runs tile the train, in order.
+        let mut end = 0;
+        for r in &got {
+            assert_eq!(r.bytes.start, end);
+            end = r.bytes.end;
+        }
+        assert_eq!(end, t.len());
+    }
+}
+
+#[test]
+fn route_matches_model_over_100k_datagrams() {
+    const DATAGRAMS: usize = 100_000;
+    let mut w = World::new(0xada0_0040, 5);
+    let mut trains = 0;
+    for i in 0..DATAGRAMS {
+        if w.rng.chance(1, 60) {
+            w.change();
+        }
+        // Time moves on a little with every datagram (≈ 10 s over ~10 000 datagrams).
+        w.now += Duration::from_micros(w.rng.range(0, 2_000) as u64);
+        let d = w.datagram();
+        w.check_one(&d);
+        if i % 40 == 0 {
+            w.check_train();
+            trains += 1;
+        }
+    }
+    // Every outcome was exercised, and the table changed in every way.
+    for r in Reason::ALL {
+        assert!(w.counts[r.index()] >= 200, "{}: only {} datagrams ({:?})", r.name(), w.counts[r.index()], w.counts);
+    }
+    assert!(w.changes.iter().all(|&c| c >= 100), "changes {:?}", w.changes);
+    assert!(trains >= 2_000);
+    eprintln!("reasons {:?}, changes {:?}, pins {}", w.counts, w.changes, w.pins.len());
+}
+
+// ---------------------------------------------------------------------------------
+// Hand-written scenarios (readable statements of the rules).
+// ---------------------------------------------------------------------------------
+
+fn table(keys: &KeySet, instances: &[(u16, bool)]) -> Table {
+    let infos: Vec<InstanceInfo> =
+        instances.iter().map(|&(id, placeable)| InstanceInfo { server_id: ServerId(id), placeable }).collect();
+    Table::new(keys.clone(), [7; 16], &infos).unwrap()
+}
+
+fn keys() -> KeySet {
+    KeySet::new((Generation::new(1).unwrap(), [1; 32]), Some((Generation::new(0).unwrap(), [2; 32]))).unwrap()
+}
+
+fn short(dcid: &[u8]) -> Vec<u8> {
+    let mut d = vec![0x41];
+    d.extend_from_slice(dcid);
+    d.resize(1 + dcid.len() + 40, 0);
+    d
+}
+
+#[test]
+fn rfc9001_initial_is_placed_then_pinned_then_replaced_after_ttl() {
+    let ks = keys();
+    let t = table(&ks, &[(10, true), (11, true), (12, true)]);
+    // RFC 9001 Appendix A.2 / RFC 9369 Appendix A.2: client Initials, 1200 bytes.
+    for (pkt, version, zero_rtt_first) in
+        [(vectors::RFC9001_A2_CLIENT_INITIAL, V1, 0xd0u8), (vectors::RFC9369_A2_CLIENT_INITIAL, V2, 0xe0)]
+    {
+        let mut pins = PinTable::new(64, [0; 16]);
+        let d = hex(pkt);
+        let t0 = Duration::from_secs(50);
+        let first = route(&d, &t, &mut pins, t0);
+        assert_eq!(first.reason, Reason::Placed);
+        let again = route(&d, &t, &mut pins, t0 + PIN_TTL - Duration::from_nanos(1));
+        assert_eq!(again, Decision { reason: Reason::Pinned, target: first.target });
+        // 0-RTT with the same DCID follows the Initial (ADR-0040), at any size.
+        let mut zrtt = vec![zero_rtt_first];
+        zrtt.extend_from_slice(&version.to_be_bytes());
+        zrtt.push(8);
+        zrtt.extend_from_slice(&hex(vectors::CLIENT_DCID));
+        zrtt.extend_from_slice(&[0, 0x40, 30]);
+        zrtt.resize(zrtt.len() + 30, 0);
+        let z = route(&zrtt, &t, &mut pins, t0 + Duration::from_secs(1));
+        assert_eq!(z, Decision { reason: Reason::Pinned, target: first.target });
+        // At exactly the TTL the pin is gone; placement is deterministic.
+        let later = route(&d, &t, &mut pins, t0 + PIN_TTL);
+        assert_eq!(later, Decision { reason: Reason::Placed, target: first.target });
+        // The same Initial cut to 1199 bytes is not routable (RFC 9000 §14.1).
+        assert_eq!(route(&d[..1199], &t, &mut pins, t0), dropped(Reason::NotQuic));
+    }
+}
+
+#[test]
+fn pinned_instance_survives_placement_changes_until_it_dies() {
+    let ks = keys();
+    let mut pins = PinTable::new(64, [0; 16]);
+    let dcid = [0x33u8; 8];
+    let mut init = vec![0xc0, 0, 0, 0, 1, 8];
+    init.extend_from_slice(&dcid);
+    init.extend_from_slice(&[0, 0, 0x44, 0x9e]);
+    init.resize(1200, 0);
+    let all = [(10, true), (11, true), (12, true), (13, true)];
+    let t = table(&ks, &all);
+    let now = Duration::from_secs(1);
+    let placed = route(&init, &t, &mut pins, now);
+    assert_eq!(placed.reason, Reason::Placed);
+    let winner = all[placed.target.unwrap()].0;
+    // The winner stops being placeable: the pin still holds (draining keeps its
+    // handshakes). Another instance joins: the pin still holds.
+    let mut changed: Vec<(u16, bool)> = all.iter().map(|&(id, p)| (id, p && id != winner)).collect();
+    changed.push((14, true));
+    let t2 = table(&ks, &changed);
+    let d = route(&init, &t2, &mut pins, now + Duration::from_secs(1));
+    assert_eq!((d.reason, changed[d.target.unwrap()].0), (Reason::Pinned, winner));
+    // The winner dies: placed again on a live placeable instance.
+    let gone: Vec<(u16, bool)> = changed.iter().copied().filter(|&(id, _)| id != winner).collect();
+    let t3 = table(&ks, &gone);
+    let d = route(&init, &t3, &mut pins, now + Duration::from_secs(2));
+    assert_eq!(d.reason, Reason::Placed);
+    assert_ne!(gone[d.target.unwrap()].0, winner);
+}
+
+#[test]
+fn short_headers_owner_orphan_and_no_instance() {
+    let ks = keys();
+    let t = table(&ks, &[(10, false), (11, true)]);
+    let mut pins = PinTable::new(4, [0; 16]);
+    let now = Duration::ZERO;
+    // Owner even when not placeable (an established connection), for both live gens.
+    for g in [0u8, 1] {
+        let cid = ks.encode_with(Generation::new(g).unwrap(), ServerId(10), &[g; 10]).unwrap();
+        assert_eq!(route(&short(&cid), &t, &mut pins, now), to(Reason::Owner, 0));
+    }
+    // A dead id, cr = 3, a rotated-away generation: Orphan to a placeable instance.
+    let dead = ks.encode(ServerId(99), &[5; 10]);
+    let mut marked = ks.encode(ServerId(10), &[6; 10]);
+    marked[0] |= 0xc0;
+    let old = KeySet::new((Generation::new(2).unwrap(), [3; 32]), None).unwrap().encode(ServerId(10), &[7; 10]);
+    for cid in [dead, marked, old] {
+        assert_eq!(route(&short(&cid), &t, &mut pins, now), to(Reason::Orphan, 1));
+    }
+    // Nobody placeable: orphans still go to a live instance (ADR-0002).
+    let t = table(&ks, &[(10, false)]);
+    assert_eq!(route(&short(&dead), &t, &mut pins, now), to(Reason::Orphan, 0));
+    // Nobody at all.
+    let t = table(&ks, &[]);
+    assert_eq!(route(&short(&dead), &t, &mut pins, now), dropped(Reason::NoInstance));
+    // Too short to sample (RFC 9001 §5.4.2), fixed bit clear (RFC 9000 §17.3.1).
+    let t = table(&ks, &[(10, true)]);
+    let cid = ks.encode(ServerId(10), &[1; 10]);
+    assert_eq!(route(&short(&cid)[..32], &t, &mut pins, now), dropped(Reason::NotQuic));
+    let mut clear = short(&cid);
+    clear[0] = 0x01;
+    assert_eq!(route(&clear, &t, &mut pins, now), dropped(Reason::NotQuic));
+}
+
+#[test]
+fn long_header_rules() {
+    let ks = keys();
+    let t = table(&ks, &[(10, true), (11, true)]);
+    let mut pins = PinTable::new(4, [0; 16]);
+    let now = Duration::ZERO;
+    let ours = ks.encode(ServerId(11), &[9; 10]);
+    let long = |first: u8, version: u32, dcid: &[u8], len: usize| {
+        let mut d = vec![first];
+        d.extend_from_slice(&version.to_be_bytes());
+        d.push(dcid.len() as u8);
+        d.extend_from_slice(dcid);
+        d.push(0);
+        if first & 0x30 == 0 && version == V1 || first & 0x30 == 0x10 && version == V2 {
+            d.push(0); // Initial: empty token
+        }
+        let rest = len - d.len() - 2;
+        d.extend_from_slice(&(0x4000 | rest as u16).to_be_bytes());
+        d.resize(len, 0);
+        d
+    };
+    // Handshake with our CID → Owner; with a dead one → Orphan.
+    assert_eq!(route(&long(0xe0, V1, &ours, 100), &t, &mut pins, now), to(Reason::Owner, 1));
+    assert_eq!(route(&long(0xf0, V2, &ours, 100), &t, &mut pins, now), to(Reason::Owner, 1));
+    let dead = ks.encode(ServerId(12), &[9; 10]);
+    assert_eq!(route(&long(0xe0, V1, &dead, 100), &t, &mut pins, now).reason, Reason::Orphan);
+    // The Initial after a Retry carries our CID → Owner, whatever its size.
+    assert_eq!(route(&long(0xc0, V1, &ours, 1200), &t, &mut pins, now), to(Reason::Owner, 1));
+    // A 0-RTT packet below 1200 bytes is still placed (only Initials have a minimum).
+    assert_eq!(route(&long(0xd0, V1, &[4; 8], 100), &t, &mut pins, now).reason, Reason::Placed);
+    assert_eq!(route(&long(0xc0, V1, &[5; 8], 1199), &t, &mut pins, now), dropped(Reason::NotQuic));
+    // Retry and Version Negotiation are server → client only.
+    let mut retry = vec![0xf0, 0, 0, 0, 1, 8, 1, 2, 3, 4, 5, 6, 7, 8, 0];
+    retry.extend_from_slice(&[0; 16]);
+    assert_eq!(route(&retry, &t, &mut pins, now), dropped(Reason::NotQuic));
+    assert_eq!(route(&hex(vectors::RFC9001_A4_RETRY), &t, &mut pins, now), dropped(Reason::NotQuic));
+    let mut vn = vec![0x80, 0, 0, 0, 0, 12];
+    vn.extend_from_slice(&ours);
+    vn.extend_from_slice(&[0, 0, 0, 0, 1]);
+    vn.resize(1300, 0);
+    assert_eq!(route(&vn, &t, &mut pins, now), dropped(Reason::NotQuic));
+    // Unknown version: VN from some instance if ≥ 1200 bytes (RFC 9000 §5.2.2), else drop.
+    let mut unk = vec![0xc0, 0xff, 0, 0, 0x1d, 8, 1, 1, 1, 1, 1, 1, 1, 1, 0];
+    unk.resize(1200, 0);
+    assert_eq!(route(&unk, &t, &mut pins, now).reason, Reason::VersionNegotiation);
+    assert_eq!(route(&unk[..1199], &t, &mut pins, now), dropped(Reason::NotQuic));
+    let empty = table(&ks, &[]);
+    assert_eq!(route(&unk, &empty, &mut pins, now), dropped(Reason::NoInstance));
+    // Nothing placeable: a new connection has nowhere to go.
+    let drained = table(&ks, &[(10, false)]);
+    assert_eq!(route(&long(0xc0, V1, &[6; 8], 1200), &drained, &mut pins, now), dropped(Reason::NoInstance));
+}
+
+// ---------------------------------------------------------------------------------
+// GRO trains
+// ---------------------------------------------------------------------------------
+
+#[test]
+fn uniform_train_is_one_run() {
+    let ks = keys();
+    let t = table(&ks, &[(10, true), (11, true), (12, true)]);
+    let cid = ks.encode(ServerId(12), &[3; 10]);
+    let now = Duration::ZERO;
+    for stride in [33usize, 100, 1200, 1472] {
+        for count in 2..=7usize {
+            for last in [33, stride] {
+                let mut train = Vec::new();
+                for k in 0..count {
+                    let mut seg = vec![0x40 | k as u8];
+                    seg.extend_from_slice(&cid);
+                    seg.resize(if k + 1 == count { last.min(stride) } else { stride }, k as u8);
+                    train.extend(seg);
+                }
+                let mut runs = Vec::new();
+                let mut pins = PinTable::new(4, [0; 16]);
+                route_train(&train, stride, &t, &mut pins, now, |r| runs.push(r));
+                assert_eq!(
+                    runs,
+                    vec![TrainRun {
+                        bytes: 0..train.len(),
+                        segments: train.len().div_ceil(stride),
+                        decision: to(Reason::Owner, 2),
+                    }],
+                    "stride {stride}, {count} segments"
+                );
+                assert_eq!(runs[0].segments, count);
+            }
+        }
+    }
+}
+
+#[test]
+fn mixed_train_is_routed_per_segment_and_merged() {
+    let ks = keys();
+    let t = table(&ks, &[(10, true), (11, true)]);
+    let a = ks.encode(ServerId(10), &[1; 10]);
+    let b = ks.encode(ServerId(11), &[2; 10]);
+    let stride = 60;
+    let seg = |cid: &[u8]| {
+        let mut s = vec![0x40];
+        s.extend_from_slice(cid);
+        s.resize(stride, 0);
+        s
+    };
+    // a a b b b garbage a(short last) → runs: [a×2] [b×3] [NotQuic] [a? no: last is 20 bytes → NotQuic]
+    let mut train = Vec::new();
+    for cid in [&a, &a, &b, &b, &b] {
+        train.extend(seg(cid));
+    }
+    train.extend(vec![0u8; stride]); // fixed bit clear
+    let mut tail = seg(&a);
+    tail.truncate(20); // too short: NotQuic, merges with the garbage segment
+    train.extend(tail);
+    let mut runs = Vec::new();
+    let mut pins = PinTable::new(4, [0; 16]);
+    route_train(&train, stride, &t, &mut pins, Duration::ZERO, |r| runs.push(r));
+    assert_eq!(
+        runs,
+        vec![
+            TrainRun { bytes: 0..2 * stride, segments: 2, decision: to(Reason::Owner, 0) },
+            TrainRun { bytes: 2 * stride..5 * stride, segments: 3, decision: to(Reason::Owner, 1) },
+            TrainRun { bytes: 5 * stride..6 * stride + 20, segments: 2, decision: dropped(Reason::NotQuic) },
+        ]
+    );
+    // Stride 0 or ≥ the train: one datagram.
+    for s in [0, train.len(), train.len() + 5] {
+        let mut runs = Vec::new();
+        route_train(&train, s, &t, &mut pins, Duration::ZERO, |r| runs.push(r));
+        assert_eq!(runs, vec![TrainRun { bytes: 0..train.len(), segments: 1, decision: to(Reason::Owner, 0) }]);
+    }
+    let mut runs = Vec::new();
+    route_train(&[], 10, &t, &mut pins, Duration::ZERO, |r| runs.push(r));
+    assert!(runs.is_empty());
+}
