@@ -1,11 +1,282 @@
-//! The io_uring backend (step 2).
-use crate::shard::ShardSetup;
-use anyhow::{bail, Result};
+//! The io_uring backend: per shard one ring (IORING_SETUP_SINGLE_ISSUER |
+//! IORING_SETUP_DEFER_TASKRUN when the kernel accepts them), one registered
+//! provided-buffer ring (io_uring_register_buf_ring(3), kernel ≥ 5.19) and one
+//! multishot RecvMsg per UDP socket (kernel ≥ 6.0). Every completion carries one
+//! datagram or GRO train in a buffer the kernel picked from the ring, laid out as
+//! `io_uring_recvmsg_out | name | control | payload` (io_uring_prep_recvmsg_multishot(3)).
+//! Buffers go back to the ring after the batch's sendmmsg calls; forwarding is the
+//! same as the mmsg backend's (crate::forward).
 
-pub fn probe() -> Result<()> {
-    bail!("io_uring backend not built yet")
+use crate::cmsg;
+use crate::shard::{pin_thread, Router, ShardSetup, SockInfo};
+use crate::snapshot::Snapshot;
+use crate::sys;
+use anyhow::{bail, Context, Result};
+use io_uring::types::{BufRingEntry, Fd, RecvMsgOut};
+use io_uring::{cqueue, opcode, IoUring, Probe};
+use std::mem::size_of;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Arc;
+
+/// Buffer group id of the shard's provided-buffer ring.
+const BGID: u16 = 0;
+/// Room for the recvmsg_out header, the name (sockaddr_in6: 28 B) and control data.
+const HEADROOM: usize = 512;
+/// Control bytes reserved per datagram: pktinfo (v6: 20 B), tos/tclass, UDP_GRO.
+const CTRL_LEN: usize = 128;
+/// Name bytes reserved per datagram: the larger of sockaddr_in / sockaddr_in6.
+const NAME_LEN: usize = size_of::<libc::sockaddr_in6>();
+/// One buffer: a whole 64 KiB GRO train plus headroom.
+pub const BUF_LEN: usize = 65_536 + HEADROOM;
+/// Buffers per shard (power of two, ≤ 32768).
+pub const DEFAULT_BUFFERS: u16 = 256;
+const RING_ENTRIES: u32 = 64;
+const CQ_ENTRIES: u32 = 4096;
+
+/// Builds a ring with the single-issuer + deferred-taskrun flags, or without them
+/// when the kernel refuses (they need 6.1). Returns the ring and whether they took.
+fn build_ring() -> std::io::Result<(IoUring, bool)> {
+    let fast = IoUring::builder()
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .setup_cqsize(CQ_ENTRIES)
+        .build(RING_ENTRIES);
+    match fast {
+        Ok(r) => Ok((r, true)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            Ok((IoUring::builder().setup_cqsize(CQ_ENTRIES).build(RING_ENTRIES)?, false))
+        }
+        Err(e) => Err(e),
+    }
 }
 
-pub fn run(_setup: ShardSetup) -> Result<()> {
-    bail!("io_uring backend not built yet")
+fn explain(e: &std::io::Error) -> String {
+    let sysctl = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled").ok().map(|s| s.trim().to_string());
+    match (e.raw_os_error(), sysctl.as_deref()) {
+        (Some(libc::EPERM), Some(v)) if v != "0" => format!("io_uring_setup: {e} (kernel.io_uring_disabled={v})"),
+        (Some(libc::EPERM), _) => format!("io_uring_setup: {e} (refused, e.g. by a seccomp profile)"),
+        (Some(libc::ENOSYS), _) => format!("io_uring_setup: {e} (kernel without io_uring or filtered by seccomp)"),
+        _ => format!("io_uring_setup: {e}"),
+    }
+}
+
+/// Checks that this process can use everything the backend needs: a ring, the
+/// RECVMSG opcode, a provided-buffer ring. The error says why not.
+pub fn probe() -> Result<()> {
+    let (ring, _) = build_ring().map_err(|e| anyhow::anyhow!(explain(&e)))?;
+    let mut probe = Probe::new();
+    ring.submitter().register_probe(&mut probe).context("IORING_REGISTER_PROBE")?;
+    if !probe.is_supported(opcode::RecvMsg::CODE) {
+        bail!("the kernel's io_uring lacks IORING_OP_RECVMSG");
+    }
+    let br = BufRing::new(8).context("mmap for a probe buffer ring")?;
+    // SAFETY: `br` is a page-aligned mapping of 8 entries that outlives the ring
+    // registration (unregistered right below, before `br` drops).
+    unsafe { ring.submitter().register_buf_ring_with_flags(br.addr(), 8, BGID, 0) }
+        .context("io_uring_register_buf_ring (needs Linux 5.19)")?;
+    let _ = ring.submitter().unregister_buf_ring(BGID);
+    Ok(())
+}
+
+/// The mmap'd ring of `io_uring_buf` entries shared with the kernel.
+struct BufRing {
+    base: *mut BufRingEntry,
+    entries: u16,
+    map_len: usize,
+    tail: u16,
+}
+
+impl BufRing {
+    fn new(entries: u16) -> std::io::Result<BufRing> {
+        let map_len = usize::from(entries) * size_of::<BufRingEntry>();
+        // SAFETY: anonymous private mapping; checked for MAP_FAILED below. mmap memory
+        // is page aligned and zeroed, as the buf-ring ABI requires.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_ANONYMOUS | libc::MAP_PRIVATE | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(BufRing { base: p.cast(), entries, map_len, tail: 0 })
+    }
+
+    fn addr(&self) -> u64 {
+        self.base as u64
+    }
+
+    /// Writes a buffer into the next free entry (not yet visible to the kernel).
+    fn add(&mut self, addr: *const u8, len: u32, bid: u16) {
+        let idx = usize::from(self.tail & (self.entries - 1));
+        // SAFETY: idx < entries: inside the mapping; the kernel only reads entries
+        // between its head and the published tail, and this one is past the tail.
+        let e = unsafe { &mut *self.base.add(idx) };
+        e.set_addr(addr as u64);
+        e.set_len(len);
+        e.set_bid(bid);
+        self.tail = self.tail.wrapping_add(1);
+    }
+
+    /// Makes every added buffer visible to the kernel (release store of the tail).
+    fn publish(&self) {
+        // SAFETY: the tail field overlays entry 0's `resv` (io_uring_buf_ring ABI),
+        // a properly aligned u16 inside the mapping, which the kernel reads with
+        // acquire semantics; we are its only writer.
+        unsafe {
+            let tail = BufRingEntry::tail(self.base) as *const AtomicU16;
+            (*tail).store(self.tail, Ordering::Release);
+        }
+    }
+}
+
+impl Drop for BufRing {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in new(); the ring that used it
+        // is dropped or unregistered first (field order / explicit unregister).
+        unsafe { libc::munmap(self.base.cast(), self.map_len) };
+    }
+}
+
+struct Socket {
+    info: SockInfo,
+    fd: i32,
+    /// The msghdr template of the multishot recvmsg (only namelen/controllen count);
+    /// boxed so its address is stable while the request lives.
+    msghdr: Box<libc::msghdr>,
+    armed: bool,
+}
+
+pub fn run(setup: ShardSetup) -> Result<()> {
+    pin_thread(&setup);
+    let nbuf = DEFAULT_BUFFERS;
+    let mut router = Router::new(&setup).context("shard router")?;
+    let mut cache = arc_swap::Cache::new(Arc::clone(&setup.shared));
+    let mut socks: Vec<Socket> = setup
+        .sockets
+        .iter()
+        .map(|s| {
+            // SAFETY: plain old data; all-zero is valid.
+            let mut h: Box<libc::msghdr> = Box::new(unsafe { std::mem::zeroed() });
+            h.msg_namelen = NAME_LEN as libc::socklen_t;
+            h.msg_controllen = CTRL_LEN;
+            Socket { info: SockInfo { local: s.local }, fd: s.fd.as_raw_fd(), msghdr: h, armed: false }
+        })
+        .collect();
+    let mut br = BufRing::new(nbuf).context("mmap buffer ring")?;
+    let mut bufs = vec![0u8; usize::from(nbuf) * BUF_LEN];
+    // Every access goes through this one raw pointer: the kernel writes buffers we
+    // do not currently hold, so no reference to the whole Vec is ever formed again.
+    let base: *mut u8 = bufs.as_mut_ptr();
+    // Declared after `socks`, `br` and `bufs`, so dropped before them: nothing the
+    // kernel may still reference is freed while the ring lives.
+    let (mut ring, fast) = build_ring().map_err(|e| anyhow::anyhow!(explain(&e)))?;
+    // SAFETY: `br` is page aligned, sized for `nbuf` entries, and outlives `ring`
+    // (declared before it, so dropped after it): valid while registered.
+    unsafe { ring.submitter().register_buf_ring_with_flags(br.addr(), nbuf, BGID, 0) }
+        .context("io_uring_register_buf_ring")?;
+    for bid in 0..nbuf {
+        // SAFETY: bid * BUF_LEN + BUF_LEN <= bufs.len(): inside the allocation.
+        let p = unsafe { base.add(usize::from(bid) * BUF_LEN) };
+        br.add(p, BUF_LEN as u32, bid);
+    }
+    br.publish();
+
+    tracing::info!(
+        shard = setup.index, core = setup.core.id, backend = "uring", buffers = nbuf,
+        single_issuer_defer_taskrun = fast, "shard running"
+    );
+    let mut used: Vec<u16> = Vec::with_capacity(usize::from(nbuf));
+    let mut rearm: Vec<usize> = (0..socks.len()).collect();
+    loop {
+        // Re-arm every multishot that ended (first round: arm them all).
+        for &i in &rearm {
+            let s = &mut socks[i];
+            let e = opcode::RecvMsgMulti::new(Fd(s.fd), &*s.msghdr as *const libc::msghdr, BGID)
+                .build()
+                .user_data(i as u64);
+            // SAFETY: the msghdr is boxed in `socks`, which lives as long as the ring;
+            // the buffers come from the registered ring.
+            let pushed = unsafe { ring.submission().push(&e) };
+            if pushed.is_err() {
+                // Cannot happen: at most one SQE per socket is outstanding.
+                bail!("io_uring submission queue full");
+            }
+            s.armed = true;
+        }
+        rearm.clear();
+        match ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)) => {}
+            Err(e) => return Err(e).context("io_uring_enter"),
+        }
+        router.begin();
+        let snap: &Arc<Snapshot> = cache.load();
+        for cqe in ring.completion() {
+            let i = cqe.user_data() as usize;
+            let res = cqe.result();
+            let flags = cqe.flags();
+            if !cqueue::more(flags) {
+                if let Some(s) = socks.get_mut(i) {
+                    s.armed = false;
+                    rearm.push(i);
+                }
+            }
+            let Some(bid) = cqueue::buffer_select(flags) else {
+                if res == -libc::ENOBUFS {
+                    // The buffer ring ran empty: buffers come back after this batch's
+                    // flush; the multishot is re-armed above.
+                    crate::counters::bump(&router.counters.recv_no_buffers, 1);
+                } else if res < 0 {
+                    tracing::debug!(shard = setup.index, error = %std::io::Error::from_raw_os_error(-res), "multishot recvmsg ended");
+                }
+                continue;
+            };
+            if bid >= nbuf {
+                continue; // not one of ours: cannot happen, never indexes out of range
+            }
+            used.push(bid);
+            let Some(sock) = socks.get(i) else { continue };
+            if res <= 0 {
+                continue;
+            }
+            let start = usize::from(bid) * BUF_LEN;
+            let len = (res as usize).min(BUF_LEN);
+            // SAFETY: start + len <= nbuf * BUF_LEN (bid < nbuf, len <= BUF_LEN); the
+            // kernel filled this buffer and hands it to us until we give it back.
+            let buf: &[u8] = unsafe { std::slice::from_raw_parts(base.add(start), len) };
+            let Ok(out) = RecvMsgOut::parse(buf, &sock.msghdr) else {
+                router.truncated();
+                continue;
+            };
+            if out.is_payload_truncated() || out.is_control_data_truncated() || out.is_name_data_truncated() {
+                router.truncated();
+                continue;
+            }
+            let Some(client) = sys::sockaddr_from_bytes(out.name_data()) else {
+                router.truncated();
+                continue;
+            };
+            let meta = cmsg::parse(out.control_data());
+            // SAFETY: the payload lives in `bufs`; its buffer id is in `used` and goes
+            // back to the kernel only after the flush below.
+            unsafe { router.datagram(snap, &sock.info, client, &meta, out.payload_data()) };
+        }
+        router.flush(snap);
+        for &bid in &used {
+            // SAFETY: bid < nbuf, checked when the completion was taken.
+            let p = unsafe { base.add(usize::from(bid) * BUF_LEN) };
+            br.add(p, BUF_LEN as u32, bid);
+        }
+        if !used.is_empty() {
+            br.publish();
+            used.clear();
+        }
+    }
 }
