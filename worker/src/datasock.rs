@@ -1,0 +1,367 @@
+//! The data connection to the data plane (docs/architecture.md, "Processes and the
+//! data-connection protocol"):
+//!
+//! 1. worker → data plane: `DataHello { server_id }`;
+//! 2. data plane → worker: `Sockets { addrs }` with one UDP socket fd per listen
+//!    address (SCM_RIGHTS), or `Error { reason }` and close;
+//! 3. worker → data plane: `Ready` when the endpoint accepts connections, `Draining`
+//!    when it stops (the id stays live until the connection closes);
+//! 4. closing the connection makes the id dead at once.
+//!
+//! [`DataConn`] owns the connection, sends the lifecycle messages and, when the data
+//! plane goes away, reconnects and repeats the handshake (a restarted data plane
+//! learns the table again from its workers' data connections).
+
+use crate::fdpass;
+use proto::wire::{decode_control, encode_control, Control, CONTROL_MAGIC, MAX_TEXT};
+use proto::ServerId;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::task::Waker;
+use std::time::Duration;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+/// One shared UDP socket as handed over in `Sockets`: its listen address and fd.
+#[derive(Debug)]
+pub struct SharedSocketFd {
+    pub addr: SocketAddr,
+    pub fd: OwnedFd,
+}
+
+/// What the handshake yields: the connected data connection (blocking mode) and the
+/// shared UDP sockets.
+#[derive(Debug)]
+pub struct Handshake {
+    pub conn: OwnedFd,
+    pub sockets: Vec<SharedSocketFd>,
+}
+
+/// Why the handshake failed.
+#[derive(Debug)]
+pub enum HandshakeError {
+    Io(io::Error),
+    /// The data plane refused us (e.g. the server id is held by another connection).
+    Refused(String),
+    /// The data plane closed the connection without a reply.
+    Closed,
+    /// A reply we cannot use.
+    Protocol(String),
+}
+
+impl std::fmt::Display for HandshakeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HandshakeError::Io(e) => write!(f, "data connection: {e}"),
+            HandshakeError::Refused(r) => write!(f, "data plane refused the data connection: {r}"),
+            HandshakeError::Closed => f.write_str("data plane closed the data connection during the handshake"),
+            HandshakeError::Protocol(p) => write!(f, "data connection protocol error: {p}"),
+        }
+    }
+}
+impl std::error::Error for HandshakeError {}
+impl From<io::Error> for HandshakeError {
+    fn from(e: io::Error) -> Self {
+        HandshakeError::Io(e)
+    }
+}
+
+/// Largest control record we expect on a data connection.
+const CONTROL_BUF: usize = 16 + MAX_TEXT;
+
+/// Runs the data-connection handshake on an already connected SEQPACKET socket:
+/// sends `DataHello`, waits up to `timeout` for `Sockets` and its fds. Data frames
+/// that arrive before it (none should) are skipped.
+pub fn handshake_on(conn: OwnedFd, server_id: ServerId, timeout: Duration) -> Result<Handshake, HandshakeError> {
+    fdpass::set_nonblocking(conn.as_fd(), false)?;
+    fdpass::send_record(conn.as_fd(), &encode_control(&Control::DataHello { server_id }), &[], 0)?;
+    fdpass::set_recv_timeout(conn.as_fd(), Some(timeout))?;
+    let deadline = std::time::Instant::now() + timeout;
+    let mut buf = vec![0u8; CONTROL_BUF.max(proto::wire::FRAME_HEADER_LEN + proto::wire::MAX_PAYLOAD)];
+    loop {
+        if std::time::Instant::now() >= deadline {
+            return Err(HandshakeError::Io(io::Error::new(io::ErrorKind::TimedOut, "no Sockets reply")));
+        }
+        let r = match fdpass::recv_record(conn.as_fd(), &mut buf, 0) {
+            Ok(r) => r,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                return Err(HandshakeError::Io(io::Error::new(io::ErrorKind::TimedOut, "no Sockets reply")))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if r.len == 0 {
+            return Err(HandshakeError::Closed);
+        }
+        if buf[0] != CONTROL_MAGIC {
+            // A data frame before Sockets: not expected, harmless.
+            continue;
+        }
+        if r.truncated {
+            return Err(HandshakeError::Protocol("control record too long".into()));
+        }
+        match decode_control(&buf[..r.len]) {
+            Ok(Control::Sockets { addrs }) => {
+                if addrs.is_empty() || addrs.len() != r.fds.len() {
+                    return Err(HandshakeError::Protocol(format!(
+                        "Sockets lists {} addresses but carries {} descriptors",
+                        addrs.len(),
+                        r.fds.len()
+                    )));
+                }
+                let mut sockets = Vec::with_capacity(addrs.len());
+                for (addr, fd) in addrs.into_iter().zip(r.fds) {
+                    if fdpass::socket_type(fd.as_fd())? != libc::SOCK_DGRAM {
+                        return Err(HandshakeError::Protocol(format!("descriptor for {addr} is not a UDP socket")));
+                    }
+                    sockets.push(SharedSocketFd { addr, fd });
+                }
+                fdpass::set_recv_timeout(conn.as_fd(), None)?;
+                return Ok(Handshake { conn, sockets });
+            }
+            Ok(Control::Error { reason }) => return Err(HandshakeError::Refused(reason)),
+            Ok(other) => {
+                tracing::debug!(?other, "ignoring control message during the data handshake");
+            }
+            Err(e) => return Err(HandshakeError::Protocol(format!("undecodable control record: {e}"))),
+        }
+    }
+}
+
+/// Connects to the data plane at `path` and runs [`handshake_on`].
+pub fn handshake(path: &Path, server_id: ServerId, timeout: Duration) -> Result<Handshake, HandshakeError> {
+    let conn = fdpass::seqpacket_connect(path)?;
+    handshake_on(conn, server_id, timeout)
+}
+
+/// Counters of the data connection, readable at any time.
+#[derive(Debug, Default)]
+pub struct DataStats {
+    /// Data frames handed to quinn.
+    pub frames: AtomicU64,
+    /// Payload bytes handed to quinn.
+    pub bytes: AtomicU64,
+    /// Records that failed `decode_frame` / `decode_control` (dropped).
+    pub malformed: AtomicU64,
+    /// Records longer than the receive buffer (dropped).
+    pub truncated: AtomicU64,
+    /// Control records received on the data connection (never passed to quinn).
+    pub control: AtomicU64,
+    /// Times the data connection was lost.
+    pub disconnects: AtomicU64,
+    /// Successful reconnections.
+    pub reconnects: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Lifecycle {
+    ready: bool,
+    draining: bool,
+}
+
+/// The live data connection: current socket, lifecycle state, reconnection.
+#[derive(Debug)]
+pub struct DataConn {
+    server_id: ServerId,
+    path: Option<PathBuf>,
+    /// `None` while disconnected.
+    fd: RwLock<Option<Arc<AsyncFd<OwnedFd>>>>,
+    lifecycle: Mutex<Lifecycle>,
+    /// The receive side parks here while disconnected.
+    waker: Mutex<Option<Waker>>,
+    /// Wakes the reconnect task.
+    lost: tokio::sync::Notify,
+    reconnecting: AtomicBool,
+    pub stats: DataStats,
+}
+
+fn poisoned() -> io::Error {
+    io::Error::other("lock poisoned")
+}
+
+impl DataConn {
+    /// Wraps a handshaken connection. `path` enables reconnection; call from within
+    /// a tokio runtime.
+    pub fn new(conn: OwnedFd, server_id: ServerId, path: Option<PathBuf>) -> io::Result<Arc<DataConn>> {
+        fdpass::set_nonblocking(conn.as_fd(), true)?;
+        let fd = fdpass::async_fd(conn, Interest::READABLE | Interest::WRITABLE)?;
+        Ok(Arc::new(DataConn {
+            server_id,
+            path,
+            fd: RwLock::new(Some(Arc::new(fd))),
+            lifecycle: Mutex::new(Lifecycle::default()),
+            waker: Mutex::new(None),
+            lost: tokio::sync::Notify::new(),
+            reconnecting: AtomicBool::new(false),
+            stats: DataStats::default(),
+        }))
+    }
+
+    pub fn server_id(&self) -> ServerId {
+        self.server_id
+    }
+
+    /// The current connection, or `None` while disconnected.
+    pub fn current(&self) -> Option<Arc<AsyncFd<OwnedFd>>> {
+        self.fd.read().ok().and_then(|g| g.clone())
+    }
+
+    /// Registers `waker` to be woken when a connection is (re)established; returns
+    /// the connection if one appeared meanwhile.
+    pub fn park(&self, waker: &Waker) -> Option<Arc<AsyncFd<OwnedFd>>> {
+        if let Ok(mut w) = self.waker.lock() {
+            *w = Some(waker.clone());
+        }
+        self.current()
+    }
+
+    /// The receive side saw EOF or a fatal error on `which`: drop it (if still
+    /// current) and wake the reconnect task.
+    pub fn mark_lost(&self, which: &Arc<AsyncFd<OwnedFd>>) {
+        let Ok(mut g) = self.fd.write() else { return };
+        if g.as_ref().is_some_and(|cur| Arc::ptr_eq(cur, which)) {
+            *g = None;
+            self.stats.disconnects.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(server_id = %self.server_id, "data connection lost");
+            self.lost.notify_one();
+        }
+    }
+
+    /// Whether the connection is currently up.
+    pub fn is_connected(&self) -> bool {
+        self.current().is_some()
+    }
+
+    async fn send_record(&self, rec: &[u8]) -> io::Result<()> {
+        let fd = self.current().ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "data connection down"))?;
+        loop {
+            let mut guard = fd.writable().await?;
+            match guard.try_io(|inner| fdpass::send_record(inner.as_fd(), rec, &[], libc::MSG_DONTWAIT)) {
+                Ok(r) => return r.map(|_| ()),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    /// Sends a control message (best effort when disconnected: the state is replayed
+    /// on reconnection).
+    pub async fn send_control(&self, m: &Control) -> io::Result<()> {
+        self.send_record(&encode_control(m)).await
+    }
+
+    /// Tells the data plane this instance takes new connections (`Ready`).
+    pub async fn ready(&self) -> io::Result<()> {
+        {
+            let mut l = self.lifecycle.lock().map_err(|_| poisoned())?;
+            l.ready = true;
+            if l.draining {
+                return Ok(());
+            }
+        }
+        self.send_control(&Control::Ready).await
+    }
+
+    /// Tells the data plane to place nothing new here (`Draining`); datagrams of
+    /// existing connections keep arriving until the connection closes.
+    pub async fn draining(&self) -> io::Result<()> {
+        self.lifecycle.lock().map_err(|_| poisoned())?.draining = true;
+        self.send_control(&Control::Draining).await
+    }
+
+    /// Whether `Draining` was sent.
+    pub fn is_draining(&self) -> bool {
+        self.lifecycle.lock().map(|l| l.draining).unwrap_or(true)
+    }
+
+    /// Closes the data connection: the server id becomes dead at once.
+    pub fn close(&self) {
+        if let Ok(mut g) = self.fd.write() {
+            *g = None;
+        }
+        self.reconnecting.store(false, Ordering::Relaxed);
+    }
+
+    /// Handles a control record that arrived on the data connection (never given to
+    /// quinn). Returns whether the record asks us to treat the connection as closing.
+    pub fn on_control(&self, rec: &[u8]) -> bool {
+        self.stats.control.fetch_add(1, Ordering::Relaxed);
+        match decode_control(rec) {
+            Ok(Control::Error { reason }) => {
+                tracing::warn!(%reason, "data plane reports an error on the data connection");
+                false
+            }
+            Ok(m) => {
+                tracing::debug!(?m, "ignoring control message on the data connection");
+                false
+            }
+            Err(e) => {
+                self.stats.malformed.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(error = %e, "malformed control record dropped");
+                false
+            }
+        }
+    }
+
+    /// Reconnects whenever the connection is lost, until [`DataConn::close`]. New UDP
+    /// socket fds from the repeated handshake go to `on_sockets`. `Ready` is resent
+    /// if it was sent before and the instance is not draining.
+    pub fn spawn_reconnector(
+        self: &Arc<Self>,
+        on_sockets: impl Fn(Vec<SharedSocketFd>) + Send + Sync + 'static,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        let path = self.path.clone()?;
+        self.reconnecting.store(true, Ordering::Relaxed);
+        let me = Arc::clone(self);
+        Some(tokio::spawn(async move {
+            loop {
+                me.lost.notified().await;
+                if !me.reconnecting.load(Ordering::Relaxed) {
+                    return;
+                }
+                let mut backoff = Duration::from_millis(50);
+                loop {
+                    if !me.reconnecting.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let (p, id) = (path.clone(), me.server_id);
+                    let res = tokio::task::spawn_blocking(move || handshake(&p, id, Duration::from_secs(5))).await;
+                    match res {
+                        Ok(Ok(h)) => match me.install(h.conn) {
+                            Ok(()) => {
+                                on_sockets(h.sockets);
+                                break;
+                            }
+                            Err(e) => tracing::warn!(error = %e, "data connection re-registration failed"),
+                        },
+                        Ok(Err(e)) => tracing::debug!(error = %e, "data plane not back yet"),
+                        Err(e) => tracing::warn!(error = %e, "handshake task failed"),
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+                let (ready, draining) = me.lifecycle.lock().map(|l| (l.ready, l.draining)).unwrap_or((false, true));
+                if ready && !draining {
+                    if let Err(e) = me.send_control(&Control::Ready).await {
+                        tracing::warn!(error = %e, "resending Ready failed");
+                    }
+                }
+                me.stats.reconnects.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(server_id = %me.server_id, "data connection re-established");
+            }
+        }))
+    }
+
+    fn install(&self, conn: OwnedFd) -> io::Result<()> {
+        fdpass::set_nonblocking(conn.as_fd(), true)?;
+        let fd = Arc::new(fdpass::async_fd(conn, Interest::READABLE | Interest::WRITABLE)?);
+        *self.fd.write().map_err(|_| poisoned())? = Some(fd);
+        if let Some(w) = self.waker.lock().map_err(|_| poisoned())?.take() {
+            w.wake();
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,103 @@
+//! # worker
+//!
+//! Puts quinn endpoints behind the quicdemux data plane (docs/architecture.md,
+//! docs/worker.md).
+//!
+//! - [`socket::DemuxSocket`]: a quinn `AsyncUdpSocket` that receives the datagrams
+//!   the data plane forwards on the data connection and sends replies straight out
+//!   of the shared UDP socket (quinn-udp: GSO, ECN, IP_PKTINFO source address).
+//! - [`datasock`]: the data-connection handshake (`DataHello` → `Sockets` + fds) and
+//!   lifecycle (`Ready`, `Draining`), with reconnection.
+//! - [`cid_gen::AdrCidGenerator`]: ADR-0040 connection IDs.
+//! - [`secrets::Secrets`]: shared reset and token keys, `grease_quic_bit(false)`.
+//! - [`h3_server`], [`drain`], [`echo`], [`tls`]: the `worker` binary's HTTP/3 server.
+//!
+//! Minimal use (see docs/worker.md):
+//!
+//! ```no_run
+//! # async fn f(server_config: quinn::ServerConfig) -> anyhow::Result<()> {
+//! use worker::{attach, secrets::Secrets};
+//! let secrets = Secrets::load("/etc/quicdemux/keys".as_ref())?;
+//! let server_id = proto::ServerId(7);
+//! let att = attach("/run/quicdemux/data.sock".as_ref(), server_id, &secrets, server_config).await?;
+//! att.socket.data().ready().await?; // placeable from now on
+//! while let Some(incoming) = att.endpoint.accept().await { /* serve */ let _ = incoming; }
+//! # Ok(()) }
+//! ```
+
+pub mod cid_gen;
+pub mod datasock;
+pub mod drain;
+pub mod echo;
+pub mod fdpass;
+pub mod h3_server;
+pub mod secrets;
+pub mod socket;
+pub mod tls;
+pub mod udp_send;
+
+use anyhow::Context;
+use proto::ServerId;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use cid_gen::{AdrCidGenerator, CidKeys};
+pub use datasock::DataConn;
+pub use secrets::Secrets;
+pub use socket::DemuxSocket;
+
+/// How long to wait for the data plane's `Sockets` reply.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A quinn endpoint attached to the data plane.
+#[derive(Debug)]
+pub struct Attached {
+    pub endpoint: quinn::Endpoint,
+    pub socket: Arc<DemuxSocket>,
+    pub cid_keys: CidKeys,
+}
+
+/// Connects to the data plane at `data_socket` as `server_id`: runs the handshake,
+/// builds the [`DemuxSocket`] (reconnecting if the data plane restarts) and returns
+/// a receive-only-from-the-demux socket ready for quinn. Call inside tokio.
+pub async fn connect_socket(data_socket: &Path, server_id: ServerId) -> anyhow::Result<Arc<DemuxSocket>> {
+    let path = data_socket.to_path_buf();
+    let p = path.clone();
+    let h = tokio::task::spawn_blocking(move || datasock::handshake(&p, server_id, HANDSHAKE_TIMEOUT))
+        .await
+        .context("handshake task")??;
+    let data = DataConn::new(h.conn, server_id, Some(path))?;
+    let sock = DemuxSocket::new(data, h.sockets)?;
+    sock.spawn_reconnector();
+    Ok(sock)
+}
+
+/// Builds a quinn server endpoint on `socket` with the shared secrets: ADR-0040 CIDs,
+/// shared reset key, shared token key, no fixed-bit greasing.
+pub fn endpoint_on(
+    socket: Arc<DemuxSocket>,
+    server_id: ServerId,
+    secrets: &Secrets,
+    mut server_config: quinn::ServerConfig,
+) -> anyhow::Result<Attached> {
+    let cid_keys = secrets.cid_keys()?;
+    let ep_cfg = secrets.endpoint_config(&cid_keys, server_id);
+    secrets.apply_token_key(&mut server_config);
+    let runtime = Arc::new(quinn::TokioRuntime);
+    let endpoint = quinn::Endpoint::new_with_abstract_socket(ep_cfg, Some(server_config), socket.clone(), runtime)
+        .context("creating the quinn endpoint")?;
+    Ok(Attached { endpoint, socket, cid_keys })
+}
+
+/// [`connect_socket`] + [`endpoint_on`]. Send `Ready` (`att.socket.data().ready()`)
+/// once the server accepts connections.
+pub async fn attach(
+    data_socket: &Path,
+    server_id: ServerId,
+    secrets: &Secrets,
+    server_config: quinn::ServerConfig,
+) -> anyhow::Result<Attached> {
+    let socket = connect_socket(data_socket, server_id).await?;
+    endpoint_on(socket, server_id, secrets, server_config)
+}

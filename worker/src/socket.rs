@@ -1,0 +1,253 @@
+//! [`DemuxSocket`]: a quinn 0.11 [`AsyncUdpSocket`] whose receive side is the data
+//! connection and whose send side is the shared UDP socket.
+//!
+//! Receive: each `poll_recv` takes up to as many records as quinn offers buffers
+//! (one `recvmmsg`), one record per buffer. A data frame (first byte 0xd7) is decoded
+//! with `proto::wire::decode_frame` in place, its payload moved to the front of the
+//! buffer, and its metadata put into quinn's `RecvMeta`: `addr` = client, `dst_ip` =
+//! the address the client sent to, `ecn`, `len`, `stride` = GRO segment size (else
+//! `len`; never 0). Control records (0xc7) are handled here and never reach quinn;
+//! malformed or truncated records are counted and dropped.
+//!
+//! Send: [`crate::udp_send::SharedUdp`].
+
+use crate::datasock::{DataConn, SharedSocketFd};
+use crate::fdpass::{self, MAX_BATCH};
+use crate::udp_send::SharedUdp;
+use proto::wire::{decode_frame, CONTROL_MAGIC, FRAME_HEADER_LEN, FRAME_MAGIC};
+use quinn::udp::{EcnCodepoint, RecvMeta, Transmit};
+use quinn::{AsyncUdpSocket, UdpPoller};
+use std::fmt;
+use std::future::Future;
+use std::io::{self, IoSliceMut};
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLock};
+use std::task::{ready, Context, Poll};
+
+/// Datagrams one `RecvMeta` may describe: quinn sizes each receive buffer as
+/// `max_udp_payload_size × max_receive_segments`, and a GRO train from the data
+/// plane may be up to 65 535 bytes (`proto::wire::MAX_PAYLOAD`); 64 × 1200 covers it
+/// for any allowed `max_udp_payload_size`.
+pub const RECEIVE_SEGMENTS: usize = 64;
+
+/// quinn `AsyncUdpSocket` over the demux data connection.
+pub struct DemuxSocket {
+    data: Arc<DataConn>,
+    udp: RwLock<Arc<SharedUdp>>,
+    local: SocketAddr,
+}
+
+impl fmt::Debug for DemuxSocket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DemuxSocket").field("server_id", &self.data.server_id()).field("local", &self.local).finish()
+    }
+}
+
+impl DemuxSocket {
+    /// Builds the socket from a handshaken data connection and the shared UDP sockets.
+    /// Must run inside a tokio runtime.
+    pub fn new(data: Arc<DataConn>, sockets: Vec<SharedSocketFd>) -> io::Result<Arc<DemuxSocket>> {
+        let udp = SharedUdp::new(sockets)?;
+        let local = udp.addrs().next().ok_or_else(|| io::Error::other("no shared UDP socket"))?;
+        Ok(Arc::new(DemuxSocket { data, udp: RwLock::new(Arc::new(udp)), local }))
+    }
+
+    /// The data connection (lifecycle messages, counters).
+    pub fn data(&self) -> &Arc<DataConn> {
+        &self.data
+    }
+
+    /// The send side (counters).
+    pub fn udp(&self) -> Arc<SharedUdp> {
+        match self.udp.read() {
+            Ok(g) => Arc::clone(&g),
+            Err(p) => Arc::clone(&p.into_inner()),
+        }
+    }
+
+    /// Replaces the shared UDP sockets (after a data-plane restart handed new fds).
+    pub fn replace_sockets(&self, sockets: Vec<SharedSocketFd>) -> io::Result<()> {
+        let udp = Arc::new(SharedUdp::new(sockets)?);
+        match self.udp.write() {
+            Ok(mut g) => *g = udp,
+            Err(p) => *p.into_inner() = udp,
+        }
+        Ok(())
+    }
+
+    /// Starts reconnecting the data connection whenever it is lost (see
+    /// [`DataConn::spawn_reconnector`]); new sockets replace the old ones.
+    pub fn spawn_reconnector(self: &Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
+        let weak = Arc::downgrade(self);
+        self.data.spawn_reconnector(move |socks| {
+            if let Some(me) = weak.upgrade() {
+                if let Err(e) = me.replace_sockets(socks) {
+                    tracing::warn!(error = %e, "keeping the previous UDP sockets");
+                }
+            }
+        })
+    }
+
+    /// Turns the records `lens[..got]` in `bufs` into quinn datagrams, compacted to
+    /// the front of `bufs`/`meta`. Returns (datagrams, saw_eof).
+    fn process(&self, bufs: &mut [IoSliceMut<'_>], meta: &mut [RecvMeta], lens: &[usize], trunc: &[bool]) -> (usize, bool) {
+        let stats = &self.data.stats;
+        let udp = self.udp();
+        let mut out = 0;
+        let mut eof = false;
+        for i in 0..lens.len() {
+            let len = lens[i];
+            if len == 0 {
+                // A SEQPACKET read of 0 bytes: the data plane closed the connection.
+                eof = true;
+                break;
+            }
+            if trunc[i] {
+                stats.truncated.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let rec = &bufs[i][..len];
+            match rec[0] {
+                FRAME_MAGIC => {}
+                CONTROL_MAGIC => {
+                    self.data.on_control(rec);
+                    continue;
+                }
+                _ => {
+                    stats.malformed.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            }
+            let (fm, payload_len) = match decode_frame(rec) {
+                Ok((fm, p)) => (fm, p.len()),
+                Err(e) => {
+                    stats.malformed.fetch_add(1, Ordering::Relaxed);
+                    tracing::trace!(error = %e, "malformed data frame dropped");
+                    continue;
+                }
+            };
+            // Payload to the front of buffer `out` (≤ i).
+            if out == i {
+                bufs[i].copy_within(FRAME_HEADER_LEN..len, 0);
+            } else {
+                let (head, tail) = bufs.split_at_mut(i);
+                head[out][..payload_len].copy_from_slice(&tail[0][FRAME_HEADER_LEN..len]);
+            }
+            udp.learn(fm.client, fm.local);
+            let m = &mut meta[out];
+            m.addr = fm.client;
+            m.len = payload_len;
+            // RFC 9000 §14.1 datagrams are at least 1 byte; a GRO train is cut every
+            // `segment_size` bytes (decode_frame guarantees 0 < segment ≤ payload).
+            m.stride = fm.segment_size.map_or(payload_len, usize::from).max(1);
+            m.ecn = EcnCodepoint::from_bits(fm.ecn);
+            m.dst_ip = fm.local.map(|l| l.ip());
+            stats.frames.fetch_add(1, Ordering::Relaxed);
+            stats.bytes.fetch_add(payload_len as u64, Ordering::Relaxed);
+            out += 1;
+        }
+        (out, eof)
+    }
+}
+
+impl AsyncUdpSocket for DemuxSocket {
+    fn create_io_poller(self: Arc<Self>) -> Pin<Box<dyn UdpPoller>> {
+        Box::pin(Poller { sock: self, fut: None })
+    }
+
+    fn try_send(&self, transmit: &Transmit<'_>) -> io::Result<()> {
+        self.udp().try_send(transmit)
+    }
+
+    fn poll_recv(&self, cx: &mut Context<'_>, bufs: &mut [IoSliceMut<'_>], meta: &mut [RecvMeta]) -> Poll<io::Result<usize>> {
+        let n = bufs.len().min(meta.len()).min(MAX_BATCH);
+        if n == 0 {
+            return Poll::Ready(Ok(0));
+        }
+        let mut lens = [0usize; MAX_BATCH];
+        let mut trunc = [false; MAX_BATCH];
+        loop {
+            let Some(fd) = self.data.current().or_else(|| self.data.park(cx.waker())) else {
+                // Disconnected: the reconnector wakes us with a new connection.
+                return Poll::Pending;
+            };
+            let mut guard = match ready!(fd.poll_read_ready(cx)) {
+                Ok(g) => g,
+                Err(e) => {
+                    tracing::warn!(error = %e, "data connection poll failed");
+                    self.data.mark_lost(&fd);
+                    continue;
+                }
+            };
+            let got = match guard.try_io(|inner| fdpass::recv_batch(inner.get_ref().as_fd(), &mut bufs[..n], &mut lens[..n], &mut trunc[..n])) {
+                Err(_would_block) => continue,
+                Ok(Ok(got)) => got,
+                Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "data connection receive failed");
+                    self.data.mark_lost(&fd);
+                    continue;
+                }
+            };
+            drop(guard);
+            let (out, eof) = self.process(&mut bufs[..got], &mut meta[..got], &lens[..got], &trunc[..got]);
+            if eof {
+                self.data.mark_lost(&fd);
+            }
+            if out > 0 {
+                return Poll::Ready(Ok(out));
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.local)
+    }
+
+    fn max_transmit_segments(&self) -> usize {
+        self.udp().max_transmit_segments()
+    }
+
+    fn max_receive_segments(&self) -> usize {
+        RECEIVE_SEGMENTS
+    }
+
+    /// RFC 9000 §14: QUIC datagrams must not be fragmented; with `false` quinn runs
+    /// path-MTU discovery (RFC 8899 DPLPMTUD) instead of assuming a safe minimum.
+    fn may_fragment(&self) -> bool {
+        false
+    }
+}
+
+type WritableFut = Pin<Box<dyn Future<Output = io::Result<()>> + Send + Sync>>;
+
+/// Per-task writability waiter (quinn creates one per connection).
+struct Poller {
+    sock: Arc<DemuxSocket>,
+    fut: Option<WritableFut>,
+}
+
+impl fmt::Debug for Poller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Poller").finish_non_exhaustive()
+    }
+}
+
+impl UdpPoller for Poller {
+    fn poll_writable(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if this.fut.is_none() {
+            let udp = this.sock.udp();
+            this.fut = Some(Box::pin(async move { udp.writable().await }));
+        }
+        let Some(fut) = this.fut.as_mut() else { return Poll::Ready(Ok(())) };
+        let r = fut.as_mut().poll(cx);
+        if r.is_ready() {
+            this.fut = None;
+        }
+        r
+    }
+}
