@@ -84,7 +84,7 @@ mod tests {
         buf.extend_from_slice(&level.to_ne_bytes());
         buf.extend_from_slice(&ty.to_ne_bytes());
         buf.extend_from_slice(data);
-        while buf.len() % ALIGN != 0 {
+        while !buf.len().is_multiple_of(ALIGN) {
             buf.push(0);
         }
     }

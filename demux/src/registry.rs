@@ -115,8 +115,8 @@ impl Registry {
         let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
         loop {
             let n = self.epoll.wait(&mut events, -1).context("epoll_wait (registry)")?;
-            for k in 0..n {
-                let (token, ev) = (events[k].u64, events[k].events);
+            for e in &events[..n] {
+                let (token, ev) = (e.u64, e.events);
                 match token {
                     TOKEN_DATA_LISTENER => self.accept_all(false),
                     TOKEN_CONTROL_LISTENER => self.accept_all(true),

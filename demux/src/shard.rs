@@ -80,6 +80,12 @@ impl Router {
         if segments > 1 {
             bump(&c.trains_in, 1);
         }
+        if payload.is_empty() {
+            // proto::route_train emits no run for an empty train; a zero-length UDP
+            // datagram is not QUIC (RFC 9000 §17: every packet has a header byte).
+            bump(&c.reasons[Reason::NotQuic.index()], 1);
+            return;
+        }
         let local = match meta.local_ip {
             Some(ip) => Some(SocketAddr::new(ip, sock.local.port())),
             None if !sock.local.ip().is_unspecified() => Some(sock.local),

@@ -1,0 +1,374 @@
+//! Out-of-process tests of the data plane (issue #3): the real binary on loopback,
+//! test workers on the data socket, handcrafted QUIC datagrams. Every test runs for
+//! both io backends (`<test>::uring`, `<test>::mmsg`).
+
+mod common;
+use common::*;
+use proto::wire::Control;
+use std::time::Duration;
+
+/// A short header for a live server id reaches its owner; after the client's source
+/// port changes (NAT rebinding) it still does (ADR-0040 routing rule 1).
+fn short_header_reaches_owner(io: &str) {
+    let d = Demux::start(io, "0-1");
+    let mut rng = Rng(1);
+    let w1 = Worker::connect(&d, 11, true);
+    let w2 = Worker::connect(&d, 12, true);
+    assert_eq!(w1.sockets, d.udp, "Sockets lists the listen addresses");
+    assert_eq!(w1.socket_fds.len(), 1, "one UDP fd per listen address");
+    d.wait_instances(&[(11, true), (12, true)]);
+    let cid = d.cid(12, &mut rng);
+    let c1 = client();
+    c1.send_to(&short(&cid, 100, &mut rng), d.addr()).unwrap();
+    wait_until("first frame at owner", || w2.datagrams() == 1);
+    let c2 = client(); // a new source port
+    assert_ne!(c1.local_addr().unwrap().port(), c2.local_addr().unwrap().port());
+    c2.send_to(&short(&cid, 200, &mut rng), d.addr()).unwrap();
+    wait_until("second frame at owner", || w2.datagrams() == 2);
+    let f = w2.frames();
+    assert_eq!(f[0].meta.client, c1.local_addr().unwrap());
+    assert_eq!(f[1].meta.client, c2.local_addr().unwrap());
+    assert_eq!(f[1].meta.local, Some(d.addr()), "IP_PKTINFO destination + listen port");
+    assert_eq!(f[0].dcid(), cid.to_vec());
+    assert_eq!((f[0].len, f[1].len), (100, 200));
+    assert_eq!(w1.datagrams(), 0);
+    let s = d.status();
+    assert_eq!(reason(&s, "Owner"), 2);
+    assert_eq!(u64_at(instance(&s, 12), "/datagrams"), 2);
+    assert_eq!(u64_at(instance(&s, 12), "/bytes"), 300);
+}
+both_backends!(short_header_reaches_owner);
+
+/// Initials with random client DCIDs spread over 3 instances; the 2nd and 3rd Initial
+/// of one DCID and its 0-RTT reach the same instance (pin table, ADR-0040).
+fn initials_spread_and_stick(io: &str) {
+    let d = Demux::start(io, "0");
+    let mut rng = Rng(2);
+    let ws: Vec<Worker> = [21u16, 22, 23].iter().map(|&id| Worker::connect(&d, id, true)).collect();
+    d.wait_instances(&[(21, true), (22, true), (23, true)]);
+    let c = client();
+    let n = 60;
+    let dcids: Vec<Vec<u8>> = (0..n).map(|_| rng.bytes(8)).collect();
+    for dcid in &dcids {
+        c.send_to(&initial(dcid, &mut rng), d.addr()).unwrap();
+    }
+    wait_until("all first Initials", || ws.iter().map(Worker::datagrams).sum::<usize>() == n);
+    for w in &ws {
+        assert!(w.datagrams() > 0, "instance {} got no Initial of {n}", w.server_id);
+    }
+    // Where did each DCID go?
+    let owner_of = |dcid: &[u8]| -> Vec<u16> {
+        ws.iter().filter(|w| w.frames().iter().any(|f| f.dcid() == dcid)).map(|w| w.server_id).collect()
+    };
+    let firsts: Vec<u16> = dcids.iter().take(10).map(|d| {
+        let o = owner_of(d);
+        assert_eq!(o.len(), 1);
+        o[0]
+    }).collect();
+    for w in &ws {
+        w.clear();
+    }
+    // Second and third Initials, then a 0-RTT packet, for 10 of the DCIDs.
+    for dcid in dcids.iter().take(10) {
+        c.send_to(&initial(dcid, &mut rng), d.addr()).unwrap();
+        c.send_to(&initial(dcid, &mut rng), d.addr()).unwrap();
+        c.send_to(&long(ZERO_RTT, dcid, 300, &mut rng), d.addr()).unwrap();
+    }
+    wait_until("follow-ups", || ws.iter().map(Worker::datagrams).sum::<usize>() == 30);
+    for (dcid, first) in dcids.iter().take(10).zip(&firsts) {
+        assert_eq!(owner_of(dcid), vec![*first], "every follow-up of a DCID at its first instance");
+        let w = ws.iter().find(|w| w.server_id == *first).unwrap();
+        assert_eq!(w.frames().iter().filter(|f| f.dcid() == *dcid).count(), 3);
+    }
+    let s = d.status();
+    assert_eq!(reason(&s, "Placed"), n as u64);
+    assert_eq!(reason(&s, "Pinned"), 30);
+}
+both_backends!(initials_spread_and_stick);
+
+/// A datagram for a dead server id (an orphan) reaches a serving instance; after a
+/// worker disconnects, its id is dead at once and its datagrams become orphans.
+fn orphan_reaches_serving_instance(io: &str) {
+    let d = Demux::start(io, "0");
+    let mut rng = Rng(3);
+    let w1 = Worker::connect(&d, 31, true);
+    let w2 = Worker::connect(&d, 32, true);
+    d.wait_instances(&[(31, true), (32, true)]);
+    let c = client();
+    c.send_to(&short(&d.cid(999, &mut rng), 80, &mut rng), d.addr()).unwrap();
+    wait_until("orphan delivered", || w1.datagrams() + w2.datagrams() == 1);
+    assert_eq!(reason(&d.status(), "Orphan"), 1);
+    // Kill 32: its CIDs now go to 31 as orphans.
+    let cid32 = d.cid(32, &mut rng);
+    w2.close();
+    d.wait_instances(&[(31, true)]);
+    w1.clear();
+    c.send_to(&short(&cid32, 80, &mut rng), d.addr()).unwrap();
+    wait_until("orphan of dead id delivered", || w1.datagrams() == 1);
+    assert_eq!(w1.frames()[0].dcid(), cid32.to_vec());
+    assert_eq!(reason(&d.status(), "Orphan"), 2);
+}
+both_backends!(orphan_reaches_serving_instance);
+
+/// Non-QUIC datagrams are dropped and counted under NotQuic; nothing reaches workers.
+fn non_quic_dropped_and_counted(io: &str) {
+    let d = Demux::start(io, "0");
+    let mut rng = Rng(4);
+    let w = Worker::connect(&d, 41, true);
+    d.wait_instances(&[(41, true)]);
+    let c = client();
+    let cid = d.cid(41, &mut rng);
+    let mut fixed_clear = short(&cid, 60, &mut rng);
+    fixed_clear[0] &= !0x40; // RFC 9000 §17.3.1: fixed bit must be 1
+    let junk: Vec<Vec<u8>> = vec![
+        b"hello".to_vec(),
+        fixed_clear,
+        short(&cid, 60, &mut rng)[..20].to_vec(), // too short for a header-protection sample
+        long(INITIAL, &rng.bytes(8), 600, &mut rng), // Initial below 1200 bytes (RFC 9000 §14.1)
+        vec![0u8; 0],
+    ];
+    for j in &junk {
+        c.send_to(j, d.addr()).unwrap();
+    }
+    let s = d.wait_status("junk counted", |s| u64_at(s, "/datagrams_in") == junk.len() as u64);
+    assert_eq!(reason(&s, "NotQuic"), junk.len() as u64);
+    assert_eq!(reasons_sum(&s), junk.len() as u64);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(w.datagrams(), 0);
+    // And with no instance at all, routable datagrams count as NoInstance drops.
+    w.close();
+    d.wait_instances(&[]);
+    c.send_to(&initial(&rng.bytes(8), &mut rng), d.addr()).unwrap();
+    let s = d.wait_status("no instance", |s| reason(s, "NoInstance") == 1);
+    assert_eq!(u64_at(&s, "/drops/no_instance"), 1);
+}
+both_backends!(non_quic_dropped_and_counted);
+
+/// A GRO train sent with UDP_SEGMENT (8 × 1200 bytes, one DCID) reaches one worker
+/// as ONE frame carrying segment_size 1200.
+fn gro_train_is_one_frame(io: &str) {
+    let d = Demux::start(io, "0");
+    let mut rng = Rng(5);
+    let w = Worker::connect(&d, 51, true);
+    d.wait_instances(&[(51, true)]);
+    let cid = d.cid(51, &mut rng);
+    let mut train = Vec::new();
+    for _ in 0..8 {
+        train.extend_from_slice(&short(&cid, 1200, &mut rng));
+    }
+    let c = client();
+    use std::os::fd::AsRawFd;
+    let seg: libc::c_int = 1200;
+    // SAFETY: udp(7) UDP_SEGMENT with a live c_int.
+    let r = unsafe {
+        libc::setsockopt(c.as_raw_fd(), libc::SOL_UDP, libc::UDP_SEGMENT, (&seg as *const libc::c_int).cast(), 4)
+    };
+    assert_eq!(r, 0, "UDP_SEGMENT: {}", std::io::Error::last_os_error());
+    c.send_to(&train, d.addr()).unwrap();
+    wait_until("train delivered", || w.datagrams() == 8);
+    let f = w.frames();
+    assert_eq!(f.len(), 1, "one frame for the whole train: {f:?}");
+    assert_eq!(f[0].meta.segment_size, Some(1200));
+    assert_eq!(f[0].len, 9600);
+    let s = d.status();
+    assert_eq!(u64_at(&s, "/trains_in"), 1);
+    assert_eq!(reason(&s, "Owner"), 8);
+    assert_eq!(u64_at(&s, "/datagrams_in"), 8);
+}
+both_backends!(gro_train_is_one_frame);
+
+/// Below saturation every datagram received is forwarded: 5000 paced datagrams to two
+/// instances, counted at the workers and in status, exactly.
+fn below_saturation_in_equals_forwarded(io: &str) {
+    let d = Demux::start(io, "0-1");
+    let mut rng = Rng(6);
+    let w1 = Worker::connect(&d, 61, true);
+    let w2 = Worker::connect(&d, 62, true);
+    d.wait_instances(&[(61, true), (62, true)]);
+    let cids = [d.cid(61, &mut rng), d.cid(62, &mut rng)];
+    let clients: Vec<_> = (0..4).map(|_| client()).collect();
+    let total = 5000;
+    for k in 0..total {
+        let p = short(&cids[k % 2], 200 + (k % 900), &mut rng);
+        clients[k % 4].send_to(&p, d.addr()).unwrap();
+        if k % 50 == 49 {
+            std::thread::sleep(Duration::from_micros(500));
+        }
+    }
+    wait_until("all forwarded", || w1.datagrams() + w2.datagrams() >= total);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(w1.datagrams(), total / 2);
+    assert_eq!(w2.datagrams(), total / 2);
+    let s = d.status();
+    assert_eq!(u64_at(&s, "/datagrams_in"), total as u64);
+    assert_eq!(reason(&s, "Owner"), total as u64);
+    assert_eq!(u64_at(instance(&s, 61), "/datagrams") + u64_at(instance(&s, 62), "/datagrams"), total as u64);
+    assert_eq!(u64_at(&s, "/drops/full") + u64_at(&s, "/drops/truncated") + u64_at(&s, "/drops/send_error"), 0);
+}
+both_backends!(below_saturation_in_equals_forwarded);
+
+/// 100 000 random and malformed datagrams: each counted under exactly one reason,
+/// the process survives, frames stay well-formed.
+fn random_and_malformed_datagrams(io: &str) {
+    let mut d = Demux::start(io, "0");
+    let mut rng = Rng(7);
+    let w1 = Worker::connect(&d, 71, true);
+    let w2 = Worker::connect(&d, 72, false);
+    d.wait_instances(&[(71, true), (72, false)]);
+    let valid: Vec<Vec<u8>> = vec![
+        short(&d.cid(71, &mut rng), 100, &mut rng),
+        short(&d.cid(72, &mut rng), 100, &mut rng),
+        initial(&rng.bytes(8), &mut rng),
+        long(HANDSHAKE, &d.cid(72, &mut rng), 200, &mut rng),
+        long(ZERO_RTT, &rng.bytes(20), 200, &mut rng),
+    ];
+    let c = client();
+    let total: u64 = 100_000;
+    let chunk = 1000;
+    let mut sent = 0u64;
+    while sent < total {
+        for _ in 0..chunk {
+            let p: Vec<u8> = match rng.below(6) {
+                // Random bytes of random length.
+                0 => {
+                    let n = rng.below(1500) as usize;
+                    rng.bytes(n)
+                }
+                // A valid datagram with a few bytes flipped.
+                1 | 2 => {
+                    let mut p = valid[rng.below(valid.len() as u64) as usize].clone();
+                    for _ in 0..=rng.below(4) {
+                        let i = rng.below(p.len() as u64) as usize;
+                        p[i] ^= rng.next() as u8 | 1;
+                    }
+                    p
+                }
+                // A valid datagram cut short.
+                3 => {
+                    let p = &valid[rng.below(valid.len() as u64) as usize];
+                    p[..rng.below(p.len() as u64) as usize].to_vec()
+                }
+                // A long header with an arbitrary version, CID lengths up to 255.
+                4 => {
+                    let mut p = vec![0x80 | rng.next() as u8];
+                    p.extend_from_slice(&(rng.next() as u32).to_be_bytes());
+                    let l = rng.below(256) as u8;
+                    p.push(l);
+                    let n = rng.below(1400) as usize;
+                    p.extend_from_slice(&rng.bytes(n));
+                    p
+                }
+                // Short headers with random CIDs (orphans, mostly).
+                _ => {
+                    let mut cid = [0u8; 12];
+                    rng.fill(&mut cid);
+                    short(&cid, 33 + rng.below(1000) as usize, &mut rng)
+                }
+            };
+            c.send_to(&p, d.addr()).unwrap();
+        }
+        sent += chunk;
+        // Pace: let the data plane catch up so no datagram is lost in the kernel.
+        d.wait_status("chunk received", |s| u64_at(s, "/datagrams_in") == sent);
+    }
+    assert!(d.alive(), "data plane died: {}", d.log());
+    let s = d.status();
+    assert_eq!(u64_at(&s, "/datagrams_in"), total);
+    assert_eq!(reasons_sum(&s), total, "each datagram under exactly one reason: {s}");
+    assert_eq!(u64_at(&s, "/drops/truncated"), 0);
+    let routed_away = reason(&s, "NotQuic") + reason(&s, "NoInstance");
+    let forwarded = u64_at(instance(&s, 71), "/datagrams") + u64_at(instance(&s, 72), "/datagrams");
+    let dropped_full = u64_at(&s, "/drops/full");
+    assert_eq!(forwarded + dropped_full + routed_away, total);
+    wait_until("workers drained", || (w1.datagrams() + w2.datagrams()) as u64 == forwarded);
+    assert_eq!(w1.bad_frames.load(std::sync::atomic::Ordering::Relaxed), 0);
+    assert_eq!(w2.bad_frames.load(std::sync::atomic::Ordering::Relaxed), 0);
+    assert!(reason(&s, "NotQuic") > 10_000 && reason(&s, "Orphan") > 1_000, "mix looks wrong: {s}");
+}
+both_backends!(random_and_malformed_datagrams);
+
+/// Data-connection protocol: a duplicate live server id is refused with Error;
+/// Draining makes an instance unplaceable but keeps it live.
+fn data_connection_protocol(io: &str) {
+    let d = Demux::start(io, "0");
+    let mut rng = Rng(8);
+    let w1 = Worker::connect(&d, 81, true);
+    let w2 = Worker::connect(&d, 82, true);
+    d.wait_instances(&[(81, true), (82, true)]);
+    // Duplicate id.
+    let fd = seqpacket_connect(&d.data).unwrap();
+    use std::os::fd::AsRawFd;
+    send_record(fd.as_raw_fd(), &proto::wire::encode_control(&Control::DataHello { server_id: proto::ServerId(81) }), &[]).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let (n, fds) = recv_record(fd.as_raw_fd(), &mut buf).unwrap();
+    assert!(fds.is_empty());
+    match proto::wire::decode_control(&buf[..n]).unwrap() {
+        Control::Error { reason } => assert!(reason.contains("81"), "{reason}"),
+        other => panic!("expected Error, got {other:?}"),
+    }
+    let (n, _) = recv_record(fd.as_raw_fd(), &mut buf).unwrap();
+    assert_eq!(n, 0, "closed after Error");
+    // Draining: new connections all go to 81, 82 still gets its own CIDs.
+    w2.send(&Control::Draining);
+    d.wait_instances(&[(81, true), (82, false)]);
+    let c = client();
+    for _ in 0..20 {
+        c.send_to(&initial(&rng.bytes(8), &mut rng), d.addr()).unwrap();
+    }
+    c.send_to(&short(&d.cid(82, &mut rng), 100, &mut rng), d.addr()).unwrap();
+    wait_until("delivered", || w1.datagrams() + w2.datagrams() == 21);
+    assert_eq!(w1.datagrams(), 20);
+    assert_eq!(w2.datagrams(), 1);
+    // Garbage on a data connection: refused and closed, the data plane lives on.
+    let fd = seqpacket_connect(&d.data).unwrap();
+    send_record(fd.as_raw_fd(), b"\x00garbage", &[]).unwrap();
+    let (n, _) = recv_record(fd.as_raw_fd(), &mut buf).unwrap();
+    assert!(matches!(proto::wire::decode_control(&buf[..n]), Ok(Control::Error { .. })));
+    d.wait_instances(&[(81, true), (82, false)]);
+}
+both_backends!(data_connection_protocol);
+
+/// `--cores` naming cores this machine lacks fails with a clear error, no panic.
+fn cores_beyond_machine_error(io: &str) {
+    let dir = temp_dir("cores");
+    let keys = dir.join("keys");
+    assert!(std::process::Command::new(BIN).args(["gen-keys", "--out"]).arg(&keys).status().unwrap().success());
+    let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let out = std::process::Command::new(BIN)
+        .args(["--listen", "127.0.0.1:0", "--io", io, "--cores", &format!("0-{}", n + 1), "--keys"])
+        .arg(&keys)
+        .arg("--data-socket")
+        .arg(dir.join("d.sock"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("not available") && err.contains("has cores"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    // A missing key file is a clear error too.
+    let out = std::process::Command::new(BIN)
+        .args(["--listen", "127.0.0.1:0", "--io", io, "--keys", "/nonexistent/keys", "--data-socket"])
+        .arg(dir.join("d.sock"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("gen-keys") && !err.contains("panicked"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+both_backends!(cores_beyond_machine_error);
+
+/// `demux lb-status` prints the counters, readable and as JSON.
+fn lb_status_command(io: &str) {
+    let d = Demux::start(io, "0");
+    let _w = Worker::connect(&d, 91, true);
+    d.wait_instances(&[(91, true)]);
+    let out = std::process::Command::new(BIN).args(["lb-status", "--control-socket"]).arg(&d.control).output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("NotQuic") && text.contains("91") && text.contains(&format!("io {io}")), "{text}");
+    let out = std::process::Command::new(BIN).args(["lb-status", "--json", "--control-socket"]).arg(&d.control).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["io"], io);
+}
+both_backends!(lb_status_command);
