@@ -70,6 +70,13 @@ pub fn probe() -> Result<()> {
     if !probe.is_supported(opcode::RecvMsg::CODE) {
         bail!("the kernel's io_uring lacks IORING_OP_RECVMSG");
     }
+    // Multishot recvmsg (IORING_RECV_MULTISHOT) arrived in Linux 6.0; Probe cannot
+    // see flags, so check the release.
+    if let Some((major, minor)) = kernel_release() {
+        if (major, minor) < (6, 0) {
+            bail!("Linux {major}.{minor} lacks multishot recvmsg (needs 6.0)");
+        }
+    }
     let br = BufRing::new(8).context("mmap for a probe buffer ring")?;
     // SAFETY: `br` is a page-aligned mapping of 8 entries that outlives the ring
     // registration (unregistered right below, before `br` drops).
@@ -77,6 +84,19 @@ pub fn probe() -> Result<()> {
         .context("io_uring_register_buf_ring (needs Linux 5.19)")?;
     let _ = ring.submitter().unregister_buf_ring(BGID);
     Ok(())
+}
+
+/// (major, minor) of the running kernel, from uname(2).
+fn kernel_release() -> Option<(u32, u32)> {
+    // SAFETY: utsname is plain old data; uname fills it.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a live utsname.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return None;
+    }
+    let rel: String = u.release.iter().take_while(|&&c| c != 0).map(|&c| c as u8 as char).collect();
+    let mut it = rel.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty());
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
 }
 
 /// The mmap'd ring of `io_uring_buf` entries shared with the kernel.
@@ -194,6 +214,7 @@ pub fn run(setup: ShardSetup) -> Result<()> {
     );
     let mut used: Vec<u16> = Vec::with_capacity(usize::from(nbuf));
     let mut rearm: Vec<usize> = (0..socks.len()).collect();
+    let mut failures = 0u32;
     loop {
         // Re-arm every multishot that ended (first round: arm them all).
         for &i in &rearm {
@@ -234,7 +255,13 @@ pub fn run(setup: ShardSetup) -> Result<()> {
                     // flush; the multishot is re-armed above.
                     crate::counters::bump(&router.counters.recv_no_buffers, 1);
                 } else if res < 0 {
-                    tracing::debug!(shard = setup.index, error = %std::io::Error::from_raw_os_error(-res), "multishot recvmsg ended");
+                    let err = std::io::Error::from_raw_os_error(-res);
+                    failures += 1;
+                    // A multishot the kernel refuses outright would otherwise spin.
+                    if failures > 1000 {
+                        bail!("multishot recvmsg keeps failing: {err}");
+                    }
+                    tracing::debug!(shard = setup.index, error = %err, "multishot recvmsg ended");
                 }
                 continue;
             };
@@ -242,6 +269,7 @@ pub fn run(setup: ShardSetup) -> Result<()> {
                 continue; // not one of ours: cannot happen, never indexes out of range
             }
             used.push(bid);
+            failures = 0;
             let Some(sock) = socks.get(i) else { continue };
             if res <= 0 {
                 continue;
