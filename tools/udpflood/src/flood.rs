@@ -174,13 +174,15 @@ impl Worker {
     fn run(mut self, deadline: Instant, stop: &AtomicBool, c: &Counters) -> Option<String> {
         let seg = self.seg;
         let trains = self.pool.len() / seg;
-        // Aim for about a millisecond's worth of datagrams per call when paced.
+        let max_call = self.sender.capacity() * seg;
+        // Paced: aim for about a millisecond's worth of datagrams per call, and bank at
+        // most ~2 ms (or two calls) of tokens so a late wake-up is caught up, not lost.
         let (mut bucket, target) = match self.rate {
             Some(r) => {
-                let t = ((r / 1000.0) as usize).clamp(seg, BATCH.max(seg));
-                (Some(Bucket::new(r, (t.max(BATCH)) as f64)), t)
+                let t = ((r / 1000.0) as usize).clamp(seg, max_call);
+                (Some(Bucket::new(r, (r * 0.002).max(2.0 * max_call as f64))), t)
             }
-            None => (None, BATCH.max(seg)),
+            None => (None, max_call),
         };
         let mut remaining = self.limit.unwrap_or(u64::MAX);
         let (mut cursor, mut sock_i) = (0usize, 0usize);
@@ -191,22 +193,22 @@ impl Worker {
             if now >= deadline {
                 break;
             }
-            let mut n = (target as u64).min(remaining) as usize;
-            if let Some(b) = bucket.as_mut() {
-                b.refill(now);
-                let need = n.min(seg.max(1)) as f64;
-                let want = n as f64;
-                if b.tokens < want {
-                    if b.tokens >= need {
-                        n = ((b.tokens as usize) / seg * seg).max(need as usize).min(n);
-                    } else {
-                        let wait = Duration::from_secs_f64((want - b.tokens) / b.rate);
+            let rem = remaining.min(max_call as u64) as usize;
+            let want = target.min(rem);
+            let n = match bucket.as_mut() {
+                None => rem,
+                Some(b) => {
+                    b.refill(now);
+                    if b.tokens < want as f64 {
+                        let wait = Duration::from_secs_f64((want as f64 - b.tokens) / b.rate);
                         std::thread::sleep(wait.min(MAX_SLEEP).min(deadline - now));
                         continue;
                     }
+                    let n = ((b.tokens as usize) / seg * seg).max(want).min(rem);
+                    b.tokens -= n as f64;
+                    n
                 }
-                b.tokens -= n as f64;
-            }
+            };
             // n datagrams as ceil(n / seg) messages of consecutive pool slots.
             msgs.clear();
             let mut left = n;
