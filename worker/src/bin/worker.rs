@@ -1,1 +1,182 @@
-fn main(){}
+//! `worker`: an HTTP/3 server instance behind the quicdemux data plane.
+//!
+//! Standalone: `worker --server-id N --keys FILE --data-socket PATH [--cert C --key K]
+//! [--root DIR] [--retry] [--echo] [--drain-timeout SECS]`.
+//! SIGTERM (or SIGINT) drains gracefully (docs/worker.md); a second one exits at once.
+
+use anyhow::{anyhow, bail, Context};
+use clap::Parser;
+use proto::ServerId;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::signal::unix::{signal, SignalKind};
+use worker::drain::Drain;
+use worker::h3_server::{self, Ctx, ServerOptions, H3_NO_ERROR};
+use worker::tls::{self, Identity, ALPN_H3, ALPN_HQ};
+use worker::{echo, Secrets};
+
+#[derive(Debug, Parser)]
+#[command(name = "worker", version, about = "HTTP/3 server instance behind the quicdemux data plane")]
+struct Args {
+    /// This instance's 16-bit server id (ADR-0040); standalone mode.
+    #[arg(long, value_name = "N")]
+    server_id: Option<u16>,
+    /// Shared key file (`demux gen-keys --out FILE`).
+    #[arg(long, value_name = "FILE")]
+    keys: Option<PathBuf>,
+    /// The data plane's --data-socket.
+    #[arg(long, value_name = "PATH")]
+    data_socket: Option<PathBuf>,
+    /// Certificate chain (PEM); without --cert/--key a self-signed one is made.
+    #[arg(long, value_name = "PEM", requires = "key")]
+    cert: Option<PathBuf>,
+    /// Private key (PEM).
+    #[arg(long, value_name = "PEM", requires = "cert")]
+    key: Option<PathBuf>,
+    /// Serve static files below DIR.
+    #[arg(long, value_name = "DIR")]
+    root: Option<PathBuf>,
+    /// Answer token-less Initials with Retry (address validation, RFC 9000 §8.1.2).
+    #[arg(long)]
+    retry: bool,
+    /// Echo every forwarded datagram back to its source, bypassing QUIC (latency tool).
+    #[arg(long)]
+    echo: bool,
+    /// Longest graceful drain after SIGTERM.
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    drain_timeout: u64,
+    /// Written (atomically) once the instance is placeable: `ready SERVER_ID`.
+    #[arg(long, value_name = "PATH")]
+    ready_file: Option<PathBuf>,
+    /// Register with the controller and take the server id, keys and sockets from it.
+    #[arg(long, requires = "control")]
+    server_id_from_controller: bool,
+    /// The controller's control socket.
+    #[arg(long, value_name = "PATH")]
+    control: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("worker: tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("worker: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(a: Args) -> anyhow::Result<()> {
+    if a.server_id_from_controller {
+        bail!(
+            "--server-id-from-controller: the controller is not available yet; run standalone with \
+             --server-id N --keys FILE --data-socket PATH"
+        );
+    }
+    let server_id = ServerId(a.server_id.ok_or_else(|| anyhow!("--server-id N is required (standalone mode)"))?);
+    let keys = a.keys.as_deref().ok_or_else(|| anyhow!("--keys FILE is required (standalone mode)"))?;
+    let data_socket = a.data_socket.as_deref().ok_or_else(|| anyhow!("--data-socket PATH is required"))?;
+    let secrets = Secrets::load(keys)?;
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+
+    let socket = worker::connect_socket(data_socket, server_id)
+        .await
+        .with_context(|| format!("data connection to {}", data_socket.display()))?;
+    let data = Arc::clone(socket.data());
+
+    if a.echo {
+        data.ready().await.context("sending Ready")?;
+        write_ready(&a, server_id)?;
+        tracing::info!(%server_id, "echo mode");
+        let echo = tokio::spawn(echo::run(Arc::clone(&socket)));
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        echo.abort();
+        data.close();
+        tracing::info!(echoed = echo::ECHOED.load(Ordering::Relaxed), "echo mode stopped");
+        return Ok(());
+    }
+
+    let identity = match (&a.cert, &a.key) {
+        (Some(c), Some(k)) => Identity::load_pem(c, k)?,
+        _ => Identity::self_signed(&["localhost"])?,
+    };
+    let crypto = tls::server_crypto(identity, &[ALPN_H3, ALPN_HQ])?;
+    let mut sc = quinn::ServerConfig::with_crypto(crypto);
+    let mut transport = quinn::TransportConfig::default();
+    transport.max_idle_timeout(Some(quinn::IdleTimeout::from(quinn::VarInt::from_u32(30_000))));
+    sc.transport_config(Arc::new(transport));
+    let att = worker::endpoint_on(Arc::clone(&socket), server_id, &secrets, sc)?;
+
+    let drain = Drain::new();
+    let ctx = Ctx::new(ServerOptions { server_id, root: a.root.clone(), retry: a.retry }, drain.clone())?;
+    let server = tokio::spawn(h3_server::serve(att.endpoint.clone(), Arc::clone(&ctx)));
+    data.ready().await.context("sending Ready")?;
+    write_ready(&a, server_id)?;
+    tracing::info!(%server_id, local = ?att.endpoint.local_addr().ok(), retry = a.retry, "serving HTTP/3");
+
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    // Drain (ADR-0041): unplaceable first, then GOAWAY everywhere.
+    tracing::info!(open = drain.open_connections(), "draining");
+    if let Err(e) = data.draining().await {
+        tracing::warn!(error = %e, "could not send Draining");
+    }
+    drain.start();
+    let deadline = Duration::from_secs(a.drain_timeout);
+    let finished = tokio::select! {
+        r = tokio::time::timeout(deadline, drain.idle()) => r.is_ok(),
+        _ = term.recv() => false,
+        _ = int.recv() => false,
+    };
+    if !finished {
+        tracing::warn!(open = drain.open_connections(), "drain timeout: closing the remaining connections");
+    }
+    att.endpoint.close(quinn::VarInt::from_u32(H3_NO_ERROR), b"shutting down");
+    let _ = tokio::time::timeout(Duration::from_secs(2), att.endpoint.wait_idle()).await;
+    server.abort();
+    // Closing the data connection makes the server id dead at once.
+    data.close();
+    let s = &ctx.stats;
+    let d = &data.stats;
+    eprintln!(
+        "worker exit: server_id={} connections={} requests={} ok={} retries={} refused={} frames={} malformed={} drained={}",
+        server_id,
+        s.connections.load(Ordering::Relaxed),
+        s.requests.load(Ordering::Relaxed),
+        s.responses_ok.load(Ordering::Relaxed),
+        s.retries_sent.load(Ordering::Relaxed),
+        s.refused_incoming.load(Ordering::Relaxed),
+        d.frames.load(Ordering::Relaxed),
+        d.malformed.load(Ordering::Relaxed),
+        finished,
+    );
+    Ok(())
+}
+
+fn write_ready(a: &Args, id: ServerId) -> anyhow::Result<()> {
+    if let Some(p) = &a.ready_file {
+        let tmp = p.with_extension("tmp");
+        std::fs::write(&tmp, format!("ready {id}\n")).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, p).with_context(|| format!("renaming to {}", p.display()))?;
+    }
+    Ok(())
+}
