@@ -1,0 +1,82 @@
+//! Fuzz `proto::route::route` and `route_train` against a small fixed table.
+//!
+//! Input: byte 0..2 = GRO stride (big-endian u16), byte 2 = clock step, rest = the
+//! datagram / train. Checks: never a panic; a target is always a valid index and is
+//! present exactly for the reasons that need one; the runs of a train tile it in
+//! order and count every segment once.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use proto::cid::{Generation, KeySet, ServerId};
+use proto::pin::PinTable;
+use proto::route::{route, route_train, Decision, InstanceInfo, Reason, Table};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+fn table() -> &'static Table {
+    static T: OnceLock<Table> = OnceLock::new();
+    T.get_or_init(|| {
+        let keys = KeySet::new((Generation::new(1).unwrap(), [0x11; 32]), Some((Generation::new(0).unwrap(), [0x22; 32])))
+            .unwrap();
+        let instances = [
+            InstanceInfo { server_id: ServerId(0), placeable: true },
+            InstanceInfo { server_id: ServerId(7), placeable: false },
+            InstanceInfo { server_id: ServerId(0x1234), placeable: true },
+            InstanceInfo { server_id: ServerId(0xffff), placeable: true },
+        ];
+        Table::new(keys, [0x33; 16], &instances).unwrap()
+    })
+}
+
+fn check(d: Decision, t: &Table) {
+    match d.reason {
+        Reason::Owner | Reason::Placed | Reason::Pinned | Reason::Orphan | Reason::VersionNegotiation => {
+            let i = d.target.expect("a forwarding reason has a target");
+            assert!(i < t.len());
+        }
+        Reason::NotQuic | Reason::NoInstance => assert_eq!(d.target, None),
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    if data.len() < 3 {
+        return;
+    }
+    let stride = usize::from(u16::from_be_bytes([data[0], data[1]]));
+    let step = Duration::from_millis(u64::from(data[2]) * 100);
+    let payload = &data[3..];
+    let t = table();
+    let mut pins = PinTable::new(8, [0x44; 16]);
+    let now = Duration::from_secs(100);
+
+    let first = route(payload, t, &mut pins, now);
+    check(first, t);
+    // Routing is deterministic while the pin lives (ADR-0040): same answer again,
+    // up to Placed becoming Pinned.
+    let again = route(payload, t, &mut pins, now + step.min(Duration::from_secs(9)));
+    check(again, t);
+    if first.reason == Reason::Placed {
+        assert_eq!((again.reason, again.target), (Reason::Pinned, first.target));
+    } else {
+        assert_eq!(again, first);
+    }
+
+    let mut end = 0;
+    let mut segments = 0;
+    route_train(payload, stride, t, &mut pins, now + step, |run| {
+        assert_eq!(run.bytes.start, end, "runs are contiguous");
+        assert!(run.bytes.end > run.bytes.start && run.segments >= 1);
+        check(run.decision, t);
+        end = run.bytes.end;
+        segments += run.segments;
+    });
+    assert_eq!(end, payload.len(), "runs cover the train");
+    let want = if payload.is_empty() {
+        0
+    } else if stride == 0 || stride >= payload.len() {
+        1
+    } else {
+        payload.len().div_ceil(stride)
+    };
+    assert_eq!(segments, want);
+});
