@@ -1,0 +1,433 @@
+//! The data-plane system benchmark (issue #3).
+
+use anyhow::{bail, Context, Result};
+use proto::keyfile::KeyFile;
+use proto::wire::{decode_control, encode_control, Control};
+use proto::ServerId;
+use serde_json::Value;
+use std::mem::{size_of, zeroed};
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const DATAGRAM: usize = 1200;
+const SINKS: u16 = 2;
+
+struct Opts {
+    seconds: f64,
+    ios: Vec<String>,
+    shard_core: usize,
+    load_core: usize,
+}
+
+fn parse(args: &[String]) -> Result<Opts> {
+    let mut o = Opts { seconds: 5.0, ios: vec!["uring".into(), "mmsg".into()], shard_core: 0, load_core: 1 };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut val = || it.next().cloned().with_context(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--seconds" => o.seconds = val()?.parse().context("--seconds")?,
+            "--io" => o.ios = val()?.split(',').map(str::to_string).collect(),
+            "--shard-core" => o.shard_core = val()?.parse().context("--shard-core")?,
+            "--load-core" => o.load_core = val()?.parse().context("--load-core")?,
+            other => bail!("unknown argument {other}"),
+        }
+    }
+    Ok(o)
+}
+
+/// The release demux next to this binary (built on demand).
+fn demux_bin() -> Result<PathBuf> {
+    let me = std::env::current_exe()?;
+    let bin = me.with_file_name("demux");
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["build", "--release", "-p", "demux"])
+        .status()
+        .context("cargo build --release -p demux")?;
+    if !status.success() || !bin.exists() {
+        bail!("could not build {}", bin.display());
+    }
+    Ok(bin)
+}
+
+struct Demux {
+    child: Child,
+    dir: PathBuf,
+    udp: SocketAddr,
+    data: PathBuf,
+    control: PathBuf,
+    keys: KeyFile,
+}
+
+impl Drop for Demux {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn start_demux(bin: &Path, io: &str, core: usize) -> Result<Demux> {
+    let dir = PathBuf::from(format!("/tmp/qdbench-{}-{io}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let keys_path = dir.join("keys");
+    let _ = std::fs::remove_file(&keys_path);
+    if !Command::new(bin).args(["gen-keys", "--out"]).arg(&keys_path).status()?.success() {
+        bail!("gen-keys failed");
+    }
+    let keys = KeyFile::parse(&std::fs::read_to_string(&keys_path)?)?;
+    let (data, control, ready) = (dir.join("d.sock"), dir.join("c.sock"), dir.join("ready"));
+    let child = Command::new(bin)
+        .args(["dataplane", "--listen", "127.0.0.1:0", "--cores", &core.to_string(), "--io", io, "--keys"])
+        .arg(&keys_path)
+        .arg("--data-socket")
+        .arg(&data)
+        .arg("--control-socket")
+        .arg(&control)
+        .arg("--ready-file")
+        .arg(&ready)
+        .env("DEMUX_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()?;
+    let mut d = Demux { child, dir, udp: "0.0.0.0:0".parse()?, data, control, keys };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(t) = std::fs::read_to_string(&ready) {
+            if let Some(a) = t.lines().find_map(|l| l.strip_prefix("udp ")) {
+                d.udp = a.parse()?;
+                return Ok(d);
+            }
+        }
+        if let Some(st) = d.child.try_wait()? {
+            bail!("demux exited: {st}");
+        }
+        if Instant::now() > deadline {
+            bail!("demux not ready");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn seqpacket_connect(path: &Path) -> Result<OwnedFd> {
+    // SAFETY: plain syscalls with checked results on a fresh socket.
+    unsafe {
+        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            bail!("socket: {}", std::io::Error::last_os_error());
+        }
+        let fd = OwnedFd::from_raw_fd(fd);
+        let mut sun: libc::sockaddr_un = zeroed();
+        sun.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        for (d, s) in sun.sun_path.iter_mut().zip(path.as_os_str().as_bytes()) {
+            *d = *s as libc::c_char;
+        }
+        let len = (size_of::<libc::sa_family_t>() + path.as_os_str().len() + 1) as libc::socklen_t;
+        if libc::connect(fd.as_raw_fd(), (&sun as *const libc::sockaddr_un).cast(), len) < 0 {
+            bail!("connect {}: {}", path.display(), std::io::Error::last_os_error());
+        }
+        Ok(fd)
+    }
+}
+
+fn send_rec(fd: RawFd, m: &Control) -> Result<()> {
+    let rec = encode_control(m);
+    // SAFETY: sends from a live buffer.
+    if unsafe { libc::send(fd, rec.as_ptr().cast(), rec.len(), libc::MSG_NOSIGNAL) } < 0 {
+        bail!("send: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn recv_rec(fd: RawFd, buf: &mut [u8]) -> Result<Control> {
+    // SAFETY: receives into a live buffer; fds passed along are not requested
+    // (no control buffer), so the kernel closes them.
+    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n <= 0 {
+        bail!("recv: {}", std::io::Error::last_os_error());
+    }
+    decode_control(&buf[..n as usize]).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+fn status(d: &Demux) -> Result<Value> {
+    let fd = seqpacket_connect(&d.control)?;
+    send_rec(fd.as_raw_fd(), &Control::StatusRequest)?;
+    let mut buf = vec![0u8; 128 * 1024];
+    match recv_rec(fd.as_raw_fd(), &mut buf)? {
+        Control::Status { json } => Ok(serde_json::from_str(&json)?),
+        other => bail!("unexpected {other:?}"),
+    }
+}
+
+fn pin(core: usize) {
+    let _ = core_affinity::set_for_current(core_affinity::CoreId { id: core });
+}
+
+/// A sink worker: DataHello, Ready, then recvmmsg everything and count it.
+fn sink(d: &Demux, id: u16, core: usize, stop: Arc<AtomicBool>, frames: Arc<AtomicU64>) -> Result<std::thread::JoinHandle<()>> {
+    let fd = seqpacket_connect(&d.data)?;
+    send_rec(fd.as_raw_fd(), &Control::DataHello { server_id: ServerId(id) })?;
+    let mut buf = vec![0u8; 4096];
+    match recv_rec(fd.as_raw_fd(), &mut buf)? {
+        Control::Sockets { .. } => {}
+        other => bail!("expected Sockets, got {other:?}"),
+    }
+    send_rec(fd.as_raw_fd(), &Control::Ready)?;
+    let tv = libc::timeval { tv_sec: 0, tv_usec: 100_000 };
+    // SAFETY: live timeval of the right size.
+    unsafe {
+        libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&tv as *const libc::timeval).cast(), size_of::<libc::timeval>() as u32)
+    };
+    Ok(std::thread::spawn(move || {
+        pin(core);
+        const N: usize = 64;
+        const LEN: usize = 65_536 + 64;
+        let mut data = vec![0u8; N * LEN];
+        let mut iovs: Vec<libc::iovec> =
+            (0..N).map(|i| libc::iovec { iov_base: data[i * LEN..].as_mut_ptr().cast(), iov_len: LEN }).collect();
+        // SAFETY: plain old data.
+        let mut msgs: Vec<libc::mmsghdr> = (0..N).map(|_| unsafe { zeroed() }).collect();
+        for (m, iov) in msgs.iter_mut().zip(iovs.iter_mut()) {
+            m.msg_hdr.msg_iov = iov;
+            m.msg_hdr.msg_iovlen = 1;
+        }
+        while !stop.load(Ordering::Relaxed) {
+            // SAFETY: msgs point at live buffers; MSG_WAITFORONE returns after one.
+            let r = unsafe {
+                libc::recvmmsg(fd.as_raw_fd(), msgs.as_mut_ptr(), N as u32, libc::MSG_WAITFORONE, std::ptr::null_mut())
+            };
+            if r > 0 {
+                frames.fetch_add(r as u64, Ordering::Relaxed);
+            } else if r == 0 {
+                return;
+            }
+        }
+    }))
+}
+
+/// CPU nanoseconds of every thread of `pid` (schedstat: time on CPU).
+fn cpu_ns(pid: u32) -> u64 {
+    let mut total = 0;
+    if let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in rd.flatten() {
+            if let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) {
+                total += s.split_whitespace().next().and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+            }
+        }
+    }
+    total
+}
+
+/// utime + stime of `pid` in seconds (/proc/<pid>/stat fields 14 and 15).
+fn stat_cpu_s(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = s.rsplit_once(')').map(|x| x.1).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // After the comm field: state is index 0, utime is field 14 → index 11.
+    let ut: f64 = f.get(11).and_then(|x| x.parse().ok()).unwrap_or(0.0);
+    let st: f64 = f.get(12).and_then(|x| x.parse().ok()).unwrap_or(0.0);
+    // SAFETY: sysconf is always safe.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (ut + st) / hz
+}
+
+fn forwarded(s: &Value) -> u64 {
+    s["instances"].as_array().map(|a| a.iter().map(|i| i["datagrams"].as_u64().unwrap_or(0)).sum()).unwrap_or(0)
+}
+
+fn g(s: &Value, p: &str) -> u64 {
+    s.pointer(p).and_then(Value::as_u64).unwrap_or(0)
+}
+
+struct Row {
+    io: String,
+    mode: &'static str,
+    sent: u64,
+    datagrams_in: u64,
+    fwd: u64,
+    drops_full: u64,
+    cpu_s: f64,
+    stat_cpu_s: f64,
+    wall_s: f64,
+    per_batch: f64,
+    per_sendmmsg: f64,
+}
+
+fn run_one(bin: &Path, io: &str, train: usize, o: &Opts) -> Result<Row> {
+    let d = start_demux(bin, io, o.shard_core)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let frames = Arc::new(AtomicU64::new(0));
+    let sinks: Vec<_> = (1..=SINKS).map(|id| sink(&d, id, o.load_core, stop.clone(), frames.clone())).collect::<Result<_>>()?;
+    // Wait for both sinks to be placeable.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status(&d)?["instances"].as_array().map(|a| a.iter().filter(|i| i["placeable"] == true).count()) != Some(SINKS as usize) {
+        if Instant::now() > deadline {
+            bail!("sinks not live");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Datagrams: short headers (RFC 9000 §17.3.1) for the sinks' CIDs, 1200 bytes.
+    let ks = d.keys.key_set().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let mut seed = 0x1234_5678_9abc_def0u64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    // 64 flows (source sockets), half to each sink: the kernel's reuseport and GRO
+    // see realistic 4-tuples; one shard receives all of them.
+    let flows = 64;
+    let mut payloads: Vec<Vec<u8>> = Vec::new();
+    for f in 0..flows {
+        let mut r = [0u8; 10];
+        r.iter_mut().for_each(|b| *b = rnd() as u8);
+        let cid = ks.encode(ServerId((f % usize::from(SINKS)) as u16 + 1), &r);
+        let mut buf = Vec::with_capacity(DATAGRAM * train);
+        for _ in 0..train {
+            let mut p = vec![0u8; DATAGRAM];
+            p.iter_mut().for_each(|b| *b = rnd() as u8);
+            p[0] = 0x40 | (p[0] & 0x3f);
+            p[1..13].copy_from_slice(&cid);
+            buf.extend_from_slice(&p);
+        }
+        payloads.push(buf);
+    }
+    let socks: Vec<UdpSocket> = (0..flows).map(|_| UdpSocket::bind("127.0.0.1:0")).collect::<std::io::Result<_>>()?;
+    for s in &socks {
+        s.connect(d.udp)?;
+        if train > 1 {
+            let seg: libc::c_int = DATAGRAM as libc::c_int;
+            // SAFETY: udp(7) UDP_SEGMENT with a live c_int.
+            let r = unsafe { libc::setsockopt(s.as_raw_fd(), libc::SOL_UDP, libc::UDP_SEGMENT, (&seg as *const libc::c_int).cast(), 4) };
+            if r != 0 {
+                bail!("UDP_SEGMENT: {}", std::io::Error::last_os_error());
+            }
+        }
+    }
+    let pid = d.child.id();
+    let secs = o.seconds;
+    let sent = Arc::new(AtomicU64::new(0));
+    let s0 = status(&d)?;
+    // BENCH_PERF=DIR: sample the data plane with `perf record -e cpu-clock -g` (no
+    // hardware counters needed) into DIR/<io>-<train>.perf.data.
+    let perf = match std::env::var("BENCH_PERF") {
+        Ok(dir) => Some(
+            Command::new("perf")
+                .args(["record", "-q", "-e", "cpu-clock", "-g", "-p", &pid.to_string(), "-o"])
+                .arg(format!("{dir}/{io}-{train}.perf.data"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("perf record")?,
+        ),
+        Err(_) => None,
+    };
+    let (cpu0, stat0, t0) = (cpu_ns(pid), stat_cpu_s(pid), Instant::now());
+    {
+        let sent = sent.clone();
+        let load_core = o.load_core;
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                pin(load_core);
+                let end = Instant::now() + Duration::from_secs_f64(secs);
+                let mut k = 0usize;
+                while Instant::now() < end {
+                    // One burst: a send on each of 8 flows.
+                    for _ in 0..8 {
+                        let f = k % flows;
+                        k += 1;
+                        if socks[f].send(&payloads[f]).is_ok() {
+                            sent.fetch_add(train as u64, Ordering::Relaxed);
+                        }
+                    }
+                }
+            });
+        });
+    }
+    // Let the data plane drain, then read its counters and CPU time.
+    std::thread::sleep(Duration::from_millis(300));
+    let (cpu1, stat1, wall) = (cpu_ns(pid), stat_cpu_s(pid), t0.elapsed().as_secs_f64());
+    let s1 = status(&d)?;
+    if let Some(mut p) = perf {
+        // SAFETY: SIGINT to the perf child we spawned, so it writes its file.
+        unsafe { libc::kill(p.id() as i32, libc::SIGINT) };
+        let _ = p.wait();
+    }
+    stop.store(true, Ordering::Relaxed);
+    drop(d);
+    for s in sinks {
+        let _ = s.join();
+    }
+    let fwd = forwarded(&s1) - forwarded(&s0);
+    let din = g(&s1, "/datagrams_in") - g(&s0, "/datagrams_in");
+    let batches = (g(&s1, "/batches") - g(&s0, "/batches")).max(1);
+    let calls = (g(&s1, "/sendmmsg_calls") - g(&s0, "/sendmmsg_calls")).max(1);
+    let receives = din / train as u64;
+    Ok(Row {
+        io: io.to_string(),
+        mode: if train > 1 { "GRO trains of 8" } else { "uncoalesced" },
+        sent: sent.load(Ordering::Relaxed),
+        datagrams_in: din,
+        fwd,
+        drops_full: g(&s1, "/drops/full") - g(&s0, "/drops/full"),
+        cpu_s: (cpu1 - cpu0) as f64 / 1e9,
+        stat_cpu_s: stat1 - stat0,
+        wall_s: wall,
+        per_batch: receives as f64 / batches as f64,
+        per_sendmmsg: receives as f64 / calls as f64,
+    })
+}
+
+pub fn main(args: &[String]) -> Result<()> {
+    let o = parse(args)?;
+    let bin = demux_bin()?;
+    let mut rows = Vec::new();
+    for io in &o.ios {
+        for train in [1usize, 8] {
+            let r = run_one(&bin, io, train, &o).with_context(|| format!("{io}, train {train}"))?;
+            eprintln!(
+                "{} {}: {:.3} µs CPU/datagram ({} forwarded)",
+                r.io,
+                r.mode,
+                r.cpu_s * 1e6 / r.fwd.max(1) as f64,
+                r.fwd
+            );
+            rows.push(r);
+        }
+    }
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("model name").map(|x| x.trim_start_matches([' ', '\t', ':']).to_string()))
+        .unwrap_or_default();
+    println!("Conditions: Linux {}, {} ({} cores), release build; demux: 1 shard on core {}, `--io <backend>`; sender ({} UDP flows, loopback) and {} sink workers on core {}; {:.0} s per run; 1200-byte datagrams (short headers for live server ids); load average at the end {}.",
+        kernel.trim(), cpu_model, std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0), o.shard_core, 64, SINKS, o.load_core, o.seconds, load.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
+    println!();
+    println!("| backend | datagrams | sent | received by demux | forwarded | dropped (worker full) | demux CPU s (schedstat / stat) | wall s | **CPU µs / forwarded datagram** | receives / batch | receives / sendmmsg |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {:.3} / {:.2} | {:.2} | **{:.3}** | {:.1} | {:.1} |",
+            r.io,
+            r.mode,
+            r.sent,
+            r.datagrams_in,
+            r.fwd,
+            r.drops_full,
+            r.cpu_s,
+            r.stat_cpu_s,
+            r.wall_s,
+            r.cpu_s * 1e6 / r.fwd.max(1) as f64,
+            r.per_batch,
+            r.per_sendmmsg
+        );
+    }
+    Ok(())
+}
