@@ -4,8 +4,10 @@
 //!                   --size 1200 --rate max --duration 10 --threads 2 --sources 64 [--gso 8]
 //! Latency: udpflood --latency --target 127.0.0.1:4433 --keys keys --server-ids 1,2 \
 //!                   --rate 1000 --duration 10 [--background-rate 200000] [--hgrm-out rtt.hgrm]
+//! HTTP/3:  udpflood --latency-h3 --url https://127.0.0.1:4433/bytes/0 --connections 8 --requests 1000
 
 mod flood;
+mod h3lat;
 mod hgrm;
 mod latency;
 mod packets;
@@ -47,7 +49,7 @@ fn parse_pps(s: &str) -> Result<f64, String> {
 struct Args {
     /// Where to send: ADDR:PORT on 127.0.0.0/8 or [::1].
     #[arg(long)]
-    target: SocketAddr,
+    target: Option<SocketAddr>,
     /// Datagram kind: initial, short, orphan, garbage or mix (6 short : 2 initial : 1 orphan : 1 garbage).
     #[arg(long, default_value = "short")]
     mode: Mode,
@@ -99,6 +101,28 @@ struct Args {
     /// Latency mode: milliseconds to wait for echoes after the last probe.
     #[arg(long, default_value_t = 1000)]
     drain_ms: u64,
+    /// HTTP/3 latency mode: requests over real QUIC connections (quinn + h3). The server
+    /// certificate is NOT verified (insecure, for benchmarks only).
+    #[arg(long)]
+    latency_h3: bool,
+    /// HTTP/3 latency mode: the URL to GET, e.g. https://127.0.0.1:4433/bytes/0 (loopback only).
+    #[arg(long, value_parser = h3lat::parse_url)]
+    url: Option<h3lat::Target>,
+    /// HTTP/3 latency mode: concurrent QUIC connections, each from its own source port.
+    #[arg(long, default_value_t = 1)]
+    connections: usize,
+    /// HTTP/3 latency mode: requests per connection, one after another.
+    #[arg(long, default_value_t = 100)]
+    requests: u64,
+    /// HTTP/3 latency mode: seconds one handshake or request may take.
+    #[arg(long, default_value = "5", value_parser = parse_secs)]
+    request_timeout: Duration,
+}
+
+impl Args {
+    fn target(&self) -> anyhow::Result<SocketAddr> {
+        self.target.context("--target ADDR:PORT is required")
+    }
 }
 
 fn load_keys(path: &Option<PathBuf>) -> anyhow::Result<Option<KeySet>> {
@@ -127,7 +151,7 @@ fn json_str(s: &str) -> String {
 fn run_flood(a: &Args, keys: Option<KeySet>, ids: Vec<ServerId>) -> anyhow::Result<()> {
     let threads = a.threads;
     let cfg = flood::Config {
-        target: a.target,
+        target: a.target()?,
         spec: packets::Spec { mode: a.mode, size: a.size, keys, server_ids: ids, fixed_size: a.gso.is_some() },
         rate: a.rate,
         duration: a.duration,
@@ -143,7 +167,7 @@ fn run_flood(a: &Args, keys: Option<KeySet>, ids: Vec<ServerId>) -> anyhow::Resu
         println!(
             "{{\"mode\":{},\"target\":{},\"size\":{},\"threads\":{},\"sources\":{},\"gso\":{},\"sent\":{},\"errors\":{},\"bytes\":{},\"elapsed_s\":{:.6},\"datagrams_per_s\":{:.1},\"last_error\":{}}}",
             json_str(a.mode.name()),
-            json_str(&a.target.to_string()),
+            json_str(&a.target()?.to_string()),
             a.size,
             cfg.threads,
             cfg.sources,
@@ -160,7 +184,7 @@ fn run_flood(a: &Args, keys: Option<KeySet>, ids: Vec<ServerId>) -> anyhow::Resu
             "udpflood: mode {} size {} -> {}: sent {} datagrams in {:.3} s = {:.0} datagrams/s ({:.1} MB/s), errors {}{}",
             a.mode.name(),
             a.size,
-            a.target,
+            cfg.target,
             s.sent,
             s.elapsed.as_secs_f64(),
             s.rate(),
@@ -182,7 +206,7 @@ fn run_latency(a: &Args, keys: Option<KeySet>, ids: Vec<ServerId>) -> anyhow::Re
         anyhow::bail!("--background-mode must be short or mix");
     }
     let cfg = latency::Config {
-        target: a.target,
+        target: a.target()?,
         keys,
         server_ids: ids,
         rate,
@@ -203,7 +227,7 @@ fn run_latency(a: &Args, keys: Option<KeySet>, ids: Vec<ServerId>) -> anyhow::Re
     if a.json {
         println!(
             "{{\"target\":{},\"rate\":{},\"size\":{},\"sent\":{},\"received\":{},\"lost\":{},\"duplicates\":{},\"send_errors\":{},\"ignored\":{},\"p50_us\":{:.3},\"p90_us\":{:.3},\"p99_us\":{:.3},\"p999_us\":{:.3},\"max_us\":{:.3},\"mean_us\":{:.3},\"elapsed_s\":{:.6},\"background_sent\":{}}}",
-            json_str(&a.target.to_string()),
+            json_str(&a.target()?.to_string()),
             rate,
             a.size,
             r.sent,
@@ -224,7 +248,7 @@ fn run_latency(a: &Args, keys: Option<KeySet>, ids: Vec<ServerId>) -> anyhow::Re
     } else {
         println!(
             "udpflood latency -> {}: probes sent {} received {} lost {} dup {} | RTT p50 {:.1} µs  p90 {:.1} µs  p99 {:.1} µs  p99.9 {:.1} µs  max {:.1} µs{}",
-            a.target,
+            cfg.target,
             r.sent,
             r.received,
             r.lost,
@@ -240,11 +264,81 @@ fn run_latency(a: &Args, keys: Option<KeySet>, ids: Vec<ServerId>) -> anyhow::Re
     Ok(())
 }
 
+fn us(h: &hdrhistogram::Histogram<u64>, q: f64) -> f64 {
+    if h.is_empty() {
+        0.0
+    } else if q >= 1.0 {
+        h.max() as f64 / 1000.0
+    } else {
+        h.value_at_quantile(q) as f64 / 1000.0
+    }
+}
+
+fn run_h3(a: &Args) -> anyhow::Result<()> {
+    let target = a.url.clone().context("--latency-h3 needs --url https://127.0.0.1:PORT/PATH")?;
+    let cfg = h3lat::Config {
+        target,
+        connections: a.connections,
+        requests: a.requests,
+        duration: a.duration,
+        timeout: a.request_timeout,
+    };
+    let r = h3lat::run(&cfg)?;
+    if let Some(p) = &a.hgrm_out {
+        std::fs::write(p, hgrm::percentile_distribution(&r.hist, 5, 1000.0))
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    let h = &r.hist;
+    if a.json {
+        println!(
+            "{{\"url\":{},\"connections_ok\":{},\"connections_failed\":{},\"requests_ok\":{},\"requests_failed\":{},\"p50_us\":{:.3},\"p90_us\":{:.3},\"p99_us\":{:.3},\"p999_us\":{:.3},\"max_us\":{:.3},\"handshake_p50_us\":{:.3},\"handshake_max_us\":{:.3},\"elapsed_s\":{:.6},\"requests_per_s\":{:.1},\"last_error\":{}}}",
+            json_str(&cfg.target.uri.to_string()),
+            r.connections_ok,
+            r.connections_failed,
+            r.requests_ok,
+            r.requests_failed,
+            us(h, 0.5),
+            us(h, 0.9),
+            us(h, 0.99),
+            us(h, 0.999),
+            us(h, 1.0),
+            us(&r.handshake, 0.5),
+            us(&r.handshake, 1.0),
+            r.elapsed.as_secs_f64(),
+            r.requests_ok as f64 / r.elapsed.as_secs_f64().max(1e-9),
+            r.last_error.as_deref().map_or("null".to_string(), json_str)
+        );
+    } else {
+        println!(
+            "udpflood h3 latency -> {}: connections {} ok {} failed | requests {} ok {} failed | p50 {:.1} µs  p90 {:.1} µs  p99 {:.1} µs  p99.9 {:.1} µs  max {:.1} µs | handshake p50 {:.1} µs max {:.1} µs{}",
+            cfg.target.uri,
+            r.connections_ok,
+            r.connections_failed,
+            r.requests_ok,
+            r.requests_failed,
+            us(h, 0.5),
+            us(h, 0.9),
+            us(h, 0.99),
+            us(h, 0.999),
+            us(h, 1.0),
+            us(&r.handshake, 0.5),
+            us(&r.handshake, 1.0),
+            r.last_error.map(|e| format!(" (last error: {e})")).unwrap_or_default()
+        );
+    }
+    if r.requests_ok == 0 {
+        anyhow::bail!("no request succeeded");
+    }
+    Ok(())
+}
+
 fn real_main() -> anyhow::Result<()> {
     let a = Args::parse();
     let keys = load_keys(&a.keys)?;
     let ids = a.server_ids.clone().map(|i| i.0).unwrap_or_default();
-    if a.latency {
+    if a.latency_h3 {
+        run_h3(&a)
+    } else if a.latency {
         run_latency(&a, keys, ids)
     } else {
         run_flood(&a, keys, ids)
