@@ -154,18 +154,15 @@ async fn serve_h3(conn: quinn::Connection, ctx: Arc<Ctx>) -> anyhow::Result<()> 
         h3::server::builder().build(h3_quinn::Connection::new(conn.clone())).await?;
     let mut reqs = JoinSet::new();
     let mut goaway = false;
-    let mut quiet_since = None::<tokio::time::Instant>;
     loop {
-        let grace = quiet_since.map(|t| t + drain_grace(&conn));
         let ev = tokio::select! {
             r = h3c.accept() => Ev::Accept(r),
             _ = ctx.drain.started(), if !goaway => Ev::Drain,
             Some(_) = reqs.join_next(), if !reqs.is_empty() => Ev::RequestDone,
-            _ = sleep_until(grace), if goaway && reqs.is_empty() => Ev::Idle,
+            _ = delivered(&conn), if goaway && reqs.is_empty() => Ev::Idle,
         };
         match ev {
             Ev::Accept(Ok(Some(resolver))) => {
-                quiet_since = None;
                 ctx.stats.requests.fetch_add(1, Ordering::Relaxed);
                 let ctx = Arc::clone(&ctx);
                 reqs.spawn(async move {
@@ -194,15 +191,8 @@ async fn serve_h3(conn: quinn::Connection, ctx: Arc<Ctx>) -> anyhow::Result<()> 
                 // streams beyond with H3_REQUEST_REJECTED, which clients retry elsewhere.
                 goaway = true;
                 h3c.shutdown(1).await?;
-                if reqs.is_empty() {
-                    quiet_since = Some(tokio::time::Instant::now());
-                }
             }
-            Ev::RequestDone => {
-                if goaway && reqs.is_empty() {
-                    quiet_since = Some(tokio::time::Instant::now());
-                }
-            }
+            Ev::RequestDone => {}
             Ev::Idle => break,
         }
     }
@@ -212,16 +202,31 @@ async fn serve_h3(conn: quinn::Connection, ctx: Arc<Ctx>) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// How long a draining connection stays open after its last request finished, for
-/// requests the client sent before it saw GOAWAY: two RTTs, at least 50 ms.
-fn drain_grace(conn: &quinn::Connection) -> Duration {
-    (conn.rtt() * 2).max(Duration::from_millis(50)).min(Duration::from_secs(2))
-}
-
-async fn sleep_until(t: Option<tokio::time::Instant>) {
-    match t {
-        Some(t) => tokio::time::sleep_until(t).await,
-        None => std::future::pending().await,
+/// Resolves once the peer closed the connection, or once this side has sent nothing
+/// for a while (4 RTTs, at least 250 ms). A finished response is only queued, not
+/// delivered: quinn keeps (re)transmitting until every byte is acknowledged (RFC
+/// 9002), so a silent sender means the peer has everything, and closing now
+/// (CONNECTION_CLOSE abandons unacknowledged stream data, RFC 9000 §10.2) loses
+/// nothing. It also leaves room for requests sent before the peer saw GOAWAY.
+async fn delivered(conn: &quinn::Connection) {
+    const STEP: Duration = Duration::from_millis(20);
+    let mut last = conn.stats().udp_tx.datagrams;
+    let mut quiet = Duration::ZERO;
+    loop {
+        tokio::select! {
+            _ = conn.closed() => return,
+            _ = tokio::time::sleep(STEP) => {}
+        }
+        let now = conn.stats().udp_tx.datagrams;
+        if now == last {
+            quiet += STEP;
+        } else {
+            quiet = Duration::ZERO;
+            last = now;
+        }
+        if quiet >= (conn.rtt() * 4).max(Duration::from_millis(250)) {
+            return;
+        }
     }
 }
 
