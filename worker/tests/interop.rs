@@ -1,0 +1,138 @@
+//! Interop through the real demux with clients nobody here wrote: ngtcp2's
+//! `gtlsclient` (Debian ngtcp2-client) and aioquic (PyPI), each fetching 1 MiB over
+//! HTTP/3; gtlsclient also migrating (--change-local-addr, with path validation)
+//! and NAT-rebinding (--nat-rebinding, no path validation). Tests skip only when the
+//! tool is missing and CI is unset.
+
+mod common;
+
+use common::*;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const MIB: u64 = 1 << 20;
+
+fn tool_exists(cmd: &str, args: &[&str]) -> bool {
+    Command::new(cmd).args(args).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok()
+}
+
+fn setup(tag: &str) -> (Demux, Vec<Worker>) {
+    let d = Demux::start(tag);
+    let c = cert(&d.dir);
+    let w = (1..=2).map(|id| Worker::start(&d, &c, id, &[])).collect();
+    d.wait_instances("2 placeable", |i| i.iter().filter(|x| x.1).count() == 2);
+    (d, w)
+}
+
+/// Runs gtlsclient for `/bytes/1048576` with `extra` flags and checks the
+/// downloaded file: exact size and the server's byte pattern.
+fn gtlsclient_get(d: &Demux, extra: &[&str]) {
+    let dl = d.dir.join(format!("dl-{}", extra.join("").replace(['-', '=', '/'], "")));
+    std::fs::create_dir_all(&dl).expect("download dir");
+    let port = d.addr.port().to_string();
+    let url = format!("https://localhost:{port}/bytes/{MIB}");
+    let mut cmd = Command::new("gtlsclient");
+    cmd.args(["-q", "--exit-on-all-streams-close", "--timeout=15s"])
+        .arg(format!("--download={}", dl.display()))
+        .args(extra)
+        .args(["127.0.0.1", &port, &url])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let out = run_with_timeout(cmd, Duration::from_secs(40));
+    let file = dl.join(MIB.to_string());
+    let body = std::fs::read(&file).unwrap_or_default();
+    assert!(
+        out.0 && body.len() as u64 == MIB,
+        "gtlsclient {extra:?}: exit ok={} got {} bytes; stderr: {}",
+        out.0,
+        body.len(),
+        out.1
+    );
+    assert!(body.iter().enumerate().all(|(i, b)| *b == i as u8), "body pattern");
+}
+
+fn run_with_timeout(mut cmd: Command, t: Duration) -> (bool, String) {
+    let mut child = cmd.spawn().expect("spawn client");
+    let deadline = std::time::Instant::now() + t;
+    loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            return (st.success(), err.chars().rev().take(3000).collect::<String>().chars().rev().collect());
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return (false, format!("timed out after {t:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn gtlsclient_gets_1_mib() {
+    if !have_tool(tool_exists("gtlsclient", &["--help"]), "gtlsclient (ngtcp2-client)") {
+        return;
+    }
+    let (d, _w) = setup("gtls");
+    gtlsclient_get(&d, &[]);
+}
+
+/// Active migration (RFC 9000 §9.2): the client moves to a new local port 50 ms
+/// into the download and validates the new path; the demux routes by CID.
+#[test]
+fn gtlsclient_change_local_addr() {
+    if !have_tool(tool_exists("gtlsclient", &["--help"]), "gtlsclient (ngtcp2-client)") {
+        return;
+    }
+    let (d, _w) = setup("gtlsmig");
+    gtlsclient_get(&d, &["--change-local-addr=50ms"]);
+    assert_eq!(d.reason("Orphan"), 0);
+}
+
+/// NAT rebinding (RFC 9000 §9.3): the client's port changes without any path
+/// validation on its side. The request is delayed until after the rebinding: quinn
+/// 0.11 migrates on the first non-probing packet from the new address, and
+/// gtlsclient's simulation ignores everything arriving on the old port, so a
+/// rebinding in the middle of a pure download leaves it sending only probing
+/// frames, which quinn never follows (a quinn limitation, docs/worker.md).
+#[test]
+fn gtlsclient_nat_rebinding() {
+    if !have_tool(tool_exists("gtlsclient", &["--help"]), "gtlsclient (ngtcp2-client)") {
+        return;
+    }
+    let (d, _w) = setup("gtlsnat");
+    gtlsclient_get(&d, &["--change-local-addr=50ms", "--nat-rebinding", "--delay-stream=300ms"]);
+    assert_eq!(d.reason("Orphan"), 0);
+}
+
+#[test]
+fn aioquic_gets_1_mib() {
+    let have = Command::new("python3")
+        .args(["-c", "import aioquic"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !have_tool(have, "aioquic (pip install aioquic)") {
+        return;
+    }
+    let (d, _w) = setup("aioquic");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/aioquic_h3_get.py");
+    let mut cmd = Command::new("python3");
+    cmd.arg(&script)
+        .args(["127.0.0.1", &d.addr.port().to_string(), &format!("/bytes/{MIB}")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = cmd.spawn().expect("spawn python3");
+    let out = child.wait_with_output().expect("aioquic client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains(&format!("status=200 bytes={MIB} ")) && stdout.contains("ok=True"),
+        "aioquic: {stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
