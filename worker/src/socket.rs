@@ -251,3 +251,187 @@ impl UdpPoller for Poller {
         r
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datasock::{handshake_on, HandshakeError};
+    use proto::wire::{encode_control, encode_frame, Control, FrameMeta};
+    use proto::ServerId;
+    use std::os::fd::{AsFd, OwnedFd};
+    use std::time::Duration;
+
+    /// The data plane's end of a handshake: reads DataHello, answers `reply` with `fds`.
+    fn fake_plane(plane: OwnedFd, reply: Control, fds: Vec<OwnedFd>) -> std::thread::JoinHandle<(OwnedFd, Control)> {
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 256];
+            let r = fdpass::recv_record(plane.as_fd(), &mut buf, 0).unwrap();
+            let hello = proto::wire::decode_control(&buf[..r.len]).unwrap();
+            let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+            fdpass::send_record(plane.as_fd(), &encode_control(&reply), &borrowed, 0).unwrap();
+            (plane, hello)
+        })
+    }
+
+    fn udp_pair() -> (std::net::UdpSocket, SocketAddr, OwnedFd) {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let a = s.local_addr().unwrap();
+        let fd: OwnedFd = s.try_clone().unwrap().into();
+        (s, a, fd)
+    }
+
+    #[test]
+    fn handshake_success_refusal_and_mismatch() {
+        let (w, p) = fdpass::seqpacket_pair().unwrap();
+        let (_s, addr, fd) = udp_pair();
+        let t = fake_plane(p, Control::Sockets { addrs: vec![addr] }, vec![fd]);
+        let h = handshake_on(w, ServerId(42), Duration::from_secs(5)).unwrap();
+        let (_p, hello) = t.join().unwrap();
+        assert_eq!(hello, Control::DataHello { server_id: ServerId(42) });
+        assert_eq!(h.sockets.len(), 1);
+        assert_eq!(h.sockets[0].addr, addr);
+
+        let (w, p) = fdpass::seqpacket_pair().unwrap();
+        let t = fake_plane(p, Control::Error { reason: "server id 42 is taken".into() }, vec![]);
+        match handshake_on(w, ServerId(42), Duration::from_secs(5)) {
+            Err(HandshakeError::Refused(r)) => assert!(r.contains("taken")),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        drop(t.join());
+
+        let (w, p) = fdpass::seqpacket_pair().unwrap();
+        let (_s, addr, _fd) = udp_pair();
+        let t = fake_plane(p, Control::Sockets { addrs: vec![addr] }, vec![]);
+        assert!(matches!(handshake_on(w, ServerId(1), Duration::from_secs(5)), Err(HandshakeError::Protocol(_))));
+        drop(t.join());
+
+        let (w, p) = fdpass::seqpacket_pair().unwrap();
+        drop(p);
+        assert!(handshake_on(w, ServerId(1), Duration::from_secs(5)).is_err());
+    }
+
+    #[tokio::test]
+    async fn receive_side_fills_recv_meta_and_drops_the_rest() {
+        let (w, plane) = fdpass::seqpacket_pair().unwrap();
+        let (_s, _addr, fd) = udp_pair();
+        let data = DataConn::new(w, ServerId(3), None).unwrap();
+        let sock = DemuxSocket::new(Arc::clone(&data), vec![SharedSocketFd { addr: _addr, fd }]).unwrap();
+        let client: SocketAddr = "192.0.2.7:4433".parse().unwrap();
+        let local: SocketAddr = "198.51.100.1:443".parse().unwrap();
+        let send = |rec: &[u8]| {
+            fdpass::send_record(plane.as_fd(), rec, &[], 0).unwrap();
+        };
+        // 1: control record (never reaches quinn)
+        send(&encode_control(&Control::Error { reason: "note".into() }));
+        // 2: one datagram with local address and ECN CE
+        send(&encode_frame(&FrameMeta { client, local: Some(local), ecn: 3, segment_size: None }, &[0x40; 100]));
+        // 3: malformed: frame magic but truncated header
+        send(&[0xd7, 1, 0]);
+        // 4: garbage first byte
+        send(&[0x00; 60]);
+        // 5: a GRO train of 3 × 1200 + 500
+        let train: Vec<u8> = (0..4100u32).map(|i| i as u8).collect();
+        send(&encode_frame(&FrameMeta { client, local: None, ecn: 0, segment_size: Some(1200) }, &train));
+
+        let mut store = vec![0u8; 8 * 70_000];
+        let mut bufs: Vec<IoSliceMut<'_>> = store.chunks_mut(70_000).map(IoSliceMut::new).collect();
+        let mut meta = [RecvMeta::default(); 8];
+        let n = tokio::time::timeout(
+            Duration::from_secs(2),
+            std::future::poll_fn(|cx| sock.poll_recv(cx, &mut bufs, &mut meta)),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(n, 2, "two datagrams, compacted to the front");
+        assert_eq!((meta[0].addr, meta[0].len, meta[0].stride), (client, 100, 100));
+        assert_eq!(meta[0].dst_ip, Some(local.ip()));
+        assert_eq!(meta[0].ecn, Some(EcnCodepoint::Ce));
+        assert_eq!(&bufs[0][..100], &[0x40; 100][..]);
+        assert_eq!((meta[1].len, meta[1].stride, meta[1].dst_ip, meta[1].ecn), (4100, 1200, None, None));
+        assert_eq!(&bufs[1][..4100], &train[..]);
+        assert_eq!(data.stats.control.load(Ordering::Relaxed), 1);
+        assert_eq!(data.stats.malformed.load(Ordering::Relaxed), 2);
+        assert_eq!(data.stats.frames.load(Ordering::Relaxed), 2);
+
+        // The data plane goes away: no error reaches quinn, the socket just waits.
+        drop(plane);
+        let r = tokio::time::timeout(
+            Duration::from_millis(200),
+            std::future::poll_fn(|cx| sock.poll_recv(cx, &mut bufs, &mut meta)),
+        )
+        .await;
+        assert!(r.is_err(), "pending while disconnected");
+        assert!(!data.is_connected());
+        assert_eq!(data.stats.disconnects.load(Ordering::Relaxed), 1);
+        assert!(!sock.may_fragment());
+        assert_eq!(sock.max_receive_segments(), RECEIVE_SEGMENTS);
+        assert!(RECEIVE_SEGMENTS * 1200 >= proto::wire::MAX_PAYLOAD);
+    }
+
+    #[tokio::test]
+    async fn lifecycle_messages_go_out_on_the_data_connection() {
+        let (w, plane) = fdpass::seqpacket_pair().unwrap();
+        let data = DataConn::new(w, ServerId(3), None).unwrap();
+        data.ready().await.unwrap();
+        data.draining().await.unwrap();
+        data.ready().await.unwrap(); // ignored once draining
+        let mut buf = [0u8; 64];
+        let mut got = Vec::new();
+        while let Ok(r) = fdpass::recv_record(plane.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
+            got.push(proto::wire::decode_control(&buf[..r.len]).unwrap());
+        }
+        assert_eq!(got, vec![Control::Ready, Control::Draining]);
+        assert!(data.is_draining());
+    }
+
+    /// A restarted data plane: the worker reconnects, repeats the handshake, resends
+    /// Ready, and frames flow again on the new connection.
+    #[tokio::test]
+    async fn reconnects_and_re_registers_after_the_data_plane_restarts() {
+        let dir = std::env::temp_dir().join(format!("wk-reconnect-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("d.sock");
+        let listener = fdpass::seqpacket_listen(&path).unwrap();
+        let (_s, addr, _fd) = udp_pair();
+        let plane = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            for round in 0..2 {
+                let c = fdpass::seqpacket_accept(listener.as_fd()).unwrap();
+                let mut buf = [0u8; 256];
+                let r = fdpass::recv_record(c.as_fd(), &mut buf, 0).unwrap();
+                seen.push(proto::wire::decode_control(&buf[..r.len]).unwrap());
+                let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+                fdpass::send_record(c.as_fd(), &encode_control(&Control::Sockets { addrs: vec![addr] }), &[udp.as_fd()], 0).unwrap();
+                let r = fdpass::recv_record(c.as_fd(), &mut buf, 0).unwrap();
+                seen.push(proto::wire::decode_control(&buf[..r.len]).unwrap());
+                if round == 1 {
+                    let f = encode_frame(&FrameMeta { client: addr, local: None, ecn: 0, segment_size: None }, b"after");
+                    fdpass::send_record(c.as_fd(), &f, &[], 0).unwrap();
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                // Round 0: dropping `c` is the data plane dying.
+            }
+            seen
+        });
+        let sock = crate::connect_socket(&path, ServerId(11)).await.unwrap();
+        sock.data().ready().await.unwrap();
+        let mut store = vec![0u8; 4 * 70_000];
+        let mut bufs: Vec<IoSliceMut<'_>> = store.chunks_mut(70_000).map(IoSliceMut::new).collect();
+        let mut meta = [RecvMeta::default(); 4];
+        let n = tokio::time::timeout(
+            Duration::from_secs(10),
+            std::future::poll_fn(|cx| sock.poll_recv(cx, &mut bufs, &mut meta)),
+        )
+        .await
+        .expect("a frame after reconnecting")
+        .unwrap();
+        assert_eq!((n, &bufs[0][..meta[0].len]), (1, &b"after"[..]));
+        let seen = tokio::task::spawn_blocking(move || plane.join().unwrap()).await.unwrap();
+        let hello = Control::DataHello { server_id: ServerId(11) };
+        assert_eq!(seen, vec![hello.clone(), Control::Ready, hello, Control::Ready]);
+        assert_eq!(sock.data().stats.reconnects.load(Ordering::Relaxed), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
