@@ -366,7 +366,7 @@ mod tests {
         assert_eq!(data.stats.disconnects.load(Ordering::Relaxed), 1);
         assert!(!sock.may_fragment());
         assert_eq!(sock.max_receive_segments(), RECEIVE_SEGMENTS);
-        assert!(RECEIVE_SEGMENTS * 1200 >= proto::wire::MAX_PAYLOAD);
+        const { assert!(RECEIVE_SEGMENTS * 1200 >= proto::wire::MAX_PAYLOAD) };
     }
 
     #[tokio::test]

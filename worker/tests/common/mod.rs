@@ -260,7 +260,7 @@ impl Drop for Worker {
 // ---------------------------------------------------------------------------------
 
 pub fn client_endpoint(c: &Cert) -> quinn::Endpoint {
-    let crypto = worker::tls::client_crypto(&[c.der.clone()], &[b"h3"]).expect("client crypto");
+    let crypto = worker::tls::client_crypto(std::slice::from_ref(&c.der), &[b"h3"]).expect("client crypto");
     let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
     let mut t = quinn::TransportConfig::default();
     t.max_idle_timeout(Some(quinn::IdleTimeout::from(quinn::VarInt::from_u32(30_000))));
