@@ -4,7 +4,8 @@
 Usage: aioquic_h3_get.py HOST PORT PATH
 Prints one line `status=<code> bytes=<n> server_id=<id> ok=<pattern ok>` and exits 0
 when the response is complete (status 200, body length == content-length).
-The body of /bytes/N is checked against the server's pattern (byte i == i % 256).
+The body of /bytes/N is checked against the server's pattern (byte i == i % 256);
+other paths report ok=False (no pattern to check).
 """
 import asyncio
 import ssl
@@ -27,6 +28,7 @@ class H3Client(QuicConnectionProtocol):
         self.pattern_ok = True
 
     def get(self, authority, path):
+        self.pattern_ok = path.startswith("/bytes/")
         sid = self._quic.get_next_available_stream_id()
         self.h3.send_headers(
             stream_id=sid,

@@ -1,0 +1,127 @@
+//! The library used directly (your own quinn server behind the demux, as in
+//! docs/worker.md), and the binary's static files and HTTP/0.9 (`hq-interop`).
+
+mod common;
+
+use common::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
+}
+
+/// `worker::attach` + an ordinary quinn echo server, in this process, behind the
+/// real demux: a raw QUIC client (ALPN "echo") gets its bytes back, the data plane
+/// sees the instance placeable after `ready()` and unplaceable after `draining()`,
+/// and gone after `close()`.
+#[test]
+fn own_quinn_server_behind_the_demux() {
+    let d = Demux::start("lib");
+    let c = cert(&d.dir);
+    rt().block_on(async {
+        let secrets = worker::Secrets::load(&d.keys_path).expect("keys");
+        let id = worker::tls::Identity::load_pem(&c.cert, &c.key).expect("identity");
+        let sc = quinn::ServerConfig::with_crypto(worker::tls::server_crypto(id, &[b"echo"]).expect("crypto"));
+        let att = worker::attach(&d.data, proto::ServerId(77), &secrets, sc).await.expect("attach");
+        let data = Arc::clone(att.socket.data());
+        let ep = att.endpoint.clone();
+        let server = tokio::spawn(async move {
+            while let Some(incoming) = ep.accept().await {
+                tokio::spawn(async move {
+                    let Ok(conn) = incoming.await else { return };
+                    while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                        tokio::spawn(async move {
+                            if let Ok(data) = recv.read_to_end(1 << 20).await {
+                                let _ = send.write_all(&data).await;
+                                let _ = send.finish();
+                                let _ = send.stopped().await;
+                            }
+                        });
+                    }
+                });
+            }
+        });
+        data.ready().await.expect("ready");
+        let dd = &d;
+        tokio::task::block_in_place(|| dd.wait_instances("77 placeable", |i| i.iter().any(|x| x.0 == 77 && x.1)));
+
+        let crypto = worker::tls::client_crypto(std::slice::from_ref(&c.der), &[b"echo"]).expect("client crypto");
+        let mut client = quinn::Endpoint::client("127.0.0.1:0".parse().expect("addr")).expect("client");
+        client.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
+        let conn = client.connect(d.addr, "localhost").expect("connect").await.expect("handshake");
+        for size in [1usize, 1000, 300_000] {
+            let msg: Vec<u8> = (0..size).map(|i| (i * 7) as u8).collect();
+            let (mut s, mut r) = conn.open_bi().await.expect("open");
+            s.write_all(&msg).await.expect("write");
+            s.finish().expect("finish");
+            let back = r.read_to_end(1 << 20).await.expect("read");
+            assert_eq!(back, msg);
+        }
+        // Everything arrived through the data connection.
+        let stats = att.socket.data().stats.frames.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(stats > 0);
+        conn.close(0u32.into(), b"");
+
+        data.draining().await.expect("draining");
+        tokio::task::block_in_place(|| dd.wait_instances("77 unplaceable", |i| i.iter().any(|x| x.0 == 77 && !x.1)));
+        data.close();
+        tokio::task::block_in_place(|| dd.wait_instances("77 gone", |i| i.iter().all(|x| x.0 != 77)));
+        server.abort();
+        client.wait_idle().await;
+    });
+}
+
+/// Static files from --root over HTTP/3 (and no escaping it), /health, HEAD, 405.
+#[test]
+fn static_files_health_and_methods() {
+    let d = Demux::start("static");
+    let c = cert(&d.dir);
+    let root = d.dir.join("www");
+    std::fs::create_dir_all(root.join("sub")).expect("root");
+    let file: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(root.join("sub/file.bin"), &file).expect("file");
+    std::fs::write(d.dir.join("secret"), b"secret").expect("secret");
+    let root_s = root.to_string_lossy().to_string();
+    let _w = Worker::start(&d, &c, 5, &["--root", &root_s]);
+    d.wait_instances("placeable", |i| i.iter().any(|x| x.1));
+    rt().block_on(async {
+        let ep = client_endpoint(&c);
+        let mut h = H3::connect(&ep, d.addr).await.expect("connect");
+        let r = h.get("/sub/file.bin").await.expect("file");
+        assert_eq!((r.status, r.len, r.server_id), (200, file.len() as u64, 5));
+        for bad in ["/../secret", "/sub/../../secret", "/nope"] {
+            let r = h.get(bad).await.expect("response");
+            assert!(r.status == 403 || r.status == 404, "{bad}: {}", r.status);
+        }
+        let r = h.get("/health").await.expect("health");
+        assert_eq!(r.status, 200);
+        let r = h.get("/bytes/notanumber").await.expect("bad N");
+        assert_eq!(r.status, 400);
+        h.close();
+        ep.wait_idle().await;
+    });
+}
+
+/// HTTP/0.9 over QUIC (ALPN hq-interop), as the QUIC interop runner uses it.
+#[test]
+fn hq_interop_get() {
+    let d = Demux::start("hq");
+    let c = cert(&d.dir);
+    let _w = Worker::start(&d, &c, 6, &[]);
+    d.wait_instances("placeable", |i| i.iter().any(|x| x.1));
+    rt().block_on(async {
+        let crypto = worker::tls::client_crypto(std::slice::from_ref(&c.der), &[b"hq-interop"]).expect("crypto");
+        let mut client = quinn::Endpoint::client("127.0.0.1:0".parse().expect("addr")).expect("client");
+        client.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
+        let conn = client.connect(d.addr, "localhost").expect("connect").await.expect("handshake");
+        let (mut s, mut r) = conn.open_bi().await.expect("open");
+        s.write_all(b"GET /bytes/100000\r\n").await.expect("write");
+        s.finish().expect("finish");
+        let body = tokio::time::timeout(Duration::from_secs(10), r.read_to_end(1 << 20)).await.expect("in time").expect("read");
+        assert_eq!(body.len(), 100_000);
+        assert!(body.iter().enumerate().all(|(i, b)| *b == i as u8));
+        conn.close(0u32.into(), b"");
+        client.wait_idle().await;
+    });
+}
