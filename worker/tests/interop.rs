@@ -28,10 +28,14 @@ fn setup(tag: &str) -> (Demux, Vec<Worker>) {
 /// Runs gtlsclient for `/bytes/1048576` with `extra` flags and checks the
 /// downloaded file: exact size and the server's byte pattern.
 fn gtlsclient_get(d: &Demux, extra: &[&str]) {
+    gtlsclient_get_n(d, MIB, extra, Duration::from_secs(40));
+}
+
+fn gtlsclient_get_n(d: &Demux, n: u64, extra: &[&str], timeout: Duration) {
     let dl = d.dir.join(format!("dl-{}", extra.join("").replace(['-', '=', '/'], "")));
     std::fs::create_dir_all(&dl).expect("download dir");
     let port = d.addr.port().to_string();
-    let url = format!("https://localhost:{port}/bytes/{MIB}");
+    let url = format!("https://localhost:{port}/bytes/{n}");
     let mut cmd = Command::new("gtlsclient");
     cmd.args(["-q", "--exit-on-all-streams-close", "--timeout=15s"])
         .arg(format!("--download={}", dl.display()))
@@ -39,17 +43,37 @@ fn gtlsclient_get(d: &Demux, extra: &[&str]) {
         .args(["127.0.0.1", &port, &url])
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    let out = run_with_timeout(cmd, Duration::from_secs(40));
-    let file = dl.join(MIB.to_string());
-    let body = std::fs::read(&file).unwrap_or_default();
-    assert!(
-        out.0 && body.len() as u64 == MIB,
-        "gtlsclient {extra:?}: exit ok={} got {} bytes; stderr: {}",
-        out.0,
-        body.len(),
-        out.1
-    );
-    assert!(body.iter().enumerate().all(|(i, b)| *b == i as u8), "body pattern");
+    let out = run_with_timeout(cmd, timeout);
+    let file = dl.join(n.to_string());
+    let (len, pattern_ok) = check_pattern(&file);
+    let _ = std::fs::remove_file(&file);
+    assert!(out.0 && len == n, "gtlsclient {extra:?}: exit ok={} got {len} bytes; stderr: {}", out.0, out.1);
+    assert!(pattern_ok, "body pattern");
+}
+
+/// (length, whether byte i == i mod 256 throughout), reading 64 KiB at a time.
+fn check_pattern(file: &Path) -> (u64, bool) {
+    use std::io::Read;
+    let pattern: Vec<u8> = (0..65536usize).map(|i| i as u8).collect();
+    let Ok(mut f) = std::fs::File::open(file) else { return (0, false) };
+    let mut buf = vec![0u8; 65536];
+    let (mut len, mut ok) = (0u64, true);
+    loop {
+        // Fill whole chunks so every chunk starts at a multiple of 65536.
+        let mut got = 0;
+        while got < buf.len() {
+            match f.read(&mut buf[got..]) {
+                Ok(0) => break,
+                Ok(k) => got += k,
+                Err(_) => return (len, false),
+            }
+        }
+        if got == 0 {
+            return (len, ok);
+        }
+        ok &= buf[..got] == pattern[..got];
+        len += got as u64;
+    }
 }
 
 fn run_with_timeout(mut cmd: Command, t: Duration) -> (bool, String) {
@@ -79,6 +103,16 @@ fn gtlsclient_gets_1_mib() {
     }
     let (d, _w) = setup("gtls");
     gtlsclient_get(&d, &[]);
+}
+
+/// `/bytes/N` streams without holding N in memory: 1 GiB arrives complete.
+#[test]
+fn gtlsclient_gets_1_gib() {
+    if !have_tool(tool_exists("gtlsclient", &["--help"]), "gtlsclient (ngtcp2-client)") {
+        return;
+    }
+    let (d, _w) = setup("gtlsgib");
+    gtlsclient_get_n(&d, 1 << 30, &[], Duration::from_secs(150));
 }
 
 /// Active migration (RFC 9000 §9.2): the client moves to a new local port 50 ms
