@@ -10,6 +10,7 @@
 //!   lifecycle (`Ready`, `Draining`), with reconnection.
 //! - [`cid_gen::AdrCidGenerator`]: ADR-0040 connection IDs.
 //! - [`secrets::Secrets`]: shared reset and token keys, `grease_quic_bit(false)`.
+//! - [`control`]: registration with the controller (server id, keys, rotations).
 //! - [`h3_server`], [`drain`], [`echo`], [`tls`]: the `worker` binary's HTTP/3 server.
 //!
 //! Minimal use (see docs/worker.md):
@@ -26,6 +27,7 @@
 //! ```
 
 pub mod cid_gen;
+pub mod control;
 pub mod datasock;
 pub mod drain;
 pub mod echo;

@@ -125,3 +125,63 @@ fn hq_interop_get() {
         client.wait_idle().await;
     });
 }
+
+/// `--server-id-from-controller`: the worker says Hello, takes its server id and
+/// every secret from Assign (an in-test controller here; the real one is issue #5),
+/// serves through the demux under that id, and reports Ready and Draining to the
+/// controller as well as to the data plane.
+#[test]
+fn registers_with_a_controller() {
+    use proto::wire::{decode_control, encode_control, Control, Role};
+    use std::os::fd::AsFd;
+    use worker::fdpass;
+    let d = Demux::start("ctl");
+    let c = cert(&d.dir);
+    let ctl_path = d.dir.join("ctl.sock");
+    let listener = fdpass::seqpacket_listen(&ctl_path).expect("listen");
+    let keys = d.keys.clone();
+    let controller = std::thread::spawn(move || {
+        let conn = fdpass::seqpacket_accept(listener.as_fd()).expect("accept");
+        let mut buf = vec![0u8; 4096];
+        let mut read = |conn: &std::os::fd::OwnedFd| {
+            let r = fdpass::recv_record(conn.as_fd(), &mut buf, 0).expect("recv");
+            decode_control(&buf[..r.len]).expect("decode")
+        };
+        let hello = read(&conn);
+        assert!(matches!(hello, Control::Hello { role: Role::Worker, .. }), "{hello:?}");
+        let assign = Control::Assign { server_id: proto::ServerId(501), keys: keys.keys.clone(), reset_key: keys.reset_key, token_key: keys.token_key };
+        fdpass::send_record(conn.as_fd(), &encode_control(&assign), &[], 0).expect("Assign");
+        let ready = read(&conn);
+        let draining = read(&conn);
+        (ready, draining)
+    });
+    let log = d.dir.join("wctl.log");
+    let mut child = std::process::Command::new(WORKER)
+        .arg("--server-id-from-controller")
+        .arg("--control")
+        .arg(&ctl_path)
+        .arg("--data-socket")
+        .arg(&d.data)
+        .arg("--cert")
+        .arg(&c.cert)
+        .arg("--key")
+        .arg(&c.key)
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("spawn worker");
+    d.wait_instances("501 placeable", |i| i.iter().any(|x| x.0 == 501 && x.1));
+    rt().block_on(async {
+        let ep = client_endpoint(&c);
+        let mut h = H3::connect(&ep, d.addr).await.expect("connect");
+        let r = h.get("/bytes/5000").await.expect("request");
+        assert_eq!((r.status, r.len, r.server_id), (200, 5000, 501));
+        h.close();
+        ep.wait_idle().await;
+    });
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let st = child.wait().expect("wait");
+    assert!(st.success(), "{}", std::fs::read_to_string(&log).unwrap_or_default());
+    let (ready, draining) = controller.join().expect("controller thread");
+    assert_eq!((ready, draining), (Control::Ready, Control::Draining));
+}

@@ -2,9 +2,11 @@
 //!
 //! Standalone: `worker --server-id N --keys FILE --data-socket PATH [--cert C --key K]
 //! [--root DIR] [--retry] [--echo] [--drain-timeout SECS]`.
+//! Under the controller: `worker --server-id-from-controller --control PATH
+//! --data-socket PATH [...]` (server id and keys from `Assign`).
 //! SIGTERM (or SIGINT) drains gracefully (docs/worker.md); a second one exits at once.
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{anyhow, Context};
 use clap::Parser;
 use proto::ServerId;
 use std::path::PathBuf;
@@ -13,6 +15,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
+use proto::wire::Control;
+use worker::control::{self, ControlConn};
 use worker::drain::Drain;
 use worker::h3_server::{self, Ctx, ServerOptions, H3_NO_ERROR};
 use worker::tls::{self, Identity, ALPN_H3, ALPN_HQ};
@@ -51,8 +55,8 @@ struct Args {
     /// Written (atomically) once the instance is placeable: `ready SERVER_ID`.
     #[arg(long, value_name = "PATH")]
     ready_file: Option<PathBuf>,
-    /// Register with the controller and take the server id, keys and sockets from it.
-    #[arg(long, requires = "control")]
+    /// Register with the controller and take the server id and keys from it.
+    #[arg(long, requires = "control", conflicts_with_all = ["server_id", "keys"])]
     server_id_from_controller: bool,
     /// The controller's control socket.
     #[arg(long, value_name = "PATH")]
@@ -80,16 +84,22 @@ fn main() -> ExitCode {
 }
 
 async fn run(a: Args) -> anyhow::Result<()> {
-    if a.server_id_from_controller {
-        bail!(
-            "--server-id-from-controller: the controller is not available yet; run standalone with \
-             --server-id N --keys FILE --data-socket PATH"
-        );
-    }
-    let server_id = ServerId(a.server_id.ok_or_else(|| anyhow!("--server-id N is required (standalone mode)"))?);
-    let keys = a.keys.as_deref().ok_or_else(|| anyhow!("--keys FILE is required (standalone mode)"))?;
+    let (server_id, secrets, control) = if a.server_id_from_controller {
+        let path = a.control.clone().ok_or_else(|| anyhow!("--control PATH is required with --server-id-from-controller"))?;
+        let p = path.clone();
+        let asg = tokio::task::spawn_blocking(move || control::register(&p, Duration::from_secs(10)))
+            .await
+            .context("registration task")?
+            .with_context(|| format!("registering with the controller at {}", path.display()))?;
+        tracing::info!(server_id = %asg.server_id, "registered with the controller");
+        let cc = ControlConn::new(asg.conn)?;
+        (asg.server_id, asg.secrets, Some(cc))
+    } else {
+        let server_id = ServerId(a.server_id.ok_or_else(|| anyhow!("--server-id N is required (standalone mode)"))?);
+        let keys = a.keys.as_deref().ok_or_else(|| anyhow!("--keys FILE is required (standalone mode)"))?;
+        (server_id, Secrets::load(keys)?, None)
+    };
     let data_socket = a.data_socket.as_deref().ok_or_else(|| anyhow!("--data-socket PATH is required"))?;
-    let secrets = Secrets::load(keys)?;
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
 
@@ -100,6 +110,9 @@ async fn run(a: Args) -> anyhow::Result<()> {
 
     if a.echo {
         data.ready().await.context("sending Ready")?;
+        if let Some(cc) = &control {
+            cc.send(&Control::Ready).await.context("sending Ready to the controller")?;
+        }
         write_ready(&a, server_id)?;
         tracing::info!(%server_id, "echo mode");
         let echo = tokio::spawn(echo::run(Arc::clone(&socket)));
@@ -127,7 +140,15 @@ async fn run(a: Args) -> anyhow::Result<()> {
     let drain = Drain::new();
     let ctx = Ctx::new(ServerOptions { server_id, root: a.root.clone(), retry: a.retry }, drain.clone())?;
     let server = tokio::spawn(h3_server::serve(att.endpoint.clone(), Arc::clone(&ctx)));
+    if let Some(cc) = &control {
+        // Key rotations from the controller (ADR-0040).
+        let (cc, keys) = (Arc::clone(cc), att.cid_keys.clone());
+        tokio::spawn(async move { cc.run(keys).await });
+    }
     data.ready().await.context("sending Ready")?;
+    if let Some(cc) = &control {
+        cc.send(&Control::Ready).await.context("sending Ready to the controller")?;
+    }
     write_ready(&a, server_id)?;
     tracing::info!(%server_id, local = ?att.endpoint.local_addr().ok(), retry = a.retry, "serving HTTP/3");
 
@@ -139,6 +160,11 @@ async fn run(a: Args) -> anyhow::Result<()> {
     tracing::info!(open = drain.open_connections(), "draining");
     if let Err(e) = data.draining().await {
         tracing::warn!(error = %e, "could not send Draining");
+    }
+    if let Some(cc) = &control {
+        if let Err(e) = cc.send(&Control::Draining).await {
+            tracing::warn!(error = %e, "could not send Draining to the controller");
+        }
     }
     drain.start();
     let deadline = Duration::from_secs(a.drain_timeout);

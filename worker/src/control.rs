@@ -1,0 +1,253 @@
+//! Registration with the controller (`--server-id-from-controller --control PATH`),
+//! using the control messages of `proto::wire`:
+//!
+//! 1. worker → controller: `Hello { role: Worker, pid }`;
+//! 2. controller → worker: `Assign { server_id, keys, reset_key, token_key }` — the
+//!    UDP socket fds may travel with it or with a following `Sockets` (both are
+//!    accepted; the worker sends on the sockets its data connection hands over);
+//! 3. worker → controller: `Ready` / `Draining` (also sent on the data connection);
+//! 4. controller → worker: `KeysChanged { keys }` (rotation: new CIDs use the newest
+//!    generation at once, ADR-0040).
+//!
+//! The controller side is not built yet (issue #5); this is the worker's half as the
+//! wire format defines it, tested against an in-test controller.
+
+use crate::cid_gen::CidKeys;
+use crate::datasock::{HandshakeError, SharedSocketFd};
+use crate::fdpass;
+use crate::secrets::Secrets;
+use proto::wire::{decode_control, encode_control, Control, Role, CONTROL_MAGIC, MAX_TEXT};
+use proto::ServerId;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+/// What the controller assigned.
+#[derive(Debug)]
+pub struct Assignment {
+    pub server_id: ServerId,
+    pub secrets: Secrets,
+    /// UDP sockets the controller passed (may be empty).
+    pub sockets: Vec<SharedSocketFd>,
+    /// The control connection (blocking mode).
+    pub conn: OwnedFd,
+}
+
+/// Connects to the controller and registers (blocking; run in `spawn_blocking`).
+pub fn register(path: &Path, timeout: Duration) -> Result<Assignment, HandshakeError> {
+    let conn = fdpass::seqpacket_connect(path)?;
+    register_on(conn, timeout)
+}
+
+/// Registers on an already connected control socket.
+pub fn register_on(conn: OwnedFd, timeout: Duration) -> Result<Assignment, HandshakeError> {
+    fdpass::set_nonblocking(conn.as_fd(), false)?;
+    let hello = Control::Hello { role: Role::Worker, pid: std::process::id() };
+    fdpass::send_record(conn.as_fd(), &encode_control(&hello), &[], 0)?;
+    fdpass::set_recv_timeout(conn.as_fd(), Some(timeout))?;
+    let mut buf = vec![0u8; 16 + MAX_TEXT];
+    let mut assigned: Option<(ServerId, Secrets, Vec<OwnedFd>)> = None;
+    loop {
+        let r = match fdpass::recv_record(conn.as_fd(), &mut buf, 0) {
+            Ok(r) => r,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            // After Assign, a Sockets record is optional: a quiet line ends the wait.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && assigned.is_some() => break,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                return Err(HandshakeError::Io(io::Error::new(io::ErrorKind::TimedOut, "no Assign from the controller")))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if r.len == 0 {
+            if assigned.is_some() {
+                break;
+            }
+            return Err(HandshakeError::Closed);
+        }
+        if r.truncated || buf[0] != CONTROL_MAGIC {
+            return Err(HandshakeError::Protocol("unexpected record from the controller".into()));
+        }
+        match decode_control(&buf[..r.len]) {
+            Ok(Control::Assign { server_id, keys, reset_key, token_key }) => {
+                keys.key_set().map_err(|e| HandshakeError::Protocol(format!("Assign keys: {e}")))?;
+                assigned = Some((server_id, Secrets { keys, reset_key, token_key }, r.fds));
+                // Give a following Sockets a moment, not the whole timeout.
+                fdpass::set_recv_timeout(conn.as_fd(), Some(Duration::from_millis(200)))?;
+            }
+            Ok(Control::Sockets { addrs }) if assigned.is_some() => {
+                let (id, secrets, mut fds) = assigned.take().ok_or(HandshakeError::Closed)?;
+                fds.extend(r.fds);
+                let sockets = pair_sockets(addrs, fds)?;
+                fdpass::set_recv_timeout(conn.as_fd(), None)?;
+                return Ok(Assignment { server_id: id, secrets, sockets, conn });
+            }
+            Ok(Control::Error { reason }) => return Err(HandshakeError::Refused(reason)),
+            Ok(other) => tracing::debug!(?other, "ignoring control message during registration"),
+            Err(e) => return Err(HandshakeError::Protocol(format!("undecodable control record: {e}"))),
+        }
+    }
+    let (server_id, secrets, _fds_without_addresses) = assigned.ok_or(HandshakeError::Closed)?;
+    fdpass::set_recv_timeout(conn.as_fd(), None)?;
+    Ok(Assignment { server_id, secrets, sockets: Vec::new(), conn })
+}
+
+fn pair_sockets(addrs: Vec<std::net::SocketAddr>, fds: Vec<OwnedFd>) -> Result<Vec<SharedSocketFd>, HandshakeError> {
+    if addrs.len() != fds.len() {
+        return Err(HandshakeError::Protocol(format!("{} addresses but {} descriptors", addrs.len(), fds.len())));
+    }
+    addrs
+        .into_iter()
+        .zip(fds)
+        .map(|(addr, fd)| {
+            if fdpass::socket_type(fd.as_fd())? != libc::SOCK_DGRAM {
+                return Err(HandshakeError::Protocol(format!("descriptor for {addr} is not a UDP socket")));
+            }
+            Ok(SharedSocketFd { addr, fd })
+        })
+        .collect()
+}
+
+/// The live control connection: lifecycle messages out, key rotations in.
+#[derive(Debug)]
+pub struct ControlConn {
+    fd: AsyncFd<OwnedFd>,
+}
+
+impl ControlConn {
+    /// Takes over the registered connection. Call inside tokio.
+    pub fn new(conn: OwnedFd) -> io::Result<Arc<ControlConn>> {
+        fdpass::set_nonblocking(conn.as_fd(), true)?;
+        Ok(Arc::new(ControlConn { fd: fdpass::async_fd(conn, Interest::READABLE | Interest::WRITABLE)? }))
+    }
+
+    pub async fn send(&self, m: &Control) -> io::Result<()> {
+        let rec = encode_control(m);
+        loop {
+            let mut g = self.fd.writable().await?;
+            match g.try_io(|inner| fdpass::send_record(inner.get_ref().as_fd(), &rec, &[], libc::MSG_DONTWAIT)) {
+                Ok(r) => return r.map(|_| ()),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    /// Reads the controller's messages until it closes: `KeysChanged` replaces the
+    /// CID keys. Returns when the connection ends.
+    pub async fn run(&self, keys: CidKeys) {
+        let mut buf = vec![0u8; 16 + MAX_TEXT];
+        loop {
+            let mut g = match self.fd.readable().await {
+                Ok(g) => g,
+                Err(e) => {
+                    tracing::warn!(error = %e, "control connection failed");
+                    return;
+                }
+            };
+            let r = match g.try_io(|inner| fdpass::recv_record(inner.get_ref().as_fd(), &mut buf, libc::MSG_DONTWAIT)) {
+                Err(_would_block) => continue,
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "control connection failed");
+                    return;
+                }
+            };
+            if r.len == 0 {
+                tracing::warn!("controller closed the control connection");
+                return;
+            }
+            match decode_control(&buf[..r.len]) {
+                Ok(Control::KeysChanged { keys: k }) => match k.key_set() {
+                    Ok(ks) => {
+                        tracing::info!(newest = k.newest.generation.get(), "key rotation");
+                        keys.replace(ks);
+                    }
+                    Err(e) => tracing::warn!(error = %e, "ignoring KeysChanged with a bad key set"),
+                },
+                Ok(Control::Error { reason }) => tracing::warn!(%reason, "controller reports an error"),
+                Ok(m) => tracing::debug!(?m, "ignoring control message"),
+                Err(e) => tracing::warn!(error = %e, "malformed control record from the controller"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::keyfile::KeyFile;
+    use proto::wire::Keys;
+
+    fn keys() -> KeyFile {
+        KeyFile::generate(&[3; 112])
+    }
+
+    fn assign(k: &KeyFile) -> Control {
+        Control::Assign { server_id: ServerId(9), keys: k.keys.clone(), reset_key: k.reset_key, token_key: k.token_key }
+    }
+
+    #[test]
+    fn registration_with_and_without_sockets() {
+        // Assign, then Sockets with one UDP fd.
+        let (w, c) = fdpass::seqpacket_pair().unwrap();
+        let k = keys();
+        let t = std::thread::spawn(move || {
+            let mut buf = [0u8; 64];
+            let r = fdpass::recv_record(c.as_fd(), &mut buf, 0).unwrap();
+            assert!(matches!(decode_control(&buf[..r.len]).unwrap(), Control::Hello { role: Role::Worker, .. }));
+            fdpass::send_record(c.as_fd(), &encode_control(&assign(&keys())), &[], 0).unwrap();
+            let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            let addrs = vec![udp.local_addr().unwrap()];
+            fdpass::send_record(c.as_fd(), &encode_control(&Control::Sockets { addrs }), &[udp.as_fd()], 0).unwrap();
+            c
+        });
+        let a = register_on(w, Duration::from_secs(5)).unwrap();
+        assert_eq!(a.server_id, ServerId(9));
+        assert_eq!(a.secrets.reset_key, k.reset_key);
+        assert_eq!(a.sockets.len(), 1);
+        drop(t.join());
+
+        // Assign alone (sockets come from the data plane).
+        let (w, c) = fdpass::seqpacket_pair().unwrap();
+        let t = std::thread::spawn(move || {
+            let mut buf = [0u8; 64];
+            fdpass::recv_record(c.as_fd(), &mut buf, 0).unwrap();
+            fdpass::send_record(c.as_fd(), &encode_control(&assign(&keys())), &[], 0).unwrap();
+            std::thread::sleep(Duration::from_millis(400));
+            c
+        });
+        let a = register_on(w, Duration::from_secs(5)).unwrap();
+        assert!(a.sockets.is_empty());
+        assert_eq!(a.secrets.keys, k.keys);
+        drop(t.join());
+
+        // Refusal and silence.
+        let (w, c) = fdpass::seqpacket_pair().unwrap();
+        fdpass::send_record(c.as_fd(), &encode_control(&Control::Error { reason: "full".into() }), &[], 0).unwrap();
+        assert!(matches!(register_on(w, Duration::from_secs(5)), Err(HandshakeError::Refused(_))));
+        let (w, _c) = fdpass::seqpacket_pair().unwrap();
+        assert!(register_on(w, Duration::from_millis(100)).is_err());
+    }
+
+    #[tokio::test]
+    async fn keys_changed_rotates_the_cid_keys_and_lifecycle_goes_out() {
+        let (w, c) = fdpass::seqpacket_pair().unwrap();
+        let k = keys();
+        let cid_keys = CidKeys::new(k.key_set().unwrap());
+        let cc = ControlConn::new(w).unwrap();
+        cc.send(&Control::Ready).await.unwrap();
+        let mut buf = [0u8; 128];
+        let r = fdpass::recv_record(c.as_fd(), &mut buf, 0).unwrap();
+        assert_eq!(decode_control(&buf[..r.len]).unwrap(), Control::Ready);
+        let rotated: Keys = k.rotated([7; 32]).keys;
+        fdpass::send_record(c.as_fd(), &encode_control(&Control::KeysChanged { keys: rotated.clone() }), &[], 0).unwrap();
+        fdpass::send_record(c.as_fd(), &[0xc7, 1, 99], &[], 0).unwrap(); // malformed: logged, ignored
+        drop(c);
+        tokio::time::timeout(Duration::from_secs(2), cc.run(cid_keys.clone())).await.unwrap();
+        assert_eq!(cid_keys.load().newest(), rotated.newest.generation);
+    }
+}
