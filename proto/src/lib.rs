@@ -8,6 +8,7 @@
 //! - [`route`]: the ADR-0040 routing table as a function of datagram and snapshot.
 //! - [`pin`]: the fixed-capacity 10 s placement pin table.
 //! - [`rendezvous`]: keyed highest-random-weight hashing.
+//! - [`limits`]: per-source limits in fixed memory (GCRA and count-min lanes sketches).
 //! - [`keyfile`]: the shared-secrets file of the state directory.
 //! - [`wire`]: demux → worker data frames and control messages.
 #![forbid(unsafe_code)]
@@ -15,6 +16,7 @@
 pub mod cid;
 pub mod header;
 pub mod keyfile;
+pub mod limits;
 pub mod pin;
 pub mod rendezvous;
 pub mod route;
