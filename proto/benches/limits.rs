@@ -1,0 +1,77 @@
+//! Criterion benchmarks of the per-source limits (proto::limits, issue #7 item 1),
+//! single-threaded, default parameters and table sizes (2^16 words each):
+//!
+//! - `limits/client_hash`: the keyed SipHash-1-3 of a client alone (both sketches pay
+//!   it once per decision).
+//! - `limits/concurrency_acquire_release`: `try_acquire` + `release` (cap 64), clients
+//!   rotating over 4 096 IPv4 addresses.
+//! - `limits/rate_admit`: `try_admit`, 4 096 clients in turn, the clock advancing one
+//!   tick (1 ms) per call: mostly admitted.
+//! - `limits/rate_refuse`: `try_admit` of one client that is over its rate (the
+//!   refusal path: no write).
+//! - `limits/rate_rebase_64k`: `try_admit` with the clock a window later every call,
+//!   so each call moves the epoch and shifts the whole 64 Ki-word table (happens once
+//!   per 28.8 s with the defaults).
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use proto::limits::{
+    ClientHasher, ClientKey, ConcurrencySketch, RateSketch, DEFAULT_CONCURRENCY_WORDS, DEFAULT_GCRA,
+    DEFAULT_MAX_HANDSHAKES, DEFAULT_RATE_WORDS,
+};
+use std::hint::black_box;
+use std::net::Ipv4Addr;
+
+fn clients(n: u32) -> Vec<ClientKey> {
+    (0..n).map(|i| ClientKey::from(Ipv4Addr::from(0xc633_6400 + i * 7919))).collect()
+}
+
+fn bench(c: &mut Criterion) {
+    let keys = clients(4096);
+    let mut g = c.benchmark_group("limits");
+
+    let h = ClientHasher::new([0x11; 16]);
+    let mut i = 0;
+    g.bench_function("client_hash", |b| {
+        b.iter(|| {
+            i = (i + 1) & 4095;
+            black_box(h.hash(black_box(keys[i])))
+        })
+    });
+
+    let s = ConcurrencySketch::new(DEFAULT_CONCURRENCY_WORDS, [0x22; 16]);
+    let mut i = 0;
+    g.bench_function("concurrency_acquire_release", |b| {
+        b.iter(|| {
+            i = (i + 1) & 4095;
+            let t = s.try_acquire(black_box(keys[i]), DEFAULT_MAX_HANDSHAKES).unwrap();
+            s.release(black_box(t));
+        })
+    });
+
+    let r = RateSketch::new(DEFAULT_RATE_WORDS, [0x33; 16], DEFAULT_GCRA, 0);
+    let (mut i, mut now) = (0, 0u64);
+    g.bench_function("rate_admit", |b| {
+        b.iter(|| {
+            i = (i + 1) & 4095;
+            now += 1;
+            black_box(r.try_admit(black_box(keys[i]), now))
+        })
+    });
+
+    let r = RateSketch::new(DEFAULT_RATE_WORDS, [0x44; 16], DEFAULT_GCRA, 0);
+    while r.try_admit(keys[0], 0) {}
+    g.bench_function("rate_refuse", |b| b.iter(|| black_box(r.try_admit(black_box(keys[0]), 0))));
+
+    let r = RateSketch::new(DEFAULT_RATE_WORDS, [0x55; 16], DEFAULT_GCRA, 0);
+    let mut now = 0u64;
+    g.bench_function("rate_rebase_64k", |b| {
+        b.iter(|| {
+            now += DEFAULT_GCRA.window();
+            black_box(r.try_admit(black_box(keys[0]), now))
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
