@@ -41,10 +41,14 @@ fn parse(args: &[String]) -> Result<Opts> {
     Ok(o)
 }
 
-/// The release demux next to this binary (built on demand).
+/// The release demux next to this binary (`cargo build --release -p demux` first,
+/// unless BENCH_NO_BUILD is set and it exists).
 fn demux_bin() -> Result<PathBuf> {
     let me = std::env::current_exe()?;
     let bin = me.with_file_name("demux");
+    if std::env::var_os("BENCH_NO_BUILD").is_some() && bin.exists() {
+        return Ok(bin);
+    }
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args(["build", "--release", "-p", "demux"])
         .status()
@@ -257,14 +261,14 @@ struct Row {
     per_sendmmsg: f64,
 }
 
-fn run_one(bin: &Path, io: &str, train: usize, o: &Opts) -> Result<Row> {
+fn run_one(bin: &Path, io: &str, train: usize, sinks_n: u16, o: &Opts) -> Result<Row> {
     let d = start_demux(bin, io, o.shard_core)?;
     let stop = Arc::new(AtomicBool::new(false));
     let frames = Arc::new(AtomicU64::new(0));
-    let sinks: Vec<_> = (1..=SINKS).map(|id| sink(&d, id, o.load_core, stop.clone(), frames.clone())).collect::<Result<_>>()?;
+    let sinks: Vec<_> = (1..=sinks_n).map(|id| sink(&d, id, o.load_core, stop.clone(), frames.clone())).collect::<Result<_>>()?;
     // Wait for both sinks to be placeable.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while status(&d)?["instances"].as_array().map(|a| a.iter().filter(|i| i["placeable"] == true).count()) != Some(SINKS as usize) {
+    while status(&d)?["instances"].as_array().map(|a| a.iter().filter(|i| i["placeable"] == true).count()) != Some(sinks_n as usize) {
         if Instant::now() > deadline {
             bail!("sinks not live");
         }
@@ -367,10 +371,16 @@ fn run_one(bin: &Path, io: &str, train: usize, o: &Opts) -> Result<Row> {
     let din = g(&s1, "/datagrams_in") - g(&s0, "/datagrams_in");
     let batches = (g(&s1, "/batches") - g(&s0, "/batches")).max(1);
     let calls = (g(&s1, "/sendmmsg_calls") - g(&s0, "/sendmmsg_calls")).max(1);
+    let calls = if sinks_n == 0 { u64::MAX } else { calls };
     let receives = din / train as u64;
     Ok(Row {
         io: io.to_string(),
-        mode: if train > 1 { "GRO trains of 8" } else { "uncoalesced" },
+        mode: match (train > 1, sinks_n > 0) {
+            (true, true) => "GRO trains of 8",
+            (false, true) => "uncoalesced",
+            (true, false) => "GRO trains of 8, no worker (receive + route only)",
+            (false, false) => "uncoalesced, no worker (receive + route only)",
+        },
         sent: sent.load(Ordering::Relaxed),
         datagrams_in: din,
         fwd,
@@ -388,13 +398,14 @@ pub fn main(args: &[String]) -> Result<()> {
     let bin = demux_bin()?;
     let mut rows = Vec::new();
     for io in &o.ios {
-        for train in [1usize, 8] {
-            let r = run_one(&bin, io, train, &o).with_context(|| format!("{io}, train {train}"))?;
+        for (train, sinks_n) in [(1usize, SINKS), (8, SINKS), (1, 0)] {
+            let r = run_one(&bin, io, train, sinks_n, &o).with_context(|| format!("{io}, train {train}"))?;
             eprintln!(
-                "{} {}: {:.3} µs CPU/datagram ({} forwarded)",
+                "{} {}: {:.3} µs CPU/received datagram ({} received, {} forwarded)",
                 r.io,
                 r.mode,
-                r.cpu_s * 1e6 / r.fwd.max(1) as f64,
+                r.cpu_s * 1e6 / r.datagrams_in.max(1) as f64,
+                r.datagrams_in,
                 r.fwd
             );
             rows.push(r);
@@ -410,11 +421,11 @@ pub fn main(args: &[String]) -> Result<()> {
     println!("Conditions: Linux {}, {} ({} cores), release build; demux: 1 shard on core {}, `--io <backend>`; sender ({} UDP flows, loopback) and {} sink workers on core {}; {:.0} s per run; 1200-byte datagrams (short headers for live server ids); load average at the end {}.",
         kernel.trim(), cpu_model, std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0), o.shard_core, 64, SINKS, o.load_core, o.seconds, load.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
     println!();
-    println!("| backend | datagrams | sent | received by demux | forwarded | dropped (worker full) | demux CPU s (schedstat / stat) | wall s | **CPU µs / forwarded datagram** | receives / batch | receives / sendmmsg |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| backend | datagrams | sent | received by demux | forwarded | dropped (worker full) | demux CPU s (schedstat / stat) | wall s | **CPU µs / forwarded datagram** | CPU µs / received datagram | receives / batch | receives / sendmmsg |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} | {} | {} | {} | {} | {} | {:.3} / {:.2} | {:.2} | **{:.3}** | {:.1} | {:.1} |",
+            "| {} | {} | {} | {} | {} | {} | {:.3} / {:.2} | {:.2} | **{}** | {:.3} | {:.1} | {:.1} |",
             r.io,
             r.mode,
             r.sent,
@@ -424,7 +435,8 @@ pub fn main(args: &[String]) -> Result<()> {
             r.cpu_s,
             r.stat_cpu_s,
             r.wall_s,
-            r.cpu_s * 1e6 / r.fwd.max(1) as f64,
+            if r.fwd > 0 { format!("{:.3}", r.cpu_s * 1e6 / r.fwd as f64) } else { "–".to_string() },
+            r.cpu_s * 1e6 / r.datagrams_in.max(1) as f64,
             r.per_batch,
             r.per_sendmmsg
         );
