@@ -66,8 +66,9 @@ pub struct MmsgSender {
     cmsg_len: usize,
 }
 
-// The raw pointers inside point only into this struct's own boxes and into buffers
-// borrowed for the duration of one `send` call.
+// SAFETY: the raw pointers inside point only into this struct's own heap buffers
+// (which move with it) and into slices borrowed for the duration of one `send`
+// call; nothing is shared with another thread.
 unsafe impl Send for MmsgSender {}
 
 impl MmsgSender {
