@@ -67,8 +67,8 @@ fn download_and_200_requests_over_3_workers() {
 }
 
 /// --retry: every connection gets a Retry, and the client's second Initial (DCID =
-/// the Retry's ADR-0040 SCID) routes back to the instance that issued it, so each
-/// worker accepts exactly as many connections as it sent Retries.
+/// the Retry's ADR-0040 SCID) routes back to the instance that issued it, so no
+/// worker accepts more connections than it sent Retries.
 #[test]
 fn retry_routes_back_to_the_issuer() {
     let d = Demux::start("retry");
@@ -92,11 +92,15 @@ fn retry_routes_back_to_the_issuer() {
         assert!(ok, "worker exit: {log}");
         let r = Worker::exit_stat(&log, "retries").expect("retries stat");
         let c = Worker::exit_stat(&log, "connections").expect("connections stat");
-        assert_eq!(r, c, "worker {}: each Retry's follow-up came back here: {log}", w.id);
+        // A follow-up Initial routed elsewhere would make some worker accept more
+        // connections than it sent Retries (equal totals without loss); a lost
+        // Retry only adds Retries.
+        assert!(c <= r, "worker {}: every connection here follows a Retry from here: {log}", w.id);
         retries += r;
         conns += c;
     }
-    assert_eq!((retries, conns), (8, 8));
+    assert_eq!(conns, 8);
+    assert!(retries >= 8);
 }
 
 /// A client that changes its local port mid-download (quinn Endpoint::rebind) keeps
