@@ -130,6 +130,11 @@ impl DemuxSocket {
                 }
             };
             // Payload to the front of buffer `out` (≤ i).
+            if bufs[out].len() < payload_len {
+                // Only with unevenly sized buffers (quinn's are all equal).
+                stats.truncated.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
             if out == i {
                 bufs[i].copy_within(FRAME_HEADER_LEN..len, 0);
             } else {
