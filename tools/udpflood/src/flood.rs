@@ -48,6 +48,8 @@ pub struct Config {
     pub progress: bool,
     /// Prefix of progress lines.
     pub label: &'static str,
+    /// Pin sender thread i to CPU cpus[i % len] (empty: no pinning).
+    pub cpus: Vec<usize>,
 }
 
 impl Config {
@@ -82,6 +84,12 @@ impl Config {
             }
             if self.spec.size > u16::MAX as usize {
                 return Err("--size too large for GSO".into());
+            }
+        }
+        if !self.cpus.is_empty() {
+            let avail: Vec<usize> = core_affinity::get_core_ids().unwrap_or_default().into_iter().map(|c| c.id).collect();
+            if let Some(c) = self.cpus.iter().find(|c| !avail.contains(c)) {
+                return Err(format!("--cpus: CPU {c} is not available to this process (available: {avail:?})"));
             }
         }
         if self.count == Some(0) {
@@ -285,9 +293,15 @@ pub fn run(cfg: &Config, stop: Arc<AtomicBool>) -> anyhow::Result<Summary> {
         .enumerate()
         .map(|(i, w)| {
             let (stop, c) = (stop.clone(), counters.clone());
-            std::thread::Builder::new()
-                .name(format!("udpflood-{i}"))
-                .spawn(move || w.run(deadline, &stop, &c))
+            let cpu = (!cfg.cpus.is_empty()).then(|| cfg.cpus[i % cfg.cpus.len()]);
+            std::thread::Builder::new().name(format!("udpflood-{i}")).spawn(move || {
+                if let Some(id) = cpu {
+                    if !core_affinity::set_for_current(core_affinity::CoreId { id }) {
+                        return Some(format!("could not pin to CPU {id}"));
+                    }
+                }
+                w.run(deadline, &stop, &c)
+            })
         })
         .collect::<Result<_, _>>()?;
 

@@ -74,6 +74,8 @@ pub struct Config {
     pub drain: Duration,
     /// Background load: (mode, datagrams/s), from its own thread and sockets.
     pub background: Option<(packets::Mode, f64)>,
+    /// CPUs to pin the background sender to.
+    pub background_cpus: Vec<usize>,
     pub progress: bool,
 }
 
@@ -168,6 +170,7 @@ pub fn run(cfg: &Config, stop: Arc<AtomicBool>) -> anyhow::Result<Report> {
                 count: None,
                 progress: false,
                 label: "background ",
+                cpus: cfg.background_cpus.clone(),
             };
             fc.validate().map_err(|e| anyhow::anyhow!("background load: {e}"))?;
             let s = bg_stop.clone();

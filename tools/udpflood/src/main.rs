@@ -30,6 +30,29 @@ fn parse_ids(s: &str) -> Result<Ids, String> {
     packets::parse_server_ids(s).map(Ids)
 }
 
+#[derive(Clone, Debug)]
+struct Cpus(Vec<usize>);
+
+/// "1", "0,1", "0-3".
+fn parse_cpus(s: &str) -> Result<Cpus, String> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let num = |x: &str| x.trim().parse::<usize>().map_err(|_| format!("CPU '{x}' is not a number"));
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (num(a)?, num(b)?),
+            None => (num(part)?, num(part)?),
+        };
+        if a > b || b - a > 4096 {
+            return Err(format!("bad CPU range '{part}'"));
+        }
+        out.extend(a..=b);
+    }
+    if out.is_empty() {
+        return Err("empty CPU list".into());
+    }
+    Ok(Cpus(out))
+}
+
 fn parse_secs(s: &str) -> Result<Duration, String> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 && v <= 86_400.0 => Ok(Duration::from_secs_f64(v)),
@@ -77,6 +100,10 @@ struct Args {
     /// Live server ids, e.g. "1,2,10-12": short datagrams go to them, orphans avoid them.
     #[arg(long, value_parser = parse_ids)]
     server_ids: Option<Ids>,
+    /// Pin sender thread i to the i-th CPU of this list (cyclically), e.g. "1" or "0-1".
+    /// With --latency: pins the background sender.
+    #[arg(long, value_parser = parse_cpus)]
+    cpus: Option<Cpus>,
     /// Stop after this many datagrams (or probes) in total.
     #[arg(long)]
     count: Option<u64>,
@@ -161,6 +188,7 @@ fn run_flood(a: &Args, keys: Option<KeySet>, ids: Vec<ServerId>) -> anyhow::Resu
         count: a.count,
         progress: !a.quiet,
         label: "",
+        cpus: a.cpus.clone().map(|c| c.0).unwrap_or_default(),
     };
     let s = flood::run(&cfg, Arc::new(AtomicBool::new(false)))?;
     if a.json {
@@ -215,6 +243,7 @@ fn run_latency(a: &Args, keys: Option<KeySet>, ids: Vec<ServerId>) -> anyhow::Re
         count: a.count,
         drain: Duration::from_millis(a.drain_ms.min(60_000)),
         background: a.background_rate.map(|r| (a.background_mode, r)),
+        background_cpus: a.cpus.clone().map(|c| c.0).unwrap_or_default(),
         progress: !a.quiet,
     };
     let r = latency::run(&cfg, Arc::new(AtomicBool::new(false)))?;

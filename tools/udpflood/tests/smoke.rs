@@ -150,7 +150,7 @@ fn gso_trains_from_many_sources() {
 
 #[test]
 fn rate_limit_holds() {
-    let (json, got) = flood_into_sink(&["--mode", "garbage", "--size", "100", "--rate", "5000", "--duration", "1"]);
+    let (json, got) = flood_into_sink(&["--mode", "garbage", "--size", "100", "--rate", "5000", "--duration", "1", "--cpus", "0"]);
     let sent = json_num(&json, "sent");
     // Paced, not flooded: within a batch of the target, and not far below it even on a busy machine.
     assert!((3500.0..=5200.0).contains(&sent), "{json}");
@@ -231,6 +231,8 @@ fn bad_flags_are_clear_errors() {
         (vec!["--target", "127.0.0.1:443", "--mode", "garbage", "--gso", "64", "--size", "1200"], "exceeds"),
         (vec!["--target", "127.0.0.1:443", "--threads", "4", "--sources", "2", "--mode", "garbage"], "--sources"),
         (vec!["--target", "127.0.0.1:443", "--keys", "/nonexistent/keys"], "key file"),
+        (vec!["--target", "127.0.0.1:443", "--mode", "garbage", "--cpus", "4000"], "not available"),
+        (vec!["--target", "127.0.0.1:443", "--mode", "garbage", "--cpus", "3-1"], "CPU"),
         (vec!["--target", "127.0.0.1:443", "--keys", bad_keys.to_str().unwrap()], "line 2"),
         (vec!["--target", "127.0.0.1:443", "--keys", k, "--server-ids", "9-1"], "backwards"),
         (vec!["--latency", "--target", "127.0.0.1:443", "--keys", k, "--server-ids", "1"], "fixed --rate"),
