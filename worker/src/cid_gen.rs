@@ -50,7 +50,10 @@ impl AdrCidGenerator {
     }
 
     /// A factory for `quinn::EndpointConfig::cid_generator`.
-    pub fn factory(keys: CidKeys, server_id: ServerId) -> impl Fn() -> Box<dyn ConnectionIdGenerator> + Send + Sync + 'static {
+    pub fn factory(
+        keys: CidKeys,
+        server_id: ServerId,
+    ) -> impl Fn() -> Box<dyn ConnectionIdGenerator> + Send + Sync + 'static {
         move || Box::new(AdrCidGenerator::new(keys.clone(), server_id))
     }
 

@@ -58,7 +58,10 @@ pub fn register_on(conn: OwnedFd, timeout: Duration) -> Result<Assignment, Hands
             // After Assign, a Sockets record is optional: a quiet line ends the wait.
             Err(e) if e.kind() == io::ErrorKind::WouldBlock && assigned.is_some() => break,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                return Err(HandshakeError::Io(io::Error::new(io::ErrorKind::TimedOut, "no Assign from the controller")))
+                return Err(HandshakeError::Io(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no Assign from the controller",
+                )))
             }
             Err(e) => return Err(e.into()),
         };
@@ -244,7 +247,8 @@ mod tests {
         let r = fdpass::recv_record(c.as_fd(), &mut buf, 0).unwrap();
         assert_eq!(decode_control(&buf[..r.len]).unwrap(), Control::Ready);
         let rotated: Keys = k.rotated([7; 32]).keys;
-        fdpass::send_record(c.as_fd(), &encode_control(&Control::KeysChanged { keys: rotated.clone() }), &[], 0).unwrap();
+        fdpass::send_record(c.as_fd(), &encode_control(&Control::KeysChanged { keys: rotated.clone() }), &[], 0)
+            .unwrap();
         fdpass::send_record(c.as_fd(), &[0xc7, 1, 99], &[], 0).unwrap(); // malformed: logged, ignored
         drop(c);
         tokio::time::timeout(Duration::from_secs(2), cc.run(cid_keys.clone())).await.unwrap();

@@ -49,9 +49,7 @@ pub fn seqpacket_socket() -> io::Result<OwnedFd> {
 pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [-1 as RawFd; 2];
     // SAFETY: `fds` is a valid, writable array of two c_ints, as socketpair(2) requires.
-    cvt(unsafe {
-        libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr())
-    })?;
+    cvt(unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) })?;
     // SAFETY: socketpair succeeded, so both are fresh descriptors owned by nobody else.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
@@ -155,7 +153,13 @@ pub fn socket_type(fd: BorrowedFd<'_>) -> io::Result<libc::c_int> {
     let mut len = mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: `ty` and `len` are valid for writes and `len` holds the size of `ty`.
     cvt(unsafe {
-        libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TYPE, (&mut ty as *mut libc::c_int).cast(), &mut len)
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_TYPE,
+            (&mut ty as *mut libc::c_int).cast(),
+            &mut len,
+        )
     })?;
     Ok(ty)
 }

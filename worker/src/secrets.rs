@@ -44,7 +44,8 @@ impl Secrets {
 
     /// Reads and parses a key file (the demux's `gen-keys` output).
     pub fn load(path: &Path) -> anyhow::Result<Secrets> {
-        let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading key file {}: {e}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading key file {}: {e}", path.display()))?;
         let k = KeyFile::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         Ok(Secrets::from_key_file(&k))
     }

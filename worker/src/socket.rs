@@ -93,7 +93,13 @@ impl DemuxSocket {
 
     /// Turns the records `lens[..got]` in `bufs` into quinn datagrams, compacted to
     /// the front of `bufs`/`meta`. Returns (datagrams, saw_eof).
-    fn process(&self, bufs: &mut [IoSliceMut<'_>], meta: &mut [RecvMeta], lens: &[usize], trunc: &[bool]) -> (usize, bool) {
+    fn process(
+        &self,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+        lens: &[usize],
+        trunc: &[bool],
+    ) -> (usize, bool) {
         let stats = &self.data.stats;
         let udp = self.udp();
         let mut out = 0;
@@ -167,7 +173,12 @@ impl AsyncUdpSocket for DemuxSocket {
         self.udp().try_send(transmit)
     }
 
-    fn poll_recv(&self, cx: &mut Context<'_>, bufs: &mut [IoSliceMut<'_>], meta: &mut [RecvMeta]) -> Poll<io::Result<usize>> {
+    fn poll_recv(
+        &self,
+        cx: &mut Context<'_>,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+    ) -> Poll<io::Result<usize>> {
         let n = bufs.len().min(meta.len()).min(MAX_BATCH);
         if n == 0 {
             return Poll::Ready(Ok(0));
@@ -187,7 +198,9 @@ impl AsyncUdpSocket for DemuxSocket {
                     continue;
                 }
             };
-            let got = match guard.try_io(|inner| fdpass::recv_batch(inner.get_ref().as_fd(), &mut bufs[..n], &mut lens[..n], &mut trunc[..n])) {
+            let got = match guard.try_io(|inner| {
+                fdpass::recv_batch(inner.get_ref().as_fd(), &mut bufs[..n], &mut lens[..n], &mut trunc[..n])
+            }) {
                 Err(_would_block) => continue,
                 Ok(Ok(got)) => got,
                 Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -408,11 +421,18 @@ mod tests {
                 let r = fdpass::recv_record(c.as_fd(), &mut buf, 0).unwrap();
                 seen.push(proto::wire::decode_control(&buf[..r.len]).unwrap());
                 let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-                fdpass::send_record(c.as_fd(), &encode_control(&Control::Sockets { addrs: vec![addr] }), &[udp.as_fd()], 0).unwrap();
+                fdpass::send_record(
+                    c.as_fd(),
+                    &encode_control(&Control::Sockets { addrs: vec![addr] }),
+                    &[udp.as_fd()],
+                    0,
+                )
+                .unwrap();
                 let r = fdpass::recv_record(c.as_fd(), &mut buf, 0).unwrap();
                 seen.push(proto::wire::decode_control(&buf[..r.len]).unwrap());
                 if round == 1 {
-                    let f = encode_frame(&FrameMeta { client: addr, local: None, ecn: 0, segment_size: None }, b"after");
+                    let f =
+                        encode_frame(&FrameMeta { client: addr, local: None, ecn: 0, segment_size: None }, b"after");
                     fdpass::send_record(c.as_fd(), &f, &[], 0).unwrap();
                     std::thread::sleep(Duration::from_millis(500));
                 }

@@ -63,7 +63,10 @@ pub fn server_crypto(id: Identity, alpns: &[&[u8]]) -> anyhow::Result<Arc<QuicSe
 }
 
 /// QUIC client crypto trusting exactly `roots` (tests, examples).
-pub fn client_crypto(roots: &[CertificateDer<'static>], alpns: &[&[u8]]) -> anyhow::Result<quinn::crypto::rustls::QuicClientConfig> {
+pub fn client_crypto(
+    roots: &[CertificateDer<'static>],
+    alpns: &[&[u8]],
+) -> anyhow::Result<quinn::crypto::rustls::QuicClientConfig> {
     let mut store = rustls::RootCertStore::empty();
     for r in roots {
         store.add(r.clone()).context("adding a trust root")?;

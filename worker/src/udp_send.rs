@@ -300,7 +300,13 @@ mod tests {
         let (socks, udp) = shared(&["127.0.0.1:0", "127.0.0.1:0", "[::1]:0"]);
         let a1 = socks[1].local_addr().unwrap();
         let dst: SocketAddr = "127.0.0.1:9".parse().unwrap();
-        let t = |d: SocketAddr, src: Option<IpAddr>| Transmit { destination: d, ecn: None, contents: b"", segment_size: None, src_ip: src };
+        let t = |d: SocketAddr, src: Option<IpAddr>| Transmit {
+            destination: d,
+            ecn: None,
+            contents: b"",
+            segment_size: None,
+            src_ip: src,
+        };
         assert_eq!(udp.pick(&t(dst, None)), 0);
         assert_eq!(udp.pick(&t("[::1]:9".parse().unwrap(), None)), 2);
         udp.learn(dst, Some(a1));

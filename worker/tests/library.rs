@@ -118,7 +118,10 @@ fn hq_interop_get() {
         let (mut s, mut r) = conn.open_bi().await.expect("open");
         s.write_all(b"GET /bytes/100000\r\n").await.expect("write");
         s.finish().expect("finish");
-        let body = tokio::time::timeout(Duration::from_secs(10), r.read_to_end(1 << 20)).await.expect("in time").expect("read");
+        let body = tokio::time::timeout(Duration::from_secs(10), r.read_to_end(1 << 20))
+            .await
+            .expect("in time")
+            .expect("read");
         assert_eq!(body.len(), 100_000);
         assert!(body.iter().enumerate().all(|(i, b)| *b == i as u8));
         conn.close(0u32.into(), b"");
@@ -149,7 +152,12 @@ fn registers_with_a_controller() {
         };
         let hello = read(&conn);
         assert!(matches!(hello, Control::Hello { role: Role::Worker, .. }), "{hello:?}");
-        let assign = Control::Assign { server_id: proto::ServerId(501), keys: keys.keys.clone(), reset_key: keys.reset_key, token_key: keys.token_key };
+        let assign = Control::Assign {
+            server_id: proto::ServerId(501),
+            keys: keys.keys.clone(),
+            reset_key: keys.reset_key,
+            token_key: keys.token_key,
+        };
         fdpass::send_record(conn.as_fd(), &encode_control(&assign), &[], 0).expect("Assign");
         let ready = read(&conn);
         let draining = read(&conn);

@@ -58,7 +58,11 @@ fn download_and_200_requests_over_3_workers() {
             }
         }
         assert_eq!(per_worker.values().sum::<usize>(), 200);
-        assert_eq!(per_worker.keys().copied().collect::<Vec<_>>(), vec![1, 2, 3], "all 3 workers served: {per_worker:?}");
+        assert_eq!(
+            per_worker.keys().copied().collect::<Vec<_>>(),
+            vec![1, 2, 3],
+            "all 3 workers served: {per_worker:?}"
+        );
         ep.wait_idle().await;
     });
     let inst = d.instances();

@@ -8,6 +8,7 @@
 
 use anyhow::{anyhow, Context};
 use clap::Parser;
+use proto::wire::Control;
 use proto::ServerId;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -15,7 +16,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
-use proto::wire::Control;
 use worker::control::{self, ControlConn};
 use worker::drain::Drain;
 use worker::h3_server::{self, Ctx, ServerOptions, H3_NO_ERROR};
@@ -85,7 +85,8 @@ fn main() -> ExitCode {
 
 async fn run(a: Args) -> anyhow::Result<()> {
     let (server_id, secrets, control) = if a.server_id_from_controller {
-        let path = a.control.clone().ok_or_else(|| anyhow!("--control PATH is required with --server-id-from-controller"))?;
+        let path =
+            a.control.clone().ok_or_else(|| anyhow!("--control PATH is required with --server-id-from-controller"))?;
         let p = path.clone();
         let asg = tokio::task::spawn_blocking(move || control::register(&p, Duration::from_secs(10)))
             .await

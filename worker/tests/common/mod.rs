@@ -21,9 +21,8 @@ pub fn demux_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| manifest.join("../target"));
+        let target =
+            std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| manifest.join("../target"));
         let bin = target.join("debug/demux");
         // Always (re)build: cheap when fresh, and never tests a stale data plane.
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
@@ -58,7 +57,11 @@ fn wait_file(path: &Path, child: &mut Child, log: &Path, what: &str) -> String {
         if let Ok(Some(st)) = child.try_wait() {
             panic!("{what} exited early ({st}): {}", std::fs::read_to_string(log).unwrap_or_default());
         }
-        assert!(Instant::now() < deadline, "{what} not ready in time: {}", std::fs::read_to_string(log).unwrap_or_default());
+        assert!(
+            Instant::now() < deadline,
+            "{what} not ready in time: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -82,7 +85,8 @@ impl Demux {
         let st = Command::new(&bin).args(["gen-keys", "--out"]).arg(&keys_path).status().expect("gen-keys");
         assert!(st.success(), "demux gen-keys failed");
         let keys = KeyFile::parse(&std::fs::read_to_string(&keys_path).expect("key file")).expect("parse key file");
-        let (data, control, ready, log) = (dir.join("d.sock"), dir.join("c.sock"), dir.join("ready"), dir.join("demux.log"));
+        let (data, control, ready, log) =
+            (dir.join("d.sock"), dir.join("c.sock"), dir.join("ready"), dir.join("demux.log"));
         let mut child = Command::new(&bin)
             .args(["dataplane", "--listen", "127.0.0.1:0", "--cores", "0", "--io", "mmsg", "--keys"])
             .arg(&keys_path)
@@ -311,17 +315,16 @@ impl H3 {
 
     /// GET `path`; `on_progress(bytes so far)` is called after every chunk.
     pub async fn get_with(&mut self, path: &str, mut on_progress: impl FnMut(u64)) -> Result<Resp, ReqError> {
-        let req = http::Request::get(format!("https://localhost{path}")).body(()).map_err(|e| ReqError::BeforeHead(e.to_string()))?;
+        let req = http::Request::get(format!("https://localhost{path}"))
+            .body(())
+            .map_err(|e| ReqError::BeforeHead(e.to_string()))?;
         let mut s = self.send.send_request(req).await.map_err(|e| ReqError::BeforeHead(e.to_string()))?;
         s.finish().await.map_err(|e| ReqError::BeforeHead(e.to_string()))?;
         let resp = s.recv_response().await.map_err(|e| ReqError::BeforeHead(e.to_string()))?;
-        let server_id = resp
-            .headers()
-            .get("x-server-id")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        let want: Option<u64> = resp.headers().get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+        let server_id =
+            resp.headers().get("x-server-id").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(0);
+        let want: Option<u64> =
+            resp.headers().get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
         let mut len = 0u64;
         let mut pattern_ok = true;
         while let Some(mut chunk) = s.recv_data().await.map_err(|e| ReqError::AfterHead(e.to_string()))? {
