@@ -93,7 +93,11 @@ pub struct DataPlaneArgs {
     /// Most live instances at once (per-shard counter slots).
     #[arg(long, default_value_t = 1024)]
     pub max_instances: usize,
-    /// Datagrams (or GRO trains) received per batch.
+    /// io_uring: provided buffers per shard (power of two, 1..=32768), each one
+    /// 64 KiB GRO train plus 512 bytes of headers.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u16).range(1..=32768))]
+    pub uring_buffers: u16,
+    /// Datagrams (or GRO trains) received per batch (recvmmsg backend).
     #[arg(long, default_value_t = 32)]
     pub batch: usize,
     /// Written once every socket is bound: one line `udp ADDR:PORT` per listen address,

@@ -29,8 +29,6 @@ const CTRL_LEN: usize = 128;
 const NAME_LEN: usize = size_of::<libc::sockaddr_in6>();
 /// One buffer: a whole 64 KiB GRO train plus headroom.
 pub const BUF_LEN: usize = 65_536 + HEADROOM;
-/// Buffers per shard (power of two, ≤ 32768).
-pub const DEFAULT_BUFFERS: u16 = 256;
 const RING_ENTRIES: u32 = 64;
 const CQ_ENTRIES: u32 = 4096;
 
@@ -175,7 +173,7 @@ struct Socket {
 
 pub fn run(setup: ShardSetup) -> Result<()> {
     pin_thread(&setup);
-    let nbuf = DEFAULT_BUFFERS;
+    let nbuf = setup.uring_buffers;
     let mut router = Router::new(&setup).context("shard router")?;
     let mut cache = arc_swap::Cache::new(Arc::clone(&setup.shared));
     let mut socks: Vec<Socket> = setup

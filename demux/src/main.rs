@@ -107,6 +107,9 @@ fn dataplane(a: DataPlaneArgs) -> Result<()> {
     if a.listen.len() > proto::wire::MAX_SOCKETS {
         bail!("at most {} --listen addresses", proto::wire::MAX_SOCKETS);
     }
+    if !a.uring_buffers.is_power_of_two() {
+        bail!("--uring-buffers must be a power of two");
+    }
     if a.max_instances == 0 || a.max_instances > 65_536 {
         bail!("--max-instances must be 1..=65536");
     }
@@ -164,6 +167,8 @@ fn dataplane(a: DataPlaneArgs) -> Result<()> {
         info,
     })?;
 
+    exit_on_signal(vec![Some(data_path.to_path_buf()), a.control_socket.clone(), a.ready_file.clone()].into_iter().flatten().collect())?;
+
     // Shard 0's sockets stay open for the registry (their fds are handed to workers):
     // the shard threads own their sockets for the life of the process.
     for (i, (socks, core)) in sockets.into_iter().zip(cores.iter().copied()).enumerate() {
@@ -175,6 +180,7 @@ fn dataplane(a: DataPlaneArgs) -> Result<()> {
             shared: shared.clone(),
             pin_capacity: a.pin_capacity,
             batch: a.batch,
+            uring_buffers: a.uring_buffers,
         };
         std::thread::Builder::new()
             .name(format!("shard-{i}"))
@@ -206,5 +212,38 @@ fn write_ready(path: &Path, bound: &[std::net::SocketAddr], data: &Path) -> Resu
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
+    Ok(())
+}
+
+/// SIGTERM / SIGINT: remove our socket and ready files, exit 0. The signals are
+/// blocked in every thread (the mask is inherited by the threads spawned after
+/// this) and taken synchronously by one thread with sigwait(3).
+fn exit_on_signal(paths: Vec<std::path::PathBuf>) -> Result<()> {
+    // SAFETY: sigset_t is plain old data; the sig* calls only touch `set`.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        set
+    };
+    // SAFETY: blocks the signals in the calling thread; `set` is live.
+    let r = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if r != 0 {
+        bail!("pthread_sigmask: {}", std::io::Error::from_raw_os_error(r));
+    }
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: waits for one of the blocked signals in `set`.
+            let r = unsafe { libc::sigwait(&set, &mut sig) };
+            for p in &paths {
+                let _ = std::fs::remove_file(p);
+            }
+            tracing::info!(signal = sig, sigwait = r, "exiting on signal");
+            std::process::exit(0);
+        })
+        .context("spawning the signal thread")?;
     Ok(())
 }

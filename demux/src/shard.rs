@@ -23,6 +23,7 @@ pub struct ShardSetup {
     pub shared: crate::snapshot::Shared,
     pub pin_capacity: usize,
     pub batch: usize,
+    pub uring_buffers: u16,
 }
 
 /// Per-socket facts the hot path needs.
