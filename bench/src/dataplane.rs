@@ -172,7 +172,13 @@ fn pin(core: usize) {
 }
 
 /// A sink worker: DataHello, Ready, then recvmmsg everything and count it.
-fn sink(d: &Demux, id: u16, core: usize, stop: Arc<AtomicBool>, frames: Arc<AtomicU64>) -> Result<std::thread::JoinHandle<()>> {
+fn sink(
+    d: &Demux,
+    id: u16,
+    core: usize,
+    stop: Arc<AtomicBool>,
+    frames: Arc<AtomicU64>,
+) -> Result<std::thread::JoinHandle<()>> {
     let fd = seqpacket_connect(&d.data)?;
     send_rec(fd.as_raw_fd(), &Control::DataHello { server_id: ServerId(id) })?;
     let mut buf = vec![0u8; 4096];
@@ -184,7 +190,13 @@ fn sink(d: &Demux, id: u16, core: usize, stop: Arc<AtomicBool>, frames: Arc<Atom
     let tv = libc::timeval { tv_sec: 0, tv_usec: 100_000 };
     // SAFETY: live timeval of the right size.
     unsafe {
-        libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&tv as *const libc::timeval).cast(), size_of::<libc::timeval>() as u32)
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            size_of::<libc::timeval>() as u32,
+        )
     };
     Ok(std::thread::spawn(move || {
         pin(core);
@@ -265,10 +277,13 @@ fn run_one(bin: &Path, io: &str, train: usize, sinks_n: u16, o: &Opts) -> Result
     let d = start_demux(bin, io, o.shard_core)?;
     let stop = Arc::new(AtomicBool::new(false));
     let frames = Arc::new(AtomicU64::new(0));
-    let sinks: Vec<_> = (1..=sinks_n).map(|id| sink(&d, id, o.load_core, stop.clone(), frames.clone())).collect::<Result<_>>()?;
+    let sinks: Vec<_> =
+        (1..=sinks_n).map(|id| sink(&d, id, o.load_core, stop.clone(), frames.clone())).collect::<Result<_>>()?;
     // Wait for both sinks to be placeable.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while status(&d)?["instances"].as_array().map(|a| a.iter().filter(|i| i["placeable"] == true).count()) != Some(sinks_n as usize) {
+    while status(&d)?["instances"].as_array().map(|a| a.iter().filter(|i| i["placeable"] == true).count())
+        != Some(sinks_n as usize)
+    {
         if Instant::now() > deadline {
             bail!("sinks not live");
         }
@@ -307,7 +322,15 @@ fn run_one(bin: &Path, io: &str, train: usize, sinks_n: u16, o: &Opts) -> Result
         if train > 1 {
             let seg: libc::c_int = DATAGRAM as libc::c_int;
             // SAFETY: udp(7) UDP_SEGMENT with a live c_int.
-            let r = unsafe { libc::setsockopt(s.as_raw_fd(), libc::SOL_UDP, libc::UDP_SEGMENT, (&seg as *const libc::c_int).cast(), 4) };
+            let r = unsafe {
+                libc::setsockopt(
+                    s.as_raw_fd(),
+                    libc::SOL_UDP,
+                    libc::UDP_SEGMENT,
+                    (&seg as *const libc::c_int).cast(),
+                    4,
+                )
+            };
             if r != 0 {
                 bail!("UDP_SEGMENT: {}", std::io::Error::last_os_error());
             }

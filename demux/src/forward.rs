@@ -58,7 +58,14 @@ impl Forwarder {
     /// `payload` must stay valid and unchanged until the next [`Forwarder::flush`]:
     /// only its address is kept. The caller must flush before the queue is full
     /// ([`Forwarder::is_full`]); an overfull push is dropped and counted.
-    pub unsafe fn push(&mut self, target: usize, meta: &FrameMeta, payload: &[u8], segments: u32, counters: &ShardCounters) {
+    pub unsafe fn push(
+        &mut self,
+        target: usize,
+        meta: &FrameMeta,
+        payload: &[u8],
+        segments: u32,
+        counters: &ShardCounters,
+    ) {
         if self.pending.len() >= MAX_PENDING {
             bump(&counters.drops_full, u64::from(segments));
             return;
@@ -101,7 +108,8 @@ impl Forwarder {
         let n = end - start;
         let Some(conn) = snap.conns.get(target) else {
             // Cannot happen with a Decision from this snapshot's table; count, not panic.
-            let segs: u64 = self.order[start..end].iter().map(|&(_, i)| u64::from(self.pending[i as usize].segments)).sum();
+            let segs: u64 =
+                self.order[start..end].iter().map(|&(_, i)| u64::from(self.pending[i as usize].segments)).sum();
             bump(&counters.drops_send_error, segs);
             return;
         };

@@ -35,11 +35,8 @@ const CQ_ENTRIES: u32 = 4096;
 /// Builds a ring with the single-issuer + deferred-taskrun flags, or without them
 /// when the kernel refuses (they need 6.1). Returns the ring and whether they took.
 fn build_ring() -> std::io::Result<(IoUring, bool)> {
-    let fast = IoUring::builder()
-        .setup_single_issuer()
-        .setup_defer_taskrun()
-        .setup_cqsize(CQ_ENTRIES)
-        .build(RING_ENTRIES);
+    let fast =
+        IoUring::builder().setup_single_issuer().setup_defer_taskrun().setup_cqsize(CQ_ENTRIES).build(RING_ENTRIES);
     match fast {
         Ok(r) => Ok((r, true)),
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
@@ -207,8 +204,12 @@ pub fn run(setup: ShardSetup) -> Result<()> {
     br.publish();
 
     tracing::info!(
-        shard = setup.index, core = setup.core.id, backend = "uring", buffers = nbuf,
-        single_issuer_defer_taskrun = fast, "shard running"
+        shard = setup.index,
+        core = setup.core.id,
+        backend = "uring",
+        buffers = nbuf,
+        single_issuer_defer_taskrun = fast,
+        "shard running"
     );
     let mut used: Vec<u16> = Vec::with_capacity(usize::from(nbuf));
     let mut rearm: Vec<usize> = (0..socks.len()).collect();

@@ -30,7 +30,8 @@ use std::sync::Arc;
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("DEMUX_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            tracing_subscriber::EnvFilter::try_from_env("DEMUX_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -68,7 +69,8 @@ fn gen_keys(out: &Path, force: bool) -> Result<()> {
 
 fn lb_status(path: &Path, json: bool) -> Result<()> {
     let fd = seqpacket::connect(path)?;
-    seqpacket::send(fd.as_raw_fd(), &encode_control(&Control::StatusRequest), &[], 0).context("sending StatusRequest")?;
+    seqpacket::send(fd.as_raw_fd(), &encode_control(&Control::StatusRequest), &[], 0)
+        .context("sending StatusRequest")?;
     let mut buf = vec![0u8; 128 * 1024];
     let mut truncated = false;
     let n = seqpacket::recv(fd.as_raw_fd(), &mut buf, 0, &mut truncated).context("reading status")?;
@@ -90,7 +92,8 @@ fn lb_status(path: &Path, json: bool) -> Result<()> {
 }
 
 fn load_keys(path: &Path) -> Result<KeyFile> {
-    let md = std::fs::metadata(path).with_context(|| format!("key file {} (create one with `demux gen-keys --out FILE`)", path.display()))?;
+    let md = std::fs::metadata(path)
+        .with_context(|| format!("key file {} (create one with `demux gen-keys --out FILE`)", path.display()))?;
     if md.permissions().mode() & 0o077 != 0 {
         tracing::warn!(path = %path.display(), mode = format!("{:o}", md.permissions().mode() & 0o777), "key file is readable by group/others; it should be 0600");
     }
@@ -139,7 +142,8 @@ fn dataplane(a: DataPlaneArgs) -> Result<()> {
     }
     let udp_fds = sockets[0].iter().map(|s| s.fd.as_raw_fd()).collect();
 
-    let shared: snapshot::Shared = Arc::new(arc_swap::ArcSwap::from_pointee(registry::empty_snapshot(&keyset, keyfile.rendezvous_key)?));
+    let shared: snapshot::Shared =
+        Arc::new(arc_swap::ArcSwap::from_pointee(registry::empty_snapshot(&keyset, keyfile.rendezvous_key)?));
     let counters: Vec<Arc<counters::ShardCounters>> =
         (0..cores.len()).map(|_| Arc::new(counters::ShardCounters::new(a.max_instances))).collect();
     let data_listener = seqpacket::listen(data_path)?;
@@ -167,7 +171,12 @@ fn dataplane(a: DataPlaneArgs) -> Result<()> {
         info,
     })?;
 
-    exit_on_signal(vec![Some(data_path.to_path_buf()), a.control_socket.clone(), a.ready_file.clone()].into_iter().flatten().collect())?;
+    exit_on_signal(
+        vec![Some(data_path.to_path_buf()), a.control_socket.clone(), a.ready_file.clone()]
+            .into_iter()
+            .flatten()
+            .collect(),
+    )?;
 
     // Shard 0's sockets stay open for the registry (their fds are handed to workers):
     // the shard threads own their sockets for the life of the process.

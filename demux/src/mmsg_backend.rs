@@ -85,7 +85,13 @@ pub fn run(setup: ShardSetup) -> Result<()> {
                 // SAFETY: msgs[..batch] are armed to point at live buffers owned by
                 // `bufs`, with their sizes; the timeout is null.
                 let r = unsafe {
-                    libc::recvmmsg(sock.fd.as_raw_fd(), bufs.msgs.as_mut_ptr(), batch as libc::c_uint, libc::MSG_DONTWAIT, std::ptr::null_mut())
+                    libc::recvmmsg(
+                        sock.fd.as_raw_fd(),
+                        bufs.msgs.as_mut_ptr(),
+                        batch as libc::c_uint,
+                        libc::MSG_DONTWAIT,
+                        std::ptr::null_mut(),
+                    )
                 };
                 if r < 0 {
                     let e = std::io::Error::last_os_error();

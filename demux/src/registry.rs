@@ -30,7 +30,10 @@ const DATA_SNDBUF: libc::c_int = 4 << 20;
 enum Conn {
     /// Data connection before its DataHello.
     Pending(OwnedFd),
-    Live { conn: Arc<DataConn>, placeable: bool },
+    Live {
+        conn: Arc<DataConn>,
+        placeable: bool,
+    },
     Control(OwnedFd),
 }
 

@@ -16,7 +16,11 @@ fn sockaddr_un(path: &Path) -> Result<(libc::sockaddr_un, libc::socklen_t)> {
     sun.sun_family = libc::AF_UNIX as libc::sa_family_t;
     let b = path.as_os_str().as_bytes();
     if b.is_empty() || b.len() >= sun.sun_path.len() || b.contains(&0) {
-        bail!("unix socket path {} is empty, contains NUL or is longer than {} bytes", path.display(), sun.sun_path.len() - 1);
+        bail!(
+            "unix socket path {} is empty, contains NUL or is longer than {} bytes",
+            path.display(),
+            sun.sun_path.len() - 1
+        );
     }
     for (d, s) in sun.sun_path.iter_mut().zip(b) {
         *d = *s as libc::c_char;
@@ -61,7 +65,12 @@ pub fn listen(path: &Path) -> Result<OwnedFd> {
 pub fn accept(listener: &OwnedFd) -> io::Result<Option<OwnedFd>> {
     // SAFETY: null address pointers are allowed by accept4.
     let r = unsafe {
-        libc::accept4(listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
+        libc::accept4(
+            listener.as_raw_fd(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+        )
     };
     match owned(r) {
         Ok(fd) => Ok(Some(fd)),

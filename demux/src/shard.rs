@@ -72,7 +72,14 @@ impl Router {
     /// # Safety
     /// `payload` must stay valid and unchanged until the next `flush`.
     #[inline]
-    pub unsafe fn datagram(&mut self, snap: &Snapshot, sock: &SockInfo, client: SocketAddr, meta: &RecvMeta, payload: &[u8]) {
+    pub unsafe fn datagram(
+        &mut self,
+        snap: &Snapshot,
+        sock: &SockInfo,
+        client: SocketAddr,
+        meta: &RecvMeta,
+        payload: &[u8],
+    ) {
         let stride = meta.gro_size.map(usize::from).unwrap_or(0);
         let segments = if stride > 0 && stride < payload.len() { payload.len().div_ceil(stride) } else { 1 };
         let c = &*self.counters;

@@ -68,7 +68,12 @@ fn add_into(a: &mut Map<String, Value>, b: &Map<String, Value>) {
     }
 }
 
-pub fn render(info: &StatusInfo, snapshot_version: u64, shards: &[Arc<ShardCounters>], instances: &[InstanceStatus]) -> String {
+pub fn render(
+    info: &StatusInfo,
+    snapshot_version: u64,
+    shards: &[Arc<ShardCounters>],
+    instances: &[InstanceStatus],
+) -> String {
     let per_shard: Vec<Map<String, Value>> = shards.iter().map(|c| shard_json(c)).collect();
     let mut total = Map::new();
     for s in &per_shard {

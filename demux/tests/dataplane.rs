@@ -61,11 +61,15 @@ fn initials_spread_and_stick(io: &str) {
     let owner_of = |dcid: &[u8]| -> Vec<u16> {
         ws.iter().filter(|w| w.frames().iter().any(|f| f.dcid() == dcid)).map(|w| w.server_id).collect()
     };
-    let firsts: Vec<u16> = dcids.iter().take(10).map(|d| {
-        let o = owner_of(d);
-        assert_eq!(o.len(), 1);
-        o[0]
-    }).collect();
+    let firsts: Vec<u16> = dcids
+        .iter()
+        .take(10)
+        .map(|d| {
+            let o = owner_of(d);
+            assert_eq!(o.len(), 1);
+            o[0]
+        })
+        .collect();
     for w in &ws {
         w.clear();
     }
@@ -275,7 +279,8 @@ fn random_and_malformed_datagrams(io: &str) {
         d.wait_status("chunk received", |s| u64_at(s, "/datagrams_in") == sent);
     }
     assert!(d.alive(), "data plane died: {}", d.log());
-    let forwarded = |s: &serde_json::Value| u64_at(instance(s, 71), "/datagrams") + u64_at(instance(s, 72), "/datagrams");
+    let forwarded =
+        |s: &serde_json::Value| u64_at(instance(s, 71), "/datagrams") + u64_at(instance(s, 72), "/datagrams");
     // Counters are updated as the batch proceeds (reasons while routing, instance
     // counters after sendmmsg): wait for the last batch to be fully accounted.
     let s = d.wait_status("every datagram accounted", |s| {
@@ -304,7 +309,12 @@ fn data_connection_protocol(io: &str) {
     // Duplicate id.
     let fd = seqpacket_connect(&d.data).unwrap();
     use std::os::fd::AsRawFd;
-    send_record(fd.as_raw_fd(), &proto::wire::encode_control(&Control::DataHello { server_id: proto::ServerId(81) }), &[]).unwrap();
+    send_record(
+        fd.as_raw_fd(),
+        &proto::wire::encode_control(&Control::DataHello { server_id: proto::ServerId(81) }),
+        &[],
+    )
+    .unwrap();
     let mut buf = vec![0u8; 4096];
     let (n, fds) = recv_record(fd.as_raw_fd(), &mut buf).unwrap();
     assert!(fds.is_empty());
@@ -373,7 +383,11 @@ fn lb_status_command(io: &str) {
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("NotQuic") && text.contains("91") && text.contains(&format!("io {io}")), "{text}");
-    let out = std::process::Command::new(BIN).args(["lb-status", "--json", "--control-socket"]).arg(&d.control).output().unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["lb-status", "--json", "--control-socket"])
+        .arg(&d.control)
+        .output()
+        .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["io"], io);
 }
@@ -404,7 +418,8 @@ fn steer_cpu_picks_the_receiving_cpus_shard(io: &str) {
     let s0 = d.status();
     assert_eq!(s0["steer"], "cpu");
     for core in [1usize, 0] {
-        let sent_before: Vec<u64> = (0..2).map(|i| u64_at(&d.status(), &format!("/per_shard/{i}/datagrams_in"))).collect();
+        let sent_before: Vec<u64> =
+            (0..2).map(|i| u64_at(&d.status(), &format!("/per_shard/{i}/datagrams_in"))).collect();
         let (cid, addr) = (d.cid(101, &mut rng), d.addr());
         let payloads: Vec<Vec<u8>> = (0..20).map(|_| short(&cid, 100, &mut rng)).collect();
         std::thread::spawn(move || {
@@ -416,7 +431,8 @@ fn steer_cpu_picks_the_receiving_cpus_shard(io: &str) {
         })
         .join()
         .unwrap();
-        let s = d.wait_status("steered datagrams", |s| u64_at(s, "/datagrams_in") == sent_before.iter().sum::<u64>() + 20);
+        let s =
+            d.wait_status("steered datagrams", |s| u64_at(s, "/datagrams_in") == sent_before.iter().sum::<u64>() + 20);
         let got = u64_at(&s, &format!("/per_shard/{core}/datagrams_in")) - sent_before[core];
         assert_eq!(got, 20, "all 20 datagrams sent from core {core} went to shard {core}: {s}");
     }

@@ -41,9 +41,16 @@ static SEQ: AtomicU64 = AtomicU64::new(0);
 
 pub fn temp_dir(tag: &str) -> PathBuf {
     let n = SEQ.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
     // Short: unix socket paths are limited to 107 bytes.
-    let d = PathBuf::from(format!("/tmp/dmx-{}-{}-{}-{:x}", tag.chars().take(8).collect::<String>(), std::process::id(), n, nanos));
+    let d = PathBuf::from(format!(
+        "/tmp/dmx-{}-{}-{}-{:x}",
+        tag.chars().take(8).collect::<String>(),
+        std::process::id(),
+        n,
+        nanos
+    ));
     std::fs::create_dir_all(&d).unwrap();
     d
 }
@@ -175,7 +182,11 @@ impl Demux {
         self.wait_status("instance set", |s| {
             let mut got: Vec<(u16, bool)> = s["instances"]
                 .as_array()
-                .map(|a| a.iter().map(|i| (i["server_id"].as_u64().unwrap() as u16, i["placeable"].as_bool().unwrap())).collect())
+                .map(|a| {
+                    a.iter()
+                        .map(|i| (i["server_id"].as_u64().unwrap() as u16, i["placeable"].as_bool().unwrap()))
+                        .collect()
+                })
                 .unwrap_or_default();
             got.sort();
             got == want
@@ -288,7 +299,13 @@ fn set_rcvtimeo(fd: RawFd, d: Duration) {
     let tv = libc::timeval { tv_sec: d.as_secs() as libc::time_t, tv_usec: d.subsec_micros() as libc::suseconds_t };
     // SAFETY: passes a live timeval of the right size.
     unsafe {
-        libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&tv as *const libc::timeval).cast(), size_of::<libc::timeval>() as libc::socklen_t);
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            size_of::<libc::timeval>() as libc::socklen_t,
+        );
     }
 }
 
@@ -339,7 +356,8 @@ impl Worker {
     /// Connects, says DataHello, reads Sockets, and (if `ready`) says Ready.
     pub fn connect(d: &Demux, server_id: u16, ready: bool) -> Worker {
         let fd = seqpacket_connect(&d.data).unwrap();
-        send_record(fd.as_raw_fd(), &encode_control(&Control::DataHello { server_id: ServerId(server_id) }), &[]).unwrap();
+        send_record(fd.as_raw_fd(), &encode_control(&Control::DataHello { server_id: ServerId(server_id) }), &[])
+            .unwrap();
         let mut buf = vec![0u8; 4096];
         let (n, socket_fds) = recv_record(fd.as_raw_fd(), &mut buf).unwrap();
         let sockets = match decode_control(&buf[..n]) {
