@@ -239,6 +239,44 @@ fn drain_under_load_loses_no_accepted_request() {
     eprintln!("drain: accepted by drained worker {accepted}, client retries {}", retried.load(Ordering::Relaxed));
 }
 
+/// Data-plane crash: SIGKILL the demux mid-download and start a new one on the same
+/// address and keys. The worker reconnects its data connection (DataHello again,
+/// new socket fds, Ready resent), the CIDs route as before, and the download
+/// finishes on the same connection.
+#[test]
+fn demux_restart_keeps_established_connections() {
+    let mut d = Demux::start("restart");
+    let c = cert(&d.dir);
+    let _w: Vec<Worker> = (1..=2).map(|id| Worker::start(&d, &c, id, &[])).collect();
+    d.wait_instances("2 placeable", |i| i.iter().filter(|x| x.1).count() == 2);
+    let rt = rt();
+    let progress = Arc::new(AtomicU64::new(0));
+    let p2 = progress.clone();
+    let ep = {
+        let _e = rt.enter();
+        client_endpoint(&c)
+    };
+    let addr = d.addr;
+    let download = rt.spawn(async move {
+        let mut h = H3::connect(&ep, addr).await.expect("connect");
+        let r = h.get_with("/bytes/67108864", |n| p2.store(n, Ordering::Relaxed)).await;
+        let after = r.as_ref().ok().map(|_| ());
+        let health = if after.is_some() { h.get("/health").await.ok() } else { None };
+        h.close();
+        (r, health)
+    });
+    while progress.load(Ordering::Relaxed) < 4 << 20 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    d.crash_and_restart();
+    d.wait_instances("both workers back and placeable", |i| i.iter().filter(|x| x.1).count() == 2);
+    let (r, health) = rt.block_on(download).expect("download task");
+    let r = r.expect("download across the data-plane restart");
+    assert_eq!((r.status, r.len, r.pattern_ok), (200, 64 << 20, true));
+    assert_eq!(health.expect("request after the restart").server_id, r.server_id);
+    assert_eq!(d.reason("Orphan"), 0);
+}
+
 /// Echo mode: a datagram forwarded by the demux comes back to its sender from the
 /// shared address, bypassing QUIC.
 #[test]

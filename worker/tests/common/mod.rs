@@ -109,6 +109,31 @@ impl Demux {
         Demux { child, dir, addr, data, control, keys_path, keys }
     }
 
+    /// SIGKILLs the data plane and starts a new one on the same address, keys and
+    /// socket paths (what a supervisor does after a crash).
+    pub fn crash_and_restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for p in [&self.data, &self.control, &self.dir.join("ready")] {
+            let _ = std::fs::remove_file(p);
+        }
+        let log = self.dir.join("demux2.log");
+        self.child = Command::new(demux_bin())
+            .args(["dataplane", "--listen", &self.addr.to_string(), "--cores", "0", "--io", "mmsg", "--keys"])
+            .arg(&self.keys_path)
+            .arg("--data-socket")
+            .arg(&self.data)
+            .arg("--control-socket")
+            .arg(&self.control)
+            .arg("--ready-file")
+            .arg(self.dir.join("ready"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("respawn demux");
+        wait_file(&self.dir.join("ready"), &mut self.child, &log, "restarted demux");
+    }
+
     /// The data plane's status JSON.
     pub fn status(&self) -> serde_json::Value {
         let fd = fdpass::seqpacket_connect(&self.control).expect("control socket");
