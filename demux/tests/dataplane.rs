@@ -463,3 +463,105 @@ fn buffer_ring_exhaustion_loses_nothing(io: &str) {
     }
 }
 both_backends!(buffer_ring_exhaustion_loses_nothing);
+
+/// IPv4 and IPv6 listen addresses side by side: Sockets carries one fd per address in
+/// `--listen` order; frames carry the client address, the local address
+/// (IP_PKTINFO / IPV6_PKTINFO) and the ECN codepoint (IP_TOS / IPV6_TCLASS,
+/// RFC 3168); an unsupported version ≥ 1200 bytes goes out for Version Negotiation
+/// (RFC 9000 §6).
+fn ipv6_ecn_and_version_negotiation(io: &str) {
+    use std::os::fd::AsRawFd;
+    let d = Demux::start_with(io, "0", &["--listen", "[::1]:0"]);
+    let mut rng = Rng(11);
+    let w = Worker::connect(&d, 121, true);
+    assert_eq!(w.sockets, d.udp);
+    assert_eq!(w.sockets.len(), 2);
+    assert_eq!(w.socket_fds.len(), 2, "one UDP fd per listen address");
+    assert!(d.udp[1].is_ipv6());
+    d.wait_instances(&[(121, true)]);
+    let cid = d.cid(121, &mut rng);
+    // IPv6 with ECT(0) in the traffic class.
+    let c6 = std::net::UdpSocket::bind("[::1]:0").unwrap();
+    let tclass: libc::c_int = 0x02;
+    // SAFETY: setsockopt with a live c_int.
+    let r = unsafe {
+        libc::setsockopt(
+            c6.as_raw_fd(),
+            libc::IPPROTO_IPV6,
+            libc::IPV6_TCLASS,
+            (&tclass as *const libc::c_int).cast(),
+            4,
+        )
+    };
+    assert_eq!(r, 0);
+    c6.send_to(&short(&cid, 100, &mut rng), d.udp[1]).unwrap();
+    // IPv4 with ECT(1) | CE = 0x03.
+    let c4 = client();
+    let tos: libc::c_int = 0x03;
+    // SAFETY: setsockopt with a live c_int.
+    let r = unsafe {
+        libc::setsockopt(c4.as_raw_fd(), libc::IPPROTO_IP, libc::IP_TOS, (&tos as *const libc::c_int).cast(), 4)
+    };
+    assert_eq!(r, 0);
+    c4.send_to(&short(&cid, 100, &mut rng), d.udp[0]).unwrap();
+    wait_until("both frames", || w.datagrams() == 2);
+    let f = w.frames();
+    let f6 = f.iter().find(|f| f.meta.client.is_ipv6()).expect("v6 frame");
+    let f4 = f.iter().find(|f| f.meta.client.is_ipv4()).expect("v4 frame");
+    assert_eq!(f6.meta.client, c6.local_addr().unwrap());
+    assert_eq!(f6.meta.local, Some(d.udp[1]));
+    assert_eq!(f6.meta.ecn, 2);
+    assert_eq!(f4.meta.local, Some(d.udp[0]));
+    assert_eq!(f4.meta.ecn, 3);
+    // Unsupported version: 1200 bytes → VersionNegotiation, 1199 bytes → NotQuic.
+    let mut vn = long(INITIAL, &rng.bytes(8), 1200, &mut rng);
+    vn[1..5].copy_from_slice(&0x1a2a_3a4au32.to_be_bytes());
+    assert_eq!(vn.len(), 1200);
+    c4.send_to(&vn, d.udp[0]).unwrap();
+    c4.send_to(&vn[..1199], d.udp[0]).unwrap();
+    wait_until("VN candidate delivered", || w.datagrams() == 3);
+    let s = d.wait_status("VN counted", |s| reason(s, "NotQuic") == 1);
+    assert_eq!(reason(&s, "VersionNegotiation"), 1);
+    assert_eq!(reason(&s, "Owner"), 2);
+}
+both_backends!(ipv6_ecn_and_version_negotiation);
+
+/// `--io auto` where io_uring is refused (a seccomp filter failing io_uring_setup with
+/// EPERM): the data plane falls back to recvmmsg with one log line naming the reason,
+/// and still forwards.
+#[test]
+fn auto_falls_back_to_mmsg_when_io_uring_is_refused() {
+    let d = Demux::start_opts("auto", "0", &[], true);
+    let mut rng = Rng(12);
+    let w = Worker::connect(&d, 131, true);
+    d.wait_instances(&[(131, true)]);
+    assert_eq!(d.status()["io"], "mmsg");
+    let log = d.log();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("io_uring unavailable")).collect();
+    assert_eq!(lines.len(), 1, "exactly one fallback line: {log}");
+    assert!(lines[0].contains("seccomp") && lines[0].contains("--io mmsg"), "{}", lines[0]);
+    client().send_to(&short(&d.cid(131, &mut rng), 100, &mut rng), d.addr()).unwrap();
+    wait_until("forwarded", || w.datagrams() == 1);
+}
+
+/// The same with `--io uring`: a clear start-up error instead of a fallback.
+#[test]
+fn uring_refused_is_a_clear_error() {
+    let dir = temp_dir("refuse");
+    let keys = dir.join("keys");
+    assert!(std::process::Command::new(BIN).args(["gen-keys", "--out"]).arg(&keys).status().unwrap().success());
+    let mut cmd = std::process::Command::new(BIN);
+    deny_io_uring_in_child(&mut cmd);
+    let out = cmd
+        .args(["--listen", "127.0.0.1:0", "--io", "uring", "--keys"])
+        .arg(&keys)
+        .arg("--data-socket")
+        .arg(dir.join("d.sock"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("io_uring") && err.contains("EPERM") || err.contains("not permitted"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -97,6 +97,12 @@ impl Demux {
     }
 
     pub fn start_with(io: &str, cores: &str, extra: &[&str]) -> Demux {
+        Self::start_opts(io, cores, extra, false)
+    }
+
+    /// As [`Demux::start_with`]; with `deny_io_uring` the data plane runs under a
+    /// seccomp filter that fails io_uring_setup with EPERM (as container runtimes do).
+    pub fn start_opts(io: &str, cores: &str, extra: &[&str], deny_io_uring: bool) -> Demux {
         let dir = temp_dir(io);
         let keys_path = dir.join("keys");
         let st = Command::new(BIN).args(["gen-keys", "--out"]).arg(&keys_path).status().unwrap();
@@ -106,7 +112,11 @@ impl Demux {
         let control = dir.join("c.sock");
         let ready = dir.join("ready");
         let log = std::fs::File::create(dir.join("demux.log")).unwrap();
-        let mut child = Command::new(BIN)
+        let mut cmd = Command::new(BIN);
+        if deny_io_uring {
+            deny_io_uring_in_child(&mut cmd);
+        }
+        let mut child = cmd
             .args(["dataplane", "--listen", "127.0.0.1:0", "--cores", cores, "--io", io, "--keys"])
             .arg(&keys_path)
             .arg("--data-socket")
@@ -489,4 +499,31 @@ pub fn long(ty: u8, dcid: &[u8], total: usize, rng: &mut Rng) -> Vec<u8> {
 
 pub fn initial(dcid: &[u8], rng: &mut Rng) -> Vec<u8> {
     long(INITIAL, dcid, 1200, rng)
+}
+
+/// Installs (in the child, before exec) a seccomp filter that makes io_uring_setup
+/// fail with EPERM and allows everything else (seccomp(2), SECCOMP_SET_MODE_FILTER).
+pub fn deny_io_uring_in_child(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
+    // syscalls (prctl) on data prepared before the fork.
+    unsafe {
+        cmd.pre_exec(|| {
+            // struct seccomp_data { int nr; u32 arch; u64 ip; u64 args[6]; }
+            let filter = [
+                libc::sock_filter { code: 0x20, jt: 0, jf: 0, k: 0 }, // ld [nr]
+                libc::sock_filter { code: 0x15, jt: 0, jf: 1, k: libc::SYS_io_uring_setup as u32 }, // jeq
+                libc::sock_filter { code: 0x06, jt: 0, jf: 0, k: 0x0005_0000 | libc::EPERM as u32 }, // ret ERRNO
+                libc::sock_filter { code: 0x06, jt: 0, jf: 0, k: 0x7fff_0000 }, // ret ALLOW
+            ];
+            let prog = libc::sock_fprog { len: filter.len() as u16, filter: filter.as_ptr() as *mut libc::sock_filter };
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &prog as *const libc::sock_fprog) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
