@@ -184,8 +184,10 @@ async fn run(a: Args) -> anyhow::Result<()> {
     data.close();
     let s = &ctx.stats;
     let d = &data.stats;
+    let u = socket.udp();
     eprintln!(
-        "worker exit: server_id={} connections={} requests={} ok={} retries={} refused={} frames={} malformed={} drained={}",
+        "worker exit: server_id={} connections={} requests={} ok={} retries={} refused={} frames={} malformed={} \
+         udp_sends={} udp_bytes={} udp_errors={} gso_max={} drained={}",
         server_id,
         s.connections.load(Ordering::Relaxed),
         s.requests.load(Ordering::Relaxed),
@@ -194,6 +196,10 @@ async fn run(a: Args) -> anyhow::Result<()> {
         s.refused_incoming.load(Ordering::Relaxed),
         d.frames.load(Ordering::Relaxed),
         d.malformed.load(Ordering::Relaxed),
+        u.stats.transmits.load(Ordering::Relaxed),
+        u.stats.bytes.load(Ordering::Relaxed),
+        u.stats.errors.load(Ordering::Relaxed),
+        u.max_transmit_segments(),
         finished,
     );
     Ok(())
