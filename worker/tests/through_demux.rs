@@ -277,6 +277,28 @@ fn demux_restart_keeps_established_connections() {
     assert_eq!(d.reason("Orphan"), 0);
 }
 
+/// Two listen addresses, IPv4 and IPv6: `Sockets` carries one fd each; replies to
+/// each family leave from the socket the client sent to (IP_PKTINFO /
+/// IPV6_PKTINFO source address), so both clients complete.
+#[test]
+fn ipv4_and_ipv6_listen_addresses() {
+    let d = Demux::start_on("v46", &["127.0.0.1:0", "[::1]:0"]);
+    assert_eq!(d.addrs.len(), 2);
+    let c = cert(&d.dir);
+    let _w: Vec<Worker> = (1..=2).map(|id| Worker::start(&d, &c, id, &[])).collect();
+    d.wait_instances("2 placeable", |i| i.iter().filter(|x| x.1).count() == 2);
+    rt().block_on(async {
+        for (bind, addr) in [("127.0.0.1:0", d.addrs[0]), ("[::1]:0", d.addrs[1])] {
+            let ep = client_endpoint_on(&c, bind);
+            let mut h = H3::connect(&ep, addr).await.expect("connect");
+            let r = h.get("/bytes/300000").await.expect("request");
+            assert_eq!((r.status, r.len, r.pattern_ok), (200, 300000, true), "via {addr}");
+            h.close();
+            ep.wait_idle().await;
+        }
+    });
+}
+
 /// Echo mode: a datagram forwarded by the demux comes back to its sender from the
 /// shared address, bypassing QUIC.
 #[test]

@@ -71,6 +71,8 @@ pub struct Demux {
     child: Child,
     pub dir: PathBuf,
     pub addr: SocketAddr,
+    /// Every listen address, in --listen order.
+    pub addrs: Vec<SocketAddr>,
     pub data: PathBuf,
     pub control: PathBuf,
     pub keys_path: PathBuf,
@@ -79,6 +81,11 @@ pub struct Demux {
 
 impl Demux {
     pub fn start(tag: &str) -> Demux {
+        Demux::start_on(tag, &["127.0.0.1:0"])
+    }
+
+    /// A data plane listening on each of `listen` (port 0: a free port).
+    pub fn start_on(tag: &str, listen: &[&str]) -> Demux {
         let bin = demux_bin();
         let dir = temp_dir(tag);
         let keys_path = dir.join("keys");
@@ -88,7 +95,9 @@ impl Demux {
         let (data, control, ready, log) =
             (dir.join("d.sock"), dir.join("c.sock"), dir.join("ready"), dir.join("demux.log"));
         let mut child = Command::new(&bin)
-            .args(["dataplane", "--listen", "127.0.0.1:0", "--cores", "0", "--io", "mmsg", "--keys"])
+            .arg("dataplane")
+            .args(listen.iter().flat_map(|l| ["--listen", l]))
+            .args(["--cores", "0", "--io", "mmsg", "--keys"])
             .arg(&keys_path)
             .arg("--data-socket")
             .arg(&data)
@@ -101,12 +110,10 @@ impl Demux {
             .spawn()
             .expect("spawn demux");
         let text = wait_file(&ready, &mut child, &log, "demux");
-        let addr = text
-            .lines()
-            .find_map(|l| l.strip_prefix("udp "))
-            .and_then(|a| a.parse().ok())
-            .expect("udp line in ready file");
-        Demux { child, dir, addr, data, control, keys_path, keys }
+        let addrs: Vec<SocketAddr> =
+            text.lines().filter_map(|l| l.strip_prefix("udp ")).filter_map(|a| a.parse().ok()).collect();
+        let addr = *addrs.first().expect("udp line in ready file");
+        Demux { child, dir, addr, addrs, data, control, keys_path, keys }
     }
 
     /// SIGKILLs the data plane and starts a new one on the same address, keys and
@@ -289,12 +296,16 @@ impl Drop for Worker {
 // ---------------------------------------------------------------------------------
 
 pub fn client_endpoint(c: &Cert) -> quinn::Endpoint {
+    client_endpoint_on(c, "127.0.0.1:0")
+}
+
+pub fn client_endpoint_on(c: &Cert, bind: &str) -> quinn::Endpoint {
     let crypto = worker::tls::client_crypto(std::slice::from_ref(&c.der), &[b"h3"]).expect("client crypto");
     let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
     let mut t = quinn::TransportConfig::default();
     t.max_idle_timeout(Some(quinn::IdleTimeout::from(quinn::VarInt::from_u32(30_000))));
     cfg.transport_config(Arc::new(t));
-    let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().expect("addr")).expect("client endpoint");
+    let mut ep = quinn::Endpoint::client(bind.parse().expect("addr")).expect("client endpoint");
     ep.set_default_client_config(cfg);
     ep
 }
