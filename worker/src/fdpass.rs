@@ -383,6 +383,6 @@ mod tests {
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
         assert!(seqpacket_connect(&dir.join("missing.sock")).is_err());
         assert!(seqpacket_connect(Path::new(&"x".repeat(200))).is_err());
-        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
