@@ -50,6 +50,8 @@ pub struct Config {
     pub label: &'static str,
     /// Pin sender thread i to CPU cpus[i % len] (empty: no pinning).
     pub cpus: Vec<usize>,
+    /// Send the pool's Initials as built, instead of with a fresh DCID each time.
+    pub reuse_dcids: bool,
 }
 
 impl Config {
@@ -176,10 +178,14 @@ struct Worker {
     seg: usize,
     rate: Option<f64>,
     limit: Option<u64>,
+    /// Fresh DCID tags for Initials (None: reuse the pool's DCIDs).
+    dcid_tag: Option<u64>,
 }
 
 impl Worker {
-    fn run(mut self, deadline: Instant, stop: &AtomicBool, c: &Counters) -> Option<String> {
+    /// Sends until the deadline, the stop flag or the count; returns when the last
+    /// send returned and the last error seen.
+    fn run(mut self, deadline: Instant, stop: &AtomicBool, c: &Counters) -> (Instant, Option<String>) {
         let seg = self.seg;
         let trains = self.pool.len() / seg;
         let max_call = self.sender.capacity() * seg;
@@ -195,7 +201,7 @@ impl Worker {
         let mut remaining = self.limit.unwrap_or(u64::MAX);
         let (mut cursor, mut sock_i) = (0usize, 0usize);
         let mut last_err = None;
-        let mut msgs: Vec<&[u8]> = Vec::with_capacity(self.sender.capacity());
+        let mut msgs: Vec<(usize, usize)> = Vec::with_capacity(self.sender.capacity());
         while remaining > 0 && !stop.load(Ordering::Relaxed) {
             let now = Instant::now();
             if now >= deadline {
@@ -217,6 +223,19 @@ impl Worker {
                     n
                 }
             };
+            // Every Initial about to go out gets a DCID never sent before, so each one
+            // looks like a new connection attempt (not a retransmission hitting a pin).
+            if let Some(tag) = self.dcid_tag.as_mut() {
+                let (first, len) = (cursor * seg, self.pool.len());
+                for k in 0..n {
+                    let j = (first + k) % len;
+                    if self.pool.initials[j] {
+                        *tag = tag.wrapping_add(1);
+                        let off = j * self.pool.stride;
+                        crate::packets::refresh_initial_dcid(&mut self.pool.data[off..off + self.pool.stride], *tag);
+                    }
+                }
+            }
             // n datagrams as ceil(n / seg) messages of consecutive pool slots.
             msgs.clear();
             let mut left = n;
@@ -224,21 +243,21 @@ impl Worker {
                 let k = left.min(seg);
                 let start = cursor * seg * self.pool.stride;
                 if seg == 1 {
-                    msgs.push(self.pool.slot(cursor));
+                    msgs.push((start, self.pool.lens[cursor]));
                 } else {
-                    msgs.push(&self.pool.data[start..start + k * self.pool.stride]);
+                    msgs.push((start, k * self.pool.stride));
                 }
                 cursor = (cursor + 1) % trains;
                 left -= k;
             }
             let sock = &self.socks[sock_i];
             sock_i = (sock_i + 1) % self.socks.len();
-            let (ok, errs, e) = self.sender.send(sock, &msgs);
+            let (ok, errs, e) = self.sender.send(sock, &self.pool.data, &msgs);
             // Messages map to `seg` datagrams each except possibly the last.
             let (mut okd, mut okb) = (0u64, 0u64);
-            for m in &msgs[..ok] {
-                okd += (m.len() as u64).div_ceil(self.pool.stride as u64).max(1);
-                okb += m.len() as u64;
+            for &(_, len) in &msgs[..ok] {
+                okd += (len as u64).div_ceil(self.pool.stride as u64).max(1);
+                okb += len as u64;
             }
             let errd = (n as u64).saturating_sub(okd);
             c.sent.fetch_add(okd, Ordering::Relaxed);
@@ -249,7 +268,7 @@ impl Worker {
             }
             remaining = remaining.saturating_sub(n as u64);
         }
-        last_err
+        (Instant::now(), last_err)
     }
 }
 
@@ -259,7 +278,9 @@ pub fn run(cfg: &Config, stop: Arc<AtomicBool>) -> anyhow::Result<Summary> {
     let seg = cfg.gso.unwrap_or(1);
     let mut spec = cfg.spec.clone();
     spec.fixed_size = cfg.gso.is_some();
-    let pool_n = POOL_DATAGRAMS.div_ceil(seg) * seg;
+    // A whole number of mix cycles and of GSO trains, so ratios hold exactly.
+    let unit = crate::packets::MIX_CYCLE.len() * seg;
+    let pool_n = POOL_DATAGRAMS.div_ceil(unit) * unit;
     let mut workers = Vec::with_capacity(cfg.threads);
     for t in 0..cfg.threads {
         let mut socks = Vec::new();
@@ -283,6 +304,7 @@ pub fn run(cfg: &Config, stop: Arc<AtomicBool>) -> anyhow::Result<Summary> {
                 Rate::Pps(r) => Some(r / cfg.threads as f64),
             },
             limit: cfg.count.map(|c| share(c, cfg.threads, t)),
+            dcid_tag: (!cfg.reuse_dcids).then(|| rng.next_u64()),
         });
     }
     let counters = Arc::new(Counters::default());
@@ -297,7 +319,7 @@ pub fn run(cfg: &Config, stop: Arc<AtomicBool>) -> anyhow::Result<Summary> {
             std::thread::Builder::new().name(format!("udpflood-{i}")).spawn(move || {
                 if let Some(id) = cpu {
                     if !core_affinity::set_for_current(core_affinity::CoreId { id }) {
-                        return Some(format!("could not pin to CPU {id}"));
+                        return (Instant::now(), Some(format!("could not pin to CPU {id}")));
                     }
                 }
                 w.run(deadline, &stop, &c)
@@ -332,11 +354,14 @@ pub fn run(cfg: &Config, stop: Arc<AtomicBool>) -> anyhow::Result<Summary> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    let elapsed = start.elapsed();
+    let mut end = start;
     let mut last_error = None;
     for h in handles {
         match h.join() {
-            Ok(e) => last_error = e.or(last_error),
+            Ok((t, e)) => {
+                end = end.max(t);
+                last_error = e.or(last_error);
+            }
             Err(_) => anyhow::bail!("a sender thread panicked"),
         }
     }
@@ -344,7 +369,7 @@ pub fn run(cfg: &Config, stop: Arc<AtomicBool>) -> anyhow::Result<Summary> {
         sent: counters.sent.load(Ordering::Relaxed),
         errors: counters.errors.load(Ordering::Relaxed),
         bytes: counters.bytes.load(Ordering::Relaxed),
-        elapsed,
+        elapsed: end.duration_since(start),
         last_error,
     })
 }

@@ -171,6 +171,7 @@ pub fn run(cfg: &Config, stop: Arc<AtomicBool>) -> anyhow::Result<Report> {
                 progress: false,
                 label: "background ",
                 cpus: cfg.background_cpus.clone(),
+                reuse_dcids: false,
             };
             fc.validate().map_err(|e| anyhow::anyhow!("background load: {e}"))?;
             let s = bg_stop.clone();

@@ -104,6 +104,10 @@ struct Args {
     /// With --latency: pins the background sender.
     #[arg(long, value_parser = parse_cpus)]
     cpus: Option<Cpus>,
+    /// initial/mix: send the 4096 prebuilt Initials per thread as they are (repeating
+    /// DCIDs hit the demux's pin table) instead of with a fresh DCID each time.
+    #[arg(long)]
+    reuse_dcids: bool,
     /// Stop after this many datagrams (or probes) in total.
     #[arg(long)]
     count: Option<u64>,
@@ -189,6 +193,7 @@ fn run_flood(a: &Args, keys: Option<KeySet>, ids: Vec<ServerId>) -> anyhow::Resu
         progress: !a.quiet,
         label: "",
         cpus: a.cpus.clone().map(|c| c.0).unwrap_or_default(),
+        reuse_dcids: a.reuse_dcids,
     };
     let s = flood::run(&cfg, Arc::new(AtomicBool::new(false)))?;
     if a.json {

@@ -102,6 +102,19 @@ fn put_varint(buf: &mut [u8], v: u64, len: usize) -> bool {
     true
 }
 
+/// Where an Initial's DCID starts (after first byte, version and DCID length); every
+/// DCID [`initial`] writes is at least [`INITIAL_DCID_MIN`] bytes long.
+pub const INITIAL_DCID_OFFSET: usize = 6;
+pub const INITIAL_DCID_MIN: usize = 8;
+
+/// Overwrites the first 8 DCID bytes of an Initial built by [`initial`] with `tag`,
+/// so a reused buffer looks like a new connection attempt.
+pub fn refresh_initial_dcid(datagram: &mut [u8], tag: u64) {
+    if let Some(d) = datagram.get_mut(INITIAL_DCID_OFFSET..INITIAL_DCID_OFFSET + INITIAL_DCID_MIN) {
+        d.copy_from_slice(&tag.to_le_bytes());
+    }
+}
+
 /// A QUIC v1 client Initial (RFC 9000 §17.2.2) filling all of `buf` (≥ 1200 bytes):
 /// first byte 0xc0 | (pn_len − 1), version 1, a random 8..=20-byte DCID, a random
 /// 0..=20-byte SCID, no token, a Length that covers exactly the rest of the datagram,
@@ -112,7 +125,7 @@ pub fn initial(buf: &mut [u8], rng: &mut Rng) -> Option<usize> {
         return None;
     }
     let pn_len = rng.range(1, 4);
-    let dcid_len = rng.range(8, 20);
+    let dcid_len = rng.range(INITIAL_DCID_MIN, 20);
     let scid_len = rng.range(0, 20);
     rng.fill(buf);
     buf[0] = 0xc0 | (pn_len as u8 - 1);
@@ -286,13 +299,17 @@ impl Spec {
         }
     }
 
-    /// Builds datagram number `i` of this spec into `buf` (at least `slot_len()` long).
-    pub fn build(&self, i: usize, buf: &mut [u8], rng: &mut Rng) -> Option<usize> {
-        let mode = match self.mode {
+    /// The kind of datagram number `i`.
+    pub fn mode_of(&self, i: usize) -> Mode {
+        match self.mode {
             Mode::Mix => MIX_CYCLE[i % MIX_CYCLE.len()],
             m => m,
-        };
-        match mode {
+        }
+    }
+
+    /// Builds datagram number `i` of this spec into `buf` (at least `slot_len()` long).
+    pub fn build(&self, i: usize, buf: &mut [u8], rng: &mut Rng) -> Option<usize> {
+        match self.mode_of(i) {
             Mode::Initial => initial(buf.get_mut(..self.size.max(MIN_INITIAL))?, rng),
             Mode::Short => {
                 let keys = self.keys.as_ref()?;
@@ -313,6 +330,8 @@ pub struct Pool {
     pub data: Vec<u8>,
     pub stride: usize,
     pub lens: Vec<usize>,
+    /// Which slots hold Initials (their DCIDs can be refreshed per send).
+    pub initials: Vec<bool>,
 }
 
 impl Pool {
@@ -321,19 +340,22 @@ impl Pool {
         let stride = spec.slot_len();
         let mut data = vec![0u8; stride * n];
         let mut lens = Vec::with_capacity(n);
+        let mut initials = Vec::with_capacity(n);
         for (i, slot) in data.chunks_exact_mut(stride).enumerate() {
             let len = spec
                 .build(i, slot, rng)
                 .ok_or_else(|| format!("cannot build a {}-byte {} datagram", spec.size, spec.mode.name()))?;
             lens.push(len);
+            initials.push(spec.mode_of(i) == Mode::Initial);
         }
-        Ok(Pool { data, stride, lens })
+        Ok(Pool { data, stride, lens, initials })
     }
 
     pub fn len(&self) -> usize {
         self.lens.len()
     }
 
+    #[cfg(test)]
     pub fn slot(&self, i: usize) -> &[u8] {
         &self.data[i * self.stride..i * self.stride + self.lens[i]]
     }
@@ -396,6 +418,12 @@ mod tests {
             }
         }
         assert_eq!(initial(&mut [0u8; 1199], &mut rng), None);
+        let mut buf = vec![0u8; 1200];
+        initial(&mut buf, &mut rng).unwrap();
+        refresh_initial_dcid(&mut buf, 0x0102_0304_0506_0708);
+        let Ok(Header::Long(h)) = parse(&buf, CID_LEN) else { panic!() };
+        assert_eq!(&h.dcid[..8], &0x0102_0304_0506_0708u64.to_le_bytes());
+        assert_eq!(h.packet_len, 1200);
     }
 
     #[test]
@@ -475,6 +503,7 @@ mod tests {
             }
         }
         assert_eq!((s, i, o, g), (60, 20, 10, 10));
+        assert_eq!(pool.initials.iter().filter(|&&x| x).count(), 20);
     }
 
     #[test]

@@ -110,12 +110,13 @@ impl MmsgSender {
         self.hdrs.len()
     }
 
-    /// Sends each of `msgs` (at most `capacity()`) as one message on the connected
-    /// socket `fd`. Returns, per call outcome, how many messages went out and the
-    /// errors met; a message that fails is counted and skipped, never retried.
-    pub fn send(&mut self, fd: &impl AsRawFd, msgs: &[&[u8]]) -> (usize, usize, Option<io::Error>) {
+    /// Sends each `data[start..start + len]` of `msgs` (at most `capacity()`) as one
+    /// message on the connected socket `fd`. Returns how many messages went out, how
+    /// many failed (each failure is counted and skipped, never retried) and the last error.
+    pub fn send(&mut self, fd: &impl AsRawFd, data: &[u8], msgs: &[(usize, usize)]) -> (usize, usize, Option<io::Error>) {
         let n = msgs.len().min(self.hdrs.len());
-        for (i, m) in msgs[..n].iter().enumerate() {
+        for (i, &(start, len)) in msgs[..n].iter().enumerate() {
+            let m = &data[start..start + len];
             self.iovs[i] = libc::iovec { iov_base: m.as_ptr() as *mut libc::c_void, iov_len: m.len() };
             let h = &mut self.hdrs[i].msg_hdr;
             h.msg_name = std::ptr::null_mut();
@@ -132,7 +133,7 @@ impl MmsgSender {
         let mut off = 0;
         while off < n {
             // SAFETY: hdrs[off..n] are initialised above; each points at its own iovec,
-            // which points into a slice of `msgs` that outlives this call, and at the
+            // which points into `data`, borrowed for the whole call, and at the
             // control buffer owned by self. The kernel only reads them (and writes msg_len).
             let rc = unsafe {
                 libc::sendmmsg(fd.as_raw_fd(), self.hdrs[off..].as_mut_ptr(), (n - off) as libc::c_uint, 0)

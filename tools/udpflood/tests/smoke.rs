@@ -159,13 +159,22 @@ fn rate_limit_holds() {
 
 #[test]
 fn initial_flood_is_well_formed() {
-    let (json, got) = flood_into_sink(&["--mode", "initial", "--size", "1252", "--count", "300", "--rate", "20000"]);
-    assert_eq!(json_num(&json, "sent"), 300.0);
-    assert_eq!(got.len(), 300);
+    // More than one pool (4100 per thread) so reuse is visible.
+    let (json, got) = flood_into_sink(&["--mode", "initial", "--size", "1252", "--count", "6000", "--rate", "50000"]);
+    assert_eq!(json_num(&json, "sent"), 6000.0);
+    assert_eq!(got.len(), 6000);
+    let mut dcids = HashSet::new();
     for (_, d) in &got {
         let Ok(Header::Long(h)) = parse(d, CID_LEN) else { panic!() };
         assert_eq!((h.ty, h.packet_len), (LongType::Initial, 1252));
+        dcids.insert(h.dcid.to_vec());
     }
+    assert_eq!(dcids.len(), 6000, "every Initial has a fresh DCID");
+    let (_, got) = flood_into_sink(&[
+        "--mode", "initial", "--size", "1200", "--count", "6000", "--rate", "50000", "--reuse-dcids",
+    ]);
+    let dcids: HashSet<Vec<u8>> = got.iter().map(|(_, d)| parse(d, CID_LEN).unwrap().dcid().to_vec()).collect();
+    assert_eq!(dcids.len(), 4100, "--reuse-dcids cycles the pool");
 }
 
 #[test]
