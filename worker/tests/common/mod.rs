@@ -228,18 +228,24 @@ pub struct Worker {
 
 impl Worker {
     pub fn start(d: &Demux, c: &Cert, id: u16, extra: &[&str]) -> Worker {
+        Worker::spawn(d, Some(c), id, extra)
+    }
+
+    /// A worker without --cert/--key: it makes a self-signed certificate at start.
+    pub fn start_self_signed(d: &Demux, id: u16, extra: &[&str]) -> Worker {
+        Worker::spawn(d, None, id, extra)
+    }
+
+    fn spawn(d: &Demux, c: Option<&Cert>, id: u16, extra: &[&str]) -> Worker {
         let ready = d.dir.join(format!("w{id}.ready"));
         let log = d.dir.join(format!("w{id}.log"));
         let _ = std::fs::remove_file(&ready);
-        let mut child = Command::new(WORKER)
-            .args(["--server-id", &id.to_string(), "--keys"])
-            .arg(&d.keys_path)
-            .arg("--data-socket")
-            .arg(&d.data)
-            .arg("--cert")
-            .arg(&c.cert)
-            .arg("--key")
-            .arg(&c.key)
+        let mut cmd = Command::new(WORKER);
+        cmd.args(["--server-id", &id.to_string(), "--keys"]).arg(&d.keys_path).arg("--data-socket").arg(&d.data);
+        if let Some(c) = c {
+            cmd.arg("--cert").arg(&c.cert).arg("--key").arg(&c.key);
+        }
+        let mut child = cmd
             .arg("--ready-file")
             .arg(&ready)
             .args(extra)
