@@ -2,6 +2,7 @@
 
 mod common;
 
+use aws_lc_rs::hmac;
 use common::rng::Rng;
 use proptest::prelude::*;
 use proto::cid::{Decoded, Generation, KeySet, ServerId, Unroutable, CID_LEN, CID_RANDOM_LEN, KEY_LEN};
@@ -40,6 +41,12 @@ proptest! {
         prop_assert_eq!(cid[0] & 0x3f, rand[0] & 0x3f);
         prop_assert_eq!(&cid[1..9], &rand[1..9]);
         prop_assert_eq!(cid[11], rand[9]);
+        // ADR-0040 PRF, recomputed independently: bytes 9..=10 = id XOR
+        // HMAC-SHA-256(key[cr], bytes 0..=8)[0..2].
+        let secret = ks.secret(gen(g)).unwrap();
+        let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, secret), &cid[..9]);
+        let id_be = id.to_be_bytes();
+        prop_assert_eq!([cid[9] ^ tag.as_ref()[0], cid[10] ^ tag.as_ref()[1]], id_be);
         prop_assert_eq!(ks.decode(&cid), Ok(Decoded { generation: gen(g), server_id: ServerId(id) }));
         // The previous generation encodes and decodes too (rotation, ADR-0040).
         if let Some(p) = prev {

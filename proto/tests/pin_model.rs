@@ -29,7 +29,10 @@ impl Model {
     }
     fn alive(&self, at: Duration, now: Duration) -> bool {
         // A pin from the future (clock went back) counts as just made.
-        now.checked_sub(at).map_or(true, |age| age < self.ttl)
+        match now.checked_sub(at) {
+            Some(age) => age < self.ttl,
+            None => true,
+        }
     }
     fn get(&self, key: &[u8], now: Duration) -> Option<ServerId> {
         let p = self.pins.iter().find(|p| p.0 == key)?;

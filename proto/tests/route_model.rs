@@ -87,7 +87,7 @@ impl Model {
                 continue;
             }
             let w = Rendezvous::weight(self.rendezvous.seed(inst.server_id), h);
-            if best.map_or(true, |(bw, _)| w > bw) {
+            if !matches!(best, Some((bw, _)) if w <= bw) {
                 best = Some((w, i));
             }
         }
@@ -179,7 +179,7 @@ impl Model {
         };
         if uniform {
             let decision = self.route(segs[0], now);
-            let segments = (train.len() + stride - 1) / stride;
+            let segments = train.len().div_ceil(stride);
             return vec![TrainRun { bytes: 0..train.len(), segments, decision }];
         }
         let mut runs: Vec<TrainRun> = Vec::new();
