@@ -12,7 +12,7 @@ use crate::shard::{pin_thread, Router, ShardSetup, SockInfo};
 use crate::snapshot::Snapshot;
 use crate::sys;
 use anyhow::{bail, Context, Result};
-use io_uring::types::{BufRingEntry, Fd, RecvMsgOut};
+use io_uring::types::{BufRingEntry, Fd, RecvMsgOut, SubmitArgs, Timespec};
 use io_uring::{cqueue, opcode, IoUring, Probe};
 use std::mem::size_of;
 use std::os::fd::AsRawFd;
@@ -211,9 +211,11 @@ pub fn run(setup: ShardSetup) -> Result<()> {
         single_issuer_defer_taskrun = fast,
         "shard running"
     );
+    let _ = setup.started.send(setup.index);
     let mut used: Vec<u16> = Vec::with_capacity(usize::from(nbuf));
     let mut rearm: Vec<usize> = (0..socks.len()).collect();
     let mut failures = 0u32;
+    let idle = Timespec::new().sec(1);
     loop {
         // Re-arm every multishot that ended (first round: arm them all).
         for &i in &rearm {
@@ -231,9 +233,12 @@ pub fn run(setup: ShardSetup) -> Result<()> {
             s.armed = true;
         }
         rearm.clear();
-        match ring.submit_and_wait(1) {
+        // Wake at least once a second even without traffic, so an idle shard drops
+        // its reference to an old snapshot (and the fds of departed workers) too.
+        let args = SubmitArgs::new().timespec(&idle);
+        match ring.submitter().submit_with_args(1, &args) {
             Ok(_) => {}
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR | libc::EBUSY | libc::EAGAIN)) => {}
             Err(e) => return Err(e).context("io_uring_enter"),
         }
         router.begin();

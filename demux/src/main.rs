@@ -178,6 +178,7 @@ fn dataplane(a: DataPlaneArgs) -> Result<()> {
             .collect(),
     )?;
 
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
     // Shard 0's sockets stay open for the registry (their fds are handed to workers):
     // the shard threads own their sockets for the life of the process.
     for (i, (socks, core)) in sockets.into_iter().zip(cores.iter().copied()).enumerate() {
@@ -190,6 +191,7 @@ fn dataplane(a: DataPlaneArgs) -> Result<()> {
             pin_capacity: a.pin_capacity,
             batch: a.batch,
             uring_buffers: a.uring_buffers,
+            started: started_tx.clone(),
         };
         std::thread::Builder::new()
             .name(format!("shard-{i}"))
@@ -201,6 +203,12 @@ fn dataplane(a: DataPlaneArgs) -> Result<()> {
                 }
             })
             .context("spawning shard thread")?;
+    }
+    drop(started_tx);
+    // Ready means receiving: wait until every shard has its ring / epoll set up (a
+    // shard that fails exits the process with its error).
+    for _ in 0..cores.len() {
+        started_rx.recv_timeout(std::time::Duration::from_secs(60)).context("a shard did not start")?;
     }
     tracing::info!(
         listen = ?bound, cores = %cores::format(&cores.iter().map(|c| c.id).collect::<Vec<_>>()),

@@ -75,8 +75,14 @@ pub fn run(setup: ShardSetup) -> Result<()> {
     }
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; setup.sockets.len().max(1)];
     tracing::info!(shard = setup.index, core = setup.core.id, backend = "mmsg", "shard running");
+    let _ = setup.started.send(setup.index);
     loop {
         let n = epoll.wait(&mut events, 1000).context("epoll_wait")?;
+        if n == 0 {
+            // Idle: refresh the cached snapshot so an old one (and the fds of
+            // departed workers it names) is released.
+            let _ = cache.load();
+        }
         for ev in &events[..n] {
             let i = ev.u64 as usize;
             let (Some(sock), Some(info)) = (setup.sockets.get(i), infos.get(i)) else { continue };

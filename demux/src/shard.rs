@@ -24,6 +24,8 @@ pub struct ShardSetup {
     pub pin_capacity: usize,
     pub batch: usize,
     pub uring_buffers: u16,
+    /// Told the shard index once the shard is set up and about to receive.
+    pub started: std::sync::mpsc::Sender<usize>,
 }
 
 /// Per-socket facts the hot path needs.

@@ -565,3 +565,27 @@ fn uring_refused_is_a_clear_error() {
     assert!(!err.contains("panicked"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A departed worker's data connection is closed by the data plane soon after it
+/// leaves, even when no datagram arrives (idle shards refresh their snapshot).
+fn departed_workers_fd_is_released(io: &str) {
+    let d = Demux::start(io, "0-1");
+    let fds = || std::fs::read_dir(format!("/proc/{}/fd", d.child.id())).map(|r| r.count()).unwrap_or(0);
+    // The ready file is written once every shard runs: the fd set is complete.
+    let base = fds();
+    let w = Worker::connect(&d, 141, true);
+    d.wait_instances(&[(141, true)]);
+    wait_until("data connection accepted", || fds() > base);
+    // A datagram makes a shard load (and cache) the snapshot naming this worker.
+    let mut rng = Rng(14);
+    client().send_to(&short(&d.cid(141, &mut rng), 100, &mut rng), d.addr()).unwrap();
+    wait_until("delivered", || w.datagrams() == 1);
+    w.close();
+    d.wait_instances(&[]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while fds() > base {
+        assert!(std::time::Instant::now() < deadline, "data connection fd still open: {} > {base}", fds());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+both_backends!(departed_workers_fd_is_released);
