@@ -166,7 +166,7 @@ fn run(cap: usize, ttl: Duration, hash_key: [u8; 16], ops: &[Op]) -> Result<(), 
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
 
     #[test]
     fn matches_model_small_capacities(
