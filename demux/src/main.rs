@@ -107,6 +107,11 @@ fn dataplane(a: DataPlaneArgs) -> Result<()> {
     }
     let Some(keys_path) = a.keys.as_deref() else { bail!("--keys FILE is required") };
     let Some(data_path) = a.data_socket.as_deref() else { bail!("--data-socket PATH is required") };
+    for (i, l) in a.listen.iter().enumerate() {
+        if a.listen[..i].contains(l) && l.port() != 0 {
+            bail!("--listen {l} given twice");
+        }
+    }
     if a.listen.len() > proto::wire::MAX_SOCKETS {
         bail!("at most {} --listen addresses", proto::wire::MAX_SOCKETS);
     }

@@ -179,6 +179,35 @@ fn gro_train_is_one_frame(io: &str) {
     assert_eq!(u64_at(&s, "/trains_in"), 1);
     assert_eq!(reason(&s, "Owner"), 8);
     assert_eq!(u64_at(&s, "/datagrams_in"), 8);
+
+    // A train whose segments route to different places is split into runs: segments
+    // 0-3 for 51, 4-5 not QUIC (dropped), 6-7 for 52 (one frame each, with the stride;
+    // a run of one segment is a plain datagram).
+    let w2 = Worker::connect(&d, 52, true);
+    d.wait_instances(&[(51, true), (52, true)]);
+    w.clear();
+    let cid2 = d.cid(52, &mut rng);
+    let mut mixed = Vec::new();
+    for k in 0..8 {
+        let mut p = short(if k < 4 { &cid } else { &cid2 }, 1200, &mut rng);
+        if k == 4 || k == 5 {
+            p[0] &= !0x40; // fixed bit clear: not QUIC
+        }
+        mixed.extend_from_slice(&p);
+    }
+    mixed.extend_from_slice(&short(&cid2, 500, &mut rng)); // a shorter last segment
+    c.send_to(&mixed, d.addr()).unwrap();
+    wait_until("mixed train delivered", || w.datagrams() == 4 && w2.datagrams() == 3);
+    let (f1, f2) = (w.frames(), w2.frames());
+    assert_eq!(f1.len(), 1);
+    assert_eq!((f1[0].meta.segment_size, f1[0].len), (Some(1200), 4800));
+    assert_eq!(f2.len(), 1);
+    assert_eq!((f2[0].meta.segment_size, f2[0].len), (Some(1200), 2900));
+    assert_eq!(f2[0].dcid(), cid2.to_vec());
+    let s = d.wait_status("mixed train counted", |s| u64_at(s, "/datagrams_in") == 17);
+    assert_eq!(u64_at(&s, "/trains_in"), 2);
+    assert_eq!(reason(&s, "Owner"), 8 + 7);
+    assert_eq!(reason(&s, "NotQuic"), 2);
 }
 both_backends!(gro_train_is_one_frame);
 
