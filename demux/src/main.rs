@@ -163,6 +163,13 @@ fn dataplane(a: DataPlaneArgs) -> Result<()> {
         listen: bound.iter().map(|a| a.to_string()).collect(),
         pid: std::process::id(),
     };
+    // Before any other thread exists: signals are then blocked everywhere.
+    exit_on_signal(
+        vec![Some(data_path.to_path_buf()), a.control_socket.clone(), a.ready_file.clone()]
+            .into_iter()
+            .flatten()
+            .collect(),
+    )?;
     let mut reg = registry::Registry::new(registry::RegistryConfig {
         keys: keyset,
         rendezvous_key: keyfile.rendezvous_key,
@@ -174,14 +181,9 @@ fn dataplane(a: DataPlaneArgs) -> Result<()> {
         counters: counters.clone(),
         max_instances: a.max_instances,
         info,
+        keys_path: keys_path.to_path_buf(),
+        reload_signal: Some(reload_signal_fd()?),
     })?;
-
-    exit_on_signal(
-        vec![Some(data_path.to_path_buf()), a.control_socket.clone(), a.ready_file.clone()]
-            .into_iter()
-            .flatten()
-            .collect(),
-    )?;
 
     let (started_tx, started_rx) = std::sync::mpsc::channel();
     // Shard 0's sockets stay open for the registry (their fds are handed to workers):
@@ -249,8 +251,12 @@ fn exit_on_signal(paths: Vec<std::path::PathBuf>) -> Result<()> {
         libc::sigaddset(&mut set, libc::SIGINT);
         set
     };
-    // SAFETY: blocks the signals in the calling thread; `set` is live.
-    let r = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    let mut blocked = set;
+    // SAFETY: adds to a live sigset_t.
+    unsafe { libc::sigaddset(&mut blocked, libc::SIGHUP) };
+    // SAFETY: blocks the signals in the calling thread; `blocked` is live. SIGHUP is
+    // blocked too: the registry takes it from its signalfd (key reload).
+    let r = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &blocked, std::ptr::null_mut()) };
     if r != 0 {
         bail!("pthread_sigmask: {}", std::io::Error::from_raw_os_error(r));
     }
@@ -268,4 +274,18 @@ fn exit_on_signal(paths: Vec<std::path::PathBuf>) -> Result<()> {
         })
         .context("spawning the signal thread")?;
     Ok(())
+}
+
+/// A signalfd for SIGHUP (blocked in every thread by exit_on_signal): the registry
+/// re-reads the key file when it fires.
+fn reload_signal_fd() -> Result<std::os::fd::OwnedFd> {
+    // SAFETY: sigset_t is plain old data; the sig* calls only touch `set`.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGHUP);
+        set
+    };
+    // SAFETY: creates a new signalfd for a live set.
+    sys::owned(unsafe { libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC) }).context("signalfd(SIGHUP)")
 }

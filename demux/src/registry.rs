@@ -24,6 +24,7 @@ use std::sync::Arc;
 
 const TOKEN_DATA_LISTENER: u64 = 0;
 const TOKEN_CONTROL_LISTENER: u64 = 1;
+const TOKEN_RELOAD: u64 = 2;
 /// Send buffer of a data connection: frames wait here while the worker catches up.
 const DATA_SNDBUF: libc::c_int = 4 << 20;
 
@@ -65,6 +66,8 @@ pub struct Registry {
     counters: Vec<Arc<ShardCounters>>,
     info: StatusInfo,
     buf: Vec<u8>,
+    keys_path: std::path::PathBuf,
+    reload_signal: Option<OwnedFd>,
 }
 
 pub struct RegistryConfig {
@@ -78,6 +81,9 @@ pub struct RegistryConfig {
     pub counters: Vec<Arc<ShardCounters>>,
     pub max_instances: usize,
     pub info: StatusInfo,
+    /// The key file, re-read on SIGHUP (`reload_signal`, a signalfd).
+    pub keys_path: std::path::PathBuf,
+    pub reload_signal: Option<OwnedFd>,
 }
 
 /// The snapshot before any worker connected.
@@ -93,6 +99,9 @@ impl Registry {
         if let Some(c) = &cfg.control_listener {
             epoll.add(c.as_raw_fd(), libc::EPOLLIN as u32, TOKEN_CONTROL_LISTENER)?;
         }
+        if let Some(r) = &cfg.reload_signal {
+            epoll.add(r.as_raw_fd(), libc::EPOLLIN as u32, TOKEN_RELOAD)?;
+        }
         Ok(Registry {
             keys: cfg.keys,
             rendezvous_key: cfg.rendezvous_key,
@@ -102,13 +111,15 @@ impl Registry {
             data_listener: cfg.data_listener,
             control_listener: cfg.control_listener,
             conns: HashMap::new(),
-            next_token: 2,
+            next_token: 3,
             free_slots: (0..cfg.max_instances).collect(),
             baselines: vec![[0; 3]; cfg.max_instances],
             udp_fds: cfg.udp_fds,
             udp_addrs: cfg.udp_addrs,
             counters: cfg.counters,
             info: cfg.info,
+            keys_path: cfg.keys_path,
+            reload_signal: cfg.reload_signal,
             buf: vec![0u8; 65_536],
         })
     }
@@ -123,6 +134,7 @@ impl Registry {
                 match token {
                     TOKEN_DATA_LISTENER => self.accept_all(false),
                     TOKEN_CONTROL_LISTENER => self.accept_all(true),
+                    TOKEN_RELOAD => self.on_reload_signal(),
                     t => self.on_conn(t, ev),
                 }
             }
@@ -220,6 +232,18 @@ impl Registry {
                 true
             }
             (Conn::Control(_), Control::Hello { .. }) => true,
+            // ADR-0040 rotation: new CIDs use the newest generation, the previous one
+            // stays decodable. (The controller sends this; operators may too.)
+            (Conn::Control(_), Control::KeysChanged { keys }) => match keys.key_set() {
+                Ok(ks) => {
+                    self.set_keys(ks, "KeysChanged on the control socket");
+                    true
+                }
+                Err(e) => {
+                    self.refuse(token, &format!("invalid keys: {e:?}"));
+                    false
+                }
+            },
             (_, other) => {
                 self.refuse(token, &format!("unexpected message {}", message_name(&other)));
                 false
@@ -251,6 +275,36 @@ impl Registry {
         tracing::info!(server_id = server_id.0, slot, "instance live");
         self.publish();
         true
+    }
+
+    fn set_keys(&mut self, keys: KeySet, why: &str) {
+        tracing::info!(newest = self.keys_generation(&keys), why, "CID keys changed");
+        self.keys = keys;
+        self.publish();
+    }
+
+    fn keys_generation(&self, keys: &KeySet) -> u8 {
+        keys.newest().get()
+    }
+
+    /// SIGHUP: re-read the key file (standalone rotation). A bad file keeps the old keys.
+    fn on_reload_signal(&mut self) {
+        let Some(fd) = &self.reload_signal else { return };
+        // Drain the signalfd (one signalfd_siginfo, 128 bytes, per pending signal).
+        let mut info = [0u8; 128];
+        // SAFETY: reads into a live 128-byte buffer from our non-blocking signalfd.
+        while unsafe { libc::read(fd.as_raw_fd(), info.as_mut_ptr().cast(), info.len()) } > 0 {}
+        let loaded = std::fs::read_to_string(&self.keys_path)
+            .map_err(|e| e.to_string())
+            .and_then(|t| proto::keyfile::KeyFile::parse(&t).map_err(|e| e.to_string()))
+            .and_then(|k| k.key_set().map(|ks| (ks, k.rendezvous_key)).map_err(|e| format!("{e:?}")));
+        match loaded {
+            Ok((ks, rendezvous_key)) => {
+                self.rendezvous_key = rendezvous_key;
+                self.set_keys(ks, "SIGHUP: key file re-read");
+            }
+            Err(e) => tracing::warn!(path = %self.keys_path.display(), error = %e, "SIGHUP: key file not reloaded"),
+        }
     }
 
     /// Sends `Error{reason}` (best effort) and closes.
@@ -319,7 +373,7 @@ impl Registry {
                 }
             })
             .collect();
-        status::render(&self.info, snap.version, &self.counters, &instances)
+        status::render(&self.info, snap.table.keys(), snap.version, &self.counters, &instances)
     }
 }
 

@@ -70,6 +70,7 @@ fn add_into(a: &mut Map<String, Value>, b: &Map<String, Value>) {
 
 pub fn render(
     info: &StatusInfo,
+    keys: &proto::KeySet,
     snapshot_version: u64,
     shards: &[Arc<ShardCounters>],
     instances: &[InstanceStatus],
@@ -99,6 +100,10 @@ pub fn render(
     top.insert("cores".into(), json!(info.cores));
     top.insert("listen".into(), json!(info.listen));
     top.insert("snapshot_version".into(), json!(snapshot_version));
+    // ADR-0040 key generations: the newest mints, the previous still decodes.
+    let newest = keys.newest();
+    top.insert("key_newest".into(), json!(newest.get()));
+    top.insert("key_previous".into(), json!(keys.live_generations().find(|g| *g != newest).map(|g| g.get())));
     for (k, v) in total {
         top.insert(k, v);
     }

@@ -618,3 +618,62 @@ fn departed_workers_fd_is_released(io: &str) {
     }
 }
 both_backends!(departed_workers_fd_is_released);
+
+/// ADR-0040 key rotation: `KeysChanged` on the control socket and SIGHUP (re-read the
+/// key file) install a new newest generation; the previous one still decodes to its
+/// owner, a dropped one makes orphans.
+fn key_rotation(io: &str) {
+    let d = Demux::start(io, "0");
+    let mut rng = Rng(15);
+    let w1 = Worker::connect(&d, 151, true);
+    let w2 = Worker::connect(&d, 152, true);
+    d.wait_instances(&[(151, true), (152, true)]);
+    let k0 = d.keys.clone();
+    let k1 = k0.rotated([7; 32]);
+    let k2 = k1.rotated([8; 32]);
+    let mint = |k: &proto::keyfile::KeyFile, rng: &mut Rng| {
+        let mut r = [0u8; 10];
+        rng.fill(&mut r);
+        k.key_set().unwrap().encode(proto::ServerId(152), &r)
+    };
+    let c = client();
+    // Before: a generation-1 CID is unroutable (cr not live) → orphan.
+    c.send_to(&short(&mint(&k1, &mut rng), 100, &mut rng), d.addr()).unwrap();
+    d.wait_status("orphan", |s| reason(s, "Orphan") == 1);
+    // KeysChanged on the control socket.
+    {
+        use std::os::fd::AsRawFd;
+        let fd = seqpacket_connect(&d.control).unwrap();
+        let m = Control::KeysChanged { keys: k1.keys.clone() };
+        send_record(fd.as_raw_fd(), &proto::wire::encode_control(&m), &[]).unwrap();
+    }
+    let s = d.wait_status("generation 1", |s| u64_at(s, "/key_newest") == 1);
+    assert_eq!(s["key_previous"], 0);
+    w1.clear();
+    w2.clear();
+    c.send_to(&short(&mint(&k1, &mut rng), 100, &mut rng), d.addr()).unwrap(); // newest
+    c.send_to(&short(&mint(&k0, &mut rng), 100, &mut rng), d.addr()).unwrap(); // previous
+    wait_until("both at owner", || w2.datagrams() == 2);
+    assert_eq!(w1.datagrams(), 0);
+    // SIGHUP: the key file now holds generation 2 (previous 1); generation 0 is gone.
+    std::fs::write(d.dir.join("keys"), k2.to_text()).unwrap();
+    // SAFETY: signals our own child process.
+    assert_eq!(unsafe { libc::kill(d.child.id() as i32, libc::SIGHUP) }, 0);
+    let s = d.wait_status("generation 2", |s| u64_at(s, "/key_newest") == 2);
+    assert_eq!(s["key_previous"], 1);
+    let orphans = reason(&s, "Orphan");
+    c.send_to(&short(&mint(&k2, &mut rng), 100, &mut rng), d.addr()).unwrap();
+    c.send_to(&short(&mint(&k1, &mut rng), 100, &mut rng), d.addr()).unwrap();
+    wait_until("owner traffic", || w2.datagrams() >= 4);
+    c.send_to(&short(&mint(&k0, &mut rng), 100, &mut rng), d.addr()).unwrap();
+    let s = d.wait_status("dropped generation is orphan", |s| reason(s, "Orphan") == orphans + 1);
+    assert_eq!(reason(&s, "Owner"), 4);
+    // A broken key file on SIGHUP keeps the current keys.
+    std::fs::write(d.dir.join("keys"), "garbage").unwrap();
+    // SAFETY: signals our own child process.
+    assert_eq!(unsafe { libc::kill(d.child.id() as i32, libc::SIGHUP) }, 0);
+    wait_until("reload attempt logged", || d.log().contains("key file not reloaded"));
+    assert_eq!(u64_at(&d.status(), "/key_newest"), 2);
+    assert!(d.status()["pid"].as_u64().is_some());
+}
+both_backends!(key_rotation);
