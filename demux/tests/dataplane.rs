@@ -677,3 +677,42 @@ fn key_rotation(io: &str) {
     assert!(d.status()["pid"].as_u64().is_some());
 }
 both_backends!(key_rotation);
+
+/// A worker that stops reading: its data connection fills, the rest of its frames
+/// are dropped and counted for it (drops.full, instance drops_full), and the shard
+/// keeps serving the other worker — it never blocks.
+fn full_worker_socket_drops_and_never_blocks(io: &str) {
+    let d = Demux::start(io, "0");
+    let mut rng = Rng(16);
+    let stuck = Worker::connect_opts(&d, 161, true, false);
+    let live = Worker::connect(&d, 162, true);
+    d.wait_instances(&[(161, true), (162, true)]);
+    let (cid_stuck, cid_live) = (d.cid(161, &mut rng), d.cid(162, &mut rng));
+    let p_stuck = short(&cid_stuck, 1200, &mut rng);
+    let p_live = short(&cid_live, 100, &mut rng);
+    let c = client();
+    let (chunks, per_chunk) = (10u64, 1000u64);
+    for k in 1..=chunks {
+        for _ in 0..per_chunk {
+            c.send_to(&p_stuck, d.addr()).unwrap();
+        }
+        for _ in 0..10 {
+            c.send_to(&p_live, d.addr()).unwrap();
+        }
+        d.wait_status("chunk received", |s| u64_at(s, "/datagrams_in") == k * (per_chunk + 10));
+    }
+    let total_stuck = chunks * per_chunk;
+    let s = d.wait_status("all accounted", |s| {
+        let i = instance(s, 161);
+        u64_at(i, "/datagrams") + u64_at(i, "/drops_full") == total_stuck
+            && u64_at(instance(s, 162), "/datagrams") == chunks * 10
+    });
+    let i = instance(&s, 161);
+    assert!(u64_at(i, "/drops_full") > 0, "the stuck worker's socket never filled: {s}");
+    assert!(u64_at(i, "/datagrams") > 0);
+    assert_eq!(u64_at(&s, "/drops/full"), u64_at(i, "/drops_full"));
+    assert_eq!(u64_at(instance(&s, 162), "/drops_full"), 0);
+    wait_until("live worker got everything", || live.datagrams() as u64 == chunks * 10);
+    drop(stuck);
+}
+both_backends!(full_worker_socket_drops_and_never_blocks);

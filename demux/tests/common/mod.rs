@@ -365,6 +365,12 @@ pub struct Worker {
 impl Worker {
     /// Connects, says DataHello, reads Sockets, and (if `ready`) says Ready.
     pub fn connect(d: &Demux, server_id: u16, ready: bool) -> Worker {
+        Self::connect_opts(d, server_id, ready, true)
+    }
+
+    /// As [`Worker::connect`]; with `read: false` nothing ever reads the data
+    /// connection (a stuck worker: its socket fills up).
+    pub fn connect_opts(d: &Demux, server_id: u16, ready: bool, read: bool) -> Worker {
         let fd = seqpacket_connect(&d.data).unwrap();
         send_record(fd.as_raw_fd(), &encode_control(&Control::DataHello { server_id: ServerId(server_id) }), &[])
             .unwrap();
@@ -387,6 +393,10 @@ impl Worker {
             std::thread::spawn(move || {
                 let mut buf = vec![0u8; 70_000];
                 while !stop.load(Ordering::Relaxed) {
+                    if !read {
+                        std::thread::sleep(Duration::from_millis(10));
+                        continue;
+                    }
                     // SAFETY: recv into a live buffer.
                     let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
                     if n <= 0 {
