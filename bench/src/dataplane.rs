@@ -20,18 +20,21 @@ const SINKS: u16 = 2;
 
 struct Opts {
     seconds: f64,
+    /// Datagrams per second to offer (0: as fast as the sender can).
+    rate: f64,
     ios: Vec<String>,
     shard_core: usize,
     load_core: usize,
 }
 
 fn parse(args: &[String]) -> Result<Opts> {
-    let mut o = Opts { seconds: 5.0, ios: vec!["uring".into(), "mmsg".into()], shard_core: 0, load_core: 1 };
+    let mut o = Opts { seconds: 5.0, rate: 0.0, ios: vec!["uring".into(), "mmsg".into()], shard_core: 0, load_core: 1 };
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut val = || it.next().cloned().with_context(|| format!("{a} needs a value"));
         match a.as_str() {
             "--seconds" => o.seconds = val()?.parse().context("--seconds")?,
+            "--rate" => o.rate = val()?.parse().context("--rate")?,
             "--io" => o.ios = val()?.split(',').map(str::to_string).collect(),
             "--shard-core" => o.shard_core = val()?.parse().context("--shard-core")?,
             "--load-core" => o.load_core = val()?.parse().context("--load-core")?,
@@ -358,12 +361,22 @@ fn run_one(bin: &Path, io: &str, train: usize, sinks_n: u16, o: &Opts) -> Result
     {
         let sent = sent.clone();
         let load_core = o.load_core;
+        let rate = o.rate;
         std::thread::scope(|sc| {
             sc.spawn(|| {
                 pin(load_core);
-                let end = Instant::now() + Duration::from_secs_f64(secs);
+                let start = Instant::now();
+                let end = start + Duration::from_secs_f64(secs);
                 let mut k = 0usize;
                 while Instant::now() < end {
+                    if rate > 0.0 {
+                        // Paced: the k-th send is due at k * train / rate.
+                        let due = start + Duration::from_secs_f64(k as f64 * train as f64 / rate);
+                        let now = Instant::now();
+                        if due > now {
+                            std::thread::sleep(due - now);
+                        }
+                    }
                     // One burst: a send on each of 8 flows.
                     for _ in 0..8 {
                         let f = k % flows;
@@ -441,8 +454,8 @@ pub fn main(args: &[String]) -> Result<()> {
         .lines()
         .find_map(|l| l.strip_prefix("model name").map(|x| x.trim_start_matches([' ', '\t', ':']).to_string()))
         .unwrap_or_default();
-    println!("Conditions: Linux {}, {} ({} cores), release build; demux: 1 shard on core {}, `--io <backend>`; sender ({} UDP flows, loopback) and {} sink workers on core {}; {:.0} s per run; 1200-byte datagrams (short headers for live server ids); load average at the end {}.",
-        kernel.trim(), cpu_model, std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0), o.shard_core, 64, SINKS, o.load_core, o.seconds, load.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
+    println!("Conditions: Linux {}, {} ({} cores), release build; demux: 1 shard on core {}, `--io <backend>`; sender ({} UDP flows, loopback) and {} sink workers on core {}; {:.0} s per run, offered rate {}; 1200-byte datagrams (short headers for live server ids); load average at the end {}.",
+        kernel.trim(), cpu_model, std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0), o.shard_core, 64, SINKS, o.load_core, o.seconds, if o.rate > 0.0 { format!("{} datagrams/s", o.rate) } else { "unpaced".into() }, load.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
     println!();
     println!("| backend | datagrams | sent | received by demux | forwarded | dropped (worker full) | demux CPU s (schedstat / stat) | wall s | **CPU µs / forwarded datagram** | CPU µs / received datagram | receives / batch | receives / sendmmsg |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");

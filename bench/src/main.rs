@@ -1,6 +1,6 @@
 //! quicdemux system benchmarks.
 //!
-//! `cargo run --release -p bench -- dataplane [--seconds S] [--io uring,mmsg] [--shard-core C] [--load-core L]`
+//! `cargo run --release -p bench -- dataplane [--seconds S] [--rate DATAGRAMS_PER_S] [--io uring,mmsg] [--shard-core C] [--load-core L]`
 //!
 //! Issue #3: one data-plane shard on one core, a sender and sink workers on the other;
 //! the data plane's CPU time (user + sys of every thread, from
@@ -15,7 +15,7 @@ fn main() {
     let r = match args.first().map(String::as_str) {
         Some("dataplane") => dataplane::main(&args[1..]),
         _ => {
-            eprintln!("usage: bench dataplane [--seconds S] [--io uring,mmsg] [--shard-core C] [--load-core L]");
+            eprintln!("usage: bench dataplane [--seconds S] [--rate DATAGRAMS_PER_S] [--io uring,mmsg] [--shard-core C] [--load-core L]");
             std::process::exit(2);
         }
     };
