@@ -272,6 +272,16 @@ pub enum Control {
     Status { json: String },
     /// Any direction: why the sender is about to close the connection.
     Error { reason: String },
+    /// C → D (on the data plane's control socket): hand back every UDP socket, all
+    /// shards, shard-major (`[shard][listen index]`). The reply is `Sockets` with the
+    /// fds attached. A restarted controller adopts a running data plane with it.
+    GetSockets,
+    /// W → C, instead of `Hello`: a worker that lost its control connection registers
+    /// again under the server id it already has. The controller answers `Assign` with
+    /// the same id (adopted) or `Error` (the worker must drain and exit).
+    Rejoin { server_id: ServerId, pid: u32 },
+    /// O → C: rotate the CID key generation now. Reply: `Status` (JSON) or `Error`.
+    RotateKeys,
 }
 
 mod tag {
@@ -286,6 +296,9 @@ mod tag {
     pub const STATUS: u8 = 9;
     pub const ERROR: u8 = 10;
     pub const SOCKETS: u8 = 11;
+    pub const GET_SOCKETS: u8 = 12;
+    pub const REJOIN: u8 = 13;
+    pub const ROTATE_KEYS: u8 = 14;
 }
 
 fn put_keys(v: &mut Vec<u8>, k: &Keys) {
@@ -369,6 +382,13 @@ pub fn encode_control(m: &Control) -> Vec<u8> {
             v.push(tag::ERROR);
             put_text(&mut v, reason);
         }
+        Control::GetSockets => v.push(tag::GET_SOCKETS),
+        Control::Rejoin { server_id, pid } => {
+            v.push(tag::REJOIN);
+            v.extend_from_slice(&server_id.0.to_be_bytes());
+            v.extend_from_slice(&pid.to_be_bytes());
+        }
+        Control::RotateKeys => v.push(tag::ROTATE_KEYS),
     }
     v
 }
@@ -499,6 +519,9 @@ pub fn decode_control(rec: &[u8]) -> Result<Control, WireError> {
         tag::STATUS_REQUEST => Control::StatusRequest,
         tag::STATUS => Control::Status { json: c.text()? },
         tag::ERROR => Control::Error { reason: c.text()? },
+        tag::GET_SOCKETS => Control::GetSockets,
+        tag::REJOIN => Control::Rejoin { server_id: ServerId(c.u16()?), pid: c.u32()? },
+        tag::ROTATE_KEYS => Control::RotateKeys,
         other => return Err(WireError::UnknownMessage(other)),
     };
     if !c.b.is_empty() {

@@ -77,6 +77,9 @@ fn control() -> impl Strategy<Value = Control> {
         Just(Control::StatusRequest),
         text().prop_map(|json| Control::Status { json }),
         text().prop_map(|reason| Control::Error { reason }),
+        Just(Control::GetSockets),
+        (any::<u16>(), any::<u32>()).prop_map(|(id, pid)| Control::Rejoin { server_id: ServerId(id), pid }),
+        Just(Control::RotateKeys),
     ]
 }
 
@@ -237,6 +240,9 @@ fn exhaustive_single_byte_corruption() {
                 SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), 8443),
             ],
         },
+        Control::GetSockets,
+        Control::Rejoin { server_id: ServerId(0x1234), pid: 0xdead_beef },
+        Control::RotateKeys,
     ];
     for m in &msgs {
         let rec = encode_control(m);
@@ -320,7 +326,7 @@ fn control_reserved_values() {
     assert_eq!(dec(&[0xc6, 1, 4]), Err(WireError::BadMagic));
     assert_eq!(dec(&[CONTROL_MAGIC, 2, 4]), Err(WireError::UnsupportedVersion(2)));
     assert_eq!(dec(&[CONTROL_MAGIC, 1, 0]), Err(WireError::UnknownMessage(0)));
-    assert_eq!(dec(&[CONTROL_MAGIC, 1, 12]), Err(WireError::UnknownMessage(12)));
+    assert_eq!(dec(&[CONTROL_MAGIC, 1, 15]), Err(WireError::UnknownMessage(15)));
     assert_eq!(dec(&[CONTROL_MAGIC, 1, 255]), Err(WireError::UnknownMessage(255)));
     assert_eq!(dec(&[CONTROL_MAGIC, 1, 4]), Ok(Control::Ready));
     assert_eq!(dec(&[CONTROL_MAGIC, 1, 4, 0]), Err(WireError::TrailingBytes));
@@ -419,4 +425,17 @@ fn keys_give_the_key_set_they_describe() {
     assert_eq!(ks.secret(Generation::new(0).unwrap()), None);
     // The secret is never printed.
     assert!(!format!("{:?}", k).contains("5, 5"));
+}
+
+#[test]
+fn controller_messages_layout() {
+    // Appended tags 12..=14 (docs/wire.md): GetSockets, Rejoin{id u16, pid u32}, RotateKeys.
+    assert_eq!(encode_control(&Control::GetSockets), vec![CONTROL_MAGIC, 1, 12]);
+    assert_eq!(
+        encode_control(&Control::Rejoin { server_id: ServerId(0x0102), pid: 0x0304_0506 }),
+        vec![CONTROL_MAGIC, 1, 13, 1, 2, 3, 4, 5, 6]
+    );
+    assert_eq!(encode_control(&Control::RotateKeys), vec![CONTROL_MAGIC, 1, 14]);
+    assert!(decode_control(&[CONTROL_MAGIC, 1, 13, 1, 2, 3]).is_err());
+    assert!(decode_control(&[CONTROL_MAGIC, 1, 12, 0]).is_err());
 }
