@@ -19,6 +19,36 @@ pub struct Cli {
     /// Data-plane flags when no subcommand is given (same as `demux dataplane`).
     #[command(flatten)]
     pub dataplane: DataPlaneArgs,
+    /// Controller flags: with `--state-dir` the bare `demux` is the controller.
+    #[command(flatten)]
+    pub controller: ControllerOpts,
+}
+
+/// The controller (issue #5): `demux --listen … --state-dir DIR [--spawn-workers N]`.
+#[derive(Clone, Debug, Args)]
+pub struct ControllerOpts {
+    /// State directory (0700): keys, server-id counter, sockets, pid files. Makes
+    /// `demux` the controller, which runs the data plane as its child.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<std::path::PathBuf>,
+    /// Start and supervise N workers (`worker --server-id-from-controller`).
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "state_dir")]
+    pub spawn_workers: usize,
+    /// One argument passed to every spawned worker (repeatable, in order).
+    #[arg(long = "worker-arg", value_name = "ARG", allow_hyphen_values = true, requires = "state_dir")]
+    pub worker_args: Vec<String>,
+    /// The worker executable (default: `worker` next to this executable).
+    #[arg(long, value_name = "PATH", requires = "state_dir")]
+    pub worker_bin: Option<std::path::PathBuf>,
+    /// Rotate the CID key generation every N instance starts (ADR-0040).
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    pub rotate_every: u32,
+    /// Serve Prometheus text metrics on this TCP address (e.g. 127.0.0.1:9464).
+    #[arg(long, value_name = "ADDR:PORT", requires = "state_dir")]
+    pub metrics: Option<SocketAddr>,
+    /// SIGTERM: longest wait for the workers to drain before they are killed.
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    pub drain_timeout: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -34,11 +64,36 @@ pub enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// The controller (same as the bare `demux … --state-dir DIR`).
+    Controller {
+        #[command(flatten)]
+        dataplane: DataPlaneArgs,
+        #[command(flatten)]
+        controller: ControllerOpts,
+    },
+    /// Ask a running controller for its state (pids, restarts, sockets, workers).
+    Status {
+        /// The controller's state directory.
+        #[arg(long, value_name = "DIR")]
+        state_dir: PathBuf,
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rotate the CID key generation (through the running controller, or in the
+    /// key file when none runs).
+    RotateKeys {
+        #[arg(long, value_name = "DIR")]
+        state_dir: PathBuf,
+    },
     /// Ask a running data plane for its counters.
     LbStatus {
         /// The data plane's `--control-socket`.
-        #[arg(long)]
-        control_socket: PathBuf,
+        #[arg(long, required_unless_present = "state_dir", conflicts_with = "state_dir")]
+        control_socket: Option<PathBuf>,
+        /// A controller's state directory (uses DIR/dataplane.sock).
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
         /// Print the raw JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -104,4 +159,9 @@ pub struct DataPlaneArgs {
     /// then `data PATH` (atomic rename; for tests and supervisors).
     #[arg(long, value_name = "PATH")]
     pub ready_file: Option<PathBuf>,
+    /// Use these already bound UDP sockets (inherited fds, shard-major:
+    /// `[shard][listen index]`) instead of binding: how the controller runs the data
+    /// plane, so that a restarted data plane serves the very same sockets.
+    #[arg(long, value_name = "FD,FD,...", value_delimiter = ',')]
+    pub inherit_fds: Vec<i32>,
 }

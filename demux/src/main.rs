@@ -3,6 +3,7 @@
 mod bpf;
 mod cli;
 mod cmsg;
+mod controller;
 mod cores;
 mod counters;
 mod forward;
@@ -38,10 +39,19 @@ fn main() {
         .init();
     let cli = Cli::parse();
     let r = match cli.command {
+        None if cli.controller.state_dir.is_some() => controller::run(cli.dataplane, cli.controller),
         None => dataplane(cli.dataplane),
         Some(Command::Dataplane(a)) => dataplane(a),
+        Some(Command::Controller { dataplane, controller }) => controller::run(dataplane, controller),
+        Some(Command::Status { state_dir, json }) => controller::client::status(&state_dir, json),
+        Some(Command::RotateKeys { state_dir }) => controller::client::rotate_keys(&state_dir),
         Some(Command::GenKeys { out, force }) => gen_keys(&out, force),
-        Some(Command::LbStatus { control_socket, json }) => lb_status(&control_socket, json),
+        Some(Command::LbStatus { control_socket, state_dir, json }) => {
+            match control_socket.or_else(|| state_dir.map(|d| controller::state::Paths::new(&d).dataplane_sock())) {
+                Some(p) => lb_status(&p, json),
+                None => Err(anyhow::anyhow!("--control-socket PATH or --state-dir DIR is required")),
+            }
+        }
     };
     if let Err(e) = r {
         eprintln!("demux: error: {e:#}");
@@ -102,7 +112,7 @@ fn load_keys(path: &Path) -> Result<KeyFile> {
 }
 
 fn dataplane(a: DataPlaneArgs) -> Result<()> {
-    if a.listen.is_empty() {
+    if a.listen.is_empty() && a.inherit_fds.is_empty() {
         bail!("--listen ADDR:PORT is required (repeatable)");
     }
     let Some(keys_path) = a.keys.as_deref() else { bail!("--keys FILE is required") };
@@ -140,7 +150,14 @@ fn dataplane(a: DataPlaneArgs) -> Result<()> {
         },
     };
 
-    let sockets = socket::bind_all(&a.listen, cores.len())?;
+    let sockets = if a.inherit_fds.is_empty() {
+        socket::bind_all(&a.listen, cores.len())?
+    } else {
+        socket::from_inherited(&a.inherit_fds, cores.len())?
+    };
+    // Every shard's fd, shard-major: handed back to a controller on `GetSockets`.
+    let all_udp_fds: Vec<std::os::fd::RawFd> = sockets.iter().flatten().map(|s| s.fd.as_raw_fd()).collect();
+    let all_udp_addrs: Vec<std::net::SocketAddr> = sockets.iter().flatten().map(|s| s.local).collect();
     let bound: Vec<std::net::SocketAddr> = sockets[0].iter().map(|s| s.local).collect();
     if a.steer == Steer::Cpu {
         bpf::attach_cpu_steering(&sockets, &cores)?;
@@ -178,6 +195,8 @@ fn dataplane(a: DataPlaneArgs) -> Result<()> {
         control_listener,
         udp_fds,
         udp_addrs: bound.clone(),
+        all_udp_fds,
+        all_udp_addrs,
         counters: counters.clone(),
         max_instances: a.max_instances,
         info,

@@ -63,6 +63,9 @@ pub struct Registry {
     /// The fds handed to workers: shard 0's socket per listen address.
     udp_fds: Vec<RawFd>,
     udp_addrs: Vec<SocketAddr>,
+    /// Every shard's socket, shard-major (`GetSockets`, controller adoption).
+    all_udp_fds: Vec<RawFd>,
+    all_udp_addrs: Vec<SocketAddr>,
     counters: Vec<Arc<ShardCounters>>,
     info: StatusInfo,
     buf: Vec<u8>,
@@ -78,6 +81,8 @@ pub struct RegistryConfig {
     pub control_listener: Option<OwnedFd>,
     pub udp_fds: Vec<RawFd>,
     pub udp_addrs: Vec<SocketAddr>,
+    pub all_udp_fds: Vec<RawFd>,
+    pub all_udp_addrs: Vec<SocketAddr>,
     pub counters: Vec<Arc<ShardCounters>>,
     pub max_instances: usize,
     pub info: StatusInfo,
@@ -116,6 +121,8 @@ impl Registry {
             baselines: vec![[0; 3]; cfg.max_instances],
             udp_fds: cfg.udp_fds,
             udp_addrs: cfg.udp_addrs,
+            all_udp_fds: cfg.all_udp_fds,
+            all_udp_addrs: cfg.all_udp_addrs,
             counters: cfg.counters,
             info: cfg.info,
             keys_path: cfg.keys_path,
@@ -232,6 +239,17 @@ impl Registry {
                 true
             }
             (Conn::Control(_), Control::Hello { .. }) => true,
+            // A (restarted) controller takes the sockets back to keep them open across
+            // our own restarts (issue #5, controller adoption).
+            (Conn::Control(_), Control::GetSockets) => {
+                let rec = encode_control(&Control::Sockets { addrs: self.all_udp_addrs.clone() });
+                let raw = self.conns.get(&token).map(Conn::raw).unwrap_or(-1);
+                if let Err(e) = seqpacket::send(raw, &rec, &self.all_udp_fds, libc::MSG_DONTWAIT) {
+                    self.close(token, &format!("sending sockets: {e}"));
+                    return false;
+                }
+                true
+            }
             // ADR-0040 rotation: new CIDs use the newest generation, the previous one
             // stays decodable. (The controller sends this; operators may too.)
             (Conn::Control(_), Control::KeysChanged { keys }) => match keys.key_set() {
@@ -390,5 +408,8 @@ fn message_name(m: &Control) -> &'static str {
         Control::StatusRequest => "StatusRequest",
         Control::Status { .. } => "Status",
         Control::Error { .. } => "Error",
+        Control::GetSockets => "GetSockets",
+        Control::Rejoin { .. } => "Rejoin",
+        Control::RotateKeys => "RotateKeys",
     }
 }

@@ -135,6 +135,23 @@ pub fn recv(fd: RawFd, buf: &mut [u8], flags: libc::c_int, truncated: &mut bool)
     Ok(n)
 }
 
+/// Receives one record and the fds attached to it (SCM_RIGHTS, up to 253), which
+/// become ours (close-on-exec). `Ok((0, _))` means the peer closed.
+pub fn recv_with_fds(fd: RawFd, buf: &mut [u8], flags: libc::c_int) -> io::Result<(usize, bool, Vec<OwnedFd>)> {
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: plain old data.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    let mut cbuf = [0u64; 160];
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf);
+    // SAFETY: msg points to live buffers of the advertised sizes.
+    let n = cvt_isize(unsafe { libc::recvmsg(fd, &mut msg, flags | libc::MSG_CMSG_CLOEXEC) })?;
+    let truncated = msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0;
+    Ok((n, truncated, take_passed_fds(&msg)))
+}
+
 fn take_passed_fds(msg: &libc::msghdr) -> Vec<OwnedFd> {
     let mut out = Vec::new();
     // SAFETY: walks the control buffer the kernel filled, with the CMSG_* macros that

@@ -69,3 +69,60 @@ pub fn bind_all(listen: &[SocketAddr], shards: usize) -> Result<Vec<Vec<UdpSock>
     }
     Ok(per_shard)
 }
+
+/// Takes over sockets a parent (the controller) bound and left open across exec:
+/// `fds` shard-major, `[shard][listen index]`. Each must be a bound UDP socket; the
+/// addresses of one listen index must agree across shards. The fds become ours
+/// (close-on-exec again, non-blocking).
+pub fn from_inherited(fds: &[i32], shards: usize) -> Result<Vec<Vec<UdpSock>>> {
+    use std::os::fd::FromRawFd;
+    if shards == 0 || fds.is_empty() || fds.len() % shards != 0 {
+        anyhow::bail!("--inherit-fds: {} fds cannot be split over {} shards", fds.len(), shards);
+    }
+    let per = fds.len() / shards;
+    for (i, fd) in fds.iter().enumerate() {
+        if *fd < 3 || fds[..i].contains(fd) {
+            anyhow::bail!("--inherit-fds: fd {fd} is invalid or listed twice");
+        }
+        // Validate before owning: a closed fd must not be wrapped in an OwnedFd.
+        // SAFETY: F_GETFD only queries the descriptor table.
+        if unsafe { libc::fcntl(*fd, libc::F_GETFD) } < 0 {
+            anyhow::bail!("--inherit-fds: fd {fd} is not open");
+        }
+    }
+    let mut out: Vec<Vec<UdpSock>> = Vec::with_capacity(shards);
+    for shard in 0..shards {
+        let mut v = Vec::with_capacity(per);
+        for li in 0..per {
+            let raw = fds[shard * per + li];
+            // SAFETY: `raw` is open (checked above), listed once, and was passed to us
+            // by our parent for us to own; nothing else in this process uses it.
+            let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+            let mut ty: libc::c_int = 0;
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: SO_TYPE writes one c_int into `ty`.
+            cvt(unsafe {
+                libc::getsockopt(raw, libc::SOL_SOCKET, libc::SO_TYPE, (&mut ty as *mut libc::c_int).cast(), &mut len)
+            })
+            .with_context(|| format!("--inherit-fds: fd {raw} is not a socket"))?;
+            if ty != libc::SOCK_DGRAM {
+                anyhow::bail!("--inherit-fds: fd {raw} is not a UDP socket");
+            }
+            // SAFETY: plain fcntl calls on an fd we own.
+            unsafe {
+                cvt(libc::fcntl(raw, libc::F_SETFD, libc::FD_CLOEXEC)).context("F_SETFD")?;
+                let fl = cvt(libc::fcntl(raw, libc::F_GETFL)).context("F_GETFL")?;
+                cvt(libc::fcntl(raw, libc::F_SETFL, fl | libc::O_NONBLOCK)).context("F_SETFL")?;
+            }
+            let local = sys::local_addr(&fd).with_context(|| format!("getsockname on inherited fd {raw}"))?;
+            if let Some(first) = out.first() {
+                if first[li].local != local {
+                    anyhow::bail!("--inherit-fds: shard {shard} serves {local} but shard 0 serves {}", first[li].local);
+                }
+            }
+            v.push(UdpSock { fd, local, listen_index: li });
+        }
+        out.push(v);
+    }
+    Ok(out)
+}

@@ -1,0 +1,77 @@
+//! Operator commands that talk to a running controller through `DIR/control.sock`:
+//! `demux status --state-dir DIR`, `demux rotate-keys --state-dir DIR` (which
+//! rotates the key file itself when no controller runs).
+
+use super::state::{self, Paths};
+use crate::seqpacket;
+use anyhow::{bail, Context, Result};
+use proto::wire::{decode_control, encode_control, Control, Role};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::time::Duration;
+
+/// One request on the controller's control socket; its `Status` JSON.
+fn ask(dir: &Path, m: &Control) -> Result<serde_json::Value> {
+    let p = Paths::new(dir);
+    let fd = seqpacket::connect(&p.control_sock())
+        .with_context(|| format!("no controller answers on {} (is it running?)", p.control_sock().display()))?;
+    super::set_timeout(fd.as_raw_fd(), Duration::from_secs(10));
+    let hello = Control::Hello { role: Role::Operator, pid: std::process::id() };
+    seqpacket::send(fd.as_raw_fd(), &encode_control(&hello), &[], 0).context("sending Hello")?;
+    seqpacket::send(fd.as_raw_fd(), &encode_control(m), &[], 0).context("sending the request")?;
+    let mut buf = vec![0u8; 128 * 1024];
+    let mut t = false;
+    let n = seqpacket::recv(fd.as_raw_fd(), &mut buf, 0, &mut t).context("reading the answer")?;
+    if n == 0 {
+        bail!("the controller closed the connection without answering");
+    }
+    match decode_control(&buf[..n]).map_err(|e| anyhow::anyhow!("malformed reply: {e}"))? {
+        Control::Status { json } => serde_json::from_str(&json).context("status is not valid JSON"),
+        Control::Error { reason } => bail!("the controller refused: {reason}"),
+        _ => bail!("unexpected reply"),
+    }
+}
+
+pub fn status(dir: &Path, json: bool) -> Result<()> {
+    let v = ask(dir, &Control::StatusRequest)?;
+    if json {
+        println!("{v}");
+    } else {
+        print!("{}", super::status::pretty(&v));
+    }
+    Ok(())
+}
+
+pub fn rotate_keys(dir: &Path) -> Result<()> {
+    let p = Paths::new(dir);
+    match ask(dir, &Control::RotateKeys) {
+        Ok(v) => {
+            println!(
+                "rotated by the running controller: key generation {} (previous {})",
+                v["key_newest"], v["key_previous"]
+            );
+            Ok(())
+        }
+        Err(e) if !p.control_sock().exists() || state::lock(&p).is_ok() => {
+            // No controller: rotate the file under the controller lock.
+            tracing::debug!(error = %format!("{e:#}"), "no controller; rotating the key file");
+            let _lock = state::lock(&p)?;
+            let Some(text) = state::read_private(&p.keys())? else {
+                bail!("{} has no key file yet (start the controller once)", dir.display())
+            };
+            let k =
+                proto::keyfile::KeyFile::parse(&text).with_context(|| format!("key file {}", p.keys().display()))?;
+            let k = state::rotate_keys(&p, &k)?;
+            let mut c = state::load_or_create_counter(&p)?;
+            c.starts_in_generation = 0;
+            state::store_counter(&p, c)?;
+            println!(
+                "rotated the key file (no controller running): key generation {} (previous {:?})",
+                k.keys.newest.generation.get(),
+                k.keys.previous.map(|g| g.generation.get())
+            );
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,282 @@
+//! The control socket `DIR/control.sock` (SOCK_SEQPACKET, 0600; docs/wire.md):
+//!
+//! - worker `Hello{Worker}` → a fresh server id (persisted before it is handed out),
+//!   `Assign{server_id, keys, reset_key, token_key}`, then `Sockets` with shard 0's
+//!   UDP fds (SCM_RIGHTS). The data socket is `DIR/data.sock` by convention.
+//! - worker `Rejoin{server_id}` after losing its controller → `Assign` with the same
+//!   id when this controller serves the sockets it sends on, else `Error`.
+//! - worker `Ready` / `Draining`: recorded for `demux status` (the data plane learns
+//!   placeability from the worker's data connection, docs/architecture.md).
+//! - operator `StatusRequest` → `Status{json}`; `RotateKeys` → rotate, `Status`.
+//! - anything malformed or unexpected: `Error{reason}`, logged, connection closed.
+
+use super::{state, Conn, Ctl, Kind};
+use crate::seqpacket;
+use proto::wire::{decode_control, encode_control, Control, Role};
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::{Duration, Instant};
+
+impl Ctl {
+    pub(super) fn accept_all(&mut self) {
+        loop {
+            match seqpacket::accept(&self.listener) {
+                Ok(Some(fd)) => {
+                    let token = self.next_token;
+                    self.next_token += 1;
+                    if let Err(e) = self.epoll.add(fd.as_raw_fd(), (libc::EPOLLIN | libc::EPOLLRDHUP) as u32, token) {
+                        tracing::warn!(error = %e, "epoll_ctl ADD control connection");
+                        continue;
+                    }
+                    self.conns.insert(token, Conn { fd, kind: Kind::Pending });
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept on the control socket failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    pub(super) fn on_conn(&mut self, token: u64, ev: u32) {
+        let Some(raw) = self.conns.get(&token).map(|c| c.fd.as_raw_fd()) else {
+            return;
+        };
+        for _ in 0..64 {
+            let mut truncated = false;
+            match seqpacket::recv(raw, &mut self.buf, libc::MSG_DONTWAIT, &mut truncated) {
+                Ok(0) => return self.close(token, "peer closed"),
+                Ok(n) => {
+                    if truncated {
+                        return self.refuse(token, "record too long");
+                    }
+                    let rec = self.buf[..n].to_vec();
+                    match decode_control(&rec) {
+                        Ok(m) => {
+                            if !self.on_message(token, m) {
+                                return;
+                            }
+                        }
+                        Err(e) => return self.refuse(token, &format!("malformed control message: {e}")),
+                    }
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => break,
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) => return self.close(token, &format!("recv: {e}")),
+            }
+        }
+        if ev & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
+            self.close(token, "hang-up");
+        }
+    }
+
+    /// Handles one message; false when the connection was closed.
+    fn on_message(&mut self, token: u64, m: Control) -> bool {
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return false;
+        };
+        match (&mut conn.kind, m) {
+            (Kind::Pending, Control::Hello { role: Role::Worker, pid }) => self.register(token, pid, None),
+            (Kind::Pending, Control::Rejoin { server_id, pid }) => self.register(token, pid, Some(server_id.0)),
+            (Kind::Pending, Control::Hello { role: Role::Operator | Role::DataPlane, .. }) => {
+                conn.kind = Kind::Operator;
+                true
+            }
+            (Kind::Worker { ready, draining, server_id, .. }, Control::Ready) => {
+                if !*ready {
+                    tracing::info!(server_id = *server_id, "worker ready");
+                }
+                *ready = true;
+                *draining = false;
+                true
+            }
+            (Kind::Worker { ready, draining, server_id, .. }, Control::Draining) => {
+                tracing::info!(server_id = *server_id, "worker draining");
+                *ready = false;
+                *draining = true;
+                true
+            }
+            (Kind::Pending | Kind::Operator, Control::StatusRequest) => {
+                let json = self.status_json().to_string();
+                self.reply(token, &Control::Status { json })
+            }
+            (Kind::Pending | Kind::Operator, Control::RotateKeys) => match self.rotate("demux rotate-keys") {
+                Ok(()) => {
+                    let json = self.status_json().to_string();
+                    self.reply(token, &Control::Status { json })
+                }
+                Err(e) => {
+                    self.refuse(token, &format!("rotation failed: {e:#}"));
+                    false
+                }
+            },
+            (_, other) => {
+                self.refuse(token, &format!("unexpected message {other:?}"));
+                false
+            }
+        }
+    }
+
+    fn reply(&mut self, token: u64, m: &Control) -> bool {
+        let raw = self.conns.get(&token).map(|c| c.fd.as_raw_fd()).unwrap_or(-1);
+        if let Err(e) = seqpacket::send(raw, &encode_control(m), &[], libc::MSG_DONTWAIT) {
+            self.close(token, &format!("reply: {e}"));
+            return false;
+        }
+        true
+    }
+
+    /// A worker's Hello (fresh id) or Rejoin (its id again).
+    fn register(&mut self, token: u64, pid: u32, rejoin: Option<u16>) -> bool {
+        if self.shutdown.is_some() {
+            self.refuse(token, "the controller is shutting down");
+            return false;
+        }
+        let server_id = match rejoin {
+            Some(id) => {
+                let window = 2 * self.opts.rotate_every;
+                let ours = self.issued_here.contains(&id)
+                    || (self.adopted_sockets && state::recently_issued(self.counter.next, id, window));
+                if !ours {
+                    self.refuse(
+                        token,
+                        &format!("server id {id} cannot rejoin: this controller did not adopt the sockets it was issued with; drain and exit"),
+                    );
+                    return false;
+                }
+                if self.id_held(id) {
+                    self.refuse(token, &format!("server id {id} is already registered"));
+                    return false;
+                }
+                id
+            }
+            None => match self.allocate_id() {
+                Ok(id) => id,
+                Err(e) => {
+                    tracing::error!(error = %format!("{e:#}"), "cannot hand out a server id");
+                    self.refuse(token, &format!("cannot allocate a server id: {e:#}"));
+                    return false;
+                }
+            },
+        };
+        let assign = Control::Assign {
+            server_id: proto::ServerId(server_id),
+            keys: self.keys.keys.clone(),
+            reset_key: self.keys.reset_key,
+            token_key: self.keys.token_key,
+        };
+        let raw = self.conns.get(&token).map(|c| c.fd.as_raw_fd()).unwrap_or(-1);
+        let shard0: Vec<RawFd> = self.udp[..self.per_shard].iter().map(|f| f.as_raw_fd()).collect();
+        let sockets = Control::Sockets { addrs: self.udp_addrs[..self.per_shard].to_vec() };
+        let sent = seqpacket::send(raw, &encode_control(&assign), &[], libc::MSG_DONTWAIT)
+            .and_then(|_| seqpacket::send(raw, &encode_control(&sockets), &shard0, libc::MSG_DONTWAIT));
+        if let Err(e) = sent {
+            self.close(token, &format!("sending Assign: {e}"));
+            return false;
+        }
+        tracing::info!(server_id, pid, rejoined = rejoin.is_some(), "worker registered");
+        if let Some(c) = self.conns.get_mut(&token) {
+            c.kind = Kind::Worker {
+                server_id,
+                pid,
+                ready: false,
+                draining: false,
+                since: Instant::now(),
+                rejoined: rejoin.is_some(),
+            };
+        }
+        true
+    }
+
+    fn id_held(&self, id: u16) -> bool {
+        self.conns.values().any(|c| matches!(c.kind, Kind::Worker { server_id, .. } if server_id == id))
+    }
+
+    /// The next server id, persisted before it is handed out; rotates the key
+    /// generation every `--rotate-every` starts (ADR-0040).
+    fn allocate_id(&mut self) -> anyhow::Result<u16> {
+        let mut id = self.counter.next;
+        // After a wrap, skip ids that are still registered (65 536 starts later).
+        for _ in 0..=u16::MAX {
+            if !self.id_held(id) {
+                break;
+            }
+            id = id.wrapping_add(1);
+        }
+        if self.counter.starts_in_generation >= self.opts.rotate_every {
+            self.rotate(&format!("{} instance starts in this generation", self.counter.starts_in_generation))?;
+        }
+        let c =
+            state::Counter { next: id.wrapping_add(1), starts_in_generation: self.counter.starts_in_generation + 1 };
+        state::store_counter(&self.paths, c)?;
+        self.counter = c;
+        self.issued_here.insert(id);
+        Ok(id)
+    }
+
+    /// Rotates the key generation: file first (so a restarting data plane reads
+    /// it), then the data plane (waiting until it has applied it, so it decodes the
+    /// new generation before any worker mints with it), then every worker.
+    pub(super) fn rotate(&mut self, why: &str) -> anyhow::Result<()> {
+        let k = state::rotate_keys(&self.paths, &self.keys)?;
+        self.keys = k;
+        self.counter.starts_in_generation = 0;
+        state::store_counter(&self.paths, self.counter)?;
+        tracing::info!(
+            why, newest = self.keys.keys.newest.generation.get(),
+            previous = ?self.keys.keys.previous.map(|p| p.generation.get()), "CID key generation rotated"
+        );
+        let changed = Control::KeysChanged { keys: self.keys.keys.clone() };
+        if let Err(e) = tell_dataplane(&self.paths.dataplane_sock(), &changed) {
+            // A data plane that is restarting reads the file at start.
+            tracing::warn!(error = %format!("{e:#}"), "could not tell the data plane about the new keys");
+        }
+        let rec = encode_control(&changed);
+        let workers: Vec<u64> =
+            self.conns.iter().filter(|(_, c)| matches!(c.kind, Kind::Worker { .. })).map(|(t, _)| *t).collect();
+        for t in workers {
+            let raw = self.conns.get(&t).map(|c| c.fd.as_raw_fd()).unwrap_or(-1);
+            if let Err(e) = seqpacket::send(raw, &rec, &[], libc::MSG_DONTWAIT) {
+                self.close(t, &format!("sending KeysChanged: {e}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends `Error{reason}` (best effort), logs the reason and closes.
+    pub(super) fn refuse(&mut self, token: u64, reason: &str) {
+        if let Some(c) = self.conns.get(&token) {
+            let rec = encode_control(&Control::Error { reason: reason.to_string() });
+            let _ = seqpacket::send(c.fd.as_raw_fd(), &rec, &[], libc::MSG_DONTWAIT);
+        }
+        tracing::warn!(reason, "closing control connection");
+        self.close(token, reason);
+    }
+
+    pub(super) fn close(&mut self, token: u64, why: &str) {
+        let Some(c) = self.conns.remove(&token) else {
+            return;
+        };
+        let _ = self.epoll.delete(c.fd.as_raw_fd());
+        if let Kind::Worker { server_id, pid, .. } = c.kind {
+            tracing::info!(server_id, pid, why, "worker left the controller");
+        }
+    }
+}
+
+/// Sends one message to the data plane's control socket and waits until it has
+/// handled it (a StatusRequest behind it is answered in order).
+pub(crate) fn tell_dataplane(path: &std::path::Path, m: &Control) -> anyhow::Result<()> {
+    let fd = seqpacket::connect(path)?;
+    super::set_timeout(fd.as_raw_fd(), Duration::from_secs(3));
+    seqpacket::send(fd.as_raw_fd(), &encode_control(m), &[], 0)?;
+    seqpacket::send(fd.as_raw_fd(), &encode_control(&Control::StatusRequest), &[], 0)?;
+    let mut buf = vec![0u8; 128 * 1024];
+    let mut t = false;
+    let n = seqpacket::recv(fd.as_raw_fd(), &mut buf, 0, &mut t)?;
+    match decode_control(&buf[..n]) {
+        Ok(Control::Status { .. }) => Ok(()),
+        Ok(Control::Error { reason }) => anyhow::bail!("data plane refused: {reason}"),
+        _ => anyhow::bail!("unexpected answer from the data plane"),
+    }
+}

@@ -1,0 +1,405 @@
+//! The controller (issue #5; operations contract `../shared/seeds/004_*`, ADR-0040):
+//! the process the operator starts. It owns the state directory (keys, server-id
+//! counter), opens the UDP sockets once and keeps them, runs the data plane as a
+//! supervised child on those sockets, registers workers on `DIR/control.sock`,
+//! optionally spawns and supervises workers, and adopts a running data plane and
+//! workers when it restarts.
+//!
+//! Modules, one concern each: `state` (files), `procs` (child processes),
+//! `conns` (the control socket), `supervise` (data plane, workers, reload,
+//! shutdown), `status` (status JSON, metrics), `client` (operator commands).
+
+pub mod client;
+mod conns;
+mod procs;
+pub mod state;
+mod status;
+mod supervise;
+
+use crate::cli::{ControllerOpts, DataPlaneArgs, IoKind, Steer};
+use crate::{cores, seqpacket, socket, sys};
+use anyhow::{bail, Context, Result};
+use proto::keyfile::KeyFile;
+use proto::wire::{decode_control, encode_control, Control};
+use state::{Counter, Paths};
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const TOKEN_LISTENER: u64 = 0;
+const TOKEN_SIGNALS: u64 = 1;
+/// Supervision tick.
+const TICK_MS: i32 = 100;
+
+/// A registered (or registering) control connection.
+pub(crate) enum Kind {
+    /// Before its first message.
+    Pending,
+    Worker {
+        server_id: u16,
+        pid: u32,
+        ready: bool,
+        draining: bool,
+        since: Instant,
+        rejoined: bool,
+    },
+    Operator,
+}
+
+pub(crate) struct Conn {
+    fd: OwnedFd,
+    kind: Kind,
+}
+
+/// A worker process the controller started (or adopted from the previous one).
+pub(crate) struct Managed {
+    proc: procs::Proc,
+    spawned: Instant,
+    /// Being replaced (rolling reload) or drained: not counted toward
+    /// `--spawn-workers`, not replaced when it exits.
+    retiring: bool,
+    signaled: bool,
+}
+
+pub(crate) struct DataPlane {
+    proc: Option<procs::Proc>,
+    restarts: u64,
+    adopted: bool,
+    started: Instant,
+    backoff: Duration,
+    restart_at: Option<Instant>,
+    last_exit: Option<String>,
+}
+
+pub(crate) struct Reload {
+    queue: VecDeque<i32>,
+    /// The old worker being replaced, when the step began, and whether it was
+    /// signalled (waiting for its exit) or not yet (waiting for its replacement).
+    step: Option<(i32, Instant, bool)>,
+}
+
+pub(crate) struct Shutdown {
+    deadline: Instant,
+    workers_signaled: bool,
+    dataplane_signaled: Option<Instant>,
+}
+
+pub(crate) struct Ctl {
+    paths: Paths,
+    opts: ControllerOpts,
+    exe: PathBuf,
+    worker_bin: PathBuf,
+    keys: KeyFile,
+    counter: Counter,
+    /// Every UDP socket, shard-major (`[shard][listen index]`), kept open for the
+    /// life of the controller so a restarted data plane serves the same sockets.
+    udp: Vec<OwnedFd>,
+    udp_addrs: Vec<SocketAddr>,
+    per_shard: usize,
+    dataplane_args: Vec<String>,
+    dp: DataPlane,
+    workers: Vec<Managed>,
+    conns: HashMap<u64, Conn>,
+    epoll: sys::Epoll,
+    listener: OwnedFd,
+    signals: OwnedFd,
+    next_token: u64,
+    /// Workers that lose us may re-register under their id (Rejoin) only with a
+    /// controller that serves the sockets they send on: one that adopted the running
+    /// data plane (or issued the id itself).
+    adopted_sockets: bool,
+    issued_here: std::collections::HashSet<u16>,
+    reload: Option<Reload>,
+    shutdown: Option<Shutdown>,
+    worker_replacements: u64,
+    next_worker_spawn: Instant,
+    worker_backoff: Duration,
+    started: Instant,
+    status_out: Arc<Mutex<serde_json::Value>>,
+    buf: Vec<u8>,
+}
+
+/// Entry point: `demux --state-dir DIR …` / `demux controller …`.
+pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
+    let Some(dir) = opts.state_dir.clone() else { bail!("--state-dir DIR is required") };
+    if dp.listen.is_empty() {
+        bail!("--listen ADDR:PORT is required (repeatable)");
+    }
+    for (flag, set) in [
+        ("--keys", dp.keys.is_some()),
+        ("--data-socket", dp.data_socket.is_some()),
+        ("--control-socket", dp.control_socket.is_some()),
+        ("--ready-file", dp.ready_file.is_some()),
+        ("--inherit-fds", !dp.inherit_fds.is_empty()),
+    ] {
+        if set {
+            bail!("{flag} is not used with --state-dir: the controller keeps these in the state directory");
+        }
+    }
+    for (i, l) in dp.listen.iter().enumerate() {
+        if dp.listen[..i].contains(l) {
+            bail!("--listen {l} given twice");
+        }
+    }
+    if opts.rotate_every == 0 || opts.rotate_every > 32_768 {
+        // Two live generations × rotate-every starts must stay below 65 536 ids.
+        bail!("--rotate-every must be 1..=32768 (two live key generations must not span 65 536 server ids)");
+    }
+    let cores = cores::resolve(&dp.cores)?;
+    if cores.len() * dp.listen.len() > proto::wire::MAX_SOCKETS {
+        bail!("at most {} sockets (cores × listen addresses)", proto::wire::MAX_SOCKETS);
+    }
+    let exe = std::env::current_exe().context("locating the demux executable")?;
+    let worker_bin = match &opts.worker_bin {
+        Some(b) => b.clone(),
+        None => exe.parent().map(|d| d.join("worker")).context("locating the worker executable")?,
+    };
+    if opts.spawn_workers > 0 && !worker_bin.exists() {
+        bail!("worker executable {} not found (build it, or pass --worker-bin PATH)", worker_bin.display());
+    }
+
+    let paths = Paths::new(&dir);
+    state::prepare_dir(&dir)?;
+    let lock = state::lock(&paths)?;
+    state::write_atomic(&paths.controller_pid(), &format!("{}\n", std::process::id()))?;
+    let (keys, created) = state::load_or_create_keys(&paths)?;
+    let counter = state::load_or_create_counter(&paths)?;
+    tracing::info!(
+        state_dir = %dir.display(), keys_created = created, next_server_id = counter.next,
+        key_newest = keys.keys.newest.generation.get(), "controller starting"
+    );
+
+    let dataplane_args = dataplane_args(&dp, &paths);
+    // Adopt a running data plane (controller restart), else open the sockets.
+    let (udp, udp_addrs, dp_state) = match adopt_dataplane(&paths, &dp, cores.len())? {
+        Some((pid, fds, addrs)) => {
+            tracing::info!(pid, sockets = ?addrs, "adopted the running data plane and its sockets");
+            let proc = procs::Proc::adopt(pid).context("pidfd_open on the adopted data plane")?;
+            (fds, addrs, DataPlane::new(Some(proc), true))
+        }
+        None => {
+            let socks = socket::bind_all(&dp.listen, cores.len())?;
+            let addrs: Vec<SocketAddr> = socks.iter().flatten().map(|s| s.local).collect();
+            let fds: Vec<OwnedFd> = socks.into_iter().flatten().map(|s| s.fd).collect();
+            tracing::info!(sockets = ?addrs, "UDP sockets open");
+            (fds, addrs, DataPlane::new(None, false))
+        }
+    };
+    let adopted_sockets = dp_state.adopted;
+
+    let signals = block_signals()?;
+    let listener = seqpacket::listen(&paths.control_sock())?;
+    let epoll = sys::Epoll::new().context("epoll_create1")?;
+    epoll.add(listener.as_raw_fd(), libc::EPOLLIN as u32, TOKEN_LISTENER)?;
+    epoll.add(signals.as_raw_fd(), libc::EPOLLIN as u32, TOKEN_SIGNALS)?;
+    let status_out = Arc::new(Mutex::new(serde_json::Value::Null));
+    if let Some(addr) = opts.metrics {
+        status::spawn_metrics(addr, status_out.clone(), paths.dataplane_sock())?;
+    }
+
+    let mut ctl = Ctl {
+        paths,
+        exe,
+        worker_bin,
+        keys,
+        counter,
+        udp,
+        udp_addrs,
+        per_shard: dp.listen.len(),
+        dataplane_args,
+        dp: dp_state,
+        workers: Vec::new(),
+        conns: HashMap::new(),
+        epoll,
+        listener,
+        signals,
+        next_token: 16,
+        adopted_sockets,
+        issued_here: Default::default(),
+        reload: None,
+        shutdown: None,
+        worker_replacements: 0,
+        next_worker_spawn: Instant::now(),
+        worker_backoff: Duration::from_millis(500),
+        started: Instant::now(),
+        status_out,
+        buf: vec![0u8; 65_536],
+        opts,
+    };
+    ctl.take_over_workers();
+    let r = ctl.run();
+    drop(lock);
+    r
+}
+
+impl DataPlane {
+    fn new(proc: Option<procs::Proc>, adopted: bool) -> DataPlane {
+        DataPlane {
+            proc,
+            restarts: 0,
+            adopted,
+            started: Instant::now(),
+            backoff: Duration::from_millis(200),
+            restart_at: None,
+            last_exit: None,
+        }
+    }
+}
+
+/// The data-plane flags the controller passes on (everything but the paths it owns).
+fn dataplane_args(dp: &DataPlaneArgs, p: &Paths) -> Vec<String> {
+    let mut v: Vec<String> = vec!["--cores".into(), dp.cores.clone()];
+    for (f, path) in [
+        ("--keys", p.keys()),
+        ("--data-socket", p.data_sock()),
+        ("--control-socket", p.dataplane_sock()),
+        ("--ready-file", p.dataplane_ready()),
+    ] {
+        v.push(f.into());
+        v.push(path.display().to_string());
+    }
+    v.push("--io".into());
+    v.push(match dp.io {
+        IoKind::Auto => "auto".into(),
+        IoKind::Uring => "uring".into(),
+        IoKind::Mmsg => "mmsg".into(),
+    });
+    v.push("--steer".into());
+    v.push(if dp.steer == Steer::Cpu { "cpu".into() } else { "hash".into() });
+    for (f, n) in [
+        ("--pin-capacity", dp.pin_capacity),
+        ("--max-instances", dp.max_instances),
+        ("--batch", dp.batch),
+        ("--uring-buffers", usize::from(dp.uring_buffers)),
+    ] {
+        v.push(f.into());
+        v.push(n.to_string());
+    }
+    v
+}
+
+/// A controller restart: if `DIR/dataplane.pid` names a live data plane of this
+/// directory whose control socket answers, take its sockets back (`GetSockets`,
+/// SCM_RIGHTS). Its `--listen`/`--cores` must match ours.
+fn adopt_dataplane(
+    p: &Paths,
+    dp: &DataPlaneArgs,
+    shards: usize,
+) -> Result<Option<(i32, Vec<OwnedFd>, Vec<SocketAddr>)>> {
+    let Some(pid) = state::read_pid(&p.dataplane_pid()) else {
+        return Ok(None);
+    };
+    if !state::pid_alive(pid) || !procs::is_our_dataplane(pid, &p.dataplane_sock()) {
+        tracing::info!(pid, "the data plane of the previous controller is gone; starting a new one");
+        let _ = std::fs::remove_file(p.dataplane_pid());
+        return Ok(None);
+    }
+    let fd = seqpacket::connect(&p.dataplane_sock())
+        .with_context(|| format!("the data plane (pid {pid}) runs but its control socket does not answer; stop it (kill {pid}) and start again"))?;
+    set_timeout(fd.as_raw_fd(), Duration::from_secs(5));
+    seqpacket::send(fd.as_raw_fd(), &encode_control(&Control::GetSockets), &[], 0).context("sending GetSockets")?;
+    let mut buf = vec![0u8; 4096];
+    let (n, truncated, fds) = seqpacket::recv_with_fds(fd.as_raw_fd(), &mut buf, 0)
+        .with_context(|| format!("no answer to GetSockets from the data plane (pid {pid})"))?;
+    let addrs = match decode_control(&buf[..n]) {
+        Ok(Control::Sockets { addrs }) if !truncated && addrs.len() == fds.len() => addrs,
+        Ok(Control::Error { reason }) => {
+            bail!("the running data plane (pid {pid}) refused GetSockets ({reason}); it predates the controller: stop it (kill {pid})")
+        }
+        _ => {
+            bail!("the running data plane (pid {pid}) answered GetSockets with something unusable")
+        }
+    };
+    let matches = addrs.len() == shards * dp.listen.len()
+        && addrs.iter().enumerate().all(|(i, a)| {
+            let want = dp.listen[i % dp.listen.len()];
+            want.ip() == a.ip() && (want.port() == 0 || want.port() == a.port())
+        });
+    if !matches {
+        bail!(
+            "the running data plane (pid {pid}) serves {addrs:?} on {} shard socket(s); start the controller with its --listen and --cores, or stop it (kill {pid})",
+            addrs.len()
+        );
+    }
+    Ok(Some((pid, fds, addrs)))
+}
+
+pub(crate) fn set_timeout(fd: RawFd, t: Duration) {
+    let tv = libc::timeval { tv_sec: t.as_secs() as libc::time_t, tv_usec: t.subsec_micros() as libc::suseconds_t };
+    for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
+        // SAFETY: passes a live timeval of the right size.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+    }
+}
+
+/// Blocks SIGTERM, SIGINT, SIGHUP and SIGCHLD in this thread (and so in every thread
+/// spawned later) and returns a signalfd for them. Children get a clean mask (std
+/// resets it between fork and exec).
+fn block_signals() -> Result<OwnedFd> {
+    // SAFETY: sigset_t is plain old data; the sig* calls only touch `set`.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD] {
+            libc::sigaddset(&mut set, s);
+        }
+        set
+    };
+    // SAFETY: blocks the signals in the calling thread; `set` is live.
+    let r = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if r != 0 {
+        bail!("pthread_sigmask: {}", std::io::Error::from_raw_os_error(r));
+    }
+    // SAFETY: creates a new signalfd for a live set.
+    sys::owned(unsafe { libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC) }).context("signalfd")
+}
+
+impl Ctl {
+    fn run(&mut self) -> Result<()> {
+        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
+        loop {
+            if self.tick()? {
+                return Ok(());
+            }
+            let n = self.epoll.wait(&mut events, TICK_MS).context("epoll_wait (controller)")?;
+            for e in events[..n].to_vec() {
+                match e.u64 {
+                    TOKEN_LISTENER => self.accept_all(),
+                    TOKEN_SIGNALS => self.on_signals(),
+                    t => self.on_conn(t, e.events),
+                }
+            }
+        }
+    }
+
+    fn on_signals(&mut self) {
+        loop {
+            // SAFETY: signalfd_siginfo is plain old data.
+            let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+            let size = std::mem::size_of::<libc::signalfd_siginfo>();
+            // SAFETY: reads at most `size` bytes into `info` from our signalfd.
+            let r = unsafe {
+                libc::read(self.signals.as_raw_fd(), (&mut info as *mut libc::signalfd_siginfo).cast(), size)
+            };
+            if r != size as isize {
+                return;
+            }
+            match info.ssi_signo as libc::c_int {
+                libc::SIGTERM | libc::SIGINT => self.begin_shutdown(),
+                libc::SIGHUP => self.begin_reload(),
+                _ => {} // SIGCHLD: the next tick reaps.
+            }
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! Processes the controller supervises: the data plane and the spawned workers.
+//!
+//! Each runs in its own process group (so a terminal's Ctrl-C reaches only the
+//! controller, and the controller's death — even SIGKILL — leaves them running, to
+//! be adopted by the next controller; issue #5 item 4). A process is either our
+//! child (reaped with `try_wait`) or adopted from a previous controller (watched
+//! through a pidfd, pidfd_open(2)).
+
+use anyhow::{Context, Result};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+pub enum Proc {
+    Child(Child),
+    Adopted { pid: i32, pidfd: OwnedFd },
+}
+
+impl Proc {
+    pub fn pid(&self) -> i32 {
+        match self {
+            Proc::Child(c) => c.id() as i32,
+            Proc::Adopted { pid, .. } => *pid,
+        }
+    }
+
+    /// Adopts a running process that is not our child.
+    pub fn adopt(pid: i32) -> std::io::Result<Proc> {
+        // SAFETY: pidfd_open(2) takes a pid and flags and returns a new fd or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        let pidfd = crate::sys::owned(fd as libc::c_int)?;
+        Ok(Proc::Adopted { pid, pidfd })
+    }
+
+    /// `Some(how it ended)` once the process has exited (reaped if it is our child).
+    pub fn poll_exit(&mut self) -> Option<String> {
+        match self {
+            Proc::Child(c) => match c.try_wait() {
+                Ok(Some(st)) => Some(describe(st)),
+                Ok(None) => None,
+                Err(e) => Some(format!("wait failed: {e}")),
+            },
+            Proc::Adopted { pidfd, .. } => {
+                let mut p = libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                // SAFETY: polls one live pollfd without blocking.
+                let r = unsafe { libc::poll(&mut p, 1, 0) };
+                (r > 0).then(|| "exited (adopted process; status unknown)".to_string())
+            }
+        }
+    }
+
+    pub fn signal(&self, sig: libc::c_int) {
+        // SAFETY: kill(2) with a pid we supervise.
+        unsafe { libc::kill(self.pid(), sig) };
+    }
+}
+
+fn describe(st: std::process::ExitStatus) -> String {
+    match (st.code(), st.signal()) {
+        (Some(c), _) => format!("exit code {c}"),
+        (None, Some(s)) => format!("killed by signal {s}"),
+        _ => "exited".into(),
+    }
+}
+
+/// Starts the data plane (`demux dataplane --inherit-fds …`) on the controller's
+/// sockets: only those fds lose close-on-exec, in the child, between fork and exec.
+pub fn spawn_dataplane(exe: &Path, fds: &[RawFd], args: &[String]) -> Result<Child> {
+    let list = fds.iter().map(|f| f.to_string()).collect::<Vec<_>>().join(",");
+    let mut cmd = Command::new(exe);
+    cmd.arg("dataplane").arg("--inherit-fds").arg(list).args(args);
+    cmd.stdin(Stdio::null()).process_group(0);
+    let keep = fds.to_vec();
+    // SAFETY: the closure runs in the forked child before exec and only calls
+    // fcntl(2) and sigprocmask(2), which are async-signal-safe; it allocates nothing
+    // (`keep` was built before the fork).
+    unsafe {
+        cmd.pre_exec(move || {
+            unblock_all_signals()?;
+            for &fd in &keep {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn().with_context(|| format!("starting the data plane ({})", exe.display()))
+}
+
+/// The controller blocks SIGTERM/SIGINT/SIGHUP/SIGCHLD (it takes them from a
+/// signalfd) and a blocked mask survives exec: children must start with none.
+/// Async-signal-safe (called between fork and exec).
+fn unblock_all_signals() -> std::io::Result<()> {
+    // SAFETY: sigemptyset initialises the set; sigprocmask only changes this
+    // (single-threaded, forked) process's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        if libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut()) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Starts one worker registering on `control`.
+pub fn spawn_worker(bin: &Path, control: &Path, extra: &[String]) -> Result<Child> {
+    let mut cmd = Command::new(bin);
+    cmd.arg("--server-id-from-controller").arg("--control").arg(control).args(extra);
+    cmd.stdin(Stdio::null()).process_group(0);
+    // SAFETY: the closure only calls sigprocmask(2), async-signal-safe.
+    unsafe { cmd.pre_exec(unblock_all_signals) };
+    cmd.spawn().with_context(|| format!("starting worker {}", bin.display()))
+}
+
+/// Whether `pid` is a worker registered on `control` (its command line says so):
+/// guards against pid reuse before signalling or adopting a pid from a state file.
+pub fn is_our_worker(pid: i32, control: &Path) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    let ctl = control.as_os_str().as_encoded_bytes();
+    args.iter().any(|a| *a == b"--server-id-from-controller") && args.iter().any(|a| *a == ctl)
+}
+
+/// Whether `pid` is a data plane serving `dataplane_sock` (command line check).
+pub fn is_our_dataplane(pid: i32, dataplane_sock: &Path) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let s = dataplane_sock.as_os_str().as_encoded_bytes();
+    cmdline.split(|b| *b == 0).any(|a| a == s)
+}

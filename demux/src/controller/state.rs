@@ -1,0 +1,301 @@
+//! The controller's state directory (issue #5; ADR-0040 "Keys", "Server id"):
+//!
+//! - `keys`: the shared secrets and CID key generations (`proto::keyfile`), 0600,
+//!   created on the first start only;
+//! - `server-id`: the server-id counter (`next`, `starts_in_generation`), 0600;
+//! - `controller.lock` (flock: one controller per directory), `controller.pid`,
+//!   `dataplane.pid`, `workers` (pids of the workers the controller spawned).
+//!
+//! Every file is written atomically: temp file, fsync, rename, fsync of the
+//! directory. A corrupt, group/other-accessible or foreign-owned state file stops
+//! start-up with an error — never a silent new key, which would orphan every live
+//! connection.
+
+use anyhow::{bail, Context, Result};
+use proto::keyfile::KeyFile;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+const COUNTER_MAGIC: &str = "quicdemux-server-id 1";
+
+/// Paths inside the state directory.
+#[derive(Clone, Debug)]
+pub struct Paths {
+    pub dir: PathBuf,
+}
+
+impl Paths {
+    pub fn new(dir: &Path) -> Paths {
+        Paths { dir: dir.to_path_buf() }
+    }
+    pub fn keys(&self) -> PathBuf {
+        self.dir.join("keys")
+    }
+    pub fn counter(&self) -> PathBuf {
+        self.dir.join("server-id")
+    }
+    pub fn lock(&self) -> PathBuf {
+        self.dir.join("controller.lock")
+    }
+    pub fn controller_pid(&self) -> PathBuf {
+        self.dir.join("controller.pid")
+    }
+    pub fn dataplane_pid(&self) -> PathBuf {
+        self.dir.join("dataplane.pid")
+    }
+    pub fn workers(&self) -> PathBuf {
+        self.dir.join("workers")
+    }
+    /// The controller's registration socket (workers, operator tools).
+    pub fn control_sock(&self) -> PathBuf {
+        self.dir.join("control.sock")
+    }
+    /// The data plane's data socket (workers' data connections; by convention next
+    /// to control.sock, so `worker --control DIR/control.sock` finds it).
+    pub fn data_sock(&self) -> PathBuf {
+        self.dir.join("data.sock")
+    }
+    /// The data plane's control socket (status, KeysChanged, GetSockets).
+    pub fn dataplane_sock(&self) -> PathBuf {
+        self.dir.join("dataplane.sock")
+    }
+    pub fn dataplane_ready(&self) -> PathBuf {
+        self.dir.join("dataplane.ready")
+    }
+}
+
+fn uid() -> u32 {
+    // SAFETY: getuid cannot fail.
+    unsafe { libc::getuid() }
+}
+
+/// Creates the state directory (0700) or checks an existing one: a directory, ours,
+/// not accessible to group or others.
+pub fn prepare_dir(dir: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .with_context(|| format!("creating state directory {}", dir.display()))?;
+            Ok(())
+        }
+        Err(e) => Err(e).with_context(|| format!("state directory {}", dir.display())),
+        Ok(md) => {
+            if !md.is_dir() {
+                bail!("state directory {} is not a directory", dir.display());
+            }
+            if md.uid() != uid() {
+                bail!("state directory {} belongs to uid {}, not to us (uid {})", dir.display(), md.uid(), uid());
+            }
+            if md.mode() & 0o077 != 0 {
+                bail!(
+                    "state directory {} has mode {:o}; it must not be accessible to group or others (chmod 700)",
+                    dir.display(),
+                    md.mode() & 0o777
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Reads a state file after checking it is a regular file of ours with mode 0600.
+/// `Ok(None)` when it does not exist.
+pub fn read_private(path: &Path) -> Result<Option<String>> {
+    let md = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("state file {}", path.display())),
+        Ok(md) => md,
+    };
+    if !md.is_file() {
+        bail!("state file {} is not a regular file", path.display());
+    }
+    if md.uid() != uid() {
+        bail!(
+            "state file {} belongs to uid {}, not to us (uid {}); refusing to use it",
+            path.display(),
+            md.uid(),
+            uid()
+        );
+    }
+    if md.mode() & 0o077 != 0 {
+        bail!(
+            "state file {} has mode {:o}; it must be 0600 (someone else may have read or written it)",
+            path.display(),
+            md.mode() & 0o777
+        );
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading state file {}", path.display()))?;
+    Ok(Some(text))
+}
+
+/// Writes `text` atomically with mode 0600: temp file, fsync, rename, fsync dir.
+pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("creating {}", tmp.display()))?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    f.write_all(text.as_bytes()).with_context(|| format!("writing {}", tmp.display()))?;
+    f.sync_all().with_context(|| format!("fsync {}", tmp.display()))?;
+    drop(f);
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    let d = std::fs::File::open(dir).with_context(|| format!("opening {}", dir.display()))?;
+    d.sync_all().with_context(|| format!("fsync {}", dir.display()))?;
+    Ok(())
+}
+
+/// Loads the key file, or creates it when the directory has none yet (first start).
+pub fn load_or_create_keys(p: &Paths) -> Result<(KeyFile, bool)> {
+    match read_private(&p.keys())? {
+        Some(text) => {
+            let k = KeyFile::parse(&text)
+                .with_context(|| format!("key file {} is corrupt; refusing to start (restore it from a backup: a new key would orphan every live connection)", p.keys().display()))?;
+            k.key_set().map_err(|e| anyhow::anyhow!("key file {}: {e:?}", p.keys().display()))?;
+            Ok((k, false))
+        }
+        None => {
+            let mut random = [0u8; 3 * 32 + 16];
+            crate::sys::os_random(&mut random).context("getrandom")?;
+            let k = KeyFile::generate(&random);
+            write_atomic(&p.keys(), &k.to_text())?;
+            Ok((k, true))
+        }
+    }
+}
+
+/// Rotates the key file (ADR-0040): a fresh newest generation, the old newest stays
+/// decodable, the one before is dropped. Returns the new file (already persisted).
+pub fn rotate_keys(p: &Paths, current: &KeyFile) -> Result<KeyFile> {
+    let mut fresh = [0u8; 32];
+    crate::sys::os_random(&mut fresh).context("getrandom")?;
+    let k = current.rotated(fresh);
+    write_atomic(&p.keys(), &k.to_text())?;
+    Ok(k)
+}
+
+/// The server-id counter (ADR-0040: 16-bit ids, monotonic per instance start, never
+/// reused while a key generation lives; the generation rotates every
+/// `--rotate-every` starts, and at most two generations live, so an id comes back
+/// only after 65 536 starts > 2 × rotate-every).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Counter {
+    /// The id the next instance start gets.
+    pub next: u16,
+    /// Instance starts since the newest key generation was made.
+    pub starts_in_generation: u32,
+}
+
+impl Counter {
+    fn parse(text: &str) -> Result<Counter, String> {
+        let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+        if lines.next() != Some(COUNTER_MAGIC) {
+            return Err(format!("first line is not '{COUNTER_MAGIC}'"));
+        }
+        let (mut next, mut starts) = (None, None);
+        for l in lines {
+            let mut it = l.split_whitespace();
+            let (k, v, rest) = (it.next(), it.next(), it.next());
+            if rest.is_some() {
+                return Err(format!("bad line '{l}'"));
+            }
+            match (k, v) {
+                (Some("next"), Some(v)) if next.is_none() => {
+                    next = Some(v.parse::<u16>().map_err(|e| format!("next: {e}"))?)
+                }
+                (Some("starts_in_generation"), Some(v)) if starts.is_none() => {
+                    starts = Some(v.parse::<u32>().map_err(|e| format!("starts_in_generation: {e}"))?)
+                }
+                _ => return Err(format!("bad or repeated line '{l}'")),
+            }
+        }
+        match (next, starts) {
+            (Some(next), Some(starts_in_generation)) => Ok(Counter { next, starts_in_generation }),
+            _ => Err("missing 'next' or 'starts_in_generation'".into()),
+        }
+    }
+
+    fn to_text(self) -> String {
+        format!("{COUNTER_MAGIC}\nnext {}\nstarts_in_generation {}\n", self.next, self.starts_in_generation)
+    }
+}
+
+pub fn load_or_create_counter(p: &Paths) -> Result<Counter> {
+    match read_private(&p.counter())? {
+        Some(text) => Counter::parse(&text)
+            .map_err(|e| anyhow::anyhow!("server-id counter {} is corrupt ({e}); refusing to start (a reset counter would reuse live server ids)", p.counter().display())),
+        None => {
+            let c = Counter { next: 1, starts_in_generation: 0 };
+            write_atomic(&p.counter(), &c.to_text())?;
+            Ok(c)
+        }
+    }
+}
+
+pub fn store_counter(p: &Paths, c: Counter) -> Result<()> {
+    write_atomic(&p.counter(), &c.to_text())
+}
+
+/// Whether `id` was handed out within the last `window` starts before `next`.
+pub fn recently_issued(next: u16, id: u16, window: u32) -> bool {
+    let dist = u32::from(next.wrapping_sub(id));
+    dist >= 1 && dist <= window
+}
+
+/// Takes the directory's controller lock (flock, released when the process dies).
+pub fn lock(p: &Paths) -> Result<std::fs::File> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(p.lock())
+        .with_context(|| format!("opening {}", p.lock().display()))?;
+    // SAFETY: flock on an fd we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let other = std::fs::read_to_string(p.controller_pid()).unwrap_or_default();
+        bail!("another controller runs on {} (pid {})", p.dir.display(), other.trim());
+    }
+    Ok(f)
+}
+
+/// Reads a pid file (`None` when missing or not a number).
+pub fn read_pid(path: &Path) -> Option<i32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok().filter(|p: &i32| *p > 0)
+}
+
+/// Whether a process with this pid exists (it may be a zombie).
+pub fn pid_alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks existence and permission.
+    pid > 0 && unsafe { libc::kill(pid, 0) } == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counter_round_trip_and_corruption() {
+        let c = Counter { next: 65535, starts_in_generation: 7 };
+        assert_eq!(Counter::parse(&c.to_text()), Ok(c));
+        assert!(Counter::parse("").is_err());
+        assert!(Counter::parse("quicdemux-server-id 1\nnext 70000\nstarts_in_generation 1\n").is_err());
+        assert!(Counter::parse("quicdemux-server-id 1\nnext 1\n").is_err());
+        assert!(Counter::parse("quicdemux-server-id 1\nnext 1\nnext 2\nstarts_in_generation 0\n").is_err());
+        assert!(recently_issued(5, 4, 10));
+        assert!(!recently_issued(5, 5, 10));
+        assert!(recently_issued(2, 65535, 10));
+        assert!(!recently_issued(100, 50, 10));
+    }
+}

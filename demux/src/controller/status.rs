@@ -1,0 +1,281 @@
+//! What operators see (operations contract, "Observability"): `demux status` (the
+//! controller's JSON, below), and the Prometheus text endpoint behind `--metrics`,
+//! which adds the data plane's counters (asked on its control socket per scrape).
+
+use super::{Ctl, Kind};
+use crate::seqpacket;
+use anyhow::{Context, Result};
+use proto::wire::{decode_control, encode_control, Control};
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+impl Ctl {
+    pub(super) fn status_json(&self) -> Value {
+        let mut workers: Vec<Value> = self
+            .conns
+            .values()
+            .filter_map(|c| match &c.kind {
+                Kind::Worker { server_id, pid, ready, draining, since, rejoined } => Some(json!({
+                    "server_id": server_id,
+                    "pid": pid,
+                    "state": if *draining { "draining" } else if *ready { "ready" } else { "registered" },
+                    "managed": self.workers.iter().any(|w| w.proc.pid() as u32 == *pid),
+                    "rejoined": rejoined,
+                    "registered_for_s": since.elapsed().as_secs(),
+                })),
+                _ => None,
+            })
+            .collect();
+        workers.sort_by_key(|w| w["server_id"].as_u64().unwrap_or(0));
+        let registered: Vec<u32> = self
+            .conns
+            .values()
+            .filter_map(|c| match c.kind {
+                Kind::Worker { pid, .. } => Some(pid),
+                _ => None,
+            })
+            .collect();
+        for w in &self.workers {
+            let pid = w.proc.pid() as u32;
+            if !registered.contains(&pid) {
+                workers.push(json!({ "server_id": null, "pid": pid, "state": "starting", "managed": true,
+                    "rejoined": false, "registered_for_s": 0 }));
+            }
+        }
+        let sockets: Vec<Value> = self
+            .udp
+            .iter()
+            .zip(&self.udp_addrs)
+            .enumerate()
+            .map(|(i, (fd, a))| json!({ "shard": i / self.per_shard.max(1), "addr": a.to_string(), "fd": fd.as_raw_fd() }))
+            .collect();
+        let k = &self.keys.keys;
+        json!({
+            "controller_pid": std::process::id(),
+            "state_dir": self.paths.dir.display().to_string(),
+            "uptime_s": self.started.elapsed().as_secs(),
+            "dataplane": {
+                "pid": self.dp.proc.as_ref().map(|p| p.pid()),
+                "state": if self.dp.proc.is_none() { "restarting" }
+                         else if self.paths.dataplane_ready().exists() || self.dp.adopted { "running" } else { "starting" },
+                "restarts": self.dp.restarts,
+                "adopted": self.dp.adopted,
+                "last_exit": self.dp.last_exit,
+                "control_socket": self.paths.dataplane_sock().display().to_string(),
+                "data_socket": self.paths.data_sock().display().to_string(),
+            },
+            "sockets": sockets,
+            "next_server_id": self.counter.next,
+            "starts_in_generation": self.counter.starts_in_generation,
+            "rotate_every": self.opts.rotate_every,
+            "key_newest": k.newest.generation.get(),
+            "key_previous": k.previous.map(|p| p.generation.get()),
+            "spawn_workers": self.opts.spawn_workers,
+            "worker_replacements": self.worker_replacements,
+            "reloading": self.reload.is_some(),
+            "shutting_down": self.shutdown.is_some(),
+            "workers": workers,
+        })
+    }
+
+    pub(super) fn publish_status(&self) {
+        if let Ok(mut g) = self.status_out.lock() {
+            *g = self.status_json();
+        }
+    }
+}
+
+/// Human-readable rendering of the controller's status JSON.
+pub fn pretty(v: &Value) -> String {
+    let mut s = String::new();
+    let dp = &v["dataplane"];
+    s += &format!(
+        "controller pid {}  state dir {}  up {} s\n",
+        v["controller_pid"],
+        v["state_dir"].as_str().unwrap_or("?"),
+        v["uptime_s"]
+    );
+    s += &format!(
+        "data plane pid {}  {}  restarts {}{}\n",
+        dp["pid"],
+        dp["state"].as_str().unwrap_or("?"),
+        dp["restarts"],
+        if dp["adopted"].as_bool() == Some(true) { "  (adopted)" } else { "" }
+    );
+    if let Some(list) = v["sockets"].as_array() {
+        let addrs: Vec<String> =
+            list.iter().map(|x| format!("shard {} {}", x["shard"], x["addr"].as_str().unwrap_or("?"))).collect();
+        s += &format!("sockets: {}\n", addrs.join(", "));
+    }
+    s += &format!(
+        "next server id {}  key generation {} (previous {})  starts in generation {} / {}\n",
+        v["next_server_id"], v["key_newest"], v["key_previous"], v["starts_in_generation"], v["rotate_every"]
+    );
+    s += &format!(
+        "workers (spawn {}; replaced {}{})\n",
+        v["spawn_workers"],
+        v["worker_replacements"],
+        if v["reloading"].as_bool() == Some(true) { "; rolling reload running" } else { "" }
+    );
+    s += &format!("{:>9} {:>8} {:>11} {:>8}\n", "server_id", "pid", "state", "managed");
+    if let Some(list) = v["workers"].as_array() {
+        for w in list {
+            s += &format!(
+                "{:>9} {:>8} {:>11} {:>8}\n",
+                w["server_id"].as_u64().map(|x| x.to_string()).unwrap_or_else(|| "-".into()),
+                w["pid"],
+                w["state"].as_str().unwrap_or("?"),
+                if w["managed"].as_bool() == Some(true) { "yes" } else { "no" }
+            );
+        }
+    }
+    s
+}
+
+/// Serves Prometheus text on `addr` from a small thread (one request per
+/// connection; `GET /metrics` or any path).
+pub fn spawn_metrics(addr: SocketAddr, status: Arc<Mutex<Value>>, dataplane_sock: PathBuf) -> Result<()> {
+    let listener = std::net::TcpListener::bind(addr).with_context(|| format!("--metrics {addr}"))?;
+    tracing::info!(%addr, "metrics endpoint");
+    std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut s) = stream else { continue };
+                let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+                let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
+                let mut req = [0u8; 2048];
+                let _ = s.read(&mut req);
+                let ctl = status.lock().map(|g| g.clone()).unwrap_or(Value::Null);
+                let dp = dataplane_status(&dataplane_sock).unwrap_or(Value::Null);
+                let body = prometheus(&ctl, &dp);
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = s.write_all(head.as_bytes()).and_then(|_| s.write_all(body.as_bytes()));
+            }
+        })
+        .context("spawning the metrics thread")?;
+    Ok(())
+}
+
+/// The data plane's status JSON (its control socket), bounded by a timeout.
+pub fn dataplane_status(path: &std::path::Path) -> Result<Value> {
+    let fd = seqpacket::connect(path)?;
+    super::set_timeout(fd.as_raw_fd(), Duration::from_secs(2));
+    seqpacket::send(fd.as_raw_fd(), &encode_control(&Control::StatusRequest), &[], 0)?;
+    let mut buf = vec![0u8; 128 * 1024];
+    let mut t = false;
+    let n = seqpacket::recv(fd.as_raw_fd(), &mut buf, 0, &mut t)?;
+    match decode_control(&buf[..n]) {
+        Ok(Control::Status { json }) => Ok(serde_json::from_str(&json)?),
+        _ => anyhow::bail!("unexpected answer from the data plane"),
+    }
+}
+
+fn prometheus(ctl: &Value, dp: &Value) -> String {
+    let mut s = String::new();
+    let mut metric = |name: &str, help: &str, kind: &str, samples: Vec<(String, u64)>| {
+        s += &format!("# HELP {name} {help}\n# TYPE {name} {kind}\n");
+        for (labels, v) in samples {
+            s += &format!("{name}{labels} {v}\n");
+        }
+    };
+    let u = |v: &Value| v.as_u64().unwrap_or(0);
+    metric("quicdemux_controller_up", "1 while the controller runs", "gauge", vec![(String::new(), 1)]);
+    metric(
+        "quicdemux_dataplane_restarts_total",
+        "data plane restarts by the controller",
+        "counter",
+        vec![(String::new(), u(&ctl["dataplane"]["restarts"]))],
+    );
+    metric(
+        "quicdemux_dataplane_up",
+        "1 when the data plane answers its control socket",
+        "gauge",
+        vec![(String::new(), u64::from(!dp.is_null()))],
+    );
+    metric(
+        "quicdemux_next_server_id",
+        "the server id the next instance start gets",
+        "gauge",
+        vec![(String::new(), u(&ctl["next_server_id"]))],
+    );
+    metric(
+        "quicdemux_key_generation",
+        "the newest CID key generation",
+        "gauge",
+        vec![(String::new(), u(&ctl["key_newest"]))],
+    );
+    metric(
+        "quicdemux_worker_replacements_total",
+        "spawned workers replaced after dying",
+        "counter",
+        vec![(String::new(), u(&ctl["worker_replacements"]))],
+    );
+    let mut by_state: std::collections::BTreeMap<String, u64> =
+        ["ready", "registered", "draining", "starting"].iter().map(|k| (k.to_string(), 0)).collect();
+    for w in ctl["workers"].as_array().into_iter().flatten() {
+        *by_state.entry(w["state"].as_str().unwrap_or("unknown").to_string()).or_default() += 1;
+    }
+    metric(
+        "quicdemux_workers",
+        "workers known to the controller, by state",
+        "gauge",
+        by_state.into_iter().map(|(k, v)| (format!("{{state=\"{k}\"}}"), v)).collect(),
+    );
+    if dp.is_null() {
+        return s;
+    }
+    metric(
+        "quicdemux_datagrams_in_total",
+        "datagrams received by the data plane",
+        "counter",
+        vec![(String::new(), u(&dp["datagrams_in"]))],
+    );
+    metric(
+        "quicdemux_bytes_in_total",
+        "UDP payload bytes received",
+        "counter",
+        vec![(String::new(), u(&dp["bytes_in"]))],
+    );
+    let reasons: Vec<(String, u64)> =
+        dp["reasons"].as_object().into_iter().flatten().map(|(k, v)| (format!("{{reason=\"{k}\"}}"), u(v))).collect();
+    metric("quicdemux_routed_total", "datagrams by routing reason", "counter", reasons);
+    let drops: Vec<(String, u64)> =
+        dp["drops"].as_object().into_iter().flatten().map(|(k, v)| (format!("{{why=\"{k}\"}}"), u(v))).collect();
+    metric("quicdemux_drops_total", "datagrams dropped", "counter", drops);
+    let inst = dp["instances"].as_array().cloned().unwrap_or_default();
+    let lab = |i: &Value| format!("{{server_id=\"{}\"}}", u(&i["server_id"]));
+    metric(
+        "quicdemux_instance_placeable",
+        "1 when the instance receives new connections",
+        "gauge",
+        inst.iter().map(|i| (lab(i), u64::from(i["placeable"].as_bool() == Some(true)))).collect(),
+    );
+    metric(
+        "quicdemux_instance_datagrams_total",
+        "datagrams forwarded to the instance",
+        "counter",
+        inst.iter().map(|i| (lab(i), u(&i["datagrams"]))).collect(),
+    );
+    metric(
+        "quicdemux_instance_bytes_total",
+        "bytes forwarded to the instance",
+        "counter",
+        inst.iter().map(|i| (lab(i), u(&i["bytes"]))).collect(),
+    );
+    metric(
+        "quicdemux_instance_drops_full_total",
+        "datagrams dropped on the instance's full socket",
+        "counter",
+        inst.iter().map(|i| (lab(i), u(&i["drops_full"]))).collect(),
+    );
+    s
+}

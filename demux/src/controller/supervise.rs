@@ -1,0 +1,316 @@
+//! Supervision, once per tick: the data plane (restarted on the same sockets with
+//! exponential backoff), the spawned workers (a crashed one is replaced; the
+//! replacement gets a new server id when it registers), the rolling reload (SIGHUP)
+//! and the shutdown (SIGTERM). Operations contract: `../shared/seeds/004_*`,
+//! "Lifecycle".
+
+use super::{procs, state, Ctl, Kind, Managed, Reload, Shutdown};
+use anyhow::Result;
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::{Duration, Instant};
+
+/// Longest wait for a reload step's new worker to become ready.
+const RELOAD_STEP_TIMEOUT: Duration = Duration::from_secs(120);
+/// Data-plane restart backoff bounds; a data plane that ran this long resets it.
+const DP_BACKOFF_MIN: Duration = Duration::from_millis(200);
+const DP_BACKOFF_MAX: Duration = Duration::from_secs(5);
+const DP_STABLE: Duration = Duration::from_secs(10);
+/// Worker replacement backoff (a worker that dies within WORKER_STABLE doubles it).
+const WORKER_BACKOFF_MAX: Duration = Duration::from_secs(10);
+const WORKER_STABLE: Duration = Duration::from_secs(5);
+
+impl Ctl {
+    /// One supervision pass; true when the controller should exit (shutdown done).
+    pub(super) fn tick(&mut self) -> Result<bool> {
+        self.supervise_dataplane();
+        self.supervise_workers();
+        self.step_reload();
+        let done = self.step_shutdown();
+        self.publish_status();
+        Ok(done)
+    }
+
+    fn supervise_dataplane(&mut self) {
+        if let Some(p) = self.dp.proc.as_mut() {
+            if let Some(how) = p.poll_exit() {
+                let pid = p.pid();
+                self.dp.proc = None;
+                if self.shutdown.is_some() {
+                    tracing::info!(pid, how, "data plane stopped");
+                    return;
+                }
+                let ran = self.dp.started.elapsed();
+                self.dp.backoff =
+                    if ran >= DP_STABLE { DP_BACKOFF_MIN } else { (self.dp.backoff * 2).min(DP_BACKOFF_MAX) };
+                tracing::error!(
+                    pid,
+                    how,
+                    ran_ms = ran.as_millis() as u64,
+                    backoff_ms = self.dp.backoff.as_millis() as u64,
+                    "data plane died; restarting it on the same sockets"
+                );
+                self.dp.last_exit = Some(how);
+                self.dp.restart_at = Some(Instant::now() + self.dp.backoff);
+            }
+        }
+        if self.dp.proc.is_none() && self.shutdown.is_none() {
+            let due = self.dp.restart_at.map_or(true, |t| Instant::now() >= t);
+            if due {
+                self.start_dataplane();
+            }
+        }
+    }
+
+    fn start_dataplane(&mut self) {
+        let fds: Vec<RawFd> = self.udp.iter().map(|f| f.as_raw_fd()).collect();
+        let _ = std::fs::remove_file(self.paths.dataplane_ready());
+        let first = self.dp.restart_at.is_none();
+        match procs::spawn_dataplane(&self.exe, &fds, &self.dataplane_args) {
+            Ok(child) => {
+                let pid = child.id();
+                if let Err(e) = state::write_atomic(&self.paths.dataplane_pid(), &format!("{pid}\n")) {
+                    tracing::warn!(error = %format!("{e:#}"), "could not write dataplane.pid (a controller restart will not adopt it)");
+                }
+                if !first {
+                    self.dp.restarts += 1;
+                }
+                tracing::info!(pid, restarts = self.dp.restarts, "data plane started");
+                self.dp.proc = Some(procs::Proc::Child(child));
+                self.dp.adopted = false;
+                self.dp.started = Instant::now();
+                self.dp.restart_at = None;
+            }
+            Err(e) => {
+                self.dp.backoff = (self.dp.backoff * 2).min(DP_BACKOFF_MAX);
+                tracing::error!(error = %format!("{e:#}"), "could not start the data plane; retrying");
+                self.dp.restart_at = Some(Instant::now() + self.dp.backoff);
+            }
+        }
+    }
+
+    fn supervise_workers(&mut self) {
+        let mut changed = false;
+        let mut i = 0;
+        while i < self.workers.len() {
+            let w = &mut self.workers[i];
+            if let Some(how) = w.proc.poll_exit() {
+                let pid = w.proc.pid();
+                let expected = w.retiring || self.shutdown.is_some();
+                let lived = w.spawned.elapsed();
+                self.workers.remove(i);
+                changed = true;
+                if expected {
+                    tracing::info!(pid, how, "worker exited");
+                } else {
+                    self.worker_replacements += 1;
+                    if lived < WORKER_STABLE {
+                        self.worker_backoff = (self.worker_backoff * 2).min(WORKER_BACKOFF_MAX);
+                    } else {
+                        self.worker_backoff = Duration::from_millis(500);
+                    }
+                    self.next_worker_spawn = Instant::now() + self.worker_backoff;
+                    tracing::error!(pid, how, "worker died; replacing it (the replacement gets a new server id)");
+                }
+                continue;
+            }
+            i += 1;
+        }
+        if self.shutdown.is_none() {
+            while self.workers.iter().filter(|w| !w.retiring).count() < self.opts.spawn_workers
+                && Instant::now() >= self.next_worker_spawn
+            {
+                match procs::spawn_worker(&self.worker_bin, &self.paths.control_sock(), &self.opts.worker_args) {
+                    Ok(child) => {
+                        tracing::info!(pid = child.id(), "worker started");
+                        self.workers.push(Managed {
+                            proc: procs::Proc::Child(child),
+                            spawned: Instant::now(),
+                            retiring: false,
+                            signaled: false,
+                        });
+                        changed = true;
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %format!("{e:#}"), "could not start a worker");
+                        self.next_worker_spawn = Instant::now() + self.worker_backoff;
+                        break;
+                    }
+                }
+            }
+        }
+        if changed {
+            self.store_workers();
+        }
+    }
+
+    /// `DIR/workers`: the pids of the workers we supervise, for the next controller.
+    fn store_workers(&self) {
+        let text: String = self.workers.iter().map(|w| format!("{}\n", w.proc.pid())).collect();
+        if let Err(e) = state::write_atomic(&self.paths.workers(), &text) {
+            tracing::warn!(error = %format!("{e:#}"), "could not write the workers file");
+        }
+    }
+
+    /// At start: the previous controller's spawned workers (DIR/workers). With the
+    /// data plane adopted they are adopted too (they re-register with Rejoin);
+    /// otherwise they send on sockets nobody reads any more: drain them.
+    pub(super) fn take_over_workers(&mut self) {
+        let text = state::read_private(&self.paths.workers()).ok().flatten().unwrap_or_default();
+        let control = self.paths.control_sock();
+        for pid in text.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            if !state::pid_alive(pid) || !procs::is_our_worker(pid, &control) {
+                continue;
+            }
+            if self.adopted_sockets {
+                match procs::Proc::adopt(pid) {
+                    Ok(proc) => {
+                        tracing::info!(pid, "adopted a running worker");
+                        self.workers.push(Managed { proc, spawned: Instant::now(), retiring: false, signaled: false });
+                    }
+                    Err(e) => tracing::warn!(pid, error = %e, "could not adopt a worker"),
+                }
+            } else {
+                tracing::warn!(pid, "a worker of the previous controller runs on sockets that are gone; draining it");
+                // SAFETY: kill(2); the pid was checked to be one of our workers.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+        }
+        self.store_workers();
+    }
+
+    pub(super) fn begin_reload(&mut self) {
+        if self.shutdown.is_some() {
+            return;
+        }
+        if self.reload.is_some() {
+            tracing::warn!("SIGHUP: a rolling reload is already running");
+            return;
+        }
+        let queue: VecDeque<i32> = self.workers.iter().filter(|w| !w.retiring).map(|w| w.proc.pid()).collect();
+        tracing::info!(workers = queue.len(), "SIGHUP: rolling reload");
+        self.reload = Some(Reload { queue, step: None });
+    }
+
+    /// Whether every non-retiring spawned worker has registered and is ready.
+    fn all_ready(&self) -> bool {
+        self.workers.iter().filter(|w| !w.retiring).all(|w| {
+            let pid = w.proc.pid() as u32;
+            self.conns.values().any(|c| matches!(c.kind, Kind::Worker { pid: p, ready: true, .. } if p == pid))
+        })
+    }
+
+    fn step_reload(&mut self) {
+        let Some(mut r) = self.reload.take() else {
+            return;
+        };
+        if self.shutdown.is_some() {
+            return;
+        }
+        loop {
+            match r.step {
+                None => {
+                    let Some(old) = r.queue.pop_front() else {
+                        tracing::info!("rolling reload done");
+                        return;
+                    };
+                    let Some(w) = self.workers.iter_mut().find(|w| w.proc.pid() == old) else {
+                        continue;
+                    };
+                    // Retiring: the supervisor starts its replacement right away.
+                    w.retiring = true;
+                    r.step = Some((old, Instant::now(), false));
+                    break;
+                }
+                Some((old, since, false)) => {
+                    if self.all_ready()
+                        && self.workers.iter().filter(|w| !w.retiring).count() >= self.opts.spawn_workers
+                    {
+                        if let Some(w) = self.workers.iter_mut().find(|w| w.proc.pid() == old) {
+                            tracing::info!(pid = old, "reload: replacement ready; draining the old worker");
+                            w.proc.signal(libc::SIGTERM);
+                            w.signaled = true;
+                        }
+                        r.step = Some((old, since, true));
+                    } else if since.elapsed() > RELOAD_STEP_TIMEOUT {
+                        tracing::error!(pid = old, "reload: the replacement did not become ready; reload stopped");
+                        if let Some(w) = self.workers.iter_mut().find(|w| w.proc.pid() == old) {
+                            w.retiring = false;
+                        }
+                        return;
+                    }
+                    break;
+                }
+                Some((old, _, true)) => {
+                    if self.workers.iter().any(|w| w.proc.pid() == old) {
+                        break;
+                    }
+                    r.step = None;
+                }
+            }
+        }
+        self.reload = Some(r);
+    }
+
+    pub(super) fn begin_shutdown(&mut self) {
+        if self.shutdown.is_some() {
+            return;
+        }
+        tracing::info!(workers = self.workers.len(), "shutting down: draining the workers");
+        self.shutdown = Some(Shutdown {
+            deadline: Instant::now() + Duration::from_secs(self.opts.drain_timeout) + Duration::from_secs(5),
+            workers_signaled: false,
+            dataplane_signaled: None,
+        });
+    }
+
+    /// True when done: workers drained (or the deadline passed), data plane stopped.
+    fn step_shutdown(&mut self) -> bool {
+        let Some(s) = self.shutdown.as_mut() else {
+            return false;
+        };
+        if !s.workers_signaled {
+            for w in &mut self.workers {
+                w.proc.signal(libc::SIGTERM);
+                w.signaled = true;
+            }
+            s.workers_signaled = true;
+        }
+        if !self.workers.is_empty() {
+            if Instant::now() < s.deadline {
+                return false;
+            }
+            tracing::warn!(left = self.workers.len(), "drain deadline passed; killing the remaining workers");
+            for w in &mut self.workers {
+                w.proc.signal(libc::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            for w in &mut self.workers {
+                let _ = w.proc.poll_exit();
+            }
+            self.workers.clear();
+        }
+        match (self.dp.proc.as_ref(), s.dataplane_signaled) {
+            (Some(p), None) => {
+                p.signal(libc::SIGTERM);
+                s.dataplane_signaled = Some(Instant::now());
+                return false;
+            }
+            (Some(p), Some(t)) => {
+                if t.elapsed() < Duration::from_secs(5) {
+                    return false;
+                }
+                p.signal(libc::SIGKILL);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            (None, _) => {}
+        }
+        for p in
+            [self.paths.dataplane_pid(), self.paths.workers(), self.paths.controller_pid(), self.paths.control_sock()]
+        {
+            let _ = std::fs::remove_file(p);
+        }
+        tracing::info!("controller stopped");
+        true
+    }
+}
