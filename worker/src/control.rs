@@ -9,8 +9,12 @@
 //! 4. controller → worker: `KeysChanged { keys }` (rotation: new CIDs use the newest
 //!    generation at once, ADR-0040).
 //!
-//! The controller side is not built yet (issue #5); this is the worker's half as the
-//! wire format defines it, tested against an in-test controller.
+//! 5. when the control connection is lost (controller restart), [`ControlLink`]
+//!    re-registers with `Rejoin { server_id }` (backoff 100 ms → 2 s): a controller
+//!    that adopted the running data plane answers `Assign` with the same id and the
+//!    current keys; one that did not (its sockets are new) refuses, and so does
+//!    silence beyond the grace period — then the worker drains and exits rather than
+//!    keep sending on sockets nobody reads (issue #5, docs/operations.md).
 
 use crate::cid_gen::CidKeys;
 use crate::datasock::{HandshakeError, SharedSocketFd};
@@ -45,9 +49,22 @@ pub fn register(path: &Path, timeout: Duration) -> Result<Assignment, HandshakeE
 
 /// Registers on an already connected control socket.
 pub fn register_on(conn: OwnedFd, timeout: Duration) -> Result<Assignment, HandshakeError> {
+    register_with(conn, &Control::Hello { role: Role::Worker, pid: std::process::id() }, timeout)
+}
+
+/// Registers again under `server_id` after losing the controller (`Rejoin`).
+pub fn rejoin(path: &Path, server_id: ServerId, timeout: Duration) -> Result<Assignment, HandshakeError> {
+    let conn = fdpass::seqpacket_connect(path)?;
+    let a = register_with(conn, &Control::Rejoin { server_id, pid: std::process::id() }, timeout)?;
+    if a.server_id != server_id {
+        return Err(HandshakeError::Refused(format!("rejoin as {server_id} answered with server id {}", a.server_id)));
+    }
+    Ok(a)
+}
+
+fn register_with(conn: OwnedFd, first: &Control, timeout: Duration) -> Result<Assignment, HandshakeError> {
     fdpass::set_nonblocking(conn.as_fd(), false)?;
-    let hello = Control::Hello { role: Role::Worker, pid: std::process::id() };
-    fdpass::send_record(conn.as_fd(), &encode_control(&hello), &[], 0)?;
+    fdpass::send_record(conn.as_fd(), &encode_control(first), &[], 0)?;
     fdpass::set_recv_timeout(conn.as_fd(), Some(timeout))?;
     let mut buf = vec![0u8; 16 + MAX_TEXT];
     let mut assigned: Option<(ServerId, Secrets, Vec<OwnedFd>)> = None;
@@ -174,6 +191,99 @@ impl ControlConn {
                 Ok(Control::Error { reason }) => tracing::warn!(%reason, "controller reports an error"),
                 Ok(m) => tracing::debug!(?m, "ignoring control message"),
                 Err(e) => tracing::warn!(error = %e, "malformed control record from the controller"),
+            }
+        }
+    }
+}
+
+/// The control connection kept across controller restarts: lifecycle messages go
+/// to the current connection; a lost connection is re-registered (`Rejoin`).
+#[derive(Debug)]
+pub struct ControlLink {
+    path: std::path::PathBuf,
+    server_id: ServerId,
+    current: std::sync::Mutex<Option<Arc<ControlConn>>>,
+    /// The last lifecycle message sent (`Ready` / `Draining`), repeated after a rejoin.
+    state: std::sync::Mutex<Option<Control>>,
+    /// How long to try re-registering before giving up.
+    grace: Duration,
+}
+
+impl ControlLink {
+    pub fn new(path: &Path, server_id: ServerId, conn: Arc<ControlConn>, grace: Duration) -> Arc<ControlLink> {
+        Arc::new(ControlLink {
+            path: path.to_path_buf(),
+            server_id,
+            current: std::sync::Mutex::new(Some(conn)),
+            state: std::sync::Mutex::new(None),
+            grace,
+        })
+    }
+
+    fn conn(&self) -> Option<Arc<ControlConn>> {
+        self.current.lock().ok().and_then(|g| g.clone())
+    }
+
+    /// Sends `Ready` / `Draining` (remembered and repeated after a rejoin). Without a
+    /// controller connection right now this succeeds: the rejoin sends it.
+    pub async fn send(&self, m: &Control) -> io::Result<()> {
+        if let Ok(mut g) = self.state.lock() {
+            *g = Some(m.clone());
+        }
+        match self.conn() {
+            Some(c) => c.send(m).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Follows the controller: key rotations in; on loss, re-registers. Returns only
+    /// when the worker must stop (refused, or no controller within the grace period),
+    /// with the reason.
+    pub async fn run(self: Arc<Self>, keys: CidKeys) -> String {
+        loop {
+            let Some(cc) = self.conn() else {
+                return "no control connection".into();
+            };
+            cc.run(keys.clone()).await;
+            if let Ok(mut g) = self.current.lock() {
+                *g = None;
+            }
+            tracing::warn!(server_id = %self.server_id, "lost the controller; re-registering");
+            let deadline = tokio::time::Instant::now() + self.grace;
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                if tokio::time::Instant::now() >= deadline {
+                    return format!("no controller took us back within {:?}", self.grace);
+                }
+                let (p, id) = (self.path.clone(), self.server_id);
+                let r = tokio::task::spawn_blocking(move || rejoin(&p, id, Duration::from_secs(5))).await;
+                match r {
+                    Ok(Ok(asg)) => match (asg.secrets.keys.key_set(), ControlConn::new(asg.conn)) {
+                        (Ok(ks), Ok(cc)) => {
+                            keys.replace(ks);
+                            if let Ok(mut g) = self.current.lock() {
+                                *g = Some(Arc::clone(&cc));
+                            }
+                            let last = self.state.lock().ok().and_then(|g| g.clone());
+                            if let Some(m) = last {
+                                if let Err(e) = cc.send(&m).await {
+                                    tracing::warn!(error = %e, "could not repeat the lifecycle state");
+                                }
+                            }
+                            tracing::info!(server_id = %self.server_id, "re-registered with the controller");
+                            break;
+                        }
+                        (Err(e), _) => return format!("rejoin: bad keys: {e}"),
+                        (_, Err(e)) => return format!("rejoin: {e}"),
+                    },
+                    Ok(Err(HandshakeError::Refused(reason))) => {
+                        return format!("the controller refused the rejoin: {reason}")
+                    }
+                    Ok(Err(e)) => tracing::debug!(error = %e, "rejoin failed; retrying"),
+                    Err(e) => return format!("rejoin task: {e}"),
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
             }
         }
     }

@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
-use worker::control::{self, ControlConn};
+use worker::control::{self, ControlConn, ControlLink};
 use worker::drain::Drain;
 use worker::h3_server::{self, Ctx, ServerOptions, H3_NO_ERROR};
 use worker::tls::{self, Identity, ALPN_H3, ALPN_HQ};
@@ -61,6 +61,9 @@ struct Args {
     /// The controller's control socket.
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
+    /// After losing the controller, how long to try re-registering before draining.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    controller_grace: u64,
 }
 
 fn main() -> ExitCode {
@@ -94,13 +97,23 @@ async fn run(a: Args) -> anyhow::Result<()> {
             .with_context(|| format!("registering with the controller at {}", path.display()))?;
         tracing::info!(server_id = %asg.server_id, "registered with the controller");
         let cc = ControlConn::new(asg.conn)?;
-        (asg.server_id, asg.secrets, Some(cc))
+        let link = ControlLink::new(&path, asg.server_id, cc, Duration::from_secs(a.controller_grace));
+        (asg.server_id, asg.secrets, Some(link))
     } else {
         let server_id = ServerId(a.server_id.ok_or_else(|| anyhow!("--server-id N is required (standalone mode)"))?);
         let keys = a.keys.as_deref().ok_or_else(|| anyhow!("--keys FILE is required (standalone mode)"))?;
         (server_id, Secrets::load(keys)?, None)
     };
-    let data_socket = a.data_socket.as_deref().ok_or_else(|| anyhow!("--data-socket PATH is required"))?;
+    // Under the controller the data socket is DIR/data.sock next to DIR/control.sock.
+    let default_data = match (&a.data_socket, a.server_id_from_controller, &a.control) {
+        (None, true, Some(c)) => c.parent().map(|d| d.join("data.sock")),
+        _ => None,
+    };
+    let data_socket = a
+        .data_socket
+        .as_deref()
+        .or(default_data.as_deref())
+        .ok_or_else(|| anyhow!("--data-socket PATH is required"))?;
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
 
@@ -141,11 +154,14 @@ async fn run(a: Args) -> anyhow::Result<()> {
     let drain = Drain::new();
     let ctx = Ctx::new(ServerOptions { server_id, root: a.root.clone(), retry: a.retry }, drain.clone())?;
     let server = tokio::spawn(h3_server::serve(att.endpoint.clone(), Arc::clone(&ctx)));
-    if let Some(cc) = &control {
-        // Key rotations from the controller (ADR-0040).
-        let (cc, keys) = (Arc::clone(cc), att.cid_keys.clone());
-        tokio::spawn(async move { cc.run(keys).await });
-    }
+    // Key rotations from the controller (ADR-0040); re-registration when it is lost.
+    let mut lost = match &control {
+        Some(link) => {
+            let (link, keys) = (Arc::clone(link), att.cid_keys.clone());
+            tokio::spawn(async move { link.run(keys).await })
+        }
+        None => tokio::spawn(std::future::pending::<String>()),
+    };
     data.ready().await.context("sending Ready")?;
     if let Some(cc) = &control {
         cc.send(&Control::Ready).await.context("sending Ready to the controller")?;
@@ -156,6 +172,10 @@ async fn run(a: Args) -> anyhow::Result<()> {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
+        why = &mut lost => {
+            let why = why.unwrap_or_else(|e| format!("control task: {e}"));
+            tracing::warn!(%why, "draining: the sockets we send on may no longer be served");
+        }
     }
     // Drain (ADR-0041): unplaceable first, then GOAWAY everywhere.
     tracing::info!(open = drain.open_connections(), "draining");
