@@ -49,6 +49,36 @@ fn client(i: usize) -> ClientKey {
     ClientKey::from(Ipv4Addr::from(0x0a00_0000 + i as u32))
 }
 
+/// Two clients whose lane pairs (in a one-word table, as `locate` reports them) share
+/// exactly `shared` lanes (1: a neighbour; 2: a twin).
+fn two_clients(locate: impl Fn(ClientKey) -> (usize, LanePair), shared: usize) -> (ClientKey, ClientKey) {
+    for i in 0..1000 {
+        for j in i + 1..1000 {
+            let (pa, pb) = (locate(client(i)).1.lanes(), locate(client(j)).1.lanes());
+            let n = [pa.0, pa.1].iter().filter(|l| **l == pb.0 || **l == pb.1).count();
+            if n == shared {
+                return (client(i), client(j));
+            }
+        }
+    }
+    unreachable!("6 pairs among 1000 clients")
+}
+
+/// Runs `f` on its own thread and fails (instead of hanging the suite) if it takes
+/// longer than `secs`; a hung thread is left spinning until the test binary exits.
+fn within(secs: u64, f: impl FnOnce() + Send + 'static) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let h = std::thread::spawn(move || {
+        f();
+        let _ = tx.send(());
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(secs)) {
+        Ok(()) => h.join().unwrap(),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => std::panic::resume_unwind(h.join().unwrap_err()),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("still running after {secs} s: hung"),
+    }
+}
+
 // ---------------------------------------------------------------- (a) lane arithmetic
 
 fn lanes_of(w: u64) -> [u64; 4] {
@@ -296,20 +326,8 @@ fn concurrency_cap_edges() {
 /// (L1, L3), B on (L1, L2). With plain update B stays bounded after A leaves.
 #[test]
 fn concurrency_conservative_counterexample() {
-    // Find two clients in a one-word table whose pairs share exactly one lane.
     let s = ConcurrencySketch::new(1, [5; 16]);
-    let (mut a, mut b) = (None, None);
-    'outer: for i in 0..1000 {
-        for j in 0..1000 {
-            let (pa, pb) = (s.locate(client(i)).1.lanes(), s.locate(client(j)).1.lanes());
-            let shared = [pa.0, pa.1].iter().filter(|l| **l == pb.0 || **l == pb.1).count();
-            if shared == 1 {
-                (a, b) = (Some(client(i)), Some(client(j)));
-                break 'outer;
-            }
-        }
-    }
-    let (a, b) = (a.unwrap(), b.unwrap());
+    let (a, b) = two_clients(|c| s.locate(c), 1);
     let cap = 6;
     let ta: Vec<Ticket> = (0..5).map(|_| s.try_acquire(a, cap).unwrap()).collect();
     let mut tb: Vec<Ticket> = (0..3).map(|_| s.try_acquire(b, cap).unwrap()).collect();
@@ -318,6 +336,23 @@ fn concurrency_conservative_counterexample() {
         tb.push(t);
     }
     assert_eq!(tb.len(), usize::from(cap), "B holds exactly its cap");
+}
+
+/// A neighbour (one shared lane) of a client at its cap loses nothing: the smaller
+/// lane decides. A twin (both lanes shared) is the price of the sketch.
+#[test]
+fn concurrency_neighbour_of_a_full_client_gets_its_cap() {
+    let cap = 8;
+    let s = ConcurrencySketch::new(1, [6; 16]);
+    let (a, b) = two_clients(|c| s.locate(c), 1);
+    let ta: Vec<Ticket> = std::iter::from_fn(|| s.try_acquire(a, cap)).collect();
+    let tb: Vec<Ticket> = std::iter::from_fn(|| s.try_acquire(b, cap)).collect();
+    assert_eq!((ta.len(), tb.len()), (8, 8));
+    let s = ConcurrencySketch::new(1, [6; 16]);
+    let (a, b) = two_clients(|c| s.locate(c), 2);
+    let ta: Vec<Ticket> = std::iter::from_fn(|| s.try_acquire(a, cap)).collect();
+    assert_eq!(ta.len(), 8);
+    assert!(s.try_acquire(b, cap).is_none(), "a twin of a full client is refused");
 }
 
 // ------------------------------------------------------------ (c) the rate sketch
@@ -418,7 +453,10 @@ fn rate_run(seed: u64, words: usize, clients: usize, abusers: usize, g: Gcra, st
 fn rate_sketch_against_exact_gcra() {
     // The documented load, with the default GCRA (10/s, burst 40, 1 ms ticks).
     let words = 1024;
-    let run = rate_run(21, words, 2 * words, words / 64, DEFAULT_GCRA, 300_000);
+    let run = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let out = run.clone();
+    within(120, move || *out.lock().unwrap() = Some(rate_run(21, words, 2 * words, words / 64, DEFAULT_GCRA, 300_000)));
+    let run = run.lock().unwrap().take().unwrap();
     let rate = run.honest_refused as f64 / run.honest_tries as f64;
     eprintln!(
         "rate: {} admitted, {} rebases, honest refusals {}/{} = {:.3} %",
@@ -438,31 +476,64 @@ fn rate_sketch_small_span_crowded() {
     // Tiny T and tau (many rebases relative to the traffic), a crowded table, a
     // quarter of the clients abusive: refusals are many, nobody gets more than GCRA.
     let g = Gcra::new(3, 4).unwrap();
-    let run = rate_run(22, 8, 64, 16, g, 200_000);
-    eprintln!("rate crowded: {} rebases, honest refusals {}/{}", run.rebases, run.honest_refused, run.honest_tries);
+    within(120, move || {
+        let run = rate_run(22, 8, 64, 16, g, 200_000);
+        eprintln!("rate crowded: {} rebases, honest refusals {}/{}", run.rebases, run.honest_refused, run.honest_tries);
+    });
 }
 
 #[test]
 fn gcra_parameters() {
-    let g = DEFAULT_GCRA;
-    assert_eq!((g.interval(), g.tau(), g.burst(), g.window()), (100, 3_900, 40, 28_767));
-    assert!(Gcra::new(0, 1).is_none());
-    assert!(Gcra::new(1, 0).is_none());
-    assert!(Gcra::new(1 << 14, 1).is_some());
-    assert!(Gcra::new(1 << 14, 2).is_none());
-    assert!(Gcra::new(1 << 13, 2).is_some());
-    assert!(Gcra::per_second(0, 1, 1000).is_none());
-    // Exactly `burst` at one instant, then one per T.
-    let s = RateSketch::new(1, [7; 16], g, 5);
-    let c = client(1);
-    assert_eq!((0..100).filter(|_| s.try_admit(c, 5)).count(), 40);
-    assert!(!s.try_admit(c, 5 + 99));
-    assert!(s.try_admit(c, 5 + 100));
-    assert!(!s.try_admit(c, 5 + 100));
-    // An hour later (rebases) the full burst again.
-    let later = 5 + 3_600_000;
-    assert_eq!((0..100).filter(|_| s.try_admit(c, later)).count(), 40);
-    assert_eq!(s.epoch(), later);
+    within(120, || {
+        let g = DEFAULT_GCRA;
+        assert_eq!((g.interval(), g.tau(), g.burst(), g.window()), (100, 3_900, 40, 28_767));
+        assert!(Gcra::new(0, 1).is_none());
+        assert!(Gcra::new(1, 0).is_none());
+        assert!(Gcra::new(1 << 14, 1).is_some());
+        assert!(Gcra::new(1 << 14, 2).is_none());
+        assert!(Gcra::new(1 << 13, 2).is_some());
+        assert!(Gcra::per_second(0, 1, 1000).is_none());
+        // Exactly `burst` at one instant, then one per T.
+        let s = RateSketch::new(1, [7; 16], g, 5);
+        let c = client(1);
+        assert_eq!((0..100).filter(|_| s.try_admit(c, 5)).count(), 40);
+        assert!(!s.try_admit(c, 5 + 99));
+        assert!(s.try_admit(c, 5 + 100));
+        assert!(!s.try_admit(c, 5 + 100));
+        // An hour later (rebases) the full burst again.
+        let later = 5 + 3_600_000;
+        assert_eq!((0..100).filter(|_| s.try_admit(c, later)).count(), 40);
+        assert_eq!(s.epoch(), later);
+    });
+}
+
+/// A neighbour (one shared lane) of a client at its limit gets its whole burst and
+/// then exactly its rate, like exact GCRA: the smaller lane is the estimate, and each
+/// lane is raised only to the client's own TAT.
+#[test]
+fn rate_neighbour_of_a_flooding_client_loses_nothing() {
+    within(120, || {
+        let g = DEFAULT_GCRA;
+        let s = RateSketch::new(1, [10; 16], g, 0);
+        let (a, b) = two_clients(|c| s.locate(c), 1);
+        let (mut tat_b, mut got_b, mut exact_b) = (0u64, 0, 0);
+        for now in 1_000..61_000u64 {
+            while s.try_admit(a, now) {}
+            if now % 50 == 0 {
+                // b tries twice as often as its rate allows, from its first burst on.
+                let burst = if now == 1_000 { 60 } else { 1 };
+                for _ in 0..burst {
+                    if gcra_allows(g, tat_b, now) {
+                        exact_b += 1;
+                        tat_b = tat_b.max(now) + g.interval();
+                        got_b += u64::from(s.try_admit(b, now));
+                    }
+                }
+            }
+        }
+        assert_eq!(got_b, exact_b, "every admission exact GCRA makes");
+        assert!(exact_b >= 40 + 590, "{exact_b}");
+    });
 }
 
 // ------------------------------------------------------------- (d) two threads
@@ -505,21 +576,22 @@ fn concurrency_two_threads_one_word() {
     assert_eq!(s.word(0), 0, "every release undid its admission");
 }
 
-/// Not part of the brief's list but cheap: two threads admitting one client through a
-/// rate sketch whose window is tiny (rebases all the time) never get more than GCRA's
-/// bound `1 + (elapsed + tau) / T` admissions in total.
-#[test]
-fn rate_two_threads_with_rebases() {
+/// Two threads admitting one client on a shared clock (`now` from one counter, so
+/// the calls' `now`s are not in order) through a rate sketch that rebases all the time
+/// never get more than GCRA's bound `1 + (elapsed + tau) / T` admissions (each
+/// admission raises the TAT by T and needs it at most `now + tau`).
+fn two_threads_rate(g: Gcra, words: usize, calls: u64) {
     use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
-    let g = Gcra::new(1 << 13, 2).unwrap(); // window 8191 ticks
-    let s = RateSketch::new(4, [9; 16], g, 0);
+    let s = RateSketch::new(words, [9; 16], g, 0);
+    // A client whose word comes late in the table, so that admissions happen while a
+    // rebase's pass over the table has not reached it yet.
+    let c = (0..).map(client).find(|&c| s.locate(c).0 >= words * 7 / 8).unwrap();
     let clock = AtomicU64::new(0);
     let admitted = AtomicU64::new(0);
-    let c = client(42);
     std::thread::scope(|sc| {
         for _ in 0..2 {
             sc.spawn(|| {
-                for _ in 0..300_000 {
+                for _ in 0..calls {
                     let now = clock.fetch_add(3, SeqCst);
                     if s.try_admit(c, now) {
                         admitted.fetch_add(1, SeqCst);
@@ -531,6 +603,65 @@ fn rate_two_threads_with_rebases() {
     let elapsed = clock.load(SeqCst);
     let bound = 1 + (elapsed + g.tau()) / g.interval();
     let n = admitted.load(SeqCst);
-    eprintln!("two threads: {n} admitted in {elapsed} ticks, bound {bound}");
+    eprintln!("two threads, {words} words: {n} admitted in {elapsed} ticks, bound {bound}");
     assert!(n <= bound, "{n} > {bound}");
+}
+
+/// Two threads in bursts over many clients that sit idle for more than a window, all
+/// late in a big table: admissions happen while a rebase's pass has not reached their
+/// word. Exact GCRA admits at most `1 + (L + tau) / T` connections of a client with
+/// `now` in any interval of length L (the first raises its TAT past the start, each
+/// needs it at most `end + tau`, each raises it by T), whatever the order of the calls.
+fn two_threads_rate_bursts(g: Gcra, words: usize, calls: u64) {
+    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+    use std::sync::Mutex;
+    let s = RateSketch::new(words, [12; 16], g, 0);
+    let keys: Vec<ClientKey> = (0..).map(client).filter(|&c| s.locate(c).0 >= words * 7 / 8).take(2_000).collect();
+    let clock = AtomicU64::new(0);
+    let log: Mutex<Vec<(usize, u64)>> = Mutex::new(Vec::new());
+    std::thread::scope(|sc| {
+        for th in 0..2 {
+            let (s, keys, clock, log) = (&s, &keys, &clock, &log);
+            sc.spawn(move || {
+                let mut r = Rng(300 + th);
+                let mut mine = Vec::new();
+                let mut n = 0;
+                while n < calls {
+                    let c = r.below(keys.len() as u64) as usize;
+                    for _ in 0..g.burst() + 2 {
+                        let now = clock.fetch_add(3, SeqCst);
+                        if s.try_admit(keys[c], now) {
+                            mine.push((c, now));
+                        }
+                        n += 1;
+                    }
+                }
+                log.lock().unwrap().extend(mine);
+            });
+        }
+    });
+    let mut log = log.into_inner().unwrap();
+    log.sort_unstable();
+    for w in log.chunk_by(|a, b| a.0 == b.0) {
+        for (i, &(c, start)) in w.iter().enumerate() {
+            for span in [0, g.interval(), g.tau(), 10 * g.interval()] {
+                let k = w[i..].iter().take_while(|&&(_, t)| t <= start + span).count() as u64;
+                let bound = 1 + (span + g.tau()) / g.interval();
+                assert!(k <= bound, "client {c}: {k} admissions in [{start}, {}], bound {bound}", start + span);
+            }
+        }
+    }
+    eprintln!("two threads in bursts: {} admissions, {} clients", log.len(), keys.len());
+}
+
+#[test]
+fn rate_two_threads_with_rebases() {
+    within(120, || {
+        // A window of 8 191 ticks, a rebase every ~1 400 calls per thread.
+        two_threads_rate(Gcra::new(1 << 13, 2).unwrap(), 4, 300_000);
+        // A 4 096-word table (long passes), an admission every ~21 calls.
+        two_threads_rate(Gcra::new(64, 2).unwrap(), 1 << 12, 300_000);
+        // Idle clients meeting a rebase in the middle of its pass.
+        two_threads_rate_bursts(Gcra::new(64, 4).unwrap(), 1 << 12, 600_000);
+    });
 }
