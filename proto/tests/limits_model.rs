@@ -8,7 +8,13 @@
 //! - (c) `RateSketch` against exact per-client GCRA on the same tick grid over 300 000
 //!   steps with pauses (a window, an hour, …) that force epoch rebases: whenever the
 //!   sketch admits, exact GCRA admits too; honest refusals under 1 %;
-//! - (d) two threads hammering one word of a `ConcurrencySketch`: the bound holds.
+//! - (d) two threads hammering one word of a `ConcurrencySketch`: the bound holds and
+//!   the word returns to zero; two threads through a `RateSketch` that rebases all the
+//!   time: never more than GCRA's bound in any interval;
+//! - targeted cases: a neighbour (one shared lane) of a client at its limit loses
+//!   nothing in either sketch, a twin does; the seed's counterexample to conservative
+//!   update; cap and parameter edges; rate tests fail after 120 s instead of hanging
+//!   (a rebase that does not move the epoch loops forever).
 //!
 //! The exact models are fed only the connections the sketch admitted (a refused
 //! connection never happened), which is the history the server actually sees.

@@ -34,7 +34,10 @@
 //! state remembers the last shift. A word of the previous parity is shifted by whoever
 //! meets it first — the sweep or an admission, each with one CAS from the value it read,
 //! so it is shifted exactly once. One parity bit tells only "current" from
-//! "previous", so a rebase first finishes the previous sweep, then flips.
+//! "previous", so a rebase first finishes the previous sweep (cut short only if
+//! another rebase overtook it), then flips. A word left two epochs behind would read
+//! as current: lanes counted from an older epoch, later TATs — too strict, never
+//! lenient, but wrong, hence the extra pass.
 //!
 //! Cases, with the state re-read after the word: (a) the word was read before a flip
 //! and written after it: the sweep changed it (the parity bit flips), the CAS fails,
@@ -44,6 +47,11 @@
 //! word) wrote a previous-epoch word, which the sweep then shifts once, correctly.
 //! The only ABA (a word of zeros flipped twice back to the same bits) writes lanes
 //! counted from an older epoch, i.e. later TATs: stricter, never lenient.
+//!
+//! The seed's scheme without the parity bit (epoch first, then a `fetch_update` of
+//! every word) lets an idle client admitted mid-pass lose its new TAT to the pass;
+//! `rate_two_threads_with_rebases` in proto/tests/limits_model.rs catches that (about
+//! every other run on two cores), and catches a missing re-check every run.
 //!
 //! **Time** is a `u64` tick count passed in (1 ms in the defaults), stored modulo 2^47
 //! in the state word; differences of less than 2^46 ticks (2 230 years of 1 ms ticks)
@@ -245,7 +253,8 @@ impl RateSketch {
     #[cold]
     fn rebase(&self, seen: u64, now: u64, now_rel: u64) {
         // One parity bit tells only current from previous: no word may still count
-        // from the epoch before `seen` once the parity flips again.
+        // from the epoch before `seen` once the parity flips again (it would read as
+        // current, too strict). Normally a read-only pass: the last sweep finished.
         if !self.sweep(seen) {
             return;
         }
