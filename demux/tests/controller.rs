@@ -1,0 +1,478 @@
+//! The controller under live HTTP/3 load (issue #5 "Tests"; the lifecycle events of
+//! the operations contract `../shared/seeds/004_*`): a real `demux --state-dir`
+//! controller, its data plane and `worker` processes on 127.0.0.1, quinn + h3
+//! clients. One test at a time (two cores); every wait bounded.
+
+#[path = "controller_support/mod.rs"]
+mod support;
+
+use std::time::{Duration, Instant};
+use support::*;
+
+const MIB: u64 = 1 << 20;
+
+fn ids(v: &[(u64, i64, String)]) -> Vec<u64> {
+    let mut x: Vec<u64> = v.iter().map(|w| w.0).collect();
+    x.sort();
+    x
+}
+
+fn ready_count(c: &Controller) -> usize {
+    c.workers().iter().filter(|w| w.2 == "ready").count()
+}
+
+fn assert_no_failures(what: &str, ok: u64, failed: u64, failures: &[String], c: &Controller) {
+    assert!(
+        failed == 0 && failures.is_empty(),
+        "{what}: {failed} failed requests ({ok} ok): {failures:?}{}",
+        c.logs()
+    );
+}
+
+/// scale-out: a worker that registers receives new connections only, and only once
+/// it is ready (placeable); connections to the first worker stay there.
+#[test]
+fn scale_out_new_worker_gets_only_new_connections_after_ready() {
+    let _s = serial();
+    let rt = runtime();
+    let mut c = Controller::start("out", 1, &[]);
+    let addr = c.addr();
+    let first = c.workers()[0].0 as u16;
+    let ep = {
+        let _g = rt.enter();
+        client_endpoint(&c.cert)
+    };
+    let mut old = Vec::new();
+    for _ in 0..4 {
+        let mut h = rt.block_on(H3::connect(&ep, addr)).expect("connect");
+        let r = rt.block_on(h.get("/bytes/1000")).expect("GET");
+        assert_eq!(r.server_id, first);
+        old.push(h);
+    }
+    let load = Load::start(&rt, addr, &c.cert, 3, "/bytes/65536");
+    load.wait_progress(6, Duration::from_secs(60));
+
+    c.start_external();
+    // Until the new instance is placeable, nothing reaches it.
+    let mut samples_unplaceable = 0;
+    let new_id = wait_until("the new instance to become placeable", Duration::from_secs(60), || {
+        let inst = c.instances();
+        for (id, placeable, dgrams) in &inst {
+            if *id != u64::from(first) && !placeable {
+                samples_unplaceable += 1;
+                assert_eq!(*dgrams, 0, "instance {id} received datagrams before it was ready{}", c.logs());
+            }
+        }
+        inst.iter().find(|i| i.0 != u64::from(first) && i.1).map(|i| i.0 as u16)
+    });
+    eprintln!("scale-out: new instance {new_id}; {samples_unplaceable} samples saw it live but unplaceable");
+    assert!(new_id > first, "server ids are monotonic");
+
+    // Established connections stay where they are.
+    for h in old.iter_mut() {
+        let r = rt.block_on(h.get("/bytes/100000")).expect("GET on an old connection");
+        assert_eq!(r.server_id, first, "an established connection moved");
+    }
+    // New connections reach the new instance too (rendezvous placement over 2).
+    let mut on_new = 0;
+    for _ in 0..40 {
+        let mut h = rt.block_on(H3::connect(&ep, addr)).expect("connect");
+        let r = rt.block_on(h.get("/bytes/1000")).expect("GET");
+        on_new += usize::from(r.server_id == new_id);
+        h.close();
+        if on_new >= 2 {
+            break;
+        }
+    }
+    assert!(on_new >= 1, "no new connection reached the new instance");
+    let (ok, failed, f) = load.finish(&rt);
+    assert_no_failures("scale-out", ok, failed, &f, &c);
+    for h in old {
+        h.close();
+    }
+    assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
+}
+
+/// scale-in (an instance drains) and a rolling reload (SIGHUP: every spawned worker
+/// replaced one at a time) with 1 MiB responses in flight: 0 failed requests.
+#[test]
+fn scale_in_and_rolling_reload_with_1mib_responses_lose_nothing() {
+    let _s = serial();
+    let rt = runtime();
+    let mut c = Controller::start("reload", 2, &[]);
+    let ext = c.start_external();
+    wait_until("3 ready workers", Duration::from_secs(60), || (ready_count(&c) == 3).then_some(()));
+    let addr = c.addr();
+    let load = Load::start(&rt, addr, &c.cert, 6, &format!("/bytes/{MIB}"));
+    load.wait_progress(6, Duration::from_secs(120));
+
+    // Scale-in: the external worker drains while downloads run on it.
+    let ext_pid = c.externals[ext].id() as i64;
+    kill(ext_pid, libc::SIGTERM);
+    let st = wait_until("the drained worker to exit", Duration::from_secs(60), || c.externals[ext].try_wait().ok().flatten());
+    assert!(st.success(), "drained worker exit: {st}");
+    load.wait_progress(4, Duration::from_secs(120));
+
+    // Rolling reload.
+    let before: Vec<u64> = ids(&c.workers());
+    kill(c.child.id() as i64, libc::SIGHUP);
+    wait_until("the rolling reload to replace both workers", Duration::from_secs(150), || {
+        let s = c.status()?;
+        let w = c.workers();
+        let done = s["reloading"] == false
+            && w.len() == 2
+            && w.iter().all(|x| x.2 == "ready" && !before.contains(&x.0));
+        done.then_some(())
+    });
+    load.wait_progress(4, Duration::from_secs(120));
+    let (ok, failed, f) = load.finish(&rt);
+    eprintln!("reload: {ok} × 1 MiB ok");
+    assert_no_failures("scale-in + rolling reload", ok, failed, &f, &c);
+    assert!(ok >= 14);
+    assert_eq!(c.status_wait()["worker_replacements"], 0, "a reload is not a crash");
+    assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
+}
+
+/// A client that rebinds its UDP socket every second keeps downloading while its
+/// instance drains (scale-in): routing follows the connection ID.
+#[test]
+fn client_rebinding_every_second_across_scale_in_finishes() {
+    let _s = serial();
+    let rt = runtime();
+    let mut c = Controller::start("rebind", 0, &[]);
+    c.start_external();
+    c.start_external();
+    wait_until("2 ready workers", Duration::from_secs(60), || (ready_count(&c) == 2).then_some(()));
+    let addr = c.addr();
+    let workers = c.workers();
+    let ep = {
+        let _g = rt.enter();
+        client_endpoint(&c.cert)
+    };
+    let mut h = rt.block_on(H3::connect(&ep, addr)).expect("connect");
+    let owner = rt.block_on(h.get("/bytes/10")).expect("GET").server_id;
+    let owner_pid = workers.iter().find(|w| w.0 == u64::from(owner)).expect("owner registered").1;
+
+    let size = 5 * MIB;
+    let download = rt.spawn(async move {
+        let r = h.get_paced(&format!("/bytes/{size}"), Some(MIB)).await;
+        h.close();
+        r
+    });
+    let mut rebinds = 0;
+    let start = Instant::now();
+    let mut drained = false;
+    while !download.is_finished() && start.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_secs(1));
+        let sock = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let _g = rt.enter();
+        ep.rebind(sock).expect("rebind");
+        rebinds += 1;
+        if !drained && rebinds == 1 {
+            kill(owner_pid, libc::SIGTERM); // scale-in of the owner, mid-download
+            drained = true;
+        }
+    }
+    let r = rt.block_on(download).expect("join").unwrap_or_else(|e| panic!("download failed: {e:?}{}", c.logs()));
+    assert_eq!((r.status, r.len, r.pattern_ok, r.server_id), (200, size, true, owner));
+    assert!(rebinds >= 2, "only {rebinds} rebinds");
+    let exited = wait_until("the drained owner to exit", Duration::from_secs(60), || {
+        c.externals.iter_mut().find(|e| e.id() as i64 == owner_pid).and_then(|e| e.try_wait().ok().flatten())
+    });
+    assert!(exited.success());
+    assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
+}
+
+/// Data-plane SIGKILL: the controller restarts it on the same sockets; downloads on
+/// established connections finish.
+#[test]
+fn dataplane_sigkill_is_restarted_on_the_same_sockets_and_downloads_finish() {
+    let _s = serial();
+    let rt = runtime();
+    let mut c = Controller::start("dpkill", 2, &[]);
+    let addr = c.addr();
+    let sockets_before = c.status_wait()["sockets"].clone();
+    let dp = c.dataplane_pid();
+    let ep = {
+        let _g = rt.enter();
+        client_endpoint(&c.cert)
+    };
+    let size = 4 * MIB;
+    let mut downloads = Vec::new();
+    for _ in 0..4 {
+        let mut h = rt.block_on(H3::connect(&ep, addr)).expect("connect");
+        let id = rt.block_on(h.get("/bytes/10")).expect("GET").server_id;
+        downloads.push((
+            id,
+            rt.spawn(async move {
+                let r = h.get_paced(&format!("/bytes/{size}"), Some(MIB)).await;
+                h.close();
+                r
+            }),
+        ));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    kill(dp, libc::SIGKILL);
+    let s = wait_until("the data plane to be restarted", Duration::from_secs(30), || {
+        let s = c.status()?;
+        let pid = s["dataplane"]["pid"].as_i64()?;
+        (pid != dp && s["dataplane"]["restarts"] == 1 && s["dataplane"]["state"] == "running").then_some(s)
+    });
+    assert_eq!(s["sockets"], sockets_before, "the restarted data plane must serve the same sockets");
+    for (id, d) in downloads {
+        let r = rt.block_on(d).expect("join").unwrap_or_else(|e| panic!("download failed: {e:?}{}", c.logs()));
+        assert_eq!((r.status, r.len, r.pattern_ok, r.server_id), (200, size, true, id));
+    }
+    wait_until("both instances placeable again", Duration::from_secs(30), || {
+        let i = c.instances();
+        (i.len() == 2 && i.iter().all(|x| x.1)).then_some(())
+    });
+    // New connections work too.
+    let mut h = rt.block_on(H3::connect(&ep, addr)).expect("connect after restart");
+    assert_eq!(rt.block_on(h.get("/bytes/100000")).expect("GET").len, 100_000);
+    h.close();
+    assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
+}
+
+/// Controller SIGKILL and restart: the data plane and workers keep serving meanwhile
+/// and are adopted (same data-plane pid, same server ids); traffic continues; the
+/// adopted processes obey the new controller (SIGTERM stops them all).
+#[test]
+fn controller_restart_adopts_the_data_plane_and_workers() {
+    let _s = serial();
+    let rt = runtime();
+    let mut c = Controller::start("ctlkill", 2, &[]);
+    let addr = c.addr();
+    let dp = c.dataplane_pid();
+    let before = ids(&c.workers());
+    let load = Load::start(&rt, addr, &c.cert, 3, "/bytes/262144");
+    load.wait_progress(6, Duration::from_secs(60));
+
+    kill(c.child.id() as i64, libc::SIGKILL);
+    let _ = c.child.wait();
+    load.wait_progress(4, Duration::from_secs(60)); // no controller: still served
+    c.launch();
+    let s = wait_until("adoption", Duration::from_secs(60), || {
+        let s = c.status()?;
+        let w = c.workers();
+        (ids(&w) == before && w.iter().all(|x| x.2 == "ready")).then_some(s)
+    });
+    assert_eq!(s["dataplane"]["adopted"], true, "{s}");
+    assert_eq!(s["dataplane"]["pid"].as_i64(), Some(dp));
+    assert!(s["workers"].as_array().is_some_and(|l| l.iter().all(|w| w["rejoined"] == true && w["managed"] == true)));
+    load.wait_progress(6, Duration::from_secs(60));
+    let (ok, failed, f) = load.finish(&rt);
+    assert_no_failures("controller restart", ok, failed, &f, &c);
+
+    let pids: Vec<i64> = c.workers().iter().map(|w| w.1).chain([dp]).collect();
+    assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
+    wait_until("adopted processes to exit", Duration::from_secs(20), || pids.iter().all(|p| !alive(*p)).then_some(()));
+}
+
+/// Worker SIGKILL: its client's next packets reach another instance, which answers
+/// with a stateless reset; the client reconnects; the controller replaces the worker
+/// under a new server id.
+#[test]
+fn worker_sigkill_gives_stateless_reset_and_reconnect_succeeds() {
+    let _s = serial();
+    let rt = runtime();
+    let c = Controller::start("wkill", 2, &[]);
+    let addr = c.addr();
+    let load = Load::start(&rt, addr, &c.cert, 2, "/bytes/65536");
+    load.wait_progress(4, Duration::from_secs(60));
+    let ep = {
+        let _g = rt.enter();
+        client_endpoint(&c.cert)
+    };
+    let mut h = rt.block_on(H3::connect(&ep, addr)).expect("connect");
+    let victim = rt.block_on(h.get("/bytes/10")).expect("GET").server_id;
+    let pid = c.workers().iter().find(|w| w.0 == u64::from(victim)).expect("victim registered").1;
+    let orphans = c.reason("Orphan");
+    kill(pid, libc::SIGKILL);
+    std::thread::sleep(Duration::from_millis(300));
+    let reason = rt.block_on(async {
+        let _ = tokio::time::timeout(Duration::from_secs(10), h.get("/bytes/1000")).await;
+        tokio::time::timeout(Duration::from_secs(20), h.conn.closed()).await
+    });
+    assert!(
+        matches!(reason, Ok(quinn::ConnectionError::Reset)),
+        "expected a stateless reset, got {reason:?}{}",
+        c.logs()
+    );
+    assert!(c.reason("Orphan") > orphans, "the dead instance's packets are routed as orphans");
+    let mut h2 = rt.block_on(H3::connect(&ep, addr)).expect("reconnect");
+    let r = rt.block_on(h2.get("/bytes/100000")).expect("GET after reconnect");
+    assert_eq!((r.status, r.len), (200, 100_000));
+    assert_ne!(r.server_id, victim);
+    h2.close();
+    wait_until("the replacement worker", Duration::from_secs(60), || {
+        let s = c.status()?;
+        let w = c.workers();
+        (s["worker_replacements"] == 1 && w.len() == 2 && w.iter().all(|x| x.2 == "ready" && x.0 != u64::from(victim)))
+            .then_some(())
+    });
+    assert!(c.workers().iter().any(|w| w.0 > u64::from(victim)), "the replacement gets a new, higher server id");
+    let (ok, failed, f) = load.finish(&rt);
+    // The load's connections on the killed worker were reset before their head or
+    // after it; only requests accepted by the surviving worker must all succeed.
+    eprintln!("worker kill: load {ok} ok, {failed} lost with the killed worker: {f:?}");
+    assert!(ok > 4);
+    let mut c = c;
+    assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
+}
+
+/// Key rotation mid-connection (`demux rotate-keys`): the data plane and workers get
+/// the new generation, established connections (old-generation CIDs) still route to
+/// their owners, new ones work; without a controller the file itself rotates.
+#[test]
+fn key_rotation_mid_connection_old_cids_still_route() {
+    let _s = serial();
+    let rt = runtime();
+    let mut c = Controller::start("rotate", 2, &[]);
+    let addr = c.addr();
+    let load = Load::start(&rt, addr, &c.cert, 2, "/bytes/262144");
+    let ep = {
+        let _g = rt.enter();
+        client_endpoint(&c.cert)
+    };
+    let mut conns = Vec::new();
+    for _ in 0..4 {
+        let mut h = rt.block_on(H3::connect(&ep, addr)).expect("connect");
+        let id = rt.block_on(h.get("/bytes/1000")).expect("GET").server_id;
+        conns.push((id, h));
+    }
+    assert_eq!(c.status_wait()["key_newest"], 0);
+    let owner_before = c.reason("Owner");
+    let out = std::process::Command::new(DEMUX).arg("rotate-keys").arg("--state-dir").arg(&c.state).output().expect("run");
+    assert!(out.status.success(), "rotate-keys: {}", String::from_utf8_lossy(&out.stderr));
+    let s = c.status_wait();
+    assert_eq!((s["key_newest"].as_u64(), s["key_previous"].as_u64()), (Some(1), Some(0)));
+    let lb = c.lb_wait();
+    assert_eq!((lb["key_newest"].as_u64(), lb["key_previous"].as_u64()), (Some(1), Some(0)));
+    for (id, h) in conns.iter_mut() {
+        let r = rt.block_on(h.get("/bytes/262144")).unwrap_or_else(|e| panic!("GET after rotation: {e:?}{}", c.logs()));
+        assert_eq!((r.len, r.server_id), (262_144, *id), "an old-generation connection lost its owner");
+    }
+    assert!(c.reason("Owner") > owner_before);
+    let mut h = rt.block_on(H3::connect(&ep, addr)).expect("connect after rotation");
+    assert_eq!(rt.block_on(h.get("/bytes/1000")).expect("GET").len, 1000);
+    h.close();
+    load.wait_progress(4, Duration::from_secs(60));
+    let (ok, failed, f) = load.finish(&rt);
+    assert_no_failures("key rotation", ok, failed, &f, &c);
+    for (_, h) in conns {
+        h.close();
+    }
+    assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
+    // No controller running: the key file itself rotates (newest 2, previous 1).
+    let out = std::process::Command::new(DEMUX).arg("rotate-keys").arg("--state-dir").arg(&c.state).output().expect("run");
+    assert!(out.status.success(), "offline rotate-keys: {}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(c.state.join("keys")).expect("key file");
+    let k = proto::keyfile::KeyFile::parse(&text).expect("key file parses");
+    assert_eq!((k.keys.newest.generation.get(), k.keys.previous.map(|p| p.generation.get())), (2, Some(1)));
+}
+
+/// 100 000 malformed datagrams during the load: 0 failed requests, every one counted
+/// (NotQuic).
+#[test]
+fn malformed_datagrams_during_load_are_all_counted_and_harmless() {
+    let _s = serial();
+    let rt = runtime();
+    let mut c = Controller::start("junk", 2, &[]);
+    let addr = c.addr();
+    let load = Load::start(&rt, addr, &c.cert, 3, "/bytes/65536");
+    load.wait_progress(6, Duration::from_secs(60));
+    let base = c.reason("NotQuic");
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let total: u64 = 100_000;
+    let started = Instant::now();
+    let mut buf = [0u8; 1200];
+    let mut sent = 0u64;
+    while sent < total {
+        // Bursts of 2 500, then let the data plane catch up (no kernel drops).
+        for _ in 0..2_500 {
+            let len = 1 + (next() % 1200) as usize;
+            for b in buf[..len].iter_mut() {
+                *b = next() as u8;
+            }
+            buf[0] &= 0x3f; // short header, fixed bit clear: not QUIC (ADR-0040)
+            sock.send_to(&buf[..len], addr).expect("send");
+            sent += 1;
+        }
+        wait_until("the data plane to catch up", Duration::from_secs(30), || {
+            (c.reason("NotQuic") - base + 500 >= sent).then_some(())
+        });
+        assert!(started.elapsed() < Duration::from_secs(120), "sending took too long");
+    }
+    let counted = wait_until("every malformed datagram counted", Duration::from_secs(30), || {
+        let n = c.reason("NotQuic") - base;
+        (n >= total).then_some(n)
+    });
+    assert_eq!(counted, total, "each malformed datagram counted exactly once under NotQuic");
+    load.wait_progress(4, Duration::from_secs(60));
+    let (ok, failed, f) = load.finish(&rt);
+    assert_no_failures("malformed datagrams", ok, failed, &f, &c);
+    assert_eq!(c.lb_wait()["drops"]["truncated"], 0);
+    assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
+}
+
+/// Bad input: a malformed control message closes that connection with a logged
+/// reason; the controller keeps serving. A corrupt or foreign-mode state file stops
+/// start-up with a clear error.
+#[test]
+fn malformed_control_messages_and_bad_state_files() {
+    let _s = serial();
+    let mut c = Controller::start("bad", 1, &[]);
+    let fd = seqpacket_connect(&c.control_sock());
+    send_raw(&fd, &[0xc7, 1, 99, 1, 2, 3]);
+    let reply = recv_raw(&fd);
+    let m = proto::wire::decode_control(&reply).expect("an Error reply");
+    assert!(matches!(&m, proto::wire::Control::Error { reason } if reason.contains("malformed")), "{m:?}");
+    assert!(recv_raw(&fd).is_empty(), "the connection is closed after the Error");
+    // Still serving.
+    assert_eq!(c.status_wait()["dataplane"]["state"], "running");
+    let log = std::fs::read_to_string(&c.log).unwrap_or_default();
+    assert!(log.contains("malformed control message"), "reason logged");
+    assert!(c.stop(Duration::from_secs(60)));
+
+    // Corrupt key file: refuses to start, names the file, never makes a new key.
+    let keys = c.state.join("keys");
+    let good = std::fs::read_to_string(&keys).expect("keys");
+    std::fs::write(&keys, "quicdemux-keys 1\nnewest 0 zz\n").expect("corrupt");
+    let out = std::process::Command::new(DEMUX)
+        .args(["--listen", "127.0.0.1:0", "--cores", "0", "--state-dir"])
+        .arg(&c.state)
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("corrupt"), "{err}");
+    assert_eq!(std::fs::read_to_string(&keys).expect("keys"), "quicdemux-keys 1\nnewest 0 zz\n");
+    // Group-readable key file: refused too.
+    std::fs::write(&keys, &good).expect("restore");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o640)).expect("chmod");
+    let out = std::process::Command::new(DEMUX)
+        .args(["--listen", "127.0.0.1:0", "--cores", "0", "--state-dir"])
+        .arg(&c.state)
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("0600"), "{err}");
+    std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    // Corrupt counter: refused.
+    std::fs::write(c.state.join("server-id"), "garbage\n").expect("corrupt");
+    let out = std::process::Command::new(DEMUX)
+        .args(["--listen", "127.0.0.1:0", "--cores", "0", "--state-dir"])
+        .arg(&c.state)
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("server-id"), "{err}");
+}
