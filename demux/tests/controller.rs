@@ -52,6 +52,34 @@ fn scale_out_new_worker_gets_only_new_connections_after_ready() {
     let load = Load::start(&rt, addr, &c.cert, 3, "/bytes/65536");
     load.wait_progress(6, Duration::from_secs(60));
 
+    // A registered instance that is live but never says Ready receives nothing, even
+    // while new connections arrive (a minimal worker speaking the protocol by hand).
+    use proto::wire::{decode_control, encode_control, Control, Role};
+    let ctl = seqpacket_connect(&c.control_sock());
+    send_raw(&ctl, &encode_control(&Control::Hello { role: Role::Worker, pid: std::process::id() }));
+    let Ok(Control::Assign { server_id: unready, .. }) = decode_control(&recv_raw(&ctl)) else {
+        panic!("no Assign{}", c.logs())
+    };
+    let data = seqpacket_connect(&c.state.join("data.sock"));
+    send_raw(&data, &encode_control(&Control::DataHello { server_id: unready }));
+    assert!(matches!(decode_control(&recv_raw(&data)), Ok(Control::Sockets { .. })));
+    wait_until("the unready instance to be live", Duration::from_secs(20), || {
+        c.instances().iter().any(|i| i.0 == u64::from(unready.0) && !i.1).then_some(())
+    });
+    for _ in 0..10 {
+        let mut h = rt.block_on(H3::connect(&ep, addr)).expect("connect");
+        assert_eq!(rt.block_on(h.get("/bytes/1000")).expect("GET").server_id, first);
+        h.close();
+    }
+    let i = c.instances();
+    let u = i.iter().find(|i| i.0 == u64::from(unready.0)).expect("unready instance listed");
+    assert_eq!((u.1, u.2), (false, 0), "a live but unready instance was given datagrams");
+    drop(data);
+    drop(ctl);
+    wait_until("the unready instance to be gone", Duration::from_secs(20), || {
+        (!c.instances().iter().any(|i| i.0 == u64::from(unready.0))).then_some(())
+    });
+
     c.start_external();
     // Until the new instance is placeable, nothing reaches it.
     let mut samples_unplaceable = 0;
@@ -267,6 +295,49 @@ fn controller_restart_adopts_the_data_plane_and_workers() {
     let pids: Vec<i64> = c.workers().iter().map(|w| w.1).chain([dp]).collect();
     assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
     wait_until("adopted processes to exit", Duration::from_secs(20), || pids.iter().all(|p| !alive(*p)).then_some(()));
+}
+
+/// Controller and data plane both gone: the new controller opens new sockets, so
+/// the old workers must not keep sending on the old ones — their Rejoin is refused
+/// (or, spawned ones, they are sent SIGTERM) and they drain and exit; new workers
+/// serve.
+#[test]
+fn controller_restart_without_its_data_plane_retires_the_old_workers() {
+    let _s = serial();
+    let rt = runtime();
+    let mut c = Controller::start("fresh", 1, &[]);
+    let ext = c.start_external();
+    wait_until("2 ready workers", Duration::from_secs(60), || (ready_count(&c) == 2).then_some(()));
+    let old = c.workers();
+    let spawned_pid = old.iter().map(|w| w.1).find(|p| *p != c.externals[ext].id() as i64).expect("spawned worker");
+    let dp = c.dataplane_pid();
+    kill(c.child.id() as i64, libc::SIGKILL);
+    let _ = c.child.wait();
+    kill(dp, libc::SIGKILL);
+    wait_until("the old data plane to die", Duration::from_secs(10), || (!alive(dp)).then_some(()));
+    c.launch();
+    let st = wait_until("the refused external worker to exit", Duration::from_secs(90), || {
+        c.externals[ext].try_wait().ok().flatten()
+    });
+    assert!(st.success(), "a refused worker drains and exits 0: {st}");
+    wait_until("the old spawned worker to exit", Duration::from_secs(60), || (!alive(spawned_pid)).then_some(()));
+    let s = c.status_wait();
+    assert_eq!(s["dataplane"]["adopted"], false);
+    let w = c.workers();
+    let max_old = old.iter().map(|w| w.0).max().unwrap_or(0);
+    assert!(w.len() == 1 && w[0].0 > max_old && w[0].2 == "ready", "{w:?}");
+    let log = std::fs::read_to_string(c.dir.join("external-0.log")).unwrap_or_default();
+    assert!(log.contains("refused the rejoin"), "{log}");
+    let ep = {
+        let _g = rt.enter();
+        client_endpoint(&c.cert)
+    };
+    let addr = c.addr();
+    let mut h = rt.block_on(H3::connect(&ep, addr)).expect("connect");
+    let r = rt.block_on(h.get("/bytes/100000")).expect("GET");
+    assert_eq!((r.len, u64::from(r.server_id)), (100_000, w[0].0));
+    h.close();
+    assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
 }
 
 /// Worker SIGKILL: its client's next packets reach another instance, which answers
