@@ -76,7 +76,7 @@ pub fn bind_all(listen: &[SocketAddr], shards: usize) -> Result<Vec<Vec<UdpSock>
 /// (close-on-exec again, non-blocking).
 pub fn from_inherited(fds: &[i32], shards: usize) -> Result<Vec<Vec<UdpSock>>> {
     use std::os::fd::FromRawFd;
-    if shards == 0 || fds.is_empty() || fds.len() % shards != 0 {
+    if shards == 0 || fds.is_empty() || fds.len() / shards * shards != fds.len() {
         anyhow::bail!("--inherit-fds: {} fds cannot be split over {} shards", fds.len(), shards);
     }
     let per = fds.len() / shards;

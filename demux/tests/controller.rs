@@ -22,11 +22,7 @@ fn ready_count(c: &Controller) -> usize {
 }
 
 fn assert_no_failures(what: &str, ok: u64, failed: u64, failures: &[String], c: &Controller) {
-    assert!(
-        failed == 0 && failures.is_empty(),
-        "{what}: {failed} failed requests ({ok} ok): {failures:?}{}",
-        c.logs()
-    );
+    assert!(failed == 0 && failures.is_empty(), "{what}: {failed} failed requests ({ok} ok): {failures:?}{}", c.logs());
 }
 
 /// scale-out: a worker that registers receives new connections only, and only once
@@ -137,7 +133,9 @@ fn scale_in_and_rolling_reload_with_1mib_responses_lose_nothing() {
     // Scale-in: the external worker drains while downloads run on it.
     let ext_pid = c.externals[ext].id() as i64;
     kill(ext_pid, libc::SIGTERM);
-    let st = wait_until("the drained worker to exit", Duration::from_secs(60), || c.externals[ext].try_wait().ok().flatten());
+    let st = wait_until("the drained worker to exit", Duration::from_secs(60), || {
+        c.externals[ext].try_wait().ok().flatten()
+    });
     assert!(st.success(), "drained worker exit: {st}");
     load.wait_progress(4, Duration::from_secs(120));
 
@@ -147,9 +145,8 @@ fn scale_in_and_rolling_reload_with_1mib_responses_lose_nothing() {
     wait_until("the rolling reload to replace both workers", Duration::from_secs(150), || {
         let s = c.status()?;
         let w = c.workers();
-        let done = s["reloading"] == false
-            && w.len() == 2
-            && w.iter().all(|x| x.2 == "ready" && !before.contains(&x.0));
+        let done =
+            s["reloading"] == false && w.len() == 2 && w.iter().all(|x| x.2 == "ready" && !before.contains(&x.0));
         done.then_some(())
     });
     load.wait_progress(4, Duration::from_secs(120));
@@ -414,7 +411,8 @@ fn key_rotation_mid_connection_old_cids_still_route() {
     }
     assert_eq!(c.status_wait()["key_newest"], 0);
     let owner_before = c.reason("Owner");
-    let out = std::process::Command::new(DEMUX).arg("rotate-keys").arg("--state-dir").arg(&c.state).output().expect("run");
+    let out =
+        std::process::Command::new(DEMUX).arg("rotate-keys").arg("--state-dir").arg(&c.state).output().expect("run");
     assert!(out.status.success(), "rotate-keys: {}", String::from_utf8_lossy(&out.stderr));
     let s = c.status_wait();
     assert_eq!((s["key_newest"].as_u64(), s["key_previous"].as_u64()), (Some(1), Some(0)));
@@ -436,7 +434,8 @@ fn key_rotation_mid_connection_old_cids_still_route() {
     }
     assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
     // No controller running: the key file itself rotates (newest 2, previous 1).
-    let out = std::process::Command::new(DEMUX).arg("rotate-keys").arg("--state-dir").arg(&c.state).output().expect("run");
+    let out =
+        std::process::Command::new(DEMUX).arg("rotate-keys").arg("--state-dir").arg(&c.state).output().expect("run");
     assert!(out.status.success(), "offline rotate-keys: {}", String::from_utf8_lossy(&out.stderr));
     let text = std::fs::read_to_string(c.state.join("keys")).expect("key file");
     let k = proto::keyfile::KeyFile::parse(&text).expect("key file parses");

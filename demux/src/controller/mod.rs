@@ -281,14 +281,13 @@ fn dataplane_args(dp: &DataPlaneArgs, p: &Paths) -> Vec<String> {
     v
 }
 
+/// An adopted data plane: its pid, and its sockets with their addresses (shard-major).
+type Adopted = (i32, Vec<OwnedFd>, Vec<SocketAddr>);
+
 /// A controller restart: if `DIR/dataplane.pid` names a live data plane of this
 /// directory whose control socket answers, take its sockets back (`GetSockets`,
 /// SCM_RIGHTS). Its `--listen`/`--cores` must match ours.
-fn adopt_dataplane(
-    p: &Paths,
-    dp: &DataPlaneArgs,
-    shards: usize,
-) -> Result<Option<(i32, Vec<OwnedFd>, Vec<SocketAddr>)>> {
+fn adopt_dataplane(p: &Paths, dp: &DataPlaneArgs, shards: usize) -> Result<Option<Adopted>> {
     let Some(pid) = state::read_pid(&p.dataplane_pid()) else {
         return Ok(None);
     };
@@ -373,7 +372,7 @@ impl Ctl {
                 return Ok(());
             }
             let n = self.epoll.wait(&mut events, TICK_MS).context("epoll_wait (controller)")?;
-            for e in events[..n].to_vec() {
+            for e in events[..n].iter().copied() {
                 match e.u64 {
                     TOKEN_LISTENER => self.accept_all(),
                     TOKEN_SIGNALS => self.on_signals(),

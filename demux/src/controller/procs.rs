@@ -123,7 +123,7 @@ pub fn is_our_worker(pid: i32, control: &Path) -> bool {
     };
     let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
     let ctl = control.as_os_str().as_encoded_bytes();
-    args.iter().any(|a| *a == b"--server-id-from-controller") && args.iter().any(|a| *a == ctl)
+    args.iter().any(|a| *a == b"--server-id-from-controller") && args.contains(&ctl)
 }
 
 /// Whether `pid` is a data plane serving `dataplane_sock` (command line check).

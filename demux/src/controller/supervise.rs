@@ -55,7 +55,10 @@ impl Ctl {
             }
         }
         if self.dp.proc.is_none() && self.shutdown.is_none() {
-            let due = self.dp.restart_at.map_or(true, |t| Instant::now() >= t);
+            let due = match self.dp.restart_at {
+                Some(t) => Instant::now() >= t,
+                None => true,
+            };
             if due {
                 self.start_dataplane();
             }

@@ -273,7 +273,8 @@ impl Controller {
     pub fn logs(&self) -> String {
         let mut s = String::new();
         if let Ok(rd) = std::fs::read_dir(&self.dir) {
-            let mut names: Vec<PathBuf> = rd.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "log")).collect();
+            let mut names: Vec<PathBuf> =
+                rd.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "log")).collect();
             names.sort();
             for p in names {
                 let t = std::fs::read_to_string(&p).unwrap_or_default();
@@ -309,9 +310,12 @@ impl Controller {
         let read_pids = |p: PathBuf| -> Vec<i64> {
             std::fs::read_to_string(p).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect()
         };
-        for pid in read_pids(self.state.join("workers")).into_iter().chain(read_pids(self.state.join("dataplane.pid"))) {
+        for pid in read_pids(self.state.join("workers")).into_iter().chain(read_pids(self.state.join("dataplane.pid")))
+        {
             if std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| c.windows(self.state.as_os_str().len()).any(|w| w == self.state.as_os_str().as_encoded_bytes()))
+                .map(|c| {
+                    c.windows(self.state.as_os_str().len()).any(|w| w == self.state.as_os_str().as_encoded_bytes())
+                })
                 .unwrap_or(false)
             {
                 kill(pid, libc::SIGKILL);
