@@ -513,6 +513,35 @@ fn gcra_parameters() {
     });
 }
 
+/// After a rebase the table is shifted by the next decisions, `SWEEP_CHUNK` words each.
+#[test]
+fn rate_pass_is_spread_over_decisions() {
+    within(120, || {
+        let g = DEFAULT_GCRA;
+        let s = RateSketch::new(1024, [11; 16], g, 0);
+        assert!(s.swept());
+        for i in 0..1024 {
+            assert!(s.try_admit(client(i), 1));
+        }
+        assert!(s.try_admit(client(0), 1 + g.window()), "rebased");
+        assert_eq!(s.epoch(), 1 + g.window());
+        assert!(!s.swept());
+        let calls = 1024 / proto::limits::rate::SWEEP_CHUNK;
+        for i in 0..calls {
+            assert!(!s.swept(), "after {i} calls");
+            s.try_admit(client(5000 + i), 1 + g.window());
+        }
+        assert!(s.swept());
+        // Every client's lanes now count from the new epoch: its TAT (1 + T) is past.
+        for i in 1..1024 {
+            let (w, p) = s.locate(client(i));
+            let (a, b) = p.lanes();
+            let word = s.word(w);
+            assert!(lane(word, a).min(lane(word, b)) <= g.interval(), "client {i}");
+        }
+    });
+}
+
 /// A neighbour (one shared lane) of a client at its limit gets its whole burst and
 /// then exactly its rate, like exact GCRA: the smaller lane is the estimate, and each
 /// lane is raised only to the client's own TAT.

@@ -19,9 +19,10 @@
 //! below anyone's true TAT.
 //!
 //! **Epochs.** Lanes count ticks since an epoch and 15 bits run out. Once the epoch is
-//! [`Gcra::window`] old, the next admission moves it to `now` and subtracts the
-//! difference from the whole table, four lanes at a time, saturating at zero
-//! ([`sub_sat`]). Saturation loses nothing: a TAT before the new epoch is before `now`,
+//! [`Gcra::window`] old, the next admission moves it to `now` and the difference is
+//! subtracted from the whole table, four lanes at a time, saturating at zero
+//! ([`sub_sat`]) — by the following decisions, [`SWEEP_CHUNK`] words each, so that no
+//! decision pays for the whole table (a 2^16-word pass at once took milliseconds). Saturation loses nothing: a TAT before the new epoch is before `now`,
 //! and GCRA treats every TAT `<= now` alike. The window is what the lanes leave after
 //! the largest TAT an admission can write, `now + tau + T`.
 //!
@@ -61,8 +62,8 @@
 use super::client::{ClientKey, Layout};
 use super::lanes::{lane, sub_sat, with_lane, LanePair, LANE_LIMIT, LANE_MAX};
 use std::sync::atomic::{
-    AtomicU64,
-    Ordering::{AcqRel, Acquire, SeqCst},
+    AtomicU64, AtomicUsize,
+    Ordering::{AcqRel, Acquire, Relaxed, SeqCst},
 };
 
 /// `tau + T` may be at most this many ticks, so that a window is at least
@@ -174,7 +175,20 @@ pub struct RateSketch {
     layout: Layout,
     gcra: Gcra,
     state: AtomicU64,
+    /// Next word to shift into the current epoch; `>= words` once the pass is done.
+    /// On a line of its own: it is written by every decision during a pass, while the
+    /// state next to `cells` is read by every decision always.
+    cursor: Padded,
 }
+
+#[derive(Debug)]
+#[repr(align(128))]
+struct Padded(AtomicUsize);
+
+/// Words each decision shifts into the current epoch after a rebase until the pass is
+/// done, so that no single decision pays for the whole table (2^16 words: ~1 000
+/// decisions of up to 64 CASes each instead of one decision of 65 536).
+pub const SWEEP_CHUNK: usize = 64;
 
 impl RateSketch {
     /// A table of `words` words (rounded up to a power of two, at most
@@ -182,9 +196,10 @@ impl RateSketch {
     /// limiting each client to `gcra`, with its first epoch at `now` ticks.
     pub fn new(words: usize, hash_key: [u8; 16], gcra: Gcra, now: u64) -> RateSketch {
         let layout = Layout::new(words, hash_key);
-        let cells = (0..layout.words()).map(|_| AtomicU64::new(0)).collect();
+        let cells: Box<[AtomicU64]> = (0..layout.words()).map(|_| AtomicU64::new(0)).collect();
         let state = State { epoch: now & EPOCH_MASK, shift: 0, parity: 0 };
-        RateSketch { cells, layout, gcra, state: AtomicU64::new(state.pack()) }
+        let cursor = Padded(AtomicUsize::new(cells.len()));
+        RateSketch { cells, layout, gcra, state: AtomicU64::new(state.pack()), cursor }
     }
 
     pub fn gcra(&self) -> Gcra {
@@ -218,6 +233,7 @@ impl RateSketch {
         let t = self.gcra.interval as i64;
         let tau = self.gcra.tau as i64;
         let window = self.gcra.window() as i64;
+        self.help_sweep();
         loop {
             let s = self.state.load(Acquire);
             let st = State::unpack(s);
@@ -260,17 +276,45 @@ impl RateSketch {
         }
         let st = State::unpack(seen);
         let next = State { epoch: now & EPOCH_MASK, shift: now_rel.min(LANE_LIMIT), parity: st.parity ^ 1 }.pack();
-        // The epoch moves first, the words after it (seed 002).
+        // The epoch moves first, the words after it (seed 002): the next decisions
+        // shift the table, SWEEP_CHUNK words each ([`RateSketch::help_sweep`]).
         if self.state.compare_exchange(seen, next, SeqCst, SeqCst).is_ok() {
-            self.sweep(next);
+            self.cursor.0.store(0, SeqCst);
         }
+    }
+
+    /// Shifts the next [`SWEEP_CHUNK`] words into the current epoch if the pass after
+    /// the last rebase is not done; one load when it is. Correctness does not depend
+    /// on the pass: a word of the previous parity is shifted by whoever meets it, and
+    /// a rebase first finishes the pass (which a lost cursor update can leave short).
+    #[inline]
+    fn help_sweep(&self) {
+        let n = self.cells.len();
+        if self.cursor.0.load(Relaxed) >= n {
+            return;
+        }
+        let s = self.state.load(Acquire);
+        let start = self.cursor.0.fetch_add(SWEEP_CHUNK, Relaxed);
+        if start < n {
+            self.sweep_range(s, start, (start + SWEEP_CHUNK).min(n));
+        }
+    }
+
+    /// Whether the pass after the last rebase is done (tests and diagnostics).
+    pub fn swept(&self) -> bool {
+        self.cursor.0.load(Relaxed) >= self.cells.len()
     }
 
     /// Shifts every word still of the previous parity into the epoch of `state`, each
     /// with one CAS from the value read; false (stopped) once the state is not `state`.
     fn sweep(&self, state: u64) -> bool {
+        self.sweep_range(state, 0, self.cells.len())
+    }
+
+    /// [`RateSketch::sweep`] of the words `start..end`.
+    fn sweep_range(&self, state: u64, start: usize, end: usize) -> bool {
         let st = State::unpack(state);
-        for cell in self.cells.iter() {
+        for cell in &self.cells[start..end] {
             let mut w = cell.load(Acquire);
             while w >> 63 != st.parity {
                 if self.state.load(Acquire) != state {
