@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const DATAGRAM: usize = 1200;
-const SINKS: u16 = 2;
+pub(crate) const DATAGRAM: usize = 1200;
+pub(crate) const SINKS: u16 = 2;
 
 struct Opts {
     seconds: f64,
@@ -62,13 +62,13 @@ fn demux_bin() -> Result<PathBuf> {
     Ok(bin)
 }
 
-struct Demux {
-    child: Child,
-    dir: PathBuf,
-    udp: SocketAddr,
-    data: PathBuf,
-    control: PathBuf,
-    keys: KeyFile,
+pub(crate) struct Demux {
+    pub(crate) child: Child,
+    pub(crate) dir: PathBuf,
+    pub(crate) udp: SocketAddr,
+    pub(crate) data: PathBuf,
+    pub(crate) control: PathBuf,
+    pub(crate) keys: KeyFile,
 }
 
 impl Drop for Demux {
@@ -79,7 +79,7 @@ impl Drop for Demux {
     }
 }
 
-fn start_demux(bin: &Path, io: &str, core: usize) -> Result<Demux> {
+pub(crate) fn start_demux(bin: &Path, io: &str, core: usize) -> Result<Demux> {
     let dir = PathBuf::from(format!("/tmp/qdbench-{}-{io}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let keys_path = dir.join("keys");
@@ -120,7 +120,7 @@ fn start_demux(bin: &Path, io: &str, core: usize) -> Result<Demux> {
     }
 }
 
-fn seqpacket_connect(path: &Path) -> Result<OwnedFd> {
+pub(crate) fn seqpacket_connect(path: &Path) -> Result<OwnedFd> {
     // SAFETY: plain syscalls with checked results on a fresh socket.
     unsafe {
         let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
@@ -141,7 +141,7 @@ fn seqpacket_connect(path: &Path) -> Result<OwnedFd> {
     }
 }
 
-fn send_rec(fd: RawFd, m: &Control) -> Result<()> {
+pub(crate) fn send_rec(fd: RawFd, m: &Control) -> Result<()> {
     let rec = encode_control(m);
     // SAFETY: sends from a live buffer.
     if unsafe { libc::send(fd, rec.as_ptr().cast(), rec.len(), libc::MSG_NOSIGNAL) } < 0 {
@@ -150,7 +150,7 @@ fn send_rec(fd: RawFd, m: &Control) -> Result<()> {
     Ok(())
 }
 
-fn recv_rec(fd: RawFd, buf: &mut [u8]) -> Result<Control> {
+pub(crate) fn recv_rec(fd: RawFd, buf: &mut [u8]) -> Result<Control> {
     // SAFETY: receives into a live buffer; fds passed along are not requested
     // (no control buffer), so the kernel closes them.
     let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
@@ -160,7 +160,7 @@ fn recv_rec(fd: RawFd, buf: &mut [u8]) -> Result<Control> {
     decode_control(&buf[..n as usize]).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
-fn status(d: &Demux) -> Result<Value> {
+pub(crate) fn status(d: &Demux) -> Result<Value> {
     let fd = seqpacket_connect(&d.control)?;
     send_rec(fd.as_raw_fd(), &Control::StatusRequest)?;
     let mut buf = vec![0u8; 128 * 1024];
@@ -170,12 +170,12 @@ fn status(d: &Demux) -> Result<Value> {
     }
 }
 
-fn pin(core: usize) {
+pub(crate) fn pin(core: usize) {
     let _ = core_affinity::set_for_current(core_affinity::CoreId { id: core });
 }
 
 /// A sink worker: DataHello, Ready, then recvmmsg everything and count it.
-fn sink(
+pub(crate) fn sink(
     d: &Demux,
     id: u16,
     core: usize,
@@ -229,7 +229,7 @@ fn sink(
 }
 
 /// CPU nanoseconds of every thread of `pid` (schedstat: time on CPU).
-fn cpu_ns(pid: u32) -> u64 {
+pub(crate) fn cpu_ns(pid: u32) -> u64 {
     let mut total = 0;
     if let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) {
         for t in rd.flatten() {
@@ -242,7 +242,7 @@ fn cpu_ns(pid: u32) -> u64 {
 }
 
 /// utime + stime of `pid` in seconds (/proc/<pid>/stat fields 14 and 15).
-fn stat_cpu_s(pid: u32) -> f64 {
+pub(crate) fn stat_cpu_s(pid: u32) -> f64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let after = s.rsplit_once(')').map(|x| x.1).unwrap_or("");
     let f: Vec<&str> = after.split_whitespace().collect();
@@ -254,11 +254,11 @@ fn stat_cpu_s(pid: u32) -> f64 {
     (ut + st) / hz
 }
 
-fn forwarded(s: &Value) -> u64 {
+pub(crate) fn forwarded(s: &Value) -> u64 {
     s["instances"].as_array().map(|a| a.iter().map(|i| i["datagrams"].as_u64().unwrap_or(0)).sum()).unwrap_or(0)
 }
 
-fn g(s: &Value, p: &str) -> u64 {
+pub(crate) fn g(s: &Value, p: &str) -> u64 {
     s.pointer(p).and_then(Value::as_u64).unwrap_or(0)
 }
 

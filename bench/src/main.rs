@@ -1,21 +1,35 @@
 //! quicdemux system benchmarks.
 //!
+//! `cargo run --release -p bench -- all [--seconds S] [--reps N] [--contenders floor,baseline,demux-uring,demux-mmsg,nginx] [--trains 1,8] [--no-latency] [--no-doc] [--json FILE]`
+//!
+//! Issue #6: the demux (io_uring and mmsg), a per-datagram baseline, nginx's stream
+//! UDP proxy and a recv-and-drop floor side by side; CPU µs per datagram, the most
+//! datagrams/s with the sender on the other core, ratios, and the demux hop's
+//! latency at 25/50/75 % of its saturation. Writes docs/benchmarks.md and
+//! docs/benchmarks-cpu.svg.
+//!
 //! `cargo run --release -p bench -- dataplane [--seconds S] [--rate DATAGRAMS_PER_S] [--io uring,mmsg] [--shard-core C] [--load-core L]`
 //!
 //! Issue #3: one data-plane shard on one core, a sender and sink workers on the other;
-//! the data plane's CPU time (user + sys of every thread, from
-//! /proc/<pid>/task/*/schedstat, cross-checked with /proc/<pid>/stat) per forwarded
-//! datagram, for 1200-byte datagrams sent one by one and as UDP_SEGMENT trains of 8,
-//! for both io backends.
+//! the data plane's CPU time per forwarded datagram and its counters.
+//!
+//! `bench floor-server …` and `bench baseline-server …` are the contenders `all`
+//! starts as subprocesses (see servers.rs).
 
+mod all;
 mod dataplane;
+mod servers;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let r = match args.first().map(String::as_str) {
+        Some("all") => all::main(&args[1..]),
         Some("dataplane") => dataplane::main(&args[1..]),
+        Some("floor-server") => servers::floor(&args[1..]),
+        Some("baseline-server") => servers::baseline(&args[1..]),
         _ => {
-            eprintln!("usage: bench dataplane [--seconds S] [--rate DATAGRAMS_PER_S] [--io uring,mmsg] [--shard-core C] [--load-core L]");
+            eprintln!("usage: bench all [--seconds S] [--reps N] [--contenders LIST] [--trains 1,8] [--rate N] [--no-latency] [--no-doc] [--json FILE]");
+            eprintln!("       bench dataplane [--seconds S] [--rate DATAGRAMS_PER_S] [--io uring,mmsg] [--shard-core C] [--load-core L]");
             std::process::exit(2);
         }
     };

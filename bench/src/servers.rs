@@ -1,0 +1,286 @@
+//! The contenders the bench runs as its own subprocesses, so their CPU time can be
+//! measured apart from the bench's sender and sinks:
+//!
+//! - `bench floor-server --listen ADDR --ready-file R --counters F [--gro]`: one thread,
+//!   recvmmsg into a batch of 32 and discard — the least any socket reader can spend.
+//! - `bench baseline-server --listen ADDR --keys K --worker ID=PATH... --ready-file R --counters F`:
+//!   the design being replaced — one thread, per datagram one recvmsg, one ADR-0040
+//!   CID decode (`KeySet::decode`) and one `send()` of a frame (proto::wire header +
+//!   payload) to that server id's SEQPACKET socket.
+//!
+//! Both publish their counters in a small shared file (`Counters`): the bench maps
+//! it and reads them while they run; they are simply killed at the end.
+
+use anyhow::{bail, Context, Result};
+use proto::keyfile::KeyFile;
+use proto::wire::{encode_frame_header, FrameMeta, FRAME_HEADER_LEN};
+use std::mem::{size_of, zeroed};
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// `n` u64 counters in a file mapped MAP_SHARED by the server and the bench.
+pub(crate) struct Counters {
+    ptr: *mut AtomicU64,
+    n: usize,
+}
+
+// SAFETY: the mapping is only accessed through atomics.
+unsafe impl Send for Counters {}
+unsafe impl Sync for Counters {}
+
+impl Counters {
+    /// `create`: the server makes a zeroed file; otherwise (the bench) map an existing one.
+    pub(crate) fn map(path: &Path, n: usize, create: bool) -> Result<Counters> {
+        let f = std::fs::OpenOptions::new().read(true).write(true).create(create).truncate(create).open(path)?;
+        if create {
+            f.set_len((n * 8) as u64)?;
+        } else if f.metadata()?.len() < (n * 8) as u64 {
+            bail!("{} is too short", path.display());
+        }
+        // SAFETY: maps a file of exactly n * 8 bytes, shared, page aligned (so the
+        // AtomicU64s are aligned); the fd may be closed after mmap.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                n * 8,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            bail!("mmap {}: {}", path.display(), std::io::Error::last_os_error());
+        }
+        Ok(Counters { ptr: p.cast(), n })
+    }
+
+    fn at(&self, i: usize) -> &AtomicU64 {
+        assert!(i < self.n);
+        // SAFETY: in bounds of the live mapping.
+        unsafe { &*self.ptr.add(i) }
+    }
+
+    pub(crate) fn get(&self, i: usize) -> u64 {
+        self.at(i).load(Ordering::Relaxed)
+    }
+
+    fn add(&self, i: usize, v: u64) {
+        // Only the server writes: a plain load + store is enough (no lock prefix).
+        let a = self.at(i);
+        a.store(a.load(Ordering::Relaxed) + v, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Counters {
+    fn drop(&mut self) {
+        // SAFETY: unmaps what create() mapped.
+        unsafe { libc::munmap(self.ptr.cast(), self.n * 8) };
+    }
+}
+
+/// Counter indices.
+pub(crate) const RECEIVED: usize = 0;
+pub(crate) const FORWARDED: usize = 1;
+pub(crate) const DROPPED: usize = 2;
+pub(crate) const N_COUNTERS: usize = 3;
+
+struct Args {
+    listen: SocketAddr,
+    ready: PathBuf,
+    counters: PathBuf,
+    gro: bool,
+    keys: Option<PathBuf>,
+    workers: Vec<(u16, PathBuf)>,
+}
+
+fn parse(args: &[String]) -> Result<Args> {
+    let mut a = Args {
+        listen: "127.0.0.1:0".parse()?,
+        ready: PathBuf::new(),
+        counters: PathBuf::new(),
+        gro: false,
+        keys: None,
+        workers: Vec::new(),
+    };
+    let mut it = args.iter();
+    while let Some(k) = it.next() {
+        let mut val = || it.next().cloned().with_context(|| format!("{k} needs a value"));
+        match k.as_str() {
+            "--listen" => a.listen = val()?.parse()?,
+            "--ready-file" => a.ready = val()?.into(),
+            "--counters" => a.counters = val()?.into(),
+            "--gro" => a.gro = true,
+            "--keys" => a.keys = Some(val()?.into()),
+            "--worker" => {
+                let v = val()?;
+                let (id, p) = v.split_once('=').context("--worker ID=PATH")?;
+                a.workers.push((id.parse()?, p.into()));
+            }
+            other => bail!("unknown argument {other}"),
+        }
+    }
+    if a.ready.as_os_str().is_empty() || a.counters.as_os_str().is_empty() {
+        bail!("--ready-file and --counters are required");
+    }
+    Ok(a)
+}
+
+fn setsockopt_int(fd: i32, level: i32, opt: i32, v: i32) -> Result<()> {
+    // SAFETY: a live c_int of the right size.
+    if unsafe { libc::setsockopt(fd, level, opt, (&v as *const i32).cast(), 4) } != 0 {
+        bail!("setsockopt({level}, {opt}): {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn bind(a: &Args) -> Result<UdpSocket> {
+    let s = UdpSocket::bind(a.listen)?;
+    // The receive buffer the demux asks for (8 MiB, forced as root).
+    let _ = setsockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 8 << 20);
+    if a.gro {
+        setsockopt_int(s.as_raw_fd(), libc::SOL_UDP, libc::UDP_GRO, 1)?;
+    }
+    Ok(s)
+}
+
+fn ready(a: &Args, s: &UdpSocket) -> Result<()> {
+    let tmp = a.ready.with_extension("tmp");
+    std::fs::write(&tmp, format!("udp {}\n", s.local_addr()?))?;
+    std::fs::rename(&tmp, &a.ready)?;
+    Ok(())
+}
+
+/// recvmmsg into 32 buffers and discard; with --gro, count GRO segments from the
+/// UDP_GRO control message.
+pub fn floor(args: &[String]) -> Result<()> {
+    let a = parse(args)?;
+    let c = Counters::map(&a.counters, N_COUNTERS, true)?;
+    let s = bind(&a)?;
+    ready(&a, &s)?;
+    const N: usize = 32;
+    const LEN: usize = 65_536;
+    const CMSG: usize = 64;
+    let mut data = vec![0u8; N * LEN];
+    let mut ctl = vec![0u8; N * CMSG];
+    let mut iovs: Vec<libc::iovec> =
+        (0..N).map(|i| libc::iovec { iov_base: data[i * LEN..].as_mut_ptr().cast(), iov_len: LEN }).collect();
+    // SAFETY: plain old data.
+    let mut msgs: Vec<libc::mmsghdr> = (0..N).map(|_| unsafe { zeroed() }).collect();
+    loop {
+        for (i, (m, iov)) in msgs.iter_mut().zip(iovs.iter_mut()).enumerate() {
+            m.msg_hdr.msg_iov = iov;
+            m.msg_hdr.msg_iovlen = 1;
+            if a.gro {
+                m.msg_hdr.msg_control = ctl[i * CMSG..].as_mut_ptr().cast();
+                m.msg_hdr.msg_controllen = CMSG;
+            }
+        }
+        // SAFETY: msgs point at live buffers.
+        let r = unsafe {
+            libc::recvmmsg(s.as_raw_fd(), msgs.as_mut_ptr(), N as u32, libc::MSG_WAITFORONE, std::ptr::null_mut())
+        };
+        if r <= 0 {
+            continue;
+        }
+        let mut n = r as u64;
+        if a.gro {
+            n = 0;
+            for m in &msgs[..r as usize] {
+                let len = m.msg_len as usize;
+                let mut seg = len;
+                // SAFETY: walks the control buffer the kernel filled.
+                unsafe {
+                    let mut cm = libc::CMSG_FIRSTHDR(&m.msg_hdr);
+                    while !cm.is_null() {
+                        if (*cm).cmsg_level == libc::SOL_UDP && (*cm).cmsg_type == libc::UDP_GRO {
+                            seg = std::ptr::read_unaligned(libc::CMSG_DATA(cm).cast::<i32>()) as usize;
+                        }
+                        cm = libc::CMSG_NXTHDR(&m.msg_hdr, cm);
+                    }
+                }
+                n += len.div_ceil(seg.max(1)) as u64;
+            }
+        }
+        c.add(RECEIVED, n);
+    }
+}
+
+fn seqpacket_connect(path: &Path) -> Result<OwnedFd> {
+    crate::dataplane::seqpacket_connect(path)
+}
+
+/// The design being replaced: per datagram one recvmsg, one CID decode, one send().
+pub fn baseline(args: &[String]) -> Result<()> {
+    let a = parse(args)?;
+    let keys = KeyFile::parse(&std::fs::read_to_string(a.keys.as_ref().context("--keys is required")?)?)?
+        .key_set()
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let mut table: Vec<Option<OwnedFd>> = Vec::new();
+    for (id, p) in &a.workers {
+        let fd = seqpacket_connect(p)?;
+        // The send buffer the demux gives its data connections (4 MiB).
+        let _ = setsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 4 << 20);
+        let i = usize::from(*id);
+        if table.len() <= i {
+            table.resize_with(i + 1, || None);
+        }
+        table[i] = Some(fd);
+    }
+    let c = Counters::map(&a.counters, N_COUNTERS, true)?;
+    let s = bind(&a)?;
+    ready(&a, &s)?;
+    let mut buf = vec![0u8; FRAME_HEADER_LEN + 65_536];
+    loop {
+        // SAFETY: plain old data.
+        let mut from: libc::sockaddr_in6 = unsafe { zeroed() };
+        let mut iov = libc::iovec { iov_base: buf[FRAME_HEADER_LEN..].as_mut_ptr().cast(), iov_len: 65_536 };
+        // SAFETY: plain old data.
+        let mut msg: libc::msghdr = unsafe { zeroed() };
+        msg.msg_name = (&mut from as *mut libc::sockaddr_in6).cast();
+        msg.msg_namelen = size_of::<libc::sockaddr_in6>() as u32;
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        // SAFETY: msg points at live buffers.
+        let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, 0) };
+        if n <= 0 {
+            continue;
+        }
+        let n = n as usize;
+        c.add(RECEIVED, 1);
+        let p = &buf[FRAME_HEADER_LEN..FRAME_HEADER_LEN + n];
+        // The DCID: short header bytes 1..13 (ADR-0040 length), long header after the version.
+        let dcid = if p[0] & 0x80 == 0 { p.get(1..13) } else { p.get(5).and_then(|&l| p.get(6..6 + usize::from(l))) };
+        let Some(id) = dcid.and_then(|d| keys.decode(d).ok()).map(|d| usize::from(d.server_id.0)) else {
+            c.add(DROPPED, 1);
+            continue;
+        };
+        let Some(Some(fd)) = table.get(id) else {
+            c.add(DROPPED, 1);
+            continue;
+        };
+        let client = if from.sin6_family == libc::AF_INET as u16 {
+            // SAFETY: the kernel wrote a sockaddr_in.
+            let v4: libc::sockaddr_in = unsafe { std::ptr::read((&from as *const libc::sockaddr_in6).cast()) };
+            SocketAddr::from((u32::from_be(v4.sin_addr.s_addr).to_be_bytes(), u16::from_be(v4.sin_port)))
+        } else {
+            SocketAddr::from((from.sin6_addr.s6_addr, u16::from_be(from.sin6_port)))
+        };
+        let meta = FrameMeta { client, local: None, ecn: 0, segment_size: None };
+        let mut h = [0u8; FRAME_HEADER_LEN];
+        encode_frame_header(&meta, &mut h);
+        buf[..FRAME_HEADER_LEN].copy_from_slice(&h);
+        // SAFETY: sends from a live buffer.
+        let r = unsafe {
+            libc::send(
+                fd.as_raw_fd(),
+                buf.as_ptr().cast(),
+                FRAME_HEADER_LEN + n,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        c.add(if r > 0 { FORWARDED } else { DROPPED }, 1);
+    }
+}
