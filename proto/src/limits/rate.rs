@@ -22,9 +22,11 @@
 //! [`Gcra::window`] old, the next admission moves it to `now` and the difference is
 //! subtracted from the whole table, four lanes at a time, saturating at zero
 //! ([`sub_sat`]) — by the following decisions, [`SWEEP_CHUNK`] words each, so that no
-//! decision pays for the whole table (a 2^16-word pass at once took milliseconds). Saturation loses nothing: a TAT before the new epoch is before `now`,
-//! and GCRA treats every TAT `<= now` alike. The window is what the lanes leave after
-//! the largest TAT an admission can write, `now + tau + T`.
+//! decision pays for the whole table (a 2^16-word pass at once took milliseconds; the
+//! rebasing decision itself pays one read pass, ~0.1 ms). Saturation loses nothing: a
+//! TAT before the new epoch is before `now`, and GCRA treats every TAT `<= now` alike.
+//! The window is what the lanes leave after the largest TAT an admission can write,
+//! `now + tau + T`.
 //!
 //! **Concurrent rebases (seqlock style, plus a parity bit per word).** Admissions read
 //! the epoch state before and after their word and start over if it moved (seed 002).
@@ -52,7 +54,7 @@
 //! The seed's scheme without the parity bit (epoch first, then a `fetch_update` of
 //! every word) lets an idle client admitted mid-pass lose its new TAT to the pass;
 //! `rate_two_threads_with_rebases` in proto/tests/limits_model.rs catches that (about
-//! every other run on two cores), and catches a missing re-check every run.
+//! run we tried on two cores), and catches a missing re-check every run.
 //!
 //! **Time** is a `u64` tick count passed in (1 ms in the defaults), stored modulo 2^47
 //! in the state word; differences of less than 2^46 ticks (2 230 years of 1 ms ticks)
