@@ -53,8 +53,9 @@
 //!
 //! The seed's scheme without the parity bit (epoch first, then a `fetch_update` of
 //! every word) lets an idle client admitted mid-pass lose its new TAT to the pass;
-//! `rate_two_threads_with_rebases` in proto/tests/limits_model.rs catches that (about
-//! run we tried on two cores), and catches a missing re-check every run.
+//! `rate_two_threads_with_rebases` in proto/tests/limits_model.rs catches that (3 runs
+//! of 3 on two cores; it is a race, so not every run everywhere), and catches a missing
+//! re-check every run.
 //!
 //! **Time** is a `u64` tick count passed in (1 ms in the defaults), stored modulo 2^47
 //! in the state word; differences of less than 2^46 ticks (2 230 years of 1 ms ticks)
