@@ -536,6 +536,23 @@ fn malformed_control_messages_and_bad_state_files() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("0600"), "{err}");
     std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    // Owned by another uid (root here can chown): refused.
+    // SAFETY: plain chown(2)/getuid(2) on a path we created.
+    let me = unsafe { libc::getuid() };
+    if me == 0 {
+        let cpath = std::ffi::CString::new(keys.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::chown(cpath.as_ptr(), 4242, 4242) }, 0);
+        let out = std::process::Command::new(DEMUX)
+            .args(["--listen", "127.0.0.1:0", "--cores", "0", "--state-dir"])
+            .arg(&c.state)
+            .output()
+            .expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("belongs to uid 4242"), "{err}");
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::chown(cpath.as_ptr(), me, me) }, 0);
+    }
     // Corrupt counter: refused.
     std::fs::write(c.state.join("server-id"), "garbage\n").expect("corrupt");
     let out = std::process::Command::new(DEMUX)

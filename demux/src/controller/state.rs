@@ -298,4 +298,41 @@ mod tests {
         assert!(recently_issued(2, 65535, 10));
         assert!(!recently_issued(100, 50, 10));
     }
+
+    #[test]
+    fn files_are_private_atomic_and_checked() {
+        let dir = std::env::temp_dir().join(format!("qd-state-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        prepare_dir(&dir).unwrap();
+        assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+        let p = Paths::new(&dir);
+        let (k, created) = load_or_create_keys(&p).unwrap();
+        assert!(created);
+        assert_eq!(std::fs::metadata(p.keys()).unwrap().mode() & 0o777, 0o600);
+        // Second start: the same keys, never new ones.
+        let (k2, created2) = load_or_create_keys(&p).unwrap();
+        assert!(!created2 && k2 == k);
+        let r = rotate_keys(&p, &k).unwrap();
+        assert_eq!(load_or_create_keys(&p).unwrap().0, r);
+        assert_eq!(r.keys.previous, Some(k.keys.newest));
+        // No temp files left behind.
+        let names: Vec<String> =
+            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        assert!(names.iter().all(|n| !n.contains(".tmp")), "{names:?}");
+        // Group-readable or corrupt: an error, the file untouched.
+        std::fs::set_permissions(p.keys(), std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(format!("{:#}", load_or_create_keys(&p).unwrap_err()).contains("0600"));
+        std::fs::set_permissions(p.keys(), std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::write(p.keys(), "nonsense").unwrap();
+        assert!(format!("{:#}", load_or_create_keys(&p).unwrap_err()).contains("corrupt"));
+        assert_eq!(std::fs::read_to_string(p.keys()).unwrap(), "nonsense");
+        // Counter round trip; a world-accessible directory is refused.
+        let c = load_or_create_counter(&p).unwrap();
+        assert_eq!(c, Counter { next: 1, starts_in_generation: 0 });
+        store_counter(&p, Counter { next: 9, starts_in_generation: 3 }).unwrap();
+        assert_eq!(load_or_create_counter(&p).unwrap().next, 9);
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(prepare_dir(&dir).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
