@@ -448,7 +448,11 @@ fn key_rotation_mid_connection_old_cids_still_route() {
 fn malformed_datagrams_during_load_are_all_counted_and_harmless() {
     let _s = serial();
     let rt = runtime();
-    let mut c = Controller::start("junk", 2, &[]);
+    let metrics = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr")
+    };
+    let mut c = Controller::start("junk", 2, &["--metrics", &metrics.to_string()]);
     let addr = c.addr();
     let load = Load::start(&rt, addr, &c.cert, 3, "/bytes/65536");
     load.wait_progress(6, Duration::from_secs(60));
@@ -486,10 +490,61 @@ fn malformed_datagrams_during_load_are_all_counted_and_harmless() {
         (n >= total).then_some(n)
     });
     assert_eq!(counted, total, "each malformed datagram counted exactly once under NotQuic");
+    // The Prometheus endpoint shows the same count and both instances.
+    let text = http_get(metrics);
+    assert!(text.contains(&format!("quicdemux_routed_total{{reason=\"NotQuic\"}} {}", base + total)), "{text}");
+    assert_eq!(text.matches("quicdemux_instance_placeable{server_id=").count(), 2, "{text}");
+    assert!(text.contains("quicdemux_workers{state=\"ready\"} 2"), "{text}");
     load.wait_progress(4, Duration::from_secs(60));
     let (ok, failed, f) = load.finish(&rt);
     assert_no_failures("malformed datagrams", ok, failed, &f, &c);
     assert_eq!(c.lb_wait()["drops"]["truncated"], 0);
+    assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
+}
+
+fn http_get(addr: std::net::SocketAddr) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect metrics");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").expect("write");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    out
+}
+
+/// Automatic rotation every `--rotate-every` instance starts: the start that crosses
+/// it makes a new generation; connections on the previous one keep routing.
+#[test]
+fn automatic_rotation_every_n_starts() {
+    let _s = serial();
+    let rt = runtime();
+    let mut c = Controller::start("autorot", 1, &["--rotate-every", "2"]);
+    let addr = c.addr();
+    let ep = {
+        let _g = rt.enter();
+        client_endpoint(&c.cert)
+    };
+    let mut h = rt.block_on(H3::connect(&ep, addr)).expect("connect");
+    let first = rt.block_on(h.get("/bytes/1000")).expect("GET").server_id;
+    c.start_external(); // 2nd start in generation 0
+    wait_until("2 ready workers", Duration::from_secs(60), || (ready_count(&c) == 2).then_some(()));
+    assert_eq!(c.status_wait()["key_newest"], 0);
+    c.start_external(); // 3rd start: rotates first
+    wait_until("3 ready workers", Duration::from_secs(60), || (ready_count(&c) == 3).then_some(()));
+    let s = c.status_wait();
+    assert_eq!((s["key_newest"].as_u64(), s["key_previous"].as_u64()), (Some(1), Some(0)), "{s}");
+    assert_eq!(s["starts_in_generation"], 1);
+    let lb = c.lb_wait();
+    assert_eq!((lb["key_newest"].as_u64(), lb["key_previous"].as_u64()), (Some(1), Some(0)));
+    let r = rt.block_on(h.get("/bytes/100000")).expect("GET on a generation-0 connection");
+    assert_eq!((r.len, r.server_id), (100_000, first));
+    for _ in 0..6 {
+        let mut n = rt.block_on(H3::connect(&ep, addr)).expect("connect");
+        assert_eq!(rt.block_on(n.get("/bytes/1000")).expect("GET").len, 1000);
+        n.close();
+    }
+    h.close();
     assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
 }
 
