@@ -294,6 +294,35 @@ fn controller_restart_adopts_the_data_plane_and_workers() {
     wait_until("adopted processes to exit", Duration::from_secs(20), || pids.iter().all(|p| !alive(*p)).then_some(()));
 }
 
+/// Scale-in by restarting the controller with a smaller `--spawn-workers`: it adopts
+/// both workers and drains the extra one, under 1 MiB load: 0 failed requests.
+#[test]
+fn controller_restart_with_fewer_workers_drains_the_extra_one() {
+    let _s = serial();
+    let rt = runtime();
+    let mut c = Controller::start("scalein", 2, &[]);
+    let addr = c.addr();
+    let before = c.workers();
+    let load = Load::start(&rt, addr, &c.cert, 4, &format!("/bytes/{MIB}"));
+    load.wait_progress(4, Duration::from_secs(120));
+    kill(c.child.id() as i64, libc::SIGKILL);
+    let _ = c.child.wait();
+    c.spawn = 1;
+    c.launch();
+    let left = wait_until("one worker left", Duration::from_secs(90), || {
+        let w = c.workers();
+        (w.len() == 1 && w[0].2 == "ready").then_some(w)
+    });
+    let gone: Vec<i64> = before.iter().map(|w| w.1).filter(|p| *p != left[0].1).collect();
+    wait_until("the extra worker to exit", Duration::from_secs(60), || gone.iter().all(|p| !alive(*p)).then_some(()));
+    assert!(before.iter().any(|w| w.0 == left[0].0), "the remaining worker is an adopted one");
+    load.wait_progress(4, Duration::from_secs(120));
+    let (ok, failed, f) = load.finish(&rt);
+    assert_no_failures("scale-in by restart", ok, failed, &f, &c);
+    assert_eq!(c.status_wait()["worker_replacements"], 0);
+    assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
+}
+
 /// Controller and data plane both gone: the new controller opens new sockets, so
 /// the old workers must not keep sending on the old ones — their Rejoin is refused
 /// (or, spawned ones, they are sent SIGTERM) and they drain and exit; new workers

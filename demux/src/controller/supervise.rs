@@ -142,6 +142,18 @@ impl Ctl {
                 }
             }
         }
+        // More than --spawn-workers (a controller restarted with a smaller N adopted
+        // the old ones): drain the newest extras — scale-in.
+        if self.shutdown.is_none() && self.reload.is_none() {
+            while self.workers.iter().filter(|w| !w.retiring).count() > self.opts.spawn_workers {
+                let Some(w) = self.workers.iter_mut().rev().find(|w| !w.retiring) else { break };
+                tracing::info!(pid = w.proc.pid(), "more workers than --spawn-workers: draining one");
+                w.retiring = true;
+                w.signaled = true;
+                w.proc.signal(libc::SIGTERM);
+                changed = true;
+            }
+        }
         if changed {
             self.store_workers();
         }
@@ -149,7 +161,12 @@ impl Ctl {
 
     /// `DIR/workers`: the pids of the workers we supervise, for the next controller.
     fn store_workers(&self) {
-        let text: String = self.workers.iter().map(|w| format!("{}\n", w.proc.pid())).collect();
+        // `PID` or `PID retiring` (already told to drain: not counted, not replaced).
+        let text: String = self
+            .workers
+            .iter()
+            .map(|w| if w.signaled { format!("{} retiring\n", w.proc.pid()) } else { format!("{}\n", w.proc.pid()) })
+            .collect();
         if let Err(e) = state::write_atomic(&self.paths.workers(), &text) {
             tracing::warn!(error = %format!("{e:#}"), "could not write the workers file");
         }
@@ -161,7 +178,10 @@ impl Ctl {
     pub(super) fn take_over_workers(&mut self) {
         let text = state::read_private(&self.paths.workers()).ok().flatten().unwrap_or_default();
         let control = self.paths.control_sock();
-        for pid in text.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+        for line in text.lines() {
+            let mut it = line.split_whitespace();
+            let Some(pid) = it.next().and_then(|p| p.parse::<i32>().ok()) else { continue };
+            let retiring = it.next() == Some("retiring");
             if !state::pid_alive(pid) || !procs::is_our_worker(pid, &control) {
                 continue;
             }
@@ -169,7 +189,7 @@ impl Ctl {
                 match procs::Proc::adopt(pid) {
                     Ok(proc) => {
                         tracing::info!(pid, "adopted a running worker");
-                        self.workers.push(Managed { proc, spawned: Instant::now(), retiring: false, signaled: false });
+                        self.workers.push(Managed { proc, spawned: Instant::now(), retiring, signaled: retiring });
                     }
                     Err(e) => tracing::warn!(pid, error = %e, "could not adopt a worker"),
                 }
@@ -234,6 +254,7 @@ impl Ctl {
                             w.proc.signal(libc::SIGTERM);
                             w.signaled = true;
                         }
+                        self.store_workers();
                         r.step = Some((old, since, true));
                     } else if since.elapsed() > RELOAD_STEP_TIMEOUT {
                         tracing::error!(pid = old, "reload: the replacement did not become ready; reload stopped");
