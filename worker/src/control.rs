@@ -364,4 +364,51 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(2), cc.run(cid_keys.clone())).await.unwrap();
         assert_eq!(cid_keys.load().newest(), rotated.newest.generation);
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn link_rejoins_with_its_id_then_stops_when_refused() {
+        let dir = std::env::temp_dir().join(format!("wk-rejoin-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("control.sock");
+        let listener = fdpass::seqpacket_listen(&path).unwrap();
+        let k = keys();
+        let rotated = k.rotated([5; 32]);
+        let newest = rotated.keys.newest.generation;
+        let (w, c) = fdpass::seqpacket_pair().unwrap();
+        let cid_keys = CidKeys::new(k.key_set().unwrap());
+        let link = ControlLink::new(&path, ServerId(9), ControlConn::new(w).unwrap(), Duration::from_secs(10));
+        link.send(&Control::Ready).await.unwrap();
+        // The fake controller: drop the first connection (controller death), take the
+        // Rejoin and answer with the same id and rotated keys, expect Ready repeated,
+        // then drop again and refuse the next Rejoin.
+        let fake = std::thread::spawn(move || {
+            let mut buf = [0u8; 256];
+            let r = fdpass::recv_record(c.as_fd(), &mut buf, 0).unwrap();
+            assert_eq!(decode_control(&buf[..r.len]).unwrap(), Control::Ready);
+            drop(c);
+            let conn = fdpass::seqpacket_accept(listener.as_fd()).unwrap();
+            let r = fdpass::recv_record(conn.as_fd(), &mut buf, 0).unwrap();
+            assert!(matches!(decode_control(&buf[..r.len]).unwrap(), Control::Rejoin { server_id: ServerId(9), .. }));
+            let a = Control::Assign {
+                server_id: ServerId(9),
+                keys: rotated.keys.clone(),
+                reset_key: rotated.reset_key,
+                token_key: rotated.token_key,
+            };
+            fdpass::send_record(conn.as_fd(), &encode_control(&a), &[], 0).unwrap();
+            let r = fdpass::recv_record(conn.as_fd(), &mut buf, 0).unwrap();
+            assert_eq!(decode_control(&buf[..r.len]).unwrap(), Control::Ready, "last state repeated after rejoin");
+            drop(conn);
+            let conn = fdpass::seqpacket_accept(listener.as_fd()).unwrap();
+            let _ = fdpass::recv_record(conn.as_fd(), &mut buf, 0).unwrap();
+            let e = Control::Error { reason: "other sockets".into() };
+            fdpass::send_record(conn.as_fd(), &encode_control(&e), &[], 0).unwrap();
+        });
+        let why = tokio::time::timeout(Duration::from_secs(20), Arc::clone(&link).run(cid_keys.clone())).await.unwrap();
+        assert!(why.contains("refused") && why.contains("other sockets"), "{why}");
+        assert_eq!(cid_keys.load().newest(), newest, "keys from the rejoin Assign applied");
+        fake.join().unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
