@@ -828,6 +828,18 @@ fn mixed_train_is_routed_per_segment_and_merged() {
             TrainRun { bytes: 5 * stride..6 * stride + 20, segments: 2, decision: dropped(Reason::NotQuic) },
         ]
     );
+    // Two valid segments of equal length but different DCIDs: not uniform.
+    let mut two = seg(&a);
+    two.extend(seg(&b));
+    let mut runs = Vec::new();
+    route_train(&two, stride, &t, &mut pins, Duration::ZERO, |r| runs.push(r));
+    assert_eq!(
+        runs,
+        vec![
+            TrainRun { bytes: 0..stride, segments: 1, decision: to(Reason::Owner, 0) },
+            TrainRun { bytes: stride..2 * stride, segments: 1, decision: to(Reason::Owner, 1) },
+        ]
+    );
     // Stride 0 or ≥ the train: one datagram.
     for s in [0, train.len(), train.len() + 5] {
         let mut runs = Vec::new();
