@@ -268,6 +268,16 @@ fn controller_restart_adopts_the_data_plane_and_workers() {
     let rt = runtime();
     let mut c = Controller::start("ctlkill", 2, &[]);
     let addr = c.addr();
+    // One data-plane restart first: the count survives the controller restart.
+    kill(c.dataplane_pid(), libc::SIGKILL);
+    wait_until("a data-plane restart", Duration::from_secs(30), || {
+        let s = c.status()?;
+        (s["dataplane"]["restarts"] == 1 && s["dataplane"]["state"] == "running").then_some(())
+    });
+    wait_until("both instances back", Duration::from_secs(30), || {
+        let i = c.instances();
+        (i.len() == 2 && i.iter().all(|x| x.1)).then_some(())
+    });
     let dp = c.dataplane_pid();
     let before = ids(&c.workers());
     let load = Load::start(&rt, addr, &c.cert, 3, "/bytes/262144");
@@ -284,6 +294,10 @@ fn controller_restart_adopts_the_data_plane_and_workers() {
     });
     assert_eq!(s["dataplane"]["adopted"], true, "{s}");
     assert_eq!(s["dataplane"]["pid"].as_i64(), Some(dp));
+    assert_eq!(s["dataplane"]["restarts"], 1, "restarts on these sockets survive the controller restart");
+    let text = std::process::Command::new(DEMUX).arg("status").arg("--state-dir").arg(&c.state).output().expect("run");
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains(&format!("data plane pid {dp}")) && text.contains("(adopted)"), "{text}");
     assert!(s["workers"].as_array().is_some_and(|l| l.iter().all(|w| w["rejoined"] == true && w["managed"] == true)));
     load.wait_progress(6, Duration::from_secs(60));
     let (ok, failed, f) = load.finish(&rt);

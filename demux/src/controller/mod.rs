@@ -189,6 +189,13 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
         }
     };
     let adopted_sockets = dp_state.adopted;
+    let mut dp_state = dp_state;
+    // Restarts count per set of sockets: an adopted data plane continues the count.
+    dp_state.restarts = if adopted_sockets {
+        std::fs::read_to_string(paths.dataplane_restarts()).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0)
+    } else {
+        0
+    };
 
     let signals = block_signals()?;
     let listener = seqpacket::listen(&paths.control_sock())?;

@@ -45,6 +45,10 @@ impl Paths {
     pub fn dataplane_pid(&self) -> PathBuf {
         self.dir.join("dataplane.pid")
     }
+    /// Data-plane restarts on the current sockets (kept across controller restarts).
+    pub fn dataplane_restarts(&self) -> PathBuf {
+        self.dir.join("dataplane.restarts")
+    }
     pub fn workers(&self) -> PathBuf {
         self.dir.join("workers")
     }

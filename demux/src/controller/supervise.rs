@@ -78,6 +78,10 @@ impl Ctl {
                 if !first {
                     self.dp.restarts += 1;
                 }
+                let n = format!("{}\n", self.dp.restarts);
+                if let Err(e) = state::write_atomic(&self.paths.dataplane_restarts(), &n) {
+                    tracing::warn!(error = %format!("{e:#}"), "could not write dataplane.restarts");
+                }
                 tracing::info!(pid, restarts = self.dp.restarts, "data plane started");
                 self.dp.proc = Some(procs::Proc::Child(child));
                 self.dp.adopted = false;
@@ -329,9 +333,13 @@ impl Ctl {
             }
             (None, _) => {}
         }
-        for p in
-            [self.paths.dataplane_pid(), self.paths.workers(), self.paths.controller_pid(), self.paths.control_sock()]
-        {
+        for p in [
+            self.paths.dataplane_pid(),
+            self.paths.dataplane_restarts(),
+            self.paths.workers(),
+            self.paths.controller_pid(),
+            self.paths.control_sock(),
+        ] {
             let _ = std::fs::remove_file(p);
         }
         tracing::info!("controller stopped");
