@@ -105,9 +105,7 @@ fn retry_tag_ok(packet: &[u8], version: u32) -> bool {
     let k = LessSafeKey::new(UnboundKey::new(&aead::AES_128_GCM, &key).unwrap());
     let mut n = [0u8; 12];
     n.copy_from_slice(&nonce);
-    let computed = k
-        .seal_in_place_separate_tag(Nonce::assume_unique_for_key(n), Aad::from(pseudo), &mut [])
-        .unwrap();
+    let computed = k.seal_in_place_separate_tag(Nonce::assume_unique_for_key(n), Aad::from(pseudo), &mut []).unwrap();
     computed.as_ref() == tag
 }
 
@@ -265,7 +263,15 @@ fn every_truncation_of_the_rfc_packets() {
 
 /// A v1/v2 long header with the given fields; `length` is the Length field value and
 /// `body` bytes follow it. Varints are written in the minimal encoding.
-fn build_long(first: u8, version: u32, dcid: &[u8], scid: &[u8], token: Option<&[u8]>, length: u64, body: usize) -> Vec<u8> {
+fn build_long(
+    first: u8,
+    version: u32,
+    dcid: &[u8],
+    scid: &[u8],
+    token: Option<&[u8]>,
+    length: u64,
+    body: usize,
+) -> Vec<u8> {
     let mut v = vec![first];
     v.extend_from_slice(&version.to_be_bytes());
     v.push(dcid.len() as u8);
@@ -360,7 +366,12 @@ fn length_field_boundaries() {
         assert_eq!(parse(&d, 12), Err(HeaderError::Truncated));
     }
     // Handshake and 0-RTT have no token field (RFC 9000 §17.2.3-4).
-    for (v, first, ty) in [(V1, 0xe0u8, LongType::Handshake), (V1, 0xd0, LongType::ZeroRtt), (V2, 0xf0, LongType::Handshake), (V2, 0xe0, LongType::ZeroRtt)] {
+    for (v, first, ty) in [
+        (V1, 0xe0u8, LongType::Handshake),
+        (V1, 0xd0, LongType::ZeroRtt),
+        (V2, 0xf0, LongType::Handshake),
+        (V2, 0xe0, LongType::ZeroRtt),
+    ] {
         let d = build_long(first, v, &dcid, &[2; 3], None, 20, 20);
         let l = long(&d);
         assert_eq!((l.ty, l.token, l.scid, l.packet_len), (ty, &b""[..], &[2u8; 3][..], d.len()));
@@ -523,9 +534,22 @@ fn near_valid_generator_covers_every_outcome() {
         seen.insert(tag);
     }
     for want in [
-        "Initial-1", "ZeroRtt-1", "Handshake-1", "Retry-1", "Initial-1798521807", "ZeroRtt-1798521807",
-        "Handshake-1798521807", "Retry-1798521807", "short", "vn", "unsupported", "Truncated",
-        "FixedBitClear", "CidTooLong", "ShortTooShort", "LengthMismatch",
+        "Initial-1",
+        "ZeroRtt-1",
+        "Handshake-1",
+        "Retry-1",
+        "Initial-1798521807",
+        "ZeroRtt-1798521807",
+        "Handshake-1798521807",
+        "Retry-1798521807",
+        "short",
+        "vn",
+        "unsupported",
+        "Truncated",
+        "FixedBitClear",
+        "CidTooLong",
+        "ShortTooShort",
+        "LengthMismatch",
     ] {
         assert!(seen.contains(want), "generator never produced {want}: {seen:?}");
     }

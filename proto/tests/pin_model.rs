@@ -122,7 +122,12 @@ fn run(cap: usize, ttl: Duration, hash_key: [u8; 16], ops: &[Op]) -> Result<(), 
         match *op {
             Op::Insert(k, target) => {
                 let key = &keys[k];
-                prop_assert_eq!(t.insert(key, ServerId(target), now), m.insert(key, ServerId(target), now), "insert {:?}", key);
+                prop_assert_eq!(
+                    t.insert(key, ServerId(target), now),
+                    m.insert(key, ServerId(target), now),
+                    "insert {:?}",
+                    key
+                );
             }
             Op::Get(k) => {
                 prop_assert_eq!(t.get(&keys[k], now), m.get(&keys[k], now), "get {:?} at {:?}", &keys[k], now);

@@ -48,7 +48,8 @@ fn generation() -> impl Strategy<Value = Generation> {
 fn keys() -> impl Strategy<Value = Keys> {
     (generation(), any::<[u8; 32]>(), proptest::option::of((1u8..3, any::<[u8; 32]>()))).prop_map(|(g, s, prev)| Keys {
         newest: KeyGen { generation: g, secret: s },
-        previous: prev.map(|(off, ps)| KeyGen { generation: Generation::new((g.get() + off) % 3).unwrap(), secret: ps }),
+        previous: prev
+            .map(|(off, ps)| KeyGen { generation: Generation::new((g.get() + off) % 3).unwrap(), secret: ps }),
     })
 }
 
@@ -69,7 +70,10 @@ fn control() -> impl Strategy<Value = Control> {
         (keys(), proptest::collection::vec((any::<u16>(), any::<bool>()), 0..40)).prop_map(|(keys, v)| {
             Control::Table {
                 keys,
-                instances: v.into_iter().map(|(id, p)| InstanceState { server_id: ServerId(id), placeable: p }).collect(),
+                instances: v
+                    .into_iter()
+                    .map(|(id, p)| InstanceState { server_id: ServerId(id), placeable: p })
+                    .collect(),
             }
         }),
         any::<u16>().prop_map(|id| Control::DataHello { server_id: ServerId(id) }),
@@ -401,8 +405,9 @@ fn encoder_limits() {
     let m = decode_control(&encode_control(&Control::Error { reason: odd })).unwrap();
     assert!(matches!(&m, Control::Error { reason } if reason.len() == MAX_TEXT - 1));
     // A table update lists at most MAX_INSTANCES.
-    let instances: Vec<InstanceState> =
-        (0..MAX_INSTANCES as u16 + 5).map(|i| InstanceState { server_id: ServerId(i), placeable: i % 2 == 0 }).collect();
+    let instances: Vec<InstanceState> = (0..MAX_INSTANCES as u16 + 5)
+        .map(|i| InstanceState { server_id: ServerId(i), placeable: i % 2 == 0 })
+        .collect();
     let keys = Keys { newest: KeyGen { generation: Generation::new(0).unwrap(), secret: [0; 32] }, previous: None };
     let m = decode_control(&encode_control(&Control::Table { keys, instances: instances.clone() })).unwrap();
     assert!(matches!(&m, Control::Table { instances: got, .. } if got[..] == instances[..MAX_INSTANCES]));

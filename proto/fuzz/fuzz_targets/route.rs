@@ -16,8 +16,9 @@ use std::time::Duration;
 fn table() -> &'static Table {
     static T: OnceLock<Table> = OnceLock::new();
     T.get_or_init(|| {
-        let keys = KeySet::new((Generation::new(1).unwrap(), [0x11; 32]), Some((Generation::new(0).unwrap(), [0x22; 32])))
-            .unwrap();
+        let keys =
+            KeySet::new((Generation::new(1).unwrap(), [0x11; 32]), Some((Generation::new(0).unwrap(), [0x22; 32])))
+                .unwrap();
         let instances = [
             InstanceInfo { server_id: ServerId(0), placeable: true },
             InstanceInfo { server_id: ServerId(7), placeable: false },
