@@ -134,9 +134,9 @@ impl Ctl {
         }
         let server_id = match rejoin {
             Some(id) => {
-                let window = 2 * self.opts.rotate_every;
-                let ours = self.issued_here.contains(&id)
-                    || (self.adopted_sockets && state::recently_issued(self.counter.next, id, window));
+                // Any id of a worker on the adopted sockets is taken back (however
+                // long ago it was issued: held ids are never handed out again).
+                let ours = self.issued_here.contains(&id) || self.adopted_sockets;
                 if !ours {
                     self.refuse(
                         token,

@@ -250,12 +250,6 @@ pub fn store_counter(p: &Paths, c: Counter) -> Result<()> {
     write_atomic(&p.counter(), &c.to_text())
 }
 
-/// Whether `id` was handed out within the last `window` starts before `next`.
-pub fn recently_issued(next: u16, id: u16, window: u32) -> bool {
-    let dist = u32::from(next.wrapping_sub(id));
-    dist >= 1 && dist <= window
-}
-
 /// Takes the directory's controller lock (flock, released when the process dies).
 pub fn lock(p: &Paths) -> Result<std::fs::File> {
     let f = std::fs::OpenOptions::new()
@@ -297,10 +291,6 @@ mod tests {
         assert!(Counter::parse("quicdemux-server-id 1\nnext 70000\nstarts_in_generation 1\n").is_err());
         assert!(Counter::parse("quicdemux-server-id 1\nnext 1\n").is_err());
         assert!(Counter::parse("quicdemux-server-id 1\nnext 1\nnext 2\nstarts_in_generation 0\n").is_err());
-        assert!(recently_issued(5, 4, 10));
-        assert!(!recently_issued(5, 5, 10));
-        assert!(recently_issued(2, 65535, 10));
-        assert!(!recently_issued(100, 50, 10));
     }
 
     #[test]
