@@ -41,13 +41,13 @@ pub struct ControllerOpts {
     #[arg(long, value_name = "PATH", requires = "state_dir")]
     pub worker_bin: Option<std::path::PathBuf>,
     /// Rotate the CID key generation every N instance starts (ADR-0040).
-    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    #[arg(long, value_name = "N", default_value_t = 10_000, requires = "state_dir")]
     pub rotate_every: u32,
     /// Serve Prometheus text metrics on this TCP address (e.g. 127.0.0.1:9464).
     #[arg(long, value_name = "ADDR:PORT", requires = "state_dir")]
     pub metrics: Option<SocketAddr>,
     /// SIGTERM: longest wait for the workers to drain before they are killed.
-    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    #[arg(long, value_name = "SECS", default_value_t = 30, requires = "state_dir")]
     pub drain_timeout: u64,
 }
 

@@ -1,4 +1,6 @@
-//! `demux`: the quicdemux data plane (docs/architecture.md, issue #3).
+//! `demux`: the quicdemux data plane (docs/architecture.md, issue #3) and, with
+//! `--state-dir`, the controller that supervises it and the workers (issue #5,
+//! `controller/`, docs/operations.md).
 
 mod bpf;
 mod cli;
