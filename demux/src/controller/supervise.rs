@@ -123,7 +123,10 @@ impl Ctl {
             }
             i += 1;
         }
-        if self.shutdown.is_none() {
+        // Workers connect to the data plane right after registering: start them once
+        // it runs.
+        let dp_running = self.dp.proc.is_some() && (self.dp.adopted || self.paths.dataplane_ready().exists());
+        if self.shutdown.is_none() && dp_running {
             while self.workers.iter().filter(|w| !w.retiring).count() < self.opts.spawn_workers
                 && Instant::now() >= self.next_worker_spawn
             {

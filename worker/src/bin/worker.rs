@@ -120,9 +120,19 @@ async fn run(a: Args) -> anyhow::Result<()> {
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
 
-    let socket = worker::connect_socket(data_socket, server_id)
-        .await
-        .with_context(|| format!("data connection to {}", data_socket.display()))?;
+    // Under the controller the data plane may be (re)starting: retry for a while.
+    let patience = if control.is_some() { Duration::from_secs(30) } else { Duration::ZERO };
+    let deadline = tokio::time::Instant::now() + patience;
+    let socket = loop {
+        match worker::connect_socket(data_socket, server_id).await {
+            Ok(s) => break s,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                tracing::debug!(error = %format!("{e:#}"), "data plane not reachable yet; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e).with_context(|| format!("data connection to {}", data_socket.display())),
+        }
+    };
     let data = Arc::clone(socket.data());
 
     if a.echo {
