@@ -151,6 +151,8 @@ fn pinned(cmd: &mut Command, core: usize) -> &mut Command {
             let mut set: libc::cpu_set_t = zeroed();
             libc::CPU_SET(core, &mut set);
             libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
+            // Die with the bench (it may be killed: its own session does not get the terminal's ^C).
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             Ok(())
         })
     }
@@ -455,7 +457,7 @@ fn start_nginx(o: &Opts, dir: &Path) -> Result<Running> {
         u2 = ups[1],
     );
     std::fs::write(dir.join("nginx.conf"), conf)?;
-    let mut child = Command::new(NGINX)
+    let mut child = crate::dataplane::with_parent(&mut Command::new(NGINX))
         .arg("-p")
         .arg(dir)
         .arg("-e")

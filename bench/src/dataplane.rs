@@ -62,6 +62,19 @@ fn demux_bin() -> Result<PathBuf> {
     Ok(bin)
 }
 
+/// The child gets SIGKILL when the bench dies (PR_SET_PDEATHSIG), so no demux or
+/// server outlives a killed bench.
+pub(crate) fn with_parent(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        })
+    }
+}
+
 pub(crate) struct Demux {
     pub(crate) child: Child,
     pub(crate) dir: PathBuf,
@@ -89,7 +102,7 @@ pub(crate) fn start_demux(bin: &Path, io: &str, core: usize) -> Result<Demux> {
     }
     let keys = KeyFile::parse(&std::fs::read_to_string(&keys_path)?)?;
     let (data, control, ready) = (dir.join("d.sock"), dir.join("c.sock"), dir.join("ready"));
-    let child = Command::new(bin)
+    let child = with_parent(&mut Command::new(bin))
         .args(["dataplane", "--listen", "127.0.0.1:0", "--cores", &core.to_string(), "--io", io, "--keys"])
         .arg(&keys_path)
         .arg("--data-socket")
