@@ -26,3 +26,4 @@ pub use cid::{Decoded, Generation, KeySet, ServerId, Unroutable, CID_LEN};
 pub use header::{Header, HeaderError, LongHeader, LongType};
 pub use pin::PinTable;
 pub use route::{route, route_train, Decision, InstanceInfo, Reason, Table, TrainRun};
+pub use route::{route_train_with, Admission, NoAdmission};

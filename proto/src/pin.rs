@@ -27,7 +27,13 @@ struct Slot {
     target: ServerId,
     at: Duration,
     hash: u64,
+    /// Caller's value stored with the pin ([`NO_PAYLOAD`] for none), handed back once
+    /// when the pin leaves the table ([`PinTable::insert_with`]).
+    payload: u32,
 }
+
+/// The payload of a pin that carries none: never handed back.
+pub const NO_PAYLOAD: u32 = u32::MAX;
 
 /// Fixed-capacity, oldest-first-evicting map from a client DCID to a server id.
 pub struct PinTable {
@@ -73,7 +79,14 @@ impl PinTable {
     pub fn with_ttl(capacity: usize, hash_key: [u8; 16], ttl: Duration) -> PinTable {
         let capacity = capacity.clamp(1, (u32::MAX / 4) as usize);
         let index_len = (capacity * 2).next_power_of_two();
-        let empty = Slot { key: [0; MAX_KEY_LEN], key_len: 0, target: ServerId(0), at: Duration::ZERO, hash: 0 };
+        let empty = Slot {
+            key: [0; MAX_KEY_LEN],
+            key_len: 0,
+            target: ServerId(0),
+            at: Duration::ZERO,
+            hash: 0,
+            payload: NO_PAYLOAD,
+        };
         PinTable {
             ring: vec![empty; capacity].into_boxed_slice(),
             head: 0,
@@ -166,46 +179,104 @@ impl PinTable {
         }
     }
 
-    /// Drops the oldest entry (the ring head).
-    fn pop_oldest(&mut self) {
+    /// Drops the oldest entry (the ring head), handing back its payload.
+    fn pop_oldest(&mut self) -> u32 {
         let slot = self.ring[self.head];
+        self.ring[self.head].payload = NO_PAYLOAD;
         let key = &slot.key[..slot.key_len as usize];
         if let Some(pos) = self.find(key, slot.hash) {
             self.remove_index_at(pos);
         }
         self.head = (self.head + 1) % self.ring.len();
         self.len -= 1;
+        slot.payload
     }
 
     /// Sweeps every entry expired at `now`. Amortised O(1) per insertion.
     pub fn expire(&mut self, now: Duration) {
+        self.expire_with(now, |_| {});
+    }
+
+    /// [`PinTable::expire`], handing every swept pin's payload (other than
+    /// [`NO_PAYLOAD`]) to `released`, exactly once.
+    pub fn expire_with(&mut self, now: Duration, mut released: impl FnMut(u32)) {
         while self.len > 0 && self.expired(&self.ring[self.head], now) {
-            self.pop_oldest();
+            let p = self.pop_oldest();
+            if p != NO_PAYLOAD {
+                released(p);
+            }
+        }
+    }
+
+    /// Empties the table, handing every payload (other than [`NO_PAYLOAD`]) to
+    /// `released` exactly once (shutdown: give back what the pins hold).
+    pub fn drain(&mut self, mut released: impl FnMut(u32)) {
+        while self.len > 0 {
+            let p = self.pop_oldest();
+            if p != NO_PAYLOAD {
+                released(p);
+            }
         }
     }
 
     /// Pins `key` to `target` at `now` (sweeping expired entries first).
+    ///
+    /// Payload-less: a pin that [`PinTable::insert_with`] made with a payload and that
+    /// this call sweeps, evicts or retargets loses its payload. Use one or the other.
     pub fn insert(&mut self, key: &[u8], target: ServerId, now: Duration) -> Inserted {
+        self.insert_with(key, target, now, NO_PAYLOAD, |_| {})
+    }
+
+    /// [`PinTable::insert`] that stores `payload` with the pin. Every payload leaves
+    /// through `released` exactly once (unless it is [`NO_PAYLOAD`]): the payloads of
+    /// pins swept as expired or evicted as oldest; on [`Inserted::Retargeted`] the
+    /// key's old payload (the new one takes its place, the expiry stays); on
+    /// [`Inserted::KeyTooLong`] `payload` itself, as it is not stored. Later,
+    /// [`PinTable::expire_with`] and [`PinTable::drain`] hand back the rest.
+    pub fn insert_with(
+        &mut self,
+        key: &[u8],
+        target: ServerId,
+        now: Duration,
+        payload: u32,
+        mut released: impl FnMut(u32),
+    ) -> Inserted {
+        let mut give_back = |p: u32| {
+            if p != NO_PAYLOAD {
+                released(p)
+            }
+        };
         if key.len() > MAX_KEY_LEN {
+            give_back(payload);
             return Inserted::KeyTooLong;
         }
-        self.expire(now);
+        self.expire_with(now, &mut give_back);
         let hash = self.hash(key);
         if let Some(pos) = self.find(key, hash) {
             let s = self.index[pos] as usize;
             self.ring[s].target = target;
+            let old = std::mem::replace(&mut self.ring[s].payload, payload);
+            give_back(old);
             return Inserted::Retargeted;
         }
         let mut evicted = false;
         if self.len == self.ring.len() {
-            self.pop_oldest();
+            let p = self.pop_oldest();
+            give_back(p);
             self.evicted += 1;
             evicted = true;
         }
         let s = (self.head + self.len) % self.ring.len();
         let mut k = [0u8; MAX_KEY_LEN];
         k[..key.len()].copy_from_slice(key);
-        self.ring[s] = Slot { key: k, key_len: key.len() as u8, target, at: now, hash };
+        self.ring[s] = Slot {
+            key: k,
+            key_len: key.len() as u8,
+            target,
+            at: now,
+            hash,
+            payload,
+        };
         self.len += 1;
         let mut pos = hash as usize & self.mask;
         while self.index[pos] != EMPTY {
@@ -224,7 +295,10 @@ mod tests {
     fn expiry_is_exclusive_at_ttl() {
         let mut p = PinTable::new(4, [0; 16]);
         p.insert(b"abcdefgh", ServerId(1), Duration::from_secs(5));
-        assert_eq!(p.get(b"abcdefgh", Duration::from_millis(14_999)), Some(ServerId(1)));
+        assert_eq!(
+            p.get(b"abcdefgh", Duration::from_millis(14_999)),
+            Some(ServerId(1))
+        );
         assert_eq!(p.get(b"abcdefgh", Duration::from_secs(15)), None);
     }
 
@@ -234,7 +308,10 @@ mod tests {
         let t = Duration::from_secs(1);
         p.insert(b"a", ServerId(1), t);
         p.insert(b"b", ServerId(2), t);
-        assert_eq!(p.insert(b"c", ServerId(3), t), Inserted::New { evicted: true });
+        assert_eq!(
+            p.insert(b"c", ServerId(3), t),
+            Inserted::New { evicted: true }
+        );
         assert_eq!(p.get(b"a", t), None);
         assert_eq!(p.get(b"b", t), Some(ServerId(2)));
         assert_eq!(p.get(b"c", t), Some(ServerId(3)));
@@ -244,7 +321,10 @@ mod tests {
     #[test]
     fn too_long_key_is_refused() {
         let mut p = PinTable::new(2, [1; 16]);
-        assert_eq!(p.insert(&[0; 21], ServerId(1), Duration::ZERO), Inserted::KeyTooLong);
+        assert_eq!(
+            p.insert(&[0; 21], ServerId(1), Duration::ZERO),
+            Inserted::KeyTooLong
+        );
         assert_eq!(p.get(&[0; 21], Duration::ZERO), None);
     }
 }

@@ -23,7 +23,7 @@
 //! Owner path, which must stay stateless (ADR-0040 "Consequences").
 
 use crate::cid::{KeySet, ServerId, CID_LEN};
-use crate::header::{self, Header, LongType};
+use crate::header::{self, Header, LongHeader, LongType};
 use crate::pin::PinTable;
 use crate::rendezvous::Rendezvous;
 use std::time::Duration;
@@ -81,7 +81,10 @@ pub struct Decision {
 
 impl Decision {
     const fn drop(reason: Reason) -> Decision {
-        Decision { reason, target: None }
+        Decision {
+            reason,
+            target: None,
+        }
     }
 }
 
@@ -136,16 +139,28 @@ impl Table {
         let rendezvous = Rendezvous::new(rendezvous_key);
         let entries: Vec<Entry> = instances
             .iter()
-            .map(|&info| Entry { info, seed: rendezvous.seed(info.server_id) })
+            .map(|&info| Entry {
+                info,
+                seed: rendezvous.seed(info.server_id),
+            })
             .collect();
-        let mut by_id: Vec<(u16, u32)> =
-            entries.iter().enumerate().map(|(i, e)| (e.info.server_id.0, i as u32)).collect();
+        let mut by_id: Vec<(u16, u32)> = entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.info.server_id.0, i as u32))
+            .collect();
         by_id.sort_unstable();
         if let Some(w) = by_id.windows(2).find(|w| w[0].0 == w[1].0) {
             return Err(TableError::DuplicateServerId(ServerId(w[0].0)));
         }
         let any_placeable = instances.iter().any(|i| i.placeable);
-        Ok(Table { keys, rendezvous, entries, by_id, any_placeable })
+        Ok(Table {
+            keys,
+            rendezvous,
+            entries,
+            by_id,
+            any_placeable,
+        })
     }
 
     pub fn keys(&self) -> &KeySet {
@@ -178,7 +193,11 @@ impl Table {
     fn place(&self, key_hash: u64) -> Option<usize> {
         Rendezvous::pick(
             key_hash,
-            self.entries.iter().enumerate().filter(|(_, e)| e.info.placeable).map(|(i, e)| (e.seed, i)),
+            self.entries
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.info.placeable)
+                .map(|(i, e)| (e.seed, i)),
         )
     }
 
@@ -196,12 +215,18 @@ impl Table {
     #[inline]
     fn owner(&self, dcid: &[u8]) -> Option<usize> {
         // ADR-0040: only a 12-byte CID with a live `cr` can name an owner.
-        self.keys.decode(dcid).ok().and_then(|d| self.index_of(d.server_id))
+        self.keys
+            .decode(dcid)
+            .ok()
+            .and_then(|d| self.index_of(d.server_id))
     }
 
     fn orphan(&self, dcid: &[u8]) -> Decision {
         match self.any_serving(dcid) {
-            Some(i) => Decision { reason: Reason::Orphan, target: Some(i) },
+            Some(i) => Decision {
+                reason: Reason::Orphan,
+                target: Some(i),
+            },
             None => Decision::drop(Reason::NoInstance),
         }
     }
@@ -224,55 +249,140 @@ pub fn route_header(
     pins: &mut PinTable,
     now: Duration,
 ) -> Decision {
-    match *h {
+    match route_header_with(h, datagram_len, table, pins, now, &mut NoAdmission) {
+        Ok(d) => d,
+        Err(never) => match never {},
+    }
+}
+
+/// Admission control at the one point where a datagram makes new state: a client
+/// Initial / 0-RTT with a client-chosen DCID that no live pin covers, about to be
+/// placed (and pinned). Owner and Pinned datagrams, short headers and everything else
+/// never reach it, so they pay nothing for it (issue #7).
+pub trait Admission {
+    /// Why a placement was refused (the caller's own reasons; not a [`Reason`]).
+    type Refusal: Copy + Eq + std::fmt::Debug;
+    /// `h` would be placed on `target` (an index of [`Table::instances`]).
+    /// `Ok(payload)` places it and stores `payload` with its pin (see
+    /// [`PinTable::insert_with`]); `Err` drops the datagram instead (no pin is made).
+    fn admit(
+        &mut self,
+        h: &LongHeader<'_>,
+        datagram_len: usize,
+        table: &Table,
+        target: usize,
+    ) -> Result<u32, Self::Refusal>;
+    /// A payload that [`Admission::admit`] returned left the pin table (expired,
+    /// evicted, retargeted, or never stored): called exactly once per payload other
+    /// than [`crate::pin::NO_PAYLOAD`].
+    fn release(&mut self, payload: u32);
+}
+
+/// Admits everything with no payload: plain ADR-0040 routing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoAdmission;
+
+impl Admission for NoAdmission {
+    type Refusal = std::convert::Infallible;
+    #[inline]
+    fn admit(
+        &mut self,
+        _: &LongHeader<'_>,
+        _: usize,
+        _: &Table,
+        _: usize,
+    ) -> Result<u32, Self::Refusal> {
+        Ok(crate::pin::NO_PAYLOAD)
+    }
+    #[inline]
+    fn release(&mut self, _: u32) {}
+}
+
+/// [`route_header`] with admission control on new placements: `Err` is the
+/// refusal of `admission` (the datagram is dropped, nothing was pinned).
+pub fn route_header_with<A: Admission>(
+    h: &Header<'_>,
+    datagram_len: usize,
+    table: &Table,
+    pins: &mut PinTable,
+    now: Duration,
+    admission: &mut A,
+) -> Result<Decision, A::Refusal> {
+    Ok(match *h {
         // RFC 9000 §17.2.1: only servers send Version Negotiation; a server drops it.
         Header::VersionNegotiation { .. } => Decision::drop(Reason::NotQuic),
         Header::UnsupportedVersion { dcid, .. } => {
             // RFC 9000 §5.2.2: answer with VN only if large enough to start a connection.
             if datagram_len < MIN_INITIAL_DATAGRAM {
-                return Decision::drop(Reason::NotQuic);
+                return Ok(Decision::drop(Reason::NotQuic));
             }
             match table.any_serving(dcid) {
-                Some(i) => Decision { reason: Reason::VersionNegotiation, target: Some(i) },
+                Some(i) => Decision {
+                    reason: Reason::VersionNegotiation,
+                    target: Some(i),
+                },
                 None => Decision::drop(Reason::NoInstance),
             }
         }
         Header::Short { dcid } => match table.owner(dcid) {
-            Some(i) => Decision { reason: Reason::Owner, target: Some(i) },
+            Some(i) => Decision {
+                reason: Reason::Owner,
+                target: Some(i),
+            },
             None => table.orphan(dcid),
         },
-        Header::Long(l) => {
+        Header::Long(ref l) => {
             if let Some(i) = table.owner(l.dcid) {
-                return Decision { reason: Reason::Owner, target: Some(i) };
+                return Ok(Decision {
+                    reason: Reason::Owner,
+                    target: Some(i),
+                });
             }
             match l.ty {
                 LongType::Initial | LongType::ZeroRtt => {
                     // RFC 9000 §14.1: Initials travel in datagrams of ≥ 1200 bytes.
                     if l.ty == LongType::Initial && datagram_len < MIN_INITIAL_DATAGRAM {
-                        return Decision::drop(Reason::NotQuic);
+                        return Ok(Decision::drop(Reason::NotQuic));
                     }
-                    place(l.dcid, table, pins, now)
+                    return place(l, datagram_len, table, pins, now, admission);
                 }
                 LongType::Handshake => table.orphan(l.dcid),
                 // RFC 9000 §17.2.5: only servers send Retry.
                 LongType::Retry => Decision::drop(Reason::NotQuic),
             }
         }
-    }
+    })
 }
 
 /// Placement of a client-chosen DCID: the pin if it still names a live instance,
-/// else the rendezvous winner among placeable instances, pinned.
-fn place(dcid: &[u8], table: &Table, pins: &mut PinTable, now: Duration) -> Decision {
+/// else the rendezvous winner among placeable instances, admitted and pinned.
+fn place<A: Admission>(
+    l: &LongHeader<'_>,
+    datagram_len: usize,
+    table: &Table,
+    pins: &mut PinTable,
+    now: Duration,
+    admission: &mut A,
+) -> Result<Decision, A::Refusal> {
+    let dcid = l.dcid;
     if let Some(i) = pins.get(dcid, now).and_then(|id| table.index_of(id)) {
-        return Decision { reason: Reason::Pinned, target: Some(i) };
+        return Ok(Decision {
+            reason: Reason::Pinned,
+            target: Some(i),
+        });
     }
     match table.place(table.rendezvous.key_hash(dcid)) {
         Some(i) => {
-            pins.insert(dcid, table.entries[i].info.server_id, now);
-            Decision { reason: Reason::Placed, target: Some(i) }
+            let payload = admission.admit(l, datagram_len, table, i)?;
+            pins.insert_with(dcid, table.entries[i].info.server_id, now, payload, |p| {
+                admission.release(p)
+            });
+            Ok(Decision {
+                reason: Reason::Placed,
+                target: Some(i),
+            })
         }
-        None => Decision::drop(Reason::NoInstance),
+        None => Ok(Decision::drop(Reason::NoInstance)),
     }
 }
 
@@ -298,47 +408,125 @@ pub fn route_train(
     now: Duration,
     mut out: impl FnMut(TrainRun),
 ) {
+    route_train_with(
+        train,
+        stride,
+        table,
+        pins,
+        now,
+        &mut NoAdmission,
+        |run, refused| match refused {
+            None => out(run),
+            Some(never) => match never {},
+        },
+    )
+}
+
+/// [`route_train`] with admission control on new placements ([`Admission`]). A run
+/// refused by `admission` comes with `Some(refusal)` and
+/// `decision == Decision { reason: Placed, target: None }` (it would have been placed;
+/// it is dropped, nothing was pinned). A uniform train is admitted once, as it is
+/// routed once.
+pub fn route_train_with<A: Admission>(
+    train: &[u8],
+    stride: usize,
+    table: &Table,
+    pins: &mut PinTable,
+    now: Duration,
+    admission: &mut A,
+    mut out: impl FnMut(TrainRun, Option<A::Refusal>),
+) {
     if train.is_empty() {
         return;
     }
+    let one =
+        |seg: &[u8], pins: &mut PinTable, admission: &mut A| -> (Decision, Option<A::Refusal>) {
+            let Ok(h) = header::parse(seg, CID_LEN) else {
+                return (Decision::drop(Reason::NotQuic), None);
+            };
+            split(route_header_with(
+                &h,
+                seg.len(),
+                table,
+                pins,
+                now,
+                admission,
+            ))
+        };
     if stride == 0 || stride >= train.len() {
-        let decision = route(train, table, pins, now);
-        out(TrainRun { bytes: 0..train.len(), segments: 1, decision });
+        let (decision, refused) = one(train, pins, admission);
+        out(
+            TrainRun {
+                bytes: 0..train.len(),
+                segments: 1,
+                decision,
+            },
+            refused,
+        );
         return;
     }
     let first = &train[..stride];
     let first_hdr = header::parse(first, CID_LEN);
     let uniform = match &first_hdr {
-        Ok(h0) => train.chunks(stride).skip(1).all(|seg| {
-            matches!(header::parse(seg, CID_LEN), Ok(h) if h.dcid() == h0.dcid())
-        }),
+        Ok(h0) => train
+            .chunks(stride)
+            .skip(1)
+            .all(|seg| matches!(header::parse(seg, CID_LEN), Ok(h) if h.dcid() == h0.dcid())),
         Err(_) => false,
     };
     if let (true, Ok(h0)) = (uniform, &first_hdr) {
-        let decision = route_header(h0, first.len(), table, pins, now);
+        let (decision, refused) = split(route_header_with(
+            h0,
+            first.len(),
+            table,
+            pins,
+            now,
+            admission,
+        ));
         let segments = train.len().div_ceil(stride);
-        out(TrainRun { bytes: 0..train.len(), segments, decision });
+        out(
+            TrainRun {
+                bytes: 0..train.len(),
+                segments,
+                decision,
+            },
+            refused,
+        );
         return;
     }
-    let mut run: Option<TrainRun> = None;
+    let mut run: Option<(TrainRun, Option<A::Refusal>)> = None;
     for (k, seg) in train.chunks(stride).enumerate() {
-        let decision = route(seg, table, pins, now);
+        let (decision, refused) = one(seg, pins, admission);
         let start = k * stride;
         let end = start + seg.len();
         match &mut run {
-            Some(r) if r.decision == decision => {
+            Some((r, rf)) if r.decision == decision && *rf == refused => {
                 r.bytes.end = end;
                 r.segments += 1;
             }
             _ => {
-                if let Some(r) = run.take() {
-                    out(r);
+                if let Some((r, rf)) = run.take() {
+                    out(r, rf);
                 }
-                run = Some(TrainRun { bytes: start..end, segments: 1, decision });
+                run = Some((
+                    TrainRun {
+                        bytes: start..end,
+                        segments: 1,
+                        decision,
+                    },
+                    refused,
+                ));
             }
         }
     }
-    if let Some(r) = run {
-        out(r);
+    if let Some((r, rf)) = run {
+        out(r, rf);
+    }
+}
+
+fn split<R>(r: Result<Decision, R>) -> (Decision, Option<R>) {
+    match r {
+        Ok(d) => (d, None),
+        Err(e) => (Decision::drop(Reason::Placed), Some(e)),
     }
 }
