@@ -663,10 +663,28 @@ fn run_once(kind: &str, offered: f64, train: usize, rep: usize, o: &Opts, bins: 
         "nginx" => start_nginx(o, &dir)?,
         _ => unreachable!(),
     };
+    // BENCH_PERF=DIR: `perf record -e cpu-clock -g` of the contender per run.
+    let perf = match std::env::var("BENCH_PERF") {
+        Ok(dir) => Some(
+            Command::new("perf")
+                .args(["record", "-q", "-e", "cpu-clock", "-g", "-p", &r.pid.to_string(), "-o"])
+                .arg(format!("{dir}/{kind}-{offered}-{train}-{rep}.perf.data"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("perf record")?,
+        ),
+        Err(_) => None,
+    };
     let (c0, cpu0, w0) = ((r.counts)()?, cpu_ns(r.pid), wait_ns(r.pid));
     let load = send_load(r.addr, &r.ks, &r.ids, train, o.seconds, offered, o.load_core, None)?;
     std::thread::sleep(Duration::from_millis(300));
     let (c1, cpu1, w1) = ((r.counts)()?, cpu_ns(r.pid), wait_ns(r.pid));
+    if let Some(mut p) = perf {
+        // SAFETY: SIGINT to the perf child we spawned, so it writes its file.
+        unsafe { libc::kill(p.id() as i32, libc::SIGINT) };
+        let _ = p.wait();
+    }
     if cpu1 == 0 {
         bail!("no CPU time readable for pid {}", r.pid);
     }
