@@ -269,14 +269,7 @@ impl PinTable {
         let s = (self.head + self.len) % self.ring.len();
         let mut k = [0u8; MAX_KEY_LEN];
         k[..key.len()].copy_from_slice(key);
-        self.ring[s] = Slot {
-            key: k,
-            key_len: key.len() as u8,
-            target,
-            at: now,
-            hash,
-            payload,
-        };
+        self.ring[s] = Slot { key: k, key_len: key.len() as u8, target, at: now, hash, payload };
         self.len += 1;
         let mut pos = hash as usize & self.mask;
         while self.index[pos] != EMPTY {
@@ -295,10 +288,7 @@ mod tests {
     fn expiry_is_exclusive_at_ttl() {
         let mut p = PinTable::new(4, [0; 16]);
         p.insert(b"abcdefgh", ServerId(1), Duration::from_secs(5));
-        assert_eq!(
-            p.get(b"abcdefgh", Duration::from_millis(14_999)),
-            Some(ServerId(1))
-        );
+        assert_eq!(p.get(b"abcdefgh", Duration::from_millis(14_999)), Some(ServerId(1)));
         assert_eq!(p.get(b"abcdefgh", Duration::from_secs(15)), None);
     }
 
@@ -308,10 +298,7 @@ mod tests {
         let t = Duration::from_secs(1);
         p.insert(b"a", ServerId(1), t);
         p.insert(b"b", ServerId(2), t);
-        assert_eq!(
-            p.insert(b"c", ServerId(3), t),
-            Inserted::New { evicted: true }
-        );
+        assert_eq!(p.insert(b"c", ServerId(3), t), Inserted::New { evicted: true });
         assert_eq!(p.get(b"a", t), None);
         assert_eq!(p.get(b"b", t), Some(ServerId(2)));
         assert_eq!(p.get(b"c", t), Some(ServerId(3)));
@@ -321,10 +308,7 @@ mod tests {
     #[test]
     fn too_long_key_is_refused() {
         let mut p = PinTable::new(2, [1; 16]);
-        assert_eq!(
-            p.insert(&[0; 21], ServerId(1), Duration::ZERO),
-            Inserted::KeyTooLong
-        );
+        assert_eq!(p.insert(&[0; 21], ServerId(1), Duration::ZERO), Inserted::KeyTooLong);
         assert_eq!(p.get(&[0; 21], Duration::ZERO), None);
     }
 }

@@ -81,10 +81,7 @@ pub struct Decision {
 
 impl Decision {
     const fn drop(reason: Reason) -> Decision {
-        Decision {
-            reason,
-            target: None,
-        }
+        Decision { reason, target: None }
     }
 }
 
@@ -131,36 +128,18 @@ pub struct Table {
 
 impl Table {
     /// `instances` keeps its order: [`Decision::target`] indexes it.
-    pub fn new(
-        keys: KeySet,
-        rendezvous_key: [u8; 16],
-        instances: &[InstanceInfo],
-    ) -> Result<Table, TableError> {
+    pub fn new(keys: KeySet, rendezvous_key: [u8; 16], instances: &[InstanceInfo]) -> Result<Table, TableError> {
         let rendezvous = Rendezvous::new(rendezvous_key);
-        let entries: Vec<Entry> = instances
-            .iter()
-            .map(|&info| Entry {
-                info,
-                seed: rendezvous.seed(info.server_id),
-            })
-            .collect();
-        let mut by_id: Vec<(u16, u32)> = entries
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (e.info.server_id.0, i as u32))
-            .collect();
+        let entries: Vec<Entry> =
+            instances.iter().map(|&info| Entry { info, seed: rendezvous.seed(info.server_id) }).collect();
+        let mut by_id: Vec<(u16, u32)> =
+            entries.iter().enumerate().map(|(i, e)| (e.info.server_id.0, i as u32)).collect();
         by_id.sort_unstable();
         if let Some(w) = by_id.windows(2).find(|w| w[0].0 == w[1].0) {
             return Err(TableError::DuplicateServerId(ServerId(w[0].0)));
         }
         let any_placeable = instances.iter().any(|i| i.placeable);
-        Ok(Table {
-            keys,
-            rendezvous,
-            entries,
-            by_id,
-            any_placeable,
-        })
+        Ok(Table { keys, rendezvous, entries, by_id, any_placeable })
     }
 
     pub fn keys(&self) -> &KeySet {
@@ -182,10 +161,7 @@ impl Table {
     /// The entry index of a live server id.
     #[inline]
     pub fn index_of(&self, id: ServerId) -> Option<usize> {
-        self.by_id
-            .binary_search_by_key(&id.0, |&(sid, _)| sid)
-            .ok()
-            .map(|i| self.by_id[i].1 as usize)
+        self.by_id.binary_search_by_key(&id.0, |&(sid, _)| sid).ok().map(|i| self.by_id[i].1 as usize)
     }
 
     /// Rendezvous winner among placeable instances.
@@ -193,11 +169,7 @@ impl Table {
     fn place(&self, key_hash: u64) -> Option<usize> {
         Rendezvous::pick(
             key_hash,
-            self.entries
-                .iter()
-                .enumerate()
-                .filter(|(_, e)| e.info.placeable)
-                .map(|(i, e)| (e.seed, i)),
+            self.entries.iter().enumerate().filter(|(_, e)| e.info.placeable).map(|(i, e)| (e.seed, i)),
         )
     }
 
@@ -215,18 +187,12 @@ impl Table {
     #[inline]
     fn owner(&self, dcid: &[u8]) -> Option<usize> {
         // ADR-0040: only a 12-byte CID with a live `cr` can name an owner.
-        self.keys
-            .decode(dcid)
-            .ok()
-            .and_then(|d| self.index_of(d.server_id))
+        self.keys.decode(dcid).ok().and_then(|d| self.index_of(d.server_id))
     }
 
     fn orphan(&self, dcid: &[u8]) -> Decision {
         match self.any_serving(dcid) {
-            Some(i) => Decision {
-                reason: Reason::Orphan,
-                target: Some(i),
-            },
+            Some(i) => Decision { reason: Reason::Orphan, target: Some(i) },
             None => Decision::drop(Reason::NoInstance),
         }
     }
@@ -285,13 +251,7 @@ pub struct NoAdmission;
 impl Admission for NoAdmission {
     type Refusal = std::convert::Infallible;
     #[inline]
-    fn admit(
-        &mut self,
-        _: &LongHeader<'_>,
-        _: usize,
-        _: &Table,
-        _: usize,
-    ) -> Result<u32, Self::Refusal> {
+    fn admit(&mut self, _: &LongHeader<'_>, _: usize, _: &Table, _: usize) -> Result<u32, Self::Refusal> {
         Ok(crate::pin::NO_PAYLOAD)
     }
     #[inline]
@@ -317,26 +277,17 @@ pub fn route_header_with<A: Admission>(
                 return Ok(Decision::drop(Reason::NotQuic));
             }
             match table.any_serving(dcid) {
-                Some(i) => Decision {
-                    reason: Reason::VersionNegotiation,
-                    target: Some(i),
-                },
+                Some(i) => Decision { reason: Reason::VersionNegotiation, target: Some(i) },
                 None => Decision::drop(Reason::NoInstance),
             }
         }
         Header::Short { dcid } => match table.owner(dcid) {
-            Some(i) => Decision {
-                reason: Reason::Owner,
-                target: Some(i),
-            },
+            Some(i) => Decision { reason: Reason::Owner, target: Some(i) },
             None => table.orphan(dcid),
         },
         Header::Long(ref l) => {
             if let Some(i) = table.owner(l.dcid) {
-                return Ok(Decision {
-                    reason: Reason::Owner,
-                    target: Some(i),
-                });
+                return Ok(Decision { reason: Reason::Owner, target: Some(i) });
             }
             match l.ty {
                 LongType::Initial | LongType::ZeroRtt => {
@@ -366,21 +317,13 @@ fn place<A: Admission>(
 ) -> Result<Decision, A::Refusal> {
     let dcid = l.dcid;
     if let Some(i) = pins.get(dcid, now).and_then(|id| table.index_of(id)) {
-        return Ok(Decision {
-            reason: Reason::Pinned,
-            target: Some(i),
-        });
+        return Ok(Decision { reason: Reason::Pinned, target: Some(i) });
     }
     match table.place(table.rendezvous.key_hash(dcid)) {
         Some(i) => {
             let payload = admission.admit(l, datagram_len, table, i)?;
-            pins.insert_with(dcid, table.entries[i].info.server_id, now, payload, |p| {
-                admission.release(p)
-            });
-            Ok(Decision {
-                reason: Reason::Placed,
-                target: Some(i),
-            })
+            pins.insert_with(dcid, table.entries[i].info.server_id, now, payload, |p| admission.release(p));
+            Ok(Decision { reason: Reason::Placed, target: Some(i) })
         }
         None => Ok(Decision::drop(Reason::NoInstance)),
     }
@@ -408,18 +351,10 @@ pub fn route_train(
     now: Duration,
     mut out: impl FnMut(TrainRun),
 ) {
-    route_train_with(
-        train,
-        stride,
-        table,
-        pins,
-        now,
-        &mut NoAdmission,
-        |run, refused| match refused {
-            None => out(run),
-            Some(never) => match never {},
-        },
-    )
+    route_train_with(train, stride, table, pins, now, &mut NoAdmission, |run, refused| match refused {
+        None => out(run),
+        Some(never) => match never {},
+    })
 }
 
 /// [`route_train`] with admission control on new placements ([`Admission`]). A run
@@ -439,30 +374,15 @@ pub fn route_train_with<A: Admission>(
     if train.is_empty() {
         return;
     }
-    let one =
-        |seg: &[u8], pins: &mut PinTable, admission: &mut A| -> (Decision, Option<A::Refusal>) {
-            let Ok(h) = header::parse(seg, CID_LEN) else {
-                return (Decision::drop(Reason::NotQuic), None);
-            };
-            split(route_header_with(
-                &h,
-                seg.len(),
-                table,
-                pins,
-                now,
-                admission,
-            ))
+    let one = |seg: &[u8], pins: &mut PinTable, admission: &mut A| -> (Decision, Option<A::Refusal>) {
+        let Ok(h) = header::parse(seg, CID_LEN) else {
+            return (Decision::drop(Reason::NotQuic), None);
         };
+        split(route_header_with(&h, seg.len(), table, pins, now, admission))
+    };
     if stride == 0 || stride >= train.len() {
         let (decision, refused) = one(train, pins, admission);
-        out(
-            TrainRun {
-                bytes: 0..train.len(),
-                segments: 1,
-                decision,
-            },
-            refused,
-        );
+        out(TrainRun { bytes: 0..train.len(), segments: 1, decision }, refused);
         return;
     }
     let first = &train[..stride];
@@ -475,23 +395,9 @@ pub fn route_train_with<A: Admission>(
         Err(_) => false,
     };
     if let (true, Ok(h0)) = (uniform, &first_hdr) {
-        let (decision, refused) = split(route_header_with(
-            h0,
-            first.len(),
-            table,
-            pins,
-            now,
-            admission,
-        ));
+        let (decision, refused) = split(route_header_with(h0, first.len(), table, pins, now, admission));
         let segments = train.len().div_ceil(stride);
-        out(
-            TrainRun {
-                bytes: 0..train.len(),
-                segments,
-                decision,
-            },
-            refused,
-        );
+        out(TrainRun { bytes: 0..train.len(), segments, decision }, refused);
         return;
     }
     let mut run: Option<(TrainRun, Option<A::Refusal>)> = None;
@@ -508,14 +414,7 @@ pub fn route_train_with<A: Admission>(
                 if let Some((r, rf)) = run.take() {
                     out(r, rf);
                 }
-                run = Some((
-                    TrainRun {
-                        bytes: start..end,
-                        segments: 1,
-                        decision,
-                    },
-                    refused,
-                ));
+                run = Some((TrainRun { bytes: start..end, segments: 1, decision }, refused));
             }
         }
     }

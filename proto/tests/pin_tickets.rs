@@ -37,14 +37,7 @@ impl Model {
             out.push(self.pins.remove(0).3);
         }
     }
-    fn insert(
-        &mut self,
-        key: &[u8],
-        target: u16,
-        now: Duration,
-        payload: u32,
-        out: &mut Vec<u32>,
-    ) -> Inserted {
+    fn insert(&mut self, key: &[u8], target: u16, now: Duration, payload: u32, out: &mut Vec<u32>) -> Inserted {
         if key.len() > MAX_KEY_LEN {
             out.push(payload);
             return Inserted::KeyTooLong;
@@ -74,11 +67,7 @@ fn every_payload_comes_back_exactly_once_model() {
         let cap = 1 + case % 9;
         let ttl = Duration::from_millis(50 + 37 * case as u64);
         let mut t = PinTable::with_ttl(cap, rng.array(), ttl);
-        let mut m = Model {
-            cap,
-            ttl,
-            pins: Vec::new(),
-        };
+        let mut m = Model { cap, ttl, pins: Vec::new() };
         let mut now = Duration::from_secs(1);
         let mut next_payload = 0u32;
         let mut outstanding: HashSet<u32> = HashSet::new();
@@ -104,51 +93,33 @@ fn every_payload_comes_back_exactly_once_model() {
                 }
                 5 | 6 => {
                     let key = rng.pick(&keys);
-                    let want_t = m
-                        .pins
-                        .iter()
-                        .find(|p| &p.0 == key)
-                        .filter(|p| m.alive(p.2, now))
-                        .map(|p| ServerId(p.1));
+                    let want_t =
+                        m.pins.iter().find(|p| &p.0 == key).filter(|p| m.alive(p.2, now)).map(|p| ServerId(p.1));
                     assert_eq!(t.get(key, now), want_t);
                 }
                 7 => {
                     t.expire_with(now, |p| got.push(p));
                     m.expire(now, &mut want);
                 }
-                _ => {
-                    now += Duration::from_millis(rng.below(2 * ttl.as_millis() as usize / 3) as u64)
-                }
+                _ => now += Duration::from_millis(rng.below(2 * ttl.as_millis() as usize / 3) as u64),
             }
             want.retain(|&p| p != NO_PAYLOAD);
             assert_eq!(got, want, "released payloads");
             for p in got {
-                assert!(
-                    outstanding.remove(&p),
-                    "payload {p} handed back twice or never stored"
-                );
+                assert!(outstanding.remove(&p), "payload {p} handed back twice or never stored");
             }
             assert!(t.len() <= t.capacity());
             assert_eq!(t.len(), m.pins.len());
         }
         let mut got = Vec::new();
         t.drain(|p| got.push(p));
-        let mut want: Vec<u32> = m
-            .pins
-            .iter()
-            .map(|p| p.3)
-            .filter(|&p| p != NO_PAYLOAD)
-            .collect();
+        let mut want: Vec<u32> = m.pins.iter().map(|p| p.3).filter(|&p| p != NO_PAYLOAD).collect();
         assert_eq!(got, want);
         for p in got.drain(..) {
             assert!(outstanding.remove(&p));
         }
         want.clear();
-        assert!(
-            outstanding.is_empty(),
-            "payloads never handed back: {}",
-            outstanding.len()
-        );
+        assert!(outstanding.is_empty(), "payloads never handed back: {}", outstanding.len());
         assert!(t.is_empty());
     }
     assert!(ops_total >= 200_000);
@@ -189,28 +160,19 @@ impl Admission for Tickets<'_> {
         Ok(raw)
     }
     fn release(&mut self, payload: u32) {
-        let n = self
-            .outstanding
-            .get_mut(&payload)
-            .expect("released a payload never acquired");
+        let n = self.outstanding.get_mut(&payload).expect("released a payload never acquired");
         *n -= 1;
         if *n == 0 {
             self.outstanding.remove(&payload);
         }
         self.released += 1;
-        self.sketch
-            .release(Ticket::from_raw(payload).expect("a ticket's raw value"));
+        self.sketch.release(Ticket::from_raw(payload).expect("a ticket's raw value"));
     }
 }
 
 fn flood_table() -> Table {
     let ks = KeySet::new((Generation::new(1).unwrap(), [1; 32]), None).unwrap();
-    let infos: Vec<InstanceInfo> = (1..=4)
-        .map(|i| InstanceInfo {
-            server_id: ServerId(i),
-            placeable: true,
-        })
-        .collect();
+    let infos: Vec<InstanceInfo> = (1..=4).map(|i| InstanceInfo { server_id: ServerId(i), placeable: true }).collect();
     Table::new(ks, [3; 16], &infos).unwrap()
 }
 
@@ -231,14 +193,8 @@ fn flood_of_a_million_dcids_keeps_capacity_and_tickets() {
     let table = flood_table();
     let mut pins = PinTable::new(CAP, [5; 16]);
     let sketch = ConcurrencySketch::new(1 << 16, [6; 16]);
-    let mut adm = Tickets {
-        sketch: &sketch,
-        cap: 64,
-        client: src(0),
-        acquired: 0,
-        released: 0,
-        outstanding: HashMap::new(),
-    };
+    let mut adm =
+        Tickets { sketch: &sketch, cap: 64, client: src(0), acquired: 0, released: 0, outstanding: HashMap::new() };
     let mut rng = Rng::new(11);
     // 10 s of pin lifetime, 1 000 000 DCIDs: 9 µs apart, all within one lifetime.
     let step = Duration::from_micros(9);
@@ -254,9 +210,7 @@ fn flood_of_a_million_dcids_keeps_capacity_and_tickets() {
         rng.fill(&mut buf[6..14]);
         adm.client = src(i % SOURCES);
         let mut run_out = None;
-        route_train_with(&buf, 0, &table, &mut pins, now, &mut adm, |run, rf| {
-            run_out = Some((run, rf))
-        });
+        route_train_with(&buf, 0, &table, &mut pins, now, &mut adm, |run, rf| run_out = Some((run, rf)));
         let (run, rf) = run_out.expect("one run");
         match rf {
             None => {
@@ -273,15 +227,7 @@ fn flood_of_a_million_dcids_keeps_capacity_and_tickets() {
             let h = rng.bytes(8);
             adm.client = src(SOURCES + i / 100);
             let mut first = None;
-            route_train_with(
-                &initial(&h),
-                0,
-                &table,
-                &mut pins,
-                now,
-                &mut adm,
-                |r, rf| first = Some((r, rf)),
-            );
+            route_train_with(&initial(&h), 0, &table, &mut pins, now, &mut adm, |r, rf| first = Some((r, rf)));
             if let Some((r, None)) = first {
                 placed += 1;
                 pending.push((h, r.decision.target.expect("placed"), i));
@@ -291,20 +237,9 @@ fn flood_of_a_million_dcids_keeps_capacity_and_tickets() {
         while pending.first().is_some_and(|p| i - p.2 >= (CAP / 4) as u32) {
             let (h, target, _) = pending.remove(0);
             let mut again = None;
-            route_train_with(
-                &initial(&h),
-                0,
-                &table,
-                &mut pins,
-                now,
-                &mut adm,
-                |r, rf| again = Some((r, rf)),
-            );
+            route_train_with(&initial(&h), 0, &table, &mut pins, now, &mut adm, |r, rf| again = Some((r, rf)));
             let (r, rf) = again.expect("one run");
-            if rf.is_none()
-                && r.decision.reason == Reason::Pinned
-                && r.decision.target == Some(target)
-            {
+            if rf.is_none() && r.decision.reason == Reason::Pinned && r.decision.target == Some(target) {
                 honest_ok += 1;
             }
         }
@@ -313,22 +248,12 @@ fn flood_of_a_million_dcids_keeps_capacity_and_tickets() {
     // placed in full, so the table turned over ~15 times.
     assert_eq!(refused, 0);
     assert!(pins.evicted() >= placed - CAP as u64);
-    assert_eq!(
-        adm.acquired - adm.released,
-        pins.len() as u64,
-        "one live ticket per pin"
-    );
-    assert!(
-        honest_ok + pending.len() as u32 == honest_tries,
-        "honest {honest_ok} of {honest_tries}"
-    );
+    assert_eq!(adm.acquired - adm.released, pins.len() as u64, "one live ticket per pin");
+    assert!(honest_ok + pending.len() as u32 == honest_tries, "honest {honest_ok} of {honest_tries}");
     pins.drain(|p| adm.release(p));
     assert_eq!(adm.acquired, adm.released);
     assert!(adm.outstanding.is_empty());
-    assert!(
-        (0..sketch.words()).all(|w| sketch.word(w) == 0),
-        "a lane kept a count: a ticket leaked"
-    );
+    assert!((0..sketch.words()).all(|w| sketch.word(w) == 0), "a lane kept a count: a ticket leaked");
 }
 
 /// A few sources trying to fill the pin table: the concurrency cap keeps each at 64
@@ -339,14 +264,8 @@ fn few_abusive_sources_cannot_fill_the_table() {
     let table = flood_table();
     let mut pins = PinTable::new(CAP, [5; 16]);
     let sketch = ConcurrencySketch::new(1 << 12, [6; 16]);
-    let mut adm = Tickets {
-        sketch: &sketch,
-        cap: 64,
-        client: src(0),
-        acquired: 0,
-        released: 0,
-        outstanding: HashMap::new(),
-    };
+    let mut adm =
+        Tickets { sketch: &sketch, cap: 64, client: src(0), acquired: 0, released: 0, outstanding: HashMap::new() };
     let mut rng = Rng::new(12);
     let mut now = Duration::from_secs(1);
     let (mut refused, mut honest_ok) = (0u64, 0u32);
@@ -354,15 +273,7 @@ fn few_abusive_sources_cannot_fill_the_table() {
         now += Duration::from_micros(100); // 20 s: pins expire and tickets come back
         adm.client = src(i % 100);
         let mut out = None;
-        route_train_with(
-            &initial(&rng.bytes(8)),
-            0,
-            &table,
-            &mut pins,
-            now,
-            &mut adm,
-            |r, rf| out = Some((r, rf)),
-        );
+        route_train_with(&initial(&rng.bytes(8)), 0, &table, &mut pins, now, &mut adm, |r, rf| out = Some((r, rf)));
         refused += u64::from(out.expect("run").1.is_some());
         // 100 abusers at 64 each, plus the honest pins of the last 10 s (500).
         assert!(pins.len() <= 100 * 64 + 600, "{}", pins.len());
@@ -370,25 +281,9 @@ fn few_abusive_sources_cannot_fill_the_table() {
             adm.client = src(1_000 + i);
             let h = rng.bytes(8);
             let mut a = None;
-            route_train_with(
-                &initial(&h),
-                0,
-                &table,
-                &mut pins,
-                now,
-                &mut adm,
-                |r, rf| a = Some((r, rf)),
-            );
+            route_train_with(&initial(&h), 0, &table, &mut pins, now, &mut adm, |r, rf| a = Some((r, rf)));
             let mut b = None;
-            route_train_with(
-                &initial(&h),
-                0,
-                &table,
-                &mut pins,
-                now,
-                &mut adm,
-                |r, rf| b = Some((r, rf)),
-            );
+            route_train_with(&initial(&h), 0, &table, &mut pins, now, &mut adm, |r, rf| b = Some((r, rf)));
             let (a, b) = (a.expect("run"), b.expect("run"));
             if a.1.is_none() && b.1.is_none() && b.0.decision.reason == Reason::Pinned {
                 honest_ok += 1;
