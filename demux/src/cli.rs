@@ -111,6 +111,12 @@ pub enum IoKind {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Steer {
     /// The kernel's reuseport 4-tuple hash.
     Hash,
@@ -145,6 +151,22 @@ pub struct DataPlaneArgs {
     /// Placement pins per shard (ADR-0040: 10 s each; the oldest is evicted when full).
     #[arg(long, default_value_t = 65_536)]
     pub pin_capacity: usize,
+    /// Per-source limits on new placements (issue #7): `on` (default) or `off`.
+    #[arg(long, value_enum, default_value = "on")]
+    pub limits: OnOff,
+    /// New connections per second per client (IPv4 address or IPv6 /64), sustained
+    /// (1..=1000).
+    #[arg(long, value_name = "PER_SEC", default_value_t = proto::limits::DEFAULT_RATE_PER_SECOND)]
+    pub limit_rate: u32,
+    /// New connections per client at once (GCRA burst).
+    #[arg(long, value_name = "N", default_value_t = proto::limits::DEFAULT_BURST)]
+    pub limit_burst: u32,
+    /// Concurrent pinned handshakes per client (one per pin, 10 s each).
+    #[arg(long, value_name = "N", default_value_t = proto::limits::DEFAULT_MAX_HANDSHAKES)]
+    pub limit_handshakes: u16,
+    /// Words (8 bytes) of each limits sketch, shared by all shards (power of two).
+    #[arg(long, value_name = "N", default_value_t = proto::limits::DEFAULT_CONCURRENCY_WORDS)]
+    pub limit_table_words: usize,
     /// Most live instances at once (per-shard counter slots).
     #[arg(long, default_value_t = 1024)]
     pub max_instances: usize,
@@ -164,4 +186,17 @@ pub struct DataPlaneArgs {
     /// plane, so that a restarted data plane serves the very same sockets.
     #[arg(long, value_name = "FD,FD,...", value_delimiter = ',')]
     pub inherit_fds: Vec<i32>,
+}
+
+impl DataPlaneArgs {
+    /// The `--limit*` flags (crate::limits).
+    pub fn limits_config(&self) -> crate::limits::LimitsConfig {
+        crate::limits::LimitsConfig {
+            enabled: self.limits == OnOff::On,
+            rate_per_second: self.limit_rate,
+            burst: self.limit_burst,
+            handshakes: self.limit_handshakes,
+            table_words: self.limit_table_words,
+        }
+    }
 }

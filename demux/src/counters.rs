@@ -47,6 +47,11 @@ pub struct ShardCounters {
     pub drops_send_error: AtomicU64,
     /// io_uring: the provided-buffer ring ran empty (multishot ended with ENOBUFS).
     pub recv_no_buffers: AtomicU64,
+    /// Client Initials / 0-RTT refused before placement (crate::limits): the
+    /// client's new-connection rate is spent.
+    pub refused_rate: AtomicU64,
+    /// … the client holds its cap of pinned handshakes.
+    pub refused_handshakes: AtomicU64,
     /// Receive batches processed.
     pub batches: AtomicU64,
     /// sendmmsg calls.
@@ -66,6 +71,8 @@ impl ShardCounters {
             drops_truncated: AtomicU64::new(0),
             drops_send_error: AtomicU64::new(0),
             recv_no_buffers: AtomicU64::new(0),
+            refused_rate: AtomicU64::new(0),
+            refused_handshakes: AtomicU64::new(0),
             batches: AtomicU64::new(0),
             sendmmsg_calls: AtomicU64::new(0),
             instances: (0..max_instances).map(|_| InstanceCounters::default()).collect(),

@@ -8,6 +8,7 @@ mod cmsg;
 mod controller;
 mod cores;
 mod counters;
+mod limits;
 mod forward;
 mod io_uring_backend;
 mod mmsg_backend;
@@ -206,6 +207,8 @@ fn dataplane(a: DataPlaneArgs) -> Result<()> {
         reload_signal: Some(reload_signal_fd()?),
     })?;
 
+    let limits = Arc::new(limits::Limits::new(a.limits_config())?);
+    tracing::info!(enabled = limits.enabled(), table_bytes = limits.table_bytes(), "per-source limits");
     let (started_tx, started_rx) = std::sync::mpsc::channel();
     // Shard 0's sockets stay open for the registry (their fds are handed to workers):
     // the shard threads own their sockets for the life of the process.
@@ -219,6 +222,7 @@ fn dataplane(a: DataPlaneArgs) -> Result<()> {
             pin_capacity: a.pin_capacity,
             batch: a.batch,
             uring_buffers: a.uring_buffers,
+            limits: limits.clone(),
             started: started_tx.clone(),
         };
         std::thread::Builder::new()

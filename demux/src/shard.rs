@@ -5,14 +5,15 @@
 use crate::cmsg::RecvMeta;
 use crate::counters::{bump, ShardCounters};
 use crate::forward::Forwarder;
+use crate::limits::{Limits, Refusal, ShardAdmission};
 use crate::snapshot::Snapshot;
 use crate::socket::UdpSock;
-use proto::route::route_train;
+use proto::route::route_train_with;
 use proto::wire::FrameMeta;
 use proto::{PinTable, Reason};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Everything a shard thread needs, built by main before the thread starts.
 pub struct ShardSetup {
@@ -24,6 +25,8 @@ pub struct ShardSetup {
     pub pin_capacity: usize,
     pub batch: usize,
     pub uring_buffers: u16,
+    /// Per-source limits shared by every shard (and the data plane's clock origin).
+    pub limits: Arc<Limits>,
     /// Told the shard index once the shard is set up and about to receive.
     pub started: std::sync::mpsc::Sender<usize>,
 }
@@ -38,8 +41,17 @@ pub struct Router {
     pins: PinTable,
     pub counters: Arc<ShardCounters>,
     pub fwd: Forwarder,
-    start: Instant,
+    limits: Arc<Limits>,
     now: Duration,
+}
+
+impl Drop for Router {
+    /// Gives back the concurrency tickets the pins still hold (the sketch is shared
+    /// with the other shards, which keep running if only this one stops).
+    fn drop(&mut self) {
+        let limits = &self.limits;
+        self.pins.drain(|p| limits.release(p));
+    }
 }
 
 impl Router {
@@ -50,7 +62,7 @@ impl Router {
             pins: PinTable::new(setup.pin_capacity, hash_key),
             counters: setup.counters.clone(),
             fwd: Forwarder::new(),
-            start: Instant::now(),
+            limits: setup.limits.clone(),
             now: Duration::ZERO,
         })
     }
@@ -58,7 +70,7 @@ impl Router {
     /// Start of a batch: one clock read for all its routing decisions.
     #[inline]
     pub fn begin(&mut self) {
-        self.now = self.start.elapsed();
+        self.now = self.limits.epoch.elapsed();
         bump(&self.counters.batches, 1);
     }
 
@@ -102,8 +114,18 @@ impl Router {
             None => None,
         };
         let fwd = &mut self.fwd;
-        route_train(payload, stride, &snap.table, &mut self.pins, self.now, |run| {
+        // Only a new placement calls into the limits (proto::route::Admission); the
+        // clock in ms for the rate sketch is read from `now`, no extra syscall.
+        let mut admission = ShardAdmission { limits: &self.limits, client, ms: self.now.as_millis() as u64 };
+        route_train_with(payload, stride, &snap.table, &mut self.pins, self.now, &mut admission, |run, refused| {
             let segs = run.segments as u64;
+            match refused {
+                // Dropped before placement; counted under its own reason, not a
+                // routing reason (nothing was routed or pinned).
+                Some(Refusal::RateLimited) => return bump(&c.refused_rate, segs),
+                Some(Refusal::HandshakeLimited) => return bump(&c.refused_handshakes, segs),
+                None => {}
+            }
             bump(&c.reasons[run.decision.reason.index()], segs);
             match run.decision.target {
                 Some(t) => {

@@ -45,6 +45,14 @@ fn shard_json(c: &ShardCounters) -> Map<String, Value> {
             "send_error": c.drops_send_error.load(Relaxed),
         }),
     );
+    // Refused before placement (crate::limits), each under its own reason.
+    m.insert(
+        "refused".into(),
+        json!({
+            "RateLimited": c.refused_rate.load(Relaxed),
+            "HandshakeLimited": c.refused_handshakes.load(Relaxed),
+        }),
+    );
     m.insert("recv_no_buffers".into(), json!(c.recv_no_buffers.load(Relaxed)));
     m.insert("batches".into(), json!(c.batches.load(Relaxed)));
     m.insert("sendmmsg_calls".into(), json!(c.sendmmsg_calls.load(Relaxed)));
@@ -158,6 +166,11 @@ pub fn pretty(json_text: &str) -> Result<String, serde_json::Error> {
         g("/drops/full"),
         g("/drops/truncated"),
         g("/drops/send_error")
+    );
+    s += &format!(
+        "refused: RateLimited {}  HandshakeLimited {}\n",
+        g("/refused/RateLimited"),
+        g("/refused/HandshakeLimited")
     );
     s += &format!("{:>9} {:>9} {:>14} {:>16} {:>10}\n", "server_id", "placeable", "datagrams", "bytes", "drops_full");
     if let Some(list) = v["instances"].as_array() {

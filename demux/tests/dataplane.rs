@@ -43,7 +43,9 @@ both_backends!(short_header_reaches_owner);
 /// Initials with random client DCIDs spread over 3 instances; the 2nd and 3rd Initial
 /// of one DCID and its 0-RTT reach the same instance (pin table, ADR-0040).
 fn initials_spread_and_stick(io: &str) {
-    let d = Demux::start(io, "0");
+    // One source places hundreds of connections at once: per-source limits off here
+    // (demux/tests/flood.rs tests them).
+    let d = Demux::start_with(io, "0", &["--limits", "off"]);
     let mut rng = Rng(2);
     let ws: Vec<Worker> = [21u16, 22, 23].iter().map(|&id| Worker::connect(&d, id, true)).collect();
     d.wait_instances(&[(21, true), (22, true), (23, true)]);
@@ -246,7 +248,8 @@ both_backends!(below_saturation_in_equals_forwarded);
 /// 100 000 random and malformed datagrams: each counted under exactly one reason,
 /// the process survives, frames stay well-formed.
 fn random_and_malformed_datagrams(io: &str) {
-    let mut d = Demux::start(io, "0");
+    // Every datagram under exactly one routing reason: no per-source refusals here.
+    let mut d = Demux::start_with(io, "0", &["--limits", "off"]);
     let mut rng = Rng(7);
     let w1 = Worker::connect(&d, 71, true);
     let w2 = Worker::connect(&d, 72, false);

@@ -1,0 +1,198 @@
+//! Per-source limits of the data plane (issue #7 item 1; proto::limits; seed 002):
+//! one [`RateSketch`] (new connections per client) and one [`ConcurrencySketch`]
+//! (concurrent pinned handshakes per client) per data plane, shared by every shard
+//! through an `Arc`: fixed memory, lock-free, one CAS per decision.
+//!
+//! Only a client Initial / 0-RTT that would be **placed** (no live pin, DCID not one
+//! of ours) reaches [`ShardAdmission::admit`] (proto::route::Admission): Owner and
+//! Pinned datagrams and short headers pay nothing — no hash, no atomic.
+//!
+//! A placement takes a concurrency ticket first (reversible), then asks the rate
+//! sketch; a rate refusal gives the ticket straight back. The ticket travels with the
+//! pin (its raw `u32` is the pin's payload) and is released exactly once when the pin
+//! expires, is evicted, is retargeted, or the shard's table is drained on exit.
+
+use proto::header::LongHeader;
+use proto::limits::{
+    ClientKey, ConcurrencySketch, Gcra, RateSketch, Ticket, DEFAULT_BURST, DEFAULT_CONCURRENCY_WORDS,
+    DEFAULT_MAX_HANDSHAKES, DEFAULT_RATE_PER_SECOND, DEFAULT_TICKS_PER_SECOND, MAX_CAP, MAX_WORDS,
+};
+use proto::pin::NO_PAYLOAD;
+use proto::route::Admission;
+use proto::Table;
+use std::net::SocketAddr;
+use std::time::Instant;
+
+/// The flags' values (`demux dataplane --limit-*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LimitsConfig {
+    pub enabled: bool,
+    /// New connections per second per client, sustained (1..=1000: 1 ms ticks).
+    pub rate_per_second: u32,
+    /// New connections per client at once.
+    pub burst: u32,
+    /// Concurrent pinned handshakes per client (0 refuses every placement).
+    pub handshakes: u16,
+    /// Words of each sketch (rounded up to a power of two; 8 bytes each).
+    pub table_words: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            enabled: true,
+            rate_per_second: DEFAULT_RATE_PER_SECOND,
+            burst: DEFAULT_BURST,
+            handshakes: DEFAULT_MAX_HANDSHAKES,
+            table_words: DEFAULT_CONCURRENCY_WORDS,
+        }
+    }
+}
+
+/// Why a placement was refused: counted per shard, never a proto Reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The client's new-connection rate (GCRA) is spent.
+    RateLimited,
+    /// The client holds its cap of pinned handshakes.
+    HandshakeLimited,
+}
+
+/// The sketches, shared by all shards of one data plane.
+#[derive(Debug)]
+pub struct Limits {
+    sketches: Option<(RateSketch, ConcurrencySketch)>,
+    cap: u16,
+    /// The data plane's monotonic clock origin: shards route with `epoch.elapsed()`
+    /// and the rate sketch counts milliseconds from it.
+    pub epoch: Instant,
+}
+
+impl Limits {
+    pub fn new(cfg: LimitsConfig) -> anyhow::Result<Limits> {
+        let epoch = Instant::now();
+        if !cfg.enabled {
+            return Ok(Limits { sketches: None, cap: 0, epoch });
+        }
+        anyhow::ensure!(
+            (1..=DEFAULT_TICKS_PER_SECOND as u32).contains(&cfg.rate_per_second),
+            "--limit-rate must be 1..=1000 per second (1 ms ticks); use --limits off to disable"
+        );
+        let gcra = Gcra::per_second(cfg.rate_per_second, cfg.burst, DEFAULT_TICKS_PER_SECOND).ok_or_else(|| {
+            anyhow::anyhow!(
+                "--limit-burst {} with --limit-rate {}: need burst >= 1 and burst * (1000 / rate) <= {} ms",
+                cfg.burst,
+                cfg.rate_per_second,
+                proto::limits::rate::MAX_SPAN
+            )
+        })?;
+        anyhow::ensure!(cfg.handshakes <= MAX_CAP, "--limit-handshakes must be at most {MAX_CAP}");
+        anyhow::ensure!((1..=MAX_WORDS).contains(&cfg.table_words), "--limit-table-words must be 1..={MAX_WORDS}");
+        let mut k1 = [0u8; 16];
+        let mut k2 = [0u8; 16];
+        crate::sys::os_random(&mut k1)?;
+        crate::sys::os_random(&mut k2)?;
+        let rate = RateSketch::new(cfg.table_words, k1, gcra, 0);
+        let conc = ConcurrencySketch::new(cfg.table_words, k2);
+        Ok(Limits { sketches: Some((rate, conc)), cap: cfg.handshakes, epoch })
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.sketches.is_some()
+    }
+
+    /// Bytes of sketch memory (status).
+    pub fn table_bytes(&self) -> usize {
+        self.sketches.as_ref().map_or(0, |(r, c)| 8 * (r.words() + c.words()))
+    }
+
+    /// Admits one new placement of `client` at `ms` milliseconds since [`Limits::epoch`]:
+    /// the raw ticket to store with the pin, or why not.
+    #[inline]
+    pub fn admit(&self, client: SocketAddr, ms: u64) -> Result<u32, Refusal> {
+        let Some((rate, conc)) = &self.sketches else {
+            return Ok(NO_PAYLOAD);
+        };
+        let key = ClientKey::from(client);
+        let ticket = conc.try_acquire(key, self.cap).ok_or(Refusal::HandshakeLimited)?;
+        if !rate.try_admit(key, ms) {
+            conc.release(ticket);
+            return Err(Refusal::RateLimited);
+        }
+        Ok(ticket.to_raw())
+    }
+
+    /// Gives back a ticket [`Limits::admit`] handed out (the pin left the table).
+    #[inline]
+    pub fn release(&self, raw: u32) {
+        if let (Some((_, conc)), Some(t)) = (&self.sketches, Ticket::from_raw(raw)) {
+            conc.release(t);
+        }
+    }
+}
+
+/// One routing call's view of the limits: the datagram's client and the time.
+pub struct ShardAdmission<'a> {
+    pub limits: &'a Limits,
+    pub client: SocketAddr,
+    pub ms: u64,
+}
+
+impl Admission for ShardAdmission<'_> {
+    type Refusal = Refusal;
+
+    #[inline]
+    fn admit(&mut self, _: &LongHeader<'_>, _: usize, _: &Table, _: usize) -> Result<u32, Refusal> {
+        self.limits.admit(self.client, self.ms)
+    }
+
+    #[inline]
+    fn release(&mut self, payload: u32) {
+        self.limits.release(payload);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn off_admits_everything_without_tickets() {
+        let l = Limits::new(LimitsConfig { enabled: false, ..Default::default() }).unwrap();
+        for i in 0..10_000 {
+            assert_eq!(l.admit("192.0.2.1:1".parse().unwrap(), i), Ok(NO_PAYLOAD));
+        }
+    }
+
+    #[test]
+    fn burst_then_rate_then_handshakes() {
+        let cfg = LimitsConfig { rate_per_second: 10, burst: 5, handshakes: 8, table_words: 64, enabled: true };
+        let l = Limits::new(cfg).unwrap();
+        let a: SocketAddr = "192.0.2.1:1".parse().unwrap();
+        let tickets: Vec<u32> = (0..5).map(|_| l.admit(a, 0).unwrap()).collect();
+        assert_eq!(l.admit(a, 0), Err(Refusal::RateLimited));
+        // Another port, same address: the same client.
+        assert_eq!(l.admit("192.0.2.1:2".parse().unwrap(), 0), Err(Refusal::RateLimited));
+        // 100 ms later one more.
+        let t6 = l.admit(a, 100).unwrap();
+        // Two more over time reach the cap of 8 live tickets.
+        let more: Vec<u32> = (2..4).map(|k| l.admit(a, 100 * k).unwrap()).collect();
+        assert_eq!(l.admit(a, 10_000), Err(Refusal::HandshakeLimited));
+        l.release(t6);
+        assert!(l.admit(a, 10_000).is_ok());
+        for t in tickets.into_iter().chain(more) {
+            l.release(t);
+        }
+        assert!(l.admit("198.51.100.7:9".parse().unwrap(), 10_000).is_ok());
+    }
+
+    #[test]
+    fn bad_flags_are_refused() {
+        let bad = |c: LimitsConfig| Limits::new(c).is_err();
+        assert!(bad(LimitsConfig { rate_per_second: 0, ..Default::default() }));
+        assert!(bad(LimitsConfig { rate_per_second: 2000, ..Default::default() }));
+        assert!(bad(LimitsConfig { rate_per_second: 1, burst: 100, ..Default::default() }));
+        assert!(bad(LimitsConfig { handshakes: MAX_CAP + 1, ..Default::default() }));
+        assert!(bad(LimitsConfig { table_words: 0, ..Default::default() }));
+    }
+}
