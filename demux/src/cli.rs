@@ -111,6 +111,13 @@ pub enum IoKind {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RetryArg {
+    Off,
+    Auto,
+    Always,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum OnOff {
     On,
     Off,
@@ -167,6 +174,14 @@ pub struct DataPlaneArgs {
     /// Words (8 bytes) of each limits sketch, shared by all shards (power of two).
     #[arg(long, value_name = "N", default_value_t = proto::limits::DEFAULT_CONCURRENCY_WORDS)]
     pub limit_table_words: usize,
+    /// Demux-minted stateless Retry for token-less client Initials (issue #7):
+    /// `auto` above --retry-above per shard, `always`, or `off`.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub retry: RetryArg,
+    /// `--retry auto`: token-less client Initials to place per second per shard
+    /// above which they are answered with a Retry.
+    #[arg(long, value_name = "PER_SEC", default_value_t = 10_000)]
+    pub retry_above: u32,
     /// Most live instances at once (per-shard counter slots).
     #[arg(long, default_value_t = 1024)]
     pub max_instances: usize,
@@ -197,6 +212,15 @@ impl DataPlaneArgs {
             burst: self.limit_burst,
             handshakes: self.limit_handshakes,
             table_words: self.limit_table_words,
+        }
+    }
+
+    /// The `--retry*` flags (crate::retry).
+    pub fn retry_mode(&self) -> crate::retry::RetryMode {
+        match self.retry {
+            RetryArg::Off => crate::retry::RetryMode::Off,
+            RetryArg::Auto => crate::retry::RetryMode::Auto { above: self.retry_above },
+            RetryArg::Always => crate::retry::RetryMode::Always,
         }
     }
 }

@@ -52,6 +52,11 @@ pub struct ShardCounters {
     pub refused_rate: AtomicU64,
     /// … the client holds its cap of pinned handshakes.
     pub refused_handshakes: AtomicU64,
+    /// Demux-minted Retries sent (crate::retry).
+    pub retries_sent: AtomicU64,
+    /// Token-less Initials that were to get a Retry but were dropped instead (did
+    /// not decrypt as a client's first Initial, or the send failed).
+    pub retry_dropped: AtomicU64,
     /// Receive batches processed.
     pub batches: AtomicU64,
     /// sendmmsg calls.
@@ -73,6 +78,8 @@ impl ShardCounters {
             recv_no_buffers: AtomicU64::new(0),
             refused_rate: AtomicU64::new(0),
             refused_handshakes: AtomicU64::new(0),
+            retries_sent: AtomicU64::new(0),
+            retry_dropped: AtomicU64::new(0),
             batches: AtomicU64::new(0),
             sendmmsg_calls: AtomicU64::new(0),
             instances: (0..max_instances).map(|_| InstanceCounters::default()).collect(),

@@ -56,6 +56,9 @@ pub enum Refusal {
     RateLimited,
     /// The client holds its cap of pinned handshakes.
     HandshakeLimited,
+    /// A token-less Initial while Retry is on: answer it with a Retry naming
+    /// `target` (an index of the table's instances) instead of placing it.
+    Retry { target: usize },
 }
 
 /// The sketches, shared by all shards of one data plane.
@@ -63,6 +66,8 @@ pub enum Refusal {
 pub struct Limits {
     sketches: Option<(RateSketch, ConcurrencySketch)>,
     cap: u16,
+    /// Demux-minted Retry (crate::retry); `None`: off.
+    pub retry: Option<crate::retry::RetryConfig>,
     /// The data plane's monotonic clock origin: shards route with `epoch.elapsed()`
     /// and the rate sketch counts milliseconds from it.
     pub epoch: Instant,
@@ -72,7 +77,7 @@ impl Limits {
     pub fn new(cfg: LimitsConfig) -> anyhow::Result<Limits> {
         let epoch = Instant::now();
         if !cfg.enabled {
-            return Ok(Limits { sketches: None, cap: 0, epoch });
+            return Ok(Limits { sketches: None, cap: 0, retry: None, epoch });
         }
         anyhow::ensure!(
             (1..=DEFAULT_TICKS_PER_SECOND as u32).contains(&cfg.rate_per_second),
@@ -94,7 +99,16 @@ impl Limits {
         crate::sys::os_random(&mut k2)?;
         let rate = RateSketch::new(cfg.table_words, k1, gcra, 0);
         let conc = ConcurrencySketch::new(cfg.table_words, k2);
-        Ok(Limits { sketches: Some((rate, conc)), cap: cfg.handshakes, epoch })
+        Ok(Limits { sketches: Some((rate, conc)), cap: cfg.handshakes, retry: None, epoch })
+    }
+
+    /// Turns demux-minted Retry on (`mode` other than Off) with the key file's token
+    /// secret.
+    pub fn with_retry(mut self, mode: crate::retry::RetryMode, token_secret: [u8; 32]) -> Limits {
+        if mode != crate::retry::RetryMode::Off {
+            self.retry = Some(crate::retry::RetryConfig { mode, token_secret });
+        }
+        self
     }
 
     pub fn enabled(&self) -> bool {
@@ -136,13 +150,26 @@ pub struct ShardAdmission<'a> {
     pub limits: &'a Limits,
     pub client: SocketAddr,
     pub ms: u64,
+    /// This shard's Retry gate, when Retry is configured.
+    pub retry: Option<&'a mut crate::retry::RetryGate>,
 }
 
 impl Admission for ShardAdmission<'_> {
     type Refusal = Refusal;
 
     #[inline]
-    fn admit(&mut self, _: &LongHeader<'_>, _: usize, _: &Table, _: usize) -> Result<u32, Refusal> {
+    fn admit(&mut self, h: &LongHeader<'_>, _: usize, _: &Table, target: usize) -> Result<u32, Refusal> {
+        // RFC 9000 §8.1.2: a token-less Initial may be answered with a Retry; one that
+        // carries a token (a Retry's or a NEW_TOKEN's) goes on to its instance, which
+        // validates it. Retry comes first: a spoofed source gets a Retry and costs
+        // nobody's limits (its address may be a victim's).
+        if h.ty == proto::LongType::Initial && h.token.is_empty() {
+            if let Some(g) = self.retry.as_deref_mut() {
+                if g.want_retry(self.ms) {
+                    return Err(Refusal::Retry { target });
+                }
+            }
+        }
         self.limits.admit(self.client, self.ms)
     }
 

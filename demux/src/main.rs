@@ -9,6 +9,7 @@ mod controller;
 mod cores;
 mod counters;
 mod limits;
+mod retry;
 mod forward;
 mod io_uring_backend;
 mod mmsg_backend;
@@ -207,7 +208,7 @@ fn dataplane(a: DataPlaneArgs) -> Result<()> {
         reload_signal: Some(reload_signal_fd()?),
     })?;
 
-    let limits = Arc::new(limits::Limits::new(a.limits_config())?);
+    let limits = Arc::new(limits::Limits::new(a.limits_config())?.with_retry(a.retry_mode(), keyfile.token_key));
     tracing::info!(enabled = limits.enabled(), table_bytes = limits.table_bytes(), "per-source limits");
     let (started_tx, started_rx) = std::sync::mpsc::channel();
     // Shard 0's sockets stay open for the registry (their fds are handed to workers):

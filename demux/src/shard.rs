@@ -6,6 +6,7 @@ use crate::cmsg::RecvMeta;
 use crate::counters::{bump, ShardCounters};
 use crate::forward::Forwarder;
 use crate::limits::{Limits, Refusal, ShardAdmission};
+use crate::retry::{Minter, RetryGate};
 use crate::snapshot::Snapshot;
 use crate::socket::UdpSock;
 use proto::route::route_train_with;
@@ -42,6 +43,8 @@ pub struct Router {
     pub counters: Arc<ShardCounters>,
     pub fwd: Forwarder,
     limits: Arc<Limits>,
+    /// Demux-minted Retry, when configured: the gate and this shard's minter.
+    retry: Option<(RetryGate, Minter)>,
     now: Duration,
 }
 
@@ -63,6 +66,15 @@ impl Router {
             counters: setup.counters.clone(),
             fwd: Forwarder::new(),
             limits: setup.limits.clone(),
+            retry: match &setup.limits.retry {
+                Some(cfg) => {
+                    use std::os::fd::AsRawFd;
+                    let socks = setup.sockets.iter().map(|s| (s.local, s.fd.as_raw_fd())).collect();
+                    let minter = Minter::new(cfg, socks).map_err(|e| std::io::Error::other(format!("retry: {e:#}")))?;
+                    Some((RetryGate::new(cfg.mode), minter))
+                }
+                None => None,
+            },
             now: Duration::ZERO,
         })
     }
@@ -116,7 +128,12 @@ impl Router {
         let fwd = &mut self.fwd;
         // Only a new placement calls into the limits (proto::route::Admission); the
         // clock in ms for the rate sketch is read from `now`, no extra syscall.
-        let mut admission = ShardAdmission { limits: &self.limits, client, ms: self.now.as_millis() as u64 };
+        let (gate, mut minter) = match &mut self.retry {
+            Some((g, m)) => (Some(g), Some(m)),
+            None => (None, None),
+        };
+        let mut admission =
+            ShardAdmission { limits: &self.limits, client, ms: self.now.as_millis() as u64, retry: gate };
         route_train_with(payload, stride, &snap.table, &mut self.pins, self.now, &mut admission, |run, refused| {
             let segs = run.segments as u64;
             match refused {
@@ -124,6 +141,19 @@ impl Router {
                 // routing reason (nothing was routed or pinned).
                 Some(Refusal::RateLimited) => return bump(&c.refused_rate, segs),
                 Some(Refusal::HandshakeLimited) => return bump(&c.refused_handshakes, segs),
+                // RFC 9000 §17.2.5: answered here with a Retry naming the instance it
+                // would have been placed on; not forwarded, nothing pinned. A train of
+                // one DCID's Initials gets one Retry (for its first segment).
+                Some(Refusal::Retry { target }) => {
+                    let (Some(m), Some(info)) = (minter.as_deref_mut(), snap.table.instance(target)) else {
+                        return bump(&c.retry_dropped, segs);
+                    };
+                    let end = if run.segments > 1 { run.bytes.start + stride } else { run.bytes.end };
+                    let first = payload.get(run.bytes.start..end).unwrap_or(&[]);
+                    let local = local.unwrap_or(sock.local);
+                    m.answer(first, client, local, meta.local_ip, snap.table.keys(), info.server_id, c);
+                    return;
+                }
                 None => {}
             }
             bump(&c.reasons[run.decision.reason.index()], segs);

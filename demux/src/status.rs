@@ -53,6 +53,10 @@ fn shard_json(c: &ShardCounters) -> Map<String, Value> {
             "HandshakeLimited": c.refused_handshakes.load(Relaxed),
         }),
     );
+    m.insert(
+        "retry".into(),
+        json!({ "sent": c.retries_sent.load(Relaxed), "dropped": c.retry_dropped.load(Relaxed) }),
+    );
     m.insert("recv_no_buffers".into(), json!(c.recv_no_buffers.load(Relaxed)));
     m.insert("batches".into(), json!(c.batches.load(Relaxed)));
     m.insert("sendmmsg_calls".into(), json!(c.sendmmsg_calls.load(Relaxed)));
@@ -168,9 +172,11 @@ pub fn pretty(json_text: &str) -> Result<String, serde_json::Error> {
         g("/drops/send_error")
     );
     s += &format!(
-        "refused: RateLimited {}  HandshakeLimited {}\n",
+        "refused: RateLimited {}  HandshakeLimited {}\nretry: sent {}  dropped {}\n",
         g("/refused/RateLimited"),
-        g("/refused/HandshakeLimited")
+        g("/refused/HandshakeLimited"),
+        g("/retry/sent"),
+        g("/retry/dropped")
     );
     s += &format!("{:>9} {:>9} {:>14} {:>16} {:>10}\n", "server_id", "placeable", "datagrams", "bytes", "drops_full");
     if let Some(list) = v["instances"].as_array() {
