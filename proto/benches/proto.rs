@@ -1,1 +1,189 @@
-fn main(){}
+//! Criterion benchmarks of the proto hot paths (issue #2 §4). Results and how to read
+//! them: docs/benchmarks.md, section "proto (criterion)".
+//!
+//! - `cid/decode`: `KeySet::decode` of a valid 12-byte CID (one HMAC-SHA-256).
+//! - `header_parse/short`, `header_parse/rfc9001_initial`: `header::parse`.
+//! - `route/short_owner`: a whole routing decision for a 1-RTT datagram to a live
+//!   instance (parse + decode + id lookup).
+//! - `route/initial_placed`, `route/initial_pinned`: the RFC 9001 A.2 Initial, placed
+//!   by rendezvous over 8 instances (+ pin insert), or found in the pin table.
+//! - `route_header/*`: routing a pre-parsed header, no CID decode involved: `cr` = 3
+//!   fails before any HMAC, so this is the rest of the decision (dispatch + rendezvous
+//!   over 8 instances for the orphan's stateless-reset target).
+//!
+//! - `route_header/index_of`: the live-id lookup of the Owner path (binary search).
+//!
+//! "Routing decision excluding decode" = `route/short_owner` − `cid/decode`, checked
+//! against the sum of its parts `header_parse/short` + `route_header/index_of`.
+//!
+//! Every benchmark runs twice: with criterion's wall clock, and (prefix `cpu/`) with
+//! the benchmark thread's own on-CPU time from `/proc/thread-self/schedstat`, which
+//! does not count the time the thread spent preempted on a shared, loaded machine.
+
+use criterion::measurement::{Measurement, ValueFormatter, WallTime};
+use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
+use proto::cid::{Generation, KeySet, ServerId};
+use proto::header::{self, Header};
+use proto::pin::PinTable;
+use proto::route::{route, route_header, InstanceInfo, Reason, Table};
+use std::hint::black_box;
+use std::time::Duration;
+
+#[path = "../tests/common/vectors.rs"]
+#[allow(dead_code)]
+mod vectors;
+
+fn hex(s: &str) -> Vec<u8> {
+    let d: Vec<u8> = s.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+    d.chunks(2).map(|p| u8::from_str_radix(std::str::from_utf8(p).unwrap(), 16).unwrap()).collect()
+}
+
+fn keys() -> KeySet {
+    KeySet::new((Generation::new(1).unwrap(), [0x5a; 32]), Some((Generation::new(0).unwrap(), [0xa5; 32]))).unwrap()
+}
+
+fn table(n: u16) -> Table {
+    let inst: Vec<InstanceInfo> =
+        (0..n).map(|i| InstanceInfo { server_id: ServerId(1000 + 7 * i), placeable: true }).collect();
+    Table::new(keys(), [0x42; 16], &inst).unwrap()
+}
+
+/// A 1-RTT datagram of `len` bytes to `cid`.
+fn short(cid: &[u8], len: usize) -> Vec<u8> {
+    let mut d = vec![0x43];
+    d.extend_from_slice(cid);
+    d.resize(len, 0x17);
+    d
+}
+
+/// On-CPU nanoseconds of the calling thread (Linux `/proc/thread-self/schedstat`,
+/// first field: time spent running, updated to the current instant when read).
+fn thread_cpu_ns() -> u64 {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").expect("Linux schedstat");
+    s.split_whitespace().next().and_then(|f| f.parse().ok()).expect("schedstat format")
+}
+
+/// A criterion measurement of thread CPU time. The kernel brings `sum_exec_runtime`
+/// up to date at scheduler ticks and context switches, so one reading can lag by up
+/// to a tick: every sample is made long (flat sampling, 30 samples over 6 s ≈ 200 ms
+/// each), which bounds that error to about 2 % of a sample.
+struct ThreadCpu;
+struct Ns;
+
+impl ValueFormatter for Ns {
+    fn scale_values(&self, _typical: f64, _values: &mut [f64]) -> &'static str {
+        "ns (cpu)"
+    }
+    fn scale_throughputs(&self, _typical: f64, t: &Throughput, values: &mut [f64]) -> &'static str {
+        let n = match t {
+            Throughput::Bytes(n) | Throughput::BytesDecimal(n) | Throughput::Elements(n) => *n as f64,
+        };
+        for v in values {
+            *v = n * 1e9 / *v;
+        }
+        "elem/s (cpu)"
+    }
+    fn scale_for_machines(&self, _values: &mut [f64]) -> &'static str {
+        "ns"
+    }
+}
+
+impl Measurement for ThreadCpu {
+    type Intermediate = u64;
+    type Value = u64;
+    fn start(&self) -> u64 {
+        thread_cpu_ns()
+    }
+    fn end(&self, i: u64) -> u64 {
+        thread_cpu_ns().saturating_sub(i)
+    }
+    fn add(&self, a: &u64, b: &u64) -> u64 {
+        a + b
+    }
+    fn zero(&self) -> u64 {
+        0
+    }
+    fn to_f64(&self, v: &u64) -> f64 {
+        *v as f64
+    }
+    fn formatter(&self) -> &dyn ValueFormatter {
+        &Ns
+    }
+}
+
+fn wall(c: &mut Criterion<WallTime>) {
+    benches(c, "");
+}
+
+fn cpu(c: &mut Criterion<ThreadCpu>) {
+    benches(c, "cpu/");
+}
+
+fn benches<M: Measurement + 'static>(c: &mut Criterion<M>, p: &str) {
+    let ks = keys();
+    let live_cid = ks.encode(ServerId(1000 + 7 * 3), &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+    let initial = hex(vectors::RFC9001_A2_CLIENT_INITIAL);
+    let short_dg = short(&live_cid, 1200);
+    let t8 = table(8);
+    assert_eq!(route(&short_dg, &t8, &mut PinTable::new(4, [0; 16]), Duration::ZERO).reason, Reason::Owner);
+
+    let mut g = c.benchmark_group(format!("{p}cid"));
+    g.sampling_mode(SamplingMode::Flat);
+    g.bench_function("decode", |b| b.iter(|| ks.decode(black_box(&live_cid))));
+    g.finish();
+
+    let mut g = c.benchmark_group(format!("{p}header_parse"));
+    g.sampling_mode(SamplingMode::Flat);
+    g.bench_function("short", |b| b.iter(|| header::parse(black_box(&short_dg), 12)));
+    g.bench_function("rfc9001_initial", |b| b.iter(|| header::parse(black_box(&initial), 12)));
+    g.finish();
+
+    let mut g = c.benchmark_group(format!("{p}route"));
+    g.sampling_mode(SamplingMode::Flat);
+    let mut pins = PinTable::new(1 << 16, [9; 16]);
+    let now = Duration::from_secs(100);
+    g.bench_function("short_owner", |b| b.iter(|| route(black_box(&short_dg), &t8, &mut pins, now)));
+    // TTL zero: the pin is never found again, so every call places and pins anew.
+    let mut fresh = PinTable::with_ttl(1 << 16, [9; 16], Duration::ZERO);
+    assert_eq!(route(&initial, &t8, &mut fresh, now).reason, Reason::Placed);
+    g.bench_function("initial_placed", |b| b.iter(|| route(black_box(&initial), &t8, &mut fresh, now)));
+    assert_eq!(route(&initial, &t8, &mut pins, now).reason, Reason::Placed);
+    assert_eq!(route(&initial, &t8, &mut pins, now).reason, Reason::Pinned);
+    g.bench_function("initial_pinned", |b| b.iter(|| route(black_box(&initial), &t8, &mut pins, now)));
+    g.finish();
+
+    let mut g = c.benchmark_group(format!("{p}route_header"));
+    g.sampling_mode(SamplingMode::Flat);
+    let mut marked = live_cid;
+    marked[0] |= 0xc0; // cr = 3: decode fails on the first byte, no HMAC
+    let marked_dg = short(&marked, 1200);
+    let h_marked = header::parse(&marked_dg, 12).unwrap();
+    assert_eq!(route_header(&h_marked, 1200, &t8, &mut pins, now).reason, Reason::Orphan);
+    g.bench_function("short_orphan_no_decode", |b| {
+        b.iter(|| route_header(black_box(&h_marked), 1200, &t8, &mut pins, now))
+    });
+    let live_id = ServerId(1000 + 7 * 3);
+    assert_eq!(t8.index_of(live_id), Some(3));
+    g.bench_function("index_of", |b| b.iter(|| t8.index_of(black_box(live_id))));
+    let h_init = header::parse(&initial, 12).unwrap();
+    assert!(matches!(h_init, Header::Long(_)));
+    assert_eq!(route_header(&h_init, 1200, &t8, &mut pins, now).reason, Reason::Pinned);
+    g.bench_function("initial_pinned_no_decode", |b| {
+        b.iter(|| route_header(black_box(&h_init), 1200, &t8, &mut pins, now))
+    });
+    g.finish();
+}
+
+fn config<M: Measurement>(m: M) -> Criterion<M> {
+    // Two shared, noisy cores: few, long samples (about 200 ms each, flat sampling)
+    // keep the run to about two and a half minutes.
+    Criterion::default()
+        .with_measurement(m)
+        .sample_size(30)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(6))
+}
+
+criterion_group! { name = wall_clock; config = config(WallTime); targets = wall }
+criterion_group! { name = cpu_time; config = config(ThreadCpu); targets = cpu }
+criterion_main!(wall_clock, cpu_time);
