@@ -54,9 +54,11 @@ pub struct ShardCounters {
     pub refused_handshakes: AtomicU64,
     /// Demux-minted Retries sent (crate::retry).
     pub retries_sent: AtomicU64,
-    /// Token-less Initials that were to get a Retry but were dropped instead (did
-    /// not decrypt as a client's first Initial, or the send failed).
+    /// Token-less Initials that were to get a Retry but were dropped instead: quinn
+    /// did not take them as a client's first Initial (did not decrypt, …).
     pub retry_dropped: AtomicU64,
+    /// Retries whose sendmsg failed (EAGAIN: the socket's send buffer was full).
+    pub retry_send_errors: AtomicU64,
     /// Receive batches processed.
     pub batches: AtomicU64,
     /// sendmmsg calls.
@@ -80,6 +82,7 @@ impl ShardCounters {
             refused_handshakes: AtomicU64::new(0),
             retries_sent: AtomicU64::new(0),
             retry_dropped: AtomicU64::new(0),
+            retry_send_errors: AtomicU64::new(0),
             batches: AtomicU64::new(0),
             sendmmsg_calls: AtomicU64::new(0),
             instances: (0..max_instances).map(|_| InstanceCounters::default()).collect(),

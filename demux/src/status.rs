@@ -55,7 +55,11 @@ fn shard_json(c: &ShardCounters) -> Map<String, Value> {
     );
     m.insert(
         "retry".into(),
-        json!({ "sent": c.retries_sent.load(Relaxed), "dropped": c.retry_dropped.load(Relaxed) }),
+        json!({
+            "sent": c.retries_sent.load(Relaxed),
+            "dropped": c.retry_dropped.load(Relaxed),
+            "send_errors": c.retry_send_errors.load(Relaxed),
+        }),
     );
     m.insert("recv_no_buffers".into(), json!(c.recv_no_buffers.load(Relaxed)));
     m.insert("batches".into(), json!(c.batches.load(Relaxed)));
@@ -172,11 +176,12 @@ pub fn pretty(json_text: &str) -> Result<String, serde_json::Error> {
         g("/drops/send_error")
     );
     s += &format!(
-        "refused: RateLimited {}  HandshakeLimited {}\nretry: sent {}  dropped {}\n",
+        "refused: RateLimited {}  HandshakeLimited {}\nretry: sent {}  dropped {}  send errors {}\n",
         g("/refused/RateLimited"),
         g("/refused/HandshakeLimited"),
         g("/retry/sent"),
-        g("/retry/dropped")
+        g("/retry/dropped"),
+        g("/retry/send_errors")
     );
     s += &format!("{:>9} {:>9} {:>14} {:>16} {:>10}\n", "server_id", "placeable", "datagrams", "bytes", "drops_full");
     if let Some(list) = v["instances"].as_array() {

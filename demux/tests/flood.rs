@@ -259,7 +259,8 @@ fn many_source_flood(target: SocketAddr, sources: u32, per_source: u32, spread: 
 /// The counters show refusals under their own reasons, and lb-status prints them.
 #[test]
 fn initial_flood_from_many_sources_while_clients_complete() {
-    let s = start("flood", &[], 2, &[]);
+    // Retry off: this test is about the limits (retry_auto_under_flood below has both).
+    let s = start("flood", &["--retry", "off"], 2, &[]);
     let udpflood = build_bin("udpflood", "udpflood");
     let flood_log = s.dir.join("udpflood.log");
     let flood = Command::new(&udpflood)
@@ -453,4 +454,56 @@ fn demux_minted_retry_accepted_by_quinn_ngtcp2_aioquic() {
     );
     assert!(u(&v, "/retry/sent") >= quinn_retries + clients, "{v}");
     assert_eq!(u(&v, "/reasons/Placed"), 0, "{v}");
+}
+
+/// `--retry auto`: while udpflood sends 20 000 token-less Initials with random
+/// payloads per second (above `--retry-above 2000`), the shard answers token-less
+/// Initials with Retries: the flood's Initials get a Retry (about 1 in 4) or are
+/// dropped at the demux (`retry.dropped`: reserved bits set once quinn removes header
+/// protection) instead of being placed on a worker, and quinn clients, which follow
+/// the Retry, complete their downloads.
+#[test]
+fn retry_auto_under_flood() {
+    let s = start("auto", &["--retry", "auto", "--retry-above", "2000", "--limits", "off"], 2, &[]);
+    let udpflood = build_bin("udpflood", "udpflood");
+    let flood = Command::new(&udpflood)
+        .args(["--target", &s.addr.to_string(), "--mode", "initial", "--rate", "20000", "--duration", "6"])
+        .args(["--sources", "64", "--quiet"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn udpflood");
+    let mut kids = Kids(vec![flood]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let target = s.addr;
+    let before = s.status();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let failures: Vec<String> = rt.block_on(async {
+        let ep = client(&s.cert, "127.0.0.7:0".parse().expect("addr"));
+        let mut errs = Vec::new();
+        for _ in 0..5 {
+            match tokio::time::timeout(Duration::from_secs(20), download(&ep, target, 65_536)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => errs.push(e),
+                Err(_) => errs.push("timed out".into()),
+            }
+        }
+        ep.wait_idle().await;
+        errs
+    });
+    let during = s.status();
+    let _ = kids.0[0].wait();
+    kids.0.clear();
+    assert!(failures.is_empty(), "clients failed under flood with Retry on: {failures:?}");
+    let dropped = u(&during, "/retry/dropped") - u(&before, "/retry/dropped");
+    let sent = u(&during, "/retry/sent") - u(&before, "/retry/sent");
+    let placed = u(&during, "/reasons/Placed") - u(&before, "/reasons/Placed");
+    let errs = u(&during, "/retry/send_errors") - u(&before, "/retry/send_errors");
+    eprintln!("while the clients ran: retry dropped {dropped}, sent {sent}, send errors {errs}, placed {placed}");
+    assert!(dropped > 1_000, "flood Initials dropped at the demux: {during}");
+    assert!(sent + dropped > 20_000, "the flood met the Retry path: {during}");
+    assert!(sent >= 1, "the clients got Retries: {during}");
+    // Placed only while the gate was still below its threshold (the first 2 000 of
+    // each second): far fewer than the flood sent.
+    assert!(placed < dropped, "placed {placed} vs dropped {dropped}");
 }
