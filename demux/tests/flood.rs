@@ -507,3 +507,54 @@ fn retry_auto_under_flood() {
     // each second): far fewer than the flood sent.
     assert!(placed < dropped, "placed {placed} vs dropped {dropped}");
 }
+
+/// The demux-minted Retry checked field by field against the RFCs, independently of
+/// quinn: a real client Initial (quinn-proto's client) from a plain socket gets back,
+/// from the address it was sent to, a Retry (RFC 9000 §17.2.5) whose DCID is the
+/// client's SCID, whose token is not empty, whose integrity tag verifies for the
+/// Initial's DCID (RFC 9001 §5.8, proto::retry), and whose SCID is an ADR-0040 CID
+/// of the instance the Initial would have been placed on (rendezvous winner).
+#[test]
+fn demux_retry_packet_is_well_formed() {
+    let s = start("wellformed", &["--retry", "always"], 2, &[]);
+    let crypto = worker::tls::client_crypto(std::slice::from_ref(&s.cert), &[b"h3"]).expect("client crypto");
+    let mut ep = quinn_proto::Endpoint::new(Arc::new(quinn_proto::EndpointConfig::default()), None, false, None);
+    let cfg = quinn_proto::ClientConfig::new(Arc::new(crypto));
+    let (_h, mut conn) = ep.connect(Instant::now(), cfg, s.addr, "localhost").expect("connect");
+    let mut buf = Vec::new();
+    let t = conn.poll_transmit(Instant::now(), 1, &mut buf).expect("a first Initial");
+    let initial = &buf[..t.size];
+    let h = match proto::header::parse(initial, proto::CID_LEN).expect("parses") {
+        proto::Header::Long(l) => l,
+        other => panic!("not a long header: {other:?}"),
+    };
+    let (odcid, client_scid) = (h.dcid.to_vec(), h.scid.to_vec());
+
+    let sock = UdpSocket::bind("127.0.0.8:0").expect("bind");
+    sock.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    sock.send_to(initial, s.addr).expect("send");
+    let mut rx = [0u8; 1500];
+    let (n, from) = sock.recv_from(&mut rx).expect("a Retry from the demux");
+    assert_eq!(from, s.addr, "sent from the address the Initial went to");
+    let retry = &rx[..n];
+    let r = proto::retry::parse(retry).expect("a Retry packet");
+    assert_eq!(r.version, 1);
+    assert_eq!(r.dcid, &client_scid[..]);
+    assert!(!r.token.is_empty());
+    assert!(proto::retry::verify(retry, &odcid), "RFC 9001 §5.8 integrity tag");
+
+    let kf =
+        proto::keyfile::KeyFile::parse(&std::fs::read_to_string(s.dir.join("keys")).expect("keys")).expect("key file");
+    let ks = kf.key_set().expect("key set");
+    let issued_to = ks.decode(r.scid).expect("SCID is an ADR-0040 CID").server_id;
+    let infos: Vec<proto::InstanceInfo> =
+        (1..=2).map(|i| proto::InstanceInfo { server_id: proto::ServerId(i), placeable: true }).collect();
+    let table = proto::Table::new(ks, kf.rendezvous_key, &infos).expect("table");
+    let mut pins = proto::PinTable::new(16, [0; 16]);
+    let d = proto::route(initial, &table, &mut pins, Duration::from_secs(1));
+    let winner = table.instance(d.target.expect("placed")).expect("instance").server_id;
+    assert_eq!(issued_to, winner, "the Retry names the rendezvous winner");
+    let v = s.status();
+    assert_eq!(u(&v, "/retry/sent"), 1, "{v}");
+    assert_eq!(u(&v, "/reasons/Placed"), 0, "{v}");
+}

@@ -9,6 +9,7 @@
 //! - [`pin`]: the fixed-capacity 10 s placement pin table.
 //! - [`rendezvous`]: keyed highest-random-weight hashing.
 //! - [`limits`]: per-source limits in fixed memory (GCRA and count-min lanes sketches).
+//! - [`retry`]: Retry packets and their integrity tag (RFC 9000 §17.2.5, RFC 9001 §5.8).
 //! - [`keyfile`]: the shared-secrets file of the state directory.
 //! - [`wire`]: demux → worker data frames and control messages.
 #![forbid(unsafe_code)]
@@ -19,6 +20,7 @@ pub mod keyfile;
 pub mod limits;
 pub mod pin;
 pub mod rendezvous;
+pub mod retry;
 pub mod route;
 pub mod wire;
 
