@@ -81,22 +81,34 @@ fn bench(c: &mut Criterion) {
     short.resize(1200, 0);
     let mut pins = PinTable::new(1 << 16, [5; 16]);
     g.bench_function("short_owner_plain", |b| {
-        b.iter(|| route_train(black_box(&short), 0, &table, &mut pins, now, |r| drop(black_box(r))))
+        b.iter(|| {
+            route_train(black_box(&short), 0, &table, &mut pins, now, |r| {
+                black_box(r);
+            })
+        })
     });
     g.bench_function("short_owner_limits", |b| {
         b.iter(|| {
-            route_train_with(black_box(&short), 0, &table, &mut pins, now, &mut lim, |r, f| drop(black_box((r, f))))
+            route_train_with(black_box(&short), 0, &table, &mut pins, now, &mut lim, |r, f| {
+                black_box((r, f));
+            })
         })
     });
 
     let pinned = initial(&[1, 2, 3, 4, 5, 6, 7, 8]);
     route_train_with(&pinned, 0, &table, &mut pins, now, &mut lim, |_, _| {});
     g.bench_function("initial_pinned_plain", |b| {
-        b.iter(|| route_train(black_box(&pinned), 0, &table, &mut pins, now, |r| drop(black_box(r))))
+        b.iter(|| {
+            route_train(black_box(&pinned), 0, &table, &mut pins, now, |r| {
+                black_box(r);
+            })
+        })
     });
     g.bench_function("initial_pinned_limits", |b| {
         b.iter(|| {
-            route_train_with(black_box(&pinned), 0, &table, &mut pins, now, &mut lim, |r, f| drop(black_box((r, f))))
+            route_train_with(black_box(&pinned), 0, &table, &mut pins, now, &mut lim, |r, f| {
+                black_box((r, f));
+            })
         })
     });
 
@@ -107,7 +119,9 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             n += 1;
             buf[6..14].copy_from_slice(&n.to_le_bytes());
-            route_train(black_box(&buf), 0, &table, &mut plain_pins, now, |r| drop(black_box(r)))
+            route_train(black_box(&buf), 0, &table, &mut plain_pins, now, |r| {
+                black_box(r);
+            })
         })
     });
     let mut limit_pins = PinTable::new(1 << 16, [7; 16]);
@@ -122,7 +136,7 @@ fn bench(c: &mut Criterion) {
             buf[6..14].copy_from_slice(&n.to_le_bytes());
             route_train_with(black_box(&buf), 0, &table, &mut limit_pins, now, &mut lim, |r, f| {
                 refused += u64::from(f.is_some());
-                drop(black_box(r))
+                black_box(r);
             })
         })
     });

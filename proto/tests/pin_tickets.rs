@@ -27,7 +27,10 @@ struct Model {
 
 impl Model {
     fn alive(&self, at: Duration, now: Duration) -> bool {
-        now.checked_sub(at).map_or(true, |age| age < self.ttl)
+        match now.checked_sub(at) {
+            Some(age) => age < self.ttl,
+            None => true,
+        }
     }
     fn expire(&mut self, now: Duration, out: &mut Vec<u32>) {
         while let Some(f) = self.pins.first() {
