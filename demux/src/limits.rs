@@ -213,6 +213,27 @@ mod tests {
         assert!(l.admit("198.51.100.7:9".parse().unwrap(), 10_000).is_ok());
     }
 
+    /// RFC 9000 §8.1.2: only a token-less Initial gets a Retry; one with a token and
+    /// 0-RTT go on to the limits (and are placed).
+    #[test]
+    fn retry_only_for_token_less_initials() {
+        use proto::header::LongHeader;
+        use proto::LongType;
+        let l = Limits::new(LimitsConfig::default()).unwrap();
+        let keys = proto::KeySet::new((proto::Generation::new(0).unwrap(), [1; 32]), None).unwrap();
+        let info = [proto::InstanceInfo { server_id: proto::ServerId(1), placeable: true }];
+        let table = Table::new(keys, [2; 16], &info).unwrap();
+        let mut gate = crate::retry::RetryGate::new(crate::retry::RetryMode::Always);
+        let mut a =
+            ShardAdmission { limits: &l, client: "192.0.2.1:1".parse().unwrap(), ms: 0, retry: Some(&mut gate) };
+        let h = |ty, token| LongHeader { version: 1, ty, dcid: &[1; 8], scid: &[], token, packet_len: 1200 };
+        assert_eq!(a.admit(&h(LongType::Initial, &[]), 1200, &table, 0), Err(Refusal::Retry { target: 0 }));
+        let t = a.admit(&h(LongType::Initial, &[9; 40]), 1200, &table, 0).expect("token: limits, admitted");
+        a.release(t);
+        let t = a.admit(&h(LongType::ZeroRtt, &[]), 1200, &table, 0).expect("0-RTT: limits, admitted");
+        a.release(t);
+    }
+
     #[test]
     fn bad_flags_are_refused() {
         let bad = |c: LimitsConfig| Limits::new(c).is_err();

@@ -37,7 +37,9 @@ fn build_bin(package: &str, bin: &str) -> PathBuf {
 }
 
 fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("fl-{tag}-{}", std::process::id()));
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let d = std::env::temp_dir().join(format!("fl-{tag}-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("temp dir");
     d
@@ -76,15 +78,20 @@ struct Setup {
     _kids: Kids,
 }
 
-/// A data plane (`extra` flags) and `workers` workers behind it.
+/// A data plane on 127.0.0.1 (`extra` flags) and `workers` workers behind it.
 fn start(tag: &str, extra: &[&str], workers: u16, worker_extra: &[&str]) -> Setup {
+    start_on(tag, "127.0.0.1:0", extra, workers, worker_extra)
+}
+
+/// As [`start`], listening on `listen`; a wildcard address is reached on 127.0.0.1.
+fn start_on(tag: &str, listen: &str, extra: &[&str], workers: u16, worker_extra: &[&str]) -> Setup {
     let dir = temp_dir(tag);
     let keys = dir.join("keys");
     assert!(Command::new(DEMUX).args(["gen-keys", "--out"]).arg(&keys).status().expect("gen-keys").success());
     let (data, control, ready, log) =
         (dir.join("d.sock"), dir.join("c.sock"), dir.join("ready"), dir.join("demux.log"));
     let mut child = Command::new(DEMUX)
-        .args(["dataplane", "--listen", "127.0.0.1:0", "--cores", "0", "--io", "mmsg", "--keys"])
+        .args(["dataplane", "--listen", listen, "--cores", "0", "--io", "mmsg", "--keys"])
         .arg(&keys)
         .arg("--data-socket")
         .arg(&data)
@@ -98,8 +105,11 @@ fn start(tag: &str, extra: &[&str], workers: u16, worker_extra: &[&str]) -> Setu
         .spawn()
         .expect("spawn demux");
     let text = wait_file(&ready, &mut child, &log, "demux");
-    let addr: SocketAddr =
+    let mut addr: SocketAddr =
         text.lines().find_map(|l| l.strip_prefix("udp ")).and_then(|a| a.parse().ok()).expect("udp line");
+    if addr.ip().is_unspecified() {
+        addr.set_ip(Ipv4Addr::LOCALHOST.into());
+    }
     let mut kids = Kids(vec![child]);
     let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("rcgen");
     let (cert_path, key_path) = (dir.join("cert.pem"), dir.join("key.pem"));
@@ -516,7 +526,22 @@ fn retry_auto_under_flood() {
 /// of the instance the Initial would have been placed on (rendezvous winner).
 #[test]
 fn demux_retry_packet_is_well_formed() {
-    let s = start("wellformed", &["--retry", "always"], 2, &[]);
+    retry_packet_is_well_formed("127.0.0.1:0");
+}
+
+/// The same on a wildcard socket (0.0.0.0), the Initial sent to 127.0.0.9: the Retry
+/// leaves from 127.0.0.9, the address the Initial was sent to (IP_PKTINFO as the
+/// source), not from 127.0.0.1, which the kernel's source selection would pick.
+#[test]
+fn demux_retry_from_a_wildcard_socket_uses_the_destination_address() {
+    retry_packet_is_well_formed("0.0.0.0:0");
+}
+
+fn retry_packet_is_well_formed(listen: &str) {
+    let mut s = start_on("wellformed", listen, &["--retry", "always"], 2, &[]);
+    if listen.starts_with("0.0.0.0") {
+        s.addr.set_ip(Ipv4Addr::new(127, 0, 0, 9).into());
+    }
     let crypto = worker::tls::client_crypto(std::slice::from_ref(&s.cert), &[b"h3"]).expect("client crypto");
     let mut ep = quinn_proto::Endpoint::new(Arc::new(quinn_proto::EndpointConfig::default()), None, false, None);
     let cfg = quinn_proto::ClientConfig::new(Arc::new(crypto));
