@@ -108,7 +108,7 @@ fn start_on(tag: &str, listen: &str, extra: &[&str], workers: u16, worker_extra:
     let mut addr: SocketAddr =
         text.lines().find_map(|l| l.strip_prefix("udp ")).and_then(|a| a.parse().ok()).expect("udp line");
     if addr.ip().is_unspecified() {
-        addr.set_ip(Ipv4Addr::LOCALHOST.into());
+        addr.set_ip(if addr.is_ipv4() { Ipv4Addr::LOCALHOST.into() } else { std::net::Ipv6Addr::LOCALHOST.into() });
     }
     let mut kids = Kids(vec![child]);
     let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("rcgen");
@@ -581,5 +581,30 @@ fn retry_packet_is_well_formed(listen: &str) {
     assert_eq!(issued_to, winner, "the Retry names the rendezvous winner");
     let v = s.status();
     assert_eq!(u(&v, "/retry/sent"), 1, "{v}");
+    assert_eq!(u(&v, "/reasons/Placed"), 0, "{v}");
+}
+
+/// IPv6, wildcard socket ([::]): a quinn client on [::1] follows a demux-minted Retry
+/// (sent from [::1] with IPV6_PKTINFO) and completes a download. Skipped when this
+/// host has no IPv6 loopback.
+#[test]
+fn demux_retry_over_ipv6_wildcard() {
+    if UdpSocket::bind("[::1]:0").is_err() {
+        eprintln!("SKIP: no IPv6 loopback");
+        return;
+    }
+    let s = start_on("v6", "[::]:0", &["--retry", "always"], 1, &[]);
+    let target = s.addr;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let ep = client(&s.cert, "[::1]:0".parse().expect("addr"));
+        tokio::time::timeout(Duration::from_secs(20), download(&ep, target, 4096))
+            .await
+            .expect("in time")
+            .expect("download over IPv6 after a demux-minted Retry");
+        ep.wait_idle().await;
+    });
+    let v = s.status();
+    assert!(u(&v, "/retry/sent") >= 1, "{v}");
     assert_eq!(u(&v, "/reasons/Placed"), 0, "{v}");
 }
