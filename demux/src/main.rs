@@ -209,7 +209,12 @@ fn dataplane(a: DataPlaneArgs) -> Result<()> {
     })?;
 
     let limits = Arc::new(limits::Limits::new(a.limits_config())?.with_retry(a.retry_mode(), keyfile.token_key));
-    tracing::info!(enabled = limits.enabled(), table_bytes = limits.table_bytes(), "per-source limits");
+    tracing::info!(
+        limits = limits.enabled(),
+        table_bytes = limits.table_bytes(),
+        retry = ?a.retry_mode(),
+        "initial-flood defence"
+    );
     let (started_tx, started_rx) = std::sync::mpsc::channel();
     // Shard 0's sockets stay open for the registry (their fds are handed to workers):
     // the shard threads own their sockets for the life of the process.
