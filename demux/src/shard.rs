@@ -46,6 +46,8 @@ pub struct Router {
     /// Demux-minted Retry, when configured: the gate and this shard's minter.
     retry: Option<(RetryGate, Minter)>,
     now: Duration,
+    /// `now` in milliseconds (the rate sketch's ticks), once per batch.
+    ms: u64,
 }
 
 impl Drop for Router {
@@ -76,6 +78,7 @@ impl Router {
                 None => None,
             },
             now: Duration::ZERO,
+            ms: 0,
         })
     }
 
@@ -83,6 +86,7 @@ impl Router {
     #[inline]
     pub fn begin(&mut self) {
         self.now = self.limits.epoch.elapsed();
+        self.ms = self.now.as_millis() as u64;
         bump(&self.counters.batches, 1);
     }
 
@@ -127,13 +131,12 @@ impl Router {
         };
         let fwd = &mut self.fwd;
         // Only a new placement calls into the limits (proto::route::Admission); the
-        // clock in ms for the rate sketch is read from `now`, no extra syscall.
+        // clock in ms for the rate sketch is the batch's, no extra clock read.
         let (gate, mut minter) = match &mut self.retry {
             Some((g, m)) => (Some(g), Some(m)),
             None => (None, None),
         };
-        let mut admission =
-            ShardAdmission { limits: &self.limits, client, ms: self.now.as_millis() as u64, retry: gate };
+        let mut admission = ShardAdmission { limits: &self.limits, client, ms: self.ms, retry: gate };
         route_train_with(payload, stride, &snap.table, &mut self.pins, self.now, &mut admission, |run, refused| {
             let segs = run.segments as u64;
             match refused {
