@@ -16,7 +16,7 @@ pub mod state;
 mod status;
 mod supervise;
 
-use crate::cli::{ControllerOpts, DataPlaneArgs, IoKind, Steer};
+use crate::cli::{ControllerOpts, DataPlaneArgs, IoKind, OnOff, RetryArg, Steer};
 use crate::{cores, seqpacket, socket, sys};
 use anyhow::{bail, Context, Result};
 use proto::keyfile::KeyFile;
@@ -276,11 +276,25 @@ fn dataplane_args(dp: &DataPlaneArgs, p: &Paths) -> Vec<String> {
     });
     v.push("--steer".into());
     v.push(if dp.steer == Steer::Cpu { "cpu".into() } else { "hash".into() });
+    // Initial-flood defence (issue #7): the operator's limits and Retry mode.
+    v.push("--limits".into());
+    v.push(if dp.limits == OnOff::On { "on".into() } else { "off".into() });
+    v.push("--retry".into());
+    v.push(match dp.retry {
+        RetryArg::Off => "off".into(),
+        RetryArg::Auto => "auto".into(),
+        RetryArg::Always => "always".into(),
+    });
     for (f, n) in [
         ("--pin-capacity", dp.pin_capacity),
         ("--max-instances", dp.max_instances),
         ("--batch", dp.batch),
         ("--uring-buffers", usize::from(dp.uring_buffers)),
+        ("--limit-rate", dp.limit_rate as usize),
+        ("--limit-burst", dp.limit_burst as usize),
+        ("--limit-handshakes", usize::from(dp.limit_handshakes)),
+        ("--limit-table-words", dp.limit_table_words),
+        ("--retry-above", dp.retry_above as usize),
     ] {
         v.push(f.into());
         v.push(n.to_string());
@@ -407,5 +421,83 @@ impl Ctl {
                 _ => {} // SIGCHLD: the next tick reaps.
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn parse(args: &[&str]) -> crate::cli::Cli {
+        crate::cli::Cli::try_parse_from(args).expect("valid command line")
+    }
+
+    /// Every data-plane tuning flag the operator gives the controller reaches the
+    /// data plane it spawns: a flag dropped here would silently run the defaults.
+    #[test]
+    fn dataplane_args_carry_every_tuning_flag() {
+        let cli = parse(&[
+            "demux",
+            "--listen",
+            "127.0.0.1:4433",
+            "--cores",
+            "0",
+            "--state-dir",
+            "/tmp/x",
+            "--io",
+            "mmsg",
+            "--steer",
+            "cpu",
+            "--pin-capacity",
+            "77",
+            "--max-instances",
+            "9",
+            "--batch",
+            "5",
+            "--uring-buffers",
+            "8",
+            "--limits",
+            "off",
+            "--limit-rate",
+            "3",
+            "--limit-burst",
+            "4",
+            "--limit-handshakes",
+            "6",
+            "--limit-table-words",
+            "1024",
+            "--retry",
+            "always",
+            "--retry-above",
+            "123",
+        ]);
+        let paths = Paths::new(std::path::Path::new("/tmp/x"));
+        let mut argv = vec![
+            "demux".to_string(),
+            "dataplane".to_string(),
+            "--listen".into(),
+            "127.0.0.1:4433".into(),
+        ];
+        argv.extend(dataplane_args(&cli.dataplane, &paths));
+        let child = crate::cli::Cli::try_parse_from(&argv).expect("the data plane accepts what we pass");
+        let Some(crate::cli::Command::Dataplane(dp)) = child.command else {
+            panic!("not a dataplane command")
+        };
+        let want = &cli.dataplane;
+        assert_eq!(dp.io, want.io);
+        assert_eq!(dp.steer, want.steer);
+        assert_eq!(dp.pin_capacity, 77);
+        assert_eq!(dp.max_instances, 9);
+        assert_eq!(dp.batch, 5);
+        assert_eq!(dp.uring_buffers, 8);
+        assert_eq!(dp.limits, OnOff::Off);
+        assert_eq!(
+            (dp.limit_rate, dp.limit_burst, dp.limit_handshakes, dp.limit_table_words),
+            (3, 4, 6, 1024)
+        );
+        assert_eq!(dp.retry, RetryArg::Always);
+        assert_eq!(dp.retry_above, 123);
+        assert_eq!(dp.keys.as_deref(), Some(paths.keys().as_path()));
     }
 }
