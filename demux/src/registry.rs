@@ -411,5 +411,7 @@ fn message_name(m: &Control) -> &'static str {
         Control::GetSockets => "GetSockets",
         Control::Rejoin { .. } => "Rejoin",
         Control::RotateKeys => "RotateKeys",
+        Control::DataHelloV2 { .. } => "DataHelloV2",
+        Control::Rings { .. } => "Rings",
     }
 }

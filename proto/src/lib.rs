@@ -12,6 +12,7 @@
 //! - [`retry`]: Retry packets and their integrity tag (RFC 9000 §17.2.5, RFC 9001 §5.8).
 //! - [`keyfile`]: the shared-secrets file of the state directory.
 //! - [`wire`]: demux → worker data frames and control messages.
+//! - [`ring`]: layout and index arithmetic of the shared-memory forwarding ring.
 #![forbid(unsafe_code)]
 
 pub mod cid;
@@ -21,6 +22,7 @@ pub mod limits;
 pub mod pin;
 pub mod rendezvous;
 pub mod retry;
+pub mod ring;
 pub mod route;
 pub mod wire;
 

@@ -282,7 +282,22 @@ pub enum Control {
     Rejoin { server_id: ServerId, pid: u32 },
     /// O → C: rotate the CID key generation now. Reply: `Status` (JSON) or `Error`.
     RotateKeys,
+    /// W → D, instead of `DataHello`: the same, plus capability bits ([`CAP_RINGS`]:
+    /// the worker reads shared-memory rings). A data plane that knows the message
+    /// answers `Sockets`, then `Rings` when it forwards over rings.
+    DataHelloV2 { server_id: ServerId, caps: u32 },
+    /// D → W: `count` shared-memory rings (one per shard) of `bytes` data bytes each
+    /// (proto::ring layout); the fds travel with this record, ring-major: the memfd,
+    /// then its eventfd, for each ring. Frames may still come on the connection too.
+    Rings { count: u8, bytes: u64 },
 }
+
+/// `DataHelloV2` capability: the worker reads forwarding rings (`Rings`).
+pub const CAP_RINGS: u32 = 0x1;
+/// Capability bits this version knows; others are reserved (zero).
+pub const CAPS_KNOWN: u32 = CAP_RINGS;
+/// The most rings one `Rings` message announces (two fds each: 253 / 2 SCM_RIGHTS).
+pub const MAX_RINGS: u8 = 64;
 
 mod tag {
     pub const HELLO: u8 = 1;
@@ -299,6 +314,8 @@ mod tag {
     pub const GET_SOCKETS: u8 = 12;
     pub const REJOIN: u8 = 13;
     pub const ROTATE_KEYS: u8 = 14;
+    pub const DATA_HELLO_V2: u8 = 15;
+    pub const RINGS: u8 = 16;
 }
 
 fn put_keys(v: &mut Vec<u8>, k: &Keys) {
@@ -389,6 +406,16 @@ pub fn encode_control(m: &Control) -> Vec<u8> {
             v.extend_from_slice(&pid.to_be_bytes());
         }
         Control::RotateKeys => v.push(tag::ROTATE_KEYS),
+        Control::DataHelloV2 { server_id, caps } => {
+            v.push(tag::DATA_HELLO_V2);
+            v.extend_from_slice(&server_id.0.to_be_bytes());
+            v.extend_from_slice(&caps.to_be_bytes());
+        }
+        Control::Rings { count, bytes } => {
+            v.push(tag::RINGS);
+            v.push(*count);
+            v.extend_from_slice(&bytes.to_be_bytes());
+        }
     }
     v
 }
@@ -522,6 +549,26 @@ pub fn decode_control(rec: &[u8]) -> Result<Control, WireError> {
         tag::GET_SOCKETS => Control::GetSockets,
         tag::REJOIN => Control::Rejoin { server_id: ServerId(c.u16()?), pid: c.u32()? },
         tag::ROTATE_KEYS => Control::RotateKeys,
+        tag::DATA_HELLO_V2 => {
+            let server_id = ServerId(c.u16()?);
+            let caps = c.u32()?;
+            if caps & !CAPS_KNOWN != 0 {
+                return Err(WireError::ReservedBits);
+            }
+            Control::DataHelloV2 { server_id, caps }
+        }
+        tag::RINGS => {
+            let count = c.u8()?;
+            if count == 0 || count > MAX_RINGS {
+                return Err(WireError::TooMany);
+            }
+            let hi = u64::from(c.u32()?);
+            let bytes = hi << 32 | u64::from(c.u32()?);
+            if !crate::ring::valid_capacity(bytes) {
+                return Err(WireError::ReservedBits);
+            }
+            Control::Rings { count, bytes }
+        }
         other => return Err(WireError::UnknownMessage(other)),
     };
     if !c.b.is_empty() {

@@ -77,6 +77,8 @@ fn control() -> impl Strategy<Value = Control> {
             }
         }),
         any::<u16>().prop_map(|id| Control::DataHello { server_id: ServerId(id) }),
+        (any::<u16>(), 0u32..=CAPS_KNOWN).prop_map(|(id, caps)| Control::DataHelloV2 { server_id: ServerId(id), caps }),
+        (1u8..=MAX_RINGS, 17u32..=30).prop_map(|(count, shift)| Control::Rings { count, bytes: 1u64 << shift }),
         proptest::collection::vec(addr(), 0..6).prop_map(|addrs| Control::Sockets { addrs }),
         Just(Control::StatusRequest),
         text().prop_map(|json| Control::Status { json }),
@@ -330,7 +332,7 @@ fn control_reserved_values() {
     assert_eq!(dec(&[0xc6, 1, 4]), Err(WireError::BadMagic));
     assert_eq!(dec(&[CONTROL_MAGIC, 2, 4]), Err(WireError::UnsupportedVersion(2)));
     assert_eq!(dec(&[CONTROL_MAGIC, 1, 0]), Err(WireError::UnknownMessage(0)));
-    assert_eq!(dec(&[CONTROL_MAGIC, 1, 15]), Err(WireError::UnknownMessage(15)));
+    assert_eq!(dec(&[CONTROL_MAGIC, 1, 17]), Err(WireError::UnknownMessage(17)));
     assert_eq!(dec(&[CONTROL_MAGIC, 1, 255]), Err(WireError::UnknownMessage(255)));
     assert_eq!(dec(&[CONTROL_MAGIC, 1, 4]), Ok(Control::Ready));
     assert_eq!(dec(&[CONTROL_MAGIC, 1, 4, 0]), Err(WireError::TrailingBytes));
@@ -443,4 +445,23 @@ fn controller_messages_layout() {
     assert_eq!(encode_control(&Control::RotateKeys), vec![CONTROL_MAGIC, 1, 14]);
     assert!(decode_control(&[CONTROL_MAGIC, 1, 13, 1, 2, 3]).is_err());
     assert!(decode_control(&[CONTROL_MAGIC, 1, 12, 0]).is_err());
+}
+
+#[test]
+fn ring_messages_layout() {
+    // Appended tags 15, 16 (docs/wire.md): DataHelloV2{id u16, caps u32}, Rings{count u8, bytes u64}.
+    assert_eq!(
+        encode_control(&Control::DataHelloV2 { server_id: ServerId(0x0102), caps: CAP_RINGS }),
+        vec![CONTROL_MAGIC, 1, 15, 1, 2, 0, 0, 0, 1]
+    );
+    assert_eq!(
+        encode_control(&Control::Rings { count: 2, bytes: 1 << 20 }),
+        vec![CONTROL_MAGIC, 1, 16, 2, 0, 0, 0, 0, 0, 0x10, 0, 0]
+    );
+    // Unknown capability bits, zero or too many rings, a capacity that is no power of two.
+    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 15, 1, 2, 0, 0, 0, 2]), Err(WireError::ReservedBits));
+    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 16, 0, 0, 0, 0, 0, 0, 0x10, 0, 0]), Err(WireError::TooMany));
+    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 16, 65, 0, 0, 0, 0, 0, 0x10, 0, 0]), Err(WireError::TooMany));
+    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 16, 1, 0, 0, 0, 0, 0, 0x10, 0, 1]), Err(WireError::ReservedBits));
+    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 16, 1, 0, 0, 0, 0, 0, 0x01, 0, 0]), Err(WireError::ReservedBits));
 }

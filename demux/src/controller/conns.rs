@@ -298,5 +298,7 @@ fn name(m: &Control) -> &'static str {
         Control::GetSockets => "GetSockets",
         Control::Rejoin { .. } => "Rejoin",
         Control::RotateKeys => "RotateKeys",
+        Control::DataHelloV2 { .. } => "DataHelloV2",
+        Control::Rings { .. } => "Rings",
     }
 }
