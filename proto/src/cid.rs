@@ -99,6 +99,8 @@ pub struct KeySet {
     /// Indexed by generation; `None` for generations that are not live.
     keys: [Option<hmac::Key>; 3],
     raw: [Option<[u8; KEY_LEN]>; 3],
+    /// Identity of this key set's decode function ([`KeySet::fingerprint`]).
+    fingerprint: u64,
 }
 
 impl std::fmt::Debug for KeySet {
@@ -128,7 +130,38 @@ impl KeySet {
             keys[g.0 as usize] = Some(hmac::Key::new(hmac::HMAC_SHA256, &k));
             raw[g.0 as usize] = Some(k);
         }
-        Ok(KeySet { newest: newest.0, keys, raw })
+        let fingerprint = Self::fingerprint_of(newest.0, &raw);
+        Ok(KeySet { newest: newest.0, keys, raw, fingerprint })
+    }
+
+    /// SHA-256 over a domain label, the newest generation and every slot's secret
+    /// (with a presence byte), truncated to 64 bits and never 0. Computed once.
+    fn fingerprint_of(newest: Generation, raw: &[Option<[u8; KEY_LEN]>; 3]) -> u64 {
+        let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
+        ctx.update(b"quicdemux keyset fingerprint v1");
+        ctx.update(&[newest.0]);
+        for slot in raw {
+            match slot {
+                Some(k) => {
+                    ctx.update(&[1]);
+                    ctx.update(k);
+                }
+                None => ctx.update(&[0]),
+            }
+        }
+        let d = ctx.finish();
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&d.as_ref()[..8]);
+        u64::from_le_bytes(b).max(1)
+    }
+
+    /// A 64-bit identity of this key set, fixed at construction: two key sets with
+    /// the same fingerprint hold the same live generations with the same secrets
+    /// (up to a 2^-64 accident), so they decode every CID alike. Never 0. Caches of
+    /// decode results ([`crate::decode_cache::DecodeCache`]) tag entries with it.
+    #[inline]
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint
     }
 
     /// The generation new CIDs are minted with.
@@ -142,6 +175,12 @@ impl KeySet {
             .map(Generation)
             .filter(move |g| *g != self.newest && self.keys[g.0 as usize].is_some());
         std::iter::once(self.newest).chain(prev)
+    }
+
+    /// Whether `cr` (0..=3) names a live generation of this set.
+    #[inline]
+    pub(crate) fn holds(&self, cr: u8) -> bool {
+        self.keys.get(cr as usize).is_some_and(|k| k.is_some())
     }
 
     /// The raw secret of a live generation (for handing to workers).
@@ -258,6 +297,23 @@ mod tests {
         let older = ks.encode_with(Generation(1), ServerId(6), &[0; 10]).unwrap();
         assert_eq!(r.decode(&older), Err(Unroutable::UnknownGeneration(1)));
         assert_eq!(r.live_generations().collect::<Vec<_>>(), vec![Generation(0), Generation(2)]);
+    }
+
+    #[test]
+    fn fingerprint_tells_key_sets_apart() {
+        let g = Generation;
+        let a = KeySet::new((g(0), [1; 32]), None).unwrap();
+        assert_eq!(a.fingerprint(), KeySet::new((g(0), [1; 32]), None).unwrap().fingerprint());
+        assert_eq!(a.fingerprint(), a.clone().fingerprint());
+        for b in [
+            KeySet::new((g(0), [2; 32]), None).unwrap(),
+            KeySet::new((g(1), [1; 32]), None).unwrap(),
+            KeySet::new((g(0), [1; 32]), Some((g(1), [1; 32]))).unwrap(),
+            a.rotated([1; 32]),
+        ] {
+            assert_ne!(a.fingerprint(), b.fingerprint(), "{b:?}");
+        }
+        assert_ne!(a.fingerprint(), 0);
     }
 
     #[test]

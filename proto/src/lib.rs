@@ -4,6 +4,7 @@
 //! over bytes, time passed in, no sockets, no clocks, no threads, no `unsafe`.
 //!
 //! - [`cid`]: ADR-0040 connection IDs (encode / decode, key generations).
+//! - [`decode_cache`]: a per-shard cache of CID decodes (skips the HMAC for repeat DCIDs).
 //! - [`header`]: the cleartext QUIC header (RFC 8999, RFC 9000 §17, RFC 9369).
 //! - [`route`]: the ADR-0040 routing table as a function of datagram and snapshot.
 //! - [`pin`]: the fixed-capacity 10 s placement pin table.
@@ -16,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cid;
+pub mod decode_cache;
 pub mod header;
 pub mod keyfile;
 pub mod limits;
@@ -30,4 +32,6 @@ pub use cid::{Decoded, Generation, KeySet, ServerId, Unroutable, CID_LEN};
 pub use header::{Header, HeaderError, LongHeader, LongType};
 pub use pin::PinTable;
 pub use route::{route, route_train, Decision, InstanceInfo, Reason, Table, TrainRun};
+pub use decode_cache::{DecodeCache, Decoder, Uncached};
 pub use route::{route_train_with, Admission, NoAdmission};
+pub use route::{route_header_cached, route_train_cached};

@@ -23,6 +23,7 @@
 //! Owner path, which must stay stateless (ADR-0040 "Consequences").
 
 use crate::cid::{KeySet, ServerId, CID_LEN};
+use crate::decode_cache::{Decoder, Uncached};
 use crate::header::{self, Header, LongHeader, LongType};
 use crate::pin::PinTable;
 use crate::rendezvous::Rendezvous;
@@ -185,9 +186,9 @@ impl Table {
     }
 
     #[inline]
-    fn owner(&self, dcid: &[u8]) -> Option<usize> {
+    fn owner<D: Decoder>(&self, dcid: &[u8], decoder: &mut D) -> Option<usize> {
         // ADR-0040: only a 12-byte CID with a live `cr` can name an owner.
-        self.keys.decode(dcid).ok().and_then(|d| self.index_of(d.server_id))
+        decoder.decode(&self.keys, dcid).ok().and_then(|d| self.index_of(d.server_id))
     }
 
     fn orphan(&self, dcid: &[u8]) -> Decision {
@@ -268,6 +269,21 @@ pub fn route_header_with<A: Admission>(
     now: Duration,
     admission: &mut A,
 ) -> Result<Decision, A::Refusal> {
+    route_header_cached(h, datagram_len, table, pins, now, admission, &mut Uncached)
+}
+
+/// [`route_header_with`] decoding DCIDs through `decoder` (a
+/// [`crate::decode_cache::DecodeCache`]: repeat DCIDs skip the HMAC). The decision
+/// is the same as without it: a [`Decoder`] returns exactly [`KeySet::decode`].
+pub fn route_header_cached<A: Admission, D: Decoder>(
+    h: &Header<'_>,
+    datagram_len: usize,
+    table: &Table,
+    pins: &mut PinTable,
+    now: Duration,
+    admission: &mut A,
+    decoder: &mut D,
+) -> Result<Decision, A::Refusal> {
     Ok(match *h {
         // RFC 9000 §17.2.1: only servers send Version Negotiation; a server drops it.
         Header::VersionNegotiation { .. } => Decision::drop(Reason::NotQuic),
@@ -281,12 +297,12 @@ pub fn route_header_with<A: Admission>(
                 None => Decision::drop(Reason::NoInstance),
             }
         }
-        Header::Short { dcid } => match table.owner(dcid) {
+        Header::Short { dcid } => match table.owner(dcid, decoder) {
             Some(i) => Decision { reason: Reason::Owner, target: Some(i) },
             None => table.orphan(dcid),
         },
         Header::Long(ref l) => {
-            if let Some(i) = table.owner(l.dcid) {
+            if let Some(i) = table.owner(l.dcid, decoder) {
                 return Ok(Decision { reason: Reason::Owner, target: Some(i) });
             }
             match l.ty {
@@ -369,19 +385,35 @@ pub fn route_train_with<A: Admission>(
     pins: &mut PinTable,
     now: Duration,
     admission: &mut A,
+    out: impl FnMut(TrainRun, Option<A::Refusal>),
+) {
+    route_train_cached(train, stride, table, pins, now, admission, &mut Uncached, out)
+}
+
+/// [`route_train_with`] decoding DCIDs through `decoder` (see
+/// [`route_header_cached`]); the runs are the same as without it.
+#[allow(clippy::too_many_arguments)]
+pub fn route_train_cached<A: Admission, D: Decoder>(
+    train: &[u8],
+    stride: usize,
+    table: &Table,
+    pins: &mut PinTable,
+    now: Duration,
+    admission: &mut A,
+    decoder: &mut D,
     mut out: impl FnMut(TrainRun, Option<A::Refusal>),
 ) {
     if train.is_empty() {
         return;
     }
-    let one = |seg: &[u8], pins: &mut PinTable, admission: &mut A| -> (Decision, Option<A::Refusal>) {
+    let one = |seg: &[u8], pins: &mut PinTable, admission: &mut A, decoder: &mut D| -> (Decision, Option<A::Refusal>) {
         let Ok(h) = header::parse(seg, CID_LEN) else {
             return (Decision::drop(Reason::NotQuic), None);
         };
-        split(route_header_with(&h, seg.len(), table, pins, now, admission))
+        split(route_header_cached(&h, seg.len(), table, pins, now, admission, decoder))
     };
     if stride == 0 || stride >= train.len() {
-        let (decision, refused) = one(train, pins, admission);
+        let (decision, refused) = one(train, pins, admission, decoder);
         out(TrainRun { bytes: 0..train.len(), segments: 1, decision }, refused);
         return;
     }
@@ -395,14 +427,14 @@ pub fn route_train_with<A: Admission>(
         Err(_) => false,
     };
     if let (true, Ok(h0)) = (uniform, &first_hdr) {
-        let (decision, refused) = split(route_header_with(h0, first.len(), table, pins, now, admission));
+        let (decision, refused) = split(route_header_cached(h0, first.len(), table, pins, now, admission, decoder));
         let segments = train.len().div_ceil(stride);
         out(TrainRun { bytes: 0..train.len(), segments, decision }, refused);
         return;
     }
     let mut run: Option<(TrainRun, Option<A::Refusal>)> = None;
     for (k, seg) in train.chunks(stride).enumerate() {
-        let (decision, refused) = one(seg, pins, admission);
+        let (decision, refused) = one(seg, pins, admission, decoder);
         let start = k * stride;
         let end = start + seg.len();
         match &mut run {

@@ -28,7 +28,9 @@ use proto::cid::{Generation, KeySet, ServerId, CID_LEN, KEY_LEN};
 use proto::header::{Header, LongType};
 use proto::pin::{PinTable, PIN_TTL};
 use proto::rendezvous::Rendezvous;
+use proto::decode_cache::DecodeCache;
 use proto::route::{route, route_train, Decision, InstanceInfo, Reason, Table, TrainRun};
+use proto::route::{route_header_cached, route_train_cached, NoAdmission};
 use std::time::Duration;
 
 const V1: u32 = 1;
@@ -217,6 +219,13 @@ struct World {
     now: Duration,
     counts: [u64; Reason::COUNT],
     changes: [u64; 6],
+    /// The cached router (route_*_cached with a small DecodeCache) and its own pins:
+    /// it must decide every datagram exactly as the uncached one.
+    cache: DecodeCache,
+    cached_pins: PinTable,
+    /// Recent server DCIDs, sent again (an established connection's packets), also
+    /// across key rotations.
+    seen: Vec<Vec<u8>>,
 }
 
 fn long_first_byte(version: u32, ty: LongType, low: u8) -> u8 {
@@ -261,6 +270,10 @@ impl World {
             now: Duration::from_secs(1_000),
             counts: [0; Reason::COUNT],
             changes: [0; 6],
+            // Small: slots collide and are overwritten often.
+            cache: DecodeCache::new(64),
+            cached_pins: PinTable::new(1 << 17, rng.array()),
+            seen: Vec::new(),
             rng,
         }
     }
@@ -318,6 +331,20 @@ impl World {
 
     /// A 12-byte CID as the instances mint them, or not quite.
     fn server_dcid(&mut self) -> Vec<u8> {
+        if !self.seen.is_empty() && self.rng.chance(1, 3) {
+            return self.rng.pick(&self.seen).clone();
+        }
+        let cid = self.fresh_server_dcid();
+        if self.seen.len() < 48 {
+            self.seen.push(cid.clone());
+        } else {
+            let i = self.rng.below(self.seen.len());
+            self.seen[i] = cid.clone();
+        }
+        cid
+    }
+
+    fn fresh_server_dcid(&mut self) -> Vec<u8> {
         let rand = self.rng.array::<10>();
         let live: Vec<Generation> = self.keys.live_generations().collect();
         match self.rng.below(12) {
@@ -500,6 +527,12 @@ impl World {
         let got = route(d, &self.table, &mut self.pins, self.now);
         let want = self.model.route(d, self.now);
         assert_eq!(got, want, "datagram {:02x?}… ({} bytes) at {:?}", &d[..d.len().min(48)], d.len(), self.now);
+        let cached = match proto::header::parse(d, CID_LEN) {
+            Ok(h) => route_header_cached(&h, d.len(), &self.table, &mut self.cached_pins, self.now, &mut NoAdmission, &mut self.cache)
+                .unwrap_or_else(|never| match never {}),
+            Err(_) => Decision { reason: Reason::NotQuic, target: None },
+        };
+        assert_eq!(cached, got, "cached router, datagram {:02x?}…", &d[..d.len().min(48)]);
         self.counts[got.reason.index()] += 1;
     }
 
@@ -550,6 +583,12 @@ impl World {
         route_train(&t, stride, &self.table, &mut self.pins, self.now, |r| got.push(r));
         let want = self.model.route_train(&t, stride, self.now);
         assert_eq!(got, want, "train of {} bytes, stride {stride}", t.len());
+        let mut cached = Vec::new();
+        route_train_cached(&t, stride, &self.table, &mut self.cached_pins, self.now, &mut NoAdmission, &mut self.cache, |r, refused| {
+            assert!(refused.is_none());
+            cached.push(r)
+        });
+        assert_eq!(cached, got, "cached router, train of {} bytes, stride {stride}", t.len());
         // The runs tile the train, in order.
         let mut end = 0;
         for r in &got {
@@ -584,6 +623,9 @@ fn route_matches_model_over_100k_datagrams() {
     }
     assert!(w.changes.iter().all(|&c| c >= 100), "changes {:?}", w.changes);
     assert!(trains >= 2_000);
+    // The cached router saw repeats (hits) and fresh CIDs (misses) in quantity.
+    assert!(w.cache.hits() >= 5_000 && w.cache.misses() >= 5_000, "{:?}", w.cache);
+    eprintln!("{:?}", w.cache);
     eprintln!("reasons {:?}, changes {:?}, pins {}", w.counts, w.changes, w.pins.len());
 }
 
