@@ -158,6 +158,10 @@ pub struct DataPlaneArgs {
     /// Placement pins per shard (ADR-0040: 10 s each; the oldest is evicted when full).
     #[arg(long, default_value_t = 65_536)]
     pub pin_capacity: usize,
+    /// CID decode cache entries per shard (rounded up to a power of two; 0 = off):
+    /// repeat DCIDs of established connections skip the HMAC (proto::decode_cache).
+    #[arg(long, value_name = "ENTRIES", default_value_t = proto::decode_cache::DEFAULT_ENTRIES)]
+    pub decode_cache: usize,
     /// Per-source limits on new placements (issue #7): `on` (default) or `off`.
     #[arg(long, value_enum, default_value = "on")]
     pub limits: OnOff,

@@ -226,6 +226,7 @@ fn dataplane(a: DataPlaneArgs) -> Result<()> {
             counters: counters[i].clone(),
             shared: shared.clone(),
             pin_capacity: a.pin_capacity,
+            decode_cache: a.decode_cache,
             batch: a.batch,
             uring_buffers: a.uring_buffers,
             limits: limits.clone(),

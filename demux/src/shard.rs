@@ -9,7 +9,7 @@ use crate::limits::{Limits, Refusal, ShardAdmission};
 use crate::retry::{Minter, RetryGate};
 use crate::snapshot::Snapshot;
 use crate::socket::UdpSock;
-use proto::route::route_train_with;
+use proto::route::route_train_cached;
 use proto::wire::FrameMeta;
 use proto::{PinTable, Reason};
 use std::net::SocketAddr;
@@ -24,6 +24,8 @@ pub struct ShardSetup {
     pub counters: Arc<ShardCounters>,
     pub shared: crate::snapshot::Shared,
     pub pin_capacity: usize,
+    /// Entries of this shard's CID decode cache (0 = off).
+    pub decode_cache: usize,
     pub batch: usize,
     pub uring_buffers: u16,
     /// Per-source limits shared by every shard (and the data plane's clock origin).
@@ -40,6 +42,7 @@ pub struct SockInfo {
 
 pub struct Router {
     pins: PinTable,
+    cache: proto::DecodeCache,
     pub counters: Arc<ShardCounters>,
     pub fwd: Forwarder,
     limits: Arc<Limits>,
@@ -65,6 +68,7 @@ impl Router {
         crate::sys::os_random(&mut hash_key)?;
         Ok(Router {
             pins: PinTable::new(setup.pin_capacity, hash_key),
+            cache: proto::DecodeCache::new(setup.decode_cache),
             counters: setup.counters.clone(),
             fwd: Forwarder::new(),
             limits: setup.limits.clone(),
@@ -137,7 +141,8 @@ impl Router {
             None => (None, None),
         };
         let mut admission = ShardAdmission { limits: &self.limits, client, ms: self.ms, retry: gate };
-        route_train_with(payload, stride, &snap.table, &mut self.pins, self.now, &mut admission, |run, refused| {
+        let (pins, cache) = (&mut self.pins, &mut self.cache);
+        route_train_cached(payload, stride, &snap.table, pins, self.now, &mut admission, cache, |run, refused| {
             let segs = run.segments as u64;
             match refused {
                 // Dropped before placement; counted under its own reason, not a

@@ -5,6 +5,12 @@
 //! - `header_parse/short`, `header_parse/rfc9001_initial`: `header::parse`.
 //! - `route/short_owner`: a whole routing decision for a 1-RTT datagram to a live
 //!   instance (parse + decode + id lookup).
+//! - `cid/decode_cache_hit`, `cid/decode_cache_miss`: the same CID through a
+//!   default (4096-entry) `DecodeCache` that holds it (12-byte compare, no HMAC), or
+//!   cycling through 65 536 distinct CIDs so every lookup misses (HMAC + store).
+//! - `route/short_owner_cache_hit`: `route/short_owner` through `route_header_cached`
+//!   with a `DecodeCache` that holds the DCID (what a shard pays per packet of an
+//!   established connection).
 //! - `route/initial_placed`, `route/initial_pinned`: the RFC 9001 A.2 Initial, placed
 //!   by rendezvous over 8 instances (+ pin insert), or found in the pin table.
 //! - `route_header/*`: routing a pre-parsed header, no CID decode involved: `cr` = 3
@@ -25,7 +31,8 @@ use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throug
 use proto::cid::{Generation, KeySet, ServerId};
 use proto::header::{self, Header};
 use proto::pin::PinTable;
-use proto::route::{route, route_header, InstanceInfo, Reason, Table};
+use proto::decode_cache::{DecodeCache, Decoder};
+use proto::route::{route, route_header, route_header_cached, InstanceInfo, NoAdmission, Reason, Table};
 use std::hint::black_box;
 use std::time::Duration;
 
@@ -130,6 +137,22 @@ fn benches<M: Measurement + 'static>(c: &mut Criterion<M>, p: &str) {
     let mut g = c.benchmark_group(format!("{p}cid"));
     g.sampling_mode(SamplingMode::Flat);
     g.bench_function("decode", |b| b.iter(|| ks.decode(black_box(&live_cid))));
+    let mut cache = DecodeCache::default();
+    assert_eq!(cache.decode(&ks, &live_cid), ks.decode(&live_cid));
+    g.bench_function("decode_cache_hit", |b| b.iter(|| cache.decode(&ks, black_box(&live_cid))));
+    let many: Vec<[u8; 12]> = (0..65_536u32)
+        .map(|i| {
+            let r = i.to_le_bytes();
+            ks.encode(ServerId(1021), &[9, r[0], r[1], r[2], r[3], 9, 9, 9, 9, 9])
+        })
+        .collect();
+    let mut k = 0usize;
+    g.bench_function("decode_cache_miss", |b| {
+        b.iter(|| {
+            k = (k + 1) & 0xffff;
+            cache.decode(&ks, black_box(&many[k]))
+        })
+    });
     g.finish();
 
     let mut g = c.benchmark_group(format!("{p}header_parse"));
@@ -143,6 +166,13 @@ fn benches<M: Measurement + 'static>(c: &mut Criterion<M>, p: &str) {
     let mut pins = PinTable::new(1 << 16, [9; 16]);
     let now = Duration::from_secs(100);
     g.bench_function("short_owner", |b| b.iter(|| route(black_box(&short_dg), &t8, &mut pins, now)));
+    let mut cache = DecodeCache::default();
+    let mut route_cached = |d: &[u8], pins: &mut PinTable| {
+        let h = header::parse(d, 12).unwrap();
+        route_header_cached(&h, d.len(), &t8, pins, now, &mut NoAdmission, &mut cache).unwrap()
+    };
+    assert_eq!(route_cached(&short_dg, &mut pins).reason, Reason::Owner);
+    g.bench_function("short_owner_cache_hit", |b| b.iter(|| route_cached(black_box(&short_dg), &mut pins)));
     // TTL zero: the pin is never found again, so every call places and pins anew.
     let mut fresh = PinTable::with_ttl(1 << 16, [9; 16], Duration::ZERO);
     assert_eq!(route(&initial, &t8, &mut fresh, now).reason, Reason::Placed);

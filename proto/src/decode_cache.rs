@@ -153,6 +153,12 @@ mod tests {
     }
 
     #[test]
+    fn entry_is_32_bytes() {
+        // DEFAULT_ENTRIES × 32 = 128 KiB per shard (docs/operations.md).
+        assert_eq!(std::mem::size_of::<Entry>(), 32);
+    }
+
+    #[test]
     fn off_and_rounding() {
         assert_eq!(DecodeCache::new(0).capacity(), 0);
         assert_eq!(DecodeCache::new(3).capacity(), 4);

@@ -287,6 +287,7 @@ fn dataplane_args(dp: &DataPlaneArgs, p: &Paths) -> Vec<String> {
     });
     for (f, n) in [
         ("--pin-capacity", dp.pin_capacity),
+        ("--decode-cache", dp.decode_cache),
         ("--max-instances", dp.max_instances),
         ("--batch", dp.batch),
         ("--uring-buffers", usize::from(dp.uring_buffers)),
@@ -451,6 +452,8 @@ mod tests {
             "cpu",
             "--pin-capacity",
             "77",
+            "--decode-cache",
+            "0",
             "--max-instances",
             "9",
             "--batch",
@@ -488,6 +491,7 @@ mod tests {
         assert_eq!(dp.io, want.io);
         assert_eq!(dp.steer, want.steer);
         assert_eq!(dp.pin_capacity, 77);
+        assert_eq!(dp.decode_cache, 0, "0 (off) differs from the default and must reach the child");
         assert_eq!(dp.max_instances, 9);
         assert_eq!(dp.batch, 5);
         assert_eq!(dp.uring_buffers, 8);
