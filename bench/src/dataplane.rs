@@ -28,7 +28,13 @@ struct Opts {
 }
 
 fn parse(args: &[String]) -> Result<Opts> {
-    let mut o = Opts { seconds: 5.0, rate: 0.0, ios: vec!["uring".into(), "mmsg".into()], shard_core: 0, load_core: 1 };
+    let mut o = Opts {
+        seconds: 5.0,
+        rate: 0.0,
+        ios: vec!["uring".into(), "mmsg".into(), "uring+ring".into(), "mmsg+ring".into()],
+        shard_core: 0,
+        load_core: 1,
+    };
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut val = || it.next().cloned().with_context(|| format!("{a} needs a value"));
@@ -82,6 +88,8 @@ pub(crate) struct Demux {
     pub(crate) data: PathBuf,
     pub(crate) control: PathBuf,
     pub(crate) keys: KeyFile,
+    /// `--forward ring` (an io of `uring+ring` / `mmsg+ring`): sinks read rings.
+    pub(crate) rings: bool,
 }
 
 impl Drop for Demux {
@@ -102,6 +110,10 @@ pub(crate) fn start_demux(bin: &Path, io: &str, core: usize) -> Result<Demux> {
     }
     let keys = KeyFile::parse(&std::fs::read_to_string(&keys_path)?)?;
     let (data, control, ready) = (dir.join("d.sock"), dir.join("c.sock"), dir.join("ready"));
+    let (io, rings) = match io.strip_suffix("+ring") {
+        Some(b) => (b, true),
+        None => (io, false),
+    };
     let child = with_parent(&mut Command::new(bin))
         .args(["dataplane", "--listen", "127.0.0.1:0", "--cores", &core.to_string(), "--io", io, "--keys"])
         .arg(&keys_path)
@@ -111,10 +123,11 @@ pub(crate) fn start_demux(bin: &Path, io: &str, core: usize) -> Result<Demux> {
         .arg(&control)
         .arg("--ready-file")
         .arg(&ready)
+        .args(if rings { &["--forward", "ring"][..] } else { &[] })
         .env("DEMUX_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()?;
-    let mut d = Demux { child, dir, udp: "0.0.0.0:0".parse()?, data, control, keys };
+    let mut d = Demux { child, dir, udp: "0.0.0.0:0".parse()?, data, control, keys, rings };
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Ok(t) = std::fs::read_to_string(&ready) {
@@ -196,11 +209,28 @@ pub(crate) fn sink(
     frames: Arc<AtomicU64>,
 ) -> Result<std::thread::JoinHandle<()>> {
     let fd = seqpacket_connect(&d.data)?;
-    send_rec(fd.as_raw_fd(), &Control::DataHello { server_id: ServerId(id) })?;
+    if d.rings {
+        send_rec(fd.as_raw_fd(), &Control::DataHelloV2 { server_id: ServerId(id), caps: proto::wire::CAP_RINGS })?;
+    } else {
+        send_rec(fd.as_raw_fd(), &Control::DataHello { server_id: ServerId(id) })?;
+    }
     let mut buf = vec![0u8; 4096];
     match recv_rec(fd.as_raw_fd(), &mut buf)? {
         Control::Sockets { .. } => {}
         other => bail!("expected Sockets, got {other:?}"),
+    }
+    let mut rings = Vec::new();
+    if d.rings {
+        use std::os::fd::AsFd;
+        let r = worker::fdpass::recv_record(fd.as_fd(), &mut buf, 0)?;
+        let Ok(Control::Rings { count, bytes }) = decode_control(&buf[..r.len]) else { bail!("expected Rings") };
+        if count == 0 || r.fds.len() != 2 * usize::from(count) {
+            bail!("Rings: {count} rings, {} fds", r.fds.len());
+        }
+        let mut fds = r.fds.into_iter();
+        while let (Some(m), Some(e)) = (fds.next(), fds.next()) {
+            rings.push(worker::ring::Consumer::open(m, e, bytes)?);
+        }
     }
     send_rec(fd.as_raw_fd(), &Control::Ready)?;
     let tv = libc::timeval { tv_sec: 0, tv_usec: 100_000 };
@@ -226,6 +256,31 @@ pub(crate) fn sink(
         for (m, iov) in msgs.iter_mut().zip(iovs.iter_mut()) {
             m.msg_hdr.msg_iov = iov;
             m.msg_hdr.msg_iovlen = 1;
+        }
+        // `--forward ring`: drain the rings, then the sleep protocol (flag, re-check,
+        // poll the eventfds with a timeout so `stop` is seen).
+        while !rings.is_empty() && !stop.load(Ordering::Relaxed) {
+            let mut n = 0u64;
+            for r in &rings {
+                while let Ok(Some(_)) = r.pop(&mut data[..LEN]) {
+                    n += 1;
+                }
+                r.awake();
+            }
+            if n > 0 {
+                frames.fetch_add(n, Ordering::Relaxed);
+                continue;
+            }
+            if !rings.iter().all(|r| r.prepare_sleep()) {
+                continue;
+            }
+            let mut pfds: Vec<libc::pollfd> =
+                rings.iter().map(|r| libc::pollfd { fd: r.eventfd(), events: libc::POLLIN, revents: 0 }).collect();
+            // SAFETY: poll(2) on live pollfds.
+            unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 100) };
+            for r in &rings {
+                r.woke();
+            }
         }
         while !stop.load(Ordering::Relaxed) {
             // SAFETY: msgs point at live buffers; MSG_WAITFORONE returns after one.
@@ -448,6 +503,9 @@ pub fn main(args: &[String]) -> Result<()> {
     let mut rows = Vec::new();
     for io in &o.ios {
         for (train, sinks_n) in [(1usize, SINKS), (8, SINKS), (1, 0)] {
+            if sinks_n == 0 && io.ends_with("+ring") {
+                continue; // no workers, no forwarding: the same as without rings
+            }
             let r = run_one(&bin, io, train, sinks_n, &o).with_context(|| format!("{io}, train {train}"))?;
             eprintln!(
                 "{} {}: {:.3} µs CPU/received datagram ({} received, {} forwarded)",

@@ -149,6 +149,14 @@ pub struct DataPlaneArgs {
     /// Receive backend.
     #[arg(long, value_enum, default_value = "auto")]
     pub io: IoKind,
+    /// How frames reach the workers: `seqpacket` (one record per frame on the data
+    /// connection) or `ring` (a shared-memory ring per shard and worker, for workers
+    /// that ask for it with `DataHelloV2`; others keep SEQPACKET).
+    #[arg(long, value_enum, default_value = "seqpacket")]
+    pub forward: ForwardKind,
+    /// `--forward ring`: data bytes per ring (a power of two, 128 KiB..=1 GiB).
+    #[arg(long, value_name = "BYTES", default_value_t = 4 << 20)]
+    pub ring_bytes: u64,
     /// How the kernel spreads datagrams over the shards' sockets.
     #[arg(long, value_enum, default_value = "hash")]
     pub steer: Steer,
@@ -226,5 +234,18 @@ impl DataPlaneArgs {
             RetryArg::Auto => crate::retry::RetryMode::Auto { above: self.retry_above },
             RetryArg::Always => crate::retry::RetryMode::Always,
         }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ForwardKind {
+    Seqpacket,
+    Ring,
+}
+
+impl DataPlaneArgs {
+    /// The ring size when forwarding over rings (`None`: SEQPACKET only).
+    pub fn ring_size(&self) -> Option<u64> {
+        (self.forward == ForwardKind::Ring).then_some(self.ring_bytes)
     }
 }

@@ -63,6 +63,9 @@ pub struct ShardCounters {
     pub batches: AtomicU64,
     /// sendmmsg calls.
     pub sendmmsg_calls: AtomicU64,
+    /// `--forward ring`: eventfd writes to wake a sleeping worker (at most one per
+    /// ring per batch).
+    pub ring_wakes: AtomicU64,
     pub instances: Box<[InstanceCounters]>,
 }
 
@@ -85,6 +88,7 @@ impl ShardCounters {
             retry_send_errors: AtomicU64::new(0),
             batches: AtomicU64::new(0),
             sendmmsg_calls: AtomicU64::new(0),
+            ring_wakes: AtomicU64::new(0),
             instances: (0..max_instances).map(|_| InstanceCounters::default()).collect(),
         }
     }

@@ -28,6 +28,8 @@ pub struct Forwarder {
     order: Vec<(u32, u32)>,
     iovs: Vec<[libc::iovec; 2]>,
     msgs: Vec<libc::mmsghdr>,
+    /// This shard's index: its ring in `DataConn::rings` (`--forward ring`).
+    shard: usize,
 }
 
 impl Default for Forwarder {
@@ -37,6 +39,11 @@ impl Default for Forwarder {
 }
 
 impl Forwarder {
+    /// The forwarder of shard `shard` (which ring of a worker's rings is ours).
+    pub fn for_shard(shard: usize) -> Forwarder {
+        Forwarder { shard, ..Forwarder::new() }
+    }
+
     pub fn new() -> Forwarder {
         let empty_iov = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
         Forwarder {
@@ -45,6 +52,7 @@ impl Forwarder {
             iovs: vec![[empty_iov, empty_iov]; MAX_PENDING],
             // SAFETY: mmsghdr is plain old data; all-zero is a valid (empty) value.
             msgs: (0..MAX_PENDING).map(|_| unsafe { std::mem::zeroed::<libc::mmsghdr>() }).collect(),
+            shard: 0,
         }
     }
 
@@ -104,6 +112,36 @@ impl Forwarder {
         self.pending.clear();
     }
 
+    /// `--forward ring`: copies the group's frames into this shard's ring for the
+    /// worker, then wakes it once if it sleeps. A full ring drops and counts exactly
+    /// as a full data connection does.
+    fn push_group(&self, ring: &crate::ring::Producer, slot: usize, start: usize, end: usize, counters: &ShardCounters) {
+        let inst = counters.instances.get(slot);
+        let mut pushed = false;
+        for &(_, i) in &self.order[start..end] {
+            let p = &self.pending[i as usize];
+            // SAFETY: `p.payload` / `p.len` come from a slice the caller keeps alive and
+            // unchanged until flush returns (Forwarder::push contract).
+            let payload = unsafe { std::slice::from_raw_parts(p.payload, p.len) };
+            let segs = u64::from(p.segments);
+            if ring.push(&p.hdr, payload) {
+                pushed = true;
+                if let Some(c) = inst {
+                    bump(&c.datagrams, segs);
+                    bump(&c.bytes, p.len as u64);
+                }
+            } else {
+                bump(&counters.drops_full, segs);
+                if let Some(c) = inst {
+                    bump(&c.drops_full, segs);
+                }
+            }
+        }
+        if pushed {
+            bump(&counters.ring_wakes, u64::from(ring.wake()));
+        }
+    }
+
     fn send_group(&mut self, snap: &Snapshot, target: usize, start: usize, end: usize, counters: &ShardCounters) {
         let n = end - start;
         let Some(conn) = snap.conns.get(target) else {
@@ -113,6 +151,10 @@ impl Forwarder {
             bump(&counters.drops_send_error, segs);
             return;
         };
+        if let Some(ring) = conn.rings.get(self.shard) {
+            self.push_group(ring, conn.slot, start, end, counters);
+            return;
+        }
         for (k, &(_, i)) in self.order[start..end].iter().enumerate() {
             let p = &self.pending[i as usize];
             self.iovs[k] = [

@@ -14,6 +14,7 @@ mod forward;
 mod io_uring_backend;
 mod mmsg_backend;
 mod registry;
+mod ring;
 mod seqpacket;
 mod shard;
 mod snapshot;
@@ -203,6 +204,7 @@ fn dataplane(a: DataPlaneArgs) -> Result<()> {
         all_udp_addrs,
         counters: counters.clone(),
         max_instances: a.max_instances,
+        ring_bytes: a.ring_size(),
         info,
         keys_path: keys_path.to_path_buf(),
         reload_signal: Some(reload_signal_fd()?),

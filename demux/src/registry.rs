@@ -71,6 +71,7 @@ pub struct Registry {
     buf: Vec<u8>,
     keys_path: std::path::PathBuf,
     reload_signal: Option<OwnedFd>,
+    ring_bytes: Option<u64>,
 }
 
 pub struct RegistryConfig {
@@ -85,6 +86,8 @@ pub struct RegistryConfig {
     pub all_udp_addrs: Vec<SocketAddr>,
     pub counters: Vec<Arc<ShardCounters>>,
     pub max_instances: usize,
+    /// `--forward ring`: ring size offered to workers that ask (`DataHelloV2`).
+    pub ring_bytes: Option<u64>,
     pub info: StatusInfo,
     /// The key file, re-read on SIGHUP (`reload_signal`, a signalfd).
     pub keys_path: std::path::PathBuf,
@@ -127,6 +130,7 @@ impl Registry {
             info: cfg.info,
             keys_path: cfg.keys_path,
             reload_signal: cfg.reload_signal,
+            ring_bytes: cfg.ring_bytes,
             buf: vec![0u8; 65_536],
         })
     }
@@ -211,7 +215,10 @@ impl Registry {
     fn on_message(&mut self, token: u64, m: Control) -> bool {
         let Some(conn) = self.conns.get_mut(&token) else { return false };
         match (conn, m) {
-            (Conn::Pending(_), Control::DataHello { server_id }) => self.hello(token, server_id),
+            (Conn::Pending(_), Control::DataHello { server_id }) => self.hello(token, server_id, false),
+            (Conn::Pending(_), Control::DataHelloV2 { server_id, caps }) => {
+                self.hello(token, server_id, caps & proto::wire::CAP_RINGS != 0)
+            }
             (Conn::Live { placeable, conn }, Control::Ready) => {
                 if !*placeable {
                     *placeable = true;
@@ -269,7 +276,37 @@ impl Registry {
         }
     }
 
-    fn hello(&mut self, token: u64, server_id: ServerId) -> bool {
+    /// `--forward ring` and the worker asked: one ring per shard, offered with `Rings`.
+    /// Any failure leaves the worker on SEQPACKET frames (empty vector).
+    fn offer_rings(&self, fd: RawFd, server_id: ServerId) -> Vec<crate::ring::Producer> {
+        let made: std::io::Result<Vec<_>> = match self.ring_bytes {
+            Some(bytes) if self.counters.len() <= usize::from(proto::wire::MAX_RINGS) => {
+                (0..self.counters.len()).map(|_| crate::ring::Producer::create(bytes)).collect()
+            }
+            _ => Ok(Vec::new()),
+        };
+        let rings = made.unwrap_or_else(|e| {
+            tracing::warn!(server_id = server_id.0, error = %e, "could not create rings; SEQPACKET frames");
+            Vec::new()
+        });
+        let bytes = if rings.is_empty() { 0 } else { self.ring_bytes.unwrap_or(0) };
+        let fds: Vec<RawFd> = rings.iter().flat_map(|r| r.fds().map(|f| f.as_raw_fd())).collect();
+        let rec = encode_control(&Control::Rings { count: rings.len() as u8, bytes });
+        match seqpacket::send(fd, &rec, &fds, libc::MSG_DONTWAIT) {
+            Ok(_) => {
+                if !rings.is_empty() {
+                    tracing::info!(server_id = server_id.0, rings = rings.len(), bytes, "forwarding over rings");
+                }
+                rings
+            }
+            Err(e) => {
+                tracing::warn!(server_id = server_id.0, error = %e, "could not send Rings; SEQPACKET frames");
+                Vec::new()
+            }
+        }
+    }
+
+    fn hello(&mut self, token: u64, server_id: ServerId, wants_rings: bool) -> bool {
         let dup = self.conns.values().any(|c| matches!(c, Conn::Live { conn, .. } if conn.server_id == server_id.0));
         if dup {
             self.refuse(token, &format!("server id {} is already live on another data connection", server_id.0));
@@ -288,7 +325,12 @@ impl Registry {
             return false;
         }
         self.baselines[slot] = instance_total(&self.counters, slot);
-        let conn = Arc::new(DataConn { fd, server_id: server_id.0, slot });
+        let rings = if wants_rings {
+            self.offer_rings(fd.as_raw_fd(), server_id)
+        } else {
+            Vec::new()
+        };
+        let conn = Arc::new(DataConn { fd, server_id: server_id.0, slot, rings });
         self.conns.insert(token, Conn::Live { conn, placeable: false });
         tracing::info!(server_id = server_id.0, slot, "instance live");
         self.publish();

@@ -70,7 +70,7 @@ impl Router {
             pins: PinTable::new(setup.pin_capacity, hash_key),
             cache: proto::DecodeCache::new(setup.decode_cache),
             counters: setup.counters.clone(),
-            fwd: Forwarder::new(),
+            fwd: Forwarder::for_shard(setup.index),
             limits: setup.limits.clone(),
             retry: match &setup.limits.retry {
                 Some(cfg) => {

@@ -17,6 +17,8 @@ pub struct DataConn {
     pub server_id: u16,
     /// Per-shard counter slot ([`crate::counters`]).
     pub slot: usize,
+    /// `--forward ring`: one ring per shard (indexed by shard); empty: SEQPACKET.
+    pub rings: Vec<crate::ring::Producer>,
 }
 
 #[derive(Debug)]

@@ -64,6 +64,7 @@ fn shard_json(c: &ShardCounters) -> Map<String, Value> {
     m.insert("recv_no_buffers".into(), json!(c.recv_no_buffers.load(Relaxed)));
     m.insert("batches".into(), json!(c.batches.load(Relaxed)));
     m.insert("sendmmsg_calls".into(), json!(c.sendmmsg_calls.load(Relaxed)));
+    m.insert("ring_wakes".into(), json!(c.ring_wakes.load(Relaxed)));
     m
 }
 

@@ -1,6 +1,7 @@
 //! Out-of-process tests of the data plane (issue #3): the real binary on loopback,
 //! test workers on the data socket, handcrafted QUIC datagrams. Every test runs for
-//! both io backends (`<test>::uring`, `<test>::mmsg`).
+//! both io backends (`<test>::uring`, `<test>::mmsg`); the key ones also with
+//! `--forward ring` (`<test>::uring_ring`, `<test>::mmsg_ring`).
 
 mod common;
 use common::*;
@@ -38,7 +39,7 @@ fn short_header_reaches_owner(io: &str) {
     assert_eq!(u64_at(instance(&s, 12), "/datagrams"), 2);
     assert_eq!(u64_at(instance(&s, 12), "/bytes"), 300);
 }
-both_backends!(short_header_reaches_owner);
+both_backends!(short_header_reaches_owner, rings);
 
 /// Initials with random client DCIDs spread over 3 instances; the 2nd and 3rd Initial
 /// of one DCID and its 0-RTT reach the same instance (pin table, ADR-0040).
@@ -91,7 +92,7 @@ fn initials_spread_and_stick(io: &str) {
     assert_eq!(reason(&s, "Placed"), n as u64);
     assert_eq!(reason(&s, "Pinned"), 30);
 }
-both_backends!(initials_spread_and_stick);
+both_backends!(initials_spread_and_stick, rings);
 
 /// A datagram for a dead server id (an orphan) reaches a serving instance; after a
 /// worker disconnects, its id is dead at once and its datagrams become orphans.
@@ -115,7 +116,7 @@ fn orphan_reaches_serving_instance(io: &str) {
     assert_eq!(w1.frames()[0].dcid(), cid32.to_vec());
     assert_eq!(reason(&d.status(), "Orphan"), 2);
 }
-both_backends!(orphan_reaches_serving_instance);
+both_backends!(orphan_reaches_serving_instance, rings);
 
 /// Non-QUIC datagrams are dropped and counted under NotQuic; nothing reaches workers.
 fn non_quic_dropped_and_counted(io: &str) {
@@ -211,7 +212,7 @@ fn gro_train_is_one_frame(io: &str) {
     assert_eq!(reason(&s, "Owner"), 8 + 7);
     assert_eq!(reason(&s, "NotQuic"), 2);
 }
-both_backends!(gro_train_is_one_frame);
+both_backends!(gro_train_is_one_frame, rings);
 
 /// Below saturation every datagram received is forwarded: 5000 paced datagrams to two
 /// instances, counted at the workers and in status, exactly.
@@ -243,7 +244,7 @@ fn below_saturation_in_equals_forwarded(io: &str) {
     assert_eq!(u64_at(instance(&s, 61), "/datagrams") + u64_at(instance(&s, 62), "/datagrams"), total as u64);
     assert_eq!(u64_at(&s, "/drops/full") + u64_at(&s, "/drops/truncated") + u64_at(&s, "/drops/send_error"), 0);
 }
-both_backends!(below_saturation_in_equals_forwarded);
+both_backends!(below_saturation_in_equals_forwarded, rings);
 
 /// 100 000 random and malformed datagrams: each counted under exactly one reason,
 /// the process survives, frames stay well-formed.
@@ -718,4 +719,4 @@ fn full_worker_socket_drops_and_never_blocks(io: &str) {
     wait_until("live worker got everything", || live.datagrams() as u64 == chunks * 10);
     drop(stuck);
 }
-both_backends!(full_worker_socket_drops_and_never_blocks);
+both_backends!(full_worker_socket_drops_and_never_blocks, rings);

@@ -289,6 +289,8 @@ pub enum Control {
     /// D → W: `count` shared-memory rings (one per shard) of `bytes` data bytes each
     /// (proto::ring layout); the fds travel with this record, ring-major: the memfd,
     /// then its eventfd, for each ring. Frames may still come on the connection too.
+    /// The answer to every `DataHelloV2` (after `Sockets`); `count: 0, bytes: 0` when
+    /// the data plane forwards over SEQPACKET only.
     Rings { count: u8, bytes: u64 },
 }
 
@@ -559,12 +561,13 @@ pub fn decode_control(rec: &[u8]) -> Result<Control, WireError> {
         }
         tag::RINGS => {
             let count = c.u8()?;
-            if count == 0 || count > MAX_RINGS {
+            if count > MAX_RINGS {
                 return Err(WireError::TooMany);
             }
             let hi = u64::from(c.u32()?);
             let bytes = hi << 32 | u64::from(c.u32()?);
-            if !crate::ring::valid_capacity(bytes) {
+            // count 0, bytes 0: "no rings, frames stay on this connection".
+            if (count == 0) != (bytes == 0) || (count > 0 && !crate::ring::valid_capacity(bytes)) {
                 return Err(WireError::ReservedBits);
             }
             Control::Rings { count, bytes }

@@ -79,6 +79,7 @@ fn control() -> impl Strategy<Value = Control> {
         any::<u16>().prop_map(|id| Control::DataHello { server_id: ServerId(id) }),
         (any::<u16>(), 0u32..=CAPS_KNOWN).prop_map(|(id, caps)| Control::DataHelloV2 { server_id: ServerId(id), caps }),
         (1u8..=MAX_RINGS, 17u32..=30).prop_map(|(count, shift)| Control::Rings { count, bytes: 1u64 << shift }),
+        Just(Control::Rings { count: 0, bytes: 0 }),
         proptest::collection::vec(addr(), 0..6).prop_map(|addrs| Control::Sockets { addrs }),
         Just(Control::StatusRequest),
         text().prop_map(|json| Control::Status { json }),
@@ -460,7 +461,8 @@ fn ring_messages_layout() {
     );
     // Unknown capability bits, zero or too many rings, a capacity that is no power of two.
     assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 15, 1, 2, 0, 0, 0, 2]), Err(WireError::ReservedBits));
-    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 16, 0, 0, 0, 0, 0, 0, 0x10, 0, 0]), Err(WireError::TooMany));
+    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 16, 0, 0, 0, 0, 0, 0, 0x10, 0, 0]), Err(WireError::ReservedBits));
+    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0]), Ok(Control::Rings { count: 0, bytes: 0 }));
     assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 16, 65, 0, 0, 0, 0, 0, 0x10, 0, 0]), Err(WireError::TooMany));
     assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 16, 1, 0, 0, 0, 0, 0, 0x10, 0, 1]), Err(WireError::ReservedBits));
     assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 16, 1, 0, 0, 0, 0, 0, 0x01, 0, 0]), Err(WireError::ReservedBits));

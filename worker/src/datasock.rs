@@ -39,6 +39,15 @@ pub struct SharedSocketFd {
 pub struct Handshake {
     pub conn: OwnedFd,
     pub sockets: Vec<SharedSocketFd>,
+    /// `--forward ring` data planes, when asked (`want_rings`): one ring per shard.
+    pub rings: Vec<crate::ring::Consumer>,
+}
+
+/// Whether this worker asks the data plane for forwarding rings: the environment
+/// variable `QUICDEMUX_RINGS=1` (docs/wire.md "Ring"). The data plane grants them
+/// only with `--forward ring`; otherwise frames stay on the data connection.
+pub fn rings_wanted() -> bool {
+    std::env::var_os("QUICDEMUX_RINGS").is_some_and(|v| v == "1")
 }
 
 /// Why the handshake failed.
@@ -77,8 +86,25 @@ const CONTROL_BUF: usize = 16 + MAX_TEXT;
 /// sends `DataHello`, waits up to `timeout` for `Sockets` and its fds. Data frames
 /// that arrive before it (none should) are skipped.
 pub fn handshake_on(conn: OwnedFd, server_id: ServerId, timeout: Duration) -> Result<Handshake, HandshakeError> {
+    handshake_on_with(conn, server_id, timeout, false)
+}
+
+/// [`handshake_on`]; with `want_rings`, sends `DataHelloV2 { caps: CAP_RINGS }` and
+/// also waits for the `Rings` answer that follows `Sockets`.
+pub fn handshake_on_with(
+    conn: OwnedFd,
+    server_id: ServerId,
+    timeout: Duration,
+    want_rings: bool,
+) -> Result<Handshake, HandshakeError> {
     fdpass::set_nonblocking(conn.as_fd(), false)?;
-    fdpass::send_record(conn.as_fd(), &encode_control(&Control::DataHello { server_id }), &[], 0)?;
+    let hello = if want_rings {
+        Control::DataHelloV2 { server_id, caps: proto::wire::CAP_RINGS }
+    } else {
+        Control::DataHello { server_id }
+    };
+    fdpass::send_record(conn.as_fd(), &encode_control(&hello), &[], 0)?;
+    let mut got_sockets: Option<Vec<SharedSocketFd>> = None;
     fdpass::set_recv_timeout(conn.as_fd(), Some(timeout))?;
     let deadline = std::time::Instant::now() + timeout;
     let mut buf = vec![0u8; CONTROL_BUF.max(proto::wire::FRAME_HEADER_LEN + proto::wire::MAX_PAYLOAD)];
@@ -120,8 +146,28 @@ pub fn handshake_on(conn: OwnedFd, server_id: ServerId, timeout: Duration) -> Re
                     }
                     sockets.push(SharedSocketFd { addr, fd });
                 }
+                if want_rings {
+                    got_sockets = Some(sockets);
+                    continue;
+                }
                 fdpass::set_recv_timeout(conn.as_fd(), None)?;
-                return Ok(Handshake { conn, sockets });
+                return Ok(Handshake { conn, sockets, rings: Vec::new() });
+            }
+            Ok(Control::Rings { count, bytes }) if got_sockets.is_some() => {
+                if r.fds.len() != 2 * usize::from(count) {
+                    return Err(HandshakeError::Protocol(format!(
+                        "Rings announces {count} rings but carries {} descriptors",
+                        r.fds.len()
+                    )));
+                }
+                let mut rings = Vec::with_capacity(usize::from(count));
+                let mut fds = r.fds.into_iter();
+                while let (Some(memfd), Some(efd)) = (fds.next(), fds.next()) {
+                    rings.push(crate::ring::Consumer::open(memfd, efd, bytes)?);
+                }
+                fdpass::set_recv_timeout(conn.as_fd(), None)?;
+                let sockets = got_sockets.take().unwrap_or_default();
+                return Ok(Handshake { conn, sockets, rings });
             }
             Ok(Control::Error { reason }) => return Err(HandshakeError::Refused(reason)),
             Ok(other) => {
@@ -133,6 +179,16 @@ pub fn handshake_on(conn: OwnedFd, server_id: ServerId, timeout: Duration) -> Re
 }
 
 /// Connects to the data plane at `path` and runs [`handshake_on`].
+pub fn handshake_with(
+    path: &Path,
+    server_id: ServerId,
+    timeout: Duration,
+    want_rings: bool,
+) -> Result<Handshake, HandshakeError> {
+    let conn = fdpass::seqpacket_connect(path)?;
+    handshake_on_with(conn, server_id, timeout, want_rings)
+}
+
 pub fn handshake(path: &Path, server_id: ServerId, timeout: Duration) -> Result<Handshake, HandshakeError> {
     let conn = fdpass::seqpacket_connect(path)?;
     handshake_on(conn, server_id, timeout)

@@ -33,6 +33,7 @@ pub mod drain;
 pub mod echo;
 pub mod fdpass;
 pub mod h3_server;
+pub mod ring;
 pub mod secrets;
 pub mod socket;
 pub mod tls;
@@ -66,11 +67,14 @@ pub struct Attached {
 pub async fn connect_socket(data_socket: &Path, server_id: ServerId) -> anyhow::Result<Arc<DemuxSocket>> {
     let path = data_socket.to_path_buf();
     let p = path.clone();
-    let h = tokio::task::spawn_blocking(move || datasock::handshake(&p, server_id, HANDSHAKE_TIMEOUT))
+    let want_rings = datasock::rings_wanted();
+    let h = tokio::task::spawn_blocking(move || datasock::handshake_with(&p, server_id, HANDSHAKE_TIMEOUT, want_rings))
         .await
         .context("handshake task")??;
     let data = DataConn::new(h.conn, server_id, Some(path))?;
-    let sock = DemuxSocket::new(data, h.sockets)?;
+    // A reconnection (data plane restart) handshakes without rings: frames then come
+    // on the new data connection; these rings go quiet.
+    let sock = DemuxSocket::with_rings(data, h.sockets, h.rings)?;
     sock.spawn_reconnector();
     Ok(sock)
 }

@@ -26,6 +26,8 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 use std::task::{ready, Context, Poll};
+use tokio::io::unix::AsyncFd;
+use crate::ring::Consumer;
 
 /// Datagrams one `RecvMeta` may describe: quinn sizes each receive buffer as
 /// `max_udp_payload_size × max_receive_segments`, and a GRO train from the data
@@ -38,6 +40,14 @@ pub struct DemuxSocket {
     data: Arc<DataConn>,
     udp: RwLock<Arc<SharedUdp>>,
     local: SocketAddr,
+    /// `--forward ring`: one ring per data-plane shard, read before the connection.
+    rings: Vec<RingReader>,
+}
+
+/// A forwarding ring and (a duplicate of) its eventfd registered with tokio.
+struct RingReader {
+    wake: AsyncFd<std::os::fd::OwnedFd>,
+    ring: Consumer,
 }
 
 impl fmt::Debug for DemuxSocket {
@@ -52,7 +62,69 @@ impl DemuxSocket {
     pub fn new(data: Arc<DataConn>, sockets: Vec<SharedSocketFd>) -> io::Result<Arc<DemuxSocket>> {
         let udp = SharedUdp::new(sockets)?;
         let local = udp.addrs().next().ok_or_else(|| io::Error::other("no shared UDP socket"))?;
-        Ok(Arc::new(DemuxSocket { data, udp: RwLock::new(Arc::new(udp)), local }))
+        Ok(Arc::new(DemuxSocket { data, udp: RwLock::new(Arc::new(udp)), local, rings: Vec::new() }))
+    }
+
+    /// [`DemuxSocket::new`] that also reads the data plane's forwarding rings
+    /// (`Handshake::rings`). Must run inside a tokio runtime.
+    pub fn with_rings(
+        data: Arc<DataConn>,
+        sockets: Vec<SharedSocketFd>,
+        rings: Vec<Consumer>,
+    ) -> io::Result<Arc<DemuxSocket>> {
+        let udp = SharedUdp::new(sockets)?;
+        let local = udp.addrs().next().ok_or_else(|| io::Error::other("no shared UDP socket"))?;
+        let rings = rings
+            .into_iter()
+            .map(|ring| {
+                let wake = fdpass::async_fd(ring.eventfd_owned()?, tokio::io::Interest::READABLE)?;
+                Ok(RingReader { wake, ring })
+            })
+            .collect::<io::Result<Vec<_>>>()?;
+        Ok(Arc::new(DemuxSocket { data, udp: RwLock::new(Arc::new(udp)), local, rings }))
+    }
+
+    /// Reads up to `n` records from the rings into `bufs` (one record per buffer,
+    /// `lens`), the way `recv_batch` reads the connection. When every ring is empty,
+    /// follows the sleep protocol (docs/wire.md "Ring") and registers the eventfds
+    /// with `cx`. Returns the records read; 0 with the wakers registered.
+    fn read_rings(&self, cx: &mut Context<'_>, bufs: &mut [IoSliceMut<'_>], lens: &mut [usize]) -> usize {
+        'again: loop {
+            let mut got = 0;
+            for r in &self.rings {
+                while got < bufs.len() {
+                    match r.ring.pop(&mut bufs[got]) {
+                        Ok(Some(len)) => {
+                            lens[got] = len;
+                            got += 1;
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "forwarding ring unusable");
+                            self.data.stats.malformed.fetch_add(1, Ordering::Relaxed);
+                            break;
+                        }
+                    }
+                }
+                r.ring.awake();
+            }
+            if got > 0 {
+                return got;
+            }
+            for r in &self.rings {
+                if !r.ring.prepare_sleep() {
+                    continue 'again;
+                }
+            }
+            for r in &self.rings {
+                if let Poll::Ready(Ok(mut g)) = r.wake.poll_read_ready(cx) {
+                    g.clear_ready();
+                    r.ring.woke();
+                    continue 'again;
+                }
+            }
+            return 0;
+        }
     }
 
     /// The data connection (lifecycle messages, counters).
@@ -89,6 +161,21 @@ impl DemuxSocket {
                 }
             }
         })
+    }
+
+    /// [`DemuxSocket::process`] for ring records (a 0 length is a dropped record, not EOF).
+    fn process_ring(
+        &self,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+        lens: &[usize],
+        trunc: &[bool],
+    ) -> (usize, bool) {
+        let mut fixed = [0usize; MAX_BATCH];
+        for (f, &l) in fixed.iter_mut().zip(lens) {
+            *f = l.max(1);
+        }
+        self.process(bufs, meta, &fixed[..lens.len()], trunc)
     }
 
     /// Turns the records `lens[..got]` in `bufs` into quinn datagrams, compacted to
@@ -186,6 +273,21 @@ impl AsyncUdpSocket for DemuxSocket {
         let mut lens = [0usize; MAX_BATCH];
         let mut trunc = [false; MAX_BATCH];
         loop {
+            if !self.rings.is_empty() {
+                let got = self.read_rings(cx, &mut bufs[..n], &mut lens[..n]);
+                if got > 0 {
+                    // A record too long for its buffer was dropped by pop (len 0):
+                    // count it as truncated, like the connection's MSG_TRUNC.
+                    for i in 0..got {
+                        trunc[i] = lens[i] == 0;
+                    }
+                    let (out, _) = self.process_ring(&mut bufs[..got], &mut meta[..got], &lens[..got], &trunc[..got]);
+                    if out > 0 {
+                        return Poll::Ready(Ok(out));
+                    }
+                    continue;
+                }
+            }
             let Some(fd) = self.data.current().or_else(|| self.data.park(cx.waker())) else {
                 // Disconnected: the reconnector wakes us with a new connection.
                 return Poll::Pending;

@@ -20,7 +20,17 @@ fn rt() -> tokio::runtime::Runtime {
 /// the workers must not allow it, or the demux drops those datagrams as NotQuic.
 #[test]
 fn download_and_200_requests_over_3_workers() {
-    let d = Demux::start("spread");
+    download_and_200_requests(false)
+}
+
+/// The same with `--forward ring`: frames reach the workers over shared-memory rings.
+#[test]
+fn download_and_200_requests_over_3_workers_ring() {
+    download_and_200_requests(true)
+}
+
+fn download_and_200_requests(rings: bool) {
+    let d = Demux::start_forward(if rings { "spread-ring" } else { "spread" }, rings);
     let c = cert(&d.dir);
     let _w: Vec<Worker> = (1..=3).map(|id| Worker::start(&d, &c, id, &[])).collect();
     d.wait_instances("3 placeable", |i| i.iter().filter(|x| x.1).count() == 3);
@@ -68,6 +78,8 @@ fn download_and_200_requests_over_3_workers() {
     let inst = d.instances();
     assert!(inst.iter().all(|i| i.2 > 0), "demux per-instance datagram counters: {inst:?}");
     assert_eq!(d.reason("NotQuic"), 0, "no fixed-bit-greased datagrams reached the demux");
+    let log = std::fs::read_to_string(d.dir.join("demux.log")).unwrap_or_default();
+    assert_eq!(log.matches("forwarding over rings").count(), if rings { 3 } else { 0 }, "{log}");
 }
 
 /// --retry: every connection gets a Retry, and the client's second Initial (DCID =

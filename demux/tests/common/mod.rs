@@ -35,6 +35,27 @@ macro_rules! both_backends {
             }
         }
     };
+    // The same, plus both backends with `--forward ring` (test workers read rings).
+    ($name:ident, rings) => {
+        mod $name {
+            #[test]
+            fn uring() {
+                super::$name("uring")
+            }
+            #[test]
+            fn mmsg() {
+                super::$name("mmsg")
+            }
+            #[test]
+            fn uring_ring() {
+                super::$name("uring+ring")
+            }
+            #[test]
+            fn mmsg_ring() {
+                super::$name("mmsg+ring")
+            }
+        }
+    };
 }
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -89,6 +110,9 @@ pub struct Demux {
     pub control: PathBuf,
     pub keys: KeyFile,
     pub io: String,
+    /// `--forward ring` (an `io` of `uring+ring` / `mmsg+ring`): test workers ask for
+    /// rings and read them.
+    pub rings: bool,
 }
 
 impl Demux {
@@ -104,6 +128,11 @@ impl Demux {
     /// seccomp filter that fails io_uring_setup with EPERM (as container runtimes do).
     pub fn start_opts(io: &str, cores: &str, extra: &[&str], deny_io_uring: bool) -> Demux {
         let dir = temp_dir(io);
+        let (io, rings) = match io.strip_suffix("+ring") {
+            Some(b) => (b, true),
+            None => (io, false),
+        };
+        let forward: &[&str] = if rings { &["--forward", "ring"] } else { &[] };
         let keys_path = dir.join("keys");
         let st = Command::new(BIN).args(["gen-keys", "--out"]).arg(&keys_path).status().unwrap();
         assert!(st.success(), "gen-keys failed");
@@ -125,6 +154,7 @@ impl Demux {
             .arg(&control)
             .arg("--ready-file")
             .arg(&ready)
+            .args(forward)
             .args(extra)
             .stdout(Stdio::null())
             .stderr(log)
@@ -143,7 +173,7 @@ impl Demux {
             std::thread::sleep(Duration::from_millis(10));
         };
         let udp = text.lines().filter_map(|l| l.strip_prefix("udp ")).map(|a| a.parse().unwrap()).collect();
-        Demux { child, dir, udp, data, control, keys, io: io.to_string() }
+        Demux { child, dir, udp, data, control, keys, io: io.to_string(), rings }
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -372,14 +402,30 @@ impl Worker {
     /// connection (a stuck worker: its socket fills up).
     pub fn connect_opts(d: &Demux, server_id: u16, ready: bool, read: bool) -> Worker {
         let fd = seqpacket_connect(&d.data).unwrap();
-        send_record(fd.as_raw_fd(), &encode_control(&Control::DataHello { server_id: ServerId(server_id) }), &[])
-            .unwrap();
+        let hello = if d.rings {
+            Control::DataHelloV2 { server_id: ServerId(server_id), caps: proto::wire::CAP_RINGS }
+        } else {
+            Control::DataHello { server_id: ServerId(server_id) }
+        };
+        send_record(fd.as_raw_fd(), &encode_control(&hello), &[]).unwrap();
         let mut buf = vec![0u8; 4096];
         let (n, socket_fds) = recv_record(fd.as_raw_fd(), &mut buf).unwrap();
         let sockets = match decode_control(&buf[..n]) {
             Ok(Control::Sockets { addrs }) => addrs,
             other => panic!("worker {server_id}: expected Sockets, got {other:?}"),
         };
+        let mut rings = Vec::new();
+        if d.rings {
+            let (n, fds) = recv_record(fd.as_raw_fd(), &mut buf).unwrap();
+            let Ok(Control::Rings { count, bytes }) = decode_control(&buf[..n]) else {
+                panic!("worker {server_id}: expected Rings")
+            };
+            assert!(count > 0 && fds.len() == 2 * usize::from(count), "worker {server_id}: {count} rings");
+            let mut fds = fds.into_iter();
+            while let (Some(m), Some(e)) = (fds.next(), fds.next()) {
+                rings.push(worker::ring::Consumer::open(m, e, bytes).unwrap());
+            }
+        }
         if ready {
             send_record(fd.as_raw_fd(), &encode_control(&Control::Ready), &[]).unwrap();
         }
@@ -392,9 +438,57 @@ impl Worker {
             let (fd, frames, bad, stop) = (fd.clone(), frames.clone(), bad_frames.clone(), stop.clone());
             std::thread::spawn(move || {
                 let mut buf = vec![0u8; 70_000];
+                let record = |rec: &[u8]| match decode_frame(rec) {
+                    Ok((meta, payload)) => frames.lock().unwrap().push(Frame {
+                        meta,
+                        len: payload.len(),
+                        head: payload[..payload.len().min(64)].to_vec(),
+                    }),
+                    Err(_) => {
+                        bad.fetch_add(1, Ordering::Relaxed);
+                    }
+                };
                 while !stop.load(Ordering::Relaxed) {
                     if !read {
                         std::thread::sleep(Duration::from_millis(10));
+                        continue;
+                    }
+                    if !rings.is_empty() {
+                        // Rings first; then the connection without waiting; then the
+                        // sleep protocol: flag, re-check, wait on the eventfds (and
+                        // the connection) with a short timeout for `stop`.
+                        let mut got = false;
+                        for r in &rings {
+                            while let Some(n) = r.pop(&mut buf).unwrap() {
+                                record(&buf[..n]);
+                                got = true;
+                            }
+                            r.awake();
+                        }
+                        // SAFETY: recv into a live buffer.
+                        let n = unsafe {
+                            libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT)
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        if n > 0 {
+                            record(&buf[..n as usize]);
+                            continue;
+                        }
+                        if got || !rings.iter().all(|r| r.prepare_sleep()) {
+                            continue;
+                        }
+                        let mut pfds: Vec<libc::pollfd> = rings
+                            .iter()
+                            .map(|r| libc::pollfd { fd: r.eventfd(), events: libc::POLLIN, revents: 0 })
+                            .chain([libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 }])
+                            .collect();
+                        // SAFETY: poll(2) on live pollfds.
+                        unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 50) };
+                        for r in &rings {
+                            r.woke();
+                        }
                         continue;
                     }
                     // SAFETY: recv into a live buffer.
@@ -405,16 +499,7 @@ impl Worker {
                         }
                         continue;
                     }
-                    match decode_frame(&buf[..n as usize]) {
-                        Ok((meta, payload)) => frames.lock().unwrap().push(Frame {
-                            meta,
-                            len: payload.len(),
-                            head: payload[..payload.len().min(64)].to_vec(),
-                        }),
-                        Err(_) => {
-                            bad.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
+                    record(&buf[..n as usize]);
                 }
             })
         };

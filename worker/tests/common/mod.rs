@@ -77,6 +77,8 @@ pub struct Demux {
     pub control: PathBuf,
     pub keys_path: PathBuf,
     pub keys: KeyFile,
+    /// `--forward ring`: workers are started with `QUICDEMUX_RINGS=1`.
+    pub rings: bool,
 }
 
 impl Demux {
@@ -84,8 +86,17 @@ impl Demux {
         Demux::start_on(tag, &["127.0.0.1:0"])
     }
 
+    /// [`Demux::start`] with `--forward ring` when `rings` (workers then read rings).
+    pub fn start_forward(tag: &str, rings: bool) -> Demux {
+        Demux::start_opts(tag, &["127.0.0.1:0"], rings)
+    }
+
     /// A data plane listening on each of `listen` (port 0: a free port).
     pub fn start_on(tag: &str, listen: &[&str]) -> Demux {
+        Demux::start_opts(tag, listen, false)
+    }
+
+    fn start_opts(tag: &str, listen: &[&str], rings: bool) -> Demux {
         let bin = demux_bin();
         let dir = temp_dir(tag);
         let keys_path = dir.join("keys");
@@ -105,6 +116,7 @@ impl Demux {
             .arg(&control)
             .arg("--ready-file")
             .arg(&ready)
+            .args(if rings { &["--forward", "ring"][..] } else { &[] })
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log"))
             .spawn()
@@ -113,7 +125,7 @@ impl Demux {
         let addrs: Vec<SocketAddr> =
             text.lines().filter_map(|l| l.strip_prefix("udp ")).filter_map(|a| a.parse().ok()).collect();
         let addr = *addrs.first().expect("udp line in ready file");
-        Demux { child, dir, addr, addrs, data, control, keys_path, keys }
+        Demux { child, dir, addr, addrs, data, control, keys_path, keys, rings }
     }
 
     /// SIGKILLs the data plane and starts a new one on the same address, keys and
@@ -250,6 +262,7 @@ impl Worker {
             .arg(&ready)
             .args(extra)
             .env("RUST_LOG", std::env::var("WORKER_LOG").unwrap_or_else(|_| "info".into()))
+            .env("QUICDEMUX_RINGS", if d.rings { "1" } else { "0" })
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log"))
             .spawn()
