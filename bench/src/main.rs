@@ -8,7 +8,7 @@
 //! latency at 25/50/75 % of its saturation. Writes docs/benchmarks.md and
 //! docs/benchmarks-cpu.svg.
 //!
-//! `cargo run --release -p bench -- dataplane [--seconds S] [--rate DATAGRAMS_PER_S] [--io uring,mmsg] [--shard-core C] [--load-core L]`
+//! `cargo run --release -p bench -- dataplane [--seconds S] [--rate DATAGRAMS_PER_S] [--io uring,mmsg,uring+ring,mmsg+ring] [--shard-core C] [--load-core L]`
 //!
 //! Issue #3: one data-plane shard on one core, a sender and sink workers on the other;
 //! the data plane's CPU time per forwarded datagram and its counters.
@@ -29,7 +29,7 @@ fn main() {
         Some("baseline-server") => servers::baseline(&args[1..]),
         _ => {
             eprintln!("usage: bench all [--seconds S] [--reps N] [--contenders LIST] [--trains 1,8] [--rate N] [--no-latency] [--no-doc] [--json FILE]");
-            eprintln!("       bench dataplane [--seconds S] [--rate DATAGRAMS_PER_S] [--io uring,mmsg] [--shard-core C] [--load-core L]");
+            eprintln!("       bench dataplane [--seconds S] [--rate DATAGRAMS_PER_S] [--io uring,mmsg,uring+ring,mmsg+ring] [--shard-core C] [--load-core L]");
             std::process::exit(2);
         }
     };
