@@ -92,7 +92,7 @@ impl Producer {
     }
 
     fn word(&self, off: usize) -> &AtomicU64 {
-        debug_assert!(off % 8 == 0 && off + 8 <= HEADER_LEN);
+        debug_assert!(off.is_multiple_of(8) && off + 8 <= HEADER_LEN);
         // SAFETY: `off` is an 8-aligned offset inside the header page of a live,
         // page-aligned mapping; AtomicU64 has the layout of u64 and every access to
         // this word, in both processes, is atomic.
@@ -119,7 +119,7 @@ impl Producer {
     pub fn push(&self, hdr: &[u8], payload: &[u8]) -> bool {
         let tail = self.word(OFF_TAIL).load(Ordering::Relaxed);
         let head = self.word(OFF_HEAD).load(Ordering::Acquire);
-        if head > tail || tail - head > self.capacity || head % ring::ALIGN as u64 != 0 {
+        if head > tail || tail - head > self.capacity || !head.is_multiple_of(ring::ALIGN as u64) {
             return false; // a consumer that wrote nonsense: never write out of bounds
         }
         let Some(r) = ring::reserve(head, tail, self.capacity, hdr.len() + payload.len()) else {

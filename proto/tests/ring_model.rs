@@ -109,7 +109,7 @@ proptest! {
         let tail = head + avail;
         match next(head, tail, cap, word) {
             Next::Record { at, len, new_head } => {
-                prop_assert!(len >= 1 && len <= MAX_BODY);
+                prop_assert!((1..=MAX_BODY).contains(&len));
                 prop_assert!(at as u64 + len as u64 <= cap);
                 prop_assert!(new_head <= tail);
             }

@@ -83,7 +83,7 @@ impl Consumer {
     }
 
     fn word(&self, off: usize) -> &AtomicU64 {
-        debug_assert!(off % 8 == 0 && off + 8 <= HEADER_LEN);
+        debug_assert!(off.is_multiple_of(8) && off + 8 <= HEADER_LEN);
         // SAFETY: an 8-aligned offset in the header page of a live page-aligned
         // mapping; both processes access this word only atomically.
         unsafe { &*(self.base.add(off) as *const AtomicU64) }
