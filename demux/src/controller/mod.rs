@@ -16,7 +16,7 @@ pub mod state;
 mod status;
 mod supervise;
 
-use crate::cli::{ControllerOpts, DataPlaneArgs, IoKind, OnOff, RetryArg, Steer};
+use crate::cli::{ControllerOpts, DataPlaneArgs, ForwardKind, IoKind, OnOff, RetryArg, Steer};
 use crate::{cores, seqpacket, socket, sys};
 use anyhow::{bail, Context, Result};
 use proto::keyfile::KeyFile;
@@ -276,6 +276,10 @@ fn dataplane_args(dp: &DataPlaneArgs, p: &Paths) -> Vec<String> {
     });
     v.push("--steer".into());
     v.push(if dp.steer == Steer::Cpu { "cpu".into() } else { "hash".into() });
+    v.push("--forward".into());
+    v.push(if dp.forward == ForwardKind::Ring { "ring".into() } else { "seqpacket".into() });
+    v.push("--ring-bytes".into());
+    v.push(dp.ring_bytes.to_string());
     // Initial-flood defence (issue #7): the operator's limits and Retry mode.
     v.push("--limits".into());
     v.push(if dp.limits == OnOff::On { "on".into() } else { "off".into() });
@@ -444,6 +448,10 @@ mod tests {
             "127.0.0.1:4433",
             "--cores",
             "0",
+            "--forward",
+            "ring",
+            "--ring-bytes",
+            "1048576",
             "--state-dir",
             "/tmp/x",
             "--io",
@@ -502,6 +510,8 @@ mod tests {
         );
         assert_eq!(dp.retry, RetryArg::Always);
         assert_eq!(dp.retry_above, 123);
+        assert_eq!(dp.forward, ForwardKind::Ring);
+        assert_eq!(dp.ring_bytes, 1 << 20);
         assert_eq!(dp.keys.as_deref(), Some(paths.keys().as_path()));
     }
 }
