@@ -135,6 +135,57 @@ pub fn recv(fd: RawFd, buf: &mut [u8], flags: libc::c_int, truncated: &mut bool)
     Ok(n)
 }
 
+/// What reading a control connection produced (see [`drain_control`]).
+pub enum Inbound {
+    /// One well-formed control message.
+    Message(proto::wire::Control),
+    /// The peer closed, hung up, or the socket failed: close with this reason.
+    Closed(String),
+    /// The peer sent an over-long or malformed record: refuse (Error, close).
+    Invalid(String),
+}
+
+/// Reads the control records waiting on a non-blocking connection (at most 64 per
+/// call, so one chatty peer cannot starve the others) and hands each to `on`, which
+/// returns false once it has closed the connection. EOF, a socket error, an over-long
+/// or a malformed record end the drain with one `Closed` / `Invalid`; after an EAGAIN,
+/// a hang-up in `ev` (EPOLLHUP / EPOLLERR) does the same.
+pub fn drain_control(fd: RawFd, buf: &mut [u8], ev: u32, mut on: impl FnMut(Inbound) -> bool) {
+    for _ in 0..64 {
+        let mut truncated = false;
+        match recv(fd, buf, libc::MSG_DONTWAIT, &mut truncated) {
+            Ok(0) => {
+                on(Inbound::Closed("peer closed".into()));
+                return;
+            }
+            Ok(_) if truncated => {
+                on(Inbound::Invalid("record too long".into()));
+                return;
+            }
+            Ok(n) => match proto::wire::decode_control(&buf[..n]) {
+                Ok(m) => {
+                    if !on(Inbound::Message(m)) {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    on(Inbound::Invalid(format!("malformed control message: {e}")));
+                    return;
+                }
+            },
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => break,
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Err(e) => {
+                on(Inbound::Closed(format!("recv: {e}")));
+                return;
+            }
+        }
+    }
+    if ev & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
+        on(Inbound::Closed("hang-up".into()));
+    }
+}
+
 /// Receives one record and the fds attached to it (SCM_RIGHTS, up to 253), which
 /// become ours (close-on-exec). `Ok((0, _))` means the peer closed.
 pub fn recv_with_fds(fd: RawFd, buf: &mut [u8], flags: libc::c_int) -> io::Result<(usize, bool, Vec<OwnedFd>)> {

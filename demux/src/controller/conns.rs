@@ -11,7 +11,7 @@
 //! - anything malformed or unexpected: `Error{reason}`, logged, connection closed.
 
 use super::{state, Conn, Ctl, Kind};
-use crate::seqpacket;
+use crate::seqpacket::{self, Inbound};
 use proto::wire::{decode_control, encode_control, Control, Role};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
@@ -42,32 +42,20 @@ impl Ctl {
         let Some(raw) = self.conns.get(&token).map(|c| c.fd.as_raw_fd()) else {
             return;
         };
-        for _ in 0..64 {
-            let mut truncated = false;
-            match seqpacket::recv(raw, &mut self.buf, libc::MSG_DONTWAIT, &mut truncated) {
-                Ok(0) => return self.close(token, "peer closed"),
-                Ok(n) => {
-                    if truncated {
-                        return self.refuse(token, "record too long");
-                    }
-                    let rec = self.buf[..n].to_vec();
-                    match decode_control(&rec) {
-                        Ok(m) => {
-                            if !self.on_message(token, m) {
-                                return;
-                            }
-                        }
-                        Err(e) => return self.refuse(token, &format!("malformed control message: {e}")),
-                    }
-                }
-                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => break,
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-                Err(e) => return self.close(token, &format!("recv: {e}")),
+        // Drain every record waiting; stop at EAGAIN, close on EOF or error.
+        let mut buf = std::mem::take(&mut self.buf);
+        seqpacket::drain_control(raw, &mut buf, ev, |inbound| match inbound {
+            Inbound::Message(m) => self.on_message(token, m),
+            Inbound::Closed(why) => {
+                self.close(token, &why);
+                false
             }
-        }
-        if ev & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
-            self.close(token, "hang-up");
-        }
+            Inbound::Invalid(why) => {
+                self.refuse(token, &why);
+                false
+            }
+        });
+        self.buf = buf;
     }
 
     /// Handles one message; false when the connection was closed.
