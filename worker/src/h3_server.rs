@@ -371,7 +371,23 @@ async fn handle_h3_request(
     if status.is_success() {
         ctx.stats.responses_ok.fetch_add(1, Ordering::Relaxed);
     }
+    end_request_side(&mut stream).await;
     Ok(())
+}
+
+/// RFC 9114 §4.1.2: we never need the rest of a request, but dropping the stream while
+/// the client's FIN is still in flight would abort the client's send side with quinn's
+/// default code 0, which a client may report as a failed request. So read the request
+/// to its end (a GET's FIN is almost always here already) and only tell a client that
+/// dawdles past a second to stop, with H3_NO_ERROR as the RFC asks.
+async fn end_request_side(stream: &mut h3::server::RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>) {
+    let drained = tokio::time::timeout(Duration::from_secs(1), async {
+        while let Ok(Some(_)) = stream.recv_data().await {}
+    })
+    .await;
+    if drained.is_err() {
+        stream.stop_sending(h3::error::Code::H3_NO_ERROR);
+    }
 }
 
 /// HTTP/0.9 over QUIC (`hq-interop`): one `GET /path` per bidirectional stream, the
