@@ -257,7 +257,7 @@ impl Registry {
                 }
             },
             (_, other) => {
-                self.refuse(token, &format!("unexpected message {}", message_name(&other)));
+                self.refuse(token, &format!("unexpected message {}", other.name()));
                 false
             }
         }
@@ -421,26 +421,5 @@ impl Registry {
             })
             .collect();
         status::render(&self.info, snap.table.keys(), snap.version, &self.counters, &instances)
-    }
-}
-
-fn message_name(m: &Control) -> &'static str {
-    match m {
-        Control::Hello { .. } => "Hello",
-        Control::Assign { .. } => "Assign",
-        Control::KeysChanged { .. } => "KeysChanged",
-        Control::Ready => "Ready",
-        Control::Draining => "Draining",
-        Control::Table { .. } => "Table",
-        Control::DataHello { .. } => "DataHello",
-        Control::Sockets { .. } => "Sockets",
-        Control::StatusRequest => "StatusRequest",
-        Control::Status { .. } => "Status",
-        Control::Error { .. } => "Error",
-        Control::GetSockets => "GetSockets",
-        Control::Rejoin { .. } => "Rejoin",
-        Control::RotateKeys => "RotateKeys",
-        Control::DataHelloV2 { .. } => "DataHelloV2",
-        Control::Rings { .. } => "Rings",
     }
 }

@@ -9,6 +9,7 @@
 //! no sense makes every push fail (counted as full), never an out-of-bounds write.
 
 use proto::ring::{self, HEADER_LEN, OFF_CAPACITY, OFF_HEAD, OFF_MAGIC, OFF_SLEEPING, OFF_TAIL, RING_MAGIC, SKIP};
+use crate::sys::cvt;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
@@ -31,14 +32,6 @@ unsafe impl Sync for Producer {}
 impl std::fmt::Debug for Producer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Producer").field("capacity", &self.capacity).finish()
-    }
-}
-
-fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
     }
 }
 

@@ -301,6 +301,31 @@ pub const CAPS_KNOWN: u32 = CAP_RINGS;
 /// The most rings one `Rings` message announces (two fds each: 253 / 2 SCM_RIGHTS).
 pub const MAX_RINGS: u8 = 64;
 
+impl Control {
+    /// The message's name for logs (never its contents: `Assign` carries secrets).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Control::Hello { .. } => "Hello",
+            Control::Assign { .. } => "Assign",
+            Control::KeysChanged { .. } => "KeysChanged",
+            Control::Ready => "Ready",
+            Control::Draining => "Draining",
+            Control::Table { .. } => "Table",
+            Control::DataHello { .. } => "DataHello",
+            Control::Sockets { .. } => "Sockets",
+            Control::StatusRequest => "StatusRequest",
+            Control::Status { .. } => "Status",
+            Control::Error { .. } => "Error",
+            Control::GetSockets => "GetSockets",
+            Control::Rejoin { .. } => "Rejoin",
+            Control::RotateKeys => "RotateKeys",
+            Control::DataHelloV2 { .. } => "DataHelloV2",
+            Control::Rings { .. } => "Rings",
+        }
+    }
+}
+
+
 mod tag {
     pub const HELLO: u8 = 1;
     pub const ASSIGN: u8 = 2;

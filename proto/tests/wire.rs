@@ -112,6 +112,15 @@ fn control_reencodes(rec: &[u8]) -> Result<(), TestCaseError> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
 
+    /// `Control::name` (what logs print instead of the message) names the variant it
+    /// is given, and never prints a field (Assign carries secrets).
+    #[test]
+    fn control_name_is_the_variant(m in control()) {
+        let debug = format!("{m:?}");
+        let variant = debug.split(|c: char| !c.is_alphanumeric()).next().unwrap_or_default();
+        prop_assert_eq!(m.name(), variant);
+    }
+
     #[test]
     fn frame_round_trip((meta, payload) in frame()) {
         let rec = encode_frame(&meta, &payload);

@@ -99,7 +99,7 @@ impl Ctl {
                 }
             },
             (_, other) => {
-                self.refuse(token, &format!("unexpected message {}", name(&other)));
+                self.refuse(token, &format!("unexpected message {}", other.name()));
                 false
             }
         }
@@ -266,27 +266,5 @@ pub(crate) fn tell_dataplane(path: &std::path::Path, m: &Control) -> anyhow::Res
         Ok(Control::Status { .. }) => Ok(()),
         Ok(Control::Error { reason }) => anyhow::bail!("data plane refused: {reason}"),
         _ => anyhow::bail!("unexpected answer from the data plane"),
-    }
-}
-
-/// A message's name for logs (never its contents: `Assign` carries secrets).
-fn name(m: &Control) -> &'static str {
-    match m {
-        Control::Hello { .. } => "Hello",
-        Control::Assign { .. } => "Assign",
-        Control::KeysChanged { .. } => "KeysChanged",
-        Control::Ready => "Ready",
-        Control::Draining => "Draining",
-        Control::Table { .. } => "Table",
-        Control::DataHello { .. } => "DataHello",
-        Control::Sockets { .. } => "Sockets",
-        Control::StatusRequest => "StatusRequest",
-        Control::Status { .. } => "Status",
-        Control::Error { .. } => "Error",
-        Control::GetSockets => "GetSockets",
-        Control::Rejoin { .. } => "Rejoin",
-        Control::RotateKeys => "RotateKeys",
-        Control::DataHelloV2 { .. } => "DataHelloV2",
-        Control::Rings { .. } => "Rings",
     }
 }
