@@ -292,12 +292,22 @@ pub enum Control {
     /// The answer to every `DataHelloV2` (after `Sockets`); `count: 0, bytes: 0` when
     /// the data plane forwards over SEQPACKET only.
     Rings { count: u8, bytes: u64 },
+    /// D → W, the answer to a `DataHelloV2` with [`CAP_FAST_PATH`], after `Sockets`
+    /// and before `Rings`: this worker's own UDP sockets, one per listen address in
+    /// `Sockets` order, each in that address's SO_REUSEPORT group, where the data
+    /// plane's SK_REUSEPORT program steers this worker's established datagrams to it
+    /// (docs/adr/0004). The worker receives on them and answers from them. The fds
+    /// travel with this record; `addrs` is empty when the fast path is not active.
+    FastSockets { addrs: Vec<SocketAddr> },
 }
 
 /// `DataHelloV2` capability: the worker reads forwarding rings (`Rings`).
 pub const CAP_RINGS: u32 = 0x1;
+/// `DataHelloV2` capability: the worker receives on its own fast-path sockets
+/// (`FastSockets`) as well as on the data connection.
+pub const CAP_FAST_PATH: u32 = 0x2;
 /// Capability bits this version knows; others are reserved (zero).
-pub const CAPS_KNOWN: u32 = CAP_RINGS;
+pub const CAPS_KNOWN: u32 = CAP_RINGS | CAP_FAST_PATH;
 /// The most rings one `Rings` message announces (two fds each: 253 / 2 SCM_RIGHTS).
 pub const MAX_RINGS: u8 = 64;
 
@@ -321,6 +331,7 @@ impl Control {
             Control::RotateKeys => "RotateKeys",
             Control::DataHelloV2 { .. } => "DataHelloV2",
             Control::Rings { .. } => "Rings",
+            Control::FastSockets { .. } => "FastSockets",
         }
     }
 }
@@ -343,6 +354,20 @@ mod tag {
     pub const ROTATE_KEYS: u8 = 14;
     pub const DATA_HELLO_V2: u8 = 15;
     pub const RINGS: u8 = 16;
+    pub const FAST_SOCKETS: u8 = 17;
+}
+
+/// `n u8` then per address `family u8 (4|6), ip [16], port u16` (at most MAX_SOCKETS).
+fn put_socket_addrs(v: &mut Vec<u8>, addrs: &[SocketAddr]) {
+    let n = addrs.len().min(MAX_SOCKETS);
+    v.push(n as u8);
+    for a in &addrs[..n] {
+        v.push(if a.is_ipv6() { 6 } else { 4 });
+        let mut b = [0u8; 16];
+        put_addr(&mut b, a.ip());
+        v.extend_from_slice(&b);
+        v.extend_from_slice(&a.port().to_be_bytes());
+    }
 }
 
 fn put_keys(v: &mut Vec<u8>, k: &Keys) {
@@ -407,15 +432,11 @@ pub fn encode_control(m: &Control) -> Vec<u8> {
         }
         Control::Sockets { addrs } => {
             v.push(tag::SOCKETS);
-            let n = addrs.len().min(MAX_SOCKETS);
-            v.push(n as u8);
-            for a in &addrs[..n] {
-                v.push(if a.is_ipv6() { 6 } else { 4 });
-                let mut b = [0u8; 16];
-                put_addr(&mut b, a.ip());
-                v.extend_from_slice(&b);
-                v.extend_from_slice(&a.port().to_be_bytes());
-            }
+            put_socket_addrs(&mut v, addrs);
+        }
+        Control::FastSockets { addrs } => {
+            v.push(tag::FAST_SOCKETS);
+            put_socket_addrs(&mut v, addrs);
         }
         Control::StatusRequest => v.push(tag::STATUS_REQUEST),
         Control::Status { json } => {
@@ -462,6 +483,23 @@ impl<'a> Cur<'a> {
     }
     fn u8(&mut self) -> Result<u8, WireError> {
         Ok(self.take(1)?[0])
+    }
+    fn socket_addrs(&mut self) -> Result<Vec<SocketAddr>, WireError> {
+        let n = self.u8()? as usize;
+        if n > MAX_SOCKETS {
+            return Err(WireError::TooMany);
+        }
+        let mut addrs = Vec::with_capacity(n);
+        for _ in 0..n {
+            let v6 = match self.u8()? {
+                4 => false,
+                6 => true,
+                _ => return Err(WireError::ReservedBits),
+            };
+            let ip = get_addr(self.take(16)?, v6)?;
+            addrs.push(SocketAddr::new(ip, self.u16()?));
+        }
+        Ok(addrs)
     }
     fn u16(&mut self) -> Result<u16, WireError> {
         let b = self.take(2)?;
@@ -553,23 +591,8 @@ pub fn decode_control(rec: &[u8]) -> Result<Control, WireError> {
             Control::Table { keys, instances }
         }
         tag::DATA_HELLO => Control::DataHello { server_id: ServerId(c.u16()?) },
-        tag::SOCKETS => {
-            let n = c.u8()? as usize;
-            if n > MAX_SOCKETS {
-                return Err(WireError::TooMany);
-            }
-            let mut addrs = Vec::with_capacity(n);
-            for _ in 0..n {
-                let v6 = match c.u8()? {
-                    4 => false,
-                    6 => true,
-                    _ => return Err(WireError::ReservedBits),
-                };
-                let ip = get_addr(c.take(16)?, v6)?;
-                addrs.push(SocketAddr::new(ip, c.u16()?));
-            }
-            Control::Sockets { addrs }
-        }
+        tag::SOCKETS => Control::Sockets { addrs: c.socket_addrs()? },
+        tag::FAST_SOCKETS => Control::FastSockets { addrs: c.socket_addrs()? },
         tag::STATUS_REQUEST => Control::StatusRequest,
         tag::STATUS => Control::Status { json: c.text()? },
         tag::ERROR => Control::Error { reason: c.text()? },

@@ -81,6 +81,7 @@ fn control() -> impl Strategy<Value = Control> {
         (1u8..=MAX_RINGS, 17u32..=30).prop_map(|(count, shift)| Control::Rings { count, bytes: 1u64 << shift }),
         Just(Control::Rings { count: 0, bytes: 0 }),
         proptest::collection::vec(addr(), 0..6).prop_map(|addrs| Control::Sockets { addrs }),
+        proptest::collection::vec(addr(), 0..6).prop_map(|addrs| Control::FastSockets { addrs }),
         Just(Control::StatusRequest),
         text().prop_map(|json| Control::Status { json }),
         text().prop_map(|reason| Control::Error { reason }),
@@ -342,7 +343,7 @@ fn control_reserved_values() {
     assert_eq!(dec(&[0xc6, 1, 4]), Err(WireError::BadMagic));
     assert_eq!(dec(&[CONTROL_MAGIC, 2, 4]), Err(WireError::UnsupportedVersion(2)));
     assert_eq!(dec(&[CONTROL_MAGIC, 1, 0]), Err(WireError::UnknownMessage(0)));
-    assert_eq!(dec(&[CONTROL_MAGIC, 1, 17]), Err(WireError::UnknownMessage(17)));
+    assert_eq!(dec(&[CONTROL_MAGIC, 1, 18]), Err(WireError::UnknownMessage(18)));
     assert_eq!(dec(&[CONTROL_MAGIC, 1, 255]), Err(WireError::UnknownMessage(255)));
     assert_eq!(dec(&[CONTROL_MAGIC, 1, 4]), Ok(Control::Ready));
     assert_eq!(dec(&[CONTROL_MAGIC, 1, 4, 0]), Err(WireError::TrailingBytes));
@@ -469,10 +470,31 @@ fn ring_messages_layout() {
         vec![CONTROL_MAGIC, 1, 16, 2, 0, 0, 0, 0, 0, 0x10, 0, 0]
     );
     // Unknown capability bits, zero or too many rings, a capacity that is no power of two.
-    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 15, 1, 2, 0, 0, 0, 2]), Err(WireError::ReservedBits));
+    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 15, 1, 2, 0, 0, 0, 4]), Err(WireError::ReservedBits));
     assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 16, 0, 0, 0, 0, 0, 0, 0x10, 0, 0]), Err(WireError::ReservedBits));
     assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0]), Ok(Control::Rings { count: 0, bytes: 0 }));
     assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 16, 65, 0, 0, 0, 0, 0, 0x10, 0, 0]), Err(WireError::TooMany));
     assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 16, 1, 0, 0, 0, 0, 0, 0x10, 0, 1]), Err(WireError::ReservedBits));
     assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 16, 1, 0, 0, 0, 0, 0, 0x01, 0, 0]), Err(WireError::ReservedBits));
+}
+
+#[test]
+fn fast_path_messages_layout() {
+    // Tag 17 (docs/wire.md): FastSockets, laid out exactly as Sockets; CAP_FAST_PATH = bit 1.
+    assert_eq!(CAP_FAST_PATH, 2);
+    assert_eq!(
+        encode_control(&Control::DataHelloV2 { server_id: ServerId(7), caps: CAP_RINGS | CAP_FAST_PATH }),
+        vec![CONTROL_MAGIC, 1, 15, 0, 7, 0, 0, 0, 3]
+    );
+    let a = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), 0x1151);
+    let mut want = vec![CONTROL_MAGIC, 1, 17, 1, 4, 127, 0, 0, 1];
+    want.extend_from_slice(&[0; 12]);
+    want.extend_from_slice(&[0x11, 0x51]);
+    assert_eq!(encode_control(&Control::FastSockets { addrs: vec![a] }), want);
+    assert_eq!(decode_control(&want), Ok(Control::FastSockets { addrs: vec![a] }));
+    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 17, 0]), Ok(Control::FastSockets { addrs: vec![] }));
+    // The sockets body is the same as tag 11's: a Sockets record with the tag changed decodes alike.
+    let mut s = encode_control(&Control::Sockets { addrs: vec![a] });
+    s[2] = 17;
+    assert_eq!(s, want);
 }
