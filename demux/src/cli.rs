@@ -216,9 +216,9 @@ pub struct DataPlaneArgs {
 }
 
 impl DataPlaneArgs {
-    /// The `--limit*` flags (crate::limits).
-    pub fn limits_config(&self) -> crate::limits::LimitsConfig {
-        crate::limits::LimitsConfig {
+    /// The `--limit*` flags (crate::dataplane::limits).
+    pub fn limits_config(&self) -> crate::dataplane::limits::LimitsConfig {
+        crate::dataplane::limits::LimitsConfig {
             enabled: self.limits == OnOff::On,
             rate_per_second: self.limit_rate,
             burst: self.limit_burst,
@@ -227,12 +227,12 @@ impl DataPlaneArgs {
         }
     }
 
-    /// The `--retry*` flags (crate::retry).
-    pub fn retry_mode(&self) -> crate::retry::RetryMode {
+    /// The `--retry*` flags (crate::dataplane::retry).
+    pub fn retry_mode(&self) -> crate::dataplane::retry::RetryMode {
         match self.retry {
-            RetryArg::Off => crate::retry::RetryMode::Off,
-            RetryArg::Auto => crate::retry::RetryMode::Auto { above: self.retry_above },
-            RetryArg::Always => crate::retry::RetryMode::Always,
+            RetryArg::Off => crate::dataplane::retry::RetryMode::Off,
+            RetryArg::Auto => crate::dataplane::retry::RetryMode::Auto { above: self.retry_above },
+            RetryArg::Always => crate::dataplane::retry::RetryMode::Always,
         }
     }
 }

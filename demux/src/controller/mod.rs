@@ -10,14 +10,15 @@
 //! shutdown), `status` (status JSON, metrics), `client` (operator commands).
 
 pub mod client;
-mod conns;
-mod procs;
+pub mod conns;
+pub mod procs;
 pub mod state;
-mod status;
-mod supervise;
+pub mod status;
+pub mod supervise;
 
 use crate::cli::{ControllerOpts, DataPlaneArgs, ForwardKind, IoKind, OnOff, RetryArg, Steer};
-use crate::{cores, seqpacket, socket, sys};
+use crate::dataplane::{cores, socket};
+use crate::{seqpacket, sys};
 use anyhow::{bail, Context, Result};
 use proto::keyfile::KeyFile;
 use proto::wire::{decode_control, encode_control, Control};
@@ -430,7 +431,7 @@ impl Ctl {
 }
 
 #[cfg(test)]
-mod tests {
+pub mod tests {
     use super::*;
     use clap::Parser;
 

@@ -1,9 +1,9 @@
 //! The portable backend: non-blocking recvmmsg(2) driven by a level-triggered epoll.
-//! Same routing, forwarding and counters as the io_uring backend (crate::shard).
+//! Same routing, forwarding and counters as the io_uring backend (crate::dataplane::shard).
 
-use crate::cmsg;
-use crate::shard::{pin_thread, Router, ShardSetup, SockInfo};
-use crate::snapshot::Snapshot;
+use crate::dataplane::cmsg;
+use crate::dataplane::shard::{pin_thread, Router, ShardSetup, SockInfo};
+use crate::dataplane::snapshot::Snapshot;
 use crate::sys::{self, Epoll};
 use anyhow::{Context, Result};
 use std::os::fd::AsRawFd;

@@ -47,12 +47,12 @@ pub struct ShardCounters {
     pub drops_send_error: AtomicU64,
     /// io_uring: the provided-buffer ring ran empty (multishot ended with ENOBUFS).
     pub recv_no_buffers: AtomicU64,
-    /// Client Initials / 0-RTT refused before placement (crate::limits): the
+    /// Client Initials / 0-RTT refused before placement (crate::dataplane::limits): the
     /// client's new-connection rate is spent.
     pub refused_rate: AtomicU64,
     /// … the client holds its cap of pinned handshakes.
     pub refused_handshakes: AtomicU64,
-    /// Demux-minted Retries sent (crate::retry).
+    /// Demux-minted Retries sent (crate::dataplane::retry).
     pub retries_sent: AtomicU64,
     /// Token-less Initials that were to get a Retry but were dropped instead: quinn
     /// did not take them as a client's first Initial (did not decrypt, …).

@@ -2,13 +2,13 @@
 //! with proto (ADR-0040 routing table), queue it for its worker. Backends only differ
 //! in how bytes arrive (docs/architecture.md "The shard loop").
 
-use crate::cmsg::RecvMeta;
-use crate::counters::{bump, ShardCounters};
-use crate::forward::Forwarder;
-use crate::limits::{Limits, Refusal, ShardAdmission};
-use crate::retry::{Minter, RetryGate};
-use crate::snapshot::Snapshot;
-use crate::socket::UdpSock;
+use crate::dataplane::cmsg::RecvMeta;
+use crate::dataplane::counters::{bump, ShardCounters};
+use crate::dataplane::forward::Forwarder;
+use crate::dataplane::limits::{Limits, Refusal, ShardAdmission};
+use crate::dataplane::retry::{Minter, RetryGate};
+use crate::dataplane::snapshot::Snapshot;
+use crate::dataplane::socket::UdpSock;
 use proto::route::route_train_cached;
 use proto::wire::FrameMeta;
 use proto::{PinTable, Reason};
@@ -22,7 +22,7 @@ pub struct ShardSetup {
     pub core: core_affinity::CoreId,
     pub sockets: Vec<UdpSock>,
     pub counters: Arc<ShardCounters>,
-    pub shared: crate::snapshot::Shared,
+    pub shared: crate::dataplane::snapshot::Shared,
     pub pin_capacity: usize,
     /// Entries of this shard's CID decode cache (0 = off).
     pub decode_cache: usize,

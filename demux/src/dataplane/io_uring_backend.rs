@@ -5,11 +5,11 @@
 //! datagram or GRO train in a buffer the kernel picked from the ring, laid out as
 //! `io_uring_recvmsg_out | name | control | payload` (io_uring_prep_recvmsg_multishot(3)).
 //! Buffers go back to the ring after the batch's sendmmsg calls; forwarding is the
-//! same as the mmsg backend's (crate::forward).
+//! same as the mmsg backend's (crate::dataplane::forward).
 
-use crate::cmsg;
-use crate::shard::{pin_thread, Router, ShardSetup, SockInfo};
-use crate::snapshot::Snapshot;
+use crate::dataplane::cmsg;
+use crate::dataplane::shard::{pin_thread, Router, ShardSetup, SockInfo};
+use crate::dataplane::snapshot::Snapshot;
 use crate::sys;
 use anyhow::{bail, Context, Result};
 use io_uring::types::{BufRingEntry, Fd, RecvMsgOut, SubmitArgs, Timespec};
@@ -257,7 +257,7 @@ pub fn run(setup: ShardSetup) -> Result<()> {
                 if res == -libc::ENOBUFS {
                     // The buffer ring ran empty: buffers come back after this batch's
                     // flush; the multishot is re-armed above.
-                    crate::counters::bump(&router.counters.recv_no_buffers, 1);
+                    crate::dataplane::counters::bump(&router.counters.recv_no_buffers, 1);
                 } else if res < 0 {
                     let err = std::io::Error::from_raw_os_error(-res);
                     failures += 1;

@@ -23,7 +23,7 @@
 //! The endpoint never accepts a connection: every `Incoming` is retried or ignored, so
 //! it holds no state between datagrams.
 
-use crate::counters::{bump, ShardCounters};
+use crate::dataplane::counters::{bump, ShardCounters};
 use aws_lc_rs::hkdf;
 use bytes::BytesMut;
 use proto::cid::{KeySet, ServerId, CID_RANDOM_LEN};

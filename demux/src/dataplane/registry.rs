@@ -9,10 +9,10 @@
 //! 3. `Ready` → placeable; `Draining` → not placeable (still live).
 //! 4. close → dead at once.
 
-use crate::counters::{instance_total, ShardCounters};
+use crate::dataplane::counters::{instance_total, ShardCounters};
 use crate::seqpacket::{self, Inbound};
-use crate::snapshot::{DataConn, Shared, Snapshot};
-use crate::status::{self, StatusInfo};
+use crate::dataplane::snapshot::{DataConn, Shared, Snapshot};
+use crate::dataplane::status::{self, StatusInfo};
 use crate::sys::Epoll;
 use anyhow::{Context, Result};
 use proto::wire::{encode_control, Control};
@@ -265,10 +265,10 @@ impl Registry {
 
     /// `--forward ring` and the worker asked: one ring per shard, offered with `Rings`.
     /// Any failure leaves the worker on SEQPACKET frames (empty vector).
-    fn offer_rings(&self, fd: RawFd, server_id: ServerId) -> Vec<crate::ring::Producer> {
+    fn offer_rings(&self, fd: RawFd, server_id: ServerId) -> Vec<crate::dataplane::ring::Producer> {
         let made: std::io::Result<Vec<_>> = match self.ring_bytes {
             Some(bytes) if self.counters.len() <= usize::from(proto::wire::MAX_RINGS) => {
-                (0..self.counters.len()).map(|_| crate::ring::Producer::create(bytes)).collect()
+                (0..self.counters.len()).map(|_| crate::dataplane::ring::Producer::create(bytes)).collect()
             }
             _ => Ok(Vec::new()),
         };

@@ -1,7 +1,7 @@
 //! Status: the shards' counters aggregated on request (Control::StatusRequest on
 //! `--control-socket`), as JSON, and its readable rendering for `demux lb-status`.
 
-use crate::counters::ShardCounters;
+use crate::dataplane::counters::ShardCounters;
 use proto::wire::MAX_TEXT;
 use proto::Reason;
 use serde_json::{json, Map, Value};
@@ -45,7 +45,7 @@ fn shard_json(c: &ShardCounters) -> Map<String, Value> {
             "send_error": c.drops_send_error.load(Relaxed),
         }),
     );
-    // Refused before placement (crate::limits), each under its own reason.
+    // Refused before placement (crate::dataplane::limits), each under its own reason.
     m.insert(
         "refused".into(),
         json!({

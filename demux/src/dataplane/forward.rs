@@ -7,8 +7,8 @@
 //! A full data connection (EAGAIN / ENOBUFS) drops the rest of that destination's
 //! frames in this batch, counted for the instance: a shard never blocks on a worker.
 
-use crate::counters::{bump, ShardCounters};
-use crate::snapshot::Snapshot;
+use crate::dataplane::counters::{bump, ShardCounters};
+use crate::dataplane::snapshot::Snapshot;
 use proto::wire::{encode_frame_header, FrameMeta, FRAME_HEADER_LEN};
 use std::os::fd::AsRawFd;
 
@@ -115,7 +115,7 @@ impl Forwarder {
     /// `--forward ring`: copies the group's frames into this shard's ring for the
     /// worker, then wakes it once if it sleeps. A full ring drops and counts exactly
     /// as a full data connection does.
-    fn push_group(&self, ring: &crate::ring::Producer, slot: usize, start: usize, end: usize, counters: &ShardCounters) {
+    fn push_group(&self, ring: &crate::dataplane::ring::Producer, slot: usize, start: usize, end: usize, counters: &ShardCounters) {
         let inst = counters.instances.get(slot);
         let mut pushed = false;
         for &(_, i) in &self.order[start..end] {

@@ -15,10 +15,10 @@ use std::sync::Arc;
 pub struct DataConn {
     pub fd: OwnedFd,
     pub server_id: u16,
-    /// Per-shard counter slot ([`crate::counters`]).
+    /// Per-shard counter slot ([`crate::dataplane::counters`]).
     pub slot: usize,
     /// `--forward ring`: one ring per shard (indexed by shard); empty: SEQPACKET.
-    pub rings: Vec<crate::ring::Producer>,
+    pub rings: Vec<crate::dataplane::ring::Producer>,
 }
 
 #[derive(Debug)]

@@ -4,9 +4,9 @@
 //! core (docs/operations.md). CPUs without a shard fall back to `cpu mod shards`.
 //!
 //! The program returns an index into the reuseport group, whose order is the bind
-//! order: shard i's socket is index i (crate::socket::bind_all binds shard by shard).
+//! order: shard i's socket is index i (crate::dataplane::socket::bind_all binds shard by shard).
 
-use crate::socket::UdpSock;
+use crate::dataplane::socket::UdpSock;
 use crate::sys::cvt;
 use anyhow::{bail, Context, Result};
 use std::os::fd::AsRawFd;

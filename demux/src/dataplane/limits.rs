@@ -66,8 +66,8 @@ pub enum Refusal {
 pub struct Limits {
     sketches: Option<(RateSketch, ConcurrencySketch)>,
     cap: u16,
-    /// Demux-minted Retry (crate::retry); `None`: off.
-    pub retry: Option<crate::retry::RetryConfig>,
+    /// Demux-minted Retry (crate::dataplane::retry); `None`: off.
+    pub retry: Option<crate::dataplane::retry::RetryConfig>,
     /// The data plane's monotonic clock origin: shards route with `epoch.elapsed()`
     /// and the rate sketch counts milliseconds from it.
     pub epoch: Instant,
@@ -104,9 +104,9 @@ impl Limits {
 
     /// Turns demux-minted Retry on (`mode` other than Off) with the key file's token
     /// secret.
-    pub fn with_retry(mut self, mode: crate::retry::RetryMode, token_secret: [u8; 32]) -> Limits {
-        if mode != crate::retry::RetryMode::Off {
-            self.retry = Some(crate::retry::RetryConfig { mode, token_secret });
+    pub fn with_retry(mut self, mode: crate::dataplane::retry::RetryMode, token_secret: [u8; 32]) -> Limits {
+        if mode != crate::dataplane::retry::RetryMode::Off {
+            self.retry = Some(crate::dataplane::retry::RetryConfig { mode, token_secret });
         }
         self
     }
@@ -151,7 +151,7 @@ pub struct ShardAdmission<'a> {
     pub client: SocketAddr,
     pub ms: u64,
     /// This shard's Retry gate, when Retry is configured.
-    pub retry: Option<&'a mut crate::retry::RetryGate>,
+    pub retry: Option<&'a mut crate::dataplane::retry::RetryGate>,
 }
 
 impl Admission for ShardAdmission<'_> {
@@ -223,7 +223,7 @@ mod tests {
         let keys = proto::KeySet::new((proto::Generation::new(0).unwrap(), [1; 32]), None).unwrap();
         let info = [proto::InstanceInfo { server_id: proto::ServerId(1), placeable: true }];
         let table = Table::new(keys, [2; 16], &info).unwrap();
-        let mut gate = crate::retry::RetryGate::new(crate::retry::RetryMode::Always);
+        let mut gate = crate::dataplane::retry::RetryGate::new(crate::dataplane::retry::RetryMode::Always);
         let mut a =
             ShardAdmission { limits: &l, client: "192.0.2.1:1".parse().unwrap(), ms: 0, retry: Some(&mut gate) };
         let h = |ty, token| LongHeader { version: 1, ty, dcid: &[1; 8], scid: &[], token, packet_len: 1200 };

@@ -1,0 +1,11 @@
+//! quicdemux's `demux`: the data plane (`dataplane`, docs/architecture.md), the
+//! controller that supervises it and the workers (`controller`, docs/operations.md),
+//! and the operator commands (`operator`). `main.rs` only dispatches arguments.
+//! Modules are public so that benches and tests can drive the internals.
+
+pub mod cli;
+pub mod controller;
+pub mod dataplane;
+pub mod operator;
+pub mod seqpacket;
+pub mod sys;

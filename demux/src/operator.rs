@@ -1,0 +1,67 @@
+//! Operator commands that talk to no controller: `gen-keys` and `lb-status`.
+
+use crate::dataplane::status;
+use crate::{seqpacket, sys};
+use anyhow::{bail, Context, Result};
+use proto::keyfile::KeyFile;
+use proto::wire::{decode_control, encode_control, Control};
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+/// `demux gen-keys --out FILE`: a fresh key file, mode 0600.
+pub fn gen_keys(out: &Path, force: bool) -> Result<()> {
+    let mut random = [0u8; 3 * 32 + 16];
+    sys::os_random(&mut random).context("getrandom")?;
+    let text = KeyFile::generate(&random).to_text();
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).mode(0o600);
+    if force {
+        opts.create(true).truncate(true);
+    } else {
+        opts.create_new(true);
+    }
+    let mut f = opts
+        .open(out)
+        .with_context(|| format!("creating key file {}", out.display()))?;
+    // An existing file opened with --force keeps its mode: set 0600 explicitly.
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    f.write_all(text.as_bytes())
+        .with_context(|| format!("writing {}", out.display()))?;
+    Ok(())
+}
+
+/// `demux lb-status`: the data plane's status over its control socket.
+pub fn lb_status(path: &Path, json: bool) -> Result<()> {
+    let fd = seqpacket::connect(path)?;
+    seqpacket::send(
+        fd.as_raw_fd(),
+        &encode_control(&Control::StatusRequest),
+        &[],
+        0,
+    )
+    .context("sending StatusRequest")?;
+    let mut buf = vec![0u8; 128 * 1024];
+    let mut truncated = false;
+    let n =
+        seqpacket::recv(fd.as_raw_fd(), &mut buf, 0, &mut truncated).context("reading status")?;
+    if n == 0 {
+        bail!("the data plane closed the control connection without answering");
+    }
+    match decode_control(&buf[..n]).map_err(|e| anyhow::anyhow!("malformed reply: {e}"))? {
+        Control::Status { json: text } => {
+            if json {
+                println!("{text}");
+            } else {
+                print!(
+                    "{}",
+                    status::pretty(&text).context("status is not valid JSON")?
+                );
+            }
+            Ok(())
+        }
+        Control::Error { reason } => bail!("data plane refused: {reason}"),
+        _ => bail!("unexpected reply to StatusRequest"),
+    }
+}
