@@ -123,6 +123,18 @@ pub enum OnOff {
     Off,
 }
 
+/// `--fast-path`: the kernel fast path (docs/adr/0004-kernel-fast-path.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FastPathMode {
+    /// Load the SK_REUSEPORT program if this kernel and sandbox allow it; otherwise
+    /// one log line says why and every datagram takes the user path.
+    Auto,
+    /// Load it or refuse to start.
+    On,
+    /// Never: every datagram takes the user path.
+    Off,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Steer {
     /// The kernel's reuseport 4-tuple hash.
@@ -140,7 +152,7 @@ pub struct DataPlaneArgs {
     /// Cores to run one shard each on: `0-3`, `0,2`, `0-1,3`.
     #[arg(long, value_name = "LIST", default_value = "0")]
     pub cores: String,
-    /// Key file (quicdemux-keys 1; `demux gen-keys` writes one).
+    /// Key file (quicdemux-keys 1 or 2; `demux gen-keys` writes one).
     #[arg(long, value_name = "FILE")]
     pub keys: Option<PathBuf>,
     /// Unix SOCK_SEQPACKET path the workers connect their data connections to.
@@ -160,6 +172,10 @@ pub struct DataPlaneArgs {
     /// How the kernel spreads datagrams over the shards' sockets.
     #[arg(long, value_enum, default_value = "hash")]
     pub steer: Steer,
+    /// Kernel fast path: an SK_REUSEPORT eBPF program steers established short-header
+    /// datagrams straight to their worker's own socket; everything else comes here.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub fast_path: FastPathMode,
     /// Unix SOCK_SEQPACKET path answering StatusRequest (mode 0600).
     #[arg(long, value_name = "PATH")]
     pub control_socket: Option<PathBuf>,

@@ -16,7 +16,7 @@ pub mod state;
 pub mod status;
 pub mod supervise;
 
-use crate::cli::{ControllerOpts, DataPlaneArgs, ForwardKind, IoKind, OnOff, RetryArg, Steer};
+use crate::cli::{ControllerOpts, DataPlaneArgs};
 use crate::dataplane::{cores, socket};
 use crate::{seqpacket, sys};
 use anyhow::{bail, Context, Result};
@@ -269,27 +269,19 @@ fn dataplane_args(dp: &DataPlaneArgs, p: &Paths) -> Vec<String> {
         v.push(f.into());
         v.push(path.display().to_string());
     }
-    v.push("--io".into());
-    v.push(match dp.io {
-        IoKind::Auto => "auto".into(),
-        IoKind::Uring => "uring".into(),
-        IoKind::Mmsg => "mmsg".into(),
-    });
-    v.push("--steer".into());
-    v.push(if dp.steer == Steer::Cpu { "cpu".into() } else { "hash".into() });
-    v.push("--forward".into());
-    v.push(if dp.forward == ForwardKind::Ring { "ring".into() } else { "seqpacket".into() });
-    v.push("--ring-bytes".into());
-    v.push(dp.ring_bytes.to_string());
-    // Initial-flood defence (issue #7): the operator's limits and Retry mode.
-    v.push("--limits".into());
-    v.push(if dp.limits == OnOff::On { "on".into() } else { "off".into() });
-    v.push("--retry".into());
-    v.push(match dp.retry {
-        RetryArg::Off => "off".into(),
-        RetryArg::Auto => "auto".into(),
-        RetryArg::Always => "always".into(),
-    });
+    for (flag, value) in [
+        ("--io", flag_value(dp.io)),
+        ("--steer", flag_value(dp.steer)),
+        ("--fast-path", flag_value(dp.fast_path)),
+        ("--forward", flag_value(dp.forward)),
+        ("--ring-bytes", dp.ring_bytes.to_string()),
+        // Initial-flood defence: the operator's limits and Retry mode.
+        ("--limits", flag_value(dp.limits)),
+        ("--retry", flag_value(dp.retry)),
+    ] {
+        v.push(flag.into());
+        v.push(value);
+    }
     for (f, n) in [
         ("--pin-capacity", dp.pin_capacity),
         ("--decode-cache", dp.decode_cache),
@@ -306,6 +298,11 @@ fn dataplane_args(dp: &DataPlaneArgs, p: &Paths) -> Vec<String> {
         v.push(n.to_string());
     }
     v
+}
+
+/// A value-enum flag as the command line spells it (clap's own name for it).
+fn flag_value(v: impl clap::ValueEnum) -> String {
+    v.to_possible_value().map(|p| p.get_name().to_string()).unwrap_or_default()
 }
 
 /// An adopted data plane: its pid, and its sockets with their addresses (shard-major).
@@ -433,6 +430,7 @@ impl Ctl {
 #[cfg(test)]
 pub mod tests {
     use super::*;
+    use crate::cli::{ForwardKind, OnOff, RetryArg};
     use clap::Parser;
 
     fn parse(args: &[&str]) -> crate::cli::Cli {
@@ -459,6 +457,8 @@ pub mod tests {
             "mmsg",
             "--steer",
             "cpu",
+            "--fast-path",
+            "off",
             "--pin-capacity",
             "77",
             "--decode-cache",
@@ -499,6 +499,7 @@ pub mod tests {
         let want = &cli.dataplane;
         assert_eq!(dp.io, want.io);
         assert_eq!(dp.steer, want.steer);
+        assert_eq!(dp.fast_path, crate::cli::FastPathMode::Off, "off differs from the default auto");
         assert_eq!(dp.pin_capacity, 77);
         assert_eq!(dp.decode_cache, 0, "0 (off) differs from the default and must reach the child");
         assert_eq!(dp.max_instances, 9);
