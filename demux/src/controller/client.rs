@@ -33,7 +33,13 @@ fn ask(dir: &Path, m: &Control) -> Result<serde_json::Value> {
 }
 
 pub fn status(dir: &Path, json: bool) -> Result<()> {
-    let v = ask(dir, &Control::StatusRequest)?;
+    let mut v = ask(dir, &Control::StatusRequest)?;
+    // The kernel fast path is the data plane's: ask it (not the controller's loop,
+    // which must never wait on the data plane), and say so when it does not answer.
+    let fast = super::status::dataplane_status(&Paths::new(dir).dataplane_sock())
+        .map(|dp| dp["fast_path"].clone())
+        .unwrap_or_else(|e| serde_json::json!({ "active": null, "reason": format!("data plane did not answer: {e:#}") }));
+    v["fast_path"] = fast;
     if json {
         println!("{v}");
     } else {

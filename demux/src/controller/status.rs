@@ -116,6 +116,15 @@ pub fn pretty(v: &Value) -> String {
         "next server id {}  key generation {} (previous {})  starts in generation {} / {}\n",
         v["next_server_id"], v["key_newest"], v["key_previous"], v["starts_in_generation"], v["rotate_every"]
     );
+    let fp = &v["fast_path"];
+    s += &match fp["active"].as_bool() {
+        Some(true) => format!(
+            "fast path: on (mode {})  to workers {}\n",
+            fp["mode"].as_str().unwrap_or("?"),
+            fp["datagrams"].as_u64().unwrap_or(0)
+        ),
+        _ => format!("fast path: off ({})\n", fp["reason"].as_str().unwrap_or("?")),
+    };
     s += &format!(
         "workers (spawn {}; replaced {}{})\n",
         v["spawn_workers"],
@@ -251,6 +260,28 @@ fn prometheus(ctl: &Value, dp: &Value) -> String {
     let drops: Vec<(String, u64)> =
         dp["drops"].as_object().into_iter().flatten().map(|(k, v)| (format!("{{why=\"{k}\"}}"), u(v))).collect();
     metric("quicdemux_drops_total", "datagrams dropped", "counter", drops);
+    let fp = &dp["fast_path"];
+    metric(
+        "quicdemux_fast_path_active",
+        "1 while the kernel fast path (SK_REUSEPORT program) is attached",
+        "gauge",
+        vec![(String::new(), u64::from(fp["active"].as_bool() == Some(true)))],
+    );
+    metric(
+        "quicdemux_fast_path_datagrams_total",
+        "datagrams the kernel steered straight to their worker",
+        "counter",
+        vec![(String::new(), u(&fp["datagrams"]))],
+    );
+    let to_demux: Vec<(String, u64)> =
+        fp["to_demux"].as_object().into_iter().flatten().map(|(k, v)| (format!("{{why=\"{k}\"}}"), u(v))).collect();
+    metric("quicdemux_fast_path_to_demux_total", "datagrams the fast path left to the shards, by reason", "counter", to_demux);
+    metric(
+        "quicdemux_fast_path_dropped_total",
+        "datagrams the fast path dropped because no shard socket could be selected",
+        "counter",
+        vec![(String::new(), u(&fp["dropped"]))],
+    );
     let inst = dp["instances"].as_array().cloned().unwrap_or_default();
     let lab = |i: &Value| format!("{{server_id=\"{}\"}}", u(&i["server_id"]));
     metric(
@@ -270,6 +301,12 @@ fn prometheus(ctl: &Value, dp: &Value) -> String {
         "bytes forwarded to the instance",
         "counter",
         inst.iter().map(|i| (lab(i), u(&i["bytes"]))).collect(),
+    );
+    metric(
+        "quicdemux_instance_fast_datagrams_total",
+        "datagrams the kernel fast path steered to the instance",
+        "counter",
+        inst.iter().map(|i| (lab(i), u(&i["fast_datagrams"]))).collect(),
     );
     metric(
         "quicdemux_instance_drops_full_total",

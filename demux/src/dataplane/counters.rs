@@ -93,23 +93,54 @@ impl ShardCounters {
         }
     }
 
-    /// This slot's (datagrams, bytes, drops_full).
-    pub fn instance(&self, slot: usize) -> [u64; 3] {
+    /// This slot's counts.
+    pub fn instance(&self, slot: usize) -> SlotCounts {
         match self.instances.get(slot) {
-            Some(i) => [i.datagrams.load(Relaxed), i.bytes.load(Relaxed), i.drops_full.load(Relaxed)],
-            None => [0; 3],
+            Some(i) => SlotCounts {
+                datagrams: i.datagrams.load(Relaxed),
+                bytes: i.bytes.load(Relaxed),
+                drops_full: i.drops_full.load(Relaxed),
+                fast_datagrams: 0,
+            },
+            None => SlotCounts::default(),
+        }
+    }
+}
+
+/// One instance slot's counts: forwarded by the shards, and (`fast_datagrams`)
+/// steered to the worker by the kernel fast path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotCounts {
+    pub datagrams: u64,
+    pub bytes: u64,
+    pub drops_full: u64,
+    pub fast_datagrams: u64,
+}
+
+impl SlotCounts {
+    /// Field-wise wrapping sum.
+    pub fn plus(self, o: SlotCounts) -> SlotCounts {
+        SlotCounts {
+            datagrams: self.datagrams.wrapping_add(o.datagrams),
+            bytes: self.bytes.wrapping_add(o.bytes),
+            drops_full: self.drops_full.wrapping_add(o.drops_full),
+            fast_datagrams: self.fast_datagrams.wrapping_add(o.fast_datagrams),
+        }
+    }
+
+    /// Field-wise wrapping difference: the counts since `base` (a slot's counters
+    /// keep running across owners; each owner sees them from its baseline).
+    pub fn since(self, base: SlotCounts) -> SlotCounts {
+        SlotCounts {
+            datagrams: self.datagrams.wrapping_sub(base.datagrams),
+            bytes: self.bytes.wrapping_sub(base.bytes),
+            drops_full: self.drops_full.wrapping_sub(base.drops_full),
+            fast_datagrams: self.fast_datagrams.wrapping_sub(base.fast_datagrams),
         }
     }
 }
 
 /// Sum of every shard's slot counters.
-pub fn instance_total(shards: &[std::sync::Arc<ShardCounters>], slot: usize) -> [u64; 3] {
-    let mut t = [0u64; 3];
-    for s in shards {
-        let v = s.instance(slot);
-        for k in 0..3 {
-            t[k] = t[k].wrapping_add(v[k]);
-        }
-    }
-    t
+pub fn instance_total(shards: &[std::sync::Arc<ShardCounters>], slot: usize) -> SlotCounts {
+    shards.iter().fold(SlotCounts::default(), |t, s| t.plus(s.instance(slot)))
 }

@@ -5,6 +5,7 @@
 pub mod cmsg;
 pub mod cores;
 pub mod counters;
+pub mod fast_path;
 pub mod forward;
 pub mod io_uring_backend;
 pub mod limits;
@@ -125,7 +126,17 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
     let all_udp_addrs: Vec<std::net::SocketAddr> =
         sockets.iter().flatten().map(|s| s.local).collect();
     let bound: Vec<std::net::SocketAddr> = sockets[0].iter().map(|s| s.local).collect();
-    if a.steer == Steer::Cpu {
+    let core_ids: Vec<usize> = cores.iter().map(|c| c.id).collect();
+    // The fast path's program replaces the kernel's hash (and `--steer cpu`'s classic
+    // program, whose CPU rule it carries: fast_path::cpu_table).
+    let fast_path = fast_path::FastPathState::start(
+        a.fast_path,
+        &sockets,
+        (a.steer == Steer::Cpu).then_some(core_ids.as_slice()),
+        a.max_instances,
+        &keyset,
+    )?;
+    if a.steer == Steer::Cpu && fast_path.active().is_none() {
         steer_cpu::attach_cpu_steering(&sockets, &cores)?;
     }
     let udp_fds = sockets[0].iter().map(|s| s.fd.as_raw_fd()).collect();
@@ -175,6 +186,8 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
         info,
         keys_path: keys_path.to_path_buf(),
         reload_signal: Some(signals::reload_signal_fd()?),
+        fast_path,
+        fast_path_mode: a.fast_path,
     })?;
 
     let limits = Arc::new(

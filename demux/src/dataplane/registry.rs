@@ -2,14 +2,20 @@
 //! the data-connection protocol") and status requests, keeps the set of live
 //! instances and publishes a new immutable snapshot on every change.
 //!
-//! 1. worker → `DataHello{server_id}`; a server id another open connection holds is
-//!    refused with `Error`, then close.
+//! 1. worker → `DataHello{server_id}` or `DataHelloV2{server_id, caps}`; a server id
+//!    another open connection holds is refused with `Error`, then close.
 //! 2. → `Sockets{addrs}` with the shared UDP fds (SCM_RIGHTS), one per listen address;
 //!    the id is live (Owner / Orphan / VersionNegotiation routing).
-//! 3. `Ready` → placeable; `Draining` → not placeable (still live).
-//! 4. close → dead at once.
+//!    `DataHelloV2` with `CAP_FAST_PATH` → `FastSockets{addrs}`: the worker's own
+//!    sockets, steered to it by the kernel fast path (crate::dataplane::fast_path;
+//!    empty when the fast path is not active). Every `DataHelloV2` → `Rings`
+//!    (count 0 unless `--forward ring` and `CAP_RINGS`).
+//! 3. `Ready` → placeable; `Draining` → not placeable (still live, still fast).
+//! 4. close → dead at once, out of the fast path's maps.
 
-use crate::dataplane::counters::{instance_total, ShardCounters};
+use crate::cli::FastPathMode;
+use crate::dataplane::counters::{instance_total, ShardCounters, SlotCounts};
+use crate::dataplane::fast_path::{self, FastPathState};
 use crate::seqpacket::{self, Inbound};
 use crate::dataplane::snapshot::{DataConn, Shared, Snapshot};
 use crate::dataplane::status::{self, StatusInfo};
@@ -25,6 +31,12 @@ use std::sync::Arc;
 const TOKEN_DATA_LISTENER: u64 = 0;
 const TOKEN_CONTROL_LISTENER: u64 = 1;
 const TOKEN_RELOAD: u64 = 2;
+/// Epoll tokens of connections start after the three fixed ones.
+const FIRST_CONN_TOKEN: u64 = 3;
+/// Largest control record the registry reads (a status reply is the largest it sends).
+const CONTROL_BUF: usize = 65_536;
+/// One `signalfd_siginfo` (signalfd(2)): what one read of the reload signalfd returns.
+const SIGNALFD_RECORD: usize = 128;
 /// Send buffer of a data connection: frames wait here while the worker catches up.
 const DATA_SNDBUF: libc::c_int = 4 << 20;
 
@@ -59,7 +71,7 @@ pub struct Registry {
     next_token: u64,
     free_slots: VecDeque<usize>,
     /// Slot counter totals when the slot was handed to its current owner.
-    baselines: Vec<[u64; 3]>,
+    baselines: Vec<SlotCounts>,
     /// The fds handed to workers: shard 0's socket per listen address.
     udp_fds: Vec<RawFd>,
     udp_addrs: Vec<SocketAddr>,
@@ -72,6 +84,28 @@ pub struct Registry {
     keys_path: std::path::PathBuf,
     reload_signal: Option<OwnedFd>,
     ring_bytes: Option<u64>,
+    fast_path: FastPathState,
+    fast_path_mode: FastPathMode,
+}
+
+/// What a worker asked for in its data hello.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Wants {
+    /// `DataHelloV2`: the answer ends with `Rings`.
+    v2: bool,
+    rings: bool,
+    fast_path: bool,
+}
+
+impl Wants {
+    const V1: Wants = Wants { v2: false, rings: false, fast_path: false };
+    fn from_caps(caps: u32) -> Wants {
+        Wants {
+            v2: true,
+            rings: caps & proto::wire::CAP_RINGS != 0,
+            fast_path: caps & proto::wire::CAP_FAST_PATH != 0,
+        }
+    }
 }
 
 pub struct RegistryConfig {
@@ -92,6 +126,9 @@ pub struct RegistryConfig {
     /// The key file, re-read on SIGHUP (`reload_signal`, a signalfd).
     pub keys_path: std::path::PathBuf,
     pub reload_signal: Option<OwnedFd>,
+    /// The kernel fast path, attached (or not, and why) before the shards started.
+    pub fast_path: FastPathState,
+    pub fast_path_mode: FastPathMode,
 }
 
 /// The snapshot before any worker connected.
@@ -119,9 +156,9 @@ impl Registry {
             data_listener: cfg.data_listener,
             control_listener: cfg.control_listener,
             conns: HashMap::new(),
-            next_token: 3,
+            next_token: FIRST_CONN_TOKEN,
             free_slots: (0..cfg.max_instances).collect(),
-            baselines: vec![[0; 3]; cfg.max_instances],
+            baselines: vec![SlotCounts::default(); cfg.max_instances],
             udp_fds: cfg.udp_fds,
             udp_addrs: cfg.udp_addrs,
             all_udp_fds: cfg.all_udp_fds,
@@ -131,7 +168,9 @@ impl Registry {
             keys_path: cfg.keys_path,
             reload_signal: cfg.reload_signal,
             ring_bytes: cfg.ring_bytes,
-            buf: vec![0u8; 65_536],
+            fast_path: cfg.fast_path,
+            fast_path_mode: cfg.fast_path_mode,
+            buf: vec![0u8; CONTROL_BUF],
         })
     }
 
@@ -202,9 +241,9 @@ impl Registry {
     fn on_message(&mut self, token: u64, m: Control) -> bool {
         let Some(conn) = self.conns.get_mut(&token) else { return false };
         match (conn, m) {
-            (Conn::Pending(_), Control::DataHello { server_id }) => self.hello(token, server_id, false),
+            (Conn::Pending(_), Control::DataHello { server_id }) => self.hello(token, server_id, Wants::V1),
             (Conn::Pending(_), Control::DataHelloV2 { server_id, caps }) => {
-                self.hello(token, server_id, caps & proto::wire::CAP_RINGS != 0)
+                self.hello(token, server_id, Wants::from_caps(caps))
             }
             (Conn::Live { placeable, conn }, Control::Ready) => {
                 if !*placeable {
@@ -263,11 +302,12 @@ impl Registry {
         }
     }
 
-    /// `--forward ring` and the worker asked: one ring per shard, offered with `Rings`.
+    /// The answer to every `DataHelloV2`: `Rings`, with one ring per shard when
+    /// `--forward ring` and the worker asked (`wanted`), else count 0.
     /// Any failure leaves the worker on SEQPACKET frames (empty vector).
-    fn offer_rings(&self, fd: RawFd, server_id: ServerId) -> Vec<crate::dataplane::ring::Producer> {
+    fn offer_rings(&self, fd: RawFd, server_id: ServerId, wanted: bool) -> Vec<crate::dataplane::ring::Producer> {
         let made: std::io::Result<Vec<_>> = match self.ring_bytes {
-            Some(bytes) if self.counters.len() <= usize::from(proto::wire::MAX_RINGS) => {
+            Some(bytes) if wanted && self.counters.len() <= usize::from(proto::wire::MAX_RINGS) => {
                 (0..self.counters.len()).map(|_| crate::dataplane::ring::Producer::create(bytes)).collect()
             }
             _ => Ok(Vec::new()),
@@ -293,7 +333,30 @@ impl Registry {
         }
     }
 
-    fn hello(&mut self, token: u64, server_id: ServerId, wants_rings: bool) -> bool {
+    /// `FastSockets` for a worker with `CAP_FAST_PATH`: its own sockets when the fast
+    /// path is active (empty otherwise, or when opening them failed: the worker then
+    /// gets everything over the user path). Our copies close when this returns.
+    fn offer_fast_sockets(&self, fd: RawFd, server_id: ServerId, slot: usize) -> std::io::Result<()> {
+        let socks = match self.fast_path.active() {
+            Some(fp) => fp.open_worker_sockets(slot, server_id).unwrap_or_else(|e| {
+                tracing::warn!(server_id = server_id.0, error = %e, "fast path: no worker socket; user path only");
+                Vec::new()
+            }),
+            None => Vec::new(),
+        };
+        let addrs = socks.iter().map(|s| s.local).collect();
+        let fds: Vec<RawFd> = socks.iter().map(|s| s.fd.as_raw_fd()).collect();
+        let rec = encode_control(&Control::FastSockets { addrs });
+        let sent = seqpacket::send(fd, &rec, &fds, libc::MSG_DONTWAIT).map(drop);
+        if sent.is_err() && !socks.is_empty() {
+            if let Some(fp) = self.fast_path.active() {
+                fp.remove_worker(slot, server_id);
+            }
+        }
+        sent
+    }
+
+    fn hello(&mut self, token: u64, server_id: ServerId, wants: Wants) -> bool {
         let dup = self.conns.values().any(|c| matches!(c, Conn::Live { conn, .. } if conn.server_id == server_id.0));
         if dup {
             self.refuse(token, &format!("server id {} is already live on another data connection", server_id.0));
@@ -311,12 +374,16 @@ impl Registry {
             let _ = self.epoll.delete(fd.as_raw_fd());
             return false;
         }
-        self.baselines[slot] = instance_total(&self.counters, slot);
-        let rings = if wants_rings {
-            self.offer_rings(fd.as_raw_fd(), server_id)
-        } else {
-            Vec::new()
-        };
+        self.baselines[slot] = self.slot_counts(slot);
+        if wants.fast_path {
+            if let Err(e) = self.offer_fast_sockets(fd.as_raw_fd(), server_id, slot) {
+                tracing::warn!(server_id = server_id.0, error = %e, "could not send FastSockets; closing");
+                self.free_slots.push_back(slot);
+                let _ = self.epoll.delete(fd.as_raw_fd());
+                return false;
+            }
+        }
+        let rings = if wants.v2 { self.offer_rings(fd.as_raw_fd(), server_id, wants.rings) } else { Vec::new() };
         let conn = Arc::new(DataConn { fd, server_id: server_id.0, slot, rings });
         self.conns.insert(token, Conn::Live { conn, placeable: false });
         tracing::info!(server_id = server_id.0, slot, "instance live");
@@ -326,6 +393,12 @@ impl Registry {
 
     fn set_keys(&mut self, keys: KeySet, why: &str) {
         tracing::info!(newest = self.keys_generation(&keys), why, "CID keys changed");
+        if let Some(fp) = self.fast_path.active() {
+            // The program decodes exactly the generations the user path decodes.
+            if let Err(e) = fp.set_keys(&keys) {
+                tracing::error!(error = %e, "fast path: key update failed; such datagrams take the user path");
+            }
+        }
         self.keys = keys;
         self.publish();
     }
@@ -337,9 +410,9 @@ impl Registry {
     /// SIGHUP: re-read the key file (standalone rotation). A bad file keeps the old keys.
     fn on_reload_signal(&mut self) {
         let Some(fd) = &self.reload_signal else { return };
-        // Drain the signalfd (one signalfd_siginfo, 128 bytes, per pending signal).
-        let mut info = [0u8; 128];
-        // SAFETY: reads into a live 128-byte buffer from our non-blocking signalfd.
+        // Drain the signalfd (one signalfd_siginfo per pending signal).
+        let mut info = [0u8; SIGNALFD_RECORD];
+        // SAFETY: reads into a live buffer of its own length from our non-blocking signalfd.
         while unsafe { libc::read(fd.as_raw_fd(), info.as_mut_ptr().cast(), info.len()) } > 0 {}
         let loaded = std::fs::read_to_string(&self.keys_path)
             .map_err(|e| e.to_string())
@@ -368,6 +441,9 @@ impl Registry {
         let _ = self.epoll.delete(c.raw());
         if let Conn::Live { conn, .. } = c {
             tracing::info!(server_id = conn.server_id, why, "instance dead");
+            if let Some(fp) = self.fast_path.active() {
+                fp.remove_worker(conn.slot, ServerId(conn.server_id));
+            }
             self.free_slots.push_back(conn.slot);
             self.publish();
             // The fd closes when the last snapshot holding `conn` is dropped.
@@ -409,17 +485,22 @@ impl Registry {
             .iter()
             .zip(snap.table.instances())
             .map(|(c, info)| {
-                let total = instance_total(&self.counters, c.slot);
-                let base = self.baselines.get(c.slot).copied().unwrap_or([0; 3]);
+                let base = self.baselines.get(c.slot).copied().unwrap_or_default();
                 status::InstanceStatus {
                     server_id: c.server_id,
                     placeable: info.placeable,
-                    datagrams: total[0].wrapping_sub(base[0]),
-                    bytes: total[1].wrapping_sub(base[1]),
-                    drops_full: total[2].wrapping_sub(base[2]),
+                    counts: self.slot_counts(c.slot).since(base),
                 }
             })
             .collect();
-        status::render(&self.info, snap.table.keys(), snap.version, &self.counters, &instances)
+        let fast = fast_path::status_json(&self.fast_path, self.fast_path_mode);
+        status::render(&self.info, snap.table.keys(), snap.version, &self.counters, &instances, fast)
+    }
+
+    /// A slot's running totals: the shards' counters and the fast path's.
+    fn slot_counts(&self, slot: usize) -> SlotCounts {
+        let mut c = instance_total(&self.counters, slot);
+        c.fast_datagrams = self.fast_path.active().map_or(0, |fp| fp.worker_datagrams(slot));
+        c
     }
 }

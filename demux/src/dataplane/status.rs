@@ -1,7 +1,7 @@
 //! Status: the shards' counters aggregated on request (Control::StatusRequest on
 //! `--control-socket`), as JSON, and its readable rendering for `demux lb-status`.
 
-use crate::dataplane::counters::ShardCounters;
+use crate::dataplane::counters::{ShardCounters, SlotCounts};
 use proto::wire::MAX_TEXT;
 use proto::Reason;
 use serde_json::{json, Map, Value};
@@ -21,9 +21,7 @@ pub struct StatusInfo {
 pub struct InstanceStatus {
     pub server_id: u16,
     pub placeable: bool,
-    pub datagrams: u64,
-    pub bytes: u64,
-    pub drops_full: u64,
+    pub counts: SlotCounts,
 }
 
 fn shard_json(c: &ShardCounters) -> Map<String, Value> {
@@ -91,6 +89,7 @@ pub fn render(
     snapshot_version: u64,
     shards: &[Arc<ShardCounters>],
     instances: &[InstanceStatus],
+    fast_path: Value,
 ) -> String {
     let per_shard: Vec<Map<String, Value>> = shards.iter().map(|c| shard_json(c)).collect();
     let mut total = Map::new();
@@ -103,9 +102,10 @@ pub fn render(
             json!({
                 "server_id": i.server_id,
                 "placeable": i.placeable,
-                "datagrams": i.datagrams,
-                "bytes": i.bytes,
-                "drops_full": i.drops_full,
+                "datagrams": i.counts.datagrams,
+                "bytes": i.counts.bytes,
+                "drops_full": i.counts.drops_full,
+                "fast_datagrams": i.counts.fast_datagrams,
             })
         })
         .collect();
@@ -134,6 +134,9 @@ pub fn render(
         })
         .collect();
     top.insert("per_shard".into(), Value::Array(shard_list));
+    // The kernel fast path (crate::dataplane::fast_path): datagrams it steered
+    // straight to workers, and what it left to the shards, by reason.
+    top.insert("fast_path".into(), fast_path);
     top.insert("instances_total".into(), json!(inst.len()));
     // A control message carries at most MAX_TEXT bytes (proto::wire): list as many
     // instances as fit and say so.
@@ -184,16 +187,21 @@ pub fn pretty(json_text: &str) -> Result<String, serde_json::Error> {
         g("/retry/dropped"),
         g("/retry/send_errors")
     );
-    s += &format!("{:>9} {:>9} {:>14} {:>16} {:>10}\n", "server_id", "placeable", "datagrams", "bytes", "drops_full");
+    s += &pretty_fast_path(&v["fast_path"]);
+    s += &format!(
+        "{:>9} {:>9} {:>14} {:>16} {:>10} {:>14}\n",
+        "server_id", "placeable", "datagrams", "bytes", "drops_full", "fast_datagrams"
+    );
     if let Some(list) = v["instances"].as_array() {
         for i in list {
             s += &format!(
-                "{:>9} {:>9} {:>14} {:>16} {:>10}\n",
+                "{:>9} {:>9} {:>14} {:>16} {:>10} {:>14}\n",
                 i["server_id"].as_u64().unwrap_or(0),
                 if i["placeable"].as_bool().unwrap_or(false) { "yes" } else { "no" },
                 i["datagrams"].as_u64().unwrap_or(0),
                 i["bytes"].as_u64().unwrap_or(0),
-                i["drops_full"].as_u64().unwrap_or(0)
+                i["drops_full"].as_u64().unwrap_or(0),
+                i["fast_datagrams"].as_u64().unwrap_or(0)
             );
         }
     }
@@ -201,4 +209,24 @@ pub fn pretty(json_text: &str) -> Result<String, serde_json::Error> {
         s += &format!("(instance list truncated; {} live)\n", g("/instances_total"));
     }
     Ok(s)
+}
+
+/// The fast-path lines of `lb-status`: on or off (and why), datagrams steered to
+/// workers, and what went to the shards by reason.
+fn pretty_fast_path(f: &Value) -> String {
+    let mode = f["mode"].as_str().unwrap_or("?");
+    if f["active"].as_bool() != Some(true) {
+        return format!("fast path: off (mode {mode}: {})\n", f["reason"].as_str().unwrap_or("?"));
+    }
+    let mut s = format!(
+        "fast path: on (mode {mode})  to workers {}  dropped {}\nfast path to demux:",
+        f["datagrams"].as_u64().unwrap_or(0),
+        f["dropped"].as_u64().unwrap_or(0)
+    );
+    if let Some(m) = f["to_demux"].as_object() {
+        for (k, v) in m {
+            s += &format!("  {k} {}", v.as_u64().unwrap_or(0));
+        }
+    }
+    s + "\n"
 }
