@@ -99,7 +99,8 @@ pub fn classify(what: &str, kind: io::ErrorKind, detail: impl fmt::Display) -> L
 }
 
 /// A raw errno → [`classify`]; ENOSYS/EOPNOTSUPP/ENOPROTOOPT count as unsupported.
-fn classify_os(what: &str, err: io::Error) -> LoadError {
+#[doc(hidden)]
+pub fn classify_os(what: &str, err: io::Error) -> LoadError {
     let kind = match err.raw_os_error() {
         Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP) | Some(libc::ENOPROTOOPT) => io::ErrorKind::Unsupported,
         Some(libc::EPERM) | Some(libc::EACCES) => io::ErrorKind::PermissionDenied,
@@ -254,7 +255,19 @@ impl Steering {
         max_workers: u32,
         shard_by_cpu: Option<&[u32]>,
     ) -> Result<Steering, LoadError> {
-        if OBJECT.is_empty() {
+        Self::attach_object(OBJECT, shard_sockets, max_workers, shard_by_cpu)
+    }
+
+    /// [`Steering::attach`] with another object file (tests: an empty object is what
+    /// a build without clang embeds).
+    #[doc(hidden)]
+    pub fn attach_object(
+        object: &[u8],
+        shard_sockets: &[BorrowedFd<'_>],
+        max_workers: u32,
+        shard_by_cpu: Option<&[u32]>,
+    ) -> Result<Steering, LoadError> {
+        if object.is_empty() {
             return Err(LoadError::Unsupported(BUILT_WITHOUT_CLANG.to_string()));
         }
         let other = |s: String| LoadError::Other(anyhow::anyhow!(s));
@@ -276,7 +289,7 @@ impl Steering {
         let prev = libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Info, capture_libbpf_log)));
         let loaded = (|| {
             let mut open = ObjectBuilder::default()
-                .open_memory(OBJECT)
+                .open_memory(object)
                 .map_err(|e| classify("opening the BPF object", libbpf_kind(&e), format!("{e:#}")))?;
             for mut m in open.maps_mut() {
                 let n = if m.name() == OsStr::new("socks") {
