@@ -283,9 +283,6 @@ impl Steering {
         max_workers: u32,
         shard_by_cpu: Option<&[u32]>,
     ) -> Result<Steering, LoadError> {
-        if object.is_empty() {
-            return Err(LoadError::Unsupported(BUILT_WITHOUT_CLANG.to_string()));
-        }
         let other = |s: String| LoadError::Other(anyhow::anyhow!(s));
         let shards = u32::try_from(shard_sockets.len())
             .map_err(|_| other("too many shard sockets".into()))?;
@@ -307,6 +304,10 @@ impl Steering {
                     "cpu shard table names shard {bad} of {shards}"
                 )));
             }
+        }
+        // Caller errors first: they are errors whatever this build can do.
+        if object.is_empty() {
+            return Err(LoadError::Unsupported(BUILT_WITHOUT_CLANG.to_string()));
         }
 
         let prev = libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Info, capture_libbpf_log)));
@@ -558,6 +559,12 @@ pub fn open_worker_socket(addr: SocketAddr) -> io::Result<OwnedFd> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn steering_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Steering>();
+    }
 
     #[test]
     fn object_is_embedded_when_clang_is_there() {
