@@ -126,6 +126,8 @@ fn libbpf_kind(e: &libbpf_rs::Error) -> io::ErrorKind {
 
 /// The tail of libbpf's log (the verifier's output on a refusal), for error messages.
 static LIBBPF_LOG: Mutex<VecDeque<String>> = Mutex::new(VecDeque::new());
+/// Serialises loads (see `Steering::attach_object`).
+static LOAD_LOCK: Mutex<()> = Mutex::new(());
 
 fn capture_libbpf_log(level: libbpf_rs::PrintLevel, msg: String) {
     if matches!(level, libbpf_rs::PrintLevel::Debug) {
@@ -310,6 +312,11 @@ impl Steering {
             return Err(LoadError::Unsupported(BUILT_WITHOUT_CLANG.to_string()));
         }
 
+        // libbpf's print callback is process-global: one load at a time, so the log
+        // (the verifier's output on a refusal) is this load's and the previous
+        // callback is restored.
+        let serial = LOAD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = take_libbpf_log();
         let prev = libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Info, capture_libbpf_log)));
         let loaded = (|| {
             let mut open = ObjectBuilder::default().open_memory(object).map_err(|e| {
@@ -337,6 +344,7 @@ impl Steering {
         })();
         libbpf_rs::set_print(prev);
         let _ = take_libbpf_log();
+        drop(serial);
         let obj = loaded?;
 
         let steering = Steering {

@@ -146,8 +146,17 @@ struct Group {
 /// `shards` shard sockets and `workers` worker sockets in one group on 127.0.0.1,
 /// the program attached; None (after printing why) when BPF is refused here.
 fn group(shards: usize, workers: usize, max_workers: u32, by_cpu: Option<&[u32]>) -> Option<Group> {
-    let first =
-        UdpSocket::from(fastpath::open_worker_socket("127.0.0.1:0".parse().unwrap()).unwrap());
+    group_at("127.0.0.1:0", shards, workers, max_workers, by_cpu)
+}
+
+fn group_at(
+    bind: &str,
+    shards: usize,
+    workers: usize,
+    max_workers: u32,
+    by_cpu: Option<&[u32]>,
+) -> Option<Group> {
+    let first = UdpSocket::from(fastpath::open_worker_socket(bind.parse().unwrap()).unwrap());
     let addr = first.local_addr().unwrap();
     let mut shard_socks = vec![first];
     for _ in 1..shards {
@@ -848,6 +857,147 @@ fn failed_shard_select_is_a_counted_drop() {
         (100, 100, 30),
         "{c:?}"
     );
+}
+
+/// The same program over IPv6 (::1): open_worker_socket's v6 path, and the UDP
+/// payload offset is the same for both families.
+#[test]
+fn ipv6_group_steers_too() {
+    if std::net::UdpSocket::bind("[::1]:0").is_err() {
+        eprintln!("skip: no IPv6 loopback here");
+        return;
+    }
+    let Some(g) = group_at("[::1]:0", 2, 3, 4, None) else {
+        return;
+    };
+    let k0 = prepare(&g);
+    let srcs: Vec<UdpSocket> = (0..6)
+        .map(|_| UdpSocket::bind("[::1]:0").unwrap())
+        .collect();
+    let mut rng = Rng(66);
+    let mut plan = Vec::new();
+    for w in 0..3 {
+        let start = plan.len();
+        plan.extend(fast_plan(
+            &mut rng,
+            k0,
+            w,
+            50,
+            srcs.len(),
+            start,
+            Expect::Worker(w),
+            Outcome::Fast,
+        ));
+    }
+    for i in 0..50 {
+        let c = cid(&mut rng, 3, 0, None);
+        let seq = plan.len() as u32;
+        plan.push(to_shard(
+            i % 6,
+            short_datagram(&mut rng, 0xc0, &c, 1200, seq),
+            Outcome::LongHeader,
+        ));
+    }
+    let del = run(&g, &srcs, &plan);
+    assert_eq!(del.at.len(), plan.len());
+    assert_eq!(g.steering.counters().unwrap(), expected_counters(&plan));
+    assert!(g.addr.is_ipv6());
+}
+
+/// Without CAP_BPF / CAP_SYS_ADMIN (dropped for one thread: capabilities are per
+/// thread) loading is refused with EPERM, which is `Unsupported`.
+#[test]
+fn unprivileged_load_is_unsupported() {
+    let unpriv =
+        std::fs::read_to_string("/proc/sys/kernel/unprivileged_bpf_disabled").unwrap_or_default();
+    std::thread::spawn(move || {
+        let s =
+            UdpSocket::from(fastpath::open_worker_socket("127.0.0.1:0".parse().unwrap()).unwrap());
+        #[repr(C)]
+        struct Header {
+            version: u32,
+            pid: i32,
+        }
+        #[repr(C)]
+        #[derive(Clone, Copy)]
+        struct Data {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        let mut hdr = Header {
+            version: 0x2008_0522,
+            pid: 0,
+        }; // _LINUX_CAPABILITY_VERSION_3
+        let data = [Data {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        }; 2];
+        // SAFETY: capset(2) with a v3 header and the two data words it reads; pid 0 =
+        // this thread only.
+        let rc = unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut Header, data.as_ptr()) };
+        assert_eq!(rc, 0, "capset: {}", io::Error::last_os_error());
+        match Steering::attach(&[s.as_fd()], 4, None) {
+            Err(LoadError::Unsupported(m)) => {
+                eprintln!("unprivileged attach refused as expected: {}", m)
+            }
+            Ok(_) if unpriv.trim() == "0" => eprintln!("skip: unprivileged BPF is enabled here"),
+            other => panic!("unprivileged attach: {other:?}"),
+        }
+    })
+    .join()
+    .unwrap();
+}
+
+/// A program the verifier refuses (a read past the context) is `Unsupported`, and
+/// the message carries the verifier's log.
+#[test]
+fn verifier_refusal_is_unsupported() {
+    let dir = std::env::temp_dir().join(format!("fastpath-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (src, obj) = (dir.join("bad.bpf.c"), dir.join("bad.bpf.o"));
+    std::fs::write(
+        &src,
+        "#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\n\
+         SEC(\"sk_reuseport\") int steer(struct sk_reuseport_md *ctx)\n\
+         { return *(volatile __u32 *)((char *)ctx + 1000) ? SK_PASS : SK_DROP; }\n\
+         char LICENSE[] SEC(\"license\") = \"Dual BSD/GPL\";\n",
+    )
+    .unwrap();
+    let arch = if cfg!(target_arch = "aarch64") {
+        "aarch64"
+    } else {
+        "x86_64"
+    };
+    let built =
+        std::process::Command::new(std::env::var("CLANG").unwrap_or_else(|_| "clang".into()))
+            .args(["-O2", "-g", "-target", "bpf"])
+            .arg(format!("-I/usr/include/{arch}-linux-gnu"))
+            .arg("-c")
+            .arg(&src)
+            .arg("-o")
+            .arg(&obj)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+    if !built {
+        eprintln!("skip: cannot compile a test BPF program here (clang / libbpf-dev missing)");
+        return;
+    }
+    let bytes = std::fs::read(&obj).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let s = UdpSocket::from(fastpath::open_worker_socket("127.0.0.1:0".parse().unwrap()).unwrap());
+    match Steering::attach_object(&bytes, &[s.as_fd()], 4, None) {
+        Err(LoadError::Unsupported(m)) => {
+            assert!(m.starts_with("loading the SK_REUSEPORT program"), "{m}");
+            assert!(
+                m.contains("invalid bpf_context access"),
+                "verifier log in: {m}"
+            );
+        }
+        other => panic!("verifier refusal: {other:?}"),
+    }
 }
 
 /// Test 6: the "built without clang" and "unsupported" paths.
