@@ -1,0 +1,586 @@
+//! The kernel fast path: an `SK_REUSEPORT` eBPF program (`bpf/steer.bpf.c`) attached
+//! to one listen address's SO_REUSEPORT group. For a QUIC short header whose DCID
+//! carries a live server id under a SipHash generation it selects the owning worker's
+//! own UDP socket (a member of the same group) from a `REUSEPORT_SOCKARRAY`;
+//! everything else — long headers, malformed or short datagrams, `cr` = 3, inactive
+//! or HMAC generations, ids without a live worker, worker sockets that are gone — goes
+//! to a data-plane shard socket, chosen by the 4-tuple hash or (`--steer cpu`) by the
+//! CPU. The map layout is documented in the program's header comment.
+//!
+//! # Why libbpf-rs
+//! libbpf knows the `sk_reuseport` section, BTF-defined maps and
+//! `REUSEPORT_SOCKARRAY`, lets us resize maps before load
+//! (`OpenMapMut::set_max_entries`), and the program is plain C built by the system
+//! clang against libbpf-dev's `bpf_helpers.h`, so the C is the single source of
+//! truth and can be inspected with `bpftool`. aya can express both types only in its
+//! newest releases (`SkReuseport` / `ReusePortSockArray`) and would have us write the
+//! program in Rust with a nightly BPF toolchain, which this build cannot fetch.
+//! Attaching needs no library support at all: it is
+//! `setsockopt(SOL_SOCKET, SO_ATTACH_REUSEPORT_EBPF, prog_fd)` on one socket of the
+//! group. libbpf-sys builds its vendored libbpf (needs libelf-dev, zlib1g-dev,
+//! pkg-config: tools/install-deps).
+//!
+//! # Lifetime of the attached program
+//! The program belongs to the reuseport group, not to [`Steering`]: dropping a
+//! `Steering` (or the data plane crashing) leaves it attached and its maps alive
+//! (the kernel holds references), frozen in their last state. That is deliberate:
+//! established connections keep reaching their workers' sockets while no data plane
+//! runs; non-fast datagrams find no shard socket and are dropped (counted
+//! `shard_select_failed`) — there is nobody to handle them anyway. A new data plane
+//! binding new shard sockets to the same address joins the same group (the workers'
+//! sockets keep it alive) and its `attach` replaces the old program. When the last
+//! socket of the group closes the program goes with it. To detach explicitly call
+//! [`detach`] on any socket of the group (the kernel then hashes over all sockets,
+//! workers' included, so only do that when no worker socket is in the group).
+//!
+//! Integration notes: worker sockets must not be `connect()`ed (a group with
+//! connected sockets makes the kernel score sockets after the program ran), and
+//! every socket of the group must belong to the same user (SO_REUSEPORT rule).
+
+use std::collections::VecDeque;
+use std::ffi::OsStr;
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::Mutex;
+
+use libbpf_rs::{MapCore, MapFlags, MapHandle, Object, ObjectBuilder};
+
+/// The compiled program (empty when built without clang, see build.rs).
+static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/steer.bpf.o"));
+
+/// Key generations the CID's `cr` bits can name (3 = unroutable).
+pub const GENERATIONS: u8 = 3;
+/// Size of the `cpu_shard` table; CPUs at or above it use `cpu % shards`.
+pub const CPU_SLOTS: u32 = 256;
+/// Counter slots of the `counters` map (the `C_*` enum of the program).
+const COUNTER_SLOTS: u32 = 8;
+
+/// Why [`Steering::attach`] failed.
+#[derive(Debug)]
+pub enum LoadError {
+    /// This machine (or this build) cannot run the fast path: no BPF permission
+    /// (EPERM/EACCES), no BPF or no SK_REUSEPORT support (ENOSYS, EOPNOTSUPP, EINVAL),
+    /// a verifier refusal, or a build without clang. `--fast-path auto` falls back to
+    /// the user path.
+    Unsupported(String),
+    /// Anything else (bad arguments, a socket that is not in a reuseport group, …).
+    Other(anyhow::Error),
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoadError::Unsupported(s) => write!(f, "kernel fast path unsupported: {s}"),
+            LoadError::Other(e) => write!(f, "kernel fast path: {e:#}"),
+        }
+    }
+}
+impl std::error::Error for LoadError {}
+
+/// Message of the [`LoadError::Unsupported`] returned by a build without clang.
+pub const BUILT_WITHOUT_CLANG: &str =
+    "quicdemux-fastpath was built without clang; install clang and libbpf-dev (tools/install-deps) and rebuild";
+
+/// Classifies a failure of one attach step (`what`, e.g. "loading the program") by
+/// its error kind: permission and support failures (EPERM/EACCES → PermissionDenied,
+/// ENOSYS/EOPNOTSUPP → Unsupported, EINVAL → InvalidInput: an unknown program or map
+/// type, or a verifier refusal) are [`LoadError::Unsupported`], the rest
+/// [`LoadError::Other`]. Public so the mapping can be tested directly.
+#[doc(hidden)]
+pub fn classify(what: &str, kind: io::ErrorKind, detail: impl fmt::Display) -> LoadError {
+    match kind {
+        io::ErrorKind::PermissionDenied
+        | io::ErrorKind::Unsupported
+        | io::ErrorKind::InvalidInput => LoadError::Unsupported(format!("{what}: {detail}")),
+        _ => LoadError::Other(anyhow::anyhow!("{what}: {detail}")),
+    }
+}
+
+/// A raw errno → [`classify`]; ENOSYS/EOPNOTSUPP/ENOPROTOOPT count as unsupported.
+#[doc(hidden)]
+pub fn classify_os(what: &str, err: io::Error) -> LoadError {
+    let kind = match err.raw_os_error() {
+        Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP) | Some(libc::ENOPROTOOPT) => {
+            io::ErrorKind::Unsupported
+        }
+        Some(libc::EPERM) | Some(libc::EACCES) => io::ErrorKind::PermissionDenied,
+        Some(libc::EINVAL) => io::ErrorKind::InvalidInput,
+        _ => err.kind(),
+    };
+    classify(what, kind, err)
+}
+
+fn libbpf_kind(e: &libbpf_rs::Error) -> io::ErrorKind {
+    use libbpf_rs::ErrorKind as K;
+    match e.kind() {
+        K::PermissionDenied => io::ErrorKind::PermissionDenied,
+        K::Unsupported => io::ErrorKind::Unsupported,
+        K::InvalidInput => io::ErrorKind::InvalidInput,
+        K::NotFound => io::ErrorKind::NotFound,
+        K::OutOfMemory => io::ErrorKind::OutOfMemory,
+        _ => io::ErrorKind::Other,
+    }
+}
+
+/// The tail of libbpf's log (the verifier's output on a refusal), for error messages.
+static LIBBPF_LOG: Mutex<VecDeque<String>> = Mutex::new(VecDeque::new());
+/// Serialises loads (see `Steering::attach_object`).
+static LOAD_LOCK: Mutex<()> = Mutex::new(());
+
+fn capture_libbpf_log(level: libbpf_rs::PrintLevel, msg: String) {
+    if matches!(level, libbpf_rs::PrintLevel::Debug) {
+        return;
+    }
+    let mut log = LIBBPF_LOG.lock().unwrap_or_else(|e| e.into_inner());
+    log.push_back(msg);
+    while log.len() > 40 {
+        log.pop_front();
+    }
+}
+
+fn take_libbpf_log() -> String {
+    let mut log = LIBBPF_LOG.lock().unwrap_or_else(|e| e.into_inner());
+    let s: String = log.drain(..).collect();
+    s.trim_end().to_string()
+}
+
+/// Outcome counters, summed over CPUs. Every datagram the group receives while the
+/// program is attached counts exactly once among `fast`, `long_header`,
+/// `short_packet`, `cr_unroutable`, `unknown_generation`, `not_live` and
+/// `select_failed`; `shard_select_failed` additionally counts the non-fast ones whose
+/// shard select failed (they were dropped).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Selected the owning worker's socket.
+    pub fast: u64,
+    /// Long header (header-form bit set).
+    pub long_header: u64,
+    /// Not a routable short header: empty, fixed bit clear, or shorter than
+    /// 1 + 12 + 20 bytes (proto::header::parse would refuse it).
+    pub short_packet: u64,
+    /// `cr` = 3.
+    pub cr_unroutable: u64,
+    /// `cr` names an inactive generation (rotated away, or an HMAC one).
+    pub unknown_generation: u64,
+    /// The decoded server id has no live worker socket.
+    pub not_live: u64,
+    /// The worker's socket could not be selected (closed: it left the sockarray).
+    pub select_failed: u64,
+    /// Even the shard socket could not be selected: dropped.
+    pub shard_select_failed: u64,
+}
+
+impl Counters {
+    /// Datagrams the program saw (every outcome except the extra `shard_select_failed`).
+    pub fn total(&self) -> u64 {
+        self.fast
+            + self.long_header
+            + self.short_packet
+            + self.cr_unroutable
+            + self.unknown_generation
+            + self.not_live
+            + self.select_failed
+    }
+}
+
+/// The fast path of one listen address (one reuseport group).
+pub struct Steering {
+    /// Owns the program and the maps (the kernel keeps both while attached).
+    _obj: Object,
+    gens: MapHandle,
+    ids: MapHandle,
+    socks: MapHandle,
+    counters: MapHandle,
+    worker_fast: MapHandle,
+    shards: u32,
+    max_workers: u32,
+}
+
+impl fmt::Debug for Steering {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Steering")
+            .field("shards", &self.shards)
+            .field("max_workers", &self.max_workers)
+            .finish()
+    }
+}
+
+fn map_handle(obj: &Object, name: &str) -> Result<MapHandle, LoadError> {
+    let map = obj
+        .maps()
+        .find(|m| m.name() == OsStr::new(name))
+        .ok_or_else(|| {
+            LoadError::Other(anyhow::anyhow!("map {name} missing from the BPF object"))
+        })?;
+    MapHandle::try_from(&map).map_err(|e| LoadError::Other(anyhow::anyhow!("map {name}: {e}")))
+}
+
+fn map_err(e: libbpf_rs::Error) -> io::Error {
+    io::Error::new(libbpf_kind(&e), e.to_string())
+}
+
+fn update(map: &MapHandle, key: u32, value: &[u8]) -> io::Result<()> {
+    map.update(&key.to_ne_bytes(), value, MapFlags::ANY)
+        .map_err(map_err)
+}
+
+fn sum_percpu(map: &MapHandle, key: u32) -> io::Result<u64> {
+    let vals = map
+        .lookup_percpu(&key.to_ne_bytes(), MapFlags::ANY)
+        .map_err(map_err)?
+        .unwrap_or_default();
+    Ok(vals
+        .iter()
+        .map(|v| u64::from_ne_bytes(v.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8])))
+        .sum())
+}
+
+fn setsockopt_int(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: fd is a live descriptor for the duration of the borrow; the option value
+    // points to a c_int on our stack and its exact size is passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            &value as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+impl Steering {
+    /// Loads the program, puts `shard_sockets[i]` at sockarray index `i`, and attaches
+    /// the program to their reuseport group (all shard sockets must be bound to the
+    /// same address with SO_REUSEPORT). `max_workers` sizes the worker slots.
+    /// `shard_by_cpu`: `--steer cpu`, `shard_by_cpu[cpu]` is the shard for datagrams
+    /// the kernel processes on `cpu` (CPUs past the slice or at/above [`CPU_SLOTS`]
+    /// use `cpu % shards`); `None` picks the shard by the 4-tuple hash.
+    pub fn attach(
+        shard_sockets: &[BorrowedFd<'_>],
+        max_workers: u32,
+        shard_by_cpu: Option<&[u32]>,
+    ) -> Result<Steering, LoadError> {
+        Self::attach_object(OBJECT, shard_sockets, max_workers, shard_by_cpu)
+    }
+
+    /// [`Steering::attach`] with another object file (tests: an empty object is what
+    /// a build without clang embeds).
+    #[doc(hidden)]
+    pub fn attach_object(
+        object: &[u8],
+        shard_sockets: &[BorrowedFd<'_>],
+        max_workers: u32,
+        shard_by_cpu: Option<&[u32]>,
+    ) -> Result<Steering, LoadError> {
+        let other = |s: String| LoadError::Other(anyhow::anyhow!(s));
+        let shards = u32::try_from(shard_sockets.len())
+            .map_err(|_| other("too many shard sockets".into()))?;
+        if shards == 0 {
+            return Err(other("at least one shard socket is needed".into()));
+        }
+        let max_workers = max_workers.max(1);
+        let socks_len = shards
+            .checked_add(max_workers)
+            .filter(|&n| n <= 1 << 20)
+            .ok_or_else(|| {
+                other(format!(
+                    "{shards} shards + {max_workers} workers: too many sockets"
+                ))
+            })?;
+        if let Some(t) = shard_by_cpu {
+            if let Some(bad) = t.iter().find(|&&s| s >= shards) {
+                return Err(other(format!(
+                    "cpu shard table names shard {bad} of {shards}"
+                )));
+            }
+        }
+        // Caller errors first: they are errors whatever this build can do.
+        if object.is_empty() {
+            return Err(LoadError::Unsupported(BUILT_WITHOUT_CLANG.to_string()));
+        }
+
+        // libbpf's print callback is process-global: one load at a time, so the log
+        // (the verifier's output on a refusal) is this load's and the previous
+        // callback is restored.
+        let serial = LOAD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = take_libbpf_log();
+        let prev = libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Info, capture_libbpf_log)));
+        let loaded = (|| {
+            let mut open = ObjectBuilder::default().open_memory(object).map_err(|e| {
+                classify("opening the BPF object", libbpf_kind(&e), format!("{e:#}"))
+            })?;
+            for mut m in open.maps_mut() {
+                let n = if m.name() == OsStr::new("socks") {
+                    socks_len
+                } else if m.name() == OsStr::new("worker_fast") {
+                    max_workers
+                } else {
+                    continue;
+                };
+                m.set_max_entries(n)
+                    .map_err(|e| other(format!("sizing map: {e}")))?;
+            }
+            open.load().map_err(|e| {
+                let log = take_libbpf_log();
+                classify(
+                    "loading the SK_REUSEPORT program",
+                    libbpf_kind(&e),
+                    format!("{e:#}\n{log}"),
+                )
+            })
+        })();
+        libbpf_rs::set_print(prev);
+        let _ = take_libbpf_log();
+        drop(serial);
+        let obj = loaded?;
+
+        let steering = Steering {
+            gens: map_handle(&obj, "gens")?,
+            ids: map_handle(&obj, "ids")?,
+            socks: map_handle(&obj, "socks")?,
+            counters: map_handle(&obj, "counters")?,
+            worker_fast: map_handle(&obj, "worker_fast")?,
+            shards,
+            max_workers,
+            _obj: obj,
+        };
+        let config = map_handle(&steering._obj, "config")?;
+        let cpu_shard = map_handle(&steering._obj, "cpu_shard")?;
+        let io_other = |what: &str, e: io::Error| {
+            LoadError::Other(anyhow::Error::new(e).context(what.to_string()))
+        };
+
+        let by_cpu = shard_by_cpu.is_some() as u32;
+        let mut cfg = [0u8; 8];
+        cfg[..4].copy_from_slice(&shards.to_ne_bytes());
+        cfg[4..].copy_from_slice(&by_cpu.to_ne_bytes());
+        update(&config, 0, &cfg).map_err(|e| io_other("writing config", e))?;
+        for cpu in 0..CPU_SLOTS {
+            let s = shard_by_cpu
+                .and_then(|t| t.get(cpu as usize).copied())
+                .unwrap_or(cpu % shards);
+            update(&cpu_shard, cpu, &s.to_ne_bytes())
+                .map_err(|e| io_other("writing cpu_shard", e))?;
+        }
+        for (i, fd) in shard_sockets.iter().enumerate() {
+            let v = fd.as_raw_fd() as u64;
+            update(&steering.socks, i as u32, &v.to_ne_bytes()).map_err(|e| {
+                io_other(&format!("putting shard socket {i} into the sockarray"), e)
+            })?;
+        }
+        let prog = steering
+            ._obj
+            .progs()
+            .find(|p| p.name() == OsStr::new("steer"))
+            .ok_or_else(|| other("program steer missing from the BPF object".into()))?;
+        let prog_fd = prog.as_fd().as_raw_fd();
+        setsockopt_int(
+            shard_sockets[0],
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_REUSEPORT_EBPF,
+            prog_fd,
+        )
+        .map_err(|e| classify_os("SO_ATTACH_REUSEPORT_EBPF", e))?;
+        Ok(steering)
+    }
+
+    /// Number of shard sockets (sockarray 0..shards).
+    pub fn shards(&self) -> u32 {
+        self.shards
+    }
+
+    /// Worker slots (sockarray shards..shards + max_workers).
+    pub fn max_workers(&self) -> u32 {
+        self.max_workers
+    }
+
+    /// Makes generation `cr` (0..=2) decodable in the kernel with this SipHash-2-4 key
+    /// ([k0, k1], derived from the generation's secret in user space), or inactive
+    /// (`None`: rotated away, or a generation whose PRF is hmac-sha256).
+    pub fn set_generation(&self, cr: u8, siphash_key: Option<[u64; 2]>) -> io::Result<()> {
+        if cr >= GENERATIONS {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("generation {cr} is not 0..=2"),
+            ));
+        }
+        let [k0, k1] = siphash_key.unwrap_or([0, 0]);
+        let mut v = [0u8; 24];
+        v[..4].copy_from_slice(&(siphash_key.is_some() as u32).to_ne_bytes());
+        v[8..16].copy_from_slice(&k0.to_ne_bytes());
+        v[16..24].copy_from_slice(&k1.to_ne_bytes());
+        update(&self.gens, cr as u32, &v)
+    }
+
+    fn check_slot(&self, slot: u32) -> io::Result<u32> {
+        if slot >= self.max_workers {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("worker slot {slot} out of 0..{}", self.max_workers),
+            ));
+        }
+        Ok(self.shards + slot)
+    }
+
+    /// Steers `server_id`'s fast datagrams to `sock` (a UDP socket bound to the listen
+    /// address with SO_REUSEPORT, see [`open_worker_socket`]) in worker slot `slot`:
+    /// `socks[shards + slot] = sock`, then `ids[server_id] = shards + slot + 1`. The
+    /// slot's `worker_fast` count restarts at 0. The map keeps its own reference to
+    /// the socket; when the socket is closed it leaves the map by itself.
+    pub fn insert_worker(&self, slot: u32, server_id: u16, sock: BorrowedFd<'_>) -> io::Result<()> {
+        let idx = self.check_slot(slot)?;
+        let cpus = libbpf_rs::num_possible_cpus().map_err(map_err)?;
+        let zeros = vec![vec![0u8; 8]; cpus];
+        self.worker_fast
+            .update_percpu(&slot.to_ne_bytes(), &zeros, MapFlags::ANY)
+            .map_err(map_err)?;
+        update(&self.socks, idx, &(sock.as_raw_fd() as u64).to_ne_bytes())?;
+        update(&self.ids, server_id as u32, &(idx + 1).to_ne_bytes())
+    }
+
+    /// Stops steering: `ids[server_id] = 0` (only if it still names `slot`, so removing
+    /// an old slot never unsteers a re-inserted id), then empties `socks[shards + slot]`
+    /// (already empty when the socket was closed: fine).
+    pub fn remove_worker(&self, slot: u32, server_id: u16) -> io::Result<()> {
+        let idx = self.check_slot(slot)?;
+        let key = (server_id as u32).to_ne_bytes();
+        let cur = self.ids.lookup(&key, MapFlags::ANY).map_err(map_err)?;
+        if cur.as_deref() == Some(&(idx + 1).to_ne_bytes()[..]) {
+            update(&self.ids, server_id as u32, &0u32.to_ne_bytes())?;
+        }
+        match self.socks.delete(&idx.to_ne_bytes()) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(map_err(e)),
+        }
+    }
+
+    /// The outcome counters, summed over CPUs.
+    pub fn counters(&self) -> io::Result<Counters> {
+        let mut c = [0u64; COUNTER_SLOTS as usize];
+        for (i, v) in c.iter_mut().enumerate() {
+            *v = sum_percpu(&self.counters, i as u32)?;
+        }
+        Ok(Counters {
+            fast: c[0],
+            long_header: c[1],
+            short_packet: c[2],
+            cr_unroutable: c[3],
+            unknown_generation: c[4],
+            not_live: c[5],
+            select_failed: c[6],
+            shard_select_failed: c[7],
+        })
+    }
+
+    /// Fast datagrams delivered to worker slot `slot` since its last `insert_worker`,
+    /// summed over CPUs.
+    pub fn worker_fast(&self, slot: u32) -> io::Result<u64> {
+        self.check_slot(slot)?;
+        sum_percpu(&self.worker_fast, slot)
+    }
+}
+
+/// Detaches whatever reuseport program the group of `sock` has
+/// (SO_DETACH_REUSEPORT_BPF). ENOENT (nothing attached) is not an error.
+pub fn detach(sock: BorrowedFd<'_>) -> io::Result<()> {
+    match setsockopt_int(sock, libc::SOL_SOCKET, libc::SO_DETACH_REUSEPORT_BPF, 0) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        r => r,
+    }
+}
+
+/// A UDP socket for the fast path: SO_REUSEPORT (and IPV6_V6ONLY for v6), bound to
+/// `addr`, non-blocking, close-on-exec. Use it for worker sockets (and shard sockets)
+/// of the listen address's group; port 0 binds an ephemeral port that the rest of the
+/// group then binds explicitly.
+pub fn open_worker_socket(addr: SocketAddr) -> io::Result<OwnedFd> {
+    let family = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: plain socket(2) call; the result is checked before use.
+    let fd = unsafe {
+        libc::socket(
+            family,
+            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd was just returned by socket(2) and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    setsockopt_int(fd.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+    // SAFETY: both sockaddr types are plain old data for which all-zero is valid.
+    let (mut v4, mut v6): (libc::sockaddr_in, libc::sockaddr_in6) =
+        unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    let (ptr, len) = match addr {
+        SocketAddr::V4(a) => {
+            v4.sin_family = libc::AF_INET as libc::sa_family_t;
+            v4.sin_port = a.port().to_be();
+            v4.sin_addr = libc::in_addr {
+                s_addr: u32::from_ne_bytes(a.ip().octets()),
+            };
+            (
+                &v4 as *const _ as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_in>(),
+            )
+        }
+        SocketAddr::V6(a) => {
+            setsockopt_int(fd.as_fd(), libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
+            v6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            v6.sin6_port = a.port().to_be();
+            v6.sin6_flowinfo = a.flowinfo();
+            v6.sin6_addr = libc::in6_addr {
+                s6_addr: a.ip().octets(),
+            };
+            v6.sin6_scope_id = a.scope_id();
+            (
+                &v6 as *const _ as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_in6>(),
+            )
+        }
+    };
+    // SAFETY: ptr points to an initialised sockaddr of `len` bytes that outlives the call.
+    if unsafe { libc::bind(fd.as_raw_fd(), ptr, len as libc::socklen_t) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steering_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Steering>();
+    }
+
+    #[test]
+    fn object_is_embedded_when_clang_is_there() {
+        // build.rs panics on a compile error, so an empty object means no clang.
+        if OBJECT.is_empty() {
+            eprintln!("skip: built without clang");
+            return;
+        }
+        assert_eq!(&OBJECT[..4], b"\x7fELF");
+    }
+}

@@ -1,0 +1,1049 @@
+//! The real program on real sockets: reuseport groups on 127.0.0.1, datagrams from
+//! several 127.x.y.z sources, and a plain-Rust model of where each one must arrive.
+//! The model derives the SipHash key with aws-lc-rs's HMAC and hashes with the
+//! `siphasher` crate: independent of the C program and of proto.
+//!
+//! If this machine refuses to load the program the tests print `skip: …` and pass,
+//! unless QUICDEMUX_REQUIRE_FASTPATH=1, when they fail.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::time::{Duration, Instant};
+
+use aws_lc_rs::hmac;
+use fastpath::{Counters, LoadError, Steering};
+use siphasher::sip::SipHasher24;
+
+// ---------- the independent model ----------
+
+const PRF_LABEL: &[u8] = b"quicdemux cid prf siphash-2-4 v1";
+
+/// k0/k1 of a siphash-2-4 generation: HMAC-SHA-256(secret, label)[0..16], LE.
+fn derive(secret: &[u8; 32]) -> [u64; 2] {
+    let t = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, secret), PRF_LABEL);
+    let t = t.as_ref();
+    [
+        u64::from_le_bytes(t[0..8].try_into().unwrap()),
+        u64::from_le_bytes(t[8..16].try_into().unwrap()),
+    ]
+}
+
+fn mask(key: [u64; 2], prefix: &[u8]) -> [u8; 2] {
+    let h = SipHasher24::new_with_keys(key[0], key[1]).hash(prefix);
+    [(h & 0xff) as u8, ((h >> 8) & 0xff) as u8]
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn byte(&mut self) -> u8 {
+        self.next() as u8
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// A 12-byte CID with generation bits `cr` whose bytes 9..=10 decode to `id` under `key`
+/// (random there when `key` is None: the id is not decodable anyway).
+fn cid(rng: &mut Rng, cr: u8, id: u16, key: Option<[u64; 2]>) -> [u8; 12] {
+    let mut c = [0u8; 12];
+    for b in c.iter_mut() {
+        *b = rng.byte();
+    }
+    c[0] = (cr << 6) | (c[0] & 0x3f);
+    if let Some(k) = key {
+        let m = mask(k, &c[..9]);
+        let idb = id.to_be_bytes();
+        c[9] = idb[0] ^ m[0];
+        c[10] = idb[1] ^ m[1];
+    }
+    c
+}
+
+/// A short-header datagram of `len` bytes (>= 17) for `cid`; the last 4 bytes carry `seq`.
+fn short_datagram(rng: &mut Rng, first: u8, cid: &[u8; 12], len: usize, seq: u32) -> Vec<u8> {
+    assert!(len >= 17);
+    let mut d: Vec<u8> = (0..len).map(|_| rng.byte()).collect();
+    d[0] = first;
+    d[1..13].copy_from_slice(cid);
+    d[len - 4..].copy_from_slice(&seq.to_le_bytes());
+    d
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Expect {
+    Worker(usize),
+    AnyShard,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Arrived {
+    Shard(usize),
+    Worker(usize),
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Outcome {
+    Fast,
+    LongHeader,
+    ShortPacket,
+    CrUnroutable,
+    UnknownGeneration,
+    NotLive,
+    SelectFailed,
+}
+
+fn bump(c: &mut Counters, o: Outcome) {
+    match o {
+        Outcome::Fast => c.fast += 1,
+        Outcome::LongHeader => c.long_header += 1,
+        Outcome::ShortPacket => c.short_packet += 1,
+        Outcome::CrUnroutable => c.cr_unroutable += 1,
+        Outcome::UnknownGeneration => c.unknown_generation += 1,
+        Outcome::NotLive => c.not_live += 1,
+        Outcome::SelectFailed => c.select_failed += 1,
+    }
+}
+
+// ---------- the harness ----------
+
+fn require() -> bool {
+    std::env::var("QUICDEMUX_REQUIRE_FASTPATH")
+        .map(|v| v == "1")
+        .unwrap_or(false)
+}
+
+fn set_rcvbuf(s: &UdpSocket) {
+    let v: libc::c_int = 4 << 20;
+    // SAFETY: s is a live socket; the value is a c_int of the size passed.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            &v as *const _ as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+struct Group {
+    addr: SocketAddr,
+    shards: Vec<UdpSocket>,
+    workers: Vec<Option<UdpSocket>>,
+    steering: Steering,
+}
+
+/// `shards` shard sockets and `workers` worker sockets in one group on 127.0.0.1,
+/// the program attached; None (after printing why) when BPF is refused here.
+fn group(shards: usize, workers: usize, max_workers: u32, by_cpu: Option<&[u32]>) -> Option<Group> {
+    group_at("127.0.0.1:0", shards, workers, max_workers, by_cpu)
+}
+
+fn group_at(
+    bind: &str,
+    shards: usize,
+    workers: usize,
+    max_workers: u32,
+    by_cpu: Option<&[u32]>,
+) -> Option<Group> {
+    let first = UdpSocket::from(fastpath::open_worker_socket(bind.parse().unwrap()).unwrap());
+    let addr = first.local_addr().unwrap();
+    let mut shard_socks = vec![first];
+    for _ in 1..shards {
+        shard_socks.push(UdpSocket::from(fastpath::open_worker_socket(addr).unwrap()));
+    }
+    let worker_socks: Vec<Option<UdpSocket>> = (0..workers)
+        .map(|_| Some(UdpSocket::from(fastpath::open_worker_socket(addr).unwrap())))
+        .collect();
+    for s in shard_socks.iter().chain(worker_socks.iter().flatten()) {
+        set_rcvbuf(s);
+    }
+    let fds: Vec<BorrowedFd<'_>> = shard_socks.iter().map(|s| s.as_fd()).collect();
+    let steering = match Steering::attach(&fds, max_workers, by_cpu) {
+        Ok(s) => s,
+        Err(LoadError::Unsupported(why)) if !require() => {
+            eprintln!("skip: kernel fast path unavailable here: {why}");
+            return None;
+        }
+        Err(e) => panic!("attach: {e}"),
+    };
+    Some(Group {
+        addr,
+        shards: shard_socks,
+        workers: worker_socks,
+        steering,
+    })
+}
+
+fn senders(n: usize) -> Vec<UdpSocket> {
+    let ips = [
+        "127.0.0.1",
+        "127.0.0.2",
+        "127.1.2.3",
+        "127.9.8.7",
+        "127.200.0.1",
+        "127.33.44.55",
+        "127.5.5.5",
+        "127.77.0.9",
+    ];
+    (0..n)
+        .map(|i| UdpSocket::bind((ips[i % ips.len()], 0)).unwrap())
+        .collect()
+}
+
+/// One datagram to send and where it must arrive.
+struct Dgram {
+    src: usize,
+    bytes: Vec<u8>,
+    expect: Expect,
+    outcome: Outcome,
+}
+
+/// What arrived where.
+#[derive(Default)]
+struct Delivery {
+    /// seq -> where
+    at: HashMap<u32, Arrived>,
+    /// per worker: datagrams received
+    per_worker: HashMap<usize, u64>,
+    /// source address -> shards it reached
+    src_shards: HashMap<SocketAddr, Vec<usize>>,
+}
+
+/// Sends `plan` in batches, draining all sockets after each batch, and checks every
+/// datagram arrived exactly once where the model says. Datagrams shorter than 17 bytes
+/// carry no tag: they are identified by (source, length), which the plan keeps unique
+/// within a batch.
+fn run(g: &Group, srcs: &[UdpSocket], plan: &[Dgram]) -> Delivery {
+    let mut del = Delivery::default();
+    for (b, batch) in plan.chunks(128).enumerate() {
+        let base = b * 128;
+        let mut tiny: HashMap<(SocketAddr, usize), u32> = HashMap::new();
+        for (i, d) in batch.iter().enumerate() {
+            let seq = (base + i) as u32;
+            if d.bytes.len() < 17 {
+                let key = (srcs[d.src].local_addr().unwrap(), d.bytes.len());
+                assert!(
+                    tiny.insert(key, seq).is_none(),
+                    "plan: two tiny datagrams share (source, length)"
+                );
+            }
+            srcs[d.src].send_to(&d.bytes, g.addr).unwrap();
+        }
+        let mut got = 0;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut buf = [0u8; 2048];
+        while got < batch.len() {
+            assert!(
+                Instant::now() < deadline,
+                "only {got} of {} datagrams of batch {b} arrived",
+                batch.len()
+            );
+            let mut any = false;
+            let socks = g
+                .shards
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (Arrived::Shard(i), s))
+                .chain(
+                    g.workers
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(i, s)| s.as_ref().map(|s| (Arrived::Worker(i), s))),
+                );
+            for (where_, s) in socks {
+                loop {
+                    match s.recv_from(&mut buf) {
+                        Ok((n, from)) => {
+                            any = true;
+                            got += 1;
+                            let seq = if n >= 17 {
+                                u32::from_le_bytes(buf[n - 4..n].try_into().unwrap())
+                            } else {
+                                *tiny.get(&(from, n)).expect("unknown tiny datagram")
+                            };
+                            let d = &plan[seq as usize];
+                            assert_eq!(&buf[..n], &d.bytes[..], "datagram {seq} corrupted");
+                            assert!(
+                                del.at.insert(seq, where_).is_none(),
+                                "datagram {seq} arrived twice"
+                            );
+                            match (d.expect, where_) {
+                                (Expect::Worker(w), Arrived::Worker(a)) if w == a => {}
+                                (Expect::AnyShard, Arrived::Shard(_)) => {}
+                                (e, a) => panic!(
+                                    "datagram {seq} ({:?}) expected at {e:?}, arrived at {a:?}",
+                                    d.outcome
+                                ),
+                            }
+                            match where_ {
+                                Arrived::Worker(w) => *del.per_worker.entry(w).or_default() += 1,
+                                Arrived::Shard(s) => {
+                                    del.src_shards.entry(from).or_default().push(s)
+                                }
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) => panic!("recv: {e}"),
+                    }
+                }
+            }
+            if !any {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+    del
+}
+
+fn expected_counters(plan: &[Dgram]) -> Counters {
+    let mut c = Counters::default();
+    for d in plan {
+        bump(&mut c, d.outcome);
+    }
+    c
+}
+
+const SECRET0: [u8; 32] = [0x11; 32];
+const SECRET1: [u8; 32] = *b"another generation's 32B secret!";
+/// Server ids of the three workers (slot i = worker i): asymmetric bytes, so a
+/// swapped mask or id byte order decodes to another id.
+const IDS: [u16; 3] = [0x1234, 0x00fe, 0xab01];
+
+fn fast(rng: &mut Rng, src: usize, cr: u8, key: [u64; 2], worker: usize, seq: u32) -> Dgram {
+    let c = cid(rng, cr, IDS[worker], Some(key));
+    let len = 33 + rng.below(1200) as usize;
+    let first = 0x40 | (rng.byte() & 0x3f);
+    Dgram {
+        src,
+        bytes: short_datagram(rng, first, &c, len, seq),
+        expect: Expect::Worker(worker),
+        outcome: Outcome::Fast,
+    }
+}
+
+fn to_shard(src: usize, bytes: Vec<u8>, outcome: Outcome) -> Dgram {
+    Dgram {
+        src,
+        bytes,
+        expect: Expect::AnyShard,
+        outcome,
+    }
+}
+
+// ---------- tests ----------
+
+/// Test 1 (and 4): the exact model over a few thousand datagrams of every kind.
+#[test]
+fn steering_matches_the_model_exactly() {
+    let Some(g) = group(2, 3, 8, None) else {
+        return;
+    };
+    let (k0, k1) = (derive(&SECRET0), derive(&SECRET1));
+    g.steering.set_generation(0, Some(k0)).unwrap();
+    g.steering.set_generation(1, Some(k1)).unwrap();
+    g.steering.set_generation(2, None).unwrap();
+    for (slot, w) in g.workers.iter().enumerate() {
+        g.steering
+            .insert_worker(slot as u32, IDS[slot], w.as_ref().unwrap().as_fd())
+            .unwrap();
+    }
+    let srcs = senders(8);
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut plan: Vec<Dgram> = Vec::new();
+    let n = 3000;
+    while plan.len() < n {
+        let seq = plan.len() as u32;
+        let src = rng.below(srcs.len() as u64) as usize;
+        let kind = rng.below(12);
+        let d = match kind {
+            0..=3 => {
+                let cr = (kind & 1) as u8;
+                let w = rng.below(3) as usize;
+                fast(&mut rng, src, cr, if cr == 0 { k0 } else { k1 }, w, seq)
+            }
+            4 => {
+                // A dead id in a live generation.
+                let mut id = rng.next() as u16;
+                while IDS.contains(&id) {
+                    id = rng.next() as u16;
+                }
+                let cr = rng.below(2) as u8;
+                let c = cid(&mut rng, cr, id, Some(if cr == 0 { k0 } else { k1 }));
+                let (first, len) = (0x40 | (rng.byte() & 0x3f), 33 + rng.below(200) as usize);
+                to_shard(
+                    src,
+                    short_datagram(&mut rng, first, &c, len, seq),
+                    Outcome::NotLive,
+                )
+            }
+            5 => {
+                // Live id encoded with generation 0's key but marked cr = 3.
+                let mut c = cid(&mut rng, 0, IDS[0], Some(k0));
+                c[0] |= 0xc0;
+                to_shard(
+                    src,
+                    short_datagram(&mut rng, 0x40, &c, 60, seq),
+                    Outcome::CrUnroutable,
+                )
+            }
+            6 => {
+                // cr = 2: inactive generation (encoded with k0: must not matter).
+                let mut c = cid(&mut rng, 0, IDS[1], Some(k0));
+                c[0] = (c[0] & 0x3f) | 0x80;
+                to_shard(
+                    src,
+                    short_datagram(&mut rng, 0x40, &c, 80, seq),
+                    Outcome::UnknownGeneration,
+                )
+            }
+            7 => {
+                // Long header whose DCID bytes would decode to a live worker.
+                let c = cid(&mut rng, 0, IDS[2], Some(k0));
+                let first = 0x80 | rng.byte();
+                let len = 40 + rng.below(1200) as usize;
+                to_shard(
+                    src,
+                    short_datagram(&mut rng, first, &c, len, seq),
+                    Outcome::LongHeader,
+                )
+            }
+            8 => {
+                // Fixed bit clear, otherwise a perfect fast datagram.
+                let c = cid(&mut rng, 1, IDS[1], Some(k1));
+                let first = rng.byte() & 0x3f;
+                to_shard(
+                    src,
+                    short_datagram(&mut rng, first, &c, 100, seq),
+                    Outcome::ShortPacket,
+                )
+            }
+            9 => {
+                // Too short by 1..=16 bytes: live id, 17..=32 bytes.
+                let c = cid(&mut rng, 0, IDS[0], Some(k0));
+                let len = 17 + rng.below(16) as usize;
+                to_shard(
+                    src,
+                    short_datagram(&mut rng, 0x40, &c, len, seq),
+                    Outcome::ShortPacket,
+                )
+            }
+            10 => {
+                // The boundary: exactly 33 bytes is fast, 32 is not.
+                if rng.below(2) == 0 {
+                    let w = rng.below(3) as usize;
+                    let c = cid(&mut rng, 1, IDS[w], Some(k1));
+                    Dgram {
+                        src,
+                        bytes: short_datagram(&mut rng, 0x7f, &c, 33, seq),
+                        expect: Expect::Worker(w),
+                        outcome: Outcome::Fast,
+                    }
+                } else {
+                    let c = cid(&mut rng, 1, IDS[0], Some(k1));
+                    to_shard(
+                        src,
+                        short_datagram(&mut rng, 0x7f, &c, 32, seq),
+                        Outcome::ShortPacket,
+                    )
+                }
+            }
+            _ => continue,
+        };
+        plan.push(d);
+    }
+    // Tiny datagrams (0..=16 bytes, one per source and length): short_packet.
+    for src in 0..srcs.len() {
+        for len in 0..17usize {
+            let mut b: Vec<u8> = (0..len).map(|_| rng.byte()).collect();
+            if let Some(f) = b.first_mut() {
+                *f = 0x40 | (*f & 0x3f);
+            }
+            plan.push(to_shard(src, b, Outcome::ShortPacket));
+        }
+    }
+    // The tiny block must not straddle a batch boundary with another tiny block of the
+    // same (source, length): it doesn't, each (source, length) occurs once overall.
+
+    let del = run(&g, &srcs, &plan);
+    assert_eq!(del.at.len(), plan.len());
+    let want = expected_counters(&plan);
+    let have = g.steering.counters().unwrap();
+    assert_eq!(have, want, "counters (left: kernel, right: model)");
+    assert_eq!(have.total(), plan.len() as u64);
+    for kind in [
+        want.fast,
+        want.long_header,
+        want.short_packet,
+        want.cr_unroutable,
+        want.unknown_generation,
+        want.not_live,
+    ] {
+        assert!(kind > 0, "the plan covers every outcome: {want:?}");
+    }
+    // Test 4 within the mix: worker_fast(slot) = datagrams delivered to that worker.
+    for w in 0..3 {
+        let got = del.per_worker.get(&w).copied().unwrap_or(0);
+        assert!(got > 0);
+        assert_eq!(
+            g.steering.worker_fast(w as u32).unwrap(),
+            got,
+            "worker_fast({w})"
+        );
+    }
+    for slot in 3..8 {
+        assert_eq!(g.steering.worker_fast(slot).unwrap(), 0);
+    }
+    // Shard choice by hash: one 4-tuple, one shard; both shards used.
+    let mut used = [false; 2];
+    for (src, shards) in &del.src_shards {
+        assert!(
+            shards.iter().all(|&s| s == shards[0]),
+            "{src} reached shards {shards:?}"
+        );
+        used[shards[0]] = true;
+    }
+    assert!(
+        used[0] && used[1],
+        "both shards used: {used:?} over {} sources",
+        del.src_shards.len()
+    );
+}
+
+/// Plan of `n` fast datagrams for worker `w` (generation 0) from all sources.
+#[allow(clippy::too_many_arguments)]
+fn fast_plan(
+    rng: &mut Rng,
+    key: [u64; 2],
+    w: usize,
+    n: usize,
+    srcs: usize,
+    start: usize,
+    expect: Expect,
+    outcome: Outcome,
+) -> Vec<Dgram> {
+    (0..n)
+        .map(|i| {
+            let mut d = fast(rng, i % srcs, 0, key, w, (start + i) as u32);
+            d.expect = expect;
+            d.outcome = outcome;
+            d
+        })
+        .collect()
+}
+
+fn prepare(g: &Group) -> [u64; 2] {
+    let k0 = derive(&SECRET0);
+    g.steering.set_generation(0, Some(k0)).unwrap();
+    for (slot, w) in g.workers.iter().enumerate() {
+        g.steering
+            .insert_worker(slot as u32, IDS[slot], w.as_ref().unwrap().as_fd())
+            .unwrap();
+    }
+    k0
+}
+
+/// Test 2: a closed worker socket leaves the sockarray; its datagrams go to a shard
+/// and count as select_failed.
+#[test]
+fn closed_worker_socket_falls_back_to_a_shard() {
+    let Some(mut g) = group(2, 3, 4, None) else {
+        return;
+    };
+    let k0 = prepare(&g);
+    let srcs = senders(4);
+    let mut rng = Rng(7);
+    // Before: fast.
+    let plan = fast_plan(
+        &mut rng,
+        k0,
+        1,
+        100,
+        srcs.len(),
+        0,
+        Expect::Worker(1),
+        Outcome::Fast,
+    );
+    run(&g, &srcs, &plan);
+    assert_eq!(g.steering.counters().unwrap().fast, 100);
+    drop(g.workers[1].take());
+    let mut plan2 = fast_plan(
+        &mut rng,
+        k0,
+        1,
+        200,
+        srcs.len(),
+        0,
+        Expect::AnyShard,
+        Outcome::SelectFailed,
+    );
+    // Other workers are unaffected.
+    plan2.extend(fast_plan(
+        &mut rng,
+        k0,
+        2,
+        50,
+        srcs.len(),
+        200,
+        Expect::Worker(2),
+        Outcome::Fast,
+    ));
+    run(&g, &srcs, &plan2);
+    let c = g.steering.counters().unwrap();
+    assert_eq!(
+        (c.fast, c.select_failed, c.shard_select_failed),
+        (150, 200, 0),
+        "{c:?}"
+    );
+    assert_eq!(g.steering.worker_fast(1).unwrap(), 100);
+    // remove_worker of a slot whose socket is already gone is fine.
+    g.steering.remove_worker(1, IDS[1]).unwrap();
+}
+
+/// Test 3 (and 4): remove_worker → not_live; re-insert in a new slot → fast again,
+/// counted in the new slot.
+#[test]
+fn remove_and_reinsert_worker() {
+    let Some(g) = group(2, 3, 6, None) else {
+        return;
+    };
+    let k0 = prepare(&g);
+    let srcs = senders(4);
+    let mut rng = Rng(99);
+    run(
+        &g,
+        &srcs,
+        &fast_plan(
+            &mut rng,
+            k0,
+            0,
+            64,
+            srcs.len(),
+            0,
+            Expect::Worker(0),
+            Outcome::Fast,
+        ),
+    );
+    g.steering.remove_worker(0, IDS[0]).unwrap();
+    run(
+        &g,
+        &srcs,
+        &fast_plan(
+            &mut rng,
+            k0,
+            0,
+            80,
+            srcs.len(),
+            0,
+            Expect::AnyShard,
+            Outcome::NotLive,
+        ),
+    );
+    let c = g.steering.counters().unwrap();
+    assert_eq!((c.fast, c.not_live, c.select_failed), (64, 80, 0), "{c:?}");
+    // Same socket, new slot 4.
+    g.steering
+        .insert_worker(4, IDS[0], g.workers[0].as_ref().unwrap().as_fd())
+        .unwrap();
+    let mut plan = fast_plan(
+        &mut rng,
+        k0,
+        0,
+        90,
+        srcs.len(),
+        0,
+        Expect::Worker(0),
+        Outcome::Fast,
+    );
+    plan.extend(fast_plan(
+        &mut rng,
+        k0,
+        2,
+        10,
+        srcs.len(),
+        90,
+        Expect::Worker(2),
+        Outcome::Fast,
+    ));
+    run(&g, &srcs, &plan);
+    let c = g.steering.counters().unwrap();
+    assert_eq!((c.fast, c.not_live), (64 + 100, 80), "{c:?}");
+    assert_eq!(g.steering.worker_fast(4).unwrap(), 90);
+    assert_eq!(
+        g.steering.worker_fast(0).unwrap(),
+        64,
+        "the old slot keeps its count"
+    );
+    assert_eq!(g.steering.worker_fast(2).unwrap(), 10);
+    // Removing the old slot now must not unsteer the id that moved to slot 4.
+    g.steering.remove_worker(0, IDS[0]).unwrap();
+    run(
+        &g,
+        &srcs,
+        &fast_plan(
+            &mut rng,
+            k0,
+            0,
+            20,
+            srcs.len(),
+            0,
+            Expect::Worker(0),
+            Outcome::Fast,
+        ),
+    );
+    assert_eq!(g.steering.worker_fast(4).unwrap(), 110);
+    // Re-using a slot restarts its worker_fast count.
+    g.steering.remove_worker(4, IDS[0]).unwrap();
+    g.steering
+        .insert_worker(0, IDS[0], g.workers[0].as_ref().unwrap().as_fd())
+        .unwrap();
+    assert_eq!(
+        g.steering.worker_fast(0).unwrap(),
+        0,
+        "insert_worker resets the slot's count"
+    );
+    run(
+        &g,
+        &srcs,
+        &fast_plan(
+            &mut rng,
+            k0,
+            0,
+            5,
+            srcs.len(),
+            0,
+            Expect::Worker(0),
+            Outcome::Fast,
+        ),
+    );
+    assert_eq!(g.steering.worker_fast(0).unwrap(), 5);
+    // Out-of-range slots are refused.
+    assert!(g
+        .steering
+        .insert_worker(6, 1, g.workers[1].as_ref().unwrap().as_fd())
+        .is_err());
+    assert!(g.steering.worker_fast(6).is_err());
+    assert!(g.steering.set_generation(3, None).is_err());
+}
+
+fn pin_to(cpu: usize) -> io::Result<()> {
+    // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET only write within it, and
+    // sched_setaffinity(0) affects only the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Test 5: `--steer cpu`: the shard is cpu_shard[cpu of the sender] (loopback runs the
+/// receive path on the sending CPU). Fast datagrams still reach their workers.
+#[test]
+fn by_cpu_picks_the_cpu_shard() {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    if cpus < 2 {
+        eprintln!("skip: by_cpu needs at least 2 CPUs, this machine has {cpus}");
+        return;
+    }
+    // Deliberately not cpu % shards: cpu c -> shard (c + 1) % 2.
+    let table: Vec<u32> = (0..256u32).map(|c| (c + 1) % 2).collect();
+    let Some(g) = group(2, 3, 4, Some(&table)) else {
+        return;
+    };
+    let k0 = prepare(&g);
+    let mut total = Counters::default();
+    for cpu in [0usize, 1] {
+        let shard = table[cpu] as usize;
+        let g = &g;
+        let (del, n) = std::thread::scope(|s| {
+            s.spawn(move || {
+                pin_to(cpu).expect("sched_setaffinity");
+                let srcs = senders(8);
+                let mut rng = Rng(1234 + cpu as u64);
+                let mut plan: Vec<Dgram> = (0..200)
+                    .map(|i| {
+                        let c = cid(&mut rng, 3, 0, None);
+                        to_shard(
+                            i % 8,
+                            short_datagram(&mut rng, 0x40, &c, 50, i as u32),
+                            Outcome::CrUnroutable,
+                        )
+                    })
+                    .collect();
+                plan.extend(fast_plan(
+                    &mut rng,
+                    k0,
+                    2,
+                    40,
+                    8,
+                    200,
+                    Expect::Worker(2),
+                    Outcome::Fast,
+                ));
+                (run(g, &srcs, &plan), plan.len())
+            })
+            .join()
+            .unwrap()
+        });
+        assert_eq!(del.at.len(), n);
+        let mut count = 0;
+        for (src, shards) in &del.src_shards {
+            assert!(
+                shards.iter().all(|&s| s == shard),
+                "cpu {cpu}: {src} reached shards {shards:?}, want {shard}"
+            );
+            count += shards.len();
+        }
+        assert_eq!(count, 200);
+        total.cr_unroutable += 200;
+        total.fast += 40;
+    }
+    assert_eq!(g.steering.counters().unwrap(), total);
+}
+
+/// A shard socket that is gone: datagrams for it are dropped and counted
+/// (shard_select_failed), never handed to a worker; fast datagrams still flow.
+#[test]
+fn failed_shard_select_is_a_counted_drop() {
+    // Every CPU's shard is shard 1, which is then closed.
+    let table = vec![1u32; 256];
+    let Some(mut g) = group(2, 3, 4, Some(&table)) else {
+        return;
+    };
+    let k0 = prepare(&g);
+    drop(g.shards.remove(1));
+    let srcs = senders(4);
+    let mut rng = Rng(5);
+    for i in 0..100 {
+        let c = cid(&mut rng, 3, 0, None);
+        srcs[i % 4]
+            .send_to(&short_datagram(&mut rng, 0x40, &c, 50, i as u32), g.addr)
+            .unwrap();
+    }
+    // Fast datagrams are unaffected (and, being delivered, prove the others had time).
+    run(
+        &g,
+        &srcs,
+        &fast_plan(&mut rng, k0, 1, 30, 4, 0, Expect::Worker(1), Outcome::Fast),
+    );
+    std::thread::sleep(Duration::from_millis(50));
+    let mut buf = [0u8; 2048];
+    for s in g.shards.iter().chain(g.workers.iter().flatten()) {
+        assert!(
+            s.recv_from(&mut buf).is_err(),
+            "a dropped datagram arrived at {:?}",
+            s.local_addr()
+        );
+    }
+    let c = g.steering.counters().unwrap();
+    assert_eq!(
+        (c.cr_unroutable, c.shard_select_failed, c.fast),
+        (100, 100, 30),
+        "{c:?}"
+    );
+}
+
+/// The same program over IPv6 (::1): open_worker_socket's v6 path, and the UDP
+/// payload offset is the same for both families.
+#[test]
+fn ipv6_group_steers_too() {
+    if std::net::UdpSocket::bind("[::1]:0").is_err() {
+        eprintln!("skip: no IPv6 loopback here");
+        return;
+    }
+    let Some(g) = group_at("[::1]:0", 2, 3, 4, None) else {
+        return;
+    };
+    let k0 = prepare(&g);
+    let srcs: Vec<UdpSocket> = (0..6)
+        .map(|_| UdpSocket::bind("[::1]:0").unwrap())
+        .collect();
+    let mut rng = Rng(66);
+    let mut plan = Vec::new();
+    for w in 0..3 {
+        let start = plan.len();
+        plan.extend(fast_plan(
+            &mut rng,
+            k0,
+            w,
+            50,
+            srcs.len(),
+            start,
+            Expect::Worker(w),
+            Outcome::Fast,
+        ));
+    }
+    for i in 0..50 {
+        let c = cid(&mut rng, 3, 0, None);
+        let seq = plan.len() as u32;
+        plan.push(to_shard(
+            i % 6,
+            short_datagram(&mut rng, 0xc0, &c, 1200, seq),
+            Outcome::LongHeader,
+        ));
+    }
+    let del = run(&g, &srcs, &plan);
+    assert_eq!(del.at.len(), plan.len());
+    assert_eq!(g.steering.counters().unwrap(), expected_counters(&plan));
+    assert!(g.addr.is_ipv6());
+}
+
+/// Without CAP_BPF / CAP_SYS_ADMIN (dropped for one thread: capabilities are per
+/// thread) loading is refused with EPERM, which is `Unsupported`.
+#[test]
+fn unprivileged_load_is_unsupported() {
+    let unpriv =
+        std::fs::read_to_string("/proc/sys/kernel/unprivileged_bpf_disabled").unwrap_or_default();
+    std::thread::spawn(move || {
+        let s =
+            UdpSocket::from(fastpath::open_worker_socket("127.0.0.1:0".parse().unwrap()).unwrap());
+        #[repr(C)]
+        struct Header {
+            version: u32,
+            pid: i32,
+        }
+        #[repr(C)]
+        #[derive(Clone, Copy)]
+        struct Data {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        let mut hdr = Header {
+            version: 0x2008_0522,
+            pid: 0,
+        }; // _LINUX_CAPABILITY_VERSION_3
+        let data = [Data {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        }; 2];
+        // SAFETY: capset(2) with a v3 header and the two data words it reads; pid 0 =
+        // this thread only.
+        let rc = unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut Header, data.as_ptr()) };
+        assert_eq!(rc, 0, "capset: {}", io::Error::last_os_error());
+        match Steering::attach(&[s.as_fd()], 4, None) {
+            Err(LoadError::Unsupported(m)) => {
+                eprintln!("unprivileged attach refused as expected: {}", m)
+            }
+            Ok(_) if unpriv.trim() == "0" => eprintln!("skip: unprivileged BPF is enabled here"),
+            other => panic!("unprivileged attach: {other:?}"),
+        }
+    })
+    .join()
+    .unwrap();
+}
+
+/// A program the verifier refuses (a read past the context) is `Unsupported`, and
+/// the message carries the verifier's log.
+#[test]
+fn verifier_refusal_is_unsupported() {
+    let dir = std::env::temp_dir().join(format!("fastpath-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (src, obj) = (dir.join("bad.bpf.c"), dir.join("bad.bpf.o"));
+    std::fs::write(
+        &src,
+        "#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\n\
+         SEC(\"sk_reuseport\") int steer(struct sk_reuseport_md *ctx)\n\
+         { return *(volatile __u32 *)((char *)ctx + 1000) ? SK_PASS : SK_DROP; }\n\
+         char LICENSE[] SEC(\"license\") = \"Dual BSD/GPL\";\n",
+    )
+    .unwrap();
+    let arch = if cfg!(target_arch = "aarch64") {
+        "aarch64"
+    } else {
+        "x86_64"
+    };
+    let built =
+        std::process::Command::new(std::env::var("CLANG").unwrap_or_else(|_| "clang".into()))
+            .args(["-O2", "-g", "-target", "bpf"])
+            .arg(format!("-I/usr/include/{arch}-linux-gnu"))
+            .arg("-c")
+            .arg(&src)
+            .arg("-o")
+            .arg(&obj)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+    if !built {
+        eprintln!("skip: cannot compile a test BPF program here (clang / libbpf-dev missing)");
+        return;
+    }
+    let bytes = std::fs::read(&obj).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let s = UdpSocket::from(fastpath::open_worker_socket("127.0.0.1:0".parse().unwrap()).unwrap());
+    match Steering::attach_object(&bytes, &[s.as_fd()], 4, None) {
+        Err(LoadError::Unsupported(m)) => {
+            assert!(m.starts_with("loading the SK_REUSEPORT program"), "{m}");
+            assert!(
+                m.contains("invalid bpf_context access"),
+                "verifier log in: {m}"
+            );
+        }
+        other => panic!("verifier refusal: {other:?}"),
+    }
+}
+
+/// Test 6: the "built without clang" and "unsupported" paths.
+#[test]
+fn unsupported_paths_are_reported_as_such() {
+    let s = UdpSocket::from(fastpath::open_worker_socket("127.0.0.1:0".parse().unwrap()).unwrap());
+    match Steering::attach_object(&[], &[s.as_fd()], 4, None) {
+        Err(LoadError::Unsupported(m)) => {
+            assert_eq!(m, fastpath::BUILT_WITHOUT_CLANG);
+            assert!(m.contains("clang") && m.contains("libbpf-dev"));
+        }
+        other => panic!("empty object: {other:?}"),
+    }
+    for errno in [
+        libc::EPERM,
+        libc::EACCES,
+        libc::ENOSYS,
+        libc::EOPNOTSUPP,
+        libc::EINVAL,
+    ] {
+        let e = fastpath::classify_os("loading", io::Error::from_raw_os_error(errno));
+        assert!(
+            matches!(e, LoadError::Unsupported(ref m) if m.starts_with("loading: ")),
+            "errno {errno}: {e:?}"
+        );
+    }
+    for errno in [libc::EBADF, libc::ENOMEM, libc::EBUSY] {
+        let e = fastpath::classify_os("loading", io::Error::from_raw_os_error(errno));
+        assert!(matches!(e, LoadError::Other(_)), "errno {errno}: {e:?}");
+    }
+    assert!(matches!(
+        fastpath::classify("verifier", io::ErrorKind::PermissionDenied, "refused"),
+        LoadError::Unsupported(ref m) if m == "verifier: refused"
+    ));
+    assert!(matches!(
+        fastpath::classify("x", io::ErrorKind::NotFound, "y"),
+        LoadError::Other(_)
+    ));
+    // No shard sockets is a caller error, not "unsupported".
+    assert!(matches!(
+        Steering::attach(&[], 4, None),
+        Err(LoadError::Other(_))
+    ));
+    // A shard table naming a shard that does not exist is refused.
+    assert!(matches!(
+        Steering::attach(&[s.as_fd()], 4, Some(&[0, 1])),
+        Err(LoadError::Other(_))
+    ));
+}
