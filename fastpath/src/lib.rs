@@ -221,6 +221,28 @@ fn map_err(e: libbpf_rs::Error) -> io::Error {
     io::Error::new(libbpf_kind(&e), e.to_string())
 }
 
+/// `bpf_map_update_elem` with the kernel's errno kept (libbpf-rs folds EBUSY into
+/// "other"): `attach` must tell EBUSY (the socket still sits in a replaced
+/// program's array) from real failures.
+fn update_raw_errno(map: &MapHandle, key: u32, value: &[u8; 8]) -> io::Result<()> {
+    let k = key.to_ne_bytes();
+    // SAFETY: the map fd is live for `map`'s lifetime; key and value point at live
+    // buffers of the map's key size (4) and value size (8, a socket fd as u64).
+    let r = unsafe {
+        libbpf_rs::libbpf_sys::bpf_map_update_elem(
+            map.as_fd().as_raw_fd(),
+            k.as_ptr().cast(),
+            value.as_ptr().cast(),
+            libbpf_rs::libbpf_sys::BPF_ANY.into(),
+        )
+    };
+    if r < 0 {
+        Err(io::Error::from_raw_os_error(-r))
+    } else {
+        Ok(())
+    }
+}
+
 fn update(map: &MapHandle, key: u32, value: &[u8]) -> io::Result<()> {
     map.update(&key.to_ne_bytes(), value, MapFlags::ANY)
         .map_err(map_err)
@@ -260,6 +282,10 @@ fn setsockopt_int(
         Err(io::Error::last_os_error())
     }
 }
+
+/// How long `attach` waits for the kernel to free a replaced program's socket array
+/// (an RCU grace period and a work item; milliseconds in practice).
+const SHARD_INSERT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Steering {
     /// Loads the program, puts `shard_sockets[i]` at sockarray index `i`, and attaches
@@ -375,12 +401,6 @@ impl Steering {
             update(&cpu_shard, cpu, &s.to_ne_bytes())
                 .map_err(|e| io_other("writing cpu_shard", e))?;
         }
-        for (i, fd) in shard_sockets.iter().enumerate() {
-            let v = fd.as_raw_fd() as u64;
-            update(&steering.socks, i as u32, &v.to_ne_bytes()).map_err(|e| {
-                io_other(&format!("putting shard socket {i} into the sockarray"), e)
-            })?;
-        }
         let prog = steering
             ._obj
             .progs()
@@ -394,6 +414,24 @@ impl Steering {
             prog_fd,
         )
         .map_err(|e| classify_os("SO_ATTACH_REUSEPORT_EBPF", e))?;
+        // Only now the shard sockets: a socket sits in one sockarray at a time (EBUSY
+        // otherwise), and after a data-plane restart they still sit in the previous
+        // program's array, which the kernel frees (asynchronously) once the attach
+        // above has replaced that program. Until they are in, shard selections fail:
+        // counted drops for a moment, never a datagram for the wrong socket.
+        for (i, fd) in shard_sockets.iter().enumerate() {
+            let v = fd.as_raw_fd() as u64;
+            let deadline = std::time::Instant::now() + SHARD_INSERT_WAIT;
+            loop {
+                match update_raw_errno(&steering.socks, i as u32, &v.to_ne_bytes()) {
+                    Ok(()) => break,
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) && std::time::Instant::now() < deadline => {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                    Err(e) => return Err(io_other(&format!("putting shard socket {i} into the sockarray"), e)),
+                }
+            }
+        }
         Ok(steering)
     }
 

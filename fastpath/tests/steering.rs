@@ -1047,3 +1047,38 @@ fn unsupported_paths_are_reported_as_such() {
         Err(LoadError::Other(_))
     ));
 }
+
+/// A data-plane restart: the old process's program stays attached to the group (its
+/// maps frozen) and its socket array still holds the shard sockets when the new data
+/// plane attaches over the very same sockets. The new attach must replace the old
+/// program and take the shard sockets over (a socket sits in one sockarray at a time:
+/// inserting before the replacement fails with EBUSY), and the new maps steer.
+#[test]
+fn reattach_over_the_same_sockets_replaces_the_program() {
+    let Some(mut g) = group(2, 2, 4, None) else {
+        return;
+    };
+    let k0 = prepare(&g);
+    let srcs = senders(4);
+    let mut rng = Rng(11);
+    run(&g, &srcs, &fast_plan(&mut rng, k0, 0, 50, srcs.len(), 0, Expect::Worker(0), Outcome::Fast));
+    // The old data plane dies: its fds to the program and maps close, the group keeps
+    // the program (and so its maps, whose socket array still holds the shard sockets).
+    let Group { addr, shards, workers, steering } = g;
+    drop(steering);
+    let fds: Vec<BorrowedFd<'_>> = shards.iter().map(|s| s.as_fd()).collect();
+    let fresh = Steering::attach(&fds, 4, None).expect("attach over sockets of a replaced program");
+    let mut g = Group { addr, shards, workers, steering: fresh };
+    // Nothing inserted yet in the new maps: worker 0's datagrams go to a shard.
+    let k0b = derive(&SECRET0);
+    g.steering.set_generation(0, Some(k0b)).unwrap();
+    run(&g, &srcs, &fast_plan(&mut rng, k0b, 0, 30, srcs.len(), 0, Expect::AnyShard, Outcome::NotLive));
+    // Then the worker (with a new socket, as a reconnecting worker gets) is fast again.
+    let new_sock = UdpSocket::from(fastpath::open_worker_socket(g.addr).unwrap());
+    set_rcvbuf(&new_sock);
+    g.workers[0] = Some(new_sock);
+    g.steering.insert_worker(0, IDS[0], g.workers[0].as_ref().unwrap().as_fd()).unwrap();
+    run(&g, &srcs, &fast_plan(&mut rng, k0b, 0, 40, srcs.len(), 0, Expect::Worker(0), Outcome::Fast));
+    let c = g.steering.counters().unwrap();
+    assert_eq!((c.fast, c.not_live, c.shard_select_failed), (40, 30, 0), "{c:?}");
+}
