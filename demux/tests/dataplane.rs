@@ -564,7 +564,7 @@ both_backends!(ipv6_ecn_and_version_negotiation);
 /// and still forwards.
 #[test]
 fn auto_falls_back_to_mmsg_when_io_uring_is_refused() {
-    let d = Demux::start_opts("auto", "0", &[], true);
+    let d = Demux::start_opts("auto", "0", &[], &[libc::SYS_io_uring_setup]);
     let mut rng = Rng(12);
     let w = Worker::connect(&d, 131, true);
     d.wait_instances(&[(131, true)]);

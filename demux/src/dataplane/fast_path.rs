@@ -165,21 +165,34 @@ impl FastPath {
 
     /// The program's outcome counters, summed over groups and CPUs.
     fn counters(&self) -> Map<String, Value> {
-        let mut total = fastpath::Counters::default();
+        let mut t = fastpath::Counters::default();
         for g in &self.groups {
             match g.steering.counters() {
-                Ok(c) => total = total + c,
+                Ok(c) => {
+                    t.fast += c.fast;
+                    t.long_header += c.long_header;
+                    t.short_packet += c.short_packet;
+                    t.cr_unroutable += c.cr_unroutable;
+                    t.unknown_generation += c.unknown_generation;
+                    t.not_live += c.not_live;
+                    t.select_failed += c.select_failed;
+                    t.shard_select_failed += c.shard_select_failed;
+                }
                 Err(e) => tracing::warn!(error = %e, "fast path: reading counters"),
             }
         }
-        let mut to_demux = Map::new();
-        for (name, v) in total.to_demux() {
-            to_demux.insert(name.into(), json!(v));
-        }
+        let to_demux = json!({
+            "long_header": t.long_header,
+            "short_packet": t.short_packet,
+            "cr_unroutable": t.cr_unroutable,
+            "unknown_generation": t.unknown_generation,
+            "not_live": t.not_live,
+            "select_failed": t.select_failed,
+        });
         let mut m = Map::new();
-        m.insert("datagrams".into(), json!(total.fast));
-        m.insert("to_demux".into(), Value::Object(to_demux));
-        m.insert("dropped".into(), json!(total.shard_select_failed));
+        m.insert("datagrams".into(), json!(t.fast));
+        m.insert("to_demux".into(), to_demux);
+        m.insert("dropped".into(), json!(t.shard_select_failed));
         m
     }
 }

@@ -121,12 +121,13 @@ impl Demux {
     }
 
     pub fn start_with(io: &str, cores: &str, extra: &[&str]) -> Demux {
-        Self::start_opts(io, cores, extra, false)
+        Self::start_opts(io, cores, extra, &[])
     }
 
-    /// As [`Demux::start_with`]; with `deny_io_uring` the data plane runs under a
-    /// seccomp filter that fails io_uring_setup with EPERM (as container runtimes do).
-    pub fn start_opts(io: &str, cores: &str, extra: &[&str], deny_io_uring: bool) -> Demux {
+    /// As [`Demux::start_with`]; the data plane runs under a seccomp filter that fails
+    /// each of the `denied` syscalls with EPERM (as container runtimes do), e.g.
+    /// `SYS_io_uring_setup` or `SYS_bpf`.
+    pub fn start_opts(io: &str, cores: &str, extra: &[&str], denied: &[libc::c_long]) -> Demux {
         let dir = temp_dir(io);
         let (io, rings) = match io.strip_suffix("+ring") {
             Some(b) => (b, true),
@@ -142,8 +143,8 @@ impl Demux {
         let ready = dir.join("ready");
         let log = std::fs::File::create(dir.join("demux.log")).unwrap();
         let mut cmd = Command::new(BIN);
-        if deny_io_uring {
-            deny_io_uring_in_child(&mut cmd);
+        if !denied.is_empty() {
+            deny_syscalls_in_child(&mut cmd, denied);
         }
         let mut child = cmd
             .args(["dataplane", "--listen", "127.0.0.1:0", "--cores", cores, "--io", io, "--keys"])
@@ -388,6 +389,9 @@ pub struct Worker {
     /// What the data plane sent in reply to DataHello.
     pub sockets: Vec<SocketAddr>,
     pub socket_fds: Vec<OwnedFd>,
+    /// `FastSockets` (a worker that asked with `CAP_FAST_PATH`): its own sockets,
+    /// read by the test (non-blocking).
+    pub fast: Vec<(SocketAddr, UdpSocket)>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -401,9 +405,21 @@ impl Worker {
     /// As [`Worker::connect`]; with `read: false` nothing ever reads the data
     /// connection (a stuck worker: its socket fills up).
     pub fn connect_opts(d: &Demux, server_id: u16, ready: bool, read: bool) -> Worker {
+        Self::connect_full(d, server_id, ready, read, false)
+    }
+
+    /// As [`Worker::connect`], asking for the kernel fast path (`CAP_FAST_PATH`): the
+    /// data plane answers `FastSockets` (kept in `fast`) before `Rings`.
+    pub fn connect_fast(d: &Demux, server_id: u16, ready: bool) -> Worker {
+        Self::connect_full(d, server_id, ready, true, true)
+    }
+
+    fn connect_full(d: &Demux, server_id: u16, ready: bool, read: bool, fast_path: bool) -> Worker {
         let fd = seqpacket_connect(&d.data).unwrap();
-        let hello = if d.rings {
-            Control::DataHelloV2 { server_id: ServerId(server_id), caps: proto::wire::CAP_RINGS }
+        let caps = if d.rings { proto::wire::CAP_RINGS } else { 0 }
+            | if fast_path { proto::wire::CAP_FAST_PATH } else { 0 };
+        let hello = if caps != 0 {
+            Control::DataHelloV2 { server_id: ServerId(server_id), caps }
         } else {
             Control::DataHello { server_id: ServerId(server_id) }
         };
@@ -414,13 +430,27 @@ impl Worker {
             Ok(Control::Sockets { addrs }) => addrs,
             other => panic!("worker {server_id}: expected Sockets, got {other:?}"),
         };
+        let mut fast = Vec::new();
+        if fast_path {
+            let (n, fds) = recv_record(fd.as_raw_fd(), &mut buf).unwrap();
+            let Ok(Control::FastSockets { addrs }) = decode_control(&buf[..n]) else {
+                panic!("worker {server_id}: expected FastSockets")
+            };
+            assert_eq!(addrs.len(), fds.len(), "worker {server_id}: one fd per fast socket");
+            for (a, f) in addrs.into_iter().zip(fds) {
+                let u = UdpSocket::from(f);
+                u.set_nonblocking(true).unwrap();
+                fast.push((a, u));
+            }
+        }
         let mut rings = Vec::new();
-        if d.rings {
+        if caps != 0 {
             let (n, fds) = recv_record(fd.as_raw_fd(), &mut buf).unwrap();
             let Ok(Control::Rings { count, bytes }) = decode_control(&buf[..n]) else {
                 panic!("worker {server_id}: expected Rings")
             };
-            assert!(count > 0 && fds.len() == 2 * usize::from(count), "worker {server_id}: {count} rings");
+            assert_eq!(count > 0, d.rings, "worker {server_id}: rings only under --forward ring");
+            assert!(fds.len() == 2 * usize::from(count), "worker {server_id}: {count} rings");
             let mut fds = fds.into_iter();
             while let (Some(m), Some(e)) = (fds.next(), fds.next()) {
                 rings.push(worker::ring::Consumer::open(m, e, bytes).unwrap());
@@ -503,7 +533,19 @@ impl Worker {
                 }
             })
         };
-        Worker { server_id, fd, frames, bad_frames, sockets, socket_fds, stop, thread: Some(thread) }
+        Worker { server_id, fd, frames, bad_frames, sockets, socket_fds, fast, stop, thread: Some(thread) }
+    }
+
+    /// Every datagram waiting on the fast sockets now (their first bytes, up to 64).
+    pub fn fast_datagrams(&self) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 2048];
+        for (_, u) in &self.fast {
+            while let Ok(n) = u.recv(&mut buf) {
+                out.push(buf[..n.min(64)].to_vec());
+            }
+        }
+        out
     }
 
     pub fn send(&self, m: &Control) {
@@ -599,18 +641,24 @@ pub fn initial(dcid: &[u8], rng: &mut Rng) -> Vec<u8> {
 /// Installs (in the child, before exec) a seccomp filter that makes io_uring_setup
 /// fail with EPERM and allows everything else (seccomp(2), SECCOMP_SET_MODE_FILTER).
 pub fn deny_io_uring_in_child(cmd: &mut Command) {
+    deny_syscalls_in_child(cmd, &[libc::SYS_io_uring_setup]);
+}
+
+/// Installs (in the child, before exec) a seccomp filter that fails each syscall in
+/// `denied` with EPERM and allows everything else.
+pub fn deny_syscalls_in_child(cmd: &mut Command, denied: &[libc::c_long]) {
     use std::os::unix::process::CommandExt;
+    // struct seccomp_data { int nr; u32 arch; u64 ip; u64 args[6]; }
+    let mut filter = vec![libc::sock_filter { code: 0x20, jt: 0, jf: 0, k: 0 }]; // ld [nr]
+    for &nr in denied {
+        filter.push(libc::sock_filter { code: 0x15, jt: 0, jf: 1, k: nr as u32 }); // jeq nr
+        filter.push(libc::sock_filter { code: 0x06, jt: 0, jf: 0, k: 0x0005_0000 | libc::EPERM as u32 }); // ret ERRNO
+    }
+    filter.push(libc::sock_filter { code: 0x06, jt: 0, jf: 0, k: 0x7fff_0000 }); // ret ALLOW
     // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
-    // syscalls (prctl) on data prepared before the fork.
+    // syscalls (prctl) on data prepared before the fork (`filter` is moved in).
     unsafe {
-        cmd.pre_exec(|| {
-            // struct seccomp_data { int nr; u32 arch; u64 ip; u64 args[6]; }
-            let filter = [
-                libc::sock_filter { code: 0x20, jt: 0, jf: 0, k: 0 }, // ld [nr]
-                libc::sock_filter { code: 0x15, jt: 0, jf: 1, k: libc::SYS_io_uring_setup as u32 }, // jeq
-                libc::sock_filter { code: 0x06, jt: 0, jf: 0, k: 0x0005_0000 | libc::EPERM as u32 }, // ret ERRNO
-                libc::sock_filter { code: 0x06, jt: 0, jf: 0, k: 0x7fff_0000 }, // ret ALLOW
-            ];
+        cmd.pre_exec(move || {
             let prog = libc::sock_fprog { len: filter.len() as u16, filter: filter.as_ptr() as *mut libc::sock_filter };
             if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                 return Err(io::Error::last_os_error());
