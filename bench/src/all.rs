@@ -10,6 +10,7 @@
 //! io_uring demux's measured saturation (udpflood --latency against echo workers,
 //! background load from this process to a sink worker).
 
+use crate::cli::AllArgs;
 use crate::dataplane::{cpu_ns, forwarded, g, pin, sink, start_demux, status, Demux, DATAGRAM};
 use crate::servers::{Counters, FORWARDED, N_COUNTERS, RECEIVED};
 use anyhow::{bail, Context, Result};
@@ -30,8 +31,6 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-pub const CONTENDERS: [&str; 5] = ["floor", "baseline", "demux-uring", "demux-mmsg", "nginx"];
 
 struct Opts {
     seconds: f64,
@@ -57,62 +56,37 @@ struct Opts {
     nice: i32,
 }
 
-fn parse(args: &[String]) -> Result<Opts> {
-    let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs");
-    let mut o = Opts {
-        seconds: 3.0,
-        reps: 3,
-        contenders: CONTENDERS.iter().map(|s| s.to_string()).collect(),
-        trains: vec![1, 8],
-        rates: vec![0.0, 100_000.0],
-        shard_core: 0,
-        load_core: 1,
-        latency: true,
-        udpflood: false,
-        rt: true,
-        lat_seconds: 3.0,
-        probe_rate: 1000.0,
-        doc: Some(docs.join("benchmarks.md")),
-        svg: Some(docs.join("benchmarks-cpu.svg")),
-        json: None,
-        install_nginx: true,
-        nice: -20,
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = || it.next().cloned().with_context(|| format!("{a} needs a value"));
-        match a.as_str() {
-            "--seconds" => o.seconds = val()?.parse()?,
-            "--reps" => o.reps = val()?.parse()?,
-            "--contenders" => o.contenders = val()?.split(',').map(str::to_string).collect(),
-            "--trains" => o.trains = val()?.split(',').map(|x| x.parse()).collect::<Result<_, _>>()?,
-            "--rate" => o.rates = vec![val()?.parse()?],
-            "--rates" => o.rates = val()?.split(',').map(|x| x.parse()).collect::<Result<_, _>>()?,
-            "--shard-core" => o.shard_core = val()?.parse()?,
-            "--load-core" => o.load_core = val()?.parse()?,
-            "--no-latency" => o.latency = false,
-            "--udpflood" => o.udpflood = true,
-            "--no-rt" => o.rt = false,
-            "--latency-seconds" => o.lat_seconds = val()?.parse()?,
-            "--probe-rate" => o.probe_rate = val()?.parse()?,
-            "--doc" => o.doc = Some(val()?.into()),
-            "--svg" => o.svg = Some(val()?.into()),
-            "--no-doc" => (o.doc, o.svg) = (None, None),
-            "--json" => o.json = Some(val()?.into()),
-            "--no-install" => o.install_nginx = false,
-            "--nice" => o.nice = val()?.parse()?,
-            other => bail!("unknown argument {other}"),
+impl From<AllArgs> for Opts {
+    fn from(a: AllArgs) -> Opts {
+        let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs");
+        let (doc, svg) = if a.no_doc {
+            (None, None)
+        } else {
+            (
+                Some(a.doc.unwrap_or_else(|| docs.join("benchmarks.md"))),
+                Some(a.svg.unwrap_or_else(|| docs.join("benchmarks-cpu.svg"))),
+            )
+        };
+        Opts {
+            seconds: a.seconds,
+            reps: a.reps,
+            contenders: a.contenders,
+            trains: a.trains,
+            rates: a.rate.map_or(a.rates, |r| vec![r]),
+            shard_core: a.shard_core,
+            load_core: a.load_core,
+            latency: !a.no_latency,
+            udpflood: a.udpflood,
+            rt: !a.no_rt,
+            lat_seconds: a.latency_seconds,
+            probe_rate: a.probe_rate,
+            doc,
+            svg,
+            json: a.json,
+            install_nginx: !a.no_install,
+            nice: a.nice,
         }
     }
-    for c in &o.contenders {
-        if !CONTENDERS.contains(&c.as_str()) {
-            bail!("unknown contender {c} (one of {})", CONTENDERS.join(","));
-        }
-    }
-    if o.reps == 0 || o.seconds <= 0.0 {
-        bail!("--reps and --seconds must be positive");
-    }
-    Ok(o)
 }
 
 /// Release binaries next to this one; built first unless BENCH_NO_BUILD is set.
@@ -1367,8 +1341,8 @@ fn prioritize(nice: i32) {
     }
 }
 
-pub fn main(args: &[String]) -> Result<()> {
-    let o = parse(args)?;
+pub fn main(args: AllArgs) -> Result<()> {
+    let o = Opts::from(args);
     let t_start = Instant::now();
     if o.nice != 0 {
         prioritize(o.nice);

@@ -1,5 +1,6 @@
 //! The data-plane system benchmark (issue #3).
 
+use crate::cli::DataplaneArgs;
 use anyhow::{bail, Context, Result};
 use proto::keyfile::KeyFile;
 use proto::wire::{decode_control, encode_control, Control};
@@ -17,38 +18,6 @@ use std::time::{Duration, Instant};
 
 pub(crate) const DATAGRAM: usize = 1200;
 pub(crate) const SINKS: u16 = 2;
-
-struct Opts {
-    seconds: f64,
-    /// Datagrams per second to offer (0: as fast as the sender can).
-    rate: f64,
-    ios: Vec<String>,
-    shard_core: usize,
-    load_core: usize,
-}
-
-fn parse(args: &[String]) -> Result<Opts> {
-    let mut o = Opts {
-        seconds: 5.0,
-        rate: 0.0,
-        ios: vec!["uring".into(), "mmsg".into(), "uring+ring".into(), "mmsg+ring".into()],
-        shard_core: 0,
-        load_core: 1,
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = || it.next().cloned().with_context(|| format!("{a} needs a value"));
-        match a.as_str() {
-            "--seconds" => o.seconds = val()?.parse().context("--seconds")?,
-            "--rate" => o.rate = val()?.parse().context("--rate")?,
-            "--io" => o.ios = val()?.split(',').map(str::to_string).collect(),
-            "--shard-core" => o.shard_core = val()?.parse().context("--shard-core")?,
-            "--load-core" => o.load_core = val()?.parse().context("--load-core")?,
-            other => bail!("unknown argument {other}"),
-        }
-    }
-    Ok(o)
-}
 
 /// The release demux next to this binary (`cargo build --release -p demux` first,
 /// unless BENCH_NO_BUILD is set and it exists).
@@ -344,7 +313,7 @@ struct Row {
     per_sendmmsg: f64,
 }
 
-fn run_one(bin: &Path, io: &str, train: usize, sinks_n: u16, o: &Opts) -> Result<Row> {
+fn run_one(bin: &Path, io: &str, train: usize, sinks_n: u16, o: &DataplaneArgs) -> Result<Row> {
     let d = start_demux(bin, io, o.shard_core)?;
     let stop = Arc::new(AtomicBool::new(false));
     let frames = Arc::new(AtomicU64::new(0));
@@ -497,8 +466,7 @@ fn run_one(bin: &Path, io: &str, train: usize, sinks_n: u16, o: &Opts) -> Result
     })
 }
 
-pub fn main(args: &[String]) -> Result<()> {
-    let o = parse(args)?;
+pub fn main(o: DataplaneArgs) -> Result<()> {
     let bin = demux_bin()?;
     let mut rows = Vec::new();
     for io in &o.ios {
