@@ -19,6 +19,7 @@
 mod all;
 mod cli;
 mod dataplane;
+mod load;
 mod servers;
 
 use clap::Parser;

@@ -1,0 +1,392 @@
+//! The contenders of `bench all`, started for one run: each as its own process on
+//! the shard core (the floor and the baseline are this binary's `floor-server` and
+//! `baseline-server`, the demux the release `demux`, nginx the system's), with the
+//! sinks that take what it forwards on the load core.
+
+use super::Opts;
+use crate::dataplane::{forwarded, g, pin, sink, start_demux, status, Demux};
+use crate::servers::{Counters, FORWARDED, N_COUNTERS, RECEIVED};
+use anyhow::{bail, Context, Result};
+use proto::cid::KeySet;
+use proto::keyfile::KeyFile;
+use std::any::Any;
+use std::mem::{size_of, zeroed};
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Runs `cmd` pinned to `core` (sched_setaffinity in the child before exec).
+pub(super) fn pinned(cmd: &mut Command, core: usize) -> &mut Command {
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let mut set: libc::cpu_set_t = zeroed();
+            libc::CPU_SET(core, &mut set);
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
+            // Die with the bench (it may be killed: its own session does not get the terminal's ^C).
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        })
+    }
+}
+
+pub(super) struct ChildGuard(pub(super) Child);
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        // SIGTERM first (nginx's master takes its worker down with it), then SIGKILL.
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        for _ in 0..50 {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub(super) struct DirGuard(pub(super) PathBuf);
+impl Drop for DirGuard {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Drain threads (recvmmsg and count) on sockets of any type; stopped on drop.
+pub(super) struct Sinks {
+    pub(super) stop: Arc<AtomicBool>,
+    pub(super) threads: Vec<std::thread::JoinHandle<()>>,
+}
+impl Drop for Sinks {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn drain(fd: OwnedFd, core: usize, stop: Arc<AtomicBool>, count: Arc<AtomicU64>) -> std::thread::JoinHandle<()> {
+    let tv = libc::timeval { tv_sec: 0, tv_usec: 100_000 };
+    // SAFETY: live timeval of the right size.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            size_of::<libc::timeval>() as u32,
+        )
+    };
+    std::thread::spawn(move || {
+        pin(core);
+        const N: usize = 64;
+        const LEN: usize = 65_536 + 64;
+        let mut data = vec![0u8; N * LEN];
+        let mut iovs: Vec<libc::iovec> =
+            (0..N).map(|i| libc::iovec { iov_base: data[i * LEN..].as_mut_ptr().cast(), iov_len: LEN }).collect();
+        // SAFETY: plain old data.
+        let mut msgs: Vec<libc::mmsghdr> = (0..N).map(|_| unsafe { zeroed() }).collect();
+        for (m, iov) in msgs.iter_mut().zip(iovs.iter_mut()) {
+            m.msg_hdr.msg_iov = iov;
+            m.msg_hdr.msg_iovlen = 1;
+        }
+        while !stop.load(Ordering::Relaxed) {
+            // SAFETY: msgs point at live buffers.
+            let r = unsafe {
+                libc::recvmmsg(fd.as_raw_fd(), msgs.as_mut_ptr(), N as u32, libc::MSG_WAITFORONE, std::ptr::null_mut())
+            };
+            if r > 0 {
+                count.fetch_add(r as u64, Ordering::Relaxed);
+            } else if r == 0 {
+                return;
+            }
+        }
+    })
+}
+
+/// A contender under test.
+pub(super) struct Running {
+    /// The process whose CPU time is measured.
+    pub(super) pid: u32,
+    pub(super) addr: SocketAddr,
+    pub(super) ks: KeySet,
+    /// Server ids whose CIDs the sender uses.
+    pub(super) ids: Vec<u16>,
+    /// (received, handled) so far.
+    pub(super) counts: Box<dyn Fn() -> Result<(u64, u64)>>,
+    pub(super) _hold: Vec<Box<dyn Any>>,
+}
+
+fn wait_ready(ready: &Path, child: &mut Child) -> Result<SocketAddr> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(t) = std::fs::read_to_string(ready) {
+            if let Some(a) = t.lines().find_map(|l| l.strip_prefix("udp ")) {
+                return Ok(a.parse()?);
+            }
+        }
+        if let Some(st) = child.try_wait()? {
+            bail!("{} exited: {st}", ready.display());
+        }
+        if Instant::now() > deadline {
+            bail!("{} not ready", ready.display());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A fresh key file (as `demux gen-keys` writes it) in `dir`.
+fn gen_keys(dir: &Path) -> Result<(PathBuf, KeySet)> {
+    use std::io::Read;
+    let p = dir.join("keys");
+    let mut random = [0u8; 3 * 32 + 16];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut random)?;
+    let kf = KeyFile::generate(&random);
+    std::fs::write(&p, kf.to_text())?;
+    Ok((p, kf.key_set().map_err(|e| anyhow::anyhow!("{e:?}"))?))
+}
+
+fn fixed_keys() -> KeySet {
+    KeySet::new((proto::cid::Generation::ZERO, [0x5a; 32]), None).expect("one generation")
+}
+
+fn start_server(kind: &str, o: &Opts, dir: &Path, train: usize) -> Result<Running> {
+    let me = std::env::current_exe()?;
+    let (ready, counters) = (dir.join("ready"), dir.join("counters"));
+    let mut cmd = Command::new(me);
+    let mut hold: Vec<Box<dyn Any>> = Vec::new();
+    let (ks, ids) = if kind == "floor" {
+        cmd.arg("floor-server");
+        if train > 1 {
+            cmd.arg("--gro");
+        }
+        (fixed_keys(), vec![1, 2])
+    } else {
+        let (kp, ks) = gen_keys(dir)?;
+        cmd.args(["baseline-server", "--keys"]).arg(kp);
+        // The two workers: SEQPACKET listeners here, drained on the load core.
+        let stop = Arc::new(AtomicBool::new(false));
+        let count = Arc::new(AtomicU64::new(0));
+        let mut listeners = Vec::new();
+        for id in 1..=2u16 {
+            let p = dir.join(format!("w{id}.sock"));
+            listeners.push(seqpacket_listen(&p)?);
+            cmd.arg("--worker").arg(format!("{id}={}", p.display()));
+        }
+        cmd.args(["--listen", "127.0.0.1:0", "--ready-file"]).arg(&ready).arg("--counters").arg(&counters);
+        let mut child = pinned(&mut cmd, o.shard_core).stdout(Stdio::null()).spawn()?;
+        let mut threads = Vec::new();
+        for l in listeners {
+            // SAFETY: accept on a listening socket (SO_RCVTIMEO bounds the wait).
+            let fd =
+                unsafe { libc::accept4(l.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) };
+            if fd < 0 {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("baseline did not connect: {}", std::io::Error::last_os_error());
+            }
+            // SAFETY: a fresh fd we own.
+            threads.push(drain(unsafe { OwnedFd::from_raw_fd(fd) }, o.load_core, stop.clone(), count.clone()));
+        }
+        let addr = wait_ready(&ready, &mut child)?;
+        let pid = child.id();
+        let c = Rc::new(Counters::map(&counters, N_COUNTERS, false)?);
+        let c2 = c.clone();
+        // Drop order: the server first, then the sinks.
+        hold.push(Box::new(ChildGuard(child)));
+        hold.push(Box::new(Sinks { stop, threads }));
+        return Ok(Running {
+            pid,
+            addr,
+            ks,
+            ids: vec![1, 2],
+            counts: Box::new(move || Ok((c2.get(RECEIVED), c2.get(FORWARDED)))),
+            _hold: hold,
+        });
+    };
+    cmd.args(["--listen", "127.0.0.1:0", "--ready-file"]).arg(&ready).arg("--counters").arg(&counters);
+    let mut child = pinned(&mut cmd, o.shard_core).stdout(Stdio::null()).spawn()?;
+    let addr = wait_ready(&ready, &mut child)?;
+    let pid = child.id();
+    let c = Counters::map(&counters, N_COUNTERS, false)?;
+    hold.push(Box::new(ChildGuard(child)));
+    Ok(Running { pid, addr, ks, ids, counts: Box::new(move || Ok((c.get(RECEIVED), c.get(RECEIVED)))), _hold: hold })
+}
+
+fn seqpacket_listen(path: &Path) -> Result<OwnedFd> {
+    let _ = std::fs::remove_file(path);
+    // SAFETY: plain syscalls with checked results on a fresh socket.
+    unsafe {
+        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            bail!("socket: {}", std::io::Error::last_os_error());
+        }
+        let fd = OwnedFd::from_raw_fd(fd);
+        let mut sun: libc::sockaddr_un = zeroed();
+        sun.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        for (d, s) in sun.sun_path.iter_mut().zip(path.as_os_str().as_bytes()) {
+            *d = *s as libc::c_char;
+        }
+        let len = (size_of::<libc::sa_family_t>() + path.as_os_str().len() + 1) as libc::socklen_t;
+        if libc::bind(fd.as_raw_fd(), (&sun as *const libc::sockaddr_un).cast(), len) < 0
+            || libc::listen(fd.as_raw_fd(), 4) < 0
+        {
+            bail!("bind/listen {}: {}", path.display(), std::io::Error::last_os_error());
+        }
+        let tv = libc::timeval { tv_sec: 10, tv_usec: 0 };
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            size_of::<libc::timeval>() as u32,
+        );
+        Ok(fd)
+    }
+}
+
+pub(super) fn demux_ready(d: &Demux, n: usize) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while status(d)?["instances"].as_array().map(|a| a.iter().filter(|i| i["placeable"] == true).count()) != Some(n) {
+        if Instant::now() > deadline {
+            bail!("workers not placeable");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+fn start_demux_run(io: &str, o: &Opts, bins: &Path) -> Result<Running> {
+    let d = Rc::new(start_demux(&bins.join("demux"), io, o.shard_core)?);
+    let stop = Arc::new(AtomicBool::new(false));
+    let frames = Arc::new(AtomicU64::new(0));
+    let threads = (1..=2).map(|id| sink(&d, id, o.load_core, stop.clone(), frames.clone())).collect::<Result<_>>()?;
+    demux_ready(&d, 2)?;
+    let ks = d.keys.key_set().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let d2 = d.clone();
+    Ok(Running {
+        pid: d.child.id(),
+        addr: d.udp,
+        ks,
+        ids: vec![1, 2],
+        counts: Box::new(move || {
+            let s = status(&d2)?;
+            Ok((g(&s, "/datagrams_in"), forwarded(&s)))
+        }),
+        _hold: vec![Box::new(d), Box::new(Sinks { stop, threads })],
+    })
+}
+
+pub(super) const NGINX: &str = "/usr/sbin/nginx";
+const NGINX_STREAM: &str = "/usr/lib/nginx/modules/ngx_stream_module.so";
+
+/// Installs Debian's nginx-light + libnginx-mod-stream when nginx or its stream
+/// module is missing (without starting the packaged service: RUNLEVEL=1).
+pub(super) fn ensure_nginx(install: bool) -> Result<()> {
+    if Path::new(NGINX).exists() && Path::new(NGINX_STREAM).exists() {
+        return Ok(());
+    }
+    if !install {
+        bail!("{NGINX} or {NGINX_STREAM} missing (apt-get install nginx-light libnginx-mod-stream)");
+    }
+    eprintln!("bench: installing nginx-light libnginx-mod-stream");
+    let st = Command::new("apt-get")
+        .args(["install", "-y", "-q", "nginx-light", "libnginx-mod-stream"])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .env("RUNLEVEL", "1")
+        .status()
+        .context("apt-get")?;
+    if !st.success() || !Path::new(NGINX_STREAM).exists() {
+        bail!("could not install nginx-light libnginx-mod-stream");
+    }
+    Ok(())
+}
+
+fn start_nginx(o: &Opts, dir: &Path) -> Result<Running> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let mut ups = Vec::new();
+    let mut threads = Vec::new();
+    for _ in 0..2 {
+        let s = UdpSocket::bind("127.0.0.1:0")?;
+        ups.push(s.local_addr()?);
+        threads.push(drain(OwnedFd::from(s), o.load_core, stop.clone(), count.clone()));
+    }
+    let sinks = Sinks { stop, threads };
+    let port = UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port();
+    let ncpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(o.shard_core + 1);
+    let mask: String = (0..ncpu).rev().map(|c| if c == o.shard_core { '1' } else { '0' }).collect();
+    let conf = format!(
+        "load_module {NGINX_STREAM};\nworker_processes 1;\nworker_cpu_affinity {mask};\nworker_rlimit_nofile 65536;\n\
+         daemon off;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\nevents {{ worker_connections 16384; }}\n\
+         stream {{\n  upstream u {{ hash $remote_addr consistent; server {u1}; server {u2}; }}\n  \
+         server {{ listen 127.0.0.1:{port} udp reuseport; proxy_pass u; proxy_responses 0; }}\n}}\n",
+        d = dir.display(),
+        u1 = ups[0],
+        u2 = ups[1],
+    );
+    std::fs::write(dir.join("nginx.conf"), conf)?;
+    let mut child = crate::dataplane::with_parent(&mut Command::new(NGINX))
+        .arg("-p")
+        .arg(dir)
+        .arg("-e")
+        .arg(dir.join("error.log"))
+        .arg("-c")
+        .arg(dir.join("nginx.conf"))
+        .stdout(Stdio::null())
+        .spawn()
+        .context("nginx")?;
+    let master = child.id();
+    // The worker: the master's child.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pid = loop {
+        let kids = std::fs::read_to_string(format!("/proc/{master}/task/{master}/children")).unwrap_or_default();
+        if let Some(p) = kids.split_whitespace().next().and_then(|p| p.parse::<u32>().ok()) {
+            break p;
+        }
+        if let Some(st) = child.try_wait()? {
+            bail!("nginx exited: {st}: {}", std::fs::read_to_string(dir.join("error.log")).unwrap_or_default());
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("no nginx worker");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let c = count.clone();
+    Ok(Running {
+        pid,
+        addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        ks: fixed_keys(),
+        ids: vec![1, 2],
+        counts: Box::new(move || {
+            let n = c.load(Ordering::Relaxed);
+            Ok((n, n))
+        }),
+        _hold: vec![Box::new(ChildGuard(child)), Box::new(sinks)],
+    })
+}
+
+/// Starts contender `kind` (one of `cli::CONTENDERS`) for a run with trains of `train`;
+/// `dir` is the run's scratch directory.
+pub(super) fn start(kind: &str, o: &Opts, bins: &Path, dir: &Path, train: usize) -> Result<Running> {
+    match kind {
+        "floor" | "baseline" => start_server(kind, o, dir, train),
+        "demux-uring" => start_demux_run("uring", o, bins),
+        "demux-mmsg" => start_demux_run("mmsg", o, bins),
+        "nginx" => start_nginx(o, dir),
+        _ => bail!("unknown contender {kind}"),
+    }
+}
