@@ -21,6 +21,7 @@ mod cli;
 mod dataplane;
 mod load;
 mod servers;
+mod sys;
 
 use clap::Parser;
 use cli::{Cli, Command};

@@ -12,6 +12,7 @@
 //! it and reads them while they run; they are simply killed at the end.
 
 use crate::cli::{BaselineArgs, FloorArgs, ServerArgs};
+use crate::sys::seqpacket_connect;
 use anyhow::{bail, Result};
 use proto::keyfile::KeyFile;
 use proto::wire::{encode_frame_header, FrameMeta, FRAME_HEADER_LEN};
@@ -165,10 +166,6 @@ pub fn floor(a: FloorArgs) -> Result<()> {
         }
         c.add(RECEIVED, n);
     }
-}
-
-fn seqpacket_connect(path: &Path) -> Result<OwnedFd> {
-    crate::dataplane::seqpacket_connect(path)
 }
 
 /// The design being replaced: per datagram one recvmsg, one CID decode, one send().

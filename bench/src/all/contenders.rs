@@ -4,8 +4,11 @@
 //! sinks that take what it forwards on the load core.
 
 use super::Opts;
-use crate::dataplane::{forwarded, g, pin, sink, start_demux, status, Demux};
+use crate::dataplane::{
+    forwarded, g, sink, start_demux, status, wait_placeable, wait_ready_file, Demux, READY_TIMEOUT, SINK_RCVTIMEO,
+};
 use crate::servers::{Counters, FORWARDED, N_COUNTERS, RECEIVED};
+use crate::sys::{drain_count, pin, seqpacket_listen, set_rcvtimeo};
 use anyhow::{bail, Context, Result};
 use proto::cid::KeySet;
 use proto::keyfile::KeyFile;
@@ -13,7 +16,6 @@ use std::any::Any;
 use std::mem::{size_of, zeroed};
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -36,6 +38,11 @@ pub(super) fn pinned(cmd: &mut Command, core: usize) -> &mut Command {
         })
     }
 }
+
+/// Backlog of the baseline's worker listeners (it connects once to each).
+const WORKER_BACKLOG: i32 = 4;
+/// How long the baseline may take to connect to its workers.
+const WORKER_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub(super) struct ChildGuard(pub(super) Child);
 impl Drop for ChildGuard {
@@ -75,42 +82,12 @@ impl Drop for Sinks {
     }
 }
 
+/// A thread on `core` that counts what arrives on `fd` until `stop`.
 fn drain(fd: OwnedFd, core: usize, stop: Arc<AtomicBool>, count: Arc<AtomicU64>) -> std::thread::JoinHandle<()> {
-    let tv = libc::timeval { tv_sec: 0, tv_usec: 100_000 };
-    // SAFETY: live timeval of the right size.
-    unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            size_of::<libc::timeval>() as u32,
-        )
-    };
+    set_rcvtimeo(fd.as_raw_fd(), SINK_RCVTIMEO);
     std::thread::spawn(move || {
         pin(core);
-        const N: usize = 64;
-        const LEN: usize = 65_536 + 64;
-        let mut data = vec![0u8; N * LEN];
-        let mut iovs: Vec<libc::iovec> =
-            (0..N).map(|i| libc::iovec { iov_base: data[i * LEN..].as_mut_ptr().cast(), iov_len: LEN }).collect();
-        // SAFETY: plain old data.
-        let mut msgs: Vec<libc::mmsghdr> = (0..N).map(|_| unsafe { zeroed() }).collect();
-        for (m, iov) in msgs.iter_mut().zip(iovs.iter_mut()) {
-            m.msg_hdr.msg_iov = iov;
-            m.msg_hdr.msg_iovlen = 1;
-        }
-        while !stop.load(Ordering::Relaxed) {
-            // SAFETY: msgs point at live buffers.
-            let r = unsafe {
-                libc::recvmmsg(fd.as_raw_fd(), msgs.as_mut_ptr(), N as u32, libc::MSG_WAITFORONE, std::ptr::null_mut())
-            };
-            if r > 0 {
-                count.fetch_add(r as u64, Ordering::Relaxed);
-            } else if r == 0 {
-                return;
-            }
-        }
+        drain_count(fd.as_raw_fd(), &stop, &count);
     })
 }
 
@@ -128,21 +105,7 @@ pub(super) struct Running {
 }
 
 fn wait_ready(ready: &Path, child: &mut Child) -> Result<SocketAddr> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(t) = std::fs::read_to_string(ready) {
-            if let Some(a) = t.lines().find_map(|l| l.strip_prefix("udp ")) {
-                return Ok(a.parse()?);
-            }
-        }
-        if let Some(st) = child.try_wait()? {
-            bail!("{} exited: {st}", ready.display());
-        }
-        if Instant::now() > deadline {
-            bail!("{} not ready", ready.display());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_ready_file(ready, child, &ready.display().to_string())
 }
 
 /// A fresh key file (as `demux gen-keys` writes it) in `dir`.
@@ -180,7 +143,7 @@ fn start_server(kind: &str, o: &Opts, dir: &Path, train: usize) -> Result<Runnin
         let mut listeners = Vec::new();
         for id in 1..=2u16 {
             let p = dir.join(format!("w{id}.sock"));
-            listeners.push(seqpacket_listen(&p)?);
+            listeners.push(seqpacket_listen(&p, WORKER_BACKLOG, WORKER_CONNECT_TIMEOUT)?);
             cmd.arg("--worker").arg(format!("{id}={}", p.display()));
         }
         cmd.args(["--listen", "127.0.0.1:0", "--ready-file"]).arg(&ready).arg("--counters").arg(&counters);
@@ -223,47 +186,9 @@ fn start_server(kind: &str, o: &Opts, dir: &Path, train: usize) -> Result<Runnin
     Ok(Running { pid, addr, ks, ids, counts: Box::new(move || Ok((c.get(RECEIVED), c.get(RECEIVED)))), _hold: hold })
 }
 
-fn seqpacket_listen(path: &Path) -> Result<OwnedFd> {
-    let _ = std::fs::remove_file(path);
-    // SAFETY: plain syscalls with checked results on a fresh socket.
-    unsafe {
-        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            bail!("socket: {}", std::io::Error::last_os_error());
-        }
-        let fd = OwnedFd::from_raw_fd(fd);
-        let mut sun: libc::sockaddr_un = zeroed();
-        sun.sun_family = libc::AF_UNIX as libc::sa_family_t;
-        for (d, s) in sun.sun_path.iter_mut().zip(path.as_os_str().as_bytes()) {
-            *d = *s as libc::c_char;
-        }
-        let len = (size_of::<libc::sa_family_t>() + path.as_os_str().len() + 1) as libc::socklen_t;
-        if libc::bind(fd.as_raw_fd(), (&sun as *const libc::sockaddr_un).cast(), len) < 0
-            || libc::listen(fd.as_raw_fd(), 4) < 0
-        {
-            bail!("bind/listen {}: {}", path.display(), std::io::Error::last_os_error());
-        }
-        let tv = libc::timeval { tv_sec: 10, tv_usec: 0 };
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            size_of::<libc::timeval>() as u32,
-        );
-        Ok(fd)
-    }
-}
-
+/// Waits until the demux has `n` placeable workers.
 pub(super) fn demux_ready(d: &Demux, n: usize) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while status(d)?["instances"].as_array().map(|a| a.iter().filter(|i| i["placeable"] == true).count()) != Some(n) {
-        if Instant::now() > deadline {
-            bail!("workers not placeable");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Ok(())
+    wait_placeable(d, n, READY_TIMEOUT, "workers not placeable")
 }
 
 fn start_demux_run(io: &str, o: &Opts, bins: &Path) -> Result<Running> {

@@ -131,11 +131,7 @@ fn conditions(o: &Opts, load_start: &str) -> Conditions {
     Conditions {
         date: cmd_out("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
         kernel: cmd_out("uname", &["-r"]),
-        cpu: std::fs::read_to_string("/proc/cpuinfo")
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("model name").map(|x| x.trim_start_matches([' ', '\t', ':']).to_string()))
-            .unwrap_or_default(),
+        cpu: crate::sys::cpu_model(),
         ncpu: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         load_start: loadavg(load_start),
         load_end: loadavg(&std::fs::read_to_string("/proc/loadavg").unwrap_or_default()),
