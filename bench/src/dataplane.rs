@@ -1,7 +1,7 @@
 //! The data-plane system benchmark (issue #3).
 
 use crate::cli::DataplaneArgs;
-use crate::load::{flow_payloads, flow_sockets, FLOWS};
+use crate::load::{flow_payloads, flow_sockets, FLOWS, LOOPBACK_ANY, SETTLE};
 use crate::sys::{
     cpu_model, drain_count, pin, schedstat_ns, seqpacket_connect, set_rcvtimeo, Perf, Schedstat, DRAIN_MSG_LEN,
 };
@@ -88,7 +88,7 @@ pub(crate) fn start_demux(bin: &Path, io: &str, core: usize) -> Result<Demux> {
         None => (io, false),
     };
     let child = with_parent(&mut Command::new(bin))
-        .args(["dataplane", "--listen", "127.0.0.1:0", "--cores", &core.to_string(), "--io", io, "--keys"])
+        .args(["dataplane", "--listen", LOOPBACK_ANY, "--cores", &core.to_string(), "--io", io, "--keys"])
         .arg(&keys_path)
         .arg("--data-socket")
         .arg(&data)
@@ -337,7 +337,7 @@ fn run_one(bin: &Path, io: &str, train: usize, sinks_n: u16, o: &DataplaneArgs) 
         });
     }
     // Let the data plane drain, then read its counters and CPU time.
-    std::thread::sleep(Duration::from_millis(300));
+    std::thread::sleep(SETTLE);
     let (cpu1, stat1, wall) = (schedstat_ns(pid, Schedstat::OnCpu), stat_cpu_s(pid), t0.elapsed().as_secs_f64());
     let s1 = status(&d)?;
     if let Some(p) = perf {

@@ -65,7 +65,7 @@ pub(crate) fn flow_payloads(ks: &KeySet, ids: &[u16], train: usize) -> Vec<Vec<u
 /// `FLOWS` loopback sockets connected to `addr`; with `train` > 1 each sends
 /// UDP_SEGMENT trains of `DATAGRAM`-byte segments.
 pub(crate) fn flow_sockets(addr: SocketAddr, train: usize) -> Result<Vec<UdpSocket>> {
-    let socks: Vec<UdpSocket> = (0..FLOWS).map(|_| UdpSocket::bind("127.0.0.1:0")).collect::<std::io::Result<_>>()?;
+    let socks: Vec<UdpSocket> = (0..FLOWS).map(|_| UdpSocket::bind(LOOPBACK_ANY)).collect::<std::io::Result<_>>()?;
     for s in &socks {
         s.connect(addr)?;
         if train > 1 {
@@ -87,6 +87,12 @@ pub(crate) fn flow_sockets(addr: SocketAddr, train: usize) -> Result<Vec<UdpSock
     }
     Ok(socks)
 }
+
+/// Loopback, any port: where the bench binds its own UDP sockets.
+pub(crate) const LOOPBACK_ANY: &str = "127.0.0.1:0";
+/// After the load: time for the receiver to drain its queues before its counters
+/// and CPU time are read.
+pub(crate) const SETTLE: Duration = Duration::from_millis(300);
 
 /// What `send_load` did.
 pub(crate) struct Load {

@@ -5,8 +5,9 @@
 
 use super::Opts;
 use crate::dataplane::{
-    forwarded, g, sink, start_demux, status, wait_placeable, wait_ready_file, Demux, READY_TIMEOUT, SINK_RCVTIMEO,
+    forwarded, g, sink, start_demux, status, wait_placeable, wait_ready_file, Demux, POLL, READY_TIMEOUT, SINK_RCVTIMEO,
 };
+use crate::load::LOOPBACK_ANY;
 use crate::servers::{Counters, FORWARDED, N_COUNTERS, RECEIVED};
 use crate::sys::{drain_count, pin, seqpacket_listen, set_rcvtimeo};
 use anyhow::{bail, Context, Result};
@@ -43,6 +44,19 @@ pub(super) fn pinned(cmd: &mut Command, core: usize) -> &mut Command {
 const WORKER_BACKLOG: i32 = 4;
 /// How long the baseline may take to connect to its workers.
 const WORKER_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The server ids of the two workers (sinks) behind every contender; the sender's
+/// flows alternate between them.
+const WORKER_IDS: [u16; 2] = [1, 2];
+/// How long a contender has between SIGTERM and SIGKILL.
+const TERM_GRACE: Duration = Duration::from_millis(500);
+/// How long nginx's master may take to fork its worker.
+const NGINX_WORKER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time for nginx's worker to open its sockets before the load starts.
+const NGINX_SETTLE: Duration = Duration::from_millis(200);
+/// Random bytes `KeyFile::generate` takes: three 32-byte keys and 16 more.
+const KEYFILE_RANDOM_LEN: usize = 3 * 32 + 16;
+/// The key of the floor's and nginx's CIDs (neither decodes them).
+const FIXED_KEY: [u8; 32] = [0x5a; 32];
 
 pub(super) struct ChildGuard(pub(super) Child);
 impl Drop for ChildGuard {
@@ -50,11 +64,12 @@ impl Drop for ChildGuard {
         // SIGTERM first (nginx's master takes its worker down with it), then SIGKILL.
         // SAFETY: a signal to our own child.
         unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        for _ in 0..50 {
+        let deadline = Instant::now() + TERM_GRACE;
+        while Instant::now() < deadline {
             if let Ok(Some(_)) = self.0.try_wait() {
                 return;
             }
-            std::thread::sleep(Duration::from_millis(10));
+            std::thread::sleep(POLL);
         }
         let _ = self.0.kill();
         let _ = self.0.wait();
@@ -112,7 +127,7 @@ fn wait_ready(ready: &Path, child: &mut Child) -> Result<SocketAddr> {
 fn gen_keys(dir: &Path) -> Result<(PathBuf, KeySet)> {
     use std::io::Read;
     let p = dir.join("keys");
-    let mut random = [0u8; 3 * 32 + 16];
+    let mut random = [0u8; KEYFILE_RANDOM_LEN];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut random)?;
     let kf = KeyFile::generate(&random);
     std::fs::write(&p, kf.to_text())?;
@@ -120,7 +135,7 @@ fn gen_keys(dir: &Path) -> Result<(PathBuf, KeySet)> {
 }
 
 fn fixed_keys() -> KeySet {
-    KeySet::new((proto::cid::Generation::ZERO, [0x5a; 32]), None).expect("one generation")
+    KeySet::new((proto::cid::Generation::ZERO, FIXED_KEY), None).expect("one generation")
 }
 
 fn start_server(kind: &str, o: &Opts, dir: &Path, train: usize) -> Result<Running> {
@@ -133,7 +148,7 @@ fn start_server(kind: &str, o: &Opts, dir: &Path, train: usize) -> Result<Runnin
         if train > 1 {
             cmd.arg("--gro");
         }
-        (fixed_keys(), vec![1, 2])
+        (fixed_keys(), WORKER_IDS.to_vec())
     } else {
         let (kp, ks) = gen_keys(dir)?;
         cmd.args(["baseline-server", "--keys"]).arg(kp);
@@ -141,12 +156,12 @@ fn start_server(kind: &str, o: &Opts, dir: &Path, train: usize) -> Result<Runnin
         let stop = Arc::new(AtomicBool::new(false));
         let count = Arc::new(AtomicU64::new(0));
         let mut listeners = Vec::new();
-        for id in 1..=2u16 {
+        for id in WORKER_IDS {
             let p = dir.join(format!("w{id}.sock"));
             listeners.push(seqpacket_listen(&p, WORKER_BACKLOG, WORKER_CONNECT_TIMEOUT)?);
             cmd.arg("--worker").arg(format!("{id}={}", p.display()));
         }
-        cmd.args(["--listen", "127.0.0.1:0", "--ready-file"]).arg(&ready).arg("--counters").arg(&counters);
+        cmd.args(["--listen", LOOPBACK_ANY, "--ready-file"]).arg(&ready).arg("--counters").arg(&counters);
         let mut child = pinned(&mut cmd, o.shard_core).stdout(Stdio::null()).spawn()?;
         let mut threads = Vec::new();
         for l in listeners {
@@ -172,12 +187,12 @@ fn start_server(kind: &str, o: &Opts, dir: &Path, train: usize) -> Result<Runnin
             pid,
             addr,
             ks,
-            ids: vec![1, 2],
+            ids: WORKER_IDS.to_vec(),
             counts: Box::new(move || Ok((c2.get(RECEIVED), c2.get(FORWARDED)))),
             _hold: hold,
         });
     };
-    cmd.args(["--listen", "127.0.0.1:0", "--ready-file"]).arg(&ready).arg("--counters").arg(&counters);
+    cmd.args(["--listen", LOOPBACK_ANY, "--ready-file"]).arg(&ready).arg("--counters").arg(&counters);
     let mut child = pinned(&mut cmd, o.shard_core).stdout(Stdio::null()).spawn()?;
     let addr = wait_ready(&ready, &mut child)?;
     let pid = child.id();
@@ -195,15 +210,16 @@ fn start_demux_run(io: &str, o: &Opts, bins: &Path) -> Result<Running> {
     let d = Rc::new(start_demux(&bins.join("demux"), io, o.shard_core)?);
     let stop = Arc::new(AtomicBool::new(false));
     let frames = Arc::new(AtomicU64::new(0));
-    let threads = (1..=2).map(|id| sink(&d, id, o.load_core, stop.clone(), frames.clone())).collect::<Result<_>>()?;
-    demux_ready(&d, 2)?;
+    let threads =
+        WORKER_IDS.iter().map(|&id| sink(&d, id, o.load_core, stop.clone(), frames.clone())).collect::<Result<_>>()?;
+    demux_ready(&d, WORKER_IDS.len())?;
     let ks = d.keys.key_set().map_err(|e| anyhow::anyhow!("{e:?}"))?;
     let d2 = d.clone();
     Ok(Running {
         pid: d.child.id(),
         addr: d.udp,
         ks,
-        ids: vec![1, 2],
+        ids: WORKER_IDS.to_vec(),
         counts: Box::new(move || {
             let s = status(&d2)?;
             Ok((g(&s, "/datagrams_in"), forwarded(&s)))
@@ -242,13 +258,13 @@ fn start_nginx(o: &Opts, dir: &Path) -> Result<Running> {
     let count = Arc::new(AtomicU64::new(0));
     let mut ups = Vec::new();
     let mut threads = Vec::new();
-    for _ in 0..2 {
-        let s = UdpSocket::bind("127.0.0.1:0")?;
+    for _ in WORKER_IDS {
+        let s = UdpSocket::bind(LOOPBACK_ANY)?;
         ups.push(s.local_addr()?);
         threads.push(drain(OwnedFd::from(s), o.load_core, stop.clone(), count.clone()));
     }
     let sinks = Sinks { stop, threads };
-    let port = UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = UdpSocket::bind(LOOPBACK_ANY)?.local_addr()?.port();
     let ncpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(o.shard_core + 1);
     let mask: String = (0..ncpu).rev().map(|c| if c == o.shard_core { '1' } else { '0' }).collect();
     let conf = format!(
@@ -273,7 +289,7 @@ fn start_nginx(o: &Opts, dir: &Path) -> Result<Running> {
         .context("nginx")?;
     let master = child.id();
     // The worker: the master's child.
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + NGINX_WORKER_TIMEOUT;
     let pid = loop {
         let kids = std::fs::read_to_string(format!("/proc/{master}/task/{master}/children")).unwrap_or_default();
         if let Some(p) = kids.split_whitespace().next().and_then(|p| p.parse::<u32>().ok()) {
@@ -287,15 +303,15 @@ fn start_nginx(o: &Opts, dir: &Path) -> Result<Running> {
             let _ = child.wait();
             bail!("no nginx worker");
         }
-        std::thread::sleep(Duration::from_millis(10));
+        std::thread::sleep(POLL);
     };
-    std::thread::sleep(Duration::from_millis(200));
+    std::thread::sleep(NGINX_SETTLE);
     let c = count.clone();
     Ok(Running {
         pid,
         addr: SocketAddr::from(([127, 0, 0, 1], port)),
         ks: fixed_keys(),
-        ids: vec![1, 2],
+        ids: WORKER_IDS.to_vec(),
         counts: Box::new(move || {
             let n = c.load(Ordering::Relaxed);
             Ok((n, n))

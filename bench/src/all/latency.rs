@@ -5,7 +5,7 @@
 use super::contenders::{demux_ready, pinned, ChildGuard, Sinks};
 use super::Opts;
 use crate::dataplane::{data_hello, send_rec, sink, start_demux, Demux, DATAGRAM, SINK_RCVTIMEO};
-use crate::load::{send_load, Load, DCID, SHORT_HEADER_FORM};
+use crate::load::{send_load, Load, DCID, LOOPBACK_ANY, SHORT_HEADER_FORM};
 use crate::sys::{pin, set_rcvtimeo};
 use anyhow::{bail, Context, Result};
 use proto::cid::{KeySet, CID_RANDOM_LEN};
@@ -170,7 +170,7 @@ fn run_latency_probe(pct: u32, rep: usize, sat: f64, o: &Opts, bins: &Path) -> R
     let bg_sink = background_sink(&d, o)?;
     let pstop = Arc::new(AtomicBool::new(false));
     let probe = probe_sink(&d, PROBE_ID, o.load_core, pstop.clone(), o.rt)?;
-    demux_ready(&d, 2)?;
+    demux_ready(&d, 2)?; // the probe worker and the background sink
     if o.rt {
         // The demux as it would run on a core of its own: SCHED_FIFO, so the shared
         // machine's other processes do not delay its wake-ups.
@@ -179,7 +179,7 @@ fn run_latency_probe(pct: u32, rep: usize, sat: f64, o: &Opts, bins: &Path) -> R
     let ks = d.keys.key_set().map_err(|e| anyhow::anyhow!("{e:?}"))?;
     let bg = Background::start(&d, &ks, pct, sat, o);
     // Probes: 1200-byte short headers for server id 1, paced, from one socket.
-    let sock = UdpSocket::bind("127.0.0.1:0")?;
+    let sock = UdpSocket::bind(LOOPBACK_ANY)?;
     sock.connect(d.udp)?;
     let mut r = [0u8; CID_RANDOM_LEN];
     std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut r))?;

@@ -3,11 +3,10 @@
 
 use super::contenders::{start, DirGuard};
 use super::Opts;
-use crate::load::send_load;
+use crate::load::{send_load, SETTLE};
 use crate::sys::{schedstat_ns, Perf, Schedstat::*};
 use anyhow::{bail, Result};
 use std::path::Path;
-use std::time::Duration;
 
 #[derive(Clone, Debug)]
 pub(super) struct Row {
@@ -50,7 +49,7 @@ pub(super) fn run_once(
     let perf = Perf::start(r.pid, &format!("{kind}-{offered}-{train}-{rep}"))?;
     let (c0, cpu0, w0) = ((r.counts)()?, schedstat_ns(r.pid, OnCpu), schedstat_ns(r.pid, Waiting));
     let load = send_load(r.addr, &r.ks, &r.ids, train, o.seconds, offered, o.load_core, None)?;
-    std::thread::sleep(Duration::from_millis(300));
+    std::thread::sleep(SETTLE);
     let (c1, cpu1, w1) = ((r.counts)()?, schedstat_ns(r.pid, OnCpu), schedstat_ns(r.pid, Waiting));
     if let Some(p) = perf {
         p.stop();
