@@ -196,3 +196,125 @@ fn worker_spec(s: &str) -> Result<(u16, PathBuf), String> {
     let (id, path) = s.split_once('=').ok_or("expected ID=PATH")?;
     Ok((id.parse().map_err(|e| format!("server id {id:?}: {e}"))?, path.into()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(line: &str) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("bench").chain(line.split_whitespace()))
+    }
+
+    fn all(line: &str) -> AllArgs {
+        match parse(&format!("all {line}")).unwrap_or_else(|e| panic!("bench all {line}: {e}")).command {
+            Command::All(a) => a,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    /// Every command line docs/benchmarks.md, the crate docs (main.rs, servers.rs) and
+    /// the smoke test show, with their placeholders filled in.
+    #[test]
+    fn documented_invocations_parse() {
+        let lines = [
+            // docs/benchmarks.md, "Side by side": the command and each option it lists.
+            "all",
+            "all --seconds 3 --reps 3 --contenders floor,baseline,demux-uring,demux-mmsg,nginx --trains 1,8 \
+             --rates 0,100000 --no-latency --latency-seconds 3 --probe-rate 1000 --udpflood --no-rt --nice -20 \
+             --json /tmp/runs.json --no-doc",
+            "all --no-install --doc /tmp/b.md --svg /tmp/b.svg --nice 0",
+            "all --contenders floor,baseline,demux-mmsg --trains 1 --rates 0",
+            // docs/benchmarks.md, "data plane" and "ring forwarding".
+            "dataplane",
+            "dataplane --seconds 5 --rate 100000 --io uring,mmsg --shard-core 0 --load-core 1",
+            "dataplane --rate 100000",
+            "dataplane --seconds 4 --io uring,uring+ring,mmsg,mmsg+ring",
+            // main.rs's crate docs (and the old usage message: `--rate N` on `all`).
+            "all --seconds 3 --reps 3 --contenders floor,baseline,demux-uring,demux-mmsg,nginx --trains 1,8 \
+             --rates 0,100000 --no-latency --no-doc --json /tmp/runs.json",
+            "all --rate 100000",
+            "dataplane --seconds 5 --rate 0 --io uring,mmsg,uring+ring,mmsg+ring --shard-core 0 --load-core 1",
+            // servers.rs, as `bench all` starts them (all/contenders.rs).
+            "floor-server --listen 127.0.0.1:0 --ready-file /tmp/r --counters /tmp/c --gro",
+            "baseline-server --keys /tmp/k --worker 1=/tmp/w1.sock --worker 2=/tmp/w2.sock --listen 127.0.0.1:0 \
+             --ready-file /tmp/r --counters /tmp/c",
+            // tests/smoke.rs.
+            "all --seconds 1 --reps 1 --rates 5000 --trains 1,8 --no-latency --no-doc --nice 0 \
+             --contenders floor,baseline --json /tmp/smoke.json",
+        ];
+        for l in lines {
+            if let Err(e) = parse(l) {
+                panic!("bench {l}: {e}");
+            }
+        }
+    }
+
+    /// The `cargo run --release -p bench -- …` command lines quoted in docs/benchmarks.md.
+    #[test]
+    fn command_lines_in_benchmarks_md_parse() {
+        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/benchmarks.md")).unwrap();
+        let doc = doc.replace('\n', " ");
+        let mut n = 0;
+        for (i, _) in doc.match_indices("-p bench -- ") {
+            let rest = &doc[i + "-p bench -- ".len()..];
+            let line = &rest[..rest.find(['`', '(']).unwrap_or(rest.len())];
+            if let Err(e) = parse(line) {
+                panic!("bench {line}: {e}");
+            }
+            n += 1;
+        }
+        assert!(n >= 3, "found only {n} bench command lines in docs/benchmarks.md");
+    }
+
+    #[test]
+    fn unknown_flags_and_bad_values_are_errors() {
+        for l in [
+            "all --bogus",
+            "dataplane --bogus",
+            "floor-server --ready-file r --counters c --bogus",
+            "all --contenders floor,nope",
+            "all --seconds 0",
+            "all --seconds x",
+            "all --reps 0",
+            "all --trains 1,x",
+            "all --no-doc --doc /tmp/b.md",
+            "dataplane --io uring,nope",
+            "baseline-server --ready-file r --counters c --keys k --worker 1",
+            "baseline-server --ready-file r --counters c",
+            "nope",
+        ] {
+            assert!(parse(l).is_err(), "bench {l} was accepted");
+        }
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let a = all("");
+        assert_eq!((a.seconds, a.reps, a.nice, a.probe_rate, a.latency_seconds), (3.0, 3, -20, 1000.0, 3.0));
+        assert_eq!(a.contenders, CONTENDERS);
+        assert_eq!((a.trains, a.rates, a.rate), (vec![1, 8], vec![0.0, 100_000.0], None));
+        assert_eq!((a.shard_core, a.load_core), (0, 1));
+        assert!(!a.no_latency && !a.udpflood && !a.no_rt && !a.no_doc && !a.no_install);
+        let Command::Dataplane(d) = parse("dataplane").unwrap().command else { panic!() };
+        assert_eq!((d.seconds, d.rate, d.shard_core, d.load_core), (5.0, 0.0, 0, 1));
+        assert_eq!(d.ios, ["uring", "mmsg", "uring+ring", "mmsg+ring"]);
+    }
+
+    /// As with the hand-written parser: a flag given again, and `--rate` against
+    /// `--rates`, the last one wins.
+    #[test]
+    fn last_one_wins() {
+        assert_eq!(all("--contenders floor,nginx --contenders baseline").contenders, ["baseline"]);
+        assert_eq!(all("--seconds 2 --seconds 5").seconds, 5.0);
+        let a = all("--rates 1,2 --rate 7");
+        assert_eq!(a.rate, Some(7.0));
+        let a = all("--rate 7 --rates 1,2");
+        assert_eq!((a.rate, a.rates), (None, vec![1.0, 2.0]));
+    }
+}

@@ -249,3 +249,32 @@ pub fn main(args: AllArgs) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Opts;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+
+    fn opts(line: &str) -> Opts {
+        let cli = Cli::try_parse_from(["bench", "all"].into_iter().chain(line.split_whitespace())).unwrap();
+        let Command::All(a) = cli.command else { panic!() };
+        Opts::from(a)
+    }
+
+    #[test]
+    fn resolved_like_the_hand_written_parser() {
+        let o = opts("");
+        assert!(o.doc.as_ref().unwrap().ends_with("docs/benchmarks.md"));
+        assert!(o.svg.as_ref().unwrap().ends_with("docs/benchmarks-cpu.svg"));
+        assert_eq!(o.rates, [0.0, 100_000.0]);
+        assert!(o.latency && o.rt && o.install_nginx && !o.udpflood && o.json.is_none());
+        let o = opts("--no-doc --rate 5000 --no-latency --no-rt --no-install --udpflood");
+        assert!(o.doc.is_none() && o.svg.is_none());
+        assert_eq!(o.rates, [5000.0]);
+        assert!(!o.latency && !o.rt && !o.install_nginx && o.udpflood);
+        let o = opts("--doc /tmp/b.md");
+        assert_eq!(o.doc.unwrap().to_str(), Some("/tmp/b.md"));
+        assert!(o.svg.unwrap().ends_with("docs/benchmarks-cpu.svg"));
+    }
+}
