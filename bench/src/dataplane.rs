@@ -270,7 +270,7 @@ pub(crate) fn g(s: &Value, p: &str) -> u64 {
 
 struct Row {
     io: String,
-    mode: &'static str,
+    mode: String,
     sent: u64,
     datagrams_in: u64,
     fwd: u64,
@@ -284,6 +284,10 @@ struct Row {
 
 /// How long `bench dataplane` waits for its sinks to be placeable.
 const SINKS_LIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Datagrams per UDP_SEGMENT train in the "GRO trains" runs.
+const TRAIN: usize = 8;
+/// Flows the sender sends on, one send() each, between two pacing checks.
+const BURST: usize = 8;
 
 fn run_one(bin: &Path, io: &str, train: usize, sinks_n: u16, o: &DataplaneArgs) -> Result<Row> {
     let d = start_demux(bin, io, o.shard_core)?;
@@ -294,9 +298,8 @@ fn run_one(bin: &Path, io: &str, train: usize, sinks_n: u16, o: &DataplaneArgs) 
     wait_placeable(&d, usize::from(sinks_n), SINKS_LIVE_TIMEOUT, "sinks not live")?;
     // Datagrams: short headers (RFC 9000 §17.3.1) for the sinks' CIDs, 1200 bytes.
     let ks = d.keys.key_set().map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    // 64 flows (source sockets), half to each sink: the kernel's reuseport and GRO
+    // FLOWS flows (source sockets), half to each sink: the kernel's reuseport and GRO
     // see realistic 4-tuples; one shard receives all of them.
-    let flows = FLOWS;
     let payloads = flow_payloads(&ks, &SINK_IDS, train);
     let socks = flow_sockets(d.udp, train)?;
     let pid = d.child.id();
@@ -324,9 +327,9 @@ fn run_one(bin: &Path, io: &str, train: usize, sinks_n: u16, o: &DataplaneArgs) 
                             std::thread::sleep(due - now);
                         }
                     }
-                    // One burst: a send on each of 8 flows.
-                    for _ in 0..8 {
-                        let f = k % flows;
+                    // One burst: a send on each of BURST flows.
+                    for _ in 0..BURST {
+                        let f = k % FLOWS;
                         k += 1;
                         if socks[f].send(&payloads[f]).is_ok() {
                             sent.fetch_add(train as u64, Ordering::Relaxed);
@@ -356,12 +359,11 @@ fn run_one(bin: &Path, io: &str, train: usize, sinks_n: u16, o: &DataplaneArgs) 
     let receives = din / train as u64;
     Ok(Row {
         io: io.to_string(),
-        mode: match (train > 1, sinks_n > 0) {
-            (true, true) => "GRO trains of 8",
-            (false, true) => "uncoalesced",
-            (true, false) => "GRO trains of 8, no worker (receive + route only)",
-            (false, false) => "uncoalesced, no worker (receive + route only)",
-        },
+        mode: format!(
+            "{}{}",
+            if train > 1 { format!("GRO trains of {train}") } else { "uncoalesced".into() },
+            if sinks_n > 0 { "" } else { ", no worker (receive + route only)" }
+        ),
         sent: sent.load(Ordering::Relaxed),
         datagrams_in: din,
         fwd,
@@ -378,7 +380,7 @@ pub fn main(o: DataplaneArgs) -> Result<()> {
     let bin = demux_bin()?;
     let mut rows = Vec::new();
     for io in &o.ios {
-        for (train, sinks_n) in [(1usize, SINKS), (8, SINKS), (1, 0)] {
+        for (train, sinks_n) in [(1usize, SINKS), (TRAIN, SINKS), (1, 0)] {
             if sinks_n == 0 && io.ends_with("+ring") {
                 continue; // no workers, no forwarding: the same as without rings
             }
