@@ -1,14 +1,17 @@
 //! The data-plane system benchmark (issue #3).
 
+use crate::cli::DataplaneArgs;
+use crate::load::{flow_payloads, flow_sockets, FLOWS, LOOPBACK_ANY, SETTLE};
+use crate::sys::{
+    cpu_model, drain_count, pin, schedstat_ns, seqpacket_connect, set_rcvtimeo, Perf, Schedstat, DRAIN_MSG_LEN,
+};
 use anyhow::{bail, Context, Result};
 use proto::keyfile::KeyFile;
 use proto::wire::{decode_control, encode_control, Control};
 use proto::ServerId;
 use serde_json::Value;
-use std::mem::{size_of, zeroed};
-use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,38 +20,8 @@ use std::time::{Duration, Instant};
 
 pub(crate) const DATAGRAM: usize = 1200;
 pub(crate) const SINKS: u16 = 2;
-
-struct Opts {
-    seconds: f64,
-    /// Datagrams per second to offer (0: as fast as the sender can).
-    rate: f64,
-    ios: Vec<String>,
-    shard_core: usize,
-    load_core: usize,
-}
-
-fn parse(args: &[String]) -> Result<Opts> {
-    let mut o = Opts {
-        seconds: 5.0,
-        rate: 0.0,
-        ios: vec!["uring".into(), "mmsg".into(), "uring+ring".into(), "mmsg+ring".into()],
-        shard_core: 0,
-        load_core: 1,
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = || it.next().cloned().with_context(|| format!("{a} needs a value"));
-        match a.as_str() {
-            "--seconds" => o.seconds = val()?.parse().context("--seconds")?,
-            "--rate" => o.rate = val()?.parse().context("--rate")?,
-            "--io" => o.ios = val()?.split(',').map(str::to_string).collect(),
-            "--shard-core" => o.shard_core = val()?.parse().context("--shard-core")?,
-            "--load-core" => o.load_core = val()?.parse().context("--load-core")?,
-            other => bail!("unknown argument {other}"),
-        }
-    }
-    Ok(o)
-}
+/// The sinks' server ids.
+const SINK_IDS: [u16; SINKS as usize] = [1, 2];
 
 /// The release demux next to this binary (`cargo build --release -p demux` first,
 /// unless BENCH_NO_BUILD is set and it exists).
@@ -115,7 +88,7 @@ pub(crate) fn start_demux(bin: &Path, io: &str, core: usize) -> Result<Demux> {
         None => (io, false),
     };
     let child = with_parent(&mut Command::new(bin))
-        .args(["dataplane", "--listen", "127.0.0.1:0", "--cores", &core.to_string(), "--io", io, "--keys"])
+        .args(["dataplane", "--listen", LOOPBACK_ANY, "--cores", &core.to_string(), "--io", io, "--keys"])
         .arg(&keys_path)
         .arg("--data-socket")
         .arg(&data)
@@ -128,43 +101,46 @@ pub(crate) fn start_demux(bin: &Path, io: &str, core: usize) -> Result<Demux> {
         .stdout(Stdio::null())
         .spawn()?;
     let mut d = Demux { child, dir, udp: "0.0.0.0:0".parse()?, data, control, keys, rings };
-    let deadline = Instant::now() + Duration::from_secs(20);
+    d.udp = wait_ready_file(&ready, &mut d.child, "demux")?;
+    Ok(d)
+}
+
+/// How long a started process (the demux, a contender) may take to write its ready file.
+pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// Poll interval while waiting for a process or the demux's status to change.
+pub(crate) const POLL: Duration = Duration::from_millis(10);
+
+/// The UDP address in `ready` (`udp ADDR`, written by the demux and by the contender
+/// servers) once `child` writes it; `what` names the child in the errors.
+pub(crate) fn wait_ready_file(ready: &Path, child: &mut Child, what: &str) -> Result<SocketAddr> {
+    let deadline = Instant::now() + READY_TIMEOUT;
     loop {
-        if let Ok(t) = std::fs::read_to_string(&ready) {
+        if let Ok(t) = std::fs::read_to_string(ready) {
             if let Some(a) = t.lines().find_map(|l| l.strip_prefix("udp ")) {
-                d.udp = a.parse()?;
-                return Ok(d);
+                return Ok(a.parse()?);
             }
         }
-        if let Some(st) = d.child.try_wait()? {
-            bail!("demux exited: {st}");
+        if let Some(st) = child.try_wait()? {
+            bail!("{what} exited: {st}");
         }
         if Instant::now() > deadline {
-            bail!("demux not ready");
+            bail!("{what} not ready");
         }
-        std::thread::sleep(Duration::from_millis(10));
+        std::thread::sleep(POLL);
     }
 }
 
-pub(crate) fn seqpacket_connect(path: &Path) -> Result<OwnedFd> {
-    // SAFETY: plain syscalls with checked results on a fresh socket.
-    unsafe {
-        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            bail!("socket: {}", std::io::Error::last_os_error());
+/// Waits until the demux reports exactly `n` placeable instances (workers that said
+/// Ready); `err` is the error after `timeout`.
+pub(crate) fn wait_placeable(d: &Demux, n: usize, timeout: Duration, err: &str) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while status(d)?["instances"].as_array().map(|a| a.iter().filter(|i| i["placeable"] == true).count()) != Some(n) {
+        if Instant::now() > deadline {
+            bail!("{err}");
         }
-        let fd = OwnedFd::from_raw_fd(fd);
-        let mut sun: libc::sockaddr_un = zeroed();
-        sun.sun_family = libc::AF_UNIX as libc::sa_family_t;
-        for (d, s) in sun.sun_path.iter_mut().zip(path.as_os_str().as_bytes()) {
-            *d = *s as libc::c_char;
-        }
-        let len = (size_of::<libc::sa_family_t>() + path.as_os_str().len() + 1) as libc::socklen_t;
-        if libc::connect(fd.as_raw_fd(), (&sun as *const libc::sockaddr_un).cast(), len) < 0 {
-            bail!("connect {}: {}", path.display(), std::io::Error::last_os_error());
-        }
-        Ok(fd)
+        std::thread::sleep(POLL);
     }
+    Ok(())
 }
 
 pub(crate) fn send_rec(fd: RawFd, m: &Control) -> Result<()> {
@@ -196,9 +172,23 @@ pub(crate) fn status(d: &Demux) -> Result<Value> {
     }
 }
 
-pub(crate) fn pin(core: usize) {
-    let _ = core_affinity::set_for_current(core_affinity::CoreId { id: core });
+/// A data connection to the demux as server id `id`: DataHello (DataHelloV2 with
+/// CAP_RINGS when `rings`), then the demux's Sockets record, received into `buf`.
+pub(crate) fn data_hello(d: &Demux, id: u16, rings: bool, buf: &mut [u8]) -> Result<OwnedFd> {
+    let fd = seqpacket_connect(&d.data)?;
+    if rings {
+        send_rec(fd.as_raw_fd(), &Control::DataHelloV2 { server_id: ServerId(id), caps: proto::wire::CAP_RINGS })?;
+    } else {
+        send_rec(fd.as_raw_fd(), &Control::DataHello { server_id: ServerId(id) })?;
+    }
+    match recv_rec(fd.as_raw_fd(), buf)? {
+        Control::Sockets { .. } => Ok(fd),
+        other => bail!("expected Sockets, got {other:?}"),
+    }
 }
+
+/// Receive timeout of the bench's sink and probe connections, so their loops see `stop`.
+pub(crate) const SINK_RCVTIMEO: Duration = Duration::from_millis(100);
 
 /// A sink worker: DataHello, Ready, then recvmmsg everything and count it.
 pub(crate) fn sink(
@@ -208,17 +198,8 @@ pub(crate) fn sink(
     stop: Arc<AtomicBool>,
     frames: Arc<AtomicU64>,
 ) -> Result<std::thread::JoinHandle<()>> {
-    let fd = seqpacket_connect(&d.data)?;
-    if d.rings {
-        send_rec(fd.as_raw_fd(), &Control::DataHelloV2 { server_id: ServerId(id), caps: proto::wire::CAP_RINGS })?;
-    } else {
-        send_rec(fd.as_raw_fd(), &Control::DataHello { server_id: ServerId(id) })?;
-    }
     let mut buf = vec![0u8; 4096];
-    match recv_rec(fd.as_raw_fd(), &mut buf)? {
-        Control::Sockets { .. } => {}
-        other => bail!("expected Sockets, got {other:?}"),
-    }
+    let fd = data_hello(d, id, d.rings, &mut buf)?;
     let mut rings = Vec::new();
     if d.rings {
         use std::os::fd::AsFd;
@@ -233,36 +214,16 @@ pub(crate) fn sink(
         }
     }
     send_rec(fd.as_raw_fd(), &Control::Ready)?;
-    let tv = libc::timeval { tv_sec: 0, tv_usec: 100_000 };
-    // SAFETY: live timeval of the right size.
-    unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            size_of::<libc::timeval>() as u32,
-        )
-    };
+    set_rcvtimeo(fd.as_raw_fd(), SINK_RCVTIMEO);
     Ok(std::thread::spawn(move || {
         pin(core);
-        const N: usize = 64;
-        const LEN: usize = 65_536 + 64;
-        let mut data = vec![0u8; N * LEN];
-        let mut iovs: Vec<libc::iovec> =
-            (0..N).map(|i| libc::iovec { iov_base: data[i * LEN..].as_mut_ptr().cast(), iov_len: LEN }).collect();
-        // SAFETY: plain old data.
-        let mut msgs: Vec<libc::mmsghdr> = (0..N).map(|_| unsafe { zeroed() }).collect();
-        for (m, iov) in msgs.iter_mut().zip(iovs.iter_mut()) {
-            m.msg_hdr.msg_iov = iov;
-            m.msg_hdr.msg_iovlen = 1;
-        }
+        let mut data = vec![0u8; DRAIN_MSG_LEN];
         // `--forward ring`: drain the rings, then the sleep protocol (flag, re-check,
         // poll the eventfds with a timeout so `stop` is seen).
         while !rings.is_empty() && !stop.load(Ordering::Relaxed) {
             let mut n = 0u64;
             for r in &rings {
-                while let Ok(Some(_)) = r.pop(&mut data[..LEN]) {
+                while let Ok(Some(_)) = r.pop(&mut data) {
                     n += 1;
                 }
                 r.awake();
@@ -282,31 +243,8 @@ pub(crate) fn sink(
                 r.woke();
             }
         }
-        while !stop.load(Ordering::Relaxed) {
-            // SAFETY: msgs point at live buffers; MSG_WAITFORONE returns after one.
-            let r = unsafe {
-                libc::recvmmsg(fd.as_raw_fd(), msgs.as_mut_ptr(), N as u32, libc::MSG_WAITFORONE, std::ptr::null_mut())
-            };
-            if r > 0 {
-                frames.fetch_add(r as u64, Ordering::Relaxed);
-            } else if r == 0 {
-                return;
-            }
-        }
+        drain_count(fd.as_raw_fd(), &stop, &frames);
     }))
-}
-
-/// CPU nanoseconds of every thread of `pid` (schedstat: time on CPU).
-pub(crate) fn cpu_ns(pid: u32) -> u64 {
-    let mut total = 0;
-    if let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-        for t in rd.flatten() {
-            if let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) {
-                total += s.split_whitespace().next().and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
-            }
-        }
-    }
-    total
 }
 
 /// utime + stime of `pid` in seconds (/proc/<pid>/stat fields 14 and 15).
@@ -332,7 +270,7 @@ pub(crate) fn g(s: &Value, p: &str) -> u64 {
 
 struct Row {
     io: String,
-    mode: &'static str,
+    mode: String,
     sent: u64,
     datagrams_in: u64,
     fwd: u64,
@@ -344,88 +282,32 @@ struct Row {
     per_sendmmsg: f64,
 }
 
-fn run_one(bin: &Path, io: &str, train: usize, sinks_n: u16, o: &Opts) -> Result<Row> {
+/// How long `bench dataplane` waits for its sinks to be placeable.
+const SINKS_LIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Datagrams per UDP_SEGMENT train in the "GRO trains" runs.
+const TRAIN: usize = 8;
+/// Flows the sender sends on, one send() each, between two pacing checks.
+const BURST: usize = 8;
+
+fn run_one(bin: &Path, io: &str, train: usize, sinks_n: u16, o: &DataplaneArgs) -> Result<Row> {
     let d = start_demux(bin, io, o.shard_core)?;
     let stop = Arc::new(AtomicBool::new(false));
     let frames = Arc::new(AtomicU64::new(0));
     let sinks: Vec<_> =
         (1..=sinks_n).map(|id| sink(&d, id, o.load_core, stop.clone(), frames.clone())).collect::<Result<_>>()?;
-    // Wait for both sinks to be placeable.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while status(&d)?["instances"].as_array().map(|a| a.iter().filter(|i| i["placeable"] == true).count())
-        != Some(sinks_n as usize)
-    {
-        if Instant::now() > deadline {
-            bail!("sinks not live");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_placeable(&d, usize::from(sinks_n), SINKS_LIVE_TIMEOUT, "sinks not live")?;
     // Datagrams: short headers (RFC 9000 §17.3.1) for the sinks' CIDs, 1200 bytes.
     let ks = d.keys.key_set().map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    let mut seed = 0x1234_5678_9abc_def0u64;
-    let mut rnd = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
-    // 64 flows (source sockets), half to each sink: the kernel's reuseport and GRO
+    // FLOWS flows (source sockets), half to each sink: the kernel's reuseport and GRO
     // see realistic 4-tuples; one shard receives all of them.
-    let flows = 64;
-    let mut payloads: Vec<Vec<u8>> = Vec::new();
-    for f in 0..flows {
-        let mut r = [0u8; 10];
-        r.iter_mut().for_each(|b| *b = rnd() as u8);
-        let cid = ks.encode(ServerId((f % usize::from(SINKS)) as u16 + 1), &r);
-        let mut buf = Vec::with_capacity(DATAGRAM * train);
-        for _ in 0..train {
-            let mut p = vec![0u8; DATAGRAM];
-            p.iter_mut().for_each(|b| *b = rnd() as u8);
-            p[0] = 0x40 | (p[0] & 0x3f);
-            p[1..13].copy_from_slice(&cid);
-            buf.extend_from_slice(&p);
-        }
-        payloads.push(buf);
-    }
-    let socks: Vec<UdpSocket> = (0..flows).map(|_| UdpSocket::bind("127.0.0.1:0")).collect::<std::io::Result<_>>()?;
-    for s in &socks {
-        s.connect(d.udp)?;
-        if train > 1 {
-            let seg: libc::c_int = DATAGRAM as libc::c_int;
-            // SAFETY: udp(7) UDP_SEGMENT with a live c_int.
-            let r = unsafe {
-                libc::setsockopt(
-                    s.as_raw_fd(),
-                    libc::SOL_UDP,
-                    libc::UDP_SEGMENT,
-                    (&seg as *const libc::c_int).cast(),
-                    4,
-                )
-            };
-            if r != 0 {
-                bail!("UDP_SEGMENT: {}", std::io::Error::last_os_error());
-            }
-        }
-    }
+    let payloads = flow_payloads(&ks, &SINK_IDS, train);
+    let socks = flow_sockets(d.udp, train)?;
     let pid = d.child.id();
     let secs = o.seconds;
     let sent = Arc::new(AtomicU64::new(0));
     let s0 = status(&d)?;
-    // BENCH_PERF=DIR: sample the data plane with `perf record -e cpu-clock -g` (no
-    // hardware counters needed) into DIR/<io>-<train>.perf.data.
-    let perf = match std::env::var("BENCH_PERF") {
-        Ok(dir) => Some(
-            Command::new("perf")
-                .args(["record", "-q", "-e", "cpu-clock", "-g", "-p", &pid.to_string(), "-o"])
-                .arg(format!("{dir}/{io}-{train}.perf.data"))
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("perf record")?,
-        ),
-        Err(_) => None,
-    };
-    let (cpu0, stat0, t0) = (cpu_ns(pid), stat_cpu_s(pid), Instant::now());
+    let perf = Perf::start(pid, &format!("{io}-{train}"))?;
+    let (cpu0, stat0, t0) = (schedstat_ns(pid, Schedstat::OnCpu), stat_cpu_s(pid), Instant::now());
     {
         let sent = sent.clone();
         let load_core = o.load_core;
@@ -445,9 +327,9 @@ fn run_one(bin: &Path, io: &str, train: usize, sinks_n: u16, o: &Opts) -> Result
                             std::thread::sleep(due - now);
                         }
                     }
-                    // One burst: a send on each of 8 flows.
-                    for _ in 0..8 {
-                        let f = k % flows;
+                    // One burst: a send on each of BURST flows.
+                    for _ in 0..BURST {
+                        let f = k % FLOWS;
                         k += 1;
                         if socks[f].send(&payloads[f]).is_ok() {
                             sent.fetch_add(train as u64, Ordering::Relaxed);
@@ -458,13 +340,11 @@ fn run_one(bin: &Path, io: &str, train: usize, sinks_n: u16, o: &Opts) -> Result
         });
     }
     // Let the data plane drain, then read its counters and CPU time.
-    std::thread::sleep(Duration::from_millis(300));
-    let (cpu1, stat1, wall) = (cpu_ns(pid), stat_cpu_s(pid), t0.elapsed().as_secs_f64());
+    std::thread::sleep(SETTLE);
+    let (cpu1, stat1, wall) = (schedstat_ns(pid, Schedstat::OnCpu), stat_cpu_s(pid), t0.elapsed().as_secs_f64());
     let s1 = status(&d)?;
-    if let Some(mut p) = perf {
-        // SAFETY: SIGINT to the perf child we spawned, so it writes its file.
-        unsafe { libc::kill(p.id() as i32, libc::SIGINT) };
-        let _ = p.wait();
+    if let Some(p) = perf {
+        p.stop();
     }
     stop.store(true, Ordering::Relaxed);
     drop(d);
@@ -479,12 +359,11 @@ fn run_one(bin: &Path, io: &str, train: usize, sinks_n: u16, o: &Opts) -> Result
     let receives = din / train as u64;
     Ok(Row {
         io: io.to_string(),
-        mode: match (train > 1, sinks_n > 0) {
-            (true, true) => "GRO trains of 8",
-            (false, true) => "uncoalesced",
-            (true, false) => "GRO trains of 8, no worker (receive + route only)",
-            (false, false) => "uncoalesced, no worker (receive + route only)",
-        },
+        mode: format!(
+            "{}{}",
+            if train > 1 { format!("GRO trains of {train}") } else { "uncoalesced".into() },
+            if sinks_n > 0 { "" } else { ", no worker (receive + route only)" }
+        ),
         sent: sent.load(Ordering::Relaxed),
         datagrams_in: din,
         fwd,
@@ -497,12 +376,11 @@ fn run_one(bin: &Path, io: &str, train: usize, sinks_n: u16, o: &Opts) -> Result
     })
 }
 
-pub fn main(args: &[String]) -> Result<()> {
-    let o = parse(args)?;
+pub fn main(o: DataplaneArgs) -> Result<()> {
     let bin = demux_bin()?;
     let mut rows = Vec::new();
     for io in &o.ios {
-        for (train, sinks_n) in [(1usize, SINKS), (8, SINKS), (1, 0)] {
+        for (train, sinks_n) in [(1usize, SINKS), (TRAIN, SINKS), (1, 0)] {
             if sinks_n == 0 && io.ends_with("+ring") {
                 continue; // no workers, no forwarding: the same as without rings
             }
@@ -520,13 +398,9 @@ pub fn main(args: &[String]) -> Result<()> {
     }
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("model name").map(|x| x.trim_start_matches([' ', '\t', ':']).to_string()))
-        .unwrap_or_default();
+    let cpu_model = cpu_model();
     println!("Conditions: Linux {}, {} ({} cores), release build; demux: 1 shard on core {}, `--io <backend>`; sender ({} UDP flows, loopback) and {} sink workers on core {}; {:.0} s per run, offered rate {}; 1200-byte datagrams (short headers for live server ids); load average at the end {}.",
-        kernel.trim(), cpu_model, std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0), o.shard_core, 64, SINKS, o.load_core, o.seconds, if o.rate > 0.0 { format!("{} datagrams/s", o.rate) } else { "unpaced".into() }, load.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
+        kernel.trim(), cpu_model, std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0), o.shard_core, FLOWS, SINKS, o.load_core, o.seconds, if o.rate > 0.0 { format!("{} datagrams/s", o.rate) } else { "unpaced".into() }, load.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
     println!();
     println!("| backend | datagrams | sent | received by demux | forwarded | dropped (worker full) | demux CPU s (schedstat / stat) | wall s | **CPU µs / forwarded datagram** | CPU µs / received datagram | receives / batch | receives / sendmmsg |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");

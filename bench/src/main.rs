@@ -1,6 +1,6 @@
-//! quicdemux system benchmarks.
+//! quicdemux system benchmarks (`bench --help`; the flags are in cli.rs).
 //!
-//! `cargo run --release -p bench -- all [--seconds S] [--reps N] [--contenders floor,baseline,demux-uring,demux-mmsg,nginx] [--trains 1,8] [--no-latency] [--no-doc] [--json FILE]`
+//! `cargo run --release -p bench -- all [--seconds S] [--reps N] [--contenders floor,baseline,demux-uring,demux-mmsg,nginx] [--trains 1,8] [--rates 0,100000] [--no-latency] [--no-doc] [--json FILE]`
 //!
 //! Issue #6: the demux (io_uring and mmsg), a per-datagram baseline, nginx's stream
 //! UDP proxy and a recv-and-drop floor side by side; CPU µs per datagram, the most
@@ -17,21 +17,21 @@
 //! starts as subprocesses (see servers.rs).
 
 mod all;
+mod cli;
 mod dataplane;
+mod load;
 mod servers;
+mod sys;
+
+use clap::Parser;
+use cli::{Cli, Command};
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let r = match args.first().map(String::as_str) {
-        Some("all") => all::main(&args[1..]),
-        Some("dataplane") => dataplane::main(&args[1..]),
-        Some("floor-server") => servers::floor(&args[1..]),
-        Some("baseline-server") => servers::baseline(&args[1..]),
-        _ => {
-            eprintln!("usage: bench all [--seconds S] [--reps N] [--contenders LIST] [--trains 1,8] [--rate N] [--no-latency] [--no-doc] [--json FILE]");
-            eprintln!("       bench dataplane [--seconds S] [--rate DATAGRAMS_PER_S] [--io uring,mmsg,uring+ring,mmsg+ring] [--shard-core C] [--load-core L]");
-            std::process::exit(2);
-        }
+    let r = match Cli::parse().command {
+        Command::All(a) => all::main(a),
+        Command::Dataplane(a) => dataplane::main(a),
+        Command::FloorServer(a) => servers::floor(a),
+        Command::BaselineServer(a) => servers::baseline(a),
     };
     if let Err(e) = r {
         eprintln!("bench: error: {e:#}");

@@ -11,13 +11,15 @@
 //! Both publish their counters in a small shared file (`Counters`): the bench maps
 //! it and reads them while they run; they are simply killed at the end.
 
-use anyhow::{bail, Context, Result};
+use crate::cli::{BaselineArgs, FloorArgs, ServerArgs};
+use crate::sys::seqpacket_connect;
+use anyhow::{bail, Result};
 use proto::keyfile::KeyFile;
 use proto::wire::{encode_frame_header, FrameMeta, FRAME_HEADER_LEN};
 use std::mem::{size_of, zeroed};
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// `n` u64 counters in a file mapped MAP_SHARED by the server and the bench.
@@ -87,47 +89,6 @@ pub(crate) const FORWARDED: usize = 1;
 pub(crate) const DROPPED: usize = 2;
 pub(crate) const N_COUNTERS: usize = 3;
 
-struct Args {
-    listen: SocketAddr,
-    ready: PathBuf,
-    counters: PathBuf,
-    gro: bool,
-    keys: Option<PathBuf>,
-    workers: Vec<(u16, PathBuf)>,
-}
-
-fn parse(args: &[String]) -> Result<Args> {
-    let mut a = Args {
-        listen: "127.0.0.1:0".parse()?,
-        ready: PathBuf::new(),
-        counters: PathBuf::new(),
-        gro: false,
-        keys: None,
-        workers: Vec::new(),
-    };
-    let mut it = args.iter();
-    while let Some(k) = it.next() {
-        let mut val = || it.next().cloned().with_context(|| format!("{k} needs a value"));
-        match k.as_str() {
-            "--listen" => a.listen = val()?.parse()?,
-            "--ready-file" => a.ready = val()?.into(),
-            "--counters" => a.counters = val()?.into(),
-            "--gro" => a.gro = true,
-            "--keys" => a.keys = Some(val()?.into()),
-            "--worker" => {
-                let v = val()?;
-                let (id, p) = v.split_once('=').context("--worker ID=PATH")?;
-                a.workers.push((id.parse()?, p.into()));
-            }
-            other => bail!("unknown argument {other}"),
-        }
-    }
-    if a.ready.as_os_str().is_empty() || a.counters.as_os_str().is_empty() {
-        bail!("--ready-file and --counters are required");
-    }
-    Ok(a)
-}
-
 fn setsockopt_int(fd: i32, level: i32, opt: i32, v: i32) -> Result<()> {
     // SAFETY: a live c_int of the right size.
     if unsafe { libc::setsockopt(fd, level, opt, (&v as *const i32).cast(), 4) } != 0 {
@@ -136,30 +97,29 @@ fn setsockopt_int(fd: i32, level: i32, opt: i32, v: i32) -> Result<()> {
     Ok(())
 }
 
-fn bind(a: &Args) -> Result<UdpSocket> {
+fn bind(a: &ServerArgs, gro: bool) -> Result<UdpSocket> {
     let s = UdpSocket::bind(a.listen)?;
     // The receive buffer the demux asks for (8 MiB, forced as root).
     let _ = setsockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 8 << 20);
-    if a.gro {
+    if gro {
         setsockopt_int(s.as_raw_fd(), libc::SOL_UDP, libc::UDP_GRO, 1)?;
     }
     Ok(s)
 }
 
-fn ready(a: &Args, s: &UdpSocket) -> Result<()> {
-    let tmp = a.ready.with_extension("tmp");
+fn ready(a: &ServerArgs, s: &UdpSocket) -> Result<()> {
+    let tmp = a.ready_file.with_extension("tmp");
     std::fs::write(&tmp, format!("udp {}\n", s.local_addr()?))?;
-    std::fs::rename(&tmp, &a.ready)?;
+    std::fs::rename(&tmp, &a.ready_file)?;
     Ok(())
 }
 
 /// recvmmsg into 32 buffers and discard; with --gro, count GRO segments from the
 /// UDP_GRO control message.
-pub fn floor(args: &[String]) -> Result<()> {
-    let a = parse(args)?;
-    let c = Counters::map(&a.counters, N_COUNTERS, true)?;
-    let s = bind(&a)?;
-    ready(&a, &s)?;
+pub fn floor(a: FloorArgs) -> Result<()> {
+    let c = Counters::map(&a.server.counters, N_COUNTERS, true)?;
+    let s = bind(&a.server, a.gro)?;
+    ready(&a.server, &s)?;
     const N: usize = 32;
     const LEN: usize = 65_536;
     const CMSG: usize = 64;
@@ -208,16 +168,9 @@ pub fn floor(args: &[String]) -> Result<()> {
     }
 }
 
-fn seqpacket_connect(path: &Path) -> Result<OwnedFd> {
-    crate::dataplane::seqpacket_connect(path)
-}
-
 /// The design being replaced: per datagram one recvmsg, one CID decode, one send().
-pub fn baseline(args: &[String]) -> Result<()> {
-    let a = parse(args)?;
-    let keys = KeyFile::parse(&std::fs::read_to_string(a.keys.as_ref().context("--keys is required")?)?)?
-        .key_set()
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+pub fn baseline(a: BaselineArgs) -> Result<()> {
+    let keys = KeyFile::parse(&std::fs::read_to_string(&a.keys)?)?.key_set().map_err(|e| anyhow::anyhow!("{e:?}"))?;
     let mut table: Vec<Option<OwnedFd>> = Vec::new();
     for (id, p) in &a.workers {
         let fd = seqpacket_connect(p)?;
@@ -229,9 +182,9 @@ pub fn baseline(args: &[String]) -> Result<()> {
         }
         table[i] = Some(fd);
     }
-    let c = Counters::map(&a.counters, N_COUNTERS, true)?;
-    let s = bind(&a)?;
-    ready(&a, &s)?;
+    let c = Counters::map(&a.server.counters, N_COUNTERS, true)?;
+    let s = bind(&a.server, false)?;
+    ready(&a.server, &s)?;
     let mut buf = vec![0u8; FRAME_HEADER_LEN + 65_536];
     loop {
         // SAFETY: plain old data.

@@ -1,0 +1,320 @@
+//! Command line (clap 4 derive): `bench all`, `bench dataplane`, and the two
+//! contenders `bench all` starts as its own subprocesses (`floor-server`,
+//! `baseline-server`).
+
+use clap::{ArgAction, Args, Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// The contenders of `bench all`, in their default order.
+pub const CONTENDERS: [&str; 5] = ["floor", "baseline", "demux-uring", "demux-mmsg", "nginx"];
+
+/// The `--io` values of `bench dataplane`: a demux `--io` backend, `+ring` for `--forward ring`.
+pub const DATAPLANE_IOS: [&str; 6] = ["uring", "mmsg", "auto", "uring+ring", "mmsg+ring", "auto+ring"];
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "bench",
+    about = "quicdemux system benchmarks",
+    subcommand_required = true,
+    arg_required_else_help = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Side by side (issue #6): demux, baseline, nginx and floor; rewrites docs/benchmarks.md.
+    ///
+    /// The demux (io_uring and mmsg), the per-datagram baseline, nginx's stream UDP
+    /// proxy and a recv-and-drop floor, each pinned to the shard core, under load from
+    /// the load core; CPU µs per datagram, ratios, and the demux hop's latency at
+    /// 25/50/75 % of its saturation. Rewrites the generated block of docs/benchmarks.md
+    /// and docs/benchmarks-cpu.svg (`--no-doc`: neither).
+    All(AllArgs),
+    /// Data plane (issue #3): one demux shard's CPU time per forwarded datagram.
+    ///
+    /// One data-plane shard on one core, a sender and sink workers on the other; the
+    /// data plane's CPU time per forwarded datagram and its counters, as a table on stdout.
+    Dataplane(DataplaneArgs),
+    /// Contender started by `bench all`: recvmmsg and discard.
+    ///
+    /// The least any socket reader can spend per datagram.
+    FloorServer(FloorArgs),
+    /// Contender started by `bench all`: one recvmsg, decode and send() per datagram.
+    ///
+    /// The per-datagram design being replaced: recvmsg, CID decode, one send() of a
+    /// frame to that server id's SEQPACKET socket.
+    BaselineServer(BaselineArgs),
+}
+
+/// `bench all`. A list flag given twice: the last one wins; `--rate` and `--rates`
+/// override each other the same way.
+#[derive(Debug, Args)]
+#[command(args_override_self = true)]
+pub struct AllArgs {
+    /// Seconds of load per run (per contender, mode and offered rate).
+    #[arg(long, value_name = "S", default_value_t = 3.0, value_parser = positive_f64)]
+    pub seconds: f64,
+    /// Repetitions (rounds); the contenders' order rotates from round to round.
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = positive_usize)]
+    pub reps: usize,
+    /// Contenders to run, comma-separated.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
+          value_parser = CONTENDERS, default_value = "floor,baseline,demux-uring,demux-mmsg,nginx")]
+    pub contenders: Vec<String>,
+    /// Datagrams per message, comma-separated: 1 = uncoalesced, N > 1 = UDP_SEGMENT trains of N.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
+          value_parser = positive_usize, default_value = "1,8")]
+    pub trains: Vec<usize>,
+    /// One offered rate in datagrams/s (0 = unpaced): the same as `--rates N`.
+    #[arg(long, value_name = "N", overrides_with = "rates")]
+    pub rate: Option<f64>,
+    /// Offered rates in datagrams/s, comma-separated, one run each (0 = unpaced).
+    #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
+          default_value = "0,100000", overrides_with = "rate")]
+    pub rates: Vec<f64>,
+    /// Core the contender (and the demux in latency runs) is pinned to.
+    #[arg(long, value_name = "C", default_value_t = 0)]
+    pub shard_core: usize,
+    /// Core of the sender, the sinks and the latency probes.
+    #[arg(long, value_name = "L", default_value_t = 1)]
+    pub load_core: usize,
+    /// Skip the demux hop's latency runs.
+    #[arg(long)]
+    pub no_latency: bool,
+    /// Latency as round trips with `udpflood --latency` and `worker --echo` instead
+    /// of the one-way in-bench probe (builds worker and udpflood).
+    #[arg(long)]
+    pub udpflood: bool,
+    /// Latency runs: leave the demux and the probe threads at the bench's nice
+    /// value instead of SCHED_FIFO.
+    #[arg(long)]
+    pub no_rt: bool,
+    /// Seconds of probes per latency run.
+    #[arg(long, value_name = "S", default_value_t = 3.0)]
+    pub latency_seconds: f64,
+    /// Latency probes per second.
+    #[arg(long, value_name = "N", default_value_t = 1000.0)]
+    pub probe_rate: f64,
+    /// The doc whose generated block is rewritten [default: docs/benchmarks.md].
+    #[arg(long, value_name = "FILE")]
+    pub doc: Option<PathBuf>,
+    /// Where to write the CPU chart [default: docs/benchmarks-cpu.svg].
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// Write neither the doc nor the chart (the report goes to stdout only).
+    #[arg(long, conflicts_with_all = ["doc", "svg"])]
+    pub no_doc: bool,
+    /// Also write every run as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Refuse instead of apt-get installing nginx-light and libnginx-mod-stream when missing.
+    #[arg(long)]
+    pub no_install: bool,
+    /// Nice value for the bench and all it starts, in an autogroup of its own (0 = leave priorities alone).
+    #[arg(long, value_name = "N", default_value_t = -20, allow_negative_numbers = true)]
+    pub nice: i32,
+}
+
+/// `bench dataplane`. `--io` given twice: the last one wins.
+#[derive(Debug, Args)]
+#[command(args_override_self = true)]
+pub struct DataplaneArgs {
+    /// Seconds of load per run.
+    #[arg(long, value_name = "S", default_value_t = 5.0)]
+    pub seconds: f64,
+    /// Datagrams per second to offer (0 = unpaced, as fast as the sender can).
+    #[arg(long, value_name = "DATAGRAMS_PER_S", default_value_t = 0.0)]
+    pub rate: f64,
+    /// Demux backends, comma-separated; `+ring`: the demux runs with `--forward ring`.
+    #[arg(long = "io", value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
+          value_parser = DATAPLANE_IOS, default_value = "uring,mmsg,uring+ring,mmsg+ring")]
+    pub ios: Vec<String>,
+    /// Core of the demux's one shard.
+    #[arg(long, value_name = "C", default_value_t = 0)]
+    pub shard_core: usize,
+    /// Core of the sender and the sink workers.
+    #[arg(long, value_name = "L", default_value_t = 1)]
+    pub load_core: usize,
+}
+
+/// What both contender servers take.
+#[derive(Debug, Args)]
+pub struct ServerArgs {
+    /// UDP address to receive on.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// Written (`udp ADDR`) once the socket is bound.
+    #[arg(long, value_name = "FILE")]
+    pub ready_file: PathBuf,
+    /// The shared counters file (created) that the bench maps.
+    #[arg(long, value_name = "FILE")]
+    pub counters: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct FloorArgs {
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// Receive with UDP_GRO and count the datagrams inside each train.
+    #[arg(long)]
+    pub gro: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct BaselineArgs {
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// The key file (as `demux gen-keys` writes it) to decode CIDs with.
+    #[arg(long, value_name = "FILE")]
+    pub keys: PathBuf,
+    /// A worker: server id ID is served on the SEQPACKET socket PATH (repeatable).
+    #[arg(long = "worker", value_name = "ID=PATH", value_parser = worker_spec)]
+    pub workers: Vec<(u16, PathBuf)>,
+}
+
+fn positive_f64(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x > 0.0 => Ok(x),
+        Ok(_) => Err("must be positive".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn positive_usize(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be positive".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn worker_spec(s: &str) -> Result<(u16, PathBuf), String> {
+    let (id, path) = s.split_once('=').ok_or("expected ID=PATH")?;
+    Ok((id.parse().map_err(|e| format!("server id {id:?}: {e}"))?, path.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(line: &str) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("bench").chain(line.split_whitespace()))
+    }
+
+    fn all(line: &str) -> AllArgs {
+        match parse(&format!("all {line}")).unwrap_or_else(|e| panic!("bench all {line}: {e}")).command {
+            Command::All(a) => a,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    /// Every command line docs/benchmarks.md, the crate docs (main.rs, servers.rs) and
+    /// the smoke test show, with their placeholders filled in.
+    #[test]
+    fn documented_invocations_parse() {
+        let lines = [
+            // docs/benchmarks.md, "Side by side": the command and each option it lists.
+            "all",
+            "all --seconds 3 --reps 3 --contenders floor,baseline,demux-uring,demux-mmsg,nginx --trains 1,8 \
+             --rates 0,100000 --no-latency --latency-seconds 3 --probe-rate 1000 --udpflood --no-rt --nice -20 \
+             --json /tmp/runs.json --no-doc",
+            "all --no-install --doc /tmp/b.md --svg /tmp/b.svg --nice 0",
+            "all --contenders floor,baseline,demux-mmsg --trains 1 --rates 0",
+            // docs/benchmarks.md, "data plane" and "ring forwarding".
+            "dataplane",
+            "dataplane --seconds 5 --rate 100000 --io uring,mmsg --shard-core 0 --load-core 1",
+            "dataplane --rate 100000",
+            "dataplane --seconds 4 --io uring,uring+ring,mmsg,mmsg+ring",
+            // main.rs's crate docs (and the old usage message: `--rate N` on `all`).
+            "all --seconds 3 --reps 3 --contenders floor,baseline,demux-uring,demux-mmsg,nginx --trains 1,8 \
+             --rates 0,100000 --no-latency --no-doc --json /tmp/runs.json",
+            "all --rate 100000",
+            "dataplane --seconds 5 --rate 0 --io uring,mmsg,uring+ring,mmsg+ring --shard-core 0 --load-core 1",
+            // servers.rs, as `bench all` starts them (all/contenders.rs).
+            "floor-server --listen 127.0.0.1:0 --ready-file /tmp/r --counters /tmp/c --gro",
+            "baseline-server --keys /tmp/k --worker 1=/tmp/w1.sock --worker 2=/tmp/w2.sock --listen 127.0.0.1:0 \
+             --ready-file /tmp/r --counters /tmp/c",
+            // tests/smoke.rs.
+            "all --seconds 1 --reps 1 --rates 5000 --trains 1,8 --no-latency --no-doc --nice 0 \
+             --contenders floor,baseline --json /tmp/smoke.json",
+        ];
+        for l in lines {
+            if let Err(e) = parse(l) {
+                panic!("bench {l}: {e}");
+            }
+        }
+    }
+
+    /// The `cargo run --release -p bench -- …` command lines quoted in docs/benchmarks.md.
+    #[test]
+    fn command_lines_in_benchmarks_md_parse() {
+        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/benchmarks.md")).unwrap();
+        let doc = doc.replace('\n', " ");
+        let mut n = 0;
+        for (i, _) in doc.match_indices("-p bench -- ") {
+            let rest = &doc[i + "-p bench -- ".len()..];
+            let line = &rest[..rest.find(['`', '(']).unwrap_or(rest.len())];
+            if let Err(e) = parse(line) {
+                panic!("bench {line}: {e}");
+            }
+            n += 1;
+        }
+        assert!(n >= 3, "found only {n} bench command lines in docs/benchmarks.md");
+    }
+
+    #[test]
+    fn unknown_flags_and_bad_values_are_errors() {
+        for l in [
+            "all --bogus",
+            "dataplane --bogus",
+            "floor-server --ready-file r --counters c --bogus",
+            "all --contenders floor,nope",
+            "all --seconds 0",
+            "all --seconds x",
+            "all --reps 0",
+            "all --trains 1,x",
+            "all --no-doc --doc /tmp/b.md",
+            "dataplane --io uring,nope",
+            "baseline-server --ready-file r --counters c --keys k --worker 1",
+            "baseline-server --ready-file r --counters c",
+            "nope",
+        ] {
+            assert!(parse(l).is_err(), "bench {l} was accepted");
+        }
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let a = all("");
+        assert_eq!((a.seconds, a.reps, a.nice, a.probe_rate, a.latency_seconds), (3.0, 3, -20, 1000.0, 3.0));
+        assert_eq!(a.contenders, CONTENDERS);
+        assert_eq!((a.trains, a.rates, a.rate), (vec![1, 8], vec![0.0, 100_000.0], None));
+        assert_eq!((a.shard_core, a.load_core), (0, 1));
+        assert!(!a.no_latency && !a.udpflood && !a.no_rt && !a.no_doc && !a.no_install);
+        let Command::Dataplane(d) = parse("dataplane").unwrap().command else { panic!() };
+        assert_eq!((d.seconds, d.rate, d.shard_core, d.load_core), (5.0, 0.0, 0, 1));
+        assert_eq!(d.ios, ["uring", "mmsg", "uring+ring", "mmsg+ring"]);
+    }
+
+    /// As with the hand-written parser: a flag given again, and `--rate` against
+    /// `--rates`, the last one wins.
+    #[test]
+    fn last_one_wins() {
+        assert_eq!(all("--contenders floor,nginx --contenders baseline").contenders, ["baseline"]);
+        assert_eq!(all("--seconds 2 --seconds 5").seconds, 5.0);
+        let a = all("--rates 1,2 --rate 7");
+        assert_eq!(a.rate, Some(7.0));
+        let a = all("--rate 7 --rates 1,2");
+        assert_eq!((a.rate, a.rates), (None, vec![1.0, 2.0]));
+    }
+}
