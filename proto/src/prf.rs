@@ -103,7 +103,10 @@ pub fn siphash24(key: [u64; 2], msg: &[u8]) -> u64 {
 }
 
 /// A generation's PRF with its key prepared once (the hot path never derives keys).
+/// Kept inline like the `hmac::Key`s the key set held before: boxing the large HMAC
+/// variant would add a pointer chase to every HMAC decode.
 #[derive(Clone)]
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum PreparedPrf {
     Hmac(hmac::Key),
     SipHash([u64; 2]),
