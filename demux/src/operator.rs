@@ -14,7 +14,7 @@ use std::path::Path;
 pub fn gen_keys(out: &Path, force: bool) -> Result<()> {
     let mut random = [0u8; 3 * 32 + 16];
     sys::os_random(&mut random).context("getrandom")?;
-    let text = KeyFile::generate(&random).to_text();
+    let text = KeyFile::generate(&random, proto::cid::Prf::SipHash24).to_text();
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).mode(0o600);
     if force {

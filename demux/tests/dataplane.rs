@@ -633,8 +633,8 @@ fn key_rotation(io: &str) {
     let w2 = Worker::connect(&d, 152, true);
     d.wait_instances(&[(151, true), (152, true)]);
     let k0 = d.keys.clone();
-    let k1 = k0.rotated([7; 32]);
-    let k2 = k1.rotated([8; 32]);
+    let k1 = k0.rotated([7; 32], proto::cid::Prf::SipHash24);
+    let k2 = k1.rotated([8; 32], proto::cid::Prf::HmacSha256);
     let mint = |k: &proto::keyfile::KeyFile, rng: &mut Rng| {
         let mut r = [0u8; 10];
         rng.fill(&mut r);

@@ -2,6 +2,8 @@
 //! them: docs/benchmarks.md, section "proto (criterion)".
 //!
 //! - `cid/decode`: `KeySet::decode` of a valid 12-byte CID (one HMAC-SHA-256).
+//! - `cid/decode_siphash`: the same under a `siphash-2-4` generation (ADR 0004: one
+//!   SipHash-2-4 of 9 bytes under the key derived once per key set).
 //! - `header_parse/short`, `header_parse/rfc9001_initial`: `header::parse`.
 //! - `route/short_owner`: a whole routing decision for a 1-RTT datagram to a live
 //!   instance (parse + decode + id lookup).
@@ -28,7 +30,7 @@
 
 use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
-use proto::cid::{Generation, KeySet, ServerId};
+use proto::cid::{Generation, KeySet, Prf, ServerId};
 use proto::header::{self, Header};
 use proto::pin::PinTable;
 use proto::decode_cache::{DecodeCache, Decoder};
@@ -137,6 +139,10 @@ fn benches<M: Measurement + 'static>(c: &mut Criterion<M>, p: &str) {
     let mut g = c.benchmark_group(format!("{p}cid"));
     g.sampling_mode(SamplingMode::Flat);
     g.bench_function("decode", |b| b.iter(|| ks.decode(black_box(&live_cid))));
+    let sip = KeySet::with_prfs((Generation::new(1).unwrap(), Prf::SipHash24, [0x5a; 32]), None).unwrap();
+    let sip_cid = sip.encode(ServerId(1000 + 7 * 3), &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+    assert_eq!(sip.decode(&sip_cid).map(|d| d.server_id), Ok(ServerId(1021)));
+    g.bench_function("decode_siphash", |b| b.iter(|| sip.decode(black_box(&sip_cid))));
     let mut cache = DecodeCache::default();
     assert_eq!(cache.decode(&ks, &live_cid), ks.decode(&live_cid));
     g.bench_function("decode_cache_hit", |b| b.iter(|| cache.decode(&ks, black_box(&live_cid))));

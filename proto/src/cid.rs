@@ -4,14 +4,16 @@
 //! ```text
 //! byte 0      : cr (2 bits) | random (6 bits)     cr = key generation 0..=2, 3 = unroutable
 //! bytes 1..=8 : nonce (64 random bits, fresh per CID)
-//! bytes 9..=10: server id XOR HMAC-SHA-256(key[cr], byte0 || nonce)[0..2]
+//! bytes 9..=10: server id XOR PRF(key[cr], byte0 || nonce)[0..2]
 //! byte 11     : random
 //! ```
 //!
 //! The PRF input is byte 0 *including* its six random bits, followed by the nonce
-//! (bytes 0..=8 of the CID), so a decoder can recompute it from the CID alone.
+//! (bytes 0..=8 of the CID), so a decoder can recompute it from the CID alone. Each
+//! generation records its PRF (ADR 0004): HMAC-SHA-256 or SipHash-2-4, see [`Prf`].
 
-use aws_lc_rs::hmac;
+use crate::prf::PreparedPrf;
+pub use crate::prf::{siphash_key, Prf, UnknownPrf};
 
 /// Every server-issued CID is exactly this long (ADR-0040 "Length"), which is what
 /// lets the demux parse short headers without per-connection state (RFC 9000 §17.3).
@@ -92,13 +94,21 @@ impl std::fmt::Display for KeySetError {
 }
 impl std::error::Error for KeySetError {}
 
-/// The live key generations (at most two), with HMAC keys prepared once.
+/// One live generation: its PRF, its secret, and the PRF's key prepared once.
+#[derive(Clone)]
+struct Slot {
+    prf: Prf,
+    secret: [u8; KEY_LEN],
+    prepared: PreparedPrf,
+}
+
+/// The live key generations (at most two), each with its PRF (ADR 0004) and its key
+/// prepared once (an HMAC key, or the derived SipHash key: no HMAC on the hot path).
 #[derive(Clone)]
 pub struct KeySet {
     newest: Generation,
     /// Indexed by generation; `None` for generations that are not live.
-    keys: [Option<hmac::Key>; 3],
-    raw: [Option<[u8; KEY_LEN]>; 3],
+    slots: [Option<Slot>; 3],
     /// Identity of this key set's decode function ([`KeySet::fingerprint`]).
     fingerprint: u64,
 }
@@ -114,37 +124,47 @@ impl std::fmt::Debug for KeySet {
 }
 
 impl KeySet {
-    /// A key set whose newest generation is `newest`, optionally still decoding `previous`.
+    /// A key set whose newest generation is `newest`, optionally still decoding
+    /// `previous`, both with HMAC-SHA-256 (ADR 0001). See [`KeySet::with_prfs`].
     pub fn new(
         newest: (Generation, [u8; KEY_LEN]),
         previous: Option<(Generation, [u8; KEY_LEN])>,
     ) -> Result<KeySet, KeySetError> {
-        let mut keys: [Option<hmac::Key>; 3] = [None, None, None];
-        let mut raw = [None; 3];
-        if let Some((g, _)) = previous {
+        let hmac = |(g, k): (Generation, [u8; KEY_LEN])| (g, Prf::HmacSha256, k);
+        KeySet::with_prfs(hmac(newest), previous.map(hmac))
+    }
+
+    /// A key set whose newest generation is `newest`, optionally still decoding
+    /// `previous`, each generation with its own PRF (ADR 0004).
+    pub fn with_prfs(
+        newest: (Generation, Prf, [u8; KEY_LEN]),
+        previous: Option<(Generation, Prf, [u8; KEY_LEN])>,
+    ) -> Result<KeySet, KeySetError> {
+        let mut slots: [Option<Slot>; 3] = [None, None, None];
+        if let Some((g, _, _)) = previous {
             if g == newest.0 {
                 return Err(KeySetError::DuplicateGeneration);
             }
         }
-        for (g, k) in std::iter::once(newest).chain(previous) {
-            keys[g.0 as usize] = Some(hmac::Key::new(hmac::HMAC_SHA256, &k));
-            raw[g.0 as usize] = Some(k);
+        for (g, prf, secret) in std::iter::once(newest).chain(previous) {
+            slots[g.0 as usize] = Some(Slot { prf, secret, prepared: PreparedPrf::new(prf, &secret) });
         }
-        let fingerprint = Self::fingerprint_of(newest.0, &raw);
-        Ok(KeySet { newest: newest.0, keys, raw, fingerprint })
+        let fingerprint = Self::fingerprint_of(newest.0, &slots);
+        Ok(KeySet { newest: newest.0, slots, fingerprint })
     }
 
-    /// SHA-256 over a domain label, the newest generation and every slot's secret
-    /// (with a presence byte), truncated to 64 bits and never 0. Computed once.
-    fn fingerprint_of(newest: Generation, raw: &[Option<[u8; KEY_LEN]>; 3]) -> u64 {
+    /// SHA-256 over a domain label, the newest generation and every slot's PRF code
+    /// and secret (with a presence byte), truncated to 64 bits and never 0. Computed once.
+    fn fingerprint_of(newest: Generation, slots: &[Option<Slot>; 3]) -> u64 {
         let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
-        ctx.update(b"quicdemux keyset fingerprint v1");
+        ctx.update(b"quicdemux keyset fingerprint v2");
         ctx.update(&[newest.0]);
-        for slot in raw {
+        for slot in slots {
             match slot {
-                Some(k) => {
-                    ctx.update(&[1]);
-                    ctx.update(k);
+                Some(s) => {
+                    // ADR 0004: one secret under two PRFs decodes differently.
+                    ctx.update(&[1, s.prf.code()]);
+                    ctx.update(&s.secret);
                 }
                 None => ctx.update(&[0]),
             }
@@ -156,8 +176,8 @@ impl KeySet {
     }
 
     /// A 64-bit identity of this key set, fixed at construction: two key sets with
-    /// the same fingerprint hold the same live generations with the same secrets
-    /// (up to a 2^-64 accident), so they decode every CID alike. Never 0. Caches of
+    /// the same fingerprint hold the same live generations with the same PRFs and
+    /// secrets (up to a 2^-64 accident), so they decode every CID alike. Never 0. Caches of
     /// decode results ([`crate::decode_cache::DecodeCache`]) tag entries with it.
     #[inline]
     pub fn fingerprint(&self) -> u64 {
@@ -171,45 +191,63 @@ impl KeySet {
 
     /// The generations this set decodes, newest first.
     pub fn live_generations(&self) -> impl Iterator<Item = Generation> + '_ {
-        let prev = (0..3u8)
-            .map(Generation)
-            .filter(move |g| *g != self.newest && self.keys[g.0 as usize].is_some());
+        let prev = (0..3u8).map(Generation).filter(move |g| *g != self.newest && self.slots[g.0 as usize].is_some());
         std::iter::once(self.newest).chain(prev)
     }
 
     /// Whether `cr` (0..=3) names a live generation of this set.
     #[inline]
     pub(crate) fn holds(&self, cr: u8) -> bool {
-        self.keys.get(cr as usize).is_some_and(|k| k.is_some())
+        self.slots.get(cr as usize).is_some_and(|k| k.is_some())
+    }
+
+    fn slot(&self, g: Generation) -> Option<&Slot> {
+        self.slots[g.0 as usize].as_ref()
     }
 
     /// The raw secret of a live generation (for handing to workers).
     pub fn secret(&self, g: Generation) -> Option<&[u8; KEY_LEN]> {
-        self.raw[g.0 as usize].as_ref()
+        self.slot(g).map(|s| &s.secret)
     }
 
-    /// Rotation: `fresh` becomes the newest generation (the one after the current newest),
-    /// the current newest stays decodable, and the one before it is dropped.
+    /// The PRF of a live generation (ADR 0004); `None` if `g` is not live.
+    pub fn prf(&self, g: Generation) -> Option<Prf> {
+        self.slot(g).map(|s| s.prf)
+    }
+
+    /// The SipHash-2-4 key `[k0, k1]` ([`siphash_key`]) of a live `siphash-2-4`
+    /// generation, for the kernel fast path's map; `None` for a generation that is not
+    /// live or uses `hmac-sha256` (never steered in the kernel, ADR 0004).
+    pub fn siphash_key(&self, g: Generation) -> Option<[u64; 2]> {
+        match self.slot(g)?.prepared {
+            PreparedPrf::SipHash(k) => Some(k),
+            PreparedPrf::Hmac(_) => None,
+        }
+    }
+
+    /// Rotation: `fresh` becomes the newest generation (the one after the current newest)
+    /// with the current newest's PRF, the current newest stays decodable, and the one
+    /// before it is dropped. See [`KeySet::rotated_with`].
     pub fn rotated(&self, fresh: [u8; KEY_LEN]) -> KeySet {
-        let prev = self.newest;
-        let next = prev.next();
-        let prev_key = self.raw[prev.0 as usize].expect("newest generation always has a key");
-        KeySet::new((next, fresh), Some((prev, prev_key))).expect("next() differs from prev")
+        self.rotated_with(fresh, self.newest_slot().prf)
     }
 
-    /// The two server-id mask bytes for `prefix` = CID bytes 0..=8 under generation `g`.
-    #[inline]
-    fn mask(key: &hmac::Key, prefix: &[u8]) -> [u8; 2] {
-        let tag = hmac::sign(key, prefix);
-        let t = tag.as_ref();
-        [t[0], t[1]]
+    /// Rotation as [`KeySet::rotated`], the new generation with PRF `prf`.
+    pub fn rotated_with(&self, fresh: [u8; KEY_LEN], prf: Prf) -> KeySet {
+        let prev = self.newest_slot();
+        let g = self.newest;
+        let set = KeySet::with_prfs((g.next(), prf, fresh), Some((g, prev.prf, prev.secret)));
+        set.expect("next() differs from the newest generation")
+    }
+
+    fn newest_slot(&self) -> &Slot {
+        self.slot(self.newest).expect("newest generation always has a key")
     }
 
     /// Mints a CID for `server_id` with the newest generation. `rand` supplies every
     /// random bit: the low six bits of `rand[0]`, the nonce `rand[1..9]`, and `rand[9]`.
     pub fn encode(&self, server_id: ServerId, rand: &[u8; CID_RANDOM_LEN]) -> [u8; CID_LEN] {
-        self.encode_with(self.newest, server_id, rand)
-            .expect("newest generation always has a key")
+        self.encode_with(self.newest, server_id, rand).expect("newest generation always has a key")
     }
 
     /// Mints a CID under a specific live generation; `None` if `g` is not live.
@@ -219,11 +257,11 @@ impl KeySet {
         server_id: ServerId,
         rand: &[u8; CID_RANDOM_LEN],
     ) -> Option<[u8; CID_LEN]> {
-        let key = self.keys[g.0 as usize].as_ref()?;
+        let slot = self.slot(g)?;
         let mut cid = [0u8; CID_LEN];
         cid[0] = (g.0 << 6) | (rand[0] & 0x3f);
         cid[1..9].copy_from_slice(&rand[1..9]);
-        let m = Self::mask(key, &cid[..9]);
+        let m = slot.prepared.mask(&cid[..9]);
         let id = server_id.0.to_be_bytes();
         cid[9] = id[0] ^ m[0];
         cid[10] = id[1] ^ m[1];
@@ -243,10 +281,10 @@ impl KeySet {
         if cr == CR_UNROUTABLE {
             return Err(Unroutable::Marked);
         }
-        let Some(key) = self.keys[cr as usize].as_ref() else {
+        let Some(slot) = self.slots[cr as usize].as_ref() else {
             return Err(Unroutable::UnknownGeneration(cr));
         };
-        let m = Self::mask(key, &cid[..9]);
+        let m = slot.prepared.mask(&cid[..9]);
         let id = u16::from_be_bytes([cid[9] ^ m[0], cid[10] ^ m[1]]);
         Ok(Decoded { generation: Generation(cr), server_id: ServerId(id) })
     }
@@ -255,6 +293,7 @@ impl KeySet {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use aws_lc_rs::hmac;
 
     fn keys() -> KeySet {
         KeySet::new((Generation(1), [7; 32]), Some((Generation(0), [9; 32]))).unwrap()
@@ -274,6 +313,55 @@ mod tests {
         let tag = hmac::sign(&k, &cid[..9]);
         assert_eq!(cid[9] ^ tag.as_ref()[0], 0x12);
         assert_eq!(cid[10] ^ tag.as_ref()[1], 0x34);
+    }
+
+    #[test]
+    fn siphash_layout_matches_adr_0004() {
+        let g = Generation;
+        let ks = KeySet::with_prfs((g(2), Prf::SipHash24, [7; 32]), Some((g(0), Prf::HmacSha256, [9; 32]))).unwrap();
+        let rand = [0x01, 1, 2, 3, 4, 5, 6, 7, 8, 0xaa];
+        let cid = ks.encode(ServerId(0x1234), &rand);
+        assert_eq!(cid[0], 0x81, "cr 2, six random bits");
+        assert_eq!(&cid[1..9], &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(cid[11], 0xaa);
+        // ADR 0004, recomputed with the siphasher crate directly: mask = h's low two
+        // bytes, low byte first, against the big-endian server id.
+        let [k0, k1] = siphash_key(&[7; 32]);
+        let mut sip = siphasher::sip::SipHasher24::new_with_keys(k0, k1);
+        std::hash::Hasher::write(&mut sip, &cid[..9]);
+        let h = std::hash::Hasher::finish(&sip);
+        assert_eq!(cid[9] ^ h as u8, 0x12);
+        assert_eq!(cid[10] ^ (h >> 8) as u8, 0x34);
+        assert_eq!(ks.decode(&cid), Ok(Decoded { generation: g(2), server_id: ServerId(0x1234) }));
+        // The previous generation keeps HMAC.
+        let old = ks.encode_with(g(0), ServerId(0x1234), &rand).unwrap();
+        let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, &[9; 32]), &old[..9]);
+        assert_eq!([old[9] ^ tag.as_ref()[0], old[10] ^ tag.as_ref()[1]], [0x12, 0x34]);
+        assert_eq!(ks.decode(&old).unwrap().server_id, ServerId(0x1234));
+    }
+
+    #[test]
+    fn prf_and_siphash_key_per_generation() {
+        let g = Generation;
+        let ks = KeySet::with_prfs((g(1), Prf::SipHash24, [7; 32]), Some((g(0), Prf::HmacSha256, [9; 32]))).unwrap();
+        assert_eq!(ks.prf(g(1)), Some(Prf::SipHash24));
+        assert_eq!(ks.prf(g(0)), Some(Prf::HmacSha256));
+        assert_eq!(ks.prf(g(2)), None);
+        assert_eq!(ks.siphash_key(g(1)), Some(siphash_key(&[7; 32])));
+        assert_eq!(ks.siphash_key(g(0)), None, "hmac generations are never steered in the kernel");
+        assert_eq!(ks.siphash_key(g(2)), None);
+        assert_eq!(ks.secret(g(1)), Some(&[7; 32]));
+        // rotated keeps the newest's PRF; rotated_with sets the new one's.
+        let r = ks.rotated([3; 32]);
+        assert_eq!((r.prf(g(2)), r.prf(g(1)), r.prf(g(0))), (Some(Prf::SipHash24), Some(Prf::SipHash24), None));
+        let h = KeySet::new((g(0), [1; 32]), None).unwrap();
+        assert_eq!(h.prf(g(0)), Some(Prf::HmacSha256));
+        assert_eq!(h.rotated([2; 32]).prf(g(1)), Some(Prf::HmacSha256));
+        let s = h.rotated_with([2; 32], Prf::SipHash24);
+        assert_eq!((s.prf(g(1)), s.prf(g(0))), (Some(Prf::SipHash24), Some(Prf::HmacSha256)));
+        assert_eq!(s.siphash_key(g(1)), Some(siphash_key(&[2; 32])));
+        let back = s.rotated_with([4; 32], Prf::HmacSha256);
+        assert_eq!((back.prf(g(2)), back.prf(g(1))), (Some(Prf::HmacSha256), Some(Prf::SipHash24)));
     }
 
     #[test]
@@ -310,10 +398,22 @@ mod tests {
             KeySet::new((g(1), [1; 32]), None).unwrap(),
             KeySet::new((g(0), [1; 32]), Some((g(1), [1; 32]))).unwrap(),
             a.rotated([1; 32]),
+            // Same generation and secret, other PRF (ADR 0004).
+            KeySet::with_prfs((g(0), Prf::SipHash24, [1; 32]), None).unwrap(),
         ] {
             assert_ne!(a.fingerprint(), b.fingerprint(), "{b:?}");
         }
         assert_ne!(a.fingerprint(), 0);
+        let prf = |p, q| KeySet::with_prfs((g(1), p, [1; 32]), Some((g(0), q, [2; 32]))).unwrap().fingerprint();
+        let h = Prf::HmacSha256;
+        let s = Prf::SipHash24;
+        assert_eq!(prf(h, h), KeySet::new((g(1), [1; 32]), Some((g(0), [2; 32]))).unwrap().fingerprint());
+        let all = [prf(h, h), prf(h, s), prf(s, h), prf(s, s)];
+        for i in 0..4 {
+            for j in 0..i {
+                assert_ne!(all[i], all[j], "PRF pairs {i} and {j}");
+            }
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! over bytes, time passed in, no sockets, no clocks, no threads, no `unsafe`.
 //!
 //! - [`cid`]: ADR-0040 connection IDs (encode / decode, key generations).
+//! - [`prf`]: the per-generation PRF that masks server ids (ADR 0004).
 //! - [`decode_cache`]: a per-shard cache of CID decodes (skips the HMAC for repeat DCIDs).
 //! - [`header`]: the cleartext QUIC header (RFC 8999, RFC 9000 §17, RFC 9369).
 //! - [`route`]: the ADR-0040 routing table as a function of datagram and snapshot.
@@ -22,13 +23,14 @@ pub mod header;
 pub mod keyfile;
 pub mod limits;
 pub mod pin;
+pub mod prf;
 pub mod rendezvous;
 pub mod retry;
 pub mod ring;
 pub mod route;
 pub mod wire;
 
-pub use cid::{Decoded, Generation, KeySet, ServerId, Unroutable, CID_LEN};
+pub use cid::{Decoded, Generation, KeySet, Prf, ServerId, Unroutable, CID_LEN};
 pub use header::{Header, HeaderError, LongHeader, LongType};
 pub use pin::PinTable;
 pub use route::{route, route_train, Decision, InstanceInfo, Reason, Table, TrainRun};

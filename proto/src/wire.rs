@@ -10,7 +10,7 @@
 //! Every decoder checks every length and reserved bit: malformed input is an error,
 //! never a panic.
 
-use crate::cid::{Generation, ServerId, KEY_LEN};
+use crate::cid::{Generation, Prf, ServerId, KEY_LEN};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 /// First byte of a data frame.
@@ -40,6 +40,8 @@ pub enum WireError {
     PayloadTooLarge,
     UnknownMessage(u8),
     BadGeneration(u8),
+    /// A key generation's PRF code is not one this version knows (ADR 0004).
+    BadPrf(u8),
     TooMany,
     TrailingBytes,
     BadUtf8,
@@ -58,6 +60,7 @@ impl std::fmt::Display for WireError {
             WireError::PayloadTooLarge => f.write_str("payload larger than 65535 bytes"),
             WireError::UnknownMessage(t) => write!(f, "unknown message type {t}"),
             WireError::BadGeneration(g) => write!(f, "key generation {g} out of range"),
+            WireError::BadPrf(p) => write!(f, "unknown PRF code {p}"),
             WireError::TooMany => f.write_str("list longer than allowed"),
             WireError::TrailingBytes => f.write_str("trailing bytes"),
             WireError::BadUtf8 => f.write_str("text is not UTF-8"),
@@ -207,16 +210,18 @@ pub const MAX_SOCKETS: usize = 64;
 /// Longest text (reasons, status) a control message may carry.
 pub const MAX_TEXT: usize = 60_000;
 
-/// A key generation with its secret, as handed to workers and the data plane.
+/// A key generation with its PRF (ADR 0004) and secret, as handed to workers and the
+/// data plane.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct KeyGen {
     pub generation: Generation,
+    pub prf: Prf,
     pub secret: [u8; KEY_LEN],
 }
 
 impl std::fmt::Debug for KeyGen {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "KeyGen({:?}, <secret>)", self.generation)
+        write!(f, "KeyGen({:?}, {}, <secret>)", self.generation, self.prf)
     }
 }
 
@@ -370,14 +375,19 @@ fn put_socket_addrs(v: &mut Vec<u8>, addrs: &[SocketAddr]) {
     }
 }
 
+/// Keys = KeyGen, has-previous u8 (0/1), [KeyGen]; KeyGen = generation u8, PRF code
+/// u8 (ADR 0004), secret [32].
 fn put_keys(v: &mut Vec<u8>, k: &Keys) {
-    v.push(k.newest.generation.get());
-    v.extend_from_slice(&k.newest.secret);
+    let put = |v: &mut Vec<u8>, g: &KeyGen| {
+        v.push(g.generation.get());
+        v.push(g.prf.code());
+        v.extend_from_slice(&g.secret);
+    };
+    put(v, &k.newest);
     match &k.previous {
         Some(p) => {
             v.push(1);
-            v.push(p.generation.get());
-            v.extend_from_slice(&p.secret);
+            put(v, p);
         }
         None => v.push(0),
     }
@@ -525,10 +535,17 @@ impl<'a> Cur<'a> {
         let g = self.u8()?;
         Generation::new(g).ok_or(WireError::BadGeneration(g))
     }
+    fn prf(&mut self) -> Result<Prf, WireError> {
+        let p = self.u8()?;
+        Prf::from_code(p).ok_or(WireError::BadPrf(p))
+    }
+    fn key_gen(&mut self) -> Result<KeyGen, WireError> {
+        Ok(KeyGen { generation: self.generation()?, prf: self.prf()?, secret: self.array()? })
+    }
     fn keys(&mut self) -> Result<Keys, WireError> {
-        let newest = KeyGen { generation: self.generation()?, secret: self.array()? };
+        let newest = self.key_gen()?;
         let previous = if self.bool()? {
-            let p = KeyGen { generation: self.generation()?, secret: self.array()? };
+            let p = self.key_gen()?;
             if p.generation == newest.generation {
                 return Err(WireError::BadGeneration(p.generation.get()));
             }
@@ -629,11 +646,9 @@ pub fn decode_control(rec: &[u8]) -> Result<Control, WireError> {
 }
 
 impl Keys {
-    /// The routing key set these generations describe.
+    /// The routing key set these generations describe, each with its PRF.
     pub fn key_set(&self) -> Result<crate::cid::KeySet, crate::cid::KeySetError> {
-        crate::cid::KeySet::new(
-            (self.newest.generation, self.newest.secret),
-            self.previous.map(|p| (p.generation, p.secret)),
-        )
+        let t = |k: &KeyGen| (k.generation, k.prf, k.secret);
+        crate::cid::KeySet::with_prfs(t(&self.newest), self.previous.as_ref().map(t))
     }
 }

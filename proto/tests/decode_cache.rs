@@ -6,17 +6,20 @@
 //! produce, and what a cache that ignored the key set would get wrong); random bytes,
 //! `cr` = 3, wrong lengths; and CIDs equal in the index bytes 1..=8 (same slot) but
 //! different elsewhere (what a cache that compared fewer than 12 bytes would get wrong).
+//! Key sets use both PRFs (ADR 0004), mixed within one set, and pairs that differ
+//! only in a generation's PRF (what a cache keyed on secrets alone would get wrong).
 
 use proptest::prelude::*;
-use proto::cid::{Generation, KeySet, ServerId, CID_LEN};
+use proto::cid::{Generation, KeySet, Prf, ServerId, CID_LEN};
 use proto::decode_cache::{DecodeCache, Decoder};
 
 #[derive(Clone, Debug)]
 enum Op {
     /// Switch to key set `i` of the pool.
     Keys(usize),
-    /// Rotate the current key set (fresh newest generation, seed given).
-    Rotate(u8),
+    /// Rotate the current key set (fresh newest generation, seed given, with this PRF
+    /// or, for `None`, the newest's).
+    Rotate(u8, Option<Prf>),
     /// Mint a CID under pool key set `ks` for `id`, remember it, decode it.
     Mint { ks: usize, g: u8, id: u16, rand: [u8; 10] },
     /// Decode a remembered CID again (an established connection).
@@ -29,9 +32,10 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        1 => (0..4usize).prop_map(Op::Keys),
-        1 => any::<u8>().prop_map(Op::Rotate),
-        4 => (0..4usize, 0..3u8, prop_oneof![0..4u16, any::<u16>()], any::<[u8; 10]>())
+        1 => (0..POOL).prop_map(Op::Keys),
+        1 => (any::<u8>(), prop::option::of(prop::sample::select(Prf::ALL.to_vec())))
+            .prop_map(|(seed, prf)| Op::Rotate(seed, prf)),
+        4 => (0..POOL, 0..3u8, prop_oneof![0..4u16, any::<u16>()], any::<[u8; 10]>())
             .prop_map(|(ks, g, id, rand)| Op::Mint { ks, g, id, rand }),
         6 => any::<usize>().prop_map(Op::Again),
         2 => (any::<usize>(), prop::sample::select(vec![0usize, 9, 10, 11]), 1..=255u8)
@@ -41,16 +45,27 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+const POOL: usize = 8;
+
 /// Key sets that hold the same generation numbers with different secrets, and
-/// different live generation pairs.
+/// different live generation pairs; the last four repeat the first four's secrets
+/// with other PRFs (ADR 0004): all SipHash-2-4, or newest SipHash-2-4 and previous
+/// HMAC-SHA-256, or the reverse.
 fn pool() -> Vec<KeySet> {
     let g = |n| Generation::new(n).unwrap();
-    vec![
+    let (h, s) = (Prf::HmacSha256, Prf::SipHash24);
+    let v = vec![
         KeySet::new((g(0), [1; 32]), None).unwrap(),
         KeySet::new((g(0), [2; 32]), Some((g(2), [3; 32]))).unwrap(),
         KeySet::new((g(1), [4; 32]), Some((g(0), [1; 32]))).unwrap(),
         KeySet::new((g(2), [5; 32]), Some((g(1), [6; 32]))).unwrap(),
-    ]
+        KeySet::with_prfs((g(0), s, [1; 32]), None).unwrap(),
+        KeySet::with_prfs((g(0), s, [2; 32]), Some((g(2), h, [3; 32]))).unwrap(),
+        KeySet::with_prfs((g(1), h, [4; 32]), Some((g(0), s, [1; 32]))).unwrap(),
+        KeySet::with_prfs((g(2), s, [5; 32]), Some((g(1), s, [6; 32]))).unwrap(),
+    ];
+    assert_eq!(v.len(), POOL);
+    v
 }
 
 fn run(ops: &[Op], entries: usize) -> (u64, u64) {
@@ -64,8 +79,11 @@ fn run(ops: &[Op], entries: usize) -> (u64, u64) {
                 keys = pool[*i].clone();
                 continue;
             }
-            Op::Rotate(seed) => {
-                keys = keys.rotated([*seed; 32]);
+            Op::Rotate(seed, prf) => {
+                keys = match prf {
+                    Some(p) => keys.rotated_with([*seed; 32], *p),
+                    None => keys.rotated([*seed; 32]),
+                };
                 continue;
             }
             Op::Mint { ks, g, id, rand } => {
@@ -148,6 +166,48 @@ fn same_slot_other_key_set_and_twins() {
     assert_eq!(CID_LEN, 12);
 }
 
+/// ADR 0004: one secret under two PRFs is two decode functions. The same CID through
+/// one cache under a key set and under its twin with the other PRF in one generation
+/// (newest SipHash-2-4 / previous HMAC-SHA-256 and the reverse, and a single
+/// generation) gives each key set's own answer, in every order.
+#[test]
+fn same_secrets_other_prf_never_share_entries() {
+    let g = |n| Generation::new(n).unwrap();
+    let (h, s) = (Prf::HmacSha256, Prf::SipHash24);
+    let twins = [
+        (KeySet::new((g(0), [1; 32]), None).unwrap(), KeySet::with_prfs((g(0), s, [1; 32]), None).unwrap()),
+        (
+            KeySet::with_prfs((g(1), s, [4; 32]), Some((g(0), h, [7; 32]))).unwrap(),
+            KeySet::with_prfs((g(1), h, [4; 32]), Some((g(0), h, [7; 32]))).unwrap(),
+        ),
+        (
+            KeySet::with_prfs((g(1), s, [4; 32]), Some((g(0), h, [7; 32]))).unwrap(),
+            KeySet::with_prfs((g(1), s, [4; 32]), Some((g(0), s, [7; 32]))).unwrap(),
+        ),
+        (
+            KeySet::with_prfs((g(2), h, [8; 32]), Some((g(1), s, [9; 32]))).unwrap(),
+            KeySet::with_prfs((g(2), s, [8; 32]), Some((g(1), h, [9; 32]))).unwrap(),
+        ),
+    ];
+    for (a, b) in &twins {
+        assert_ne!(a.fingerprint(), b.fingerprint());
+        let mut c = DecodeCache::new(16);
+        let mut differ = 0;
+        for gen in a.live_generations() {
+            for id in 0..50u16 {
+                let rand = [id as u8, 1, 2, 3, 4, 5, 6, (id >> 8) as u8, gen.get(), 9];
+                let cid = a.encode_with(gen, ServerId(id), &rand).unwrap();
+                differ += usize::from(a.decode(&cid) != b.decode(&cid));
+                for ks in [a, b, a, a, b, b, a] {
+                    assert_eq!(c.decode(ks, &cid), ks.decode(&cid), "{gen:?} id {id} under {ks:?}");
+                }
+            }
+        }
+        assert!(differ >= 40, "the twins decode alike too often: {differ}");
+        assert!(c.hits() > 0);
+    }
+}
+
 /// Seeded long run: many rotations, a default-size cache, repeat-heavy traffic.
 #[test]
 fn long_seeded_run_hits_and_matches() {
@@ -158,7 +218,7 @@ fn long_seeded_run_hits_and_matches() {
     let mut changes = 0;
     let ops: Vec<Op> = ops
         .into_iter()
-        .filter(|o| !matches!(o, Op::Keys(_) | Op::Rotate(_)) || { changes += 1; changes % 32 == 0 })
+        .filter(|o| !matches!(o, Op::Keys(_) | Op::Rotate(..)) || { changes += 1; changes % 32 == 0 })
         .collect();
     let (hits, misses) = run(&ops, 4096);
     assert!(hits > 2_000 && misses > 1_000, "hits {hits} misses {misses}");

@@ -20,11 +20,11 @@
 
 mod common;
 
-use aws_lc_rs::hmac;
 use common::refparse::ref_parse;
+use common::refprf::ref_server_id;
 use common::rng::Rng;
 use common::{hex, vectors};
-use proto::cid::{Generation, KeySet, ServerId, CID_LEN, KEY_LEN};
+use proto::cid::{Generation, KeySet, Prf, ServerId, CID_LEN, KEY_LEN};
 use proto::header::{Header, LongType};
 use proto::pin::{PinTable, PIN_TTL};
 use proto::rendezvous::Rendezvous;
@@ -50,8 +50,8 @@ fn dropped(reason: Reason) -> Decision {
 // ---------------------------------------------------------------------------------
 
 struct Model {
-    /// Raw secrets of the live generations (ADR-0040: at most two).
-    live_keys: [Option<[u8; KEY_LEN]>; 3],
+    /// PRFs and raw secrets of the live generations (ADR-0040: at most two; ADR 0004).
+    live_keys: [Option<(Prf, [u8; KEY_LEN])>; 3],
     instances: Vec<InstanceInfo>,
     rendezvous: Rendezvous,
     /// Every pin ever made, with the time it was made.
@@ -60,16 +60,15 @@ struct Model {
 
 impl Model {
     /// ADR-0040: 12 bytes, cr = byte 0 >> 6 names a live generation, server id =
-    /// bytes 9..=10 XOR HMAC-SHA-256(key[cr], bytes 0..=8)[0..2].
+    /// bytes 9..=10 XOR PRF[cr](key[cr], bytes 0..=8)[0..2] (ADR 0004: the PRF of
+    /// that generation, HMAC-SHA-256 or SipHash-2-4).
     fn decode(&self, dcid: &[u8]) -> Option<ServerId> {
         if dcid.len() != 12 {
             return None;
         }
         let cr = usize::from(dcid[0] >> 6);
-        let secret = self.live_keys.get(cr)?.as_ref()?;
-        let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, secret), &dcid[..9]);
-        let t = tag.as_ref();
-        Some(ServerId(u16::from_be_bytes([dcid[9] ^ t[0], dcid[10] ^ t[1]])))
+        let (prf, secret) = self.live_keys.get(cr)?.as_ref()?;
+        Some(ServerId(ref_server_id(*prf, secret, dcid)))
     }
 
     fn index_of(&self, id: ServerId) -> Option<usize> {
@@ -219,6 +218,8 @@ struct World {
     now: Duration,
     counts: [u64; Reason::COUNT],
     changes: [u64; 6],
+    /// Rotations by the new generation's PRF code, and those that switched PRF.
+    prf_mix: [u64; 3],
     /// The cached router (route_*_cached with a small DecodeCache) and its own pins:
     /// it must decide every datagram exactly as the uncached one.
     cache: DecodeCache,
@@ -246,12 +247,14 @@ fn long_first_byte(version: u32, ty: LongType, low: u8) -> u8 {
 impl World {
     fn new(seed: u64, instances: usize) -> World {
         let mut rng = Rng::new(seed);
-        let keys = KeySet::new((Generation::new(0).unwrap(), rng.array()), None).unwrap();
+        // ADR 0004: the first generation's PRF drawn too; every rotation draws again.
+        let prf = *rng.pick(&Prf::ALL);
+        let keys = KeySet::with_prfs((Generation::new(0).unwrap(), prf, rng.array()), None).unwrap();
         let rendezvous_key = rng.array();
         let infos: Vec<InstanceInfo> =
             (0..instances).map(|i| InstanceInfo { server_id: ServerId(100 + i as u16), placeable: true }).collect();
         let model = Model {
-            live_keys: [keys.secret(Generation::new(0).unwrap()).copied(), None, None],
+            live_keys: [keys.secret(Generation::new(0).unwrap()).map(|s| (prf, *s)), None, None],
             instances: infos.clone(),
             rendezvous: Rendezvous::new(rendezvous_key),
             pins: Vec::new(),
@@ -270,6 +273,7 @@ impl World {
             now: Duration::from_secs(1_000),
             counts: [0; Reason::COUNT],
             changes: [0; 6],
+            prf_mix: [0; 3],
             // Small: slots collide and are overwritten often.
             cache: DecodeCache::new(64),
             cached_pins: PinTable::new(1 << 17, rng.array()),
@@ -281,7 +285,8 @@ impl World {
     fn rebuild(&mut self) {
         self.table = Table::new(self.keys.clone(), self.rendezvous_key, &self.model.instances).unwrap();
         for g in 0..3u8 {
-            self.model.live_keys[g as usize] = self.keys.secret(Generation::new(g).unwrap()).copied();
+            let g = Generation::new(g).unwrap();
+            self.model.live_keys[g.get() as usize] = self.keys.prf(g).zip(self.keys.secret(g).copied());
         }
     }
 
@@ -308,8 +313,12 @@ impl World {
                 self.model.instances[i].placeable ^= true;
             }
             3 => {
-                // Rotation: a fresh newest generation, the current one stays decodable.
-                self.keys = self.keys.rotated(self.rng.array());
+                // Rotation: a fresh newest generation with either PRF (ADR 0004), the
+                // current one stays decodable.
+                let prf = *self.rng.pick(&Prf::ALL);
+                self.prf_mix[prf.code() as usize] += 1;
+                self.prf_mix[2] += u64::from(self.keys.prf(self.keys.newest()) != Some(prf));
+                self.keys = self.keys.rotated_with(self.rng.array(), prf);
                 self.old_keys.push(self.keys.clone());
             }
             4 => {
@@ -622,6 +631,8 @@ fn route_matches_model_over_100k_datagrams() {
         assert!(w.counts[r.index()] >= 200, "{}: only {} datagrams ({:?})", r.name(), w.counts[r.index()], w.counts);
     }
     assert!(w.changes.iter().all(|&c| c >= 100), "changes {:?}", w.changes);
+    // Rotations to either PRF, and switches between them (ADR 0004).
+    assert!(w.prf_mix.iter().all(|&c| c >= 50), "PRF mix {:?}", w.prf_mix);
     assert!(trains >= 2_000);
     // The cached router saw repeats (hits) and fresh CIDs (misses) in quantity.
     assert!(w.cache.hits() >= 5_000 && w.cache.misses() >= 5_000, "{:?}", w.cache);
@@ -639,8 +650,10 @@ fn table(keys: &KeySet, instances: &[(u16, bool)]) -> Table {
     Table::new(keys.clone(), [7; 16], &infos).unwrap()
 }
 
+/// Newest generation SipHash-2-4, previous HMAC-SHA-256 (ADR 0004: a key set mid-switch).
 fn keys() -> KeySet {
-    KeySet::new((Generation::new(1).unwrap(), [1; 32]), Some((Generation::new(0).unwrap(), [2; 32]))).unwrap()
+    let g = |n| Generation::new(n).unwrap();
+    KeySet::with_prfs((g(1), Prf::SipHash24, [1; 32]), Some((g(0), Prf::HmacSha256, [2; 32]))).unwrap()
 }
 
 fn short(dcid: &[u8]) -> Vec<u8> {

@@ -5,7 +5,7 @@ mod common;
 
 use common::rng::Rng;
 use proptest::prelude::*;
-use proto::cid::{Generation, ServerId};
+use proto::cid::{Generation, Prf, ServerId};
 use proto::wire::*;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -45,12 +45,21 @@ fn generation() -> impl Strategy<Value = Generation> {
     (0u8..3).prop_map(|g| Generation::new(g).unwrap())
 }
 
+fn prf() -> impl Strategy<Value = Prf> {
+    prop::sample::select(Prf::ALL.to_vec())
+}
+
 fn keys() -> impl Strategy<Value = Keys> {
-    (generation(), any::<[u8; 32]>(), proptest::option::of((1u8..3, any::<[u8; 32]>()))).prop_map(|(g, s, prev)| Keys {
-        newest: KeyGen { generation: g, secret: s },
-        previous: prev
-            .map(|(off, ps)| KeyGen { generation: Generation::new((g.get() + off) % 3).unwrap(), secret: ps }),
-    })
+    (generation(), prf(), any::<[u8; 32]>(), proptest::option::of((1u8..3, prf(), any::<[u8; 32]>()))).prop_map(
+        |(g, prf, s, prev)| Keys {
+            newest: KeyGen { generation: g, prf, secret: s },
+            previous: prev.map(|(off, prf, ps)| KeyGen {
+                generation: Generation::new((g.get() + off) % 3).unwrap(),
+                prf,
+                secret: ps,
+            }),
+        },
+    )
 }
 
 fn text() -> impl Strategy<Value = String> {
@@ -237,8 +246,8 @@ fn exhaustive_single_byte_corruption() {
         }
     }
     let k = Keys {
-        newest: KeyGen { generation: Generation::new(1).unwrap(), secret: [7; 32] },
-        previous: Some(KeyGen { generation: Generation::new(0).unwrap(), secret: [8; 32] }),
+        newest: KeyGen { generation: Generation::new(1).unwrap(), prf: Prf::SipHash24, secret: [7; 32] },
+        previous: Some(KeyGen { generation: Generation::new(0).unwrap(), prf: Prf::HmacSha256, secret: [8; 32] }),
     };
     let msgs = [
         Control::Hello { role: Role::Worker, pid: 77 },
@@ -351,27 +360,45 @@ fn control_reserved_values() {
     for role in [0u8, 4, 255] {
         assert_eq!(dec(&[CONTROL_MAGIC, 1, 1, role, 0, 0, 0, 1]), Err(WireError::ReservedBits));
     }
-    // Keys: generation 3 is not a generation; the "previous present" flag is 0 or 1;
-    // the previous generation differs from the newest.
-    let k = Keys { newest: KeyGen { generation: Generation::new(2).unwrap(), secret: [0; 32] }, previous: None };
+    // Keys: generation 3 is not a generation; PRF codes are 0 and 1 (ADR 0004); the
+    // "previous present" flag is 0 or 1; the previous generation differs from the newest.
+    let k = Keys {
+        newest: KeyGen { generation: Generation::new(2).unwrap(), prf: Prf::HmacSha256, secret: [0; 32] },
+        previous: None,
+    };
     let base = rec(&Control::KeysChanged { keys: k });
     let mut b = base.clone();
     b[3] = 3;
     assert_eq!(dec(&b), Err(WireError::BadGeneration(3)));
+    for code in [2u8, 3, 0x80, 0xff] {
+        let mut b = base.clone();
+        b[4] = code;
+        assert_eq!(dec(&b), Err(WireError::BadPrf(code)), "newest PRF code {code}");
+    }
     let mut b = base.clone();
-    b[3 + 1 + 32] = 2;
+    b[3 + 2 + 32] = 2;
     assert_eq!(dec(&b), Err(WireError::ReservedBits));
     let mut b = base.clone();
-    b[3 + 1 + 32] = 1;
-    b.push(2);
+    b[3 + 2 + 32] = 1;
+    b.extend_from_slice(&[2, 1]);
     b.extend_from_slice(&[0; 32]);
     assert_eq!(dec(&b), Err(WireError::BadGeneration(2)));
     let n = b.len();
-    b[n - 33] = 0;
-    assert!(matches!(dec(&b), Ok(Control::KeysChanged { keys }) if keys.previous.is_some()));
+    b[n - 34] = 0;
+    assert!(
+        matches!(dec(&b), Ok(Control::KeysChanged { keys }) if keys.previous.is_some_and(|p| p.prf == Prf::SipHash24))
+    );
+    b[n - 33] = 7;
+    assert_eq!(dec(&b), Err(WireError::BadPrf(7)), "previous PRF code");
+    // Truncated inside a KeyGen (after the PRF byte, before the secret ends).
+    assert_eq!(dec(&base[..5]), Err(WireError::Truncated));
+    assert_eq!(dec(&base[..4]), Err(WireError::Truncated));
     // Table: placeable is a strict bool; more than MAX_INSTANCES is refused.
     let t = rec(&Control::Table {
-        keys: Keys { newest: KeyGen { generation: Generation::new(0).unwrap(), secret: [0; 32] }, previous: None },
+        keys: Keys {
+            newest: KeyGen { generation: Generation::new(0).unwrap(), prf: Prf::SipHash24, secret: [0; 32] },
+            previous: None,
+        },
         instances: vec![InstanceState { server_id: ServerId(1), placeable: true }],
     });
     let mut b = t.clone();
@@ -421,7 +448,10 @@ fn encoder_limits() {
     let instances: Vec<InstanceState> = (0..MAX_INSTANCES as u16 + 5)
         .map(|i| InstanceState { server_id: ServerId(i), placeable: i % 2 == 0 })
         .collect();
-    let keys = Keys { newest: KeyGen { generation: Generation::new(0).unwrap(), secret: [0; 32] }, previous: None };
+    let keys = Keys {
+        newest: KeyGen { generation: Generation::new(0).unwrap(), prf: Prf::HmacSha256, secret: [0; 32] },
+        previous: None,
+    };
     let m = decode_control(&encode_control(&Control::Table { keys, instances: instances.clone() })).unwrap();
     assert!(matches!(&m, Control::Table { instances: got, .. } if got[..] == instances[..MAX_INSTANCES]));
     // A Sockets message carries at most MAX_SOCKETS addresses.
@@ -433,16 +463,59 @@ fn encoder_limits() {
 
 #[test]
 fn keys_give_the_key_set_they_describe() {
-    let k = Keys {
-        newest: KeyGen { generation: Generation::new(2).unwrap(), secret: [5; 32] },
-        previous: Some(KeyGen { generation: Generation::new(1).unwrap(), secret: [6; 32] }),
+    let g = |n| Generation::new(n).unwrap();
+    for (pn, pp) in [(Prf::SipHash24, Prf::HmacSha256), (Prf::HmacSha256, Prf::SipHash24)] {
+        let k = Keys {
+            newest: KeyGen { generation: g(2), prf: pn, secret: [5; 32] },
+            previous: Some(KeyGen { generation: g(1), prf: pp, secret: [6; 32] }),
+        };
+        let ks = k.key_set().unwrap();
+        assert_eq!(ks.newest(), g(2));
+        assert_eq!(ks.secret(g(1)), Some(&[6; 32]));
+        assert_eq!(ks.secret(g(0)), None);
+        assert_eq!((ks.prf(g(2)), ks.prf(g(1)), ks.prf(g(0))), (Some(pn), Some(pp), None));
+        // Same fingerprint as the key set built directly (so decodes agree).
+        let direct = proto::KeySet::with_prfs((g(2), pn, [5; 32]), Some((g(1), pp, [6; 32]))).unwrap();
+        assert_eq!(ks.fingerprint(), direct.fingerprint());
+        // The secret is never printed; the PRF is.
+        let dbg = format!("{:?}", k);
+        assert!(!dbg.contains("5, 5"), "{dbg}");
+        assert!(dbg.contains(pn.as_str()), "{dbg}");
+    }
+}
+
+/// Exact bytes of `Keys` (docs/wire.md): per generation `generation u8, PRF code u8,
+/// secret [32]`, with the has-previous byte between them.
+#[test]
+fn keys_layout() {
+    let g = |n| Generation::new(n).unwrap();
+    let keys = Keys {
+        newest: KeyGen { generation: g(1), prf: Prf::SipHash24, secret: [0xaa; 32] },
+        previous: Some(KeyGen { generation: g(0), prf: Prf::HmacSha256, secret: [0xbb; 32] }),
     };
-    let ks = k.key_set().unwrap();
-    assert_eq!(ks.newest(), Generation::new(2).unwrap());
-    assert_eq!(ks.secret(Generation::new(1).unwrap()), Some(&[6; 32]));
-    assert_eq!(ks.secret(Generation::new(0).unwrap()), None);
-    // The secret is never printed.
-    assert!(!format!("{:?}", k).contains("5, 5"));
+    let mut want = vec![CONTROL_MAGIC, 1, 3, 1, 1];
+    want.extend_from_slice(&[0xaa; 32]);
+    want.extend_from_slice(&[1, 0, 0]);
+    want.extend_from_slice(&[0xbb; 32]);
+    assert_eq!(encode_control(&Control::KeysChanged { keys: keys.clone() }), want);
+    assert_eq!(decode_control(&want), Ok(Control::KeysChanged { keys }));
+    // Newest hmac-sha256 in generation 2, no previous.
+    let keys = Keys { newest: KeyGen { generation: g(2), prf: Prf::HmacSha256, secret: [0xcc; 32] }, previous: None };
+    let mut want = vec![CONTROL_MAGIC, 1, 3, 2, 0];
+    want.extend_from_slice(&[0xcc; 32]);
+    want.push(0);
+    assert_eq!(encode_control(&Control::KeysChanged { keys: keys.clone() }), want);
+    assert_eq!(decode_control(&want), Ok(Control::KeysChanged { keys }));
+    // Assign: server id, Keys, reset key, token key.
+    let keys = Keys { newest: KeyGen { generation: g(0), prf: Prf::SipHash24, secret: [0x11; 32] }, previous: None };
+    let m = Control::Assign { server_id: ServerId(0x0102), keys, reset_key: [0x22; 32], token_key: [0x33; 32] };
+    let mut want = vec![CONTROL_MAGIC, 1, 2, 1, 2, 0, 1];
+    want.extend_from_slice(&[0x11; 32]);
+    want.push(0);
+    want.extend_from_slice(&[0x22; 32]);
+    want.extend_from_slice(&[0x33; 32]);
+    assert_eq!(encode_control(&m), want);
+    assert_eq!(decode_control(&want), Ok(m));
 }
 
 #[test]
@@ -472,7 +545,10 @@ fn ring_messages_layout() {
     // Unknown capability bits, zero or too many rings, a capacity that is no power of two.
     assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 15, 1, 2, 0, 0, 0, 4]), Err(WireError::ReservedBits));
     assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 16, 0, 0, 0, 0, 0, 0, 0x10, 0, 0]), Err(WireError::ReservedBits));
-    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0]), Ok(Control::Rings { count: 0, bytes: 0 }));
+    assert_eq!(
+        decode_control(&[CONTROL_MAGIC, 1, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+        Ok(Control::Rings { count: 0, bytes: 0 })
+    );
     assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 16, 65, 0, 0, 0, 0, 0, 0x10, 0, 0]), Err(WireError::TooMany));
     assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 16, 1, 0, 0, 0, 0, 0, 0x10, 0, 1]), Err(WireError::ReservedBits));
     assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 16, 1, 0, 0, 0, 0, 0, 0x01, 0, 0]), Err(WireError::ReservedBits));

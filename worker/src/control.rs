@@ -296,7 +296,7 @@ mod tests {
     use proto::wire::Keys;
 
     fn keys() -> KeyFile {
-        KeyFile::generate(&[3; 112])
+        KeyFile::generate(&[3; 112], proto::cid::Prf::SipHash24)
     }
 
     fn assign(k: &KeyFile) -> Control {
@@ -356,7 +356,7 @@ mod tests {
         let mut buf = [0u8; 128];
         let r = fdpass::recv_record(c.as_fd(), &mut buf, 0).unwrap();
         assert_eq!(decode_control(&buf[..r.len]).unwrap(), Control::Ready);
-        let rotated: Keys = k.rotated([7; 32]).keys;
+        let rotated: Keys = k.rotated([7; 32], proto::cid::Prf::SipHash24).keys;
         fdpass::send_record(c.as_fd(), &encode_control(&Control::KeysChanged { keys: rotated.clone() }), &[], 0)
             .unwrap();
         fdpass::send_record(c.as_fd(), &[0xc7, 1, 99], &[], 0).unwrap(); // malformed: logged, ignored
@@ -373,7 +373,7 @@ mod tests {
         let path = dir.join("control.sock");
         let listener = fdpass::seqpacket_listen(&path).unwrap();
         let k = keys();
-        let rotated = k.rotated([5; 32]);
+        let rotated = k.rotated([5; 32], proto::cid::Prf::SipHash24);
         let newest = rotated.keys.newest.generation;
         let (w, c) = fdpass::seqpacket_pair().unwrap();
         let cid_keys = CidKeys::new(k.key_set().unwrap());

@@ -129,7 +129,7 @@ fn gen_keys(dir: &Path) -> Result<(PathBuf, KeySet)> {
     let p = dir.join("keys");
     let mut random = [0u8; KEYFILE_RANDOM_LEN];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut random)?;
-    let kf = KeyFile::generate(&random);
+    let kf = KeyFile::generate(&random, proto::cid::Prf::SipHash24);
     std::fs::write(&p, kf.to_text())?;
     Ok((p, kf.key_set().map_err(|e| anyhow::anyhow!("{e:?}"))?))
 }

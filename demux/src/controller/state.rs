@@ -171,7 +171,7 @@ pub fn load_or_create_keys(p: &Paths) -> Result<(KeyFile, bool)> {
         None => {
             let mut random = [0u8; 3 * 32 + 16];
             crate::sys::os_random(&mut random).context("getrandom")?;
-            let k = KeyFile::generate(&random);
+            let k = KeyFile::generate(&random, proto::cid::Prf::SipHash24);
             write_atomic(&p.keys(), &k.to_text())?;
             Ok((k, true))
         }
@@ -183,7 +183,7 @@ pub fn load_or_create_keys(p: &Paths) -> Result<(KeyFile, bool)> {
 pub fn rotate_keys(p: &Paths, current: &KeyFile) -> Result<KeyFile> {
     let mut fresh = [0u8; 32];
     crate::sys::os_random(&mut fresh).context("getrandom")?;
-    let k = current.rotated(fresh);
+    let k = current.rotated(fresh, current.keys.newest.prf); // keeps the PRF until rotate-keys --prf
     write_atomic(&p.keys(), &k.to_text())?;
     Ok(k)
 }

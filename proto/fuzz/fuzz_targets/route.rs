@@ -1,24 +1,30 @@
-//! Fuzz `proto::route::route` and `route_train` against a small fixed table.
+//! Fuzz `proto::route::route` and `route_train` against small fixed tables.
 //!
-//! Input: byte 0..2 = GRO stride (big-endian u16), byte 2 = clock step, rest = the
-//! datagram / train. Checks: never a panic; a target is always a valid index and is
+//! Input: byte 0..2 = GRO stride (big-endian u16), byte 2 = clock step, byte 3 = the
+//! key set's PRFs (bit 0: newest siphash-2-4, bit 1: previous siphash-2-4, ADR 0004;
+//! otherwise hmac-sha256), rest = the datagram / train. Checks: never a panic; a target is always a valid index and is
 //! present exactly for the reasons that need one; the runs of a train tile it in
 //! order and count every segment once.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use proto::cid::{Generation, KeySet, ServerId};
+use proto::cid::{Generation, KeySet, Prf, ServerId};
 use proto::pin::PinTable;
 use proto::route::{route, route_train, Decision, InstanceInfo, Reason, Table};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-fn table() -> &'static Table {
-    static T: OnceLock<Table> = OnceLock::new();
-    T.get_or_init(|| {
-        let keys =
-            KeySet::new((Generation::new(1).unwrap(), [0x11; 32]), Some((Generation::new(0).unwrap(), [0x22; 32])))
-                .unwrap();
+/// One table per PRF pair (newest, previous), index = input byte 3 & 3.
+fn table(prfs: u8) -> &'static Table {
+    static T: [OnceLock<Table>; 4] = [OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    let i = usize::from(prfs & 3);
+    T[i].get_or_init(|| {
+        let prf = |bit: usize| if i & bit != 0 { Prf::SipHash24 } else { Prf::HmacSha256 };
+        let keys = KeySet::with_prfs(
+            (Generation::new(1).unwrap(), prf(1), [0x11; 32]),
+            Some((Generation::new(0).unwrap(), prf(2), [0x22; 32])),
+        )
+        .unwrap();
         let instances = [
             InstanceInfo { server_id: ServerId(0), placeable: true },
             InstanceInfo { server_id: ServerId(7), placeable: false },
@@ -40,13 +46,13 @@ fn check(d: Decision, t: &Table) {
 }
 
 fuzz_target!(|data: &[u8]| {
-    if data.len() < 3 {
+    if data.len() < 4 {
         return;
     }
     let stride = usize::from(u16::from_be_bytes([data[0], data[1]]));
     let step = Duration::from_millis(u64::from(data[2]) * 100);
-    let payload = &data[3..];
-    let t = table();
+    let payload = &data[4..];
+    let t = table(data[3]);
     let mut pins = PinTable::new(8, [0x44; 16]);
     let now = Duration::from_secs(100);
 

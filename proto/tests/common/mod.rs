@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod refparse;
+pub mod refprf;
 pub mod rng;
 pub mod vectors;
 
