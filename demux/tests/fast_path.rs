@@ -146,8 +146,9 @@ fn hmac_generation_takes_the_user_path() {
     d.wait_instances(&[(41, true)]);
     let mut rng = Rng(43);
     let c = client();
+    let probe = short(&ks.encode(proto::ServerId(41), &[7; 10]), 100, &mut rng);
     wait_until("v1 keys loaded", || {
-        c.send_to(&short(&ks.encode(proto::ServerId(41), &[7; 10]), 100, &mut rng), d.addr()).unwrap();
+        c.send_to(&probe, d.addr()).unwrap();
         std::thread::sleep(Duration::from_millis(5));
         a.datagrams() > 0
     });

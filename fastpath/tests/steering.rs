@@ -1055,7 +1055,7 @@ fn unsupported_paths_are_reported_as_such() {
 /// inserting before the replacement fails with EBUSY), and the new maps steer.
 #[test]
 fn reattach_over_the_same_sockets_replaces_the_program() {
-    let Some(mut g) = group(2, 2, 4, None) else {
+    let Some(g) = group(2, 2, 4, None) else {
         return;
     };
     let k0 = prepare(&g);
