@@ -85,6 +85,10 @@ pub enum Command {
     RotateKeys {
         #[arg(long, value_name = "DIR")]
         state_dir: PathBuf,
+        /// The new generation's PRF: `siphash-2-4` (the kernel fast path can decode
+        /// it) or `hmac-sha256` (user path only). Default: the newest generation's.
+        #[arg(long, value_name = "PRF")]
+        prf: Option<proto::cid::Prf>,
     },
     /// Ask a running data plane for its counters.
     LbStatus {

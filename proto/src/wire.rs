@@ -285,8 +285,9 @@ pub enum Control {
     /// again under the server id it already has. The controller answers `Assign` with
     /// the same id (adopted) or `Error` (the worker must drain and exit).
     Rejoin { server_id: ServerId, pid: u32 },
-    /// O → C: rotate the CID key generation now. Reply: `Status` (JSON) or `Error`.
-    RotateKeys,
+    /// O → C: rotate the CID key generation now; the new generation uses `prf`
+    /// (`None`: the newest generation's PRF). Reply: `Status` (JSON) or `Error`.
+    RotateKeys { prf: Option<Prf> },
     /// W → D, instead of `DataHello`: the same, plus capability bits ([`CAP_RINGS`]:
     /// the worker reads shared-memory rings). A data plane that knows the message
     /// answers `Sockets`, then `Rings` when it forwards over rings.
@@ -305,6 +306,9 @@ pub enum Control {
     /// travel with this record; `addrs` is empty when the fast path is not active.
     FastSockets { addrs: Vec<SocketAddr> },
 }
+
+/// `RotateKeys` body byte: keep the newest generation's PRF (else a PRF code).
+pub const KEEP_PRF: u8 = 0xff;
 
 /// `DataHelloV2` capability: the worker reads forwarding rings (`Rings`).
 pub const CAP_RINGS: u32 = 0x1;
@@ -333,7 +337,7 @@ impl Control {
             Control::Error { .. } => "Error",
             Control::GetSockets => "GetSockets",
             Control::Rejoin { .. } => "Rejoin",
-            Control::RotateKeys => "RotateKeys",
+            Control::RotateKeys { .. } => "RotateKeys",
             Control::DataHelloV2 { .. } => "DataHelloV2",
             Control::Rings { .. } => "Rings",
             Control::FastSockets { .. } => "FastSockets",
@@ -463,7 +467,10 @@ pub fn encode_control(m: &Control) -> Vec<u8> {
             v.extend_from_slice(&server_id.0.to_be_bytes());
             v.extend_from_slice(&pid.to_be_bytes());
         }
-        Control::RotateKeys => v.push(tag::ROTATE_KEYS),
+        Control::RotateKeys { prf } => {
+            v.push(tag::ROTATE_KEYS);
+            v.push(prf.map_or(KEEP_PRF, Prf::code));
+        }
         Control::DataHelloV2 { server_id, caps } => {
             v.push(tag::DATA_HELLO_V2);
             v.extend_from_slice(&server_id.0.to_be_bytes());
@@ -615,7 +622,12 @@ pub fn decode_control(rec: &[u8]) -> Result<Control, WireError> {
         tag::ERROR => Control::Error { reason: c.text()? },
         tag::GET_SOCKETS => Control::GetSockets,
         tag::REJOIN => Control::Rejoin { server_id: ServerId(c.u16()?), pid: c.u32()? },
-        tag::ROTATE_KEYS => Control::RotateKeys,
+        tag::ROTATE_KEYS => Control::RotateKeys {
+            prf: match c.u8()? {
+                KEEP_PRF => None,
+                p => Some(Prf::from_code(p).ok_or(WireError::BadPrf(p))?),
+            },
+        },
         tag::DATA_HELLO_V2 => {
             let server_id = ServerId(c.u16()?);
             let caps = c.u32()?;

@@ -48,13 +48,15 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
-pub fn rotate_keys(dir: &Path) -> Result<()> {
+pub fn rotate_keys(dir: &Path, prf: Option<proto::cid::Prf>) -> Result<()> {
     let p = Paths::new(dir);
-    match ask(dir, &Control::RotateKeys) {
+    match ask(dir, &Control::RotateKeys { prf }) {
         Ok(v) => {
             println!(
-                "rotated by the running controller: key generation {} (previous {})",
-                v["key_newest"], v["key_previous"]
+                "rotated by the running controller: key generation {} ({}; previous {})",
+                v["key_newest"],
+                v["key_newest_prf"].as_str().unwrap_or("?"),
+                v["key_previous"]
             );
             Ok(())
         }
@@ -67,13 +69,14 @@ pub fn rotate_keys(dir: &Path) -> Result<()> {
             };
             let k =
                 proto::keyfile::KeyFile::parse(&text).with_context(|| format!("key file {}", p.keys().display()))?;
-            let k = state::rotate_keys(&p, &k)?;
+            let k = state::rotate_keys(&p, &k, prf)?;
             let mut c = state::load_or_create_counter(&p)?;
             c.starts_in_generation = 0;
             state::store_counter(&p, c)?;
             println!(
-                "rotated the key file (no controller running): key generation {} (previous {:?})",
+                "rotated the key file (no controller running): key generation {} ({}; previous {:?})",
                 k.keys.newest.generation.get(),
+                k.keys.newest.prf,
                 k.keys.previous.map(|g| g.generation.get())
             );
             Ok(())

@@ -88,7 +88,7 @@ impl Ctl {
                 let json = self.status_json().to_string();
                 self.reply(token, &Control::Status { json })
             }
-            (Kind::Pending | Kind::Operator, Control::RotateKeys) => match self.rotate("demux rotate-keys") {
+            (Kind::Pending | Kind::Operator, Control::RotateKeys { prf }) => match self.rotate("demux rotate-keys", prf) {
                 Ok(()) => {
                     let json = self.status_json().to_string();
                     self.reply(token, &Control::Status { json })
@@ -192,7 +192,7 @@ impl Ctl {
             id = id.wrapping_add(1);
         }
         if self.counter.starts_in_generation >= self.opts.rotate_every {
-            self.rotate(&format!("{} instance starts in this generation", self.counter.starts_in_generation))?;
+            self.rotate(&format!("{} instance starts in this generation", self.counter.starts_in_generation), None)?;
         }
         let c =
             state::Counter { next: id.wrapping_add(1), starts_in_generation: self.counter.starts_in_generation + 1 };
@@ -205,13 +205,13 @@ impl Ctl {
     /// Rotates the key generation: file first (so a restarting data plane reads
     /// it), then the data plane (waiting until it has applied it, so it decodes the
     /// new generation before any worker mints with it), then every worker.
-    pub(super) fn rotate(&mut self, why: &str) -> anyhow::Result<()> {
-        let k = state::rotate_keys(&self.paths, &self.keys)?;
+    pub(super) fn rotate(&mut self, why: &str, prf: Option<proto::cid::Prf>) -> anyhow::Result<()> {
+        let k = state::rotate_keys(&self.paths, &self.keys, prf)?;
         self.keys = k;
         self.counter.starts_in_generation = 0;
         state::store_counter(&self.paths, self.counter)?;
         tracing::info!(
-            why, newest = self.keys.keys.newest.generation.get(),
+            why, newest = self.keys.keys.newest.generation.get(), prf = %self.keys.keys.newest.prf,
             previous = ?self.keys.keys.previous.map(|p| p.generation.get()), "CID key generation rotated"
         );
         let changed = Control::KeysChanged { keys: self.keys.keys.clone() };

@@ -180,10 +180,11 @@ pub fn load_or_create_keys(p: &Paths) -> Result<(KeyFile, bool)> {
 
 /// Rotates the key file (ADR-0040): a fresh newest generation, the old newest stays
 /// decodable, the one before is dropped. Returns the new file (already persisted).
-pub fn rotate_keys(p: &Paths, current: &KeyFile) -> Result<KeyFile> {
+/// The new generation uses `prf`, or the newest generation's PRF when `None`.
+pub fn rotate_keys(p: &Paths, current: &KeyFile, prf: Option<proto::cid::Prf>) -> Result<KeyFile> {
     let mut fresh = [0u8; 32];
     crate::sys::os_random(&mut fresh).context("getrandom")?;
-    let k = current.rotated(fresh, current.keys.newest.prf); // keeps the PRF until rotate-keys --prf
+    let k = current.rotated(fresh, prf.unwrap_or(current.keys.newest.prf));
     write_atomic(&p.keys(), &k.to_text())?;
     Ok(k)
 }
@@ -306,9 +307,15 @@ mod tests {
         // Second start: the same keys, never new ones.
         let (k2, created2) = load_or_create_keys(&p).unwrap();
         assert!(!created2 && k2 == k);
-        let r = rotate_keys(&p, &k).unwrap();
+        assert_eq!(k.keys.newest.prf, proto::cid::Prf::SipHash24, "new state directories use siphash-2-4");
+        let r = rotate_keys(&p, &k, None).unwrap();
         assert_eq!(load_or_create_keys(&p).unwrap().0, r);
         assert_eq!(r.keys.previous, Some(k.keys.newest));
+        assert_eq!(r.keys.newest.prf, proto::cid::Prf::SipHash24, "rotation keeps the PRF");
+        // rotate-keys --prf: the new generation switches, the previous keeps its own.
+        let h = rotate_keys(&p, &r, Some(proto::cid::Prf::HmacSha256)).unwrap();
+        assert_eq!((h.keys.newest.prf, h.keys.previous.map(|g| g.prf)), (proto::cid::Prf::HmacSha256, Some(proto::cid::Prf::SipHash24)));
+        assert_eq!(load_or_create_keys(&p).unwrap().0, h);
         // No temp files left behind.
         let names: Vec<String> =
             std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();

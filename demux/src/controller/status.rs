@@ -74,7 +74,9 @@ impl Ctl {
             "starts_in_generation": self.counter.starts_in_generation,
             "rotate_every": self.opts.rotate_every,
             "key_newest": k.newest.generation.get(),
+            "key_newest_prf": k.newest.prf.as_str(),
             "key_previous": k.previous.map(|p| p.generation.get()),
+            "key_previous_prf": k.previous.map(|p| p.prf.as_str()),
             "spawn_workers": self.opts.spawn_workers,
             "worker_replacements": self.worker_replacements,
             "reloading": self.reload.is_some(),
@@ -113,8 +115,14 @@ pub fn pretty(v: &Value) -> String {
         s += &format!("sockets: {}\n", addrs.join(", "));
     }
     s += &format!(
-        "next server id {}  key generation {} (previous {})  starts in generation {} / {}\n",
-        v["next_server_id"], v["key_newest"], v["key_previous"], v["starts_in_generation"], v["rotate_every"]
+        "next server id {}  key generation {} {} (previous {} {})  starts in generation {} / {}\n",
+        v["next_server_id"],
+        v["key_newest"],
+        v["key_newest_prf"].as_str().unwrap_or("?"),
+        v["key_previous"],
+        v["key_previous_prf"].as_str().unwrap_or("-"),
+        v["starts_in_generation"],
+        v["rotate_every"]
     );
     let fp = &v["fast_path"];
     s += &match fp["active"].as_bool() {
