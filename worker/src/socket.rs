@@ -632,6 +632,53 @@ mod tests {
         const { assert!(RECEIVE_SEGMENTS * 1200 >= proto::wire::MAX_PAYLOAD) };
     }
 
+    /// Fast socket and data connection both have datagrams: with one buffer per call
+    /// neither starves the other; fast-socket datagrams carry `dst_ip` (IP_PKTINFO,
+    /// set up by quinn-udp on the worker's own socket) and are counted.
+    #[tokio::test]
+    async fn fast_socket_and_data_connection_share_the_receive_side() {
+        let (w, plane) = fdpass::seqpacket_pair().unwrap();
+        let (_s, addr, fd) = udp_pair();
+        let fast = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let fast_addr = fast.local_addr().unwrap();
+        let data = DataConn::new(w, ServerId(4), None).unwrap();
+        let sock = DemuxSocket::with_fast(
+            Arc::clone(&data),
+            vec![SharedSocketFd { addr, fd }],
+            vec![SharedSocketFd { addr: fast_addr, fd: fast.into() }],
+            Vec::new(),
+        )
+        .unwrap();
+        let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        for _ in 0..3 {
+            client.send_to(&[0x41; 50], fast_addr).unwrap();
+        }
+        let fm = FrameMeta { client: client.local_addr().unwrap(), local: None, ecn: 0, segment_size: None };
+        fdpass::send_record(plane.as_fd(), &encode_frame(&fm, &[0x42; 60]), &[], 0).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let mut store = vec![0u8; 70_000];
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            let mut bufs = [IoSliceMut::new(&mut store)];
+            let mut meta = [RecvMeta::default(); 1];
+            let n = tokio::time::timeout(
+                Duration::from_secs(2),
+                std::future::poll_fn(|cx| sock.poll_recv(cx, &mut bufs, &mut meta)),
+            )
+            .await
+            .expect("a datagram")
+            .unwrap();
+            assert_eq!(n, 1);
+            got.push((bufs[0][0], meta[0].len, meta[0].dst_ip));
+        }
+        let local = Some("127.0.0.1".parse().unwrap());
+        assert!(got[..2].contains(&(0x42, 60, None)), "the data connection is not starved: {got:?}");
+        assert_eq!(got.iter().filter(|g| **g == (0x41, 50, local)).count(), 3, "{got:?}");
+        assert_eq!(data.stats.fast_datagrams.load(Ordering::Relaxed), 3);
+        assert_eq!(data.stats.fast_bytes.load(Ordering::Relaxed), 150);
+        assert_eq!(data.stats.frames.load(Ordering::Relaxed), 1);
+    }
+
     #[tokio::test]
     async fn lifecycle_messages_go_out_on_the_data_connection() {
         let (w, plane) = fdpass::seqpacket_pair().unwrap();
