@@ -50,12 +50,16 @@ fn send(conn: &OwnedFd, m: &Control, fds: &[&UdpSocket]) {
 /// bound to, as a real data plane's shared and fast sockets share the listen
 /// address), `FastSockets { [listen] }` with `fast`, and `Rings { 0, 0 }`. Closes
 /// its copy of every socket, as the data plane does. Returns the hello.
-fn answer(conn: &OwnedFd, fast: UdpSocket) -> Control {
+/// `fast: None`: an empty `FastSockets` (fast path not active).
+fn answer(conn: &OwnedFd, fast: Option<UdpSocket>) -> Control {
     let hello = read_control(conn);
-    let listen = fast.local_addr().expect("fast addr");
     let shared = UdpSocket::bind("127.0.0.1:0").expect("shared socket");
+    let listen = fast.as_ref().map_or(shared.local_addr(), |f| f.local_addr()).expect("listen addr");
     send(conn, &Control::Sockets { addrs: vec![listen] }, &[&shared]);
-    send(conn, &Control::FastSockets { addrs: vec![listen] }, &[&fast]);
+    match &fast {
+        Some(f) => send(conn, &Control::FastSockets { addrs: vec![listen] }, &[f]),
+        None => send(conn, &Control::FastSockets { addrs: vec![] }, &[]),
+    }
     send(conn, &Control::Rings { count: 0, bytes: 0 }, &[]);
     hello
 }
@@ -107,14 +111,20 @@ fn serves_over_the_fast_socket_and_swaps_it_on_reconnect() {
     let (hello_tx, hello_rx) = mpsc::channel::<Control>();
     let plane = std::thread::spawn(move || {
         let conn = fdpass::seqpacket_accept(listener.as_fd()).expect("accept 1");
-        hello_tx.send(answer(&conn, fast1)).expect("hello 1");
+        hello_tx.send(answer(&conn, Some(fast1))).expect("hello 1");
         assert_eq!(read_control(&conn), Control::Ready);
         restart_rx.recv().expect("restart signal");
         drop(conn); // the data plane dies
         let conn = fdpass::seqpacket_accept(listener.as_fd()).expect("accept 2");
-        hello_tx.send(answer(&conn, fast2)).expect("hello 2");
+        hello_tx.send(answer(&conn, Some(fast2))).expect("hello 2");
         assert_eq!(read_control(&conn), Control::Ready, "Ready resent after the reconnection");
-        // Stay up until the test ends (it drops the receiver).
+        restart_rx.recv().expect("restart signal 2");
+        drop(conn);
+        // A data plane without the fast path: empty FastSockets.
+        let conn = fdpass::seqpacket_accept(listener.as_fd()).expect("accept 3");
+        hello_tx.send(answer(&conn, None)).expect("hello 3");
+        assert_eq!(read_control(&conn), Control::Ready);
+        // Stay up until the test ends (it drops the sender).
         let _ = restart_rx.recv();
     });
 
@@ -175,6 +185,21 @@ fn serves_over_the_fast_socket_and_swaps_it_on_reconnect() {
             "the old fast socket ({p1}) is still open"
         );
         assert!(!port_released(p2.port(), Duration::ZERO), "the new one is held");
+
+        // Restarted again, without the fast path: the worker drops its fast socket.
+        restart_tx.send(()).expect("restart 2");
+        let hello = tokio::task::block_in_place(|| hello_rx.recv_timeout(Duration::from_secs(10))).expect("hello 3");
+        assert!(matches!(hello, Control::DataHelloV2 { caps, .. } if caps & CAP_FAST_PATH != 0), "{hello:?}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while stats.reconnects.load(Ordering::Relaxed) < 2 {
+            assert!(Instant::now() < deadline, "second reconnection");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(att.socket.fast().is_empty(), "{:?}", att.socket.fast());
+        assert!(
+            tokio::task::block_in_place(|| port_released(p2.port(), Duration::from_secs(2))),
+            "the fast socket ({p2}) is still open without a fast path"
+        );
         server.abort();
         att.endpoint.close(0u32.into(), b"");
         att.socket.data().close();
