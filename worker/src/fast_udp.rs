@@ -95,8 +95,8 @@ impl FastUdp {
     }
 
     /// Receives from the first fast socket with datagrams waiting, straight into
-    /// quinn's buffers. `Pending` with `cx` registered on every socket when none has
-    /// any. Errors are counted (`stats.fast_errors`) and never returned: quinn's
+    /// quinn's buffers; returns how many and the listen address of the socket. `Pending`
+    /// with `cx` registered on every socket when none has any. Errors are counted (`stats.fast_errors`) and never returned: quinn's
     /// endpoint driver stops on a receive error.
     pub fn poll_recv(
         &self,
@@ -104,7 +104,7 @@ impl FastUdp {
         bufs: &mut [IoSliceMut<'_>],
         meta: &mut [RecvMeta],
         stats: &DataStats,
-    ) -> Poll<usize> {
+    ) -> Poll<(usize, SocketAddr)> {
         let n = self.socks.len();
         if n == 0 || bufs.is_empty() || meta.is_empty() {
             return Poll::Pending;
@@ -137,7 +137,7 @@ impl FastUdp {
                             stats.fast_datagrams.fetch_add(segs as u64, Ordering::Relaxed);
                             stats.fast_bytes.fetch_add(m.len as u64, Ordering::Relaxed);
                         }
-                        return Poll::Ready(got);
+                        return Poll::Ready((got, s.addr));
                     }
                     Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Ok(Err(e)) => {

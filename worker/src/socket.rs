@@ -383,16 +383,25 @@ impl AsyncUdpSocket for DemuxSocket {
         // Both sources are tried (each registers `cx` when empty); which goes first
         // alternates, so neither starves the other.
         let fast_first = self.turn.fetch_add(1, Ordering::Relaxed).is_multiple_of(2);
-        if fast_first {
-            if let Poll::Ready(got) = fast.poll_recv(cx, &mut bufs[..n], &mut meta[..n], &self.data.stats) {
-                return Poll::Ready(Ok(got));
-            }
-            self.poll_demux(cx, bufs, meta)
-        } else {
+        if !fast_first {
             if let Poll::Ready(r) = self.poll_demux(cx, bufs, meta) {
                 return Poll::Ready(r);
             }
-            fast.poll_recv(cx, &mut bufs[..n], &mut meta[..n], &self.data.stats).map(Ok)
+        }
+        if let Poll::Ready((got, listen)) = fast.poll_recv(cx, &mut bufs[..n], &mut meta[..n], &self.data.stats) {
+            // Replies leave from the port the client used (with several listen ports
+            // of one family); frames teach this via their local address, the fast
+            // path via the socket the datagrams arrived on.
+            let udp = self.udp();
+            for m in &meta[..got] {
+                udp.learn(m.addr, Some(listen));
+            }
+            return Poll::Ready(Ok(got));
+        }
+        if fast_first {
+            self.poll_demux(cx, bufs, meta)
+        } else {
+            Poll::Pending
         }
     }
 
@@ -677,6 +686,56 @@ mod tests {
         assert_eq!(data.stats.fast_datagrams.load(Ordering::Relaxed), 3);
         assert_eq!(data.stats.fast_bytes.load(Ordering::Relaxed), 150);
         assert_eq!(data.stats.frames.load(Ordering::Relaxed), 1);
+    }
+
+    /// Two fast sockets (two listen ports): a datagram on the second is read (every
+    /// socket is polled and registered), and the reply leaves from the fast socket of
+    /// the listen address it belongs to.
+    #[tokio::test]
+    async fn every_fast_socket_is_read_and_answers_from_its_port() {
+        let (w, _plane) = fdpass::seqpacket_pair().unwrap();
+        let (f1, f2) =
+            (std::net::UdpSocket::bind("127.0.0.1:0").unwrap(), std::net::UdpSocket::bind("127.0.0.1:0").unwrap());
+        let (a1, a2) = (f1.local_addr().unwrap(), f2.local_addr().unwrap());
+        let shared: Vec<_> = [a1, a2]
+            .iter()
+            .map(|&addr| SharedSocketFd { addr, fd: std::net::UdpSocket::bind("127.0.0.1:0").unwrap().into() })
+            .collect();
+        let data = DataConn::new(w, ServerId(5), None).unwrap();
+        let sock = DemuxSocket::with_fast(
+            Arc::clone(&data),
+            shared,
+            vec![SharedSocketFd { addr: a1, fd: f1.into() }, SharedSocketFd { addr: a2, fd: f2.into() }],
+            Vec::new(),
+        )
+        .unwrap();
+        let mut store = vec![0u8; 70_000];
+        let mut bufs = [IoSliceMut::new(&mut store)];
+        let mut meta = [RecvMeta::default(); 1];
+        let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        client.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let recv = std::future::poll_fn(|cx| sock.poll_recv(cx, &mut bufs, &mut meta));
+        let sender = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            client.send_to(b"to-second", a2).unwrap();
+        };
+        let (n, ()) = tokio::time::timeout(Duration::from_secs(2), async { tokio::join!(recv, sender) })
+            .await
+            .expect("the second fast socket is read");
+        assert_eq!((n.unwrap(), &bufs[0][..meta[0].len]), (1, &b"to-second"[..]));
+        assert_eq!(meta[0].addr, client.local_addr().unwrap());
+        let t = Transmit {
+            destination: meta[0].addr,
+            ecn: None,
+            contents: b"reply",
+            segment_size: None,
+            src_ip: meta[0].dst_ip,
+        };
+        sock.try_send(&t).unwrap();
+        let mut b = [0u8; 16];
+        let (len, from) = client.recv_from(&mut b).unwrap();
+        assert_eq!((&b[..len], from), (&b"reply"[..], a2), "reply from the second fast socket");
+        assert_eq!(data.stats.fast_transmits.load(Ordering::Relaxed), 1);
     }
 
     #[tokio::test]
