@@ -714,14 +714,20 @@ mod tests {
         let mut meta = [RecvMeta::default(); 1];
         let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         client.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-        let recv = std::future::poll_fn(|cx| sock.poll_recv(cx, &mut bufs, &mut meta));
-        let sender = async {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            client.send_to(b"to-second", a2).unwrap();
-        };
-        let (n, ()) = tokio::time::timeout(Duration::from_secs(2), async { tokio::join!(recv, sender) })
-            .await
-            .expect("the second fast socket is read");
+        // Sent from another thread once the receive side is parked: only a waker
+        // registered on the second socket can wake it.
+        let c2 = client.try_clone().unwrap();
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            c2.send_to(b"to-second", a2).unwrap();
+        });
+        let n = tokio::time::timeout(
+            Duration::from_secs(2),
+            std::future::poll_fn(|cx| sock.poll_recv(cx, &mut bufs, &mut meta)),
+        )
+        .await
+        .expect("the second fast socket is read");
+        sender.join().unwrap();
         assert_eq!((n.unwrap(), &bufs[0][..meta[0].len]), (1, &b"to-second"[..]));
         assert_eq!(meta[0].addr, client.local_addr().unwrap());
         let t = Transmit {
