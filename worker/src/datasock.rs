@@ -1,9 +1,13 @@
 //! The data connection to the data plane (docs/architecture.md, "Processes and the
 //! data-connection protocol"):
 //!
-//! 1. worker → data plane: `DataHello { server_id }`;
+//! 1. worker → data plane: `DataHello { server_id }`, or `DataHelloV2 { server_id,
+//!    caps }` with `CAP_FAST_PATH` and/or `CAP_RINGS` ([`DataOptions`]);
 //! 2. data plane → worker: `Sockets { addrs }` with one UDP socket fd per listen
-//!    address (SCM_RIGHTS), or `Error { reason }` and close;
+//!    address (SCM_RIGHTS), or `Error { reason }` and close; after a `DataHelloV2`
+//!    also `FastSockets { addrs }` (only when `CAP_FAST_PATH` was asked: one fd per
+//!    address, the worker's own kernel-fast-path sockets, possibly none) and then
+//!    `Rings { count, bytes }` (docs/wire.md);
 //! 3. worker → data plane: `Ready` when the endpoint accepts connections, `Draining`
 //!    when it stops (the id stays live until the connection closes);
 //! 4. closing the connection makes the id dead at once.
@@ -39,6 +43,10 @@ pub struct SharedSocketFd {
 pub struct Handshake {
     pub conn: OwnedFd,
     pub sockets: Vec<SharedSocketFd>,
+    /// The kernel fast path's sockets from `FastSockets` (asked with
+    /// [`DataOptions::fast_path`]): one per listen address, this worker's own, to be
+    /// read as well as the data connection. Empty when the fast path is not active.
+    pub fast: Vec<SharedSocketFd>,
     /// `--forward ring` data planes, when asked (`want_rings`): one ring per shard.
     pub rings: Vec<crate::ring::Consumer>,
 }
@@ -48,6 +56,41 @@ pub struct Handshake {
 /// only with `--forward ring`; otherwise frames stay on the data connection.
 pub fn rings_wanted() -> bool {
     std::env::var_os("QUICDEMUX_RINGS").is_some_and(|v| v == "1")
+}
+
+/// What a worker asks the data plane for in its hello.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataOptions {
+    /// Forwarding rings (`CAP_RINGS`), granted by `--forward ring` data planes.
+    pub rings: bool,
+    /// Kernel fast-path sockets (`CAP_FAST_PATH`, docs/adr/0004-kernel-fast-path.md).
+    pub fast_path: bool,
+}
+
+impl Default for DataOptions {
+    /// Fast path on, rings off.
+    fn default() -> Self {
+        DataOptions { rings: false, fast_path: true }
+    }
+}
+
+impl DataOptions {
+    /// Fast path on; rings as [`rings_wanted`] says (`QUICDEMUX_RINGS=1`).
+    pub fn from_env() -> Self {
+        DataOptions { rings: rings_wanted(), fast_path: true }
+    }
+
+    /// The `DataHelloV2` capability bits; 0 means the plain `DataHello`.
+    pub fn caps(&self) -> u32 {
+        let mut caps = 0;
+        if self.rings {
+            caps |= proto::wire::CAP_RINGS;
+        }
+        if self.fast_path {
+            caps |= proto::wire::CAP_FAST_PATH;
+        }
+        caps
+    }
 }
 
 /// Why the handshake failed.
@@ -90,33 +133,94 @@ pub fn handshake_on(conn: OwnedFd, server_id: ServerId, timeout: Duration) -> Re
 }
 
 /// [`handshake_on`]; with `want_rings`, sends `DataHelloV2 { caps: CAP_RINGS }` and
-/// also waits for the `Rings` answer that follows `Sockets`.
+/// also waits for the `Rings` answer that follows `Sockets`. No fast path.
 pub fn handshake_on_with(
     conn: OwnedFd,
     server_id: ServerId,
     timeout: Duration,
     want_rings: bool,
 ) -> Result<Handshake, HandshakeError> {
+    handshake_on_opts(conn, server_id, timeout, DataOptions { rings: want_rings, fast_path: false })
+}
+
+/// Takes the UDP fds of a `Sockets` / `FastSockets` record: one per address, each a
+/// datagram socket.
+fn udp_fds(
+    what: &str,
+    addrs: Vec<SocketAddr>,
+    fds: Vec<OwnedFd>,
+    allow_empty: bool,
+) -> Result<Vec<SharedSocketFd>, HandshakeError> {
+    if (addrs.is_empty() && !allow_empty) || addrs.len() != fds.len() {
+        return Err(HandshakeError::Protocol(format!(
+            "{what} lists {} addresses but carries {} descriptors",
+            addrs.len(),
+            fds.len()
+        )));
+    }
+    let mut sockets = Vec::with_capacity(addrs.len());
+    for (addr, fd) in addrs.into_iter().zip(fds) {
+        if fdpass::socket_type(fd.as_fd())? != libc::SOCK_DGRAM {
+            return Err(HandshakeError::Protocol(format!("{what}: descriptor for {addr} is not a UDP socket")));
+        }
+        sockets.push(SharedSocketFd { addr, fd });
+    }
+    Ok(sockets)
+}
+
+/// How long a fast-path-only hello (no rings) waits for `FastSockets` / `Rings` after
+/// `Sockets`. A data plane sends the three records back to back; one that predates the
+/// fast path answers a `DataHelloV2` without `CAP_RINGS` with `Sockets` alone.
+pub const FAST_SOCKETS_GRACE: Duration = Duration::from_millis(500);
+
+/// The handshake with the capabilities of `opts`: `DataHello` when neither is asked
+/// (then `Sockets` ends it), else `DataHelloV2 { caps }`, answered by `Sockets`, then
+/// `FastSockets` (only when `opts.fast_path`), then `Rings`. A data plane that does
+/// not know `CAP_FAST_PATH` answers `Rings` right after `Sockets`, or (rings not
+/// asked) nothing within [`FAST_SOCKETS_GRACE`]: no fast path then. A `FastSockets`
+/// arriving later is an ignored control record; its fds close, so the kernel stops
+/// steering to them.
+pub fn handshake_on_opts(
+    conn: OwnedFd,
+    server_id: ServerId,
+    timeout: Duration,
+    opts: DataOptions,
+) -> Result<Handshake, HandshakeError> {
     fdpass::set_nonblocking(conn.as_fd(), false)?;
-    let hello = if want_rings {
-        Control::DataHelloV2 { server_id, caps: proto::wire::CAP_RINGS }
-    } else {
-        Control::DataHello { server_id }
-    };
+    let caps = opts.caps();
+    let v2 = caps != 0;
+    let hello = if v2 { Control::DataHelloV2 { server_id, caps } } else { Control::DataHello { server_id } };
     fdpass::send_record(conn.as_fd(), &encode_control(&hello), &[], 0)?;
     let mut got_sockets: Option<Vec<SharedSocketFd>> = None;
+    let mut got_fast: Option<Vec<SharedSocketFd>> = None;
+    // Rings not asked: a data plane without the fast path may stop after `Sockets`.
+    let lenient = opts.fast_path && !opts.rings;
     fdpass::set_recv_timeout(conn.as_fd(), Some(timeout))?;
     let deadline = std::time::Instant::now() + timeout;
+    let mut grace_end: Option<std::time::Instant> = None;
     let mut buf = vec![0u8; CONTROL_BUF.max(proto::wire::FRAME_HEADER_LEN + proto::wire::MAX_PAYLOAD)];
     loop {
-        if std::time::Instant::now() >= deadline {
-            return Err(HandshakeError::Io(io::Error::new(io::ErrorKind::TimedOut, "no Sockets reply")));
-        }
-        let r = match fdpass::recv_record(conn.as_fd(), &mut buf, 0) {
+        let now = std::time::Instant::now();
+        let timed_out = now >= deadline || grace_end.is_some_and(|g| now >= g);
+        let r = match timed_out {
+            true => Err(io::Error::from(io::ErrorKind::WouldBlock)),
+            false => fdpass::recv_record(conn.as_fd(), &mut buf, 0),
+        };
+        let r = match r {
             Ok(r) => r,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                return Err(HandshakeError::Io(io::Error::new(io::ErrorKind::TimedOut, "no Sockets reply")))
+                if let (true, Some(sockets)) = (lenient, got_sockets.take()) {
+                    let fast = got_fast.take().unwrap_or_default();
+                    if fast.is_empty() {
+                        tracing::info!("the data plane answered Sockets only (no fast path): datagrams come on the data connection");
+                    }
+                    fdpass::set_recv_timeout(conn.as_fd(), None)?;
+                    return Ok(Handshake { conn, sockets, fast, rings: Vec::new() });
+                }
+                let what =
+                    if got_sockets.is_some() { "no FastSockets/Rings after Sockets" } else { "no Sockets reply" };
+                return Err(HandshakeError::Io(io::Error::new(io::ErrorKind::TimedOut, what)));
             }
             Err(e) => return Err(e.into()),
         };
@@ -131,27 +235,27 @@ pub fn handshake_on_with(
             return Err(HandshakeError::Protocol("control record too long".into()));
         }
         match decode_control(&buf[..r.len]) {
-            Ok(Control::Sockets { addrs }) => {
-                if addrs.is_empty() || addrs.len() != r.fds.len() {
-                    return Err(HandshakeError::Protocol(format!(
-                        "Sockets lists {} addresses but carries {} descriptors",
-                        addrs.len(),
-                        r.fds.len()
-                    )));
-                }
-                let mut sockets = Vec::with_capacity(addrs.len());
-                for (addr, fd) in addrs.into_iter().zip(r.fds) {
-                    if fdpass::socket_type(fd.as_fd())? != libc::SOCK_DGRAM {
-                        return Err(HandshakeError::Protocol(format!("descriptor for {addr} is not a UDP socket")));
-                    }
-                    sockets.push(SharedSocketFd { addr, fd });
-                }
-                if want_rings {
+            Ok(Control::Sockets { addrs }) if got_sockets.is_none() => {
+                let sockets = udp_fds("Sockets", addrs, r.fds, false)?;
+                if v2 {
                     got_sockets = Some(sockets);
+                    if lenient {
+                        let g = FAST_SOCKETS_GRACE.min(timeout).max(Duration::from_millis(1));
+                        fdpass::set_recv_timeout(conn.as_fd(), Some(g))?;
+                        grace_end = Some(std::time::Instant::now() + g);
+                    }
                     continue;
                 }
                 fdpass::set_recv_timeout(conn.as_fd(), None)?;
-                return Ok(Handshake { conn, sockets, rings: Vec::new() });
+                return Ok(Handshake { conn, sockets, fast: Vec::new(), rings: Vec::new() });
+            }
+            Ok(Control::FastSockets { addrs }) => {
+                if !opts.fast_path || got_sockets.is_none() || got_fast.is_some() {
+                    return Err(HandshakeError::Protocol(
+                        "FastSockets out of order (not asked for, before Sockets, or twice)".into(),
+                    ));
+                }
+                got_fast = Some(udp_fds("FastSockets", addrs, r.fds, true)?);
             }
             Ok(Control::Rings { count, bytes }) if got_sockets.is_some() => {
                 if r.fds.len() != 2 * usize::from(count) {
@@ -167,7 +271,16 @@ pub fn handshake_on_with(
                 }
                 fdpass::set_recv_timeout(conn.as_fd(), None)?;
                 let sockets = got_sockets.take().unwrap_or_default();
-                return Ok(Handshake { conn, sockets, rings });
+                let fast = match got_fast.take() {
+                    Some(f) => f,
+                    None => {
+                        if opts.fast_path {
+                            tracing::info!("the data plane offers no fast path (no FastSockets): datagrams come on the data connection");
+                        }
+                        Vec::new()
+                    }
+                };
+                return Ok(Handshake { conn, sockets, fast, rings });
             }
             Ok(Control::Error { reason }) => return Err(HandshakeError::Refused(reason)),
             Ok(other) => {
@@ -178,7 +291,18 @@ pub fn handshake_on_with(
     }
 }
 
-/// Connects to the data plane at `path` and runs [`handshake_on`].
+/// Connects to the data plane at `path` and runs [`handshake_on_opts`].
+pub fn handshake_opts(
+    path: &Path,
+    server_id: ServerId,
+    timeout: Duration,
+    opts: DataOptions,
+) -> Result<Handshake, HandshakeError> {
+    let conn = fdpass::seqpacket_connect(path)?;
+    handshake_on_opts(conn, server_id, timeout, opts)
+}
+
+/// Connects to the data plane at `path` and runs [`handshake_on_with`] (no fast path).
 pub fn handshake_with(
     path: &Path,
     server_id: ServerId,
@@ -189,6 +313,7 @@ pub fn handshake_with(
     handshake_on_with(conn, server_id, timeout, want_rings)
 }
 
+/// Connects to the data plane at `path` and runs [`handshake_on`] (`DataHello`).
 pub fn handshake(path: &Path, server_id: ServerId, timeout: Duration) -> Result<Handshake, HandshakeError> {
     let conn = fdpass::seqpacket_connect(path)?;
     handshake_on(conn, server_id, timeout)
@@ -211,6 +336,23 @@ pub struct DataStats {
     pub disconnects: AtomicU64,
     /// Successful reconnections.
     pub reconnects: AtomicU64,
+    /// UDP datagrams (GRO segments counted one by one) received on the kernel fast
+    /// path's sockets and handed to quinn.
+    pub fast_datagrams: AtomicU64,
+    /// Payload bytes of those.
+    pub fast_bytes: AtomicU64,
+    /// Transmits sent from a fast-path socket (the rest leave the shared socket).
+    pub fast_transmits: AtomicU64,
+    /// Receive or send errors on fast-path sockets (counted, logged, never given to quinn).
+    pub fast_errors: AtomicU64,
+}
+
+/// The UDP sockets a (repeated) handshake handed over: the shared ones (`Sockets`)
+/// and the fast path's (`FastSockets`, possibly none).
+#[derive(Debug)]
+pub struct NewSockets {
+    pub shared: Vec<SharedSocketFd>,
+    pub fast: Vec<SharedSocketFd>,
 }
 
 #[derive(Debug, Default)]
@@ -224,6 +366,8 @@ struct Lifecycle {
 pub struct DataConn {
     server_id: ServerId,
     path: Option<PathBuf>,
+    /// What reconnections ask for (rings never: the socket's rings are fixed).
+    opts: DataOptions,
     /// `None` while disconnected.
     fd: RwLock<Option<Arc<AsyncFd<OwnedFd>>>>,
     lifecycle: Mutex<Lifecycle>,
@@ -240,14 +384,25 @@ fn poisoned() -> io::Error {
 }
 
 impl DataConn {
-    /// Wraps a handshaken connection. `path` enables reconnection; call from within
-    /// a tokio runtime.
+    /// Wraps a handshaken connection. `path` enables reconnection (which asks for the
+    /// fast path, [`DataOptions::default`]); call from within a tokio runtime.
     pub fn new(conn: OwnedFd, server_id: ServerId, path: Option<PathBuf>) -> io::Result<Arc<DataConn>> {
+        DataConn::with_options(conn, server_id, path, DataOptions::default())
+    }
+
+    /// [`DataConn::new`]; reconnections ask for `opts` (without rings).
+    pub fn with_options(
+        conn: OwnedFd,
+        server_id: ServerId,
+        path: Option<PathBuf>,
+        opts: DataOptions,
+    ) -> io::Result<Arc<DataConn>> {
         fdpass::set_nonblocking(conn.as_fd(), true)?;
         let fd = fdpass::async_fd(conn, Interest::READABLE | Interest::WRITABLE)?;
         Ok(Arc::new(DataConn {
             server_id,
             path,
+            opts: DataOptions { rings: false, ..opts },
             fd: RwLock::new(Some(Arc::new(fd))),
             lifecycle: Mutex::new(Lifecycle::default()),
             waker: Mutex::new(None),
@@ -362,12 +517,18 @@ impl DataConn {
         }
     }
 
+    /// The capabilities reconnections ask for.
+    pub fn options(&self) -> DataOptions {
+        self.opts
+    }
+
     /// Reconnects whenever the connection is lost, until [`DataConn::close`]. New UDP
-    /// socket fds from the repeated handshake go to `on_sockets`. `Ready` is resent
-    /// if it was sent before and the instance is not draining.
+    /// socket fds from the repeated handshake (shared and fast path) go to
+    /// `on_sockets`. `Ready` is resent if it was sent before and the instance is not
+    /// draining.
     pub fn spawn_reconnector(
         self: &Arc<Self>,
-        on_sockets: impl Fn(Vec<SharedSocketFd>) + Send + Sync + 'static,
+        on_sockets: impl Fn(NewSockets) + Send + Sync + 'static,
     ) -> Option<tokio::task::JoinHandle<()>> {
         let path = self.path.clone()?;
         self.reconnecting.store(true, Ordering::Relaxed);
@@ -383,15 +544,18 @@ impl DataConn {
                     if !me.reconnecting.load(Ordering::Relaxed) {
                         return;
                     }
-                    let (p, id) = (path.clone(), me.server_id);
-                    let res = tokio::task::spawn_blocking(move || handshake(&p, id, Duration::from_secs(5))).await;
+                    let (p, id, opts) = (path.clone(), me.server_id, me.opts);
+                    let res =
+                        tokio::task::spawn_blocking(move || handshake_opts(&p, id, Duration::from_secs(5), opts)).await;
                     match res {
                         Ok(Ok(h)) => match me.install(h.conn) {
                             Ok(()) => {
-                                on_sockets(h.sockets);
+                                on_sockets(NewSockets { shared: h.sockets, fast: h.fast });
                                 break;
                             }
-                            Err(e) => tracing::warn!(error = %e, "data connection re-registration failed"),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "data connection re-registration failed")
+                            }
                         },
                         Ok(Err(e)) => tracing::debug!(error = %e, "data plane not back yet"),
                         Err(e) => tracing::warn!(error = %e, "handshake task failed"),

@@ -6,8 +6,9 @@
 //! - [`socket::DemuxSocket`]: a quinn `AsyncUdpSocket` that receives the datagrams
 //!   the data plane forwards on the data connection and sends replies straight out
 //!   of the shared UDP socket (quinn-udp: GSO, ECN, IP_PKTINFO source address).
-//! - [`datasock`]: the data-connection handshake (`DataHello` → `Sockets` + fds) and
-//!   lifecycle (`Ready`, `Draining`), with reconnection.
+//! - [`datasock`]: the data-connection handshake (`DataHello(V2)` → `Sockets` + fds,
+//!   `FastSockets`, `Rings`) and lifecycle (`Ready`, `Draining`), with reconnection.
+//! - [`fast_udp`]: the kernel fast path's own sockets, read and written with quinn-udp.
 //! - [`cid_gen::AdrCidGenerator`]: ADR-0040 connection IDs.
 //! - [`secrets::Secrets`]: shared reset and token keys, `grease_quic_bit(false)`.
 //! - [`control`]: registration with the controller (server id, keys, rotations).
@@ -31,6 +32,7 @@ pub mod control;
 pub mod datasock;
 pub mod drain;
 pub mod echo;
+pub mod fast_udp;
 pub mod fdpass;
 pub mod h3_server;
 pub mod ring;
@@ -46,7 +48,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use cid_gen::{AdrCidGenerator, CidKeys};
-pub use datasock::DataConn;
+pub use datasock::{DataConn, DataOptions};
 pub use secrets::Secrets;
 pub use socket::DemuxSocket;
 
@@ -63,18 +65,30 @@ pub struct Attached {
 
 /// Connects to the data plane at `data_socket` as `server_id`: runs the handshake,
 /// builds the [`DemuxSocket`] (reconnecting if the data plane restarts) and returns
-/// a receive-only-from-the-demux socket ready for quinn. Call inside tokio.
+/// a socket ready for quinn. Asks for the kernel fast path, and for rings when
+/// `QUICDEMUX_RINGS=1` ([`DataOptions::from_env`]). Call inside tokio.
 pub async fn connect_socket(data_socket: &Path, server_id: ServerId) -> anyhow::Result<Arc<DemuxSocket>> {
+    connect_socket_with(data_socket, server_id, DataOptions::from_env()).await
+}
+
+/// [`connect_socket`] asking for `opts` (e.g. `fast_path: false`).
+pub async fn connect_socket_with(
+    data_socket: &Path,
+    server_id: ServerId,
+    opts: DataOptions,
+) -> anyhow::Result<Arc<DemuxSocket>> {
     let path = data_socket.to_path_buf();
     let p = path.clone();
-    let want_rings = datasock::rings_wanted();
-    let h = tokio::task::spawn_blocking(move || datasock::handshake_with(&p, server_id, HANDSHAKE_TIMEOUT, want_rings))
+    let h = tokio::task::spawn_blocking(move || datasock::handshake_opts(&p, server_id, HANDSHAKE_TIMEOUT, opts))
         .await
         .context("handshake task")??;
-    let data = DataConn::new(h.conn, server_id, Some(path))?;
+    if !h.fast.is_empty() {
+        tracing::info!(addrs = ?h.fast.iter().map(|s| s.addr).collect::<Vec<_>>(), "kernel fast path active");
+    }
+    let data = DataConn::with_options(h.conn, server_id, Some(path), opts)?;
     // A reconnection (data plane restart) handshakes without rings: frames then come
-    // on the new data connection; these rings go quiet.
-    let sock = DemuxSocket::with_rings(data, h.sockets, h.rings)?;
+    // on the new data connection; these rings go quiet. Its fast sockets replace these.
+    let sock = DemuxSocket::with_fast(data, h.sockets, h.fast, h.rings)?;
     sock.spawn_reconnector();
     Ok(sock)
 }
@@ -104,6 +118,17 @@ pub async fn attach(
     secrets: &Secrets,
     server_config: quinn::ServerConfig,
 ) -> anyhow::Result<Attached> {
-    let socket = connect_socket(data_socket, server_id).await?;
+    attach_with(data_socket, server_id, secrets, server_config, DataOptions::from_env()).await
+}
+
+/// [`attach`] asking the data plane for `opts`.
+pub async fn attach_with(
+    data_socket: &Path,
+    server_id: ServerId,
+    secrets: &Secrets,
+    server_config: quinn::ServerConfig,
+    opts: DataOptions,
+) -> anyhow::Result<Attached> {
+    let socket = connect_socket_with(data_socket, server_id, opts).await?;
     endpoint_on(socket, server_id, secrets, server_config)
 }

@@ -9,10 +9,19 @@
 //! `len`; never 0). Control records (0xc7) are handled here and never reach quinn;
 //! malformed or truncated records are counted and dropped.
 //!
-//! Send: [`crate::udp_send::SharedUdp`].
+//! Kernel fast path: the worker's own sockets from `FastSockets`
+//! ([`crate::fast_udp::FastUdp`]) are read too, with quinn-udp straight into quinn's
+//! buffers (GRO, ECN, IP_PKTINFO `dst_ip`). Each `poll_recv` alternates which source
+//! it tries first (fast sockets, or rings + data connection), so a busy one cannot
+//! starve the other, and returns `Pending` only with the waker registered on all.
+//!
+//! Send: from the fast socket of the listen address the reply leaves from, when there
+//! is one, else [`crate::udp_send::SharedUdp`].
 
-use crate::datasock::{DataConn, SharedSocketFd};
+use crate::datasock::{DataConn, NewSockets, SharedSocketFd};
+use crate::fast_udp::FastUdp;
 use crate::fdpass::{self, MAX_BATCH};
+use crate::ring::Consumer;
 use crate::udp_send::SharedUdp;
 use proto::wire::{decode_frame, CONTROL_MAGIC, FRAME_HEADER_LEN, FRAME_MAGIC};
 use quinn::udp::{EcnCodepoint, RecvMeta, Transmit};
@@ -23,11 +32,10 @@ use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::task::{ready, Context, Poll};
 use tokio::io::unix::AsyncFd;
-use crate::ring::Consumer;
 
 /// Datagrams one `RecvMeta` may describe: quinn sizes each receive buffer as
 /// `max_udp_payload_size × max_receive_segments`, and a GRO train from the data
@@ -39,10 +47,21 @@ pub const RECEIVE_SEGMENTS: usize = 64;
 pub struct DemuxSocket {
     data: Arc<DataConn>,
     udp: RwLock<Arc<SharedUdp>>,
+    /// The kernel fast path's sockets; replaced (old ones closed) on reconnection.
+    fast: RwLock<Arc<FastUdp>>,
+    /// Wakes a writability wait on fast sockets that were just replaced.
+    fast_replaced: tokio::sync::Notify,
+    /// Which socket last reported `WouldBlock`: a fast socket's index, or
+    /// [`BLOCKED_SHARED`].
+    blocked: AtomicUsize,
+    /// Alternates the first receive source (fairness).
+    turn: AtomicUsize,
     local: SocketAddr,
     /// `--forward ring`: one ring per data-plane shard, read before the connection.
     rings: Vec<RingReader>,
 }
+
+const BLOCKED_SHARED: usize = usize::MAX;
 
 /// A forwarding ring and (a duplicate of) its eventfd registered with tokio.
 struct RingReader {
@@ -60,9 +79,7 @@ impl DemuxSocket {
     /// Builds the socket from a handshaken data connection and the shared UDP sockets.
     /// Must run inside a tokio runtime.
     pub fn new(data: Arc<DataConn>, sockets: Vec<SharedSocketFd>) -> io::Result<Arc<DemuxSocket>> {
-        let udp = SharedUdp::new(sockets)?;
-        let local = udp.addrs().next().ok_or_else(|| io::Error::other("no shared UDP socket"))?;
-        Ok(Arc::new(DemuxSocket { data, udp: RwLock::new(Arc::new(udp)), local, rings: Vec::new() }))
+        DemuxSocket::with_fast(data, sockets, Vec::new(), Vec::new())
     }
 
     /// [`DemuxSocket::new`] that also reads the data plane's forwarding rings
@@ -72,7 +89,19 @@ impl DemuxSocket {
         sockets: Vec<SharedSocketFd>,
         rings: Vec<Consumer>,
     ) -> io::Result<Arc<DemuxSocket>> {
+        DemuxSocket::with_fast(data, sockets, Vec::new(), rings)
+    }
+
+    /// [`DemuxSocket::with_rings`] that also receives on (and answers from) the kernel
+    /// fast path's sockets (`Handshake::fast`). Must run inside a tokio runtime.
+    pub fn with_fast(
+        data: Arc<DataConn>,
+        sockets: Vec<SharedSocketFd>,
+        fast: Vec<SharedSocketFd>,
+        rings: Vec<Consumer>,
+    ) -> io::Result<Arc<DemuxSocket>> {
         let udp = SharedUdp::new(sockets)?;
+        let fast = FastUdp::new(fast)?;
         let local = udp.addrs().next().ok_or_else(|| io::Error::other("no shared UDP socket"))?;
         let rings = rings
             .into_iter()
@@ -81,7 +110,16 @@ impl DemuxSocket {
                 Ok(RingReader { wake, ring })
             })
             .collect::<io::Result<Vec<_>>>()?;
-        Ok(Arc::new(DemuxSocket { data, udp: RwLock::new(Arc::new(udp)), local, rings }))
+        Ok(Arc::new(DemuxSocket {
+            data,
+            udp: RwLock::new(Arc::new(udp)),
+            fast: RwLock::new(Arc::new(fast)),
+            fast_replaced: tokio::sync::Notify::new(),
+            blocked: AtomicUsize::new(BLOCKED_SHARED),
+            turn: AtomicUsize::new(0),
+            local,
+            rings,
+        }))
     }
 
     /// Reads up to `n` records from the rings into `bufs` (one record per buffer,
@@ -140,6 +178,37 @@ impl DemuxSocket {
         }
     }
 
+    /// The kernel fast path's current sockets (empty when not active).
+    pub fn fast(&self) -> Arc<FastUdp> {
+        match self.fast.read() {
+            Ok(g) => Arc::clone(&g),
+            Err(p) => Arc::clone(&p.into_inner()),
+        }
+    }
+
+    /// Replaces the fast-path sockets with `fast` (a new data plane's `FastSockets`;
+    /// empty: no fast path any more). The old sockets are closed once the last receive
+    /// or send that uses them returns. If the new ones cannot be set up, the old ones
+    /// are dropped anyway (their datagrams then come over the data connection) and the
+    /// error returned.
+    pub fn replace_fast_sockets(&self, fast: Vec<SharedSocketFd>) -> io::Result<()> {
+        let (new, res) = match FastUdp::new(fast) {
+            Ok(f) => (f, Ok(())),
+            Err(e) => (FastUdp::empty(), Err(e)),
+        };
+        let old = {
+            let mut g = match self.fast.write() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            std::mem::replace(&mut *g, Arc::new(new))
+        };
+        self.blocked.store(BLOCKED_SHARED, Ordering::Relaxed);
+        self.fast_replaced.notify_waiters();
+        drop(old);
+        res
+    }
+
     /// Replaces the shared UDP sockets (after a data-plane restart handed new fds).
     pub fn replace_sockets(&self, sockets: Vec<SharedSocketFd>) -> io::Result<()> {
         let udp = Arc::new(SharedUdp::new(sockets)?);
@@ -151,16 +220,38 @@ impl DemuxSocket {
     }
 
     /// Starts reconnecting the data connection whenever it is lost (see
-    /// [`DataConn::spawn_reconnector`]); new sockets replace the old ones.
+    /// [`DataConn::spawn_reconnector`]); new sockets replace the old ones, shared and
+    /// fast path alike (no fast sockets from the new data plane: the old ones close).
     pub fn spawn_reconnector(self: &Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
         let weak = Arc::downgrade(self);
-        self.data.spawn_reconnector(move |socks| {
+        self.data.spawn_reconnector(move |socks: NewSockets| {
             if let Some(me) = weak.upgrade() {
-                if let Err(e) = me.replace_sockets(socks) {
+                if let Err(e) = me.replace_sockets(socks.shared) {
                     tracing::warn!(error = %e, "keeping the previous UDP sockets");
+                }
+                let n = socks.fast.len();
+                match me.replace_fast_sockets(socks.fast) {
+                    Ok(()) => tracing::info!(fast_sockets = n, "fast-path sockets replaced"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "new fast-path sockets unusable: no fast path")
+                    }
                 }
             }
         })
+    }
+
+    /// Resolves when the socket that last reported `WouldBlock` may be writable.
+    async fn writable(&self) -> io::Result<()> {
+        let i = self.blocked.load(Ordering::Relaxed);
+        if i == BLOCKED_SHARED {
+            return self.udp().writable().await;
+        }
+        let fast = self.fast();
+        tokio::select! {
+            r = fast.writable(i) => r,
+            // Replaced: don't keep the old sockets open; quinn retries the send.
+            _ = self.fast_replaced.notified() => Ok(()),
+        }
     }
 
     /// [`DemuxSocket::process`] for ring records (a 0 length is a dropped record, not EOF).
@@ -257,10 +348,87 @@ impl AsyncUdpSocket for DemuxSocket {
     }
 
     fn try_send(&self, transmit: &Transmit<'_>) -> io::Result<()> {
-        self.udp().try_send(transmit)
+        let udp = self.udp();
+        let fast = self.fast();
+        if !fast.is_empty() {
+            if let Some(i) = fast.index_for(udp.source_for(transmit)) {
+                let r = fast.try_send(i, transmit, &self.data.stats);
+                if r.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::WouldBlock) {
+                    self.blocked.store(i, Ordering::Relaxed);
+                }
+                return r;
+            }
+        }
+        let r = udp.try_send(transmit);
+        if r.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::WouldBlock) {
+            self.blocked.store(BLOCKED_SHARED, Ordering::Relaxed);
+        }
+        r
     }
 
     fn poll_recv(
+        &self,
+        cx: &mut Context<'_>,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+    ) -> Poll<io::Result<usize>> {
+        let n = bufs.len().min(meta.len()).min(MAX_BATCH);
+        if n == 0 {
+            return Poll::Ready(Ok(0));
+        }
+        let fast = self.fast();
+        if fast.is_empty() {
+            return self.poll_demux(cx, bufs, meta);
+        }
+        // Both sources are tried (each registers `cx` when empty); which goes first
+        // alternates, so neither starves the other.
+        let fast_first = self.turn.fetch_add(1, Ordering::Relaxed).is_multiple_of(2);
+        if !fast_first {
+            if let Poll::Ready(r) = self.poll_demux(cx, bufs, meta) {
+                return Poll::Ready(r);
+            }
+        }
+        if let Poll::Ready((got, listen)) = fast.poll_recv(cx, &mut bufs[..n], &mut meta[..n], &self.data.stats) {
+            // Replies leave from the port the client used (with several listen ports
+            // of one family); frames teach this via their local address, the fast
+            // path via the socket the datagrams arrived on.
+            let udp = self.udp();
+            for m in &meta[..got] {
+                udp.learn(m.addr, Some(listen));
+            }
+            return Poll::Ready(Ok(got));
+        }
+        if fast_first {
+            self.poll_demux(cx, bufs, meta)
+        } else {
+            Poll::Pending
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.local)
+    }
+
+    fn max_transmit_segments(&self) -> usize {
+        let shared = self.udp().max_transmit_segments();
+        self.fast().max_gso_segments().map_or(shared, |f| f.min(shared)).max(1)
+    }
+
+    fn max_receive_segments(&self) -> usize {
+        RECEIVE_SEGMENTS
+    }
+
+    /// RFC 9000 §14: QUIC datagrams must not be fragmented; with `false` quinn runs
+    /// path-MTU discovery (RFC 8899 DPLPMTUD) instead of assuming a safe minimum.
+    fn may_fragment(&self) -> bool {
+        false
+    }
+}
+
+impl DemuxSocket {
+    /// Receives from the rings and the data connection (`Pending` with `cx`
+    /// registered on them when nothing is waiting).
+    fn poll_demux(
         &self,
         cx: &mut Context<'_>,
         bufs: &mut [IoSliceMut<'_>],
@@ -322,24 +490,6 @@ impl AsyncUdpSocket for DemuxSocket {
             }
         }
     }
-
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        Ok(self.local)
-    }
-
-    fn max_transmit_segments(&self) -> usize {
-        self.udp().max_transmit_segments()
-    }
-
-    fn max_receive_segments(&self) -> usize {
-        RECEIVE_SEGMENTS
-    }
-
-    /// RFC 9000 §14: QUIC datagrams must not be fragmented; with `false` quinn runs
-    /// path-MTU discovery (RFC 8899 DPLPMTUD) instead of assuming a safe minimum.
-    fn may_fragment(&self) -> bool {
-        false
-    }
 }
 
 type WritableFut = Pin<Box<dyn Future<Output = io::Result<()>> + Send + Sync>>;
@@ -360,10 +510,12 @@ impl UdpPoller for Poller {
     fn poll_writable(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
         if this.fut.is_none() {
-            let udp = this.sock.udp();
-            this.fut = Some(Box::pin(async move { udp.writable().await }));
+            let sock = Arc::clone(&this.sock);
+            this.fut = Some(Box::pin(async move { sock.writable().await }));
         }
-        let Some(fut) = this.fut.as_mut() else { return Poll::Ready(Ok(())) };
+        let Some(fut) = this.fut.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
         let r = fut.as_mut().poll(cx);
         if r.is_ready() {
             this.fut = None;
@@ -489,6 +641,109 @@ mod tests {
         const { assert!(RECEIVE_SEGMENTS * 1200 >= proto::wire::MAX_PAYLOAD) };
     }
 
+    /// Fast socket and data connection both have datagrams: with one buffer per call
+    /// neither starves the other; fast-socket datagrams carry `dst_ip` (IP_PKTINFO,
+    /// set up by quinn-udp on the worker's own socket) and are counted.
+    #[tokio::test]
+    async fn fast_socket_and_data_connection_share_the_receive_side() {
+        let (w, plane) = fdpass::seqpacket_pair().unwrap();
+        let (_s, addr, fd) = udp_pair();
+        let fast = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let fast_addr = fast.local_addr().unwrap();
+        let data = DataConn::new(w, ServerId(4), None).unwrap();
+        let sock = DemuxSocket::with_fast(
+            Arc::clone(&data),
+            vec![SharedSocketFd { addr, fd }],
+            vec![SharedSocketFd { addr: fast_addr, fd: fast.into() }],
+            Vec::new(),
+        )
+        .unwrap();
+        let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        for _ in 0..3 {
+            client.send_to(&[0x41; 50], fast_addr).unwrap();
+        }
+        let fm = FrameMeta { client: client.local_addr().unwrap(), local: None, ecn: 0, segment_size: None };
+        fdpass::send_record(plane.as_fd(), &encode_frame(&fm, &[0x42; 60]), &[], 0).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let mut store = vec![0u8; 70_000];
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            let mut bufs = [IoSliceMut::new(&mut store)];
+            let mut meta = [RecvMeta::default(); 1];
+            let n = tokio::time::timeout(
+                Duration::from_secs(2),
+                std::future::poll_fn(|cx| sock.poll_recv(cx, &mut bufs, &mut meta)),
+            )
+            .await
+            .expect("a datagram")
+            .unwrap();
+            assert_eq!(n, 1);
+            got.push((bufs[0][0], meta[0].len, meta[0].dst_ip));
+        }
+        let local = Some("127.0.0.1".parse().unwrap());
+        assert!(got[..2].contains(&(0x42, 60, None)), "the data connection is not starved: {got:?}");
+        assert_eq!(got.iter().filter(|g| **g == (0x41, 50, local)).count(), 3, "{got:?}");
+        assert_eq!(data.stats.fast_datagrams.load(Ordering::Relaxed), 3);
+        assert_eq!(data.stats.fast_bytes.load(Ordering::Relaxed), 150);
+        assert_eq!(data.stats.frames.load(Ordering::Relaxed), 1);
+    }
+
+    /// Two fast sockets (two listen ports): a datagram on the second is read (every
+    /// socket is polled and registered), and the reply leaves from the fast socket of
+    /// the listen address it belongs to.
+    #[tokio::test]
+    async fn every_fast_socket_is_read_and_answers_from_its_port() {
+        let (w, _plane) = fdpass::seqpacket_pair().unwrap();
+        let (f1, f2) =
+            (std::net::UdpSocket::bind("127.0.0.1:0").unwrap(), std::net::UdpSocket::bind("127.0.0.1:0").unwrap());
+        let (a1, a2) = (f1.local_addr().unwrap(), f2.local_addr().unwrap());
+        let shared: Vec<_> = [a1, a2]
+            .iter()
+            .map(|&addr| SharedSocketFd { addr, fd: std::net::UdpSocket::bind("127.0.0.1:0").unwrap().into() })
+            .collect();
+        let data = DataConn::new(w, ServerId(5), None).unwrap();
+        let sock = DemuxSocket::with_fast(
+            Arc::clone(&data),
+            shared,
+            vec![SharedSocketFd { addr: a1, fd: f1.into() }, SharedSocketFd { addr: a2, fd: f2.into() }],
+            Vec::new(),
+        )
+        .unwrap();
+        let mut store = vec![0u8; 70_000];
+        let mut bufs = [IoSliceMut::new(&mut store)];
+        let mut meta = [RecvMeta::default(); 1];
+        let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        client.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        // Sent from another thread once the receive side is parked: only a waker
+        // registered on the second socket can wake it.
+        let c2 = client.try_clone().unwrap();
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            c2.send_to(b"to-second", a2).unwrap();
+        });
+        // (Not `timeout`: it polls the inner future once more when it fires.)
+        let n = tokio::select! {
+            biased;
+            _ = tokio::time::sleep(Duration::from_secs(2)) => panic!("the second fast socket's datagram woke nobody"),
+            n = std::future::poll_fn(|cx| sock.poll_recv(cx, &mut bufs, &mut meta)) => n,
+        };
+        sender.join().unwrap();
+        assert_eq!((n.unwrap(), &bufs[0][..meta[0].len]), (1, &b"to-second"[..]));
+        assert_eq!(meta[0].addr, client.local_addr().unwrap());
+        let t = Transmit {
+            destination: meta[0].addr,
+            ecn: None,
+            contents: b"reply",
+            segment_size: None,
+            src_ip: meta[0].dst_ip,
+        };
+        sock.try_send(&t).unwrap();
+        let mut b = [0u8; 16];
+        let (len, from) = client.recv_from(&mut b).unwrap();
+        assert_eq!((&b[..len], from), (&b"reply"[..], a2), "reply from the second fast socket");
+        assert_eq!(data.stats.fast_transmits.load(Ordering::Relaxed), 1);
+    }
+
     #[tokio::test]
     async fn lifecycle_messages_go_out_on_the_data_connection() {
         let (w, plane) = fdpass::seqpacket_pair().unwrap();
@@ -542,7 +797,9 @@ mod tests {
             }
             seen
         });
-        let sock = crate::connect_socket(&path, ServerId(11)).await.unwrap();
+        // The legacy hello (no rings, no fast path): `DataHello`, `Sockets` ends it.
+        let legacy = crate::DataOptions { rings: false, fast_path: false };
+        let sock = crate::connect_socket_with(&path, ServerId(11), legacy).await.unwrap();
         sock.data().ready().await.unwrap();
         let mut store = vec![0u8; 4 * 70_000];
         let mut bufs: Vec<IoSliceMut<'_>> = store.chunks_mut(70_000).map(IoSliceMut::new).collect();

@@ -125,7 +125,9 @@ impl SharedUdp {
             return;
         }
         let Some(local) = local else { return };
-        let Some(idx) = self.index_for_local(local) else { return };
+        let Some(idx) = self.index_for_local(local) else {
+            return;
+        };
         if let Ok(mut m) = self.learned.lock() {
             if m.get(&client) != Some(&idx) {
                 if m.len() >= MAX_LEARNED {
@@ -178,6 +180,12 @@ impl SharedUdp {
             .unwrap_or(0)
     }
 
+    /// The listen address a transmit leaves from (see [`SharedUdp::try_send`]); the
+    /// fast path answers from its socket of the same listen address.
+    pub fn source_for(&self, t: &Transmit<'_>) -> SocketAddr {
+        self.socks[self.pick(t)].addr
+    }
+
     /// Sends one transmit. `WouldBlock` only on a non-blocking socket whose buffer
     /// is full (then [`SharedUdp::writable`] must be awaited). Other errors are
     /// counted and swallowed, as quinn's own socket layer does: UDP is unreliable and
@@ -211,7 +219,9 @@ impl SharedUdp {
     }
 
     fn log_error(&self, e: &io::Error, t: &Transmit<'_>) {
-        let Ok(mut last) = self.last_error_log.lock() else { return };
+        let Ok(mut last) = self.last_error_log.lock() else {
+            return;
+        };
         let now = Instant::now();
         if last.is_none_or(|l| now.duration_since(l) > Duration::from_secs(10)) {
             *last = Some(now);

@@ -1,7 +1,7 @@
 //! `worker`: an HTTP/3 server instance behind the quicdemux data plane.
 //!
 //! Standalone: `worker --server-id N --keys FILE --data-socket PATH [--cert C --key K]
-//! [--root DIR] [--retry] [--echo] [--drain-timeout SECS]`.
+//! [--root DIR] [--retry] [--echo] [--drain-timeout SECS] [--fast-path on|off]`.
 //! Under the controller: `worker --server-id-from-controller --control PATH
 //! --data-socket PATH [...]` (server id and keys from `Assign`).
 //! SIGTERM (or SIGINT) drains gracefully (docs/worker.md); a second one exits at once.
@@ -64,6 +64,18 @@ struct Args {
     /// After losing the controller, how long to try re-registering before draining.
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     controller_grace: u64,
+    /// Ask the data plane for the kernel fast path (own SO_REUSEPORT sockets its
+    /// SK_REUSEPORT program steers established datagrams to): on or off.
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
+    fast_path: bool,
+}
+
+fn on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("expected on or off, not {s:?}")),
+    }
 }
 
 fn main() -> ExitCode {
@@ -124,7 +136,8 @@ async fn run(a: Args) -> anyhow::Result<()> {
     let patience = if control.is_some() { Duration::from_secs(30) } else { Duration::ZERO };
     let deadline = tokio::time::Instant::now() + patience;
     let socket = loop {
-        match worker::connect_socket(data_socket, server_id).await {
+        let opts = worker::DataOptions { fast_path: a.fast_path, ..worker::DataOptions::from_env() };
+        match worker::connect_socket_with(data_socket, server_id, opts).await {
             Ok(s) => break s,
             Err(e) if tokio::time::Instant::now() < deadline => {
                 tracing::debug!(error = %format!("{e:#}"), "data plane not reachable yet; retrying");
@@ -220,7 +233,8 @@ async fn run(a: Args) -> anyhow::Result<()> {
     let u = socket.udp();
     eprintln!(
         "worker exit: server_id={} connections={} requests={} ok={} retries={} refused={} frames={} malformed={} \
-         udp_sends={} udp_bytes={} udp_errors={} gso_max={} drained={}",
+         udp_sends={} udp_bytes={} udp_errors={} gso_max={} fast_sockets={} fast_datagrams={} fast_bytes={} \
+         fast_sends={} fast_errors={} drained={}",
         server_id,
         s.connections.load(Ordering::Relaxed),
         s.requests.load(Ordering::Relaxed),
@@ -233,6 +247,11 @@ async fn run(a: Args) -> anyhow::Result<()> {
         u.stats.bytes.load(Ordering::Relaxed),
         u.stats.errors.load(Ordering::Relaxed),
         u.max_transmit_segments(),
+        socket.fast().len(),
+        d.fast_datagrams.load(Ordering::Relaxed),
+        d.fast_bytes.load(Ordering::Relaxed),
+        d.fast_transmits.load(Ordering::Relaxed),
+        d.fast_errors.load(Ordering::Relaxed),
         finished,
     );
     Ok(())

@@ -1,0 +1,360 @@
+//! The kernel fast path from the worker's side, against a fake data plane in the test:
+//! a SOCK_SEQPACKET listener that answers the worker's `DataHelloV2` with `Sockets`,
+//! `FastSockets` and `Rings { 0, 0 }`. No eBPF: the quinn client talks to the fast
+//! socket's port directly, so every datagram of its connection arrives on the fast
+//! socket and every reply must leave from it (a quinn client drops datagrams from
+//! any other address).
+
+mod common;
+
+use common::*;
+use proto::wire::{decode_control, encode_control, Control, CAP_FAST_PATH, CAP_RINGS};
+use proto::ServerId;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use worker::datasock::{handshake_on_opts, HandshakeError};
+use worker::{fdpass, DataOptions};
+
+const MIB: u64 = 1 << 20;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
+}
+
+fn secrets() -> worker::Secrets {
+    let mut random = [0u8; 3 * 32 + 16];
+    for (i, b) in random.iter_mut().enumerate() {
+        *b = (i as u8).wrapping_mul(37).wrapping_add(11);
+    }
+    worker::Secrets::from_key_file(&proto::keyfile::KeyFile::generate(&random))
+}
+
+fn read_control(conn: &OwnedFd) -> Control {
+    let mut buf = vec![0u8; 4096];
+    let r = fdpass::recv_record(conn.as_fd(), &mut buf, 0).expect("recv");
+    assert!(r.len > 0, "worker closed the data connection");
+    decode_control(&buf[..r.len]).expect("decode")
+}
+
+fn send(conn: &OwnedFd, m: &Control, fds: &[&UdpSocket]) {
+    let fds: Vec<_> = fds.iter().map(|s| s.as_fd()).collect();
+    fdpass::send_record(conn.as_fd(), &encode_control(m), &fds, 0).expect("send");
+}
+
+/// One data-plane side of the handshake: reads the hello, answers `Sockets` (a UDP
+/// socket on 127.0.0.1:0, announced as `listen`, the address the fast socket is
+/// bound to, as a real data plane's shared and fast sockets share the listen
+/// address), `FastSockets { [listen] }` with `fast`, and `Rings { 0, 0 }`. Closes
+/// its copy of every socket, as the data plane does. Returns the hello.
+/// `fast: None`: an empty `FastSockets` (fast path not active).
+fn answer(conn: &OwnedFd, fast: Option<UdpSocket>) -> Control {
+    let hello = read_control(conn);
+    let shared = UdpSocket::bind("127.0.0.1:0").expect("shared socket");
+    let listen = fast.as_ref().map_or(shared.local_addr(), |f| f.local_addr()).expect("listen addr");
+    send(conn, &Control::Sockets { addrs: vec![listen] }, &[&shared]);
+    match &fast {
+        Some(f) => send(conn, &Control::FastSockets { addrs: vec![listen] }, &[f]),
+        None => send(conn, &Control::FastSockets { addrs: vec![] }, &[]),
+    }
+    send(conn, &Control::Rings { count: 0, bytes: 0 }, &[]);
+    hello
+}
+
+async fn download(c: &Cert, to: SocketAddr) -> Resp {
+    let ep = client_endpoint(c);
+    let mut h = tokio::time::timeout(Duration::from_secs(10), H3::connect(&ep, to))
+        .await
+        .unwrap_or_else(|_| panic!("handshake with {to} in time"))
+        .expect("connect");
+    let r = tokio::time::timeout(Duration::from_secs(20), h.get(&format!("/bytes/{MIB}")))
+        .await
+        .unwrap_or_else(|_| panic!("download from {to} in time"))
+        .expect("download");
+    h.close();
+    ep.wait_idle().await;
+    r
+}
+
+/// Whether nothing holds 127.0.0.1:`port` any more (binding it without
+/// SO_REUSEPORT succeeds only then), within `within`.
+fn port_released(port: u16, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A library worker asks for the fast path, serves a 1 MiB download entirely over
+/// its fast socket (counted as `fast_datagrams`, nothing on the data connection),
+/// and after the data plane restarts swaps to the new data plane's fast socket and
+/// closes the old one.
+#[test]
+fn serves_over_the_fast_socket_and_swaps_it_on_reconnect() {
+    let dir = temp_dir("fast");
+    let c = cert(&dir);
+    let path = dir.join("d.sock");
+    let listener = fdpass::seqpacket_listen(&path).expect("listen");
+    let fast1 = UdpSocket::bind("127.0.0.1:0").expect("fast socket 1");
+    let fast2 = UdpSocket::bind("127.0.0.1:0").expect("fast socket 2");
+    let (p1, p2) = (fast1.local_addr().expect("p1"), fast2.local_addr().expect("p2"));
+    let (restart_tx, restart_rx) = mpsc::channel::<()>();
+    let (hello_tx, hello_rx) = mpsc::channel::<Control>();
+    let plane = std::thread::spawn(move || {
+        let conn = fdpass::seqpacket_accept(listener.as_fd()).expect("accept 1");
+        hello_tx.send(answer(&conn, Some(fast1))).expect("hello 1");
+        assert_eq!(read_control(&conn), Control::Ready);
+        restart_rx.recv().expect("restart signal");
+        drop(conn); // the data plane dies
+        let conn = fdpass::seqpacket_accept(listener.as_fd()).expect("accept 2");
+        hello_tx.send(answer(&conn, Some(fast2))).expect("hello 2");
+        assert_eq!(read_control(&conn), Control::Ready, "Ready resent after the reconnection");
+        restart_rx.recv().expect("restart signal 2");
+        drop(conn);
+        // A data plane without the fast path: empty FastSockets.
+        let conn = fdpass::seqpacket_accept(listener.as_fd()).expect("accept 3");
+        hello_tx.send(answer(&conn, None)).expect("hello 3");
+        assert_eq!(read_control(&conn), Control::Ready);
+        // Stay up until the test ends (it drops the sender).
+        let _ = restart_rx.recv();
+    });
+
+    rt().block_on(async {
+        let id = worker::tls::Identity::load_pem(&c.cert, &c.key).expect("identity");
+        let sc = quinn::ServerConfig::with_crypto(worker::tls::server_crypto(id, &[b"h3"]).expect("crypto"));
+        let opts = DataOptions::default();
+        assert!(opts.fast_path && !opts.rings);
+        let att = worker::attach_with(&path, ServerId(9), &secrets(), sc, opts).await.expect("attach");
+        let hello = hello_rx.recv().expect("hello");
+        match hello {
+            Control::DataHelloV2 { server_id, caps } => {
+                assert_eq!(server_id, ServerId(9));
+                assert_ne!(caps & CAP_FAST_PATH, 0, "CAP_FAST_PATH asked");
+                assert_eq!(caps & CAP_RINGS, 0);
+            }
+            other => panic!("expected DataHelloV2, got {other:?}"),
+        }
+        assert_eq!(att.socket.fast().addrs().collect::<Vec<_>>(), vec![p1]);
+        let ctx = worker::h3_server::Ctx::new(
+            worker::h3_server::ServerOptions { server_id: ServerId(9), root: None, retry: false },
+            worker::drain::Drain::new(),
+        )
+        .expect("ctx");
+        let server = tokio::spawn(worker::h3_server::serve(att.endpoint.clone(), ctx));
+        att.socket.data().ready().await.expect("ready");
+        let stats = &att.socket.data().stats;
+
+        let r = download(&c, p1).await;
+        assert_eq!((r.status, r.len, r.pattern_ok), (200, MIB, true));
+        let fast_rx = stats.fast_datagrams.load(Ordering::Relaxed);
+        assert!(fast_rx > 0, "datagrams received on the fast socket");
+        assert!(stats.fast_bytes.load(Ordering::Relaxed) > 0);
+        assert!(stats.fast_transmits.load(Ordering::Relaxed) > 0, "replies from the fast socket");
+        assert_eq!(stats.frames.load(Ordering::Relaxed), 0, "nothing came over the data connection");
+        assert!(!port_released(p1.port(), Duration::ZERO), "the worker holds the fast socket");
+
+        // The data plane restarts and hands out a different fast socket.
+        restart_tx.send(()).expect("restart");
+        let hello = tokio::task::block_in_place(|| hello_rx.recv_timeout(Duration::from_secs(10))).expect("hello 2");
+        assert!(
+            matches!(hello, Control::DataHelloV2 { caps, .. } if caps & CAP_FAST_PATH != 0),
+            "the reconnection asks for the fast path again: {hello:?}"
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while att.socket.fast().addrs().collect::<Vec<_>>() != vec![p2] {
+            assert!(Instant::now() < deadline, "fast socket not replaced: {:?}", att.socket.fast());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let r = download(&c, p2).await;
+        assert_eq!((r.status, r.len, r.pattern_ok), (200, MIB, true));
+        assert!(stats.fast_datagrams.load(Ordering::Relaxed) > fast_rx, "the new fast socket is read");
+        assert_eq!(stats.frames.load(Ordering::Relaxed), 0);
+        assert_eq!(stats.reconnects.load(Ordering::Relaxed), 1);
+        // The old fast socket is closed: nothing holds its port any more.
+        assert!(
+            tokio::task::block_in_place(|| port_released(p1.port(), Duration::from_secs(2))),
+            "the old fast socket ({p1}) is still open"
+        );
+        assert!(!port_released(p2.port(), Duration::ZERO), "the new one is held");
+
+        // Restarted again, without the fast path: the worker drops its fast socket.
+        restart_tx.send(()).expect("restart 2");
+        let hello = tokio::task::block_in_place(|| hello_rx.recv_timeout(Duration::from_secs(10))).expect("hello 3");
+        assert!(matches!(hello, Control::DataHelloV2 { caps, .. } if caps & CAP_FAST_PATH != 0), "{hello:?}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while stats.reconnects.load(Ordering::Relaxed) < 2 {
+            assert!(Instant::now() < deadline, "second reconnection");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(att.socket.fast().is_empty(), "{:?}", att.socket.fast());
+        assert!(
+            tokio::task::block_in_place(|| port_released(p2.port(), Duration::from_secs(2))),
+            "the fast socket ({p2}) is still open without a fast path"
+        );
+        server.abort();
+        att.endpoint.close(0u32.into(), b"");
+        att.socket.data().close();
+    });
+    drop(restart_tx);
+    plane.join().expect("fake data plane");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs the `worker` binary against a listener that only reads the hello.
+fn binary_hello(dir: &Path, extra: &[&str], rings_env: &str) -> Control {
+    let keys = dir.join("keys");
+    let random = [5u8; 3 * 32 + 16];
+    std::fs::write(&keys, proto::keyfile::KeyFile::generate(&random).to_text()).expect("key file");
+    let path = dir.join(format!("d{}.sock", extra.len() * 10 + rings_env.len()));
+    let _ = std::fs::remove_file(&path);
+    let listener = fdpass::seqpacket_listen(&path).expect("listen");
+    let log = dir.join("w.log");
+    let mut child = std::process::Command::new(WORKER)
+        .args(["--server-id", "5", "--keys"])
+        .arg(&keys)
+        .arg("--data-socket")
+        .arg(&path)
+        .args(extra)
+        .env("QUICDEMUX_RINGS", rings_env)
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("spawn worker");
+    fdpass::set_recv_timeout(listener.as_fd(), Some(Duration::from_secs(20))).expect("timeout");
+    let conn = fdpass::seqpacket_accept(listener.as_fd());
+    let hello = conn.map(|c| read_control(&c));
+    let _ = child.kill();
+    let _ = child.wait();
+    hello.unwrap_or_else(|e| panic!("no hello ({e}): {}", std::fs::read_to_string(&log).unwrap_or_default()))
+}
+
+/// `--fast-path off` leaves CAP_FAST_PATH out (plain `DataHello` without rings, the
+/// rings bit alone with them); the default asks for it.
+#[test]
+fn fast_path_flag_sets_the_capability() {
+    let dir = temp_dir("fastflag");
+    assert_eq!(binary_hello(&dir, &["--fast-path", "off"], "0"), Control::DataHello { server_id: ServerId(5) });
+    assert_eq!(
+        binary_hello(&dir, &["--fast-path", "off"], "1"),
+        Control::DataHelloV2 { server_id: ServerId(5), caps: CAP_RINGS }
+    );
+    assert_eq!(binary_hello(&dir, &[], "0"), Control::DataHelloV2 { server_id: ServerId(5), caps: CAP_FAST_PATH });
+    assert_eq!(
+        binary_hello(&dir, &["--fast-path", "on"], "1"),
+        Control::DataHelloV2 { server_id: ServerId(5), caps: CAP_FAST_PATH | CAP_RINGS }
+    );
+    let st = std::process::Command::new(WORKER)
+        .args(["--fast-path", "maybe", "--server-id", "5"])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("run worker");
+    assert!(!st.success(), "--fast-path takes on|off only");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs the worker's handshake against `plane` (the data plane's end of a socket
+/// pair, given the hello it read).
+fn handshake_against(
+    opts: DataOptions,
+    plane: impl FnOnce(&OwnedFd, Control) + Send + 'static,
+) -> Result<worker::datasock::Handshake, HandshakeError> {
+    let (w, p) = fdpass::seqpacket_pair().expect("pair");
+    let t = std::thread::spawn(move || {
+        let hello = read_control(&p);
+        plane(&p, hello);
+        // Keep the connection open until the worker is done with it.
+        let mut b = [0u8; 64];
+        let _ = fdpass::recv_record(p.as_fd(), &mut b, 0);
+    });
+    let r = handshake_on_opts(w, ServerId(3), Duration::from_secs(5), opts);
+    // On error the worker's end is closed already (the plane's read returns 0); on
+    // success a record ends the plane's wait.
+    if let Ok(h) = &r {
+        fdpass::send_record(h.conn.as_fd(), &encode_control(&Control::Ready), &[], 0).expect("Ready");
+    }
+    t.join().expect("plane thread");
+    r
+}
+
+/// `FastSockets` that announces an address but carries no descriptor is a clear
+/// handshake error (no panic); an empty `FastSockets`, or none at all (a data plane
+/// that does not know CAP_FAST_PATH), means no fast path; a non-UDP descriptor is
+/// refused.
+#[test]
+fn fast_sockets_handshake_checks() {
+    let fast = || DataOptions { rings: false, fast_path: true };
+    let sockets = |p: &OwnedFd| {
+        let s = UdpSocket::bind("127.0.0.1:0").expect("udp");
+        send(p, &Control::Sockets { addrs: vec![s.local_addr().expect("addr")] }, &[&s]);
+    };
+    let a: SocketAddr = "127.0.0.1:4433".parse().expect("addr");
+
+    let r = handshake_against(fast(), move |p, hello| {
+        assert!(matches!(hello, Control::DataHelloV2 { caps, .. } if caps & CAP_FAST_PATH != 0));
+        sockets(p);
+        // Nothing after it: the worker hangs up at once (a send would race EPIPE).
+        send(p, &Control::FastSockets { addrs: vec![a] }, &[]);
+    });
+    match r {
+        Err(HandshakeError::Protocol(m)) => {
+            assert!(m.contains("FastSockets lists 1 addresses but carries 0 descriptors"), "{m}")
+        }
+        other => panic!("expected a protocol error, got {other:?}"),
+    }
+
+    let h = handshake_against(fast(), move |p, _| {
+        sockets(p);
+        send(p, &Control::FastSockets { addrs: vec![] }, &[]);
+        send(p, &Control::Rings { count: 0, bytes: 0 }, &[]);
+    })
+    .expect("empty FastSockets");
+    assert!(h.fast.is_empty() && h.sockets.len() == 1);
+
+    let h = handshake_against(fast(), move |p, _| {
+        sockets(p);
+        send(p, &Control::Rings { count: 0, bytes: 0 }, &[]);
+    })
+    .expect("no FastSockets at all");
+    assert!(h.fast.is_empty() && h.rings.is_empty());
+
+    // A data plane from before the fast path: `Sockets` alone answers a DataHelloV2
+    // without CAP_RINGS; the worker goes on without the fast path after the grace.
+    let t0 = Instant::now();
+    let h = handshake_against(fast(), move |p, _| sockets(p)).expect("Sockets only");
+    assert!(h.fast.is_empty() && h.sockets.len() == 1);
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+
+    let h = handshake_against(fast(), move |p, _| {
+        sockets(p);
+        let f = UdpSocket::bind("127.0.0.1:0").expect("udp");
+        send(p, &Control::FastSockets { addrs: vec![f.local_addr().expect("addr")] }, &[&f]);
+        send(p, &Control::Rings { count: 0, bytes: 0 }, &[]);
+    })
+    .expect("one fast socket");
+    assert_eq!(h.fast.len(), 1);
+
+    let r = handshake_against(fast(), move |p, _| {
+        sockets(p);
+        let (x, _y) = fdpass::seqpacket_pair().expect("pair");
+        let fds = [x.as_fd()];
+        fdpass::send_record(p.as_fd(), &encode_control(&Control::FastSockets { addrs: vec![a] }), &fds, 0)
+            .expect("send");
+    });
+    assert!(matches!(&r, Err(HandshakeError::Protocol(m)) if m.contains("not a UDP socket")), "{r:?}");
+
+    // Not asked for: FastSockets is out of order.
+    let r = handshake_against(DataOptions { rings: true, fast_path: false }, move |p, hello| {
+        assert!(matches!(hello, Control::DataHelloV2 { caps, .. } if caps == CAP_RINGS));
+        sockets(p);
+        send(p, &Control::FastSockets { addrs: vec![] }, &[]);
+    });
+    assert!(matches!(&r, Err(HandshakeError::Protocol(_))), "{r:?}");
+}
