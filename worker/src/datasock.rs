@@ -168,18 +168,10 @@ fn udp_fds(
     Ok(sockets)
 }
 
-/// How long a fast-path-only hello (no rings) waits for `FastSockets` / `Rings` after
-/// `Sockets`. A data plane sends the three records back to back; one that predates the
-/// fast path answers a `DataHelloV2` without `CAP_RINGS` with `Sockets` alone.
-pub const FAST_SOCKETS_GRACE: Duration = Duration::from_millis(500);
-
 /// The handshake with the capabilities of `opts`: `DataHello` when neither is asked
 /// (then `Sockets` ends it), else `DataHelloV2 { caps }`, answered by `Sockets`, then
 /// `FastSockets` (only when `opts.fast_path`), then `Rings`. A data plane that does
-/// not know `CAP_FAST_PATH` answers `Rings` right after `Sockets`, or (rings not
-/// asked) nothing within [`FAST_SOCKETS_GRACE`]: no fast path then. A `FastSockets`
-/// arriving later is an ignored control record; its fds close, so the kernel stops
-/// steering to them.
+/// not know `CAP_FAST_PATH` answers `Rings` right after `Sockets`: no fast path then.
 pub fn handshake_on_opts(
     conn: OwnedFd,
     server_id: ServerId,
@@ -193,34 +185,18 @@ pub fn handshake_on_opts(
     fdpass::send_record(conn.as_fd(), &encode_control(&hello), &[], 0)?;
     let mut got_sockets: Option<Vec<SharedSocketFd>> = None;
     let mut got_fast: Option<Vec<SharedSocketFd>> = None;
-    // Rings not asked: a data plane without the fast path may stop after `Sockets`.
-    let lenient = opts.fast_path && !opts.rings;
     fdpass::set_recv_timeout(conn.as_fd(), Some(timeout))?;
     let deadline = std::time::Instant::now() + timeout;
-    let mut grace_end: Option<std::time::Instant> = None;
     let mut buf = vec![0u8; CONTROL_BUF.max(proto::wire::FRAME_HEADER_LEN + proto::wire::MAX_PAYLOAD)];
     loop {
-        let now = std::time::Instant::now();
-        let timed_out = now >= deadline || grace_end.is_some_and(|g| now >= g);
-        let r = match timed_out {
-            true => Err(io::Error::from(io::ErrorKind::WouldBlock)),
-            false => fdpass::recv_record(conn.as_fd(), &mut buf, 0),
-        };
-        let r = match r {
+        if std::time::Instant::now() >= deadline {
+            return Err(HandshakeError::Io(io::Error::new(io::ErrorKind::TimedOut, "no Sockets reply")));
+        }
+        let r = match fdpass::recv_record(conn.as_fd(), &mut buf, 0) {
             Ok(r) => r,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if let (true, Some(sockets)) = (lenient, got_sockets.take()) {
-                    let fast = got_fast.take().unwrap_or_default();
-                    if fast.is_empty() {
-                        tracing::info!("the data plane answered Sockets only (no fast path): datagrams come on the data connection");
-                    }
-                    fdpass::set_recv_timeout(conn.as_fd(), None)?;
-                    return Ok(Handshake { conn, sockets, fast, rings: Vec::new() });
-                }
-                let what =
-                    if got_sockets.is_some() { "no FastSockets/Rings after Sockets" } else { "no Sockets reply" };
-                return Err(HandshakeError::Io(io::Error::new(io::ErrorKind::TimedOut, what)));
+                return Err(HandshakeError::Io(io::Error::new(io::ErrorKind::TimedOut, "no Sockets reply")))
             }
             Err(e) => return Err(e.into()),
         };
@@ -239,11 +215,6 @@ pub fn handshake_on_opts(
                 let sockets = udp_fds("Sockets", addrs, r.fds, false)?;
                 if v2 {
                     got_sockets = Some(sockets);
-                    if lenient {
-                        let g = FAST_SOCKETS_GRACE.min(timeout).max(Duration::from_millis(1));
-                        fdpass::set_recv_timeout(conn.as_fd(), Some(g))?;
-                        grace_end = Some(std::time::Instant::now() + g);
-                    }
                     continue;
                 }
                 fdpass::set_recv_timeout(conn.as_fd(), None)?;
