@@ -661,3 +661,75 @@ fn malformed_control_messages_and_bad_state_files() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("server-id"), "{err}");
 }
+
+/// The kernel fast path carries established traffic without the data plane: with the
+/// data plane SIGSTOPped, downloads already running continue and complete (their
+/// short headers go from the kernel straight to the workers' own sockets), while a
+/// new connection waits (its Initial needs the user path) and completes once the data
+/// plane runs again.
+#[test]
+fn established_downloads_finish_while_the_data_plane_is_stopped() {
+    let _s = serial();
+    let rt = runtime();
+    let mut c = Controller::start("dpstop", 2, &[]);
+    let addr = c.addr();
+    let lb = c.lb_wait();
+    if lb["fast_path"]["active"].as_bool() != Some(true) {
+        assert!(std::env::var_os("CI").is_none(), "the fast path must be active in CI: {}", lb["fast_path"]);
+        eprintln!("skip: the kernel fast path is not active here: {}", lb["fast_path"]["reason"]);
+        return;
+    }
+    let st = std::process::Command::new(DEMUX)
+        .args(["status", "--state-dir"])
+        .arg(&c.state)
+        .output()
+        .expect("demux status");
+    let text = String::from_utf8_lossy(&st.stdout);
+    assert!(text.contains("fast path: on (mode auto)"), "demux status says the fast path runs: {text}");
+    let dp = c.dataplane_pid();
+    let ep = {
+        let _g = rt.enter();
+        client_endpoint(&c.cert)
+    };
+    let size = 8 * MIB;
+    let mut downloads = Vec::new();
+    for _ in 0..4 {
+        let mut h = rt.block_on(H3::connect(&ep, addr)).expect("connect");
+        let id = rt.block_on(h.get("/bytes/10")).expect("GET").server_id;
+        downloads.push((
+            id,
+            rt.spawn(async move {
+                let r = h.get_paced(&format!("/bytes/{size}"), Some(2 * MIB)).await;
+                h.close();
+                r
+            }),
+        ));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    kill(dp, libc::SIGSTOP);
+    let stopped_at = Instant::now();
+    // A new connection meanwhile: its Initial waits in the shard's socket.
+    let pending = {
+        let ep = ep.clone();
+        rt.spawn(async move {
+            let mut h = H3::connect(&ep, addr).await.map_err(|e| format!("connect: {e:#}"))?;
+            let r = h.get("/bytes/1000").await.map_err(|e| format!("GET: {e:?}"));
+            h.close();
+            r
+        })
+    };
+    for (id, d) in downloads {
+        let r = rt.block_on(d).expect("join").unwrap_or_else(|e| panic!("download failed: {e:?}{}", c.logs()));
+        assert_eq!((r.status, r.len, r.pattern_ok, r.server_id), (200, size, true, id));
+    }
+    let all_done = stopped_at.elapsed();
+    assert!(!pending.is_finished(), "a new connection cannot complete without the data plane");
+    kill(dp, libc::SIGCONT);
+    let r = rt.block_on(pending).expect("join").expect("the new connection completes after SIGCONT");
+    assert_eq!((r.status, r.len), (200, 1000));
+    eprintln!("4 × {size} bytes finished {all_done:?} after the data plane stopped");
+    let lb = c.lb_wait();
+    assert!(lb["fast_path"]["datagrams"].as_u64().unwrap_or(0) > 1000, "fast path carried them: {}", lb["fast_path"]);
+    assert_eq!(c.dataplane_pid(), dp, "the data plane was stopped, never restarted");
+    assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
+}

@@ -52,6 +52,23 @@ fn gtlsclient_get_n(d: &Demux, n: u64, extra: &[&str], timeout: Duration) {
     assert!(pattern_ok, "body pattern");
 }
 
+/// The download's established traffic took the kernel fast path (the data plane's
+/// default where BPF loads): the SK_REUSEPORT program steered the client's short
+/// headers to the workers' own sockets, and the data plane routed only long headers.
+fn assert_fast_path_carried(d: &Demux, what: &str) {
+    let s = d.status();
+    let fp = &s["fast_path"];
+    if fp["active"].as_bool() != Some(true) {
+        assert!(std::env::var_os("CI").is_none(), "{what}: the fast path must be active in CI: {fp}");
+        eprintln!("skip: {what}: fast path not active here ({})", fp["reason"]);
+        return;
+    }
+    let fast = fp["datagrams"].as_u64().unwrap_or(0);
+    let owner = d.reason("Owner");
+    assert!(fast >= 50, "{what}: {fast} datagrams on the fast path: {fp}");
+    assert!(owner * 10 < fast, "{what}: the user path routed {owner} Owner datagrams vs {fast} fast ones");
+}
+
 /// (length, whether byte i == i mod 256 throughout), reading 64 KiB at a time.
 fn check_pattern(file: &Path) -> (u64, bool) {
     use std::io::Read;
@@ -104,6 +121,7 @@ fn gtlsclient_gets_1_mib() {
     }
     let (d, _w) = setup("gtls");
     gtlsclient_get(&d, &[]);
+    assert_fast_path_carried(&d, "gtlsclient");
 }
 
 /// `/bytes/N` streams without holding N in memory: 1 GiB arrives complete.
@@ -126,6 +144,7 @@ fn gtlsclient_change_local_addr() {
     let (d, _w) = setup("gtlsmig");
     gtlsclient_get(&d, &["--change-local-addr=50ms"]);
     assert_eq!(d.reason("Orphan"), 0);
+    assert_fast_path_carried(&d, "gtlsclient migrating");
 }
 
 /// NAT rebinding (RFC 9000 §9.3): the client's port changes without any path
@@ -142,6 +161,7 @@ fn gtlsclient_nat_rebinding() {
     let (d, _w) = setup("gtlsnat");
     gtlsclient_get(&d, &["--change-local-addr=50ms", "--nat-rebinding", "--delay-stream=300ms"]);
     assert_eq!(d.reason("Orphan"), 0);
+    assert_fast_path_carried(&d, "gtlsclient rebinding");
 }
 
 #[test]
@@ -170,4 +190,5 @@ fn aioquic_gets_1_mib() {
         "aioquic: {stdout} {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert_fast_path_carried(&d, "aioquic");
 }
