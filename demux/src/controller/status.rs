@@ -119,7 +119,7 @@ pub fn pretty(v: &Value) -> String {
         v["next_server_id"],
         v["key_newest"],
         v["key_newest_prf"].as_str().unwrap_or("?"),
-        v["key_previous"],
+        v["key_previous"].as_u64().map_or("none".to_string(), |g| g.to_string()),
         v["key_previous_prf"].as_str().unwrap_or("-"),
         v["starts_in_generation"],
         v["rotate_every"]
