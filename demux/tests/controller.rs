@@ -543,6 +543,20 @@ fn malformed_datagrams_during_load_are_all_counted_and_harmless() {
     assert!(text.contains(&format!("quicdemux_routed_total{{reason=\"NotQuic\"}} {}", base + total)), "{text}");
     assert_eq!(text.matches("quicdemux_instance_placeable{server_id=").count(), 2, "{text}");
     assert!(text.contains("quicdemux_workers{state=\"ready\"} 2"), "{text}");
+    // The kernel fast path's counters (the load's short headers go that way).
+    if c.lb_wait()["fast_path"]["active"].as_bool() == Some(true) {
+        assert!(text.contains("quicdemux_fast_path_active 1"), "{text}");
+        let fast = text
+            .lines()
+            .find_map(|l| l.strip_prefix("quicdemux_fast_path_datagrams_total "))
+            .and_then(|v| v.parse::<u64>().ok())
+            .expect("fast-path datagrams metric");
+        assert!(fast > 0, "the load's established datagrams took the fast path: {text}");
+        assert_eq!(text.matches("quicdemux_instance_fast_datagrams_total{server_id=").count(), 2, "{text}");
+        assert!(text.contains("quicdemux_fast_path_to_demux_total{why=\"short_packet\"}"), "{text}");
+    } else {
+        eprintln!("skip: fast-path metrics: the fast path is not active here");
+    }
     load.wait_progress(4, Duration::from_secs(60));
     let (ok, failed, f) = load.finish(&rt);
     assert_no_failures("malformed datagrams", ok, failed, &f, &c);
@@ -736,5 +750,68 @@ fn established_downloads_finish_while_the_data_plane_is_stopped() {
     let lb = c.lb_wait();
     assert!(lb["fast_path"]["datagrams"].as_u64().unwrap_or(0) > 1000, "fast path carried them: {}", lb["fast_path"]);
     assert_eq!(c.dataplane_pid(), dp, "the data plane was stopped, never restarted");
+    assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
+}
+
+/// A rotation that switches the PRF (`rotate-keys --prf hmac-sha256`, then back to
+/// `siphash-2-4`) while connections live: both generations decode at once, the
+/// siphash-2-4 one in the kernel and the hmac-sha256 one in the data plane, and every
+/// connection keeps its owner.
+#[test]
+fn rotation_across_a_prf_switch_keeps_every_connection() {
+    let _s = serial();
+    let rt = runtime();
+    let mut c = Controller::start("rotprf", 2, &[]);
+    let addr = c.addr();
+    let ep = {
+        let _g = rt.enter();
+        client_endpoint(&c.cert)
+    };
+    let rotate = |prf: &str| {
+        let out = std::process::Command::new(DEMUX)
+            .args(["rotate-keys", "--prf", prf, "--state-dir"])
+            .arg(&c.state)
+            .output()
+            .expect("run rotate-keys");
+        assert!(out.status.success(), "rotate-keys --prf {prf}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let mut conns = Vec::new();
+    let connect = |conns: &mut Vec<(u16, H3)>| {
+        for _ in 0..2 {
+            let mut h = rt.block_on(H3::connect(&ep, addr)).expect("connect");
+            let id = rt.block_on(h.get("/bytes/1000")).expect("GET").server_id;
+            conns.push((id, h));
+        }
+    };
+    connect(&mut conns); // generation 0, siphash-2-4
+    rotate("hmac-sha256");
+    let s = c.status_wait();
+    assert_eq!((s["key_newest_prf"].as_str(), s["key_previous_prf"].as_str()), (Some("hmac-sha256"), Some("siphash-2-4")));
+    connect(&mut conns); // generation 1, hmac-sha256: the user path only
+    let lb0 = c.lb_wait();
+    for (id, h) in conns.iter_mut() {
+        let r = rt.block_on(h.get("/bytes/200000")).unwrap_or_else(|e| panic!("GET across the switch: {e:?}{}", c.logs()));
+        assert_eq!((r.len, r.server_id), (200_000, *id));
+    }
+    let lb1 = c.lb_wait();
+    let grew = |p: &str| lb1.pointer(p).and_then(|v| v.as_u64()).unwrap_or(0) - lb0.pointer(p).and_then(|v| v.as_u64()).unwrap_or(0);
+    if lb1["fast_path"]["active"].as_bool() == Some(true) {
+        assert!(grew("/fast_path/datagrams") > 0, "the siphash-2-4 connections kept the fast path");
+        assert!(grew("/fast_path/to_demux/unknown_generation") > 0, "the hmac-sha256 ones went to the data plane");
+    }
+    assert!(grew("/reasons/Owner") > 0, "the data plane routed the hmac-sha256 generation's datagrams");
+    rotate("siphash-2-4"); // generation 2: generation 0's connections are now two rotations old
+    let s = c.status_wait();
+    assert_eq!((s["key_newest_prf"].as_str(), s["key_previous_prf"].as_str()), (Some("siphash-2-4"), Some("hmac-sha256")));
+    for (id, h) in conns.iter_mut().skip(2) {
+        let r = rt.block_on(h.get("/bytes/1000")).unwrap_or_else(|e| panic!("GET after the switch back: {e:?}{}", c.logs()));
+        assert_eq!(r.server_id, *id);
+    }
+    let mut h = rt.block_on(H3::connect(&ep, addr)).expect("connect on the new generation");
+    assert_eq!(rt.block_on(h.get("/bytes/1000")).expect("GET").len, 1000);
+    h.close();
+    for (_, h) in conns {
+        h.close();
+    }
     assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
 }
