@@ -557,4 +557,22 @@ pub mod tests {
         let names = [WorkerState::Registered, WorkerState::Ready, WorkerState::Draining].map(WorkerState::name);
         assert_eq!(names, ["registered", "ready", "draining"]);
     }
+
+    /// `GetSockets` adoption receives every shard's sockets in one record: the
+    /// control buffer of `recv_with_fds` holds the most one message can carry.
+    #[test]
+    fn recv_with_fds_takes_scm_max_fd_fds() {
+        use crate::seqpacket::{self, SCM_MAX_FD};
+        use std::os::fd::FromRawFd;
+        let mut sv = [0; 2];
+        // SAFETY: socketpair writes two fds into `sv`.
+        assert_eq!(unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, sv.as_mut_ptr()) }, 0);
+        // SAFETY: both fds are ours from here on.
+        let (a, b) = unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) };
+        let fds = vec![a.as_raw_fd(); SCM_MAX_FD];
+        seqpacket::send(a.as_raw_fd(), b"sockets", &fds, 0).expect("send");
+        let mut buf = [0u8; 64];
+        let (n, truncated, got) = seqpacket::recv_with_fds(b.as_raw_fd(), &mut buf, 0).expect("recv");
+        assert_eq!((&buf[..n], truncated, got.len()), (&b"sockets"[..], false, SCM_MAX_FD));
+    }
 }
