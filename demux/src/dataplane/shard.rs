@@ -69,7 +69,7 @@ impl Router {
             pins: PinTable::new(setup.pin_capacity, hash_key),
             cache: proto::DecodeCache::new(setup.decode_cache),
             counters: setup.counters.clone(),
-            fwd: Forwarder::for_shard(setup.index),
+            fwd: Forwarder::new(setup.index),
             limits: setup.limits.clone(),
             retry: match &setup.limits.retry {
                 Some(cfg) => {
