@@ -1,8 +1,9 @@
-//! What the per-source limits add to routing (issue #7): `route_train` (plain ADR-0040
-//! routing) against `route_train_with` an admission that does what the data plane's
-//! does (demux/src/limits.rs: concurrency ticket, then rate; the ticket stored with the
-//! pin and released when the pin leaves), default parameters and 2^16-word tables,
-//! 4 instances, a 65 536-pin table, single-threaded.
+//! What the per-source limits add to routing (issue #7): `Router::route_train` (plain
+//! ADR-0040 routing) against the same with an admission (`Router::with_admission`)
+//! that does what the data plane's does (demux/src/limits.rs: concurrency ticket,
+//! then rate; the ticket stored with the pin and released when the pin leaves),
+//! default parameters and 2^16-word tables, 4 instances, a 65 536-pin table,
+//! single-threaded.
 //!
 //! - `admission/short_owner_{plain,limits}`: a short-header datagram for a live
 //!   instance: the limits are never called (no hash, no atomic) — the two must match.
