@@ -12,7 +12,7 @@ use std::path::Path;
 
 /// `demux gen-keys --out FILE`: a fresh key file, mode 0600.
 pub fn gen_keys(out: &Path, force: bool) -> Result<()> {
-    let mut random = [0u8; 3 * 32 + 16];
+    let mut random = [0u8; proto::keyfile::RANDOM_LEN];
     sys::os_random(&mut random).context("getrandom")?;
     let text = KeyFile::generate(&random, proto::cid::Prf::SipHash24).to_text();
     let mut opts = std::fs::OpenOptions::new();

@@ -10,6 +10,23 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 
+/// Most fds one SCM_RIGHTS message carries (the kernel's SCM_MAX_FD, include/net/scm.h).
+pub const SCM_MAX_FD: usize = 253;
+/// Fds a [`recv`] control buffer takes before MSG_CTRUNC (the kernel closes any
+/// beyond): [`recv`] closes them all anyway, as the data plane accepts none.
+const RECV_FDS: usize = 60;
+/// Control buffer of [`recv`], in u64 words (u64: cmsghdr alignment): 32.
+const RECV_CMSG_WORDS: usize = cmsg_words(RECV_FDS);
+/// Control buffer of [`recv_with_fds`]: room for [`SCM_MAX_FD`] fds.
+const RECV_WITH_FDS_CMSG_WORDS: usize = cmsg_words(SCM_MAX_FD);
+
+/// `CMSG_SPACE` of `fds` file descriptors, in u64 words.
+const fn cmsg_words(fds: usize) -> usize {
+    // SAFETY: CMSG_SPACE is a pure computation.
+    let bytes = unsafe { libc::CMSG_SPACE((fds * size_of::<RawFd>()) as u32) } as usize;
+    bytes.div_ceil(size_of::<u64>())
+}
+
 fn sockaddr_un(path: &Path) -> Result<(libc::sockaddr_un, libc::socklen_t)> {
     // SAFETY: sockaddr_un is plain old data; all-zero is valid.
     let mut sun: libc::sockaddr_un = unsafe { zeroed() };
@@ -125,7 +142,7 @@ pub fn recv(fd: RawFd, buf: &mut [u8], flags: libc::c_int, truncated: &mut bool)
     let mut msg: libc::msghdr = unsafe { zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
-    let mut cbuf = [0u64; 32];
+    let mut cbuf = [0u64; RECV_CMSG_WORDS];
     msg.msg_control = cbuf.as_mut_ptr().cast();
     msg.msg_controllen = std::mem::size_of_val(&cbuf);
     // SAFETY: msg points to live buffers of the advertised sizes.
@@ -186,7 +203,7 @@ pub fn drain_control(fd: RawFd, buf: &mut [u8], ev: u32, mut on: impl FnMut(Inbo
     }
 }
 
-/// Receives one record and the fds attached to it (SCM_RIGHTS, up to 253), which
+/// Receives one record and the fds attached to it (SCM_RIGHTS, up to [`SCM_MAX_FD`]), which
 /// become ours (close-on-exec). `Ok((0, _))` means the peer closed.
 pub fn recv_with_fds(fd: RawFd, buf: &mut [u8], flags: libc::c_int) -> io::Result<(usize, bool, Vec<OwnedFd>)> {
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
@@ -194,7 +211,7 @@ pub fn recv_with_fds(fd: RawFd, buf: &mut [u8], flags: libc::c_int) -> io::Resul
     let mut msg: libc::msghdr = unsafe { zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
-    let mut cbuf = [0u64; 160];
+    let mut cbuf = [0u64; RECV_WITH_FDS_CMSG_WORDS];
     msg.msg_control = cbuf.as_mut_ptr().cast();
     msg.msg_controllen = std::mem::size_of_val(&cbuf);
     // SAFETY: msg points to live buffers of the advertised sizes.

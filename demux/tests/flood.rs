@@ -580,7 +580,7 @@ fn retry_packet_is_well_formed(listen: &str) {
         (1..=2).map(|i| proto::InstanceInfo { server_id: proto::ServerId(i), placeable: true }).collect();
     let table = proto::Table::new(ks, kf.rendezvous_key, &infos).expect("table");
     let mut pins = proto::PinTable::new(16, [0; 16]);
-    let d = proto::route(initial, &table, &mut pins, Duration::from_secs(1));
+    let Ok(d) = proto::Router::new(&table, &mut pins, Duration::from_secs(1)).route(initial);
     let winner = table.instance(d.target.expect("placed")).expect("instance").server_id;
     assert_eq!(issued_to, winner, "the Retry names the rendezvous winner");
     let v = s.status();

@@ -1,8 +1,9 @@
-//! What the per-source limits add to routing (issue #7): `route_train` (plain ADR-0040
-//! routing) against `route_train_with` an admission that does what the data plane's
-//! does (demux/src/limits.rs: concurrency ticket, then rate; the ticket stored with the
-//! pin and released when the pin leaves), default parameters and 2^16-word tables,
-//! 4 instances, a 65 536-pin table, single-threaded.
+//! What the per-source limits add to routing (issue #7): `Router::route_train` (plain
+//! ADR-0040 routing) against the same with an admission (`Router::with_admission`)
+//! that does what the data plane's does (demux/src/limits.rs: concurrency ticket,
+//! then rate; the ticket stored with the pin and released when the pin leaves),
+//! default parameters and 2^16-word tables, 4 instances, a 65 536-pin table,
+//! single-threaded.
 //!
 //! - `admission/short_owner_{plain,limits}`: a short-header datagram for a live
 //!   instance: the limits are never called (no hash, no atomic) — the two must match.
@@ -21,7 +22,7 @@ use proto::limits::{
     ClientKey, ConcurrencySketch, RateSketch, Ticket, DEFAULT_CONCURRENCY_WORDS, DEFAULT_GCRA, DEFAULT_MAX_HANDSHAKES,
     DEFAULT_RATE_WORDS,
 };
-use proto::route::{route_train, route_train_with, Admission, InstanceInfo, Table};
+use proto::route::{Admission, InstanceInfo, Router, Table};
 use proto::PinTable;
 use std::hint::black_box;
 use std::net::Ipv4Addr;
@@ -82,31 +83,31 @@ fn bench(c: &mut Criterion) {
     let mut pins = PinTable::new(1 << 16, [5; 16]);
     g.bench_function("short_owner_plain", |b| {
         b.iter(|| {
-            route_train(black_box(&short), 0, &table, &mut pins, now, |r| {
+            Router::new(&table, &mut pins, now).route_train(black_box(&short), 0, |r, _| {
                 black_box(r);
             })
         })
     });
     g.bench_function("short_owner_limits", |b| {
         b.iter(|| {
-            route_train_with(black_box(&short), 0, &table, &mut pins, now, &mut lim, |r, f| {
+            Router::new(&table, &mut pins, now).with_admission(&mut lim).route_train(black_box(&short), 0, |r, f| {
                 black_box((r, f));
             })
         })
     });
 
     let pinned = initial(&[1, 2, 3, 4, 5, 6, 7, 8]);
-    route_train_with(&pinned, 0, &table, &mut pins, now, &mut lim, |_, _| {});
+    Router::new(&table, &mut pins, now).with_admission(&mut lim).route_train(&pinned, 0, |_, _| {});
     g.bench_function("initial_pinned_plain", |b| {
         b.iter(|| {
-            route_train(black_box(&pinned), 0, &table, &mut pins, now, |r| {
+            Router::new(&table, &mut pins, now).route_train(black_box(&pinned), 0, |r, _| {
                 black_box(r);
             })
         })
     });
     g.bench_function("initial_pinned_limits", |b| {
         b.iter(|| {
-            route_train_with(black_box(&pinned), 0, &table, &mut pins, now, &mut lim, |r, f| {
+            Router::new(&table, &mut pins, now).with_admission(&mut lim).route_train(black_box(&pinned), 0, |r, f| {
                 black_box((r, f));
             })
         })
@@ -119,7 +120,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             n += 1;
             buf[6..14].copy_from_slice(&n.to_le_bytes());
-            route_train(black_box(&buf), 0, &table, &mut plain_pins, now, |r| {
+            Router::new(&table, &mut plain_pins, now).route_train(black_box(&buf), 0, |r, _| {
                 black_box(r);
             })
         })
@@ -134,10 +135,14 @@ fn bench(c: &mut Criterion) {
             lim.client = clients[i];
             lim.ms = calls >> 5;
             buf[6..14].copy_from_slice(&n.to_le_bytes());
-            route_train_with(black_box(&buf), 0, &table, &mut limit_pins, now, &mut lim, |r, f| {
-                refused += u64::from(f.is_some());
-                black_box(r);
-            })
+            Router::new(&table, &mut limit_pins, now).with_admission(&mut lim).route_train(
+                black_box(&buf),
+                0,
+                |r, f| {
+                    refused += u64::from(f.is_some());
+                    black_box(r);
+                },
+            )
         })
     });
     g.finish();

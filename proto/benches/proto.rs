@@ -10,12 +10,12 @@
 //! - `cid/decode_cache_hit`, `cid/decode_cache_miss`: the same CID through a
 //!   default (4096-entry) `DecodeCache` that holds it (12-byte compare, no HMAC), or
 //!   cycling through 65 536 distinct CIDs so every lookup misses (HMAC + store).
-//! - `route/short_owner_cache_hit`: `route/short_owner` through `route_header_cached`
-//!   with a `DecodeCache` that holds the DCID (what a shard pays per packet of an
+//! - `route/short_owner_cache_hit`: `route/short_owner` through a `Router` with a
+//!   `DecodeCache` decoder that holds the DCID (what a shard pays per packet of an
 //!   established connection).
 //! - `route/initial_placed`, `route/initial_pinned`: the RFC 9001 A.2 Initial, placed
 //!   by rendezvous over 8 instances (+ pin insert), or found in the pin table.
-//! - `route_header/*`: routing a pre-parsed header, no CID decode involved: `cr` = 3
+//! - `route_header/*`: routing a pre-parsed header (`Router::route_header`), no CID decode involved: `cr` = 3
 //!   fails before any HMAC, so this is the rest of the decision (dispatch + rendezvous
 //!   over 8 instances for the orphan's stateless-reset target).
 //!
@@ -34,7 +34,7 @@ use proto::cid::{Generation, KeySet, Prf, ServerId};
 use proto::header::{self, Header};
 use proto::pin::PinTable;
 use proto::decode_cache::{DecodeCache, Decoder};
-use proto::route::{route, route_header, route_header_cached, InstanceInfo, NoAdmission, Reason, Table};
+use proto::route::{Decision, InstanceInfo, Reason, Router, Table};
 use std::hint::black_box;
 use std::time::Duration;
 
@@ -49,6 +49,18 @@ fn hex(s: &str) -> Vec<u8> {
 
 fn keys() -> KeySet {
     KeySet::new((Generation::new(1).unwrap(), [0x5a; 32]), Some((Generation::new(0).unwrap(), [0xa5; 32]))).unwrap()
+}
+
+/// One datagram through the plain router.
+fn route(d: &[u8], table: &Table, pins: &mut PinTable, now: Duration) -> Decision {
+    let Ok(decision) = Router::new(table, pins, now).route(d);
+    decision
+}
+
+/// A pre-parsed header through the plain router.
+fn route_header(h: &Header<'_>, len: usize, table: &Table, pins: &mut PinTable, now: Duration) -> Decision {
+    let Ok(decision) = Router::new(table, pins, now).route_header(h, len);
+    decision
 }
 
 fn table(n: u16) -> Table {
@@ -174,8 +186,8 @@ fn benches<M: Measurement + 'static>(c: &mut Criterion<M>, p: &str) {
     g.bench_function("short_owner", |b| b.iter(|| route(black_box(&short_dg), &t8, &mut pins, now)));
     let mut cache = DecodeCache::default();
     let mut route_cached = |d: &[u8], pins: &mut PinTable| {
-        let h = header::parse(d, 12).unwrap();
-        route_header_cached(&h, d.len(), &t8, pins, now, &mut NoAdmission, &mut cache).unwrap()
+        let Ok(decision) = Router::new(&t8, pins, now).with_decoder(&mut cache).route(d);
+        decision
     };
     assert_eq!(route_cached(&short_dg, &mut pins).reason, Reason::Owner);
     g.bench_function("short_owner_cache_hit", |b| b.iter(|| route_cached(black_box(&short_dg), &mut pins)));

@@ -27,6 +27,14 @@ pub trait Decoder {
     fn decode(&mut self, keys: &KeySet, cid: &[u8]) -> Result<Decoded, Unroutable>;
 }
 
+/// `&mut` of a decoder is one too: a shard keeps its cache across routers.
+impl<D: Decoder + ?Sized> Decoder for &mut D {
+    #[inline]
+    fn decode(&mut self, keys: &KeySet, cid: &[u8]) -> Result<Decoded, Unroutable> {
+        (**self).decode(keys, cid)
+    }
+}
+
 /// [`KeySet::decode`] every time: plain ADR-0040 routing.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Uncached;

@@ -18,6 +18,10 @@
 use crate::cid::{Generation, KeySet, KeySetError, Prf, KEY_LEN};
 use crate::wire::{KeyGen, Keys};
 
+/// Random bytes [`KeyFile::generate`] takes: the generation-0 CID key, the reset key
+/// and the token key (32 bytes each), then the 16-byte rendezvous key.
+pub const RANDOM_LEN: usize = KEY_LEN + 32 + 32 + 16;
+
 const MAGIC: &str = "quicdemux-keys";
 /// The version [`KeyFile::to_text`] writes.
 const VERSION: u8 = 2;
@@ -82,7 +86,7 @@ fn to_hex(b: &[u8]) -> String {
 impl KeyFile {
     /// A fresh key file from `random` bytes (the caller draws them from the OS); its
     /// one generation (0) uses `prf`.
-    pub fn generate(random: &[u8; 3 * 32 + 16], prf: Prf) -> KeyFile {
+    pub fn generate(random: &[u8; RANDOM_LEN], prf: Prf) -> KeyFile {
         let mut k = [0u8; KEY_LEN];
         k.copy_from_slice(&random[..32]);
         let mut reset_key = [0u8; 32];
@@ -212,7 +216,7 @@ impl KeyFile {
 mod tests {
     use super::*;
 
-    fn counting() -> [u8; 112] {
+    fn counting() -> [u8; RANDOM_LEN] {
         core::array::from_fn(|i| i as u8)
     }
 
@@ -288,7 +292,7 @@ mod tests {
 
     #[test]
     fn clear_errors_with_line_numbers() {
-        let good = KeyFile::generate(&[7; 112], Prf::SipHash24).rotated([8; 32], Prf::HmacSha256).to_text();
+        let good = KeyFile::generate(&[7; RANDOM_LEN], Prf::SipHash24).rotated([8; 32], Prf::HmacSha256).to_text();
         let bad = |from: &str, to: &str| {
             assert!(good.contains(from), "{from}");
             KeyFile::parse(&good.replacen(from, to, 1)).unwrap_err()
@@ -322,7 +326,7 @@ mod tests {
 
     #[test]
     fn rejects_bad_files() {
-        let good = KeyFile::generate(&[7; 112], Prf::SipHash24).to_text();
+        let good = KeyFile::generate(&[7; RANDOM_LEN], Prf::SipHash24).to_text();
         assert!(KeyFile::parse("").is_err());
         assert!(KeyFile::parse("quicdemux-keys 2\n").is_err());
         assert!(KeyFile::parse("quicdemux-keys 3\n").is_err());

@@ -33,7 +33,5 @@ pub mod wire;
 pub use cid::{Decoded, Generation, KeySet, Prf, ServerId, Unroutable, CID_LEN};
 pub use header::{Header, HeaderError, LongHeader, LongType};
 pub use pin::PinTable;
-pub use route::{route, route_train, Decision, InstanceInfo, Reason, Table, TrainRun};
+pub use route::{Admission, Decision, InstanceInfo, NoAdmission, Reason, Router, Table, TrainRun};
 pub use decode_cache::{DecodeCache, Decoder, Uncached};
-pub use route::{route_train_with, Admission, NoAdmission};
-pub use route::{route_header_cached, route_train_cached};

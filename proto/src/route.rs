@@ -199,29 +199,6 @@ impl Table {
     }
 }
 
-/// Routes one datagram (a single UDP payload, possibly of coalesced packets; RFC 9000
-/// §12.2 has them share one DCID, so the first header decides).
-pub fn route(datagram: &[u8], table: &Table, pins: &mut PinTable, now: Duration) -> Decision {
-    let Ok(h) = header::parse(datagram, CID_LEN) else {
-        return Decision::drop(Reason::NotQuic);
-    };
-    route_header(&h, datagram.len(), table, pins, now)
-}
-
-/// [`route`] for a header already parsed from a datagram of `datagram_len` bytes.
-pub fn route_header(
-    h: &Header<'_>,
-    datagram_len: usize,
-    table: &Table,
-    pins: &mut PinTable,
-    now: Duration,
-) -> Decision {
-    match route_header_with(h, datagram_len, table, pins, now, &mut NoAdmission) {
-        Ok(d) => d,
-        Err(never) => match never {},
-    }
-}
-
 /// Admission control at the one point where a datagram makes new state: a client
 /// Initial / 0-RTT with a client-chosen DCID that no live pin covers, about to be
 /// placed (and pinned). Owner and Pinned datagrams, short headers and everything else
@@ -259,66 +236,188 @@ impl Admission for NoAdmission {
     fn release(&mut self, _: u32) {}
 }
 
-/// [`route_header`] with admission control on new placements: `Err` is the
-/// refusal of `admission` (the datagram is dropped, nothing was pinned).
-pub fn route_header_with<A: Admission>(
-    h: &Header<'_>,
-    datagram_len: usize,
-    table: &Table,
-    pins: &mut PinTable,
-    now: Duration,
-    admission: &mut A,
-) -> Result<Decision, A::Refusal> {
-    route_header_cached(h, datagram_len, table, pins, now, admission, &mut Uncached)
+/// `&mut` of an admission is one too: a caller keeps its admission (and its counts)
+/// across routers.
+impl<A: Admission + ?Sized> Admission for &mut A {
+    type Refusal = A::Refusal;
+    #[inline]
+    fn admit(
+        &mut self,
+        h: &LongHeader<'_>,
+        datagram_len: usize,
+        table: &Table,
+        target: usize,
+    ) -> Result<u32, Self::Refusal> {
+        (**self).admit(h, datagram_len, table, target)
+    }
+    #[inline]
+    fn release(&mut self, payload: u32) {
+        (**self).release(payload)
+    }
 }
 
-/// [`route_header_with`] decoding DCIDs through `decoder` (a
-/// [`crate::decode_cache::DecodeCache`]: repeat DCIDs skip the HMAC). The decision
-/// is the same as without it: a [`Decoder`] returns exactly [`KeySet::decode`].
-pub fn route_header_cached<A: Admission, D: Decoder>(
-    h: &Header<'_>,
-    datagram_len: usize,
-    table: &Table,
-    pins: &mut PinTable,
+/// The routing entry point: a table snapshot, the shard's pin table and the time,
+/// plus two options with "none" defaults — admission control on new placements
+/// ([`Router::with_admission`], default [`NoAdmission`]) and the CID decoder
+/// ([`Router::with_decoder`], default [`Uncached`]; a
+/// [`crate::decode_cache::DecodeCache`] skips the HMAC for repeat DCIDs). The decision
+/// never depends on the decoder: a [`Decoder`] returns exactly [`KeySet::decode`].
+///
+/// A router is a handful of references, built per datagram or per batch:
+///
+/// ```
+/// # use proto::{cid::*, route::*, pin::PinTable};
+/// # use std::time::Duration;
+/// # let keys = KeySet::new((Generation::new(1).unwrap(), [1; 32]), None).unwrap();
+/// let table = Table::new(keys, [2; 16], &[InstanceInfo { server_id: ServerId(7), placeable: true }]).unwrap();
+/// let mut pins = PinTable::new(16, [3; 16]);
+/// let cid = table.keys().encode(ServerId(7), &[9; 10]);
+/// let mut dg = vec![0x40];
+/// dg.extend_from_slice(&cid);
+/// dg.resize(1200, 0);
+/// let Ok(d) = Router::new(&table, &mut pins, Duration::ZERO).route(&dg);
+/// assert_eq!(d, Decision { reason: Reason::Owner, target: Some(0) });
+/// ```
+pub struct Router<'r, A = NoAdmission, D = Uncached> {
+    table: &'r Table,
+    pins: &'r mut PinTable,
     now: Duration,
-    admission: &mut A,
-    decoder: &mut D,
-) -> Result<Decision, A::Refusal> {
-    Ok(match *h {
-        // RFC 9000 §17.2.1: only servers send Version Negotiation; a server drops it.
-        Header::VersionNegotiation { .. } => Decision::drop(Reason::NotQuic),
-        Header::UnsupportedVersion { dcid, .. } => {
-            // RFC 9000 §5.2.2: answer with VN only if large enough to start a connection.
-            if datagram_len < MIN_INITIAL_DATAGRAM {
-                return Ok(Decision::drop(Reason::NotQuic));
-            }
-            match table.any_serving(dcid) {
-                Some(i) => Decision { reason: Reason::VersionNegotiation, target: Some(i) },
-                None => Decision::drop(Reason::NoInstance),
-            }
+    admission: A,
+    decoder: D,
+}
+
+impl<'r> Router<'r> {
+    /// Plain ADR-0040 routing: every placement admitted, every DCID decoded anew.
+    pub fn new(table: &'r Table, pins: &'r mut PinTable, now: Duration) -> Router<'r> {
+        Router { table, pins, now, admission: NoAdmission, decoder: Uncached }
+    }
+}
+
+impl<'r, A: Admission, D: Decoder> Router<'r, A, D> {
+    /// Admission control on new placements (pass `&mut a` to keep `a`).
+    pub fn with_admission<B: Admission>(self, admission: B) -> Router<'r, B, D> {
+        let Router { table, pins, now, decoder, .. } = self;
+        Router { table, pins, now, admission, decoder }
+    }
+
+    /// Decodes DCIDs through `decoder` (pass `&mut cache` to keep the cache).
+    pub fn with_decoder<E: Decoder>(self, decoder: E) -> Router<'r, A, E> {
+        let Router { table, pins, now, admission, .. } = self;
+        Router { table, pins, now, admission, decoder }
+    }
+
+    /// Routes one datagram (a single UDP payload, possibly of coalesced packets;
+    /// RFC 9000 §12.2 has them share one DCID, so the first header decides). `Err` is
+    /// the refusal of the admission (the datagram is dropped, nothing was pinned);
+    /// with [`NoAdmission`] it cannot happen (`let Ok(d) = router.route(..)`).
+    #[inline]
+    pub fn route(&mut self, datagram: &[u8]) -> Result<Decision, A::Refusal> {
+        match header::parse(datagram, CID_LEN) {
+            Ok(h) => self.route_header(&h, datagram.len()),
+            Err(_) => Ok(Decision::drop(Reason::NotQuic)),
         }
-        Header::Short { dcid } => match table.owner(dcid, decoder) {
-            Some(i) => Decision { reason: Reason::Owner, target: Some(i) },
-            None => table.orphan(dcid),
-        },
-        Header::Long(ref l) => {
-            if let Some(i) = table.owner(l.dcid, decoder) {
-                return Ok(Decision { reason: Reason::Owner, target: Some(i) });
-            }
-            match l.ty {
-                LongType::Initial | LongType::ZeroRtt => {
-                    // RFC 9000 §14.1: Initials travel in datagrams of ≥ 1200 bytes.
-                    if l.ty == LongType::Initial && datagram_len < MIN_INITIAL_DATAGRAM {
-                        return Ok(Decision::drop(Reason::NotQuic));
-                    }
-                    return place(l, datagram_len, table, pins, now, admission);
+    }
+
+    /// [`Router::route`] for a header already parsed from a datagram of
+    /// `datagram_len` bytes. Not API: the benches measure the decision without the
+    /// parse through it.
+    #[doc(hidden)]
+    #[inline]
+    pub fn route_header(&mut self, h: &Header<'_>, datagram_len: usize) -> Result<Decision, A::Refusal> {
+        let (table, now) = (self.table, self.now);
+        let (pins, admission, decoder) = (&mut *self.pins, &mut self.admission, &mut self.decoder);
+        Ok(match *h {
+            // RFC 9000 §17.2.1: only servers send Version Negotiation; a server drops it.
+            Header::VersionNegotiation { .. } => Decision::drop(Reason::NotQuic),
+            Header::UnsupportedVersion { dcid, .. } => {
+                // RFC 9000 §5.2.2: answer with VN only if large enough to start a connection.
+                if datagram_len < MIN_INITIAL_DATAGRAM {
+                    return Ok(Decision::drop(Reason::NotQuic));
                 }
-                LongType::Handshake => table.orphan(l.dcid),
-                // RFC 9000 §17.2.5: only servers send Retry.
-                LongType::Retry => Decision::drop(Reason::NotQuic),
+                match table.any_serving(dcid) {
+                    Some(i) => Decision { reason: Reason::VersionNegotiation, target: Some(i) },
+                    None => Decision::drop(Reason::NoInstance),
+                }
+            }
+            Header::Short { dcid } => match table.owner(dcid, decoder) {
+                Some(i) => Decision { reason: Reason::Owner, target: Some(i) },
+                None => table.orphan(dcid),
+            },
+            Header::Long(ref l) => {
+                if let Some(i) = table.owner(l.dcid, decoder) {
+                    return Ok(Decision { reason: Reason::Owner, target: Some(i) });
+                }
+                match l.ty {
+                    LongType::Initial | LongType::ZeroRtt => {
+                        // RFC 9000 §14.1: Initials travel in datagrams of ≥ 1200 bytes.
+                        if l.ty == LongType::Initial && datagram_len < MIN_INITIAL_DATAGRAM {
+                            return Ok(Decision::drop(Reason::NotQuic));
+                        }
+                        return place(l, datagram_len, table, pins, now, admission);
+                    }
+                    LongType::Handshake => table.orphan(l.dcid),
+                    // RFC 9000 §17.2.5: only servers send Retry.
+                    LongType::Retry => Decision::drop(Reason::NotQuic),
+                }
+            }
+        })
+    }
+
+    /// Routes a GRO train of `stride`-byte segments (the last may be shorter; a
+    /// `stride` of 0 or ≥ the train's length: one datagram). When every segment
+    /// parses with the first segment's DCID the train is routed once and travels
+    /// whole; otherwise each segment is routed by itself and consecutive segments with
+    /// the same decision are merged. `out` receives the runs in order, each with the
+    /// admission's refusal if it had one: then
+    /// `decision == Decision { reason: Placed, target: None }` (it would have been
+    /// placed; it is dropped, nothing was pinned). A uniform train is admitted once,
+    /// as it is routed once. An empty train has no runs.
+    pub fn route_train(&mut self, train: &[u8], stride: usize, mut out: impl FnMut(TrainRun, Option<A::Refusal>)) {
+        if train.is_empty() {
+            return;
+        }
+        if stride == 0 || stride >= train.len() {
+            let (decision, refused) = split(self.route(train));
+            out(TrainRun { bytes: 0..train.len(), segments: 1, decision }, refused);
+            return;
+        }
+        let first = &train[..stride];
+        let first_hdr = header::parse(first, CID_LEN);
+        let uniform = match &first_hdr {
+            Ok(h0) => train
+                .chunks(stride)
+                .skip(1)
+                .all(|seg| matches!(header::parse(seg, CID_LEN), Ok(h) if h.dcid() == h0.dcid())),
+            Err(_) => false,
+        };
+        if let (true, Ok(h0)) = (uniform, &first_hdr) {
+            let (decision, refused) = split(self.route_header(h0, first.len()));
+            let segments = train.len().div_ceil(stride);
+            out(TrainRun { bytes: 0..train.len(), segments, decision }, refused);
+            return;
+        }
+        let mut run: Option<(TrainRun, Option<A::Refusal>)> = None;
+        for (k, seg) in train.chunks(stride).enumerate() {
+            let (decision, refused) = split(self.route(seg));
+            let start = k * stride;
+            let end = start + seg.len();
+            match &mut run {
+                Some((r, rf)) if r.decision == decision && *rf == refused => {
+                    r.bytes.end = end;
+                    r.segments += 1;
+                }
+                _ => {
+                    if let Some((r, rf)) = run.take() {
+                        out(r, rf);
+                    }
+                    run = Some((TrainRun { bytes: start..end, segments: 1, decision }, refused));
+                }
             }
         }
-    })
+        if let Some((r, rf)) = run {
+            out(r, rf);
+        }
+    }
 }
 
 /// Placement of a client-chosen DCID: the pin if it still names a live instance,
@@ -353,106 +452,6 @@ pub struct TrainRun {
     /// Segments in the run (each is one datagram for the counters).
     pub segments: usize,
     pub decision: Decision,
-}
-
-/// Routes a GRO train of `stride`-byte segments (the last may be shorter).
-/// When every segment parses with the first segment's DCID the train is routed once
-/// and travels whole; otherwise each segment is routed by itself and consecutive
-/// segments with the same decision are merged. `out` receives the runs in order.
-pub fn route_train(
-    train: &[u8],
-    stride: usize,
-    table: &Table,
-    pins: &mut PinTable,
-    now: Duration,
-    mut out: impl FnMut(TrainRun),
-) {
-    route_train_with(train, stride, table, pins, now, &mut NoAdmission, |run, refused| match refused {
-        None => out(run),
-        Some(never) => match never {},
-    })
-}
-
-/// [`route_train`] with admission control on new placements ([`Admission`]). A run
-/// refused by `admission` comes with `Some(refusal)` and
-/// `decision == Decision { reason: Placed, target: None }` (it would have been placed;
-/// it is dropped, nothing was pinned). A uniform train is admitted once, as it is
-/// routed once.
-pub fn route_train_with<A: Admission>(
-    train: &[u8],
-    stride: usize,
-    table: &Table,
-    pins: &mut PinTable,
-    now: Duration,
-    admission: &mut A,
-    out: impl FnMut(TrainRun, Option<A::Refusal>),
-) {
-    route_train_cached(train, stride, table, pins, now, admission, &mut Uncached, out)
-}
-
-/// [`route_train_with`] decoding DCIDs through `decoder` (see
-/// [`route_header_cached`]); the runs are the same as without it.
-#[allow(clippy::too_many_arguments)]
-pub fn route_train_cached<A: Admission, D: Decoder>(
-    train: &[u8],
-    stride: usize,
-    table: &Table,
-    pins: &mut PinTable,
-    now: Duration,
-    admission: &mut A,
-    decoder: &mut D,
-    mut out: impl FnMut(TrainRun, Option<A::Refusal>),
-) {
-    if train.is_empty() {
-        return;
-    }
-    let one = |seg: &[u8], pins: &mut PinTable, admission: &mut A, decoder: &mut D| -> (Decision, Option<A::Refusal>) {
-        let Ok(h) = header::parse(seg, CID_LEN) else {
-            return (Decision::drop(Reason::NotQuic), None);
-        };
-        split(route_header_cached(&h, seg.len(), table, pins, now, admission, decoder))
-    };
-    if stride == 0 || stride >= train.len() {
-        let (decision, refused) = one(train, pins, admission, decoder);
-        out(TrainRun { bytes: 0..train.len(), segments: 1, decision }, refused);
-        return;
-    }
-    let first = &train[..stride];
-    let first_hdr = header::parse(first, CID_LEN);
-    let uniform = match &first_hdr {
-        Ok(h0) => train
-            .chunks(stride)
-            .skip(1)
-            .all(|seg| matches!(header::parse(seg, CID_LEN), Ok(h) if h.dcid() == h0.dcid())),
-        Err(_) => false,
-    };
-    if let (true, Ok(h0)) = (uniform, &first_hdr) {
-        let (decision, refused) = split(route_header_cached(h0, first.len(), table, pins, now, admission, decoder));
-        let segments = train.len().div_ceil(stride);
-        out(TrainRun { bytes: 0..train.len(), segments, decision }, refused);
-        return;
-    }
-    let mut run: Option<(TrainRun, Option<A::Refusal>)> = None;
-    for (k, seg) in train.chunks(stride).enumerate() {
-        let (decision, refused) = one(seg, pins, admission, decoder);
-        let start = k * stride;
-        let end = start + seg.len();
-        match &mut run {
-            Some((r, rf)) if r.decision == decision && *rf == refused => {
-                r.bytes.end = end;
-                r.segments += 1;
-            }
-            _ => {
-                if let Some((r, rf)) = run.take() {
-                    out(r, rf);
-                }
-                run = Some((TrainRun { bytes: start..end, segments: 1, decision }, refused));
-            }
-        }
-    }
-    if let Some((r, rf)) = run {
-        out(r, rf);
-    }
 }
 
 fn split<R>(r: Result<Decision, R>) -> (Decision, Option<R>) {

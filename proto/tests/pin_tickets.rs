@@ -13,7 +13,7 @@ use proto::cid::{Generation, KeySet, ServerId};
 use proto::header::LongHeader;
 use proto::limits::{ClientKey, ConcurrencySketch, Ticket};
 use proto::pin::{Inserted, PinTable, MAX_KEY_LEN, NO_PAYLOAD};
-use proto::route::{route_train_with, Admission, InstanceInfo, Reason, Table};
+use proto::route::{Admission, InstanceInfo, Reason, Router, Table};
 use std::collections::{HashMap, HashSet};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
@@ -213,7 +213,9 @@ fn flood_of_a_million_dcids_keeps_capacity_and_tickets() {
         rng.fill(&mut buf[6..14]);
         adm.client = src(i % SOURCES);
         let mut run_out = None;
-        route_train_with(&buf, 0, &table, &mut pins, now, &mut adm, |run, rf| run_out = Some((run, rf)));
+        Router::new(&table, &mut pins, now)
+            .with_admission(&mut adm)
+            .route_train(&buf, 0, |run, rf| run_out = Some((run, rf)));
         let (run, rf) = run_out.expect("one run");
         match rf {
             None => {
@@ -230,7 +232,9 @@ fn flood_of_a_million_dcids_keeps_capacity_and_tickets() {
             let h = rng.bytes(8);
             adm.client = src(SOURCES + i / 100);
             let mut first = None;
-            route_train_with(&initial(&h), 0, &table, &mut pins, now, &mut adm, |r, rf| first = Some((r, rf)));
+            Router::new(&table, &mut pins, now)
+                .with_admission(&mut adm)
+                .route_train(&initial(&h), 0, |r, rf| first = Some((r, rf)));
             if let Some((r, None)) = first {
                 placed += 1;
                 pending.push((h, r.decision.target.expect("placed"), i));
@@ -240,7 +244,9 @@ fn flood_of_a_million_dcids_keeps_capacity_and_tickets() {
         while pending.first().is_some_and(|p| i - p.2 >= (CAP / 4) as u32) {
             let (h, target, _) = pending.remove(0);
             let mut again = None;
-            route_train_with(&initial(&h), 0, &table, &mut pins, now, &mut adm, |r, rf| again = Some((r, rf)));
+            Router::new(&table, &mut pins, now)
+                .with_admission(&mut adm)
+                .route_train(&initial(&h), 0, |r, rf| again = Some((r, rf)));
             let (r, rf) = again.expect("one run");
             if rf.is_none() && r.decision.reason == Reason::Pinned && r.decision.target == Some(target) {
                 honest_ok += 1;
@@ -276,7 +282,11 @@ fn few_abusive_sources_cannot_fill_the_table() {
         now += Duration::from_micros(100); // 20 s: pins expire and tickets come back
         adm.client = src(i % 100);
         let mut out = None;
-        route_train_with(&initial(&rng.bytes(8)), 0, &table, &mut pins, now, &mut adm, |r, rf| out = Some((r, rf)));
+        Router::new(&table, &mut pins, now).with_admission(&mut adm).route_train(
+            &initial(&rng.bytes(8)),
+            0,
+            |r, rf| out = Some((r, rf)),
+        );
         refused += u64::from(out.expect("run").1.is_some());
         // 100 abusers at 64 each, plus the honest pins of the last 10 s (500).
         assert!(pins.len() <= 100 * 64 + 600, "{}", pins.len());
@@ -284,9 +294,13 @@ fn few_abusive_sources_cannot_fill_the_table() {
             adm.client = src(1_000 + i);
             let h = rng.bytes(8);
             let mut a = None;
-            route_train_with(&initial(&h), 0, &table, &mut pins, now, &mut adm, |r, rf| a = Some((r, rf)));
+            Router::new(&table, &mut pins, now)
+                .with_admission(&mut adm)
+                .route_train(&initial(&h), 0, |r, rf| a = Some((r, rf)));
             let mut b = None;
-            route_train_with(&initial(&h), 0, &table, &mut pins, now, &mut adm, |r, rf| b = Some((r, rf)));
+            Router::new(&table, &mut pins, now)
+                .with_admission(&mut adm)
+                .route_train(&initial(&h), 0, |r, rf| b = Some((r, rf)));
             let (a, b) = (a.expect("run"), b.expect("run"));
             if a.1.is_none() && b.1.is_none() && b.0.decision.reason == Reason::Pinned {
                 honest_ok += 1;

@@ -1,4 +1,4 @@
-//! `proto::route::route` and `route_train` against a slow, obviously-right model
+//! `proto::route::Router` (`route`, `route_train`) against a slow, obviously-right model
 //! written from ADR-0040 "Routing rules", docs/adr/0002-routing.md and the table in
 //! route.rs's module docs — not from route.rs's code:
 //!
@@ -29,9 +29,26 @@ use proto::header::{Header, LongType};
 use proto::pin::{PinTable, PIN_TTL};
 use proto::rendezvous::Rendezvous;
 use proto::decode_cache::DecodeCache;
-use proto::route::{route, route_train, Decision, InstanceInfo, Reason, Table, TrainRun};
-use proto::route::{route_header_cached, route_train_cached, NoAdmission};
+use proto::route::{Decision, InstanceInfo, Reason, Router, Table, TrainRun};
 use std::time::Duration;
+
+/// One datagram through the plain router (no admission, no decode cache).
+fn route(d: &[u8], table: &Table, pins: &mut PinTable, now: Duration) -> Decision {
+    let Ok(decision) = Router::new(table, pins, now).route(d);
+    decision
+}
+
+/// One GRO train through the plain router.
+fn route_train(
+    train: &[u8],
+    stride: usize,
+    table: &Table,
+    pins: &mut PinTable,
+    now: Duration,
+    mut out: impl FnMut(TrainRun),
+) {
+    Router::new(table, pins, now).route_train(train, stride, |run, _| out(run))
+}
 
 const V1: u32 = 1;
 const V2: u32 = 0x6b33_43cf;
@@ -536,11 +553,8 @@ impl World {
         let got = route(d, &self.table, &mut self.pins, self.now);
         let want = self.model.route(d, self.now);
         assert_eq!(got, want, "datagram {:02x?}… ({} bytes) at {:?}", &d[..d.len().min(48)], d.len(), self.now);
-        let cached = match proto::header::parse(d, CID_LEN) {
-            Ok(h) => route_header_cached(&h, d.len(), &self.table, &mut self.cached_pins, self.now, &mut NoAdmission, &mut self.cache)
-                .unwrap_or_else(|never| match never {}),
-            Err(_) => Decision { reason: Reason::NotQuic, target: None },
-        };
+        let Ok(cached) =
+            Router::new(&self.table, &mut self.cached_pins, self.now).with_decoder(&mut self.cache).route(d);
         assert_eq!(cached, got, "cached router, datagram {:02x?}…", &d[..d.len().min(48)]);
         self.counts[got.reason.index()] += 1;
     }
@@ -593,7 +607,8 @@ impl World {
         let want = self.model.route_train(&t, stride, self.now);
         assert_eq!(got, want, "train of {} bytes, stride {stride}", t.len());
         let mut cached = Vec::new();
-        route_train_cached(&t, stride, &self.table, &mut self.cached_pins, self.now, &mut NoAdmission, &mut self.cache, |r, refused| {
+        let mut router = Router::new(&self.table, &mut self.cached_pins, self.now).with_decoder(&mut self.cache);
+        router.route_train(&t, stride, |r, refused| {
             assert!(refused.is_none());
             cached.push(r)
         });

@@ -296,7 +296,7 @@ mod tests {
     use proto::wire::Keys;
 
     fn keys() -> KeyFile {
-        KeyFile::generate(&[3; 112], proto::cid::Prf::SipHash24)
+        KeyFile::generate(&[3; proto::keyfile::RANDOM_LEN], proto::cid::Prf::SipHash24)
     }
 
     fn assign(k: &KeyFile) -> Control {

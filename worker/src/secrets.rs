@@ -90,7 +90,7 @@ mod tests {
     use quinn_proto::crypto::{HandshakeTokenKey, HmacKey};
 
     fn secrets() -> Secrets {
-        Secrets::from_key_file(&KeyFile::generate(&[5; 112], proto::cid::Prf::SipHash24))
+        Secrets::from_key_file(&KeyFile::generate(&[5; proto::keyfile::RANDOM_LEN], proto::cid::Prf::SipHash24))
     }
 
     #[test]
@@ -101,7 +101,8 @@ mod tests {
         b.sign(b"some cid", &mut sb);
         assert_eq!(sa, sb);
         assert!(b.verify(b"some cid", &sa).is_ok());
-        let mut other = Secrets::from_key_file(&KeyFile::generate(&[6; 112], proto::cid::Prf::SipHash24));
+        let mut other =
+            Secrets::from_key_file(&KeyFile::generate(&[6; proto::keyfile::RANDOM_LEN], proto::cid::Prf::SipHash24));
         other.reset_key[0] ^= 1;
         let mut so = [0u8; 32];
         other.reset_hmac().sign(b"some cid", &mut so);

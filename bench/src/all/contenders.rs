@@ -54,7 +54,7 @@ const NGINX_WORKER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time for nginx's worker to open its sockets before the load starts.
 const NGINX_SETTLE: Duration = Duration::from_millis(200);
 /// Random bytes `KeyFile::generate` takes: three 32-byte keys and 16 more.
-const KEYFILE_RANDOM_LEN: usize = 3 * 32 + 16;
+const KEYFILE_RANDOM_LEN: usize = proto::keyfile::RANDOM_LEN;
 /// The key of the floor's and nginx's CIDs (neither decodes them).
 const FIXED_KEY: [u8; 32] = [0x5a; 32];
 

@@ -10,7 +10,7 @@
 //! - operator `StatusRequest` → `Status{json}`; `RotateKeys` → rotate, `Status`.
 //! - anything malformed or unexpected: `Error{reason}`, logged, connection closed.
 
-use super::{state, Conn, Ctl, Kind};
+use super::{state, Conn, Ctl, Kind, WorkerState};
 use crate::seqpacket::{self, Inbound};
 use proto::wire::{decode_control, encode_control, Control, Role};
 use std::os::fd::{AsRawFd, RawFd};
@@ -70,18 +70,16 @@ impl Ctl {
                 conn.kind = Kind::Operator;
                 true
             }
-            (Kind::Worker { ready, draining, server_id, .. }, Control::Ready) => {
-                if !*ready {
+            (Kind::Worker { state, server_id, .. }, Control::Ready) => {
+                if *state != WorkerState::Ready {
                     tracing::info!(server_id = *server_id, "worker ready");
                 }
-                *ready = true;
-                *draining = false;
+                *state = WorkerState::Ready;
                 true
             }
-            (Kind::Worker { ready, draining, server_id, .. }, Control::Draining) => {
+            (Kind::Worker { state, server_id, .. }, Control::Draining) => {
                 tracing::info!(server_id = *server_id, "worker draining");
-                *ready = false;
-                *draining = true;
+                *state = WorkerState::Draining;
                 true
             }
             (Kind::Pending | Kind::Operator, Control::StatusRequest) => {
@@ -167,8 +165,7 @@ impl Ctl {
             c.kind = Kind::Worker {
                 server_id,
                 pid,
-                ready: false,
-                draining: false,
+                state: WorkerState::Registered,
                 since: Instant::now(),
                 rejoined: rejoin.is_some(),
             };

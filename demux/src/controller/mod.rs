@@ -32,8 +32,35 @@ use std::time::{Duration, Instant};
 
 const TOKEN_LISTENER: u64 = 0;
 const TOKEN_SIGNALS: u64 = 1;
+/// Epoll tokens of connections start here, above the fixed ones.
+const FIRST_CONN_TOKEN: u64 = 16;
+/// Largest control record the controller reads.
+const CONTROL_BUF: usize = 65_536;
 /// Supervision tick.
 const TICK_MS: i32 = 100;
+
+/// Where a registered worker is (docs/architecture.md "Processes and the
+/// data-connection protocol", step 4): `Ready` and `Draining` are its last message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WorkerState {
+    /// Registered (Assign sent), not yet `Ready`.
+    Registered,
+    /// Sent `Ready`: accepts new connections.
+    Ready,
+    /// Sent `Draining`: serves its connections, accepts no new ones.
+    Draining,
+}
+
+impl WorkerState {
+    /// The name in the status JSON (`workers[].state`).
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            WorkerState::Registered => "registered",
+            WorkerState::Ready => "ready",
+            WorkerState::Draining => "draining",
+        }
+    }
+}
 
 /// A registered (or registering) control connection.
 pub(crate) enum Kind {
@@ -42,8 +69,7 @@ pub(crate) enum Kind {
     Worker {
         server_id: u16,
         pid: u32,
-        ready: bool,
-        draining: bool,
+        state: WorkerState,
         since: Instant,
         rejoined: bool,
     },
@@ -77,9 +103,17 @@ pub(crate) struct DataPlane {
 
 pub(crate) struct Reload {
     queue: VecDeque<i32>,
-    /// The old worker being replaced, when the step began, and whether it was
-    /// signalled (waiting for its exit) or not yet (waiting for its replacement).
-    step: Option<(i32, Instant, bool)>,
+    step: Option<ReloadStep>,
+}
+
+/// One step of a rolling reload: the old worker `old` (a pid) being replaced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReloadStep {
+    /// `old` is retiring and its replacement starting (since `since`); `old` is
+    /// signalled once every non-retiring worker is ready.
+    AwaitReplacement { old: i32, since: Instant },
+    /// `old` was signalled (SIGTERM: drain); the step ends when it exits.
+    AwaitExit { old: i32 },
 }
 
 pub(crate) struct Shutdown {
@@ -224,17 +258,17 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
         epoll,
         listener,
         signals,
-        next_token: 16,
+        next_token: FIRST_CONN_TOKEN,
         adopted_sockets,
         issued_here: Default::default(),
         reload: None,
         shutdown: None,
         worker_replacements: 0,
         next_worker_spawn: Instant::now(),
-        worker_backoff: Duration::from_millis(500),
+        worker_backoff: supervise::WORKER_BACKOFF_MIN,
         started: Instant::now(),
         status_out,
-        buf: vec![0u8; 65_536],
+        buf: vec![0u8; CONTROL_BUF],
         opts,
     };
     ctl.take_over_workers();
@@ -250,7 +284,7 @@ impl DataPlane {
             restarts: 0,
             adopted,
             started: Instant::now(),
-            backoff: Duration::from_millis(200),
+            backoff: supervise::DP_BACKOFF_MIN,
             restart_at: None,
             last_exit: None,
         }
@@ -515,5 +549,30 @@ pub mod tests {
         assert_eq!(dp.forward, ForwardKind::Ring);
         assert_eq!(dp.ring_bytes, 1 << 20);
         assert_eq!(dp.keys.as_deref(), Some(paths.keys().as_path()));
+    }
+
+    /// The status JSON's `workers[].state` (docs/operations.md, `demux status`).
+    #[test]
+    fn worker_state_names_are_the_status_names() {
+        let names = [WorkerState::Registered, WorkerState::Ready, WorkerState::Draining].map(WorkerState::name);
+        assert_eq!(names, ["registered", "ready", "draining"]);
+    }
+
+    /// `GetSockets` adoption receives every shard's sockets in one record: the
+    /// control buffer of `recv_with_fds` holds the most one message can carry.
+    #[test]
+    fn recv_with_fds_takes_scm_max_fd_fds() {
+        use crate::seqpacket::{self, SCM_MAX_FD};
+        use std::os::fd::FromRawFd;
+        let mut sv = [0; 2];
+        // SAFETY: socketpair writes two fds into `sv`.
+        assert_eq!(unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, sv.as_mut_ptr()) }, 0);
+        // SAFETY: both fds are ours from here on.
+        let (a, b) = unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) };
+        let fds = vec![a.as_raw_fd(); SCM_MAX_FD];
+        seqpacket::send(a.as_raw_fd(), b"sockets", &fds, 0).expect("send");
+        let mut buf = [0u8; 64];
+        let (n, truncated, got) = seqpacket::recv_with_fds(b.as_raw_fd(), &mut buf, 0).expect("recv");
+        assert_eq!((&buf[..n], truncated, got.len()), (&b"sockets"[..], false, SCM_MAX_FD));
     }
 }

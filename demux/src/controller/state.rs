@@ -169,7 +169,7 @@ pub fn load_or_create_keys(p: &Paths) -> Result<(KeyFile, bool)> {
             Ok((k, false))
         }
         None => {
-            let mut random = [0u8; 3 * 32 + 16];
+            let mut random = [0u8; proto::keyfile::RANDOM_LEN];
             crate::sys::os_random(&mut random).context("getrandom")?;
             let k = KeyFile::generate(&random, proto::cid::Prf::SipHash24);
             write_atomic(&p.keys(), &k.to_text())?;

@@ -20,10 +20,10 @@ impl Ctl {
             .conns
             .values()
             .filter_map(|c| match &c.kind {
-                Kind::Worker { server_id, pid, ready, draining, since, rejoined } => Some(json!({
+                Kind::Worker { server_id, pid, state, since, rejoined } => Some(json!({
                     "server_id": server_id,
                     "pid": pid,
-                    "state": if *draining { "draining" } else if *ready { "ready" } else { "registered" },
+                    "state": state.name(),
                     "managed": self.workers.iter().any(|w| w.proc.pid() as u32 == *pid),
                     "rejoined": rejoined,
                     "registered_for_s": since.elapsed().as_secs(),

@@ -4,7 +4,7 @@
 //! and the shutdown (SIGTERM). Operations contract: `../shared/seeds/004_*`,
 //! "Lifecycle".
 
-use super::{procs, state, Ctl, Kind, Managed, Reload, Shutdown};
+use super::{procs, state, Ctl, Kind, Managed, Reload, ReloadStep, Shutdown, WorkerState};
 use anyhow::Result;
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, RawFd};
@@ -13,10 +13,12 @@ use std::time::{Duration, Instant};
 /// Longest wait for a reload step's new worker to become ready.
 const RELOAD_STEP_TIMEOUT: Duration = Duration::from_secs(120);
 /// Data-plane restart backoff bounds; a data plane that ran this long resets it.
-const DP_BACKOFF_MIN: Duration = Duration::from_millis(200);
+pub(super) const DP_BACKOFF_MIN: Duration = Duration::from_millis(200);
 const DP_BACKOFF_MAX: Duration = Duration::from_secs(5);
 const DP_STABLE: Duration = Duration::from_secs(10);
-/// Worker replacement backoff (a worker that dies within WORKER_STABLE doubles it).
+/// Worker replacement backoff (a worker that dies within WORKER_STABLE doubles it,
+/// one that lived longer resets it).
+pub(super) const WORKER_BACKOFF_MIN: Duration = Duration::from_millis(500);
 const WORKER_BACKOFF_MAX: Duration = Duration::from_secs(10);
 const WORKER_STABLE: Duration = Duration::from_secs(5);
 
@@ -114,7 +116,7 @@ impl Ctl {
                     if lived < WORKER_STABLE {
                         self.worker_backoff = (self.worker_backoff * 2).min(WORKER_BACKOFF_MAX);
                     } else {
-                        self.worker_backoff = Duration::from_millis(500);
+                        self.worker_backoff = WORKER_BACKOFF_MIN;
                     }
                     self.next_worker_spawn = Instant::now() + self.worker_backoff;
                     tracing::error!(pid, how, "worker died; replacing it (the replacement gets a new server id)");
@@ -226,7 +228,9 @@ impl Ctl {
     fn all_ready(&self) -> bool {
         self.workers.iter().filter(|w| !w.retiring).all(|w| {
             let pid = w.proc.pid() as u32;
-            self.conns.values().any(|c| matches!(c.kind, Kind::Worker { pid: p, ready: true, .. } if p == pid))
+            self.conns
+                .values()
+                .any(|c| matches!(c.kind, Kind::Worker { pid: p, state: WorkerState::Ready, .. } if p == pid))
         })
     }
 
@@ -249,10 +253,10 @@ impl Ctl {
                     };
                     // Retiring: the supervisor starts its replacement right away.
                     w.retiring = true;
-                    r.step = Some((old, Instant::now(), false));
+                    r.step = Some(ReloadStep::AwaitReplacement { old, since: Instant::now() });
                     break;
                 }
-                Some((old, since, false)) => {
+                Some(ReloadStep::AwaitReplacement { old, since }) => {
                     if self.all_ready()
                         && self.workers.iter().filter(|w| !w.retiring).count() >= self.opts.spawn_workers
                     {
@@ -262,7 +266,7 @@ impl Ctl {
                             w.signaled = true;
                         }
                         self.store_workers();
-                        r.step = Some((old, since, true));
+                        r.step = Some(ReloadStep::AwaitExit { old });
                     } else if since.elapsed() > RELOAD_STEP_TIMEOUT {
                         tracing::error!(pid = old, "reload: the replacement did not become ready; reload stopped");
                         if let Some(w) = self.workers.iter_mut().find(|w| w.proc.pid() == old) {
@@ -272,7 +276,7 @@ impl Ctl {
                     }
                     break;
                 }
-                Some((old, _, true)) => {
+                Some(ReloadStep::AwaitExit { old }) => {
                     if self.workers.iter().any(|w| w.proc.pid() == old) {
                         break;
                     }

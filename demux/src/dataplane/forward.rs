@@ -32,19 +32,9 @@ pub struct Forwarder {
     shard: usize,
 }
 
-impl Default for Forwarder {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Forwarder {
     /// The forwarder of shard `shard` (which ring of a worker's rings is ours).
-    pub fn for_shard(shard: usize) -> Forwarder {
-        Forwarder { shard, ..Forwarder::new() }
-    }
-
-    pub fn new() -> Forwarder {
+    pub fn new(shard: usize) -> Forwarder {
         let empty_iov = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
         Forwarder {
             pending: Vec::with_capacity(MAX_PENDING),
@@ -52,7 +42,7 @@ impl Forwarder {
             iovs: vec![[empty_iov, empty_iov]; MAX_PENDING],
             // SAFETY: mmsghdr is plain old data; all-zero is a valid (empty) value.
             msgs: (0..MAX_PENDING).map(|_| unsafe { std::mem::zeroed::<libc::mmsghdr>() }).collect(),
-            shard: 0,
+            shard,
         }
     }
 

@@ -306,47 +306,6 @@ fn sockaddr(a: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
 mod tests {
     use super::*;
 
-    /// What one demux-minted Retry costs the shard (quinn: Initial keys, header
-    /// protection, token seal, integrity tag; plus one sendmsg). Measurement, not a
-    /// check: `cargo test --release -p demux --bin demux retry_cost -- --ignored --nocapture`.
-    #[test]
-    #[ignore]
-    fn retry_cost() {
-        let sink = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        let srv = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        use std::os::fd::AsRawFd;
-        let local = srv.local_addr().unwrap();
-        let mut m = Minter::new(
-            &RetryConfig { mode: RetryMode::Always, token_secret: [7; 32] },
-            vec![(local, srv.as_raw_fd())],
-        )
-        .unwrap();
-        let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
-        let crypto = worker::tls::client_crypto(&[ck.cert.der().clone()], &[b"h3"]).unwrap();
-        let mut ep = Endpoint::new(Arc::new(EndpointConfig::default()), None, false, None);
-        let (_h, mut conn) =
-            ep.connect(Instant::now(), quinn_proto::ClientConfig::new(Arc::new(crypto)), local, "localhost").unwrap();
-        let mut buf = Vec::new();
-        let t = conn.poll_transmit(Instant::now(), 1, &mut buf).unwrap();
-        let initial = buf[..t.size].to_vec();
-        let keys = KeySet::new((proto::Generation::new(0).unwrap(), [1; 32]), None).unwrap();
-        let c = ShardCounters::new(1);
-        let client = sink.local_addr().unwrap();
-        let n = 20_000;
-        let t0 = Instant::now();
-        for _ in 0..n {
-            m.answer(&initial, client, local, None, &keys, ServerId(1), &c);
-        }
-        let per = t0.elapsed() / n;
-        let sent = c.retries_sent.load(std::sync::atomic::Ordering::Relaxed);
-        let errs = c.retry_send_errors.load(std::sync::atomic::Ordering::Relaxed);
-        eprintln!(
-            "retry_cost: {per:?} per Retry ({:.0}/s on one core); sent {sent}, send errors {errs}",
-            1.0 / per.as_secs_f64()
-        );
-        assert_eq!(sent + errs, u64::from(n));
-    }
-
     #[test]
     fn gate_modes() {
         let mut g = RetryGate::new(RetryMode::Off);

@@ -9,7 +9,6 @@ use crate::dataplane::limits::{Limits, Refusal, ShardAdmission};
 use crate::dataplane::retry::{Minter, RetryGate};
 use crate::dataplane::snapshot::Snapshot;
 use crate::dataplane::socket::UdpSock;
-use proto::route::route_train_cached;
 use proto::wire::FrameMeta;
 use proto::{PinTable, Reason};
 use std::net::SocketAddr;
@@ -70,7 +69,7 @@ impl Router {
             pins: PinTable::new(setup.pin_capacity, hash_key),
             cache: proto::DecodeCache::new(setup.decode_cache),
             counters: setup.counters.clone(),
-            fwd: Forwarder::for_shard(setup.index),
+            fwd: Forwarder::new(setup.index),
             limits: setup.limits.clone(),
             retry: match &setup.limits.retry {
                 Some(cfg) => {
@@ -123,7 +122,7 @@ impl Router {
             bump(&c.trains_in, 1);
         }
         if payload.is_empty() {
-            // proto::route_train emits no run for an empty train; a zero-length UDP
+            // proto::Router::route_train emits no run for an empty train; a zero-length UDP
             // datagram is not QUIC (RFC 9000 §17: every packet has a header byte).
             bump(&c.reasons[Reason::NotQuic.index()], 1);
             return;
@@ -140,9 +139,9 @@ impl Router {
             Some((g, m)) => (Some(g), Some(m)),
             None => (None, None),
         };
-        let mut admission = ShardAdmission { limits: &self.limits, client, ms: self.ms, retry: gate };
-        let (pins, cache) = (&mut self.pins, &mut self.cache);
-        route_train_cached(payload, stride, &snap.table, pins, self.now, &mut admission, cache, |run, refused| {
+        let admission = ShardAdmission { limits: &self.limits, client, ms: self.ms, retry: gate };
+        let router = proto::Router::new(&snap.table, &mut self.pins, self.now).with_admission(admission);
+        router.with_decoder(&mut self.cache).route_train(payload, stride, |run, refused| {
             let segs = run.segments as u64;
             match refused {
                 // Dropped before placement; counted under its own reason, not a

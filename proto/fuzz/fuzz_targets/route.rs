@@ -1,4 +1,4 @@
-//! Fuzz `proto::route::route` and `route_train` against small fixed tables.
+//! Fuzz `proto::route::Router::route` and `route_train` against small fixed tables.
 //!
 //! Input: byte 0..2 = GRO stride (big-endian u16), byte 2 = clock step, byte 3 = the
 //! key set's PRFs (bit 0: newest siphash-2-4, bit 1: previous siphash-2-4, ADR 0004;
@@ -10,7 +10,7 @@
 use libfuzzer_sys::fuzz_target;
 use proto::cid::{Generation, KeySet, Prf, ServerId};
 use proto::pin::PinTable;
-use proto::route::{route, route_train, Decision, InstanceInfo, Reason, Table};
+use proto::route::{Decision, InstanceInfo, Reason, Router, Table};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -56,11 +56,15 @@ fuzz_target!(|data: &[u8]| {
     let mut pins = PinTable::new(8, [0x44; 16]);
     let now = Duration::from_secs(100);
 
-    let first = route(payload, t, &mut pins, now);
+    let route = |pins: &mut PinTable, now| {
+        let Ok(decision) = Router::new(t, pins, now).route(payload);
+        decision
+    };
+    let first = route(&mut pins, now);
     check(first, t);
     // Routing is deterministic while the pin lives (ADR-0040): same answer again,
     // up to Placed becoming Pinned.
-    let again = route(payload, t, &mut pins, now + step.min(Duration::from_secs(9)));
+    let again = route(&mut pins, now + step.min(Duration::from_secs(9)));
     check(again, t);
     if first.reason == Reason::Placed {
         assert_eq!((again.reason, again.target), (Reason::Pinned, first.target));
@@ -70,7 +74,7 @@ fuzz_target!(|data: &[u8]| {
 
     let mut end = 0;
     let mut segments = 0;
-    route_train(payload, stride, t, &mut pins, now + step, |run| {
+    Router::new(t, &mut pins, now + step).route_train(payload, stride, |run, _| {
         assert_eq!(run.bytes.start, end, "runs are contiguous");
         assert!(run.bytes.end > run.bytes.start && run.segments >= 1);
         check(run.decision, t);

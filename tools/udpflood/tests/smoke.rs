@@ -21,7 +21,7 @@ fn temp_path(name: &str) -> PathBuf {
 }
 
 fn key_file() -> (PathBuf, KeyFile) {
-    let kf = KeyFile::generate(&[0x5a; 112], proto::cid::Prf::SipHash24);
+    let kf = KeyFile::generate(&[0x5a; proto::keyfile::RANDOM_LEN], proto::cid::Prf::SipHash24);
     let p = temp_path("keys");
     std::fs::write(&p, kf.to_text()).unwrap();
     (p, kf)

@@ -12,21 +12,34 @@
 //!    (count 0 unless `--forward ring` and `CAP_RINGS`).
 //! 3. `Ready` → placeable; `Draining` → not placeable (still live, still fast).
 //! 4. close → dead at once, out of the fast path's maps.
+//!
+//! This module: the epoll loop, the connection table and publishing snapshots.
+//! [`hello`]: the data hello (Sockets, FastSockets, Rings). [`keys`]: new keys
+//! (KeysChanged, SIGHUP key file reload). [`slots`]: per-instance counter slots and
+//! their baselines. [`status`]: the status JSON.
+
+mod hello;
+mod keys;
+mod slots;
+mod status;
 
 use crate::cli::FastPathMode;
-use crate::dataplane::counters::{instance_total, ShardCounters, SlotCounts};
-use crate::dataplane::fast_path::{self, FastPathState};
+use crate::dataplane::counters::ShardCounters;
+use crate::dataplane::fast_path::FastPathState;
 use crate::seqpacket::{self, Inbound};
 use crate::dataplane::snapshot::{DataConn, Shared, Snapshot};
-use crate::dataplane::status::{self, StatusInfo};
+use crate::dataplane::status::StatusInfo;
 use crate::sys::Epoll;
 use anyhow::{Context, Result};
 use proto::wire::{encode_control, Control};
 use proto::{InstanceInfo, KeySet, ServerId, Table};
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
+
+use hello::Wants;
+use slots::Slots;
 
 const TOKEN_DATA_LISTENER: u64 = 0;
 const TOKEN_CONTROL_LISTENER: u64 = 1;
@@ -35,8 +48,6 @@ const TOKEN_RELOAD: u64 = 2;
 const FIRST_CONN_TOKEN: u64 = 3;
 /// Largest control record the registry reads (a status reply is the largest it sends).
 const CONTROL_BUF: usize = 65_536;
-/// One `signalfd_siginfo` (signalfd(2)): what one read of the reload signalfd returns.
-const SIGNALFD_RECORD: usize = 128;
 /// Send buffer of a data connection: frames wait here while the worker catches up.
 const DATA_SNDBUF: libc::c_int = 4 << 20;
 
@@ -69,9 +80,7 @@ pub struct Registry {
     control_listener: Option<OwnedFd>,
     conns: HashMap<u64, Conn>,
     next_token: u64,
-    free_slots: VecDeque<usize>,
-    /// Slot counter totals when the slot was handed to its current owner.
-    baselines: Vec<SlotCounts>,
+    slots: Slots,
     /// The fds handed to workers: shard 0's socket per listen address.
     udp_fds: Vec<RawFd>,
     udp_addrs: Vec<SocketAddr>,
@@ -86,26 +95,6 @@ pub struct Registry {
     ring_bytes: Option<u64>,
     fast_path: FastPathState,
     fast_path_mode: FastPathMode,
-}
-
-/// What a worker asked for in its data hello.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Wants {
-    /// `DataHelloV2`: the answer ends with `Rings`.
-    v2: bool,
-    rings: bool,
-    fast_path: bool,
-}
-
-impl Wants {
-    const V1: Wants = Wants { v2: false, rings: false, fast_path: false };
-    fn from_caps(caps: u32) -> Wants {
-        Wants {
-            v2: true,
-            rings: caps & proto::wire::CAP_RINGS != 0,
-            fast_path: caps & proto::wire::CAP_FAST_PATH != 0,
-        }
-    }
 }
 
 pub struct RegistryConfig {
@@ -157,8 +146,7 @@ impl Registry {
             control_listener: cfg.control_listener,
             conns: HashMap::new(),
             next_token: FIRST_CONN_TOKEN,
-            free_slots: (0..cfg.max_instances).collect(),
-            baselines: vec![SlotCounts::default(); cfg.max_instances],
+            slots: Slots::new(cfg.max_instances),
             udp_fds: cfg.udp_fds,
             udp_addrs: cfg.udp_addrs,
             all_udp_fds: cfg.all_udp_fds,
@@ -302,131 +290,6 @@ impl Registry {
         }
     }
 
-    /// The answer to every `DataHelloV2`: `Rings`, with one ring per shard when
-    /// `--forward ring` and the worker asked (`wanted`), else count 0.
-    /// Any failure leaves the worker on SEQPACKET frames (empty vector).
-    fn offer_rings(&self, fd: RawFd, server_id: ServerId, wanted: bool) -> Vec<crate::dataplane::ring::Producer> {
-        let made: std::io::Result<Vec<_>> = match self.ring_bytes {
-            Some(bytes) if wanted && self.counters.len() <= usize::from(proto::wire::MAX_RINGS) => {
-                (0..self.counters.len()).map(|_| crate::dataplane::ring::Producer::create(bytes)).collect()
-            }
-            _ => Ok(Vec::new()),
-        };
-        let rings = made.unwrap_or_else(|e| {
-            tracing::warn!(server_id = server_id.0, error = %e, "could not create rings; SEQPACKET frames");
-            Vec::new()
-        });
-        let bytes = if rings.is_empty() { 0 } else { self.ring_bytes.unwrap_or(0) };
-        let fds: Vec<RawFd> = rings.iter().flat_map(|r| r.fds().map(|f| f.as_raw_fd())).collect();
-        let rec = encode_control(&Control::Rings { count: rings.len() as u8, bytes });
-        match seqpacket::send(fd, &rec, &fds, libc::MSG_DONTWAIT) {
-            Ok(_) => {
-                if !rings.is_empty() {
-                    tracing::info!(server_id = server_id.0, rings = rings.len(), bytes, "forwarding over rings");
-                }
-                rings
-            }
-            Err(e) => {
-                tracing::warn!(server_id = server_id.0, error = %e, "could not send Rings; SEQPACKET frames");
-                Vec::new()
-            }
-        }
-    }
-
-    /// `FastSockets` for a worker with `CAP_FAST_PATH`: its own sockets when the fast
-    /// path is active (empty otherwise, or when opening them failed: the worker then
-    /// gets everything over the user path). Our copies close when this returns.
-    fn offer_fast_sockets(&self, fd: RawFd, server_id: ServerId, slot: usize) -> std::io::Result<()> {
-        let socks = match self.fast_path.active() {
-            Some(fp) => fp.open_worker_sockets(slot, server_id).unwrap_or_else(|e| {
-                tracing::warn!(server_id = server_id.0, error = %e, "fast path: no worker socket; user path only");
-                Vec::new()
-            }),
-            None => Vec::new(),
-        };
-        let addrs = socks.iter().map(|s| s.local).collect();
-        let fds: Vec<RawFd> = socks.iter().map(|s| s.fd.as_raw_fd()).collect();
-        let rec = encode_control(&Control::FastSockets { addrs });
-        let sent = seqpacket::send(fd, &rec, &fds, libc::MSG_DONTWAIT).map(drop);
-        if sent.is_err() && !socks.is_empty() {
-            if let Some(fp) = self.fast_path.active() {
-                fp.remove_worker(slot, server_id);
-            }
-        }
-        sent
-    }
-
-    fn hello(&mut self, token: u64, server_id: ServerId, wants: Wants) -> bool {
-        let dup = self.conns.values().any(|c| matches!(c, Conn::Live { conn, .. } if conn.server_id == server_id.0));
-        if dup {
-            self.refuse(token, &format!("server id {} is already live on another data connection", server_id.0));
-            return false;
-        }
-        let Some(slot) = self.free_slots.pop_front() else {
-            self.refuse(token, &format!("too many live instances (--max-instances {})", self.baselines.len()));
-            return false;
-        };
-        let Some(Conn::Pending(fd)) = self.conns.remove(&token) else { return false };
-        let rec = encode_control(&Control::Sockets { addrs: self.udp_addrs.clone() });
-        if let Err(e) = seqpacket::send(fd.as_raw_fd(), &rec, &self.udp_fds, libc::MSG_DONTWAIT) {
-            tracing::warn!(server_id = server_id.0, error = %e, "could not send Sockets; closing");
-            self.free_slots.push_back(slot);
-            let _ = self.epoll.delete(fd.as_raw_fd());
-            return false;
-        }
-        self.baselines[slot] = self.slot_counts(slot);
-        if wants.fast_path {
-            if let Err(e) = self.offer_fast_sockets(fd.as_raw_fd(), server_id, slot) {
-                tracing::warn!(server_id = server_id.0, error = %e, "could not send FastSockets; closing");
-                self.free_slots.push_back(slot);
-                let _ = self.epoll.delete(fd.as_raw_fd());
-                return false;
-            }
-        }
-        let rings = if wants.v2 { self.offer_rings(fd.as_raw_fd(), server_id, wants.rings) } else { Vec::new() };
-        let conn = Arc::new(DataConn { fd, server_id: server_id.0, slot, rings });
-        self.conns.insert(token, Conn::Live { conn, placeable: false });
-        tracing::info!(server_id = server_id.0, slot, "instance live");
-        self.publish();
-        true
-    }
-
-    fn set_keys(&mut self, keys: KeySet, why: &str) {
-        tracing::info!(newest = self.keys_generation(&keys), why, "CID keys changed");
-        if let Some(fp) = self.fast_path.active() {
-            // The program decodes exactly the generations the user path decodes.
-            if let Err(e) = fp.set_keys(&keys) {
-                tracing::error!(error = %e, "fast path: key update failed; such datagrams take the user path");
-            }
-        }
-        self.keys = keys;
-        self.publish();
-    }
-
-    fn keys_generation(&self, keys: &KeySet) -> u8 {
-        keys.newest().get()
-    }
-
-    /// SIGHUP: re-read the key file (standalone rotation). A bad file keeps the old keys.
-    fn on_reload_signal(&mut self) {
-        let Some(fd) = &self.reload_signal else { return };
-        // Drain the signalfd (one signalfd_siginfo per pending signal).
-        let mut info = [0u8; SIGNALFD_RECORD];
-        // SAFETY: reads into a live buffer of its own length from our non-blocking signalfd.
-        while unsafe { libc::read(fd.as_raw_fd(), info.as_mut_ptr().cast(), info.len()) } > 0 {}
-        let loaded = std::fs::read_to_string(&self.keys_path)
-            .map_err(|e| e.to_string())
-            .and_then(|t| proto::keyfile::KeyFile::parse(&t).map_err(|e| e.to_string()))
-            .and_then(|k| k.key_set().map(|ks| (ks, k.rendezvous_key)).map_err(|e| format!("{e:?}")));
-        match loaded {
-            Ok((ks, rendezvous_key)) => {
-                self.rendezvous_key = rendezvous_key;
-                self.set_keys(ks, "SIGHUP: key file re-read");
-            }
-            Err(e) => tracing::warn!(path = %self.keys_path.display(), error = %e, "SIGHUP: key file not reloaded"),
-        }
-    }
-
     /// Sends `Error{reason}` (best effort) and closes.
     fn refuse(&mut self, token: u64, reason: &str) {
         if let Some(c) = self.conns.get(&token) {
@@ -444,7 +307,7 @@ impl Registry {
             if let Some(fp) = self.fast_path.active() {
                 fp.remove_worker(conn.slot, ServerId(conn.server_id));
             }
-            self.free_slots.push_back(conn.slot);
+            self.slots.give_back(conn.slot);
             self.publish();
             // The fd closes when the last snapshot holding `conn` is dropped.
         } else {
@@ -476,31 +339,5 @@ impl Registry {
         self.version += 1;
         let conns = live.into_iter().map(|(c, _)| c).collect();
         self.shared.store(Arc::new(Snapshot { table, conns, version: self.version }));
-    }
-
-    fn status_json(&self) -> String {
-        let snap = self.shared.load();
-        let instances: Vec<status::InstanceStatus> = snap
-            .conns
-            .iter()
-            .zip(snap.table.instances())
-            .map(|(c, info)| {
-                let base = self.baselines.get(c.slot).copied().unwrap_or_default();
-                status::InstanceStatus {
-                    server_id: c.server_id,
-                    placeable: info.placeable,
-                    counts: self.slot_counts(c.slot).since(base),
-                }
-            })
-            .collect();
-        let fast = fast_path::status_json(&self.fast_path, self.fast_path_mode);
-        status::render(&self.info, snap.table.keys(), snap.version, &self.counters, &instances, fast)
-    }
-
-    /// A slot's running totals: the shards' counters and the fast path's.
-    fn slot_counts(&self, slot: usize) -> SlotCounts {
-        let mut c = instance_total(&self.counters, slot);
-        c.fast_datagrams = self.fast_path.active().map_or(0, |fp| fp.worker_datagrams(slot));
-        c
     }
 }
