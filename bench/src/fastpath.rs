@@ -1024,3 +1024,76 @@ pub fn main(o: FastpathArgs) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sum(kind: &str, pct: f64, rx_us: f64, demux_us: f64, p50: f64, p99: f64) -> Sum {
+        Sum {
+            kind: kind.into(),
+            pct,
+            offered: 0.0,
+            rate: 1.0,
+            lost: 0.0,
+            per_batch: 1.0,
+            rx_us,
+            sink_us: rx_us - demux_us,
+            demux_us,
+            sender_us: 1.0,
+            ksirq_us: 0.0,
+            user_path: 0.0,
+            p50,
+            p99,
+            p999: p99,
+        }
+    }
+
+    #[test]
+    fn medians_and_numbers() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, f64::NAN, 2.0, 3.0]), 2.5);
+        assert!(median(vec![]).is_nan());
+        assert_eq!(thousands(1_234_567.0), "1 234 567");
+        assert_eq!(thousands(999.0), "999");
+        assert_eq!(load_name(0.0), "unpaced");
+        assert_eq!(load_name(25.0), "25 %");
+    }
+
+    /// The targets are the issue's: (b) ÷ (a) CPU ≤ 1.1, (b)'s demux ≤ 2 % of (c)'s,
+    /// (b) ÷ (a) latency ≤ 1.2 at p50 and p99 (paced loads only).
+    #[test]
+    fn targets_compare_the_right_contenders() {
+        let sums = [
+            sum("floor", 50.0, 2.0, 0.0, 10.0, 100.0),
+            sum("fast", 50.0, 2.4, 0.01, 11.0, 130.0),
+            sum("seqpacket", 50.0, 5.0, 3.0, 30.0, 300.0),
+        ];
+        let t = targets(&sums, &[50.0]);
+        let get = |w: &str| t.iter().find(|t| t.what.contains(w)).unwrap_or_else(|| panic!("{w}"));
+        assert!((get("receiving side").measured - 1.2).abs() < 1e-9);
+        assert!((get("demux's own").measured - 0.01 / 3.0).abs() < 1e-9);
+        assert!((get("p50").measured - 1.1).abs() < 1e-9);
+        assert!((get("p99").measured - 1.3).abs() < 1e-9);
+        assert!(targets(&sums, &[0.0]).iter().all(|t| !t.what.contains("latency")));
+    }
+
+    #[test]
+    fn the_doc_block_is_replaced_in_place() {
+        let p = std::env::temp_dir().join(format!("fp-doc-{}.md", std::process::id()));
+        std::fs::write(&p, format!("# B\n\nbefore\n{BEGIN} x -->\nold\n{END}\nafter\n")).unwrap();
+        write_doc(&p, &format!("{BEGIN} y -->\nnew\n{END}\n")).unwrap();
+        let d = std::fs::read_to_string(&p).unwrap();
+        assert_eq!(d, format!("# B\n\nbefore\n{BEGIN} y -->\nnew\n{END}\nafter\n"));
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn svg_has_a_stack_per_contender_and_load() {
+        let sums = [sum("floor", 0.0, 2.0, 0.0, 1.0, 1.0), sum("fast", 0.0, 2.1, 0.0, 1.0, 1.0)];
+        let s = svg(&sums, &["floor".into(), "fast".into()], &[0.0], 1);
+        assert!(s.starts_with("<svg") && s.ends_with("</svg>\n"));
+        assert_eq!(s.matches("fill=\"#4477aa\"").count(), 1 + 2, "legend + one sink bar each");
+        assert!(s.contains("fast, unpaced") && s.contains("2.10 + 1.00"));
+    }
+}
