@@ -9,6 +9,11 @@ use std::path::PathBuf;
 /// The contenders of `bench all`, in their default order.
 pub const CONTENDERS: [&str; 5] = ["floor", "baseline", "demux-uring", "demux-mmsg", "nginx"];
 
+/// The contenders of `bench fastpath`, in their default order: a sink on its own UDP
+/// socket (no demux), the kernel fast path into the same sink, the user path with
+/// SEQPACKET, the user path with `--forward ring`.
+pub const FASTPATH_CONTENDERS: [&str; 4] = ["floor", "fast", "seqpacket", "ring"];
+
 /// The `--io` values of `bench dataplane`: a demux `--io` backend, `+ring` for `--forward ring`.
 pub const DATAPLANE_IOS: [&str; 6] = ["uring", "mmsg", "auto", "uring+ring", "mmsg+ring", "auto+ring"];
 
@@ -39,6 +44,14 @@ pub enum Command {
     /// One data-plane shard on one core, a sender and sink workers on the other; the
     /// data plane's CPU time per forwarded datagram and its counters, as a table on stdout.
     Dataplane(DataplaneArgs),
+    /// Whole system, established short headers: floor, kernel fast path, SEQPACKET, ring.
+    ///
+    /// (a) a sink on its own UDP socket, no demux; (b) the kernel fast path into the
+    /// same sink (DataHelloV2 with CAP_FAST_PATH, its own socket); (c) the user path
+    /// with SEQPACKET; (d) with `--forward ring`. CPU per datagram of every receiving
+    /// process (and, separately, the sender's), one-way latency at 25/50/75 % of the
+    /// floor's unpaced rate. Prints Markdown; `--doc`/`--svg` write it into the docs.
+    Fastpath(FastpathArgs),
     /// Contender started by `bench all`: recvmmsg and discard.
     ///
     /// The least any socket reader can spend per datagram.
@@ -141,6 +154,48 @@ pub struct DataplaneArgs {
     pub load_core: usize,
 }
 
+/// `bench fastpath`. A list flag given twice: the last one wins.
+#[derive(Debug, Args)]
+#[command(args_override_self = true)]
+pub struct FastpathArgs {
+    /// Seconds of load per run (per contender and load).
+    #[arg(long, value_name = "S", default_value_t = 3.0, value_parser = positive_f64)]
+    pub seconds: f64,
+    /// Repetitions (rounds); the contenders' order rotates from round to round.
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = positive_usize)]
+    pub reps: usize,
+    /// Contenders to run, comma-separated.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
+          value_parser = FASTPATH_CONTENDERS, default_value = "floor,fast,seqpacket,ring")]
+    pub contenders: Vec<String>,
+    /// Paced loads in % of the floor's unpaced rate, comma-separated (after one unpaced run each).
+    #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
+          value_parser = positive_f64, default_value = "25,50,75")]
+    pub loads: Vec<f64>,
+    /// Core of the receiving side: the sink and the demux's one shard.
+    #[arg(long, value_name = "C", default_value_t = 0)]
+    pub shard_core: usize,
+    /// Core of the sender.
+    #[arg(long, value_name = "L", default_value_t = 1)]
+    pub load_core: usize,
+    /// Nice value for the bench and all it starts, in an autogroup of its own (0 = leave priorities alone).
+    #[arg(long, value_name = "N", default_value_t = -20, allow_negative_numbers = true)]
+    pub nice: i32,
+    /// Rewrite the generated `bench fastpath` block of FILE (e.g. docs/benchmarks.md).
+    #[arg(long, value_name = "FILE")]
+    pub doc: Option<PathBuf>,
+    /// Write the CPU chart to FILE (e.g. docs/benchmarks-fastpath.svg).
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// Also write every run as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Count the SK_REUSEPORT program's run time in the fast runs (BPF_ENABLE_STATS,
+    /// `bpftool prog show`); adds two clock reads to every eBPF program run meanwhile.
+    #[arg(long)]
+    pub bpf_stats: bool,
+}
+
 /// What both contender servers take.
 #[derive(Debug, Args)]
 pub struct ServerArgs {
@@ -240,6 +295,13 @@ mod tests {
              --rates 0,100000 --no-latency --no-doc --json /tmp/runs.json",
             "all --rate 100000",
             "dataplane --seconds 5 --rate 0 --io uring,mmsg,uring+ring,mmsg+ring --shard-core 0 --load-core 1",
+            // docs/benchmarks.md, "kernel fast path", and a smoke run.
+            "fastpath",
+            "fastpath --seconds 3 --reps 3 --contenders floor,fast,seqpacket,ring --loads 25,50,75 \
+             --shard-core 0 --load-core 1 --nice -20 --doc docs/benchmarks.md --svg docs/benchmarks-fastpath.svg \
+             --json /tmp/fp.json",
+            "fastpath --contenders floor,fast --loads 50 --bpf-stats",
+            "fastpath --seconds 1 --reps 1 --loads 50 --nice 0",
             // servers.rs, as `bench all` starts them (all/contenders.rs).
             "floor-server --listen 127.0.0.1:0 --ready-file /tmp/r --counters /tmp/c --gro",
             "baseline-server --keys /tmp/k --worker 1=/tmp/w1.sock --worker 2=/tmp/w2.sock --listen 127.0.0.1:0 \
@@ -285,6 +347,9 @@ mod tests {
             "all --trains 1,x",
             "all --no-doc --doc /tmp/b.md",
             "dataplane --io uring,nope",
+            "fastpath --contenders floor,nope",
+            "fastpath --loads 0",
+            "fastpath --seconds 0",
             "baseline-server --ready-file r --counters c --keys k --worker 1",
             "baseline-server --ready-file r --counters c",
             "nope",
@@ -304,6 +369,11 @@ mod tests {
         let Command::Dataplane(d) = parse("dataplane").unwrap().command else { panic!() };
         assert_eq!((d.seconds, d.rate, d.shard_core, d.load_core), (5.0, 0.0, 0, 1));
         assert_eq!(d.ios, ["uring", "mmsg", "uring+ring", "mmsg+ring"]);
+        let Command::Fastpath(f) = parse("fastpath").unwrap().command else { panic!() };
+        assert_eq!((f.seconds, f.reps, f.nice, f.shard_core, f.load_core), (3.0, 3, -20, 0, 1));
+        assert_eq!(f.contenders, FASTPATH_CONTENDERS);
+        assert_eq!(f.loads, [25.0, 50.0, 75.0]);
+        assert!(f.doc.is_none() && f.svg.is_none() && f.json.is_none() && !f.bpf_stats);
     }
 
     /// As with the hand-written parser: a flag given again, and `--rate` against

@@ -13,12 +13,20 @@
 //! Issue #3: one data-plane shard on one core, a sender and sink workers on the other;
 //! the data plane's CPU time per forwarded datagram and its counters.
 //!
+//! `cargo run --release -p bench -- fastpath [--seconds S] [--reps N] [--contenders floor,fast,seqpacket,ring] [--loads 25,50,75] [--doc FILE] [--svg FILE] [--json FILE]`
+//!
+//! The kernel fast path, whole system: a sink on its own UDP socket (the floor), the
+//! SK_REUSEPORT fast path into the same sink, the user path with SEQPACKET and with
+//! `--forward ring`; CPU per datagram of every receiving process, the sender's
+//! separately, one-way latency at 25/50/75 % of the floor's rate (fastpath.rs).
+//!
 //! `bench floor-server …` and `bench baseline-server …` are the contenders `all`
 //! starts as subprocesses (see servers.rs).
 
 mod all;
 mod cli;
 mod dataplane;
+mod fastpath;
 mod load;
 mod servers;
 mod sys;
@@ -30,6 +38,7 @@ fn main() {
     let r = match Cli::parse().command {
         Command::All(a) => all::main(a),
         Command::Dataplane(a) => dataplane::main(a),
+        Command::Fastpath(a) => fastpath::main(a),
         Command::FloorServer(a) => servers::floor(a),
         Command::BaselineServer(a) => servers::baseline(a),
     };

@@ -150,7 +150,7 @@ fn conditions(o: &Opts, load_start: &str) -> Conditions {
 /// only weighs within its session, so the bench first starts a session of its own
 /// (setsid: a new autogroup holding only the bench and its children), gives that
 /// group the nice value, and asks for SIGTERM if its parent (cargo) goes away.
-fn prioritize(nice: i32) {
+pub(crate) fn prioritize(nice: i32) {
     // SAFETY: plain syscalls on this process.
     unsafe {
         if libc::setsid() >= 0 {
