@@ -27,6 +27,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod alloc;
 pub mod cid_gen;
 pub mod control;
 pub mod datasock;
