@@ -74,9 +74,13 @@ pub struct ServerOptions {
     pub handshake_timeout: Duration,
 }
 
-/// `--max-handshakes` default: ~9 KiB of quinn + rustls state per handshake in
-/// progress (measured, docs/worker.md) × 2048 ≈ 18 MiB.
-pub const DEFAULT_MAX_HANDSHAKES: usize = 2048;
+/// `--max-handshakes` default. Memory is not what limits it (~10 KiB of quinn +
+/// rustls state per handshake in progress, docs/worker.md: 2.5 MiB), CPU is: every
+/// slot costs a full TLS handshake and its retransmissions until the timeout, and
+/// 2048 slots left a 2-vCPU worker too busy to read its data connection during a
+/// 6 000 Initials/s flood. 256 slots / 5 s ≈ 50 flood handshakes/s at most; a real
+/// client past the limit pays one extra round trip (Retry).
+pub const DEFAULT_MAX_HANDSHAKES: usize = 256;
 /// `--handshake-timeout` default: room for a few lost flights at quinn's 1 s initial
 /// PTO (RFC 9002 §6.2.2) — loopback handshakes take milliseconds.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);

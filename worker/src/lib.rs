@@ -76,7 +76,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Limits {
         Limits {
-            max_incoming: 1024,
+            max_incoming: 8192,
             incoming_buffer_size: 64 << 10,
             incoming_buffer_size_total: 8 << 20,
             cid_lifetime: Some(cid_gen::DEFAULT_CID_LIFETIME),

@@ -82,6 +82,15 @@ fn demux_status(control: &Path) -> String {
     }
 }
 
+/// utime + stime of `pid` in clock ticks (1/100 s).
+fn cpu_ticks(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = s.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let get = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    get(11) + get(12)
+}
+
 fn rss_kib(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     s.lines()
@@ -199,6 +208,7 @@ fn initial_flood_is_bounded_and_memory_returns() {
     });
     std::thread::sleep(Duration::from_secs(1));
     let idle = rss_kib(wpid);
+    let cpu0 = cpu_ticks(wpid);
 
     // RSS sampler.
     let stop = Arc::new(AtomicBool::new(false));
@@ -276,6 +286,7 @@ fn initial_flood_is_bounded_and_memory_returns() {
     });
     let (sent, errors, took) = flood.join().expect("flood thread");
     let flood_end = Instant::now();
+    let cpu_flood = cpu_ticks(wpid) - cpu0;
     let peak_during = peak.load(Ordering::Relaxed);
 
     // Back within 2× idle within 30 s?
@@ -308,9 +319,11 @@ fn initial_flood_is_bounded_and_memory_returns() {
     let l = legit.lock().expect("lock");
     let max_ttfb = l.ttfb_ms.iter().copied().max().unwrap_or(0);
     println!(
-        "flood: {sent} sent ({errors} errors) from {sources} sources × {per_source} in {took:?} ({rate}/s)\n\
+        "flood: {sent} sent ({errors} errors) from {sources} sources × {per_source} in {took:?} ({rate}/s); \
+         worker CPU during it {} ms\n\
          worker RSS: idle {} MiB, peak during flood {} MiB, peak overall {} MiB, back ≤ 2× idle after {:?} (last {} MiB)\n\
          legit client: {} ok, {} failed, TTFB ms {:?} (max {max_ttfb})\n{exit}\ndemux: {status}",
+        cpu_flood * 10,
         idle / 1024,
         peak_during / 1024,
         peak_all / 1024,
