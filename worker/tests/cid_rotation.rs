@@ -60,7 +60,13 @@ struct Setup {
     cert: rustls::pki_types::CertificateDer<'static>,
 }
 
-fn server(secrets: &Secrets, keys: &CidKeys, id: ServerId, lifetime: Option<Duration>, ck: &rcgen::CertifiedKey) -> quinn::Endpoint {
+fn server(
+    secrets: &Secrets,
+    keys: &CidKeys,
+    id: ServerId,
+    lifetime: Option<Duration>,
+    ck: &rcgen::CertifiedKey,
+) -> quinn::Endpoint {
     let ident = worker::tls::Identity {
         certs: vec![ck.cert.der().clone()],
         key: rustls::pki_types::PrivateKeyDer::Pkcs8(ck.key_pair.serialize_der().into()),

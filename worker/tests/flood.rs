@@ -150,9 +150,22 @@ fn initial_flood_is_bounded_and_memory_returns() {
     let demux = demux_release_or_debug();
     let keys = dir.join("keys");
     assert!(Command::new(&demux).args(["gen-keys", "--out"]).arg(&keys).status().expect("gen-keys").success());
-    let (data, control, ready, dlog) = (dir.join("d.sock"), dir.join("c.sock"), dir.join("ready"), dir.join("demux.log"));
+    let (data, control, ready, dlog) =
+        (dir.join("d.sock"), dir.join("c.sock"), dir.join("ready"), dir.join("demux.log"));
     let mut d = Command::new(&demux)
-        .args(["dataplane", "--listen", "127.0.0.1:0", "--cores", "0", "--io", "mmsg", "--retry", "off", "--limits", "off"])
+        .args([
+            "dataplane",
+            "--listen",
+            "127.0.0.1:0",
+            "--cores",
+            "0",
+            "--io",
+            "mmsg",
+            "--retry",
+            "off",
+            "--limits",
+            "off",
+        ])
         .arg("--keys")
         .arg(&keys)
         .arg("--data-socket")
