@@ -12,6 +12,13 @@ use quinn_proto::{ConnectionId, ConnectionIdGenerator, InvalidCid};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Default CID lifetime (`--cid-lifetime`): quinn replaces every CID it issued this
+/// long ago with a fresh one (NEW_CONNECTION_ID with Retire Prior To, RFC 9000
+/// §5.1.1-2), so connections move to the newest key generation within about two
+/// lifetimes of a rotation. Rotations must therefore be at least two lifetimes apart
+/// (ADR-0040: the previous generation stays decodable for one rotation only).
+pub const DEFAULT_CID_LIFETIME: Duration = Duration::from_secs(600);
+
 /// The live key generations, shared between the generators of all endpoints of a
 /// process and replaceable on rotation (`KeysChanged`).
 #[derive(Debug, Clone)]
@@ -39,8 +46,9 @@ pub struct AdrCidGenerator {
 }
 
 impl AdrCidGenerator {
+    /// A generator whose CIDs live [`DEFAULT_CID_LIFETIME`].
     pub fn new(keys: CidKeys, server_id: ServerId) -> AdrCidGenerator {
-        AdrCidGenerator { keys, server_id, lifetime: None }
+        AdrCidGenerator { keys, server_id, lifetime: Some(DEFAULT_CID_LIFETIME) }
     }
 
     /// Let quinn retire and replace CIDs after `d` (None: never).
@@ -49,12 +57,22 @@ impl AdrCidGenerator {
         self
     }
 
-    /// A factory for `quinn::EndpointConfig::cid_generator`.
+    /// A factory for `quinn::EndpointConfig::cid_generator` ([`DEFAULT_CID_LIFETIME`]).
     pub fn factory(
         keys: CidKeys,
         server_id: ServerId,
     ) -> impl Fn() -> Box<dyn ConnectionIdGenerator> + Send + Sync + 'static {
-        move || Box::new(AdrCidGenerator::new(keys.clone(), server_id))
+        Self::factory_with_lifetime(keys, server_id, Some(DEFAULT_CID_LIFETIME))
+    }
+
+    /// A factory whose CIDs live `lifetime` (None: forever — connections then keep
+    /// their first generation's CIDs and are orphaned by the second rotation).
+    pub fn factory_with_lifetime(
+        keys: CidKeys,
+        server_id: ServerId,
+        lifetime: Option<Duration>,
+    ) -> impl Fn() -> Box<dyn ConnectionIdGenerator> + Send + Sync + 'static {
+        move || Box::new(AdrCidGenerator::new(keys.clone(), server_id).with_lifetime(lifetime))
     }
 
     /// Mints one CID.
@@ -79,12 +97,25 @@ impl ConnectionIdGenerator for AdrCidGenerator {
         ConnectionId::new(&self.mint())
     }
 
-    /// Accepts every CID that decodes under a live generation, whatever its server id:
-    /// a short-header packet for another (dead) instance's connection reaches us as
-    /// an orphan and must still be answered with a stateless reset (RFC 9000 §10.3),
-    /// which quinn only sends for CIDs that pass this check.
+    /// quinn asks this only for a short-header datagram whose DCID matches none of its
+    /// connections, and sends a stateless reset (rate-limited by
+    /// `EndpointConfig::min_reset_interval`) exactly when it returns `Ok`; `Err`
+    /// drops the datagram silently (quinn-proto `Endpoint::handle`).
+    ///
+    /// Such a datagram reached us because the data plane routed it here: as ours
+    /// (a connection we forgot), or as an orphan — a dead server id, `cr` = 3, or a
+    /// generation rotated away (ADR-0040 routing rules: "Orphan → any serving
+    /// instance (stateless reset)"). All of them must be reset (RFC 9000 §10.3), so
+    /// every CID of our length passes, whatever it decodes to. The reset token is
+    /// HMAC(shared reset key, CID), the one the issuing instance advertised, so the
+    /// peer accepts it. Only a wrong length (impossible: quinn parses short headers
+    /// with our fixed length) is refused.
     fn validate(&self, cid: &ConnectionId) -> Result<(), InvalidCid> {
-        self.keys.load().decode(cid).map(|_| ()).map_err(|_| InvalidCid)
+        if cid.len() == CID_LEN {
+            Ok(())
+        } else {
+            Err(InvalidCid)
+        }
     }
 
     fn cid_len(&self) -> usize {
@@ -119,21 +150,26 @@ mod tests {
             assert!(g.validate(&cid).is_ok());
         }
         assert_eq!(g.cid_len(), 12);
-        assert_eq!(g.cid_lifetime(), None);
+        assert_eq!(g.cid_lifetime(), Some(DEFAULT_CID_LIFETIME));
+        assert_eq!(g.clone().with_lifetime(None).cid_lifetime(), None);
     }
 
     #[test]
-    fn validate_accepts_other_ids_and_live_generations_only() {
+    /// ADR-0040 routing rules: orphans (dead id, cr = 3, unknown generation) reach a
+    /// serving instance to be reset, so `validate` (quinn's "send a reset?") passes them.
+    fn validate_passes_orphans_so_quinn_resets_them() {
         let ks = keys();
         let g = AdrCidGenerator::new(CidKeys::new(ks.clone()), ServerId(1));
         let other = ks.encode_with(Generation::ZERO, ServerId(9), &[5; 10]).unwrap();
-        assert!(g.validate(&ConnectionId::new(&other)).is_ok(), "other instance, previous generation");
+        assert!(g.validate(&ConnectionId::new(&other)).is_ok(), "other (dead) instance, previous generation");
         let mut unroutable = other;
         unroutable[0] |= 0xc0;
-        assert!(g.validate(&ConnectionId::new(&unroutable)).is_err(), "cr = 3");
+        assert!(ks.decode(&unroutable).is_err());
+        assert!(g.validate(&ConnectionId::new(&unroutable)).is_ok(), "cr = 3");
         let mut gen2 = other;
         gen2[0] = (gen2[0] & 0x3f) | 0x80;
-        assert!(g.validate(&ConnectionId::new(&gen2)).is_err(), "generation 2 not live");
+        assert!(ks.decode(&gen2).is_err());
+        assert!(g.validate(&ConnectionId::new(&gen2)).is_ok(), "generation 2 not live");
         assert!(g.validate(&ConnectionId::new(&[0; 8])).is_err(), "wrong length");
     }
 

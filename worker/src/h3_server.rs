@@ -17,7 +17,7 @@ use bytes::{Bytes, BytesMut};
 use http::{Method, Request, Response, StatusCode};
 use proto::ServerId;
 use std::path::{Component, Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
@@ -45,6 +45,16 @@ pub struct HttpStats {
     pub refused_incoming: AtomicU64,
     pub retries_sent: AtomicU64,
     pub connections: AtomicU64,
+    /// Handshakes in progress (accepted `Incoming`s whose `Connecting` has not
+    /// resolved): bounded by `ServerOptions::max_handshakes`.
+    pub handshaking: AtomicUsize,
+    /// Unvalidated Initials over `max_handshakes` answered with a Retry (stateless).
+    pub overload_retries: AtomicU64,
+    /// Initials over the limit that could not be retried (address already validated,
+    /// beyond twice the limit), ignored: no reply, no state.
+    pub overload_ignored: AtomicU64,
+    /// Handshakes abandoned at `handshake_timeout`.
+    pub handshake_timeouts: AtomicU64,
 }
 
 /// What the server serves.
@@ -55,6 +65,37 @@ pub struct ServerOptions {
     pub root: Option<PathBuf>,
     /// Answer token-less Initials with Retry (RFC 9000 §8.1.2).
     pub retry: bool,
+    /// Most handshakes in progress at once (`--max-handshakes`). Beyond it a token-less
+    /// Initial gets a Retry (RFC 9000 §8.1.2: stateless, smaller than the Initial, so
+    /// no amplification) and one whose address is validated is still admitted, up to
+    /// twice the limit; anything else is ignored. 0: no limit.
+    pub max_handshakes: usize,
+    /// A handshake not complete after this long is abandoned (`--handshake-timeout`).
+    pub handshake_timeout: Duration,
+}
+
+/// `--max-handshakes` default. Memory is not what limits it (~10 KiB of quinn +
+/// rustls state per handshake in progress, docs/worker.md: 2.5 MiB), CPU is: every
+/// slot costs a full TLS handshake and its retransmissions until the timeout, and
+/// 2048 slots left a 2-vCPU worker too busy to read its data connection during a
+/// 6 000 Initials/s flood. 256 slots / 5 s ≈ 50 flood handshakes/s at most; a real
+/// client past the limit pays one extra round trip (Retry).
+pub const DEFAULT_MAX_HANDSHAKES: usize = 256;
+/// `--handshake-timeout` default: room for a few lost flights at quinn's 1 s initial
+/// PTO (RFC 9002 §6.2.2) — loopback handshakes take milliseconds.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl ServerOptions {
+    /// Options with the default handshake limits.
+    pub fn new(server_id: ServerId) -> ServerOptions {
+        ServerOptions {
+            server_id,
+            root: None,
+            retry: false,
+            max_handshakes: DEFAULT_MAX_HANDSHAKES,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+        }
+    }
 }
 
 /// Shared state of all connection tasks.
@@ -84,6 +125,30 @@ pub async fn serve(endpoint: quinn::Endpoint, ctx: Arc<Ctx>) {
             incoming.refuse();
             continue;
         }
+        let max = ctx.opts.max_handshakes;
+        let busy = ctx.stats.handshaking.load(Ordering::Relaxed);
+        if max > 0 && busy >= max {
+            // Over the handshake limit: no connection state for this Initial.
+            if !incoming.remote_address_validated() && incoming.may_retry() {
+                match incoming.retry() {
+                    Ok(()) => {
+                        ctx.stats.overload_retries.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    Err(e) => {
+                        ctx.stats.overload_ignored.fetch_add(1, Ordering::Relaxed);
+                        e.into_incoming().ignore();
+                        continue;
+                    }
+                }
+            }
+            if busy >= max.saturating_mul(2) {
+                ctx.stats.overload_ignored.fetch_add(1, Ordering::Relaxed);
+                incoming.ignore();
+                continue;
+            }
+            // Validated (it answered our Retry): admitted, up to twice the limit.
+        }
         if ctx.opts.retry && !incoming.remote_address_validated() {
             // RFC 9000 §8.1.2: the Retry's SCID comes from the ADR-0040 generator, so
             // the client's next Initial (DCID = that CID) routes back here.
@@ -104,17 +169,35 @@ pub async fn serve(endpoint: quinn::Endpoint, ctx: Arc<Ctx>) {
     }
 }
 
+/// Counts a handshake in progress until dropped.
+struct Handshaking(Arc<Ctx>);
+
+impl Drop for Handshaking {
+    fn drop(&mut self) {
+        self.0.stats.handshaking.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 fn spawn_connection(incoming: quinn::Incoming, ctx: &Arc<Ctx>) {
     let guard = ctx.drain.track();
+    ctx.stats.handshaking.fetch_add(1, Ordering::Relaxed);
+    let hs = Handshaking(Arc::clone(ctx));
     let ctx = Arc::clone(ctx);
     tokio::spawn(async move {
         let _guard = guard;
         let remote = incoming.remote_address();
         let conn = match incoming.accept() {
-            Ok(connecting) => match connecting.await {
-                Ok(c) => c,
-                Err(e) => {
+            // Dropping `Connecting` at the timeout drops the last reference to the
+            // connection, which closes it (quinn: implicit close) and frees its state.
+            Ok(connecting) => match tokio::time::timeout(ctx.opts.handshake_timeout, connecting).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => {
                     tracing::debug!(%remote, error = %e, "handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    ctx.stats.handshake_timeouts.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(%remote, "handshake timed out");
                     return;
                 }
             },
@@ -123,6 +206,7 @@ fn spawn_connection(incoming: quinn::Incoming, ctx: &Arc<Ctx>) {
                 return;
             }
         };
+        drop(hs);
         ctx.stats.connections.fetch_add(1, Ordering::Relaxed);
         let alpn = conn
             .handshake_data()

@@ -27,6 +27,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod alloc;
 pub mod cid_gen;
 pub mod control;
 pub mod datasock;
@@ -54,6 +55,43 @@ pub use socket::DemuxSocket;
 
 /// How long to wait for the data plane's `Sockets` reply.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Bounds on what an endpoint keeps for connections that are not established yet,
+/// and the CID lifetime (docs/worker.md, "Bounded handshakes" and "CID lifetime").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// `ServerConfig::max_incoming`: Initials quinn holds as `Incoming` before the
+    /// server accepts, refuses or ignores them; beyond it quinn ignores new Initials
+    /// before deriving any key (cheap).
+    pub max_incoming: usize,
+    /// `ServerConfig::incoming_buffer_size`: bytes of further datagrams buffered per
+    /// `Incoming` (a client's Initial flight), dropped beyond.
+    pub incoming_buffer_size: u64,
+    /// `ServerConfig::incoming_buffer_size_total`: the same, over all `Incoming`s.
+    pub incoming_buffer_size_total: u64,
+    /// `ConnectionIdGenerator::cid_lifetime` ([`cid_gen::DEFAULT_CID_LIFETIME`]).
+    pub cid_lifetime: Option<Duration>,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_incoming: 8192,
+            incoming_buffer_size: 64 << 10,
+            incoming_buffer_size_total: 8 << 20,
+            cid_lifetime: Some(cid_gen::DEFAULT_CID_LIFETIME),
+        }
+    }
+}
+
+impl Limits {
+    /// Applies the `Incoming` bounds to a server configuration.
+    pub fn apply(&self, sc: &mut quinn::ServerConfig) {
+        sc.max_incoming(self.max_incoming)
+            .incoming_buffer_size(self.incoming_buffer_size)
+            .incoming_buffer_size_total(self.incoming_buffer_size_total);
+    }
+}
 
 /// A quinn endpoint attached to the data plane.
 #[derive(Debug)]
@@ -94,16 +132,29 @@ pub async fn connect_socket_with(
 }
 
 /// Builds a quinn server endpoint on `socket` with the shared secrets: ADR-0040 CIDs,
-/// shared reset key, shared token key, no fixed-bit greasing.
+/// shared reset key, shared token key, no fixed-bit greasing, and the default
+/// [`Limits`] (which replace quinn's `Incoming` limits in `server_config`).
 pub fn endpoint_on(
     socket: Arc<DemuxSocket>,
     server_id: ServerId,
     secrets: &Secrets,
+    server_config: quinn::ServerConfig,
+) -> anyhow::Result<Attached> {
+    endpoint_on_with(socket, server_id, secrets, server_config, &Limits::default())
+}
+
+/// [`endpoint_on`] with `limits`.
+pub fn endpoint_on_with(
+    socket: Arc<DemuxSocket>,
+    server_id: ServerId,
+    secrets: &Secrets,
     mut server_config: quinn::ServerConfig,
+    limits: &Limits,
 ) -> anyhow::Result<Attached> {
     let cid_keys = secrets.cid_keys()?;
-    let ep_cfg = secrets.endpoint_config(&cid_keys, server_id);
+    let ep_cfg = secrets.endpoint_config_with(&cid_keys, server_id, limits.cid_lifetime);
     secrets.apply_token_key(&mut server_config);
+    limits.apply(&mut server_config);
     let runtime = Arc::new(quinn::TokioRuntime);
     let endpoint = quinn::Endpoint::new_with_abstract_socket(ep_cfg, Some(server_config), socket.clone(), runtime)
         .context("creating the quinn endpoint")?;

@@ -69,10 +69,21 @@ impl Secrets {
     }
 
     /// The endpoint configuration of an instance with `server_id`: shared reset key,
-    /// ADR-0040 CID generator, no fixed-bit greasing.
+    /// ADR-0040 CID generator (CIDs live [`crate::cid_gen::DEFAULT_CID_LIFETIME`]), no
+    /// fixed-bit greasing.
     pub fn endpoint_config(&self, cid_keys: &CidKeys, server_id: ServerId) -> quinn::EndpointConfig {
+        self.endpoint_config_with(cid_keys, server_id, Some(crate::cid_gen::DEFAULT_CID_LIFETIME))
+    }
+
+    /// [`Secrets::endpoint_config`] with CIDs living `cid_lifetime` (`--cid-lifetime`).
+    pub fn endpoint_config_with(
+        &self,
+        cid_keys: &CidKeys,
+        server_id: ServerId,
+        cid_lifetime: Option<std::time::Duration>,
+    ) -> quinn::EndpointConfig {
         let mut c = quinn::EndpointConfig::new(self.reset_hmac());
-        c.cid_generator(AdrCidGenerator::factory(cid_keys.clone(), server_id));
+        c.cid_generator(AdrCidGenerator::factory_with_lifetime(cid_keys.clone(), server_id, cid_lifetime));
         // RFC 9287: the data plane drops fixed-bit-clear datagrams (ADR-0040).
         c.grease_quic_bit(false);
         c

@@ -145,7 +145,7 @@ fn serves_over_the_fast_socket_and_swaps_it_on_reconnect() {
         }
         assert_eq!(att.socket.fast().addrs().collect::<Vec<_>>(), vec![p1]);
         let ctx = worker::h3_server::Ctx::new(
-            worker::h3_server::ServerOptions { server_id: ServerId(9), root: None, retry: false },
+            worker::h3_server::ServerOptions::new(ServerId(9)),
             worker::drain::Drain::new(),
         )
         .expect("ctx");

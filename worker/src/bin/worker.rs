@@ -68,6 +68,37 @@ struct Args {
     /// SK_REUSEPORT program steers established datagrams to): on or off.
     #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
     fast_path: bool,
+    /// Most TLS handshakes in progress at once; beyond it token-less Initials get a
+    /// stateless Retry and the rest are ignored (0: no limit).
+    #[arg(long, value_name = "N", default_value_t = h3_server::DEFAULT_MAX_HANDSHAKES)]
+    max_handshakes: usize,
+    /// Abandon a handshake not complete after this long.
+    #[arg(long, value_name = "SECS", default_value = "5", value_parser = secs)]
+    handshake_timeout: Duration,
+    /// quinn `max_incoming`: Initials queued before the server takes them; beyond it
+    /// quinn ignores new ones before deriving any key.
+    #[arg(long, value_name = "N", default_value_t = worker::Limits::default().max_incoming)]
+    max_incoming: usize,
+    /// quinn `incoming_buffer_size`: bytes of further datagrams buffered per queued Initial.
+    #[arg(long, value_name = "BYTES", default_value_t = worker::Limits::default().incoming_buffer_size)]
+    incoming_buffer_size: u64,
+    /// quinn `incoming_buffer_size_total`: the same over all queued Initials.
+    #[arg(long, value_name = "BYTES", default_value_t = worker::Limits::default().incoming_buffer_size_total)]
+    incoming_buffer_size_total: u64,
+    /// CID lifetime: quinn replaces older CIDs (newest key generation), so rotations
+    /// must be at least two lifetimes apart; 0: CIDs never expire.
+    #[arg(long, value_name = "SECS", default_value = "600", value_parser = secs)]
+    cid_lifetime: Duration,
+    /// Return freed heap to the OS (glibc `malloc_trim`) when connections close.
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
+    malloc_trim: bool,
+}
+
+fn secs(s: &str) -> Result<Duration, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=1e9).contains(&v) => Ok(Duration::from_secs_f64(v)),
+        _ => Err(format!("expected seconds (e.g. 5 or 0.5), not {s:?}")),
+    }
 }
 
 fn on_off(s: &str) -> Result<bool, String> {
@@ -175,10 +206,27 @@ async fn run(a: Args) -> anyhow::Result<()> {
     let mut transport = quinn::TransportConfig::default();
     transport.max_idle_timeout(Some(quinn::IdleTimeout::from(quinn::VarInt::from_u32(30_000))));
     sc.transport_config(Arc::new(transport));
-    let att = worker::endpoint_on(Arc::clone(&socket), server_id, &secrets, sc)?;
+    let limits = worker::Limits {
+        max_incoming: a.max_incoming.max(1),
+        incoming_buffer_size: a.incoming_buffer_size,
+        incoming_buffer_size_total: a.incoming_buffer_size_total,
+        cid_lifetime: (!a.cid_lifetime.is_zero()).then_some(a.cid_lifetime),
+    };
+    let att = worker::endpoint_on_with(Arc::clone(&socket), server_id, &secrets, sc, &limits)?;
 
     let drain = Drain::new();
-    let ctx = Ctx::new(ServerOptions { server_id, root: a.root.clone(), retry: a.retry }, drain.clone())?;
+    let opts = ServerOptions {
+        root: a.root.clone(),
+        retry: a.retry,
+        max_handshakes: a.max_handshakes,
+        handshake_timeout: a.handshake_timeout,
+        ..ServerOptions::new(server_id)
+    };
+    let ctx = Ctx::new(opts, drain.clone())?;
+    let trimmer = a.malloc_trim.then(|| {
+        let d = drain.clone();
+        tokio::spawn(worker::alloc::trim_after_peaks(move || d.open_connections(), Duration::from_secs(1)))
+    });
     let server = tokio::spawn(h3_server::serve(att.endpoint.clone(), Arc::clone(&ctx)));
     // Key rotations from the controller (ADR-0040); re-registration when it is lost.
     let mut lost = match &control {
@@ -226,13 +274,17 @@ async fn run(a: Args) -> anyhow::Result<()> {
     att.endpoint.close(quinn::VarInt::from_u32(H3_NO_ERROR), b"shutting down");
     let _ = tokio::time::timeout(Duration::from_secs(2), att.endpoint.wait_idle()).await;
     server.abort();
+    if let Some(t) = trimmer {
+        t.abort();
+    }
     // Closing the data connection makes the server id dead at once.
     data.close();
     let s = &ctx.stats;
     let d = &data.stats;
     let u = socket.udp();
     eprintln!(
-        "worker exit: server_id={} connections={} requests={} ok={} retries={} refused={} frames={} malformed={} \
+        "worker exit: server_id={} connections={} requests={} ok={} retries={} refused={} overload_retries={} \
+         overload_ignored={} handshake_timeouts={} frames={} malformed={} \
          udp_sends={} udp_bytes={} udp_errors={} gso_max={} fast_sockets={} fast_datagrams={} fast_bytes={} \
          fast_sends={} fast_errors={} drained={}",
         server_id,
@@ -241,6 +293,9 @@ async fn run(a: Args) -> anyhow::Result<()> {
         s.responses_ok.load(Ordering::Relaxed),
         s.retries_sent.load(Ordering::Relaxed),
         s.refused_incoming.load(Ordering::Relaxed),
+        s.overload_retries.load(Ordering::Relaxed),
+        s.overload_ignored.load(Ordering::Relaxed),
+        s.handshake_timeouts.load(Ordering::Relaxed),
         d.frames.load(Ordering::Relaxed),
         d.malformed.load(Ordering::Relaxed),
         u.stats.transmits.load(Ordering::Relaxed),

@@ -1,0 +1,359 @@
+//! An Initial flood below any Retry threshold against a real data plane and a real
+//! `worker` (the overload issue): real ClientHello Initials (quinn-proto clients, one
+//! unique DCID each) from `FLOOD_SOURCES` loopback addresses (127.1.x.y, one socket,
+//! the source address set per datagram with IP_PKTINFO), `FLOOD_PER_SOURCE` each, at
+//! `FLOOD_RATE`/s; the demux runs `--retry off --limits off`, so every Initial is
+//! placed on the worker.
+//!
+//! Asserts (the issue's bounds): the worker's RSS stays under 300 MB; it comes back
+//! within 2× its idle RSS within 30 s after the flood; a legitimate quinn client from
+//! 127.0.0.1, connecting anew every 250 ms during the flood, completes every request
+//! with time to first byte (connect + request + response head) ≤ 1 s. The measured
+//! figures are printed (`--nocapture`). `FLOOD_WORKER_ARGS` adds worker flags.
+
+mod common;
+
+use common::*;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn env_or(k: &str, d: usize) -> usize {
+    std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d)
+}
+
+fn demux_release_or_debug() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| manifest.join("../target"));
+    let release = !cfg!(debug_assertions);
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "-q", "-p", "demux"]).current_dir(manifest.join(".."));
+    if release {
+        cmd.arg("--release");
+    }
+    assert!(cmd.status().expect("cargo build -p demux").success(), "building demux failed");
+    target.join(if release { "release/demux" } else { "debug/demux" })
+}
+
+struct Kill(Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_for(path: &Path, child: &mut Child, log: &Path, what: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(t) = std::fs::read_to_string(path) {
+            return t;
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!("{what} exited early ({st}): {}", std::fs::read_to_string(log).unwrap_or_default());
+        }
+        assert!(Instant::now() < deadline, "{what} not ready: {}", std::fs::read_to_string(log).unwrap_or_default());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The data plane's `reasons` (Placed, Owner, dropped…) and per-instance datagrams.
+fn demux_status(control: &Path) -> String {
+    use proto::wire::{decode_control, encode_control, Control};
+    use std::os::fd::AsFd;
+    let Ok(fd) = worker::fdpass::seqpacket_connect(control) else { return "(no status)".into() };
+    if worker::fdpass::send_record(fd.as_fd(), &encode_control(&Control::StatusRequest), &[], 0).is_err() {
+        return "(no status)".into();
+    }
+    let mut buf = vec![0u8; 128 * 1024];
+    match worker::fdpass::recv_record(fd.as_fd(), &mut buf, 0) {
+        Ok(r) => match decode_control(&buf[..r.len]) {
+            Ok(Control::Status { json }) => match serde_json::from_str::<serde_json::Value>(&json) {
+                Ok(v) => format!("reasons {} instances {}", v["reasons"], v["instances"]),
+                Err(_) => json,
+            },
+            other => format!("{other:?}"),
+        },
+        Err(e) => e.to_string(),
+    }
+}
+
+/// utime + stime of `pid` in clock ticks (1/100 s).
+fn cpu_ticks(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = s.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let get = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    get(11) + get(12)
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `n` real client Initials (RFC 9000 §17.2.2), each the first datagram of a fresh
+/// quinn-proto client connection: a full TLS 1.3 ClientHello (X25519 only, so it fits
+/// one 1200-byte datagram) and a random DCID.
+fn initials(n: usize, server: SocketAddr) -> Vec<Vec<u8>> {
+    let mut provider = rustls::crypto::aws_lc_rs::default_provider();
+    provider.kx_groups = vec![rustls::crypto::aws_lc_rs::kx_group::X25519];
+    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("tls13")
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h3".to_vec()];
+    let qc = quinn::crypto::rustls::QuicClientConfig::try_from(tls).expect("quic client config");
+    let cfg = quinn_proto::ClientConfig::new(Arc::new(qc));
+    let mut out = Vec::with_capacity(n);
+    let mut ep = None;
+    for i in 0..n {
+        if i % 1000 == 0 {
+            ep = Some(quinn_proto::Endpoint::new(Arc::new(quinn_proto::EndpointConfig::default()), None, false, None));
+        }
+        let Some(ep) = ep.as_mut() else { unreachable!() };
+        let now = Instant::now();
+        let (_, mut conn) = ep.connect(now, cfg.clone(), server, "localhost").expect("connect");
+        let mut buf = Vec::with_capacity(1500);
+        let t = conn.poll_transmit(now, 1, &mut buf).expect("an Initial");
+        buf.truncate(t.size);
+        out.push(buf);
+    }
+    out
+}
+
+#[derive(Debug, Default)]
+struct Legit {
+    ok: u64,
+    failed: u64,
+    ttfb_ms: Vec<u64>,
+    errors: Vec<String>,
+}
+
+#[test]
+fn initial_flood_is_bounded_and_memory_returns() {
+    let sources = env_or("FLOOD_SOURCES", 12_000);
+    let per_source = env_or("FLOOD_PER_SOURCE", 3);
+    let rate = env_or("FLOOD_RATE", 6_000);
+    assert!(sources <= 65_000);
+
+    let dir = temp_dir("flood");
+    let demux = demux_release_or_debug();
+    let keys = dir.join("keys");
+    assert!(Command::new(&demux).args(["gen-keys", "--out"]).arg(&keys).status().expect("gen-keys").success());
+    let (data, control, ready, dlog) =
+        (dir.join("d.sock"), dir.join("c.sock"), dir.join("ready"), dir.join("demux.log"));
+    let mut d = Command::new(&demux)
+        .args([
+            "dataplane",
+            "--listen",
+            "127.0.0.1:0",
+            "--cores",
+            "0",
+            "--io",
+            "mmsg",
+            "--retry",
+            "off",
+            "--limits",
+            "off",
+        ])
+        .arg("--keys")
+        .arg(&keys)
+        .arg("--data-socket")
+        .arg(&data)
+        .arg("--control-socket")
+        .arg(&control)
+        .arg("--ready-file")
+        .arg(&ready)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&dlog).expect("log"))
+        .spawn()
+        .expect("spawn demux");
+    let text = wait_for(&ready, &mut d, &dlog, "demux");
+    let _d = Kill(d);
+    let addr: SocketAddr = text.lines().find_map(|l| l.strip_prefix("udp ")).and_then(|a| a.parse().ok()).expect("udp");
+
+    let c = cert(&dir);
+    let (wready, wlog) = (dir.join("w.ready"), dir.join("w.log"));
+    let extra = std::env::var("FLOOD_WORKER_ARGS").unwrap_or_default();
+    let mut w = Command::new(WORKER)
+        .args(["--server-id", "1", "--fast-path", "off", "--keys"])
+        .arg(&keys)
+        .arg("--data-socket")
+        .arg(&data)
+        .arg("--cert")
+        .arg(&c.cert)
+        .arg("--key")
+        .arg(&c.key)
+        .arg("--ready-file")
+        .arg(&wready)
+        .args(extra.split_whitespace())
+        .env("RUST_LOG", "warn")
+        .env("QUICDEMUX_RINGS", "0")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&wlog).expect("log"))
+        .spawn()
+        .expect("spawn worker");
+    wait_for(&wready, &mut w, &wlog, "worker");
+    let wpid = w.id();
+    let mut w = Kill(w);
+
+    let t0 = Instant::now();
+    let dgrams = Arc::new(initials(sources * per_source, addr));
+    println!("generated {} Initials ({} bytes each) in {:?}", dgrams.len(), dgrams[0].len(), t0.elapsed());
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
+    // Warm up (one request), then the idle RSS.
+    rt.block_on(async {
+        let ep = client_endpoint(&c);
+        let mut h = H3::connect(&ep, addr).await.expect("warm-up connect");
+        h.get("/health").await.expect("warm-up request");
+        h.close();
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let idle = rss_kib(wpid);
+    let cpu0 = cpu_ticks(wpid);
+
+    // RSS sampler.
+    let stop = Arc::new(AtomicBool::new(false));
+    let peak = Arc::new(AtomicU64::new(idle));
+    let sampler = {
+        let (stop, peak) = (stop.clone(), peak.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                peak.fetch_max(rss_kib(wpid), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+
+    // The flood: round r sends datagram r·sources + s from source s.
+    let flooding = Arc::new(AtomicBool::new(true));
+    let flood = {
+        let (dgrams, flooding) = (dgrams.clone(), flooding.clone());
+        std::thread::spawn(move || {
+            let sock = std::net::UdpSocket::bind("127.0.0.1:0").expect("flood socket");
+            let state = quinn_udp::UdpSocketState::new((&sock).into()).expect("udp state");
+            let start = Instant::now();
+            let (mut sent, mut errors) = (0u64, 0u64);
+            for (i, d) in dgrams.iter().enumerate() {
+                let s = (i % sources) as u32;
+                let src = Ipv4Addr::from(u32::from(Ipv4Addr::new(127, 1, 0, 0)) + s);
+                let due = start + Duration::from_secs_f64(i as f64 / rate as f64);
+                if let Some(w) = due.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(w);
+                }
+                let t = quinn_udp::Transmit {
+                    destination: addr,
+                    ecn: None,
+                    contents: d,
+                    segment_size: None,
+                    src_ip: Some(IpAddr::V4(src)),
+                };
+                match state.try_send((&sock).into(), &t) {
+                    Ok(()) => sent += 1,
+                    Err(_) => errors += 1,
+                }
+            }
+            flooding.store(false, Ordering::Relaxed);
+            (sent, errors, start.elapsed())
+        })
+    };
+
+    // The legitimate client during the flood.
+    let legit = Arc::new(Mutex::new(Legit::default()));
+    rt.block_on(async {
+        let ep = client_endpoint(&c);
+        while flooding.load(Ordering::Relaxed) {
+            let started = Instant::now();
+            let r = tokio::time::timeout(Duration::from_secs(10), async {
+                let mut h = H3::connect(&ep, addr).await.map_err(|e| e.to_string())?;
+                let r = h.get("/health").await.map_err(|e| e.to_string());
+                h.close();
+                r
+            })
+            .await;
+            let mut l = legit.lock().expect("lock");
+            match r {
+                Ok(Ok(resp)) if resp.status == 200 => {
+                    l.ok += 1;
+                    l.ttfb_ms.push(started.elapsed().as_millis() as u64);
+                }
+                other => {
+                    l.failed += 1;
+                    l.errors.push(format!("{other:?}"));
+                }
+            }
+            drop(l);
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    });
+    let (sent, errors, took) = flood.join().expect("flood thread");
+    let flood_end = Instant::now();
+    let cpu_flood = cpu_ticks(wpid) - cpu0;
+    let peak_during = peak.load(Ordering::Relaxed);
+
+    // Back within 2× idle within 30 s?
+    let mut back_after = None;
+    let mut last = 0;
+    while flood_end.elapsed() < Duration::from_secs(30) {
+        last = rss_kib(wpid);
+        if last <= 2 * idle {
+            back_after = Some(flood_end.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let _ = sampler.join();
+    let peak_all = peak.load(Ordering::Relaxed);
+
+    let status = demux_status(&control);
+    // The worker's counters (exit line on SIGTERM).
+    unsafe { libc::kill(wpid as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline && matches!(w.0.try_wait(), Ok(None)) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = std::fs::read_to_string(&wlog).unwrap_or_default();
+    let exit = log.lines().find(|l| l.starts_with("worker exit:")).unwrap_or("(no exit line)").to_string();
+    let dlog_text = std::fs::read_to_string(&dlog).unwrap_or_default();
+    let _ = &mut w;
+
+    let l = legit.lock().expect("lock");
+    let max_ttfb = l.ttfb_ms.iter().copied().max().unwrap_or(0);
+    println!(
+        "flood: {sent} sent ({errors} errors) from {sources} sources × {per_source} in {took:?} ({rate}/s); \
+         worker CPU during it {} ms\n\
+         worker RSS: idle {} MiB, peak during flood {} MiB, peak overall {} MiB, back ≤ 2× idle after {:?} (last {} MiB)\n\
+         legit client: {} ok, {} failed, TTFB ms {:?} (max {max_ttfb})\n{exit}\ndemux: {status}",
+        cpu_flood * 10,
+        idle / 1024,
+        peak_during / 1024,
+        peak_all / 1024,
+        back_after,
+        last / 1024,
+        l.ok,
+        l.failed,
+        l.ttfb_ms,
+    );
+    if !l.errors.is_empty() {
+        println!("legit errors: {:?}", &l.errors[..l.errors.len().min(5)]);
+    }
+    let _ = dlog_text;
+    assert!(sources >= 10_000 || std::env::var("FLOOD_SOURCES").is_ok(), "the issue's bound is ≥ 10 000 sources");
+    assert!(errors == 0 || errors * 100 < sent, "flood sends failed: {errors}");
+    assert!(peak_all < 300 * 1024, "worker RSS peaked at {} MiB (bound 300 MiB)", peak_all / 1024);
+    assert!(back_after.is_some(), "RSS {} MiB 30 s after the flood, idle {} MiB", last / 1024, idle / 1024);
+    assert!(l.ok > 0 && l.failed == 0, "legit client: {} ok, {} failed: {:?}", l.ok, l.failed, l.errors);
+    assert!(max_ttfb <= 1000, "legit client TTFB up to {max_ttfb} ms (bound 1 s): {:?}", l.ttfb_ms);
+}
