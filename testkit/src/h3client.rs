@@ -172,3 +172,26 @@ impl H3 {
         self.driver.abort();
     }
 }
+
+/// Serves every connection `ep` accepts: each bidirectional stream gets its bytes
+/// (up to 1 MiB) echoed back. Returns when the endpoint closes.
+pub async fn serve_echo(ep: quinn::Endpoint) {
+    while let Some(incoming) = ep.accept().await {
+        tokio::spawn(echo_connection(incoming));
+    }
+}
+
+async fn echo_connection(incoming: quinn::Incoming) {
+    let Ok(conn) = incoming.await else { return };
+    while let Ok((send, recv)) = conn.accept_bi().await {
+        tokio::spawn(echo_stream(send, recv));
+    }
+}
+
+async fn echo_stream(mut send: quinn::SendStream, mut recv: quinn::RecvStream) {
+    if let Ok(data) = recv.read_to_end(1 << 20).await {
+        let _ = send.write_all(&data).await;
+        let _ = send.finish();
+        let _ = send.stopped().await;
+    }
+}

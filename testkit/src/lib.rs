@@ -58,3 +58,12 @@ pub fn have_tool(ok: bool, tool: &str) -> bool {
     eprintln!("SKIP: {tool} not installed (set CI=1 to make this a failure)");
     false
 }
+
+/// The number after `"key":` in a one-line JSON object (panics when absent).
+pub fn json_num(json: &str, key: &str) -> f64 {
+    let pat = format!("\"{key}\":");
+    let i = json.find(&pat).unwrap_or_else(|| panic!("no {key} in {json}")) + pat.len();
+    let rest = &json[i..];
+    let end = rest.find([',', '}']).unwrap_or(rest.len());
+    rest[..end].parse().unwrap_or_else(|_| panic!("{key} not a number in {json}"))
+}

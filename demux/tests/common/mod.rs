@@ -20,40 +20,29 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_demux");
 
-/// Runs `$body(io)` once per backend: `mod $name { fn uring(), fn mmsg() }`.
+/// Runs `$body(io)` once per backend: `mod $name { fn uring(), fn mmsg() }`; with
+/// `rings`, also both backends with `--forward ring` (test workers read rings).
 #[macro_export]
 macro_rules! both_backends {
     ($name:ident) => {
-        mod $name {
-            #[test]
-            fn uring() {
-                super::$name("uring")
-            }
-            #[test]
-            fn mmsg() {
-                super::$name("mmsg")
-            }
-        }
+        $crate::backend_tests!($name; uring = "uring", mmsg = "mmsg");
     };
-    // The same, plus both backends with `--forward ring` (test workers read rings).
     ($name:ident, rings) => {
+        $crate::backend_tests!($name; uring = "uring", mmsg = "mmsg", uring_ring = "uring+ring", mmsg_ring = "mmsg+ring");
+    };
+}
+
+/// `mod $name { #[test] fn $test() { super::$name($io) } … }`.
+#[macro_export]
+macro_rules! backend_tests {
+    ($name:ident; $($test:ident = $io:literal),*) => {
         mod $name {
-            #[test]
-            fn uring() {
-                super::$name("uring")
-            }
-            #[test]
-            fn mmsg() {
-                super::$name("mmsg")
-            }
-            #[test]
-            fn uring_ring() {
-                super::$name("uring+ring")
-            }
-            #[test]
-            fn mmsg_ring() {
-                super::$name("mmsg+ring")
-            }
+            $(
+                #[test]
+                fn $test() {
+                    super::$name($io)
+                }
+            )*
         }
     };
 }
@@ -465,8 +454,9 @@ impl Drop for Worker {
     }
 }
 
-/// Waits until `f()` holds (at most 20 s), panicking with `what` otherwise.
-pub fn wait_until(what: &str, f: impl Fn() -> bool) {
+/// Waits until `f()` holds (at most 20 s: `testkit::wait_until`), panicking with
+/// `what` otherwise.
+pub fn wait_for(what: &str, f: impl Fn() -> bool) {
     testkit::wait_until(what, Duration::from_secs(20), || f().then_some(()));
 }
 
@@ -476,6 +466,23 @@ pub fn wait_until(what: &str, f: impl Fn() -> bool) {
 
 pub fn client() -> UdpSocket {
     UdpSocket::bind("127.0.0.1:0").unwrap()
+}
+
+/// Starts the data plane with `args` (plus a fresh key file and data socket) under
+/// a seccomp filter failing `denied` with EPERM, expecting it to refuse to start:
+/// checks exit code 1 and no panic, and returns its stderr.
+pub fn refused_start(tag: &str, denied: &[libc::c_long], args: &[&str]) -> String {
+    let dir = temp_dir(tag);
+    let keys = dir.join("keys");
+    assert!(Command::new(BIN).args(["gen-keys", "--out"]).arg(&keys).status().unwrap().success());
+    let mut cmd = Command::new(BIN);
+    deny_syscalls_in_child(&mut cmd, denied);
+    let out = cmd.args(args).arg("--keys").arg(&keys).arg("--data-socket").arg(dir.join("d.sock")).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+    err
 }
 
 /// Installs (in the child, before exec) a seccomp filter that makes io_uring_setup
