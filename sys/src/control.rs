@@ -36,7 +36,9 @@ pub fn connect(path: &Path) -> io::Result<OwnedFd> {
 /// that does not come within the socket's timeout is `TimedOut`.
 pub fn exchange(fd: BorrowedFd<'_>, records: &[&[u8]], buf: &mut [u8]) -> io::Result<Received> {
     let timed_out = |e: io::Error| match e.kind() {
-        io::ErrorKind::WouldBlock => io::Error::new(io::ErrorKind::TimedOut, format!("no reply within {REPLY_TIMEOUT:?}")),
+        io::ErrorKind::WouldBlock => {
+            io::Error::new(io::ErrorKind::TimedOut, format!("no reply within {REPLY_TIMEOUT:?}"))
+        }
         _ => e,
     };
     for r in records {

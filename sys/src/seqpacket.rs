@@ -118,7 +118,9 @@ pub fn listen_private(path: &Path) -> io::Result<OwnedFd> {
 pub fn accept(listener: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     // SAFETY: null address pointers are allowed by accept4(2) when the peer address
     // is not wanted.
-    owned(unsafe { libc::accept4(listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) })
+    owned(unsafe {
+        libc::accept4(listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC)
+    })
 }
 
 /// Accepts one connection, itself non-blocking; `None` when none is waiting (EAGAIN,

@@ -10,7 +10,13 @@ use std::time::Duration;
 pub fn setsockopt_int(fd: impl AsRawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
     // SAFETY: passes a pointer to a live c_int and its exact size.
     cvt(unsafe {
-        libc::setsockopt(fd.as_raw_fd(), level, name, (&value as *const libc::c_int).cast(), size_of::<libc::c_int>() as libc::socklen_t)
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
     })
     .map(drop)
 }
@@ -91,7 +97,13 @@ pub fn socket_type(fd: BorrowedFd<'_>) -> io::Result<libc::c_int> {
     let mut len = size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: `ty` and `len` are valid for writes and `len` holds the size of `ty`.
     cvt(unsafe {
-        libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TYPE, (&mut ty as *mut libc::c_int).cast(), &mut len)
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_TYPE,
+            (&mut ty as *mut libc::c_int).cast(),
+            &mut len,
+        )
     })?;
     Ok(ty)
 }

@@ -62,7 +62,13 @@ pub fn ready_udp_addrs(text: &str) -> Vec<std::net::SocketAddr> {
 
 /// Adds a data plane's socket and file arguments: `--keys K --data-socket D
 /// --control-socket C --ready-file R`.
-pub fn dataplane_files<'c>(cmd: &'c mut Command, keys: &Path, data: &Path, control: &Path, ready: &Path) -> &'c mut Command {
+pub fn dataplane_files<'c>(
+    cmd: &'c mut Command,
+    keys: &Path,
+    data: &Path,
+    control: &Path,
+    ready: &Path,
+) -> &'c mut Command {
     cmd.arg("--keys").arg(keys).arg("--data-socket").arg(data).arg("--control-socket").arg(control);
     cmd.arg("--ready-file").arg(ready)
 }
