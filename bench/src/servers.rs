@@ -13,7 +13,7 @@
 
 use crate::cli::{BaselineArgs, FloorArgs, ServerArgs};
 use crate::sys::seqpacket_connect;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use proto::keyfile::KeyFile;
 use proto::wire::{encode_frame_header, FrameMeta, FRAME_HEADER_LEN};
 use std::mem::{size_of, zeroed};
@@ -90,11 +90,7 @@ pub(crate) const DROPPED: usize = 2;
 pub(crate) const N_COUNTERS: usize = 3;
 
 fn setsockopt_int(fd: i32, level: i32, opt: i32, v: i32) -> Result<()> {
-    // SAFETY: a live c_int of the right size.
-    if unsafe { libc::setsockopt(fd, level, opt, (&v as *const i32).cast(), 4) } != 0 {
-        bail!("setsockopt({level}, {opt}): {}", std::io::Error::last_os_error());
-    }
-    Ok(())
+    sys::sockopt::setsockopt_int(fd, level, opt, v).with_context(|| format!("setsockopt({level}, {opt})"))
 }
 
 fn bind(a: &ServerArgs, gro: bool) -> Result<UdpSocket> {

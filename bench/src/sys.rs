@@ -1,10 +1,9 @@
 //! Linux pieces both benches use: pinning, AF_UNIX SEQPACKET sockets, receive
 //! timeouts, a recvmmsg drain loop, /proc figures and `BENCH_PERF` profiles.
 
-use anyhow::{bail, Context, Result};
-use std::mem::{size_of, zeroed};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
+use anyhow::{Context, Result};
+use std::mem::zeroed;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -18,59 +17,19 @@ pub(crate) fn pin(core: usize) {
 /// SO_RCVTIMEO: a blocking receive on `fd` returns after `t` without data (so a
 /// loop sees its stop flag).
 pub(crate) fn set_rcvtimeo(fd: RawFd, t: Duration) {
-    let tv = libc::timeval { tv_sec: t.as_secs() as libc::time_t, tv_usec: t.subsec_micros() as libc::suseconds_t };
-    // SAFETY: live timeval of the right size.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            size_of::<libc::timeval>() as u32,
-        )
-    };
-}
-
-/// A fresh AF_UNIX SEQPACKET socket and the address of `path`.
-fn seqpacket(path: &Path) -> Result<(OwnedFd, libc::sockaddr_un, libc::socklen_t)> {
-    // SAFETY: plain syscalls with checked results on a fresh socket.
-    unsafe {
-        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            bail!("socket: {}", std::io::Error::last_os_error());
-        }
-        let fd = OwnedFd::from_raw_fd(fd);
-        let mut sun: libc::sockaddr_un = zeroed();
-        sun.sun_family = libc::AF_UNIX as libc::sa_family_t;
-        for (d, s) in sun.sun_path.iter_mut().zip(path.as_os_str().as_bytes()) {
-            *d = *s as libc::c_char;
-        }
-        let len = (size_of::<libc::sa_family_t>() + path.as_os_str().len() + 1) as libc::socklen_t;
-        Ok((fd, sun, len))
-    }
+    let _ = sys::sockopt::set_recv_timeout(fd, Some(t));
 }
 
 /// A SEQPACKET connection to the listener at `path`.
 pub(crate) fn seqpacket_connect(path: &Path) -> Result<OwnedFd> {
-    let (fd, sun, len) = seqpacket(path)?;
-    // SAFETY: connect with a live sockaddr_un of length `len`.
-    if unsafe { libc::connect(fd.as_raw_fd(), (&sun as *const libc::sockaddr_un).cast(), len) } < 0 {
-        bail!("connect {}: {}", path.display(), std::io::Error::last_os_error());
-    }
-    Ok(fd)
+    Ok(sys::seqpacket::connect(path)?)
 }
 
 /// A SEQPACKET listener at `path` (replacing a stale one) with a backlog of
 /// `backlog`; accept waits at most `accept_timeout`.
 pub(crate) fn seqpacket_listen(path: &Path, backlog: i32, accept_timeout: Duration) -> Result<OwnedFd> {
     let _ = std::fs::remove_file(path);
-    let (fd, sun, len) = seqpacket(path)?;
-    // SAFETY: bind with a live sockaddr_un of length `len`, then listen.
-    if unsafe { libc::bind(fd.as_raw_fd(), (&sun as *const libc::sockaddr_un).cast(), len) } < 0
-        || unsafe { libc::listen(fd.as_raw_fd(), backlog) } < 0
-    {
-        bail!("bind/listen {}: {}", path.display(), std::io::Error::last_os_error());
-    }
+    let fd = sys::seqpacket::listen(path, backlog)?;
     set_rcvtimeo(fd.as_raw_fd(), accept_timeout);
     Ok(fd)
 }

@@ -1,12 +1,11 @@
 //! Operator commands that talk to no controller: `gen-keys` and `lb-status`.
 
 use crate::dataplane::status;
-use crate::{seqpacket, sys};
+use crate::sys;
 use anyhow::{bail, Context, Result};
 use proto::keyfile::KeyFile;
-use proto::wire::{decode_control, encode_control, Control};
+use proto::wire::Control;
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
@@ -34,22 +33,9 @@ pub fn gen_keys(out: &Path, force: bool) -> Result<()> {
 
 /// `demux lb-status`: the data plane's status over its control socket.
 pub fn lb_status(path: &Path, json: bool) -> Result<()> {
-    let fd = seqpacket::connect(path)?;
-    seqpacket::send(
-        fd.as_raw_fd(),
-        &encode_control(&Control::StatusRequest),
-        &[],
-        0,
-    )
-    .context("sending StatusRequest")?;
-    let mut buf = vec![0u8; 128 * 1024];
-    let mut truncated = false;
-    let n =
-        seqpacket::recv(fd.as_raw_fd(), &mut buf, 0, &mut truncated).context("reading status")?;
-    if n == 0 {
-        bail!("the data plane closed the control connection without answering");
-    }
-    match decode_control(&buf[..n]).map_err(|e| anyhow::anyhow!("malformed reply: {e}"))? {
+    let reply = ::sys::control::request(path, &[&Control::StatusRequest])
+        .with_context(|| format!("the data plane did not answer on {}", path.display()))?;
+    match reply.msg {
         Control::Status { json: text } => {
             if json {
                 println!("{text}");

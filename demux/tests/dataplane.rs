@@ -21,11 +21,11 @@ fn short_header_reaches_owner(io: &str) {
     let cid = d.cid(12, &mut rng);
     let c1 = client();
     c1.send_to(&short(&cid, 100, &mut rng), d.addr()).unwrap();
-    wait_until("first frame at owner", || w2.datagrams() == 1);
+    wait_for("first frame at owner", || w2.datagrams() == 1);
     let c2 = client(); // a new source port
     assert_ne!(c1.local_addr().unwrap().port(), c2.local_addr().unwrap().port());
     c2.send_to(&short(&cid, 200, &mut rng), d.addr()).unwrap();
-    wait_until("second frame at owner", || w2.datagrams() == 2);
+    wait_for("second frame at owner", || w2.datagrams() == 2);
     let f = w2.frames();
     assert_eq!(f[0].meta.client, c1.local_addr().unwrap());
     assert_eq!(f[1].meta.client, c2.local_addr().unwrap());
@@ -56,7 +56,7 @@ fn initials_spread_and_stick(io: &str) {
     for dcid in &dcids {
         c.send_to(&initial(dcid, &mut rng), d.addr()).unwrap();
     }
-    wait_until("all first Initials", || ws.iter().map(Worker::datagrams).sum::<usize>() == n);
+    wait_for("all first Initials", || ws.iter().map(Worker::datagrams).sum::<usize>() == n);
     for w in &ws {
         assert!(w.datagrams() > 0, "instance {} got no Initial of {n}", w.server_id);
     }
@@ -82,7 +82,7 @@ fn initials_spread_and_stick(io: &str) {
         c.send_to(&initial(dcid, &mut rng), d.addr()).unwrap();
         c.send_to(&long(ZERO_RTT, dcid, 300, &mut rng), d.addr()).unwrap();
     }
-    wait_until("follow-ups", || ws.iter().map(Worker::datagrams).sum::<usize>() == 30);
+    wait_for("follow-ups", || ws.iter().map(Worker::datagrams).sum::<usize>() == 30);
     for (dcid, first) in dcids.iter().take(10).zip(&firsts) {
         assert_eq!(owner_of(dcid), vec![*first], "every follow-up of a DCID at its first instance");
         let w = ws.iter().find(|w| w.server_id == *first).unwrap();
@@ -104,7 +104,7 @@ fn orphan_reaches_serving_instance(io: &str) {
     d.wait_instances(&[(31, true), (32, true)]);
     let c = client();
     c.send_to(&short(&d.cid(999, &mut rng), 80, &mut rng), d.addr()).unwrap();
-    wait_until("orphan delivered", || w1.datagrams() + w2.datagrams() == 1);
+    wait_for("orphan delivered", || w1.datagrams() + w2.datagrams() == 1);
     assert_eq!(reason(&d.status(), "Orphan"), 1);
     // Kill 32: its CIDs now go to 31 as orphans.
     let cid32 = d.cid(32, &mut rng);
@@ -112,7 +112,7 @@ fn orphan_reaches_serving_instance(io: &str) {
     d.wait_instances(&[(31, true)]);
     w1.clear();
     c.send_to(&short(&cid32, 80, &mut rng), d.addr()).unwrap();
-    wait_until("orphan of dead id delivered", || w1.datagrams() == 1);
+    wait_for("orphan of dead id delivered", || w1.datagrams() == 1);
     assert_eq!(w1.frames()[0].dcid(), cid32.to_vec());
     assert_eq!(reason(&d.status(), "Orphan"), 2);
 }
@@ -173,7 +173,7 @@ fn gro_train_is_one_frame(io: &str) {
     };
     assert_eq!(r, 0, "UDP_SEGMENT: {}", std::io::Error::last_os_error());
     c.send_to(&train, d.addr()).unwrap();
-    wait_until("train delivered", || w.datagrams() == 8);
+    wait_for("train delivered", || w.datagrams() == 8);
     let f = w.frames();
     assert_eq!(f.len(), 1, "one frame for the whole train: {f:?}");
     assert_eq!(f[0].meta.segment_size, Some(1200));
@@ -200,7 +200,7 @@ fn gro_train_is_one_frame(io: &str) {
     }
     mixed.extend_from_slice(&short(&cid2, 500, &mut rng)); // a shorter last segment
     c.send_to(&mixed, d.addr()).unwrap();
-    wait_until("mixed train delivered", || w.datagrams() == 4 && w2.datagrams() == 3);
+    wait_for("mixed train delivered", || w.datagrams() == 4 && w2.datagrams() == 3);
     let (f1, f2) = (w.frames(), w2.frames());
     assert_eq!(f1.len(), 1);
     assert_eq!((f1[0].meta.segment_size, f1[0].len), (Some(1200), 4800));
@@ -232,7 +232,7 @@ fn below_saturation_in_equals_forwarded(io: &str) {
             std::thread::sleep(Duration::from_micros(500));
         }
     }
-    wait_until("all forwarded", || w1.datagrams() + w2.datagrams() >= total);
+    wait_for("all forwarded", || w1.datagrams() + w2.datagrams() >= total);
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(w1.datagrams(), total / 2);
     assert_eq!(w2.datagrams(), total / 2);
@@ -324,7 +324,7 @@ fn random_and_malformed_datagrams(io: &str) {
     assert_eq!(reasons_sum(&s), total, "each datagram under exactly one reason: {s}");
     assert_eq!(u64_at(&s, "/drops/truncated"), 0);
     let forwarded = forwarded(&s);
-    wait_until("workers drained", || (w1.datagrams() + w2.datagrams()) as u64 == forwarded);
+    wait_for("workers drained", || (w1.datagrams() + w2.datagrams()) as u64 == forwarded);
     assert_eq!(w1.bad_frames.load(std::sync::atomic::Ordering::Relaxed), 0);
     assert_eq!(w2.bad_frames.load(std::sync::atomic::Ordering::Relaxed), 0);
     assert!(reason(&s, "NotQuic") > 10_000 && reason(&s, "Orphan") > 1_000, "mix looks wrong: {s}");
@@ -365,7 +365,7 @@ fn data_connection_protocol(io: &str) {
         c.send_to(&initial(&rng.bytes(8), &mut rng), d.addr()).unwrap();
     }
     c.send_to(&short(&d.cid(82, &mut rng), 100, &mut rng), d.addr()).unwrap();
-    wait_until("delivered", || w1.datagrams() + w2.datagrams() == 21);
+    wait_for("delivered", || w1.datagrams() + w2.datagrams() == 21);
     assert_eq!(w1.datagrams(), 20);
     assert_eq!(w2.datagrams(), 1);
     // Garbage on a data connection: refused and closed, the data plane lives on.
@@ -469,7 +469,7 @@ fn steer_cpu_picks_the_receiving_cpus_shard(io: &str) {
         let got = u64_at(&s, &format!("/per_shard/{core}/datagrams_in")) - sent_before[core];
         assert_eq!(got, 20, "all 20 datagrams sent from core {core} went to shard {core}: {s}");
     }
-    wait_until("forwarded", || w.datagrams() == 40);
+    wait_for("forwarded", || w.datagrams() == 40);
 }
 both_backends!(steer_cpu_picks_the_receiving_cpus_shard);
 
@@ -489,7 +489,7 @@ fn buffer_ring_exhaustion_loses_nothing(io: &str) {
         c.send_to(&payloads[k % payloads.len()], d.addr()).unwrap();
     }
     d.wait_status("burst received", |s| u64_at(s, "/datagrams_in") == total as u64);
-    wait_until("burst forwarded", || w.datagrams() == total);
+    wait_for("burst forwarded", || w.datagrams() == total);
     let s = d.wait_status("burst accounted", |s| u64_at(instance(s, 111), "/datagrams") == total as u64);
     if io == "uring" {
         assert!(u64_at(&s, "/recv_no_buffers") > 0, "expected the 8-buffer ring to run empty: {s}");
@@ -537,7 +537,7 @@ fn ipv6_ecn_and_version_negotiation(io: &str) {
     };
     assert_eq!(r, 0);
     c4.send_to(&short(&cid, 100, &mut rng), d.udp[0]).unwrap();
-    wait_until("both frames", || w.datagrams() == 2);
+    wait_for("both frames", || w.datagrams() == 2);
     let f = w.frames();
     let f6 = f.iter().find(|f| f.meta.client.is_ipv6()).expect("v6 frame");
     let f4 = f.iter().find(|f| f.meta.client.is_ipv4()).expect("v4 frame");
@@ -552,7 +552,7 @@ fn ipv6_ecn_and_version_negotiation(io: &str) {
     assert_eq!(vn.len(), 1200);
     c4.send_to(&vn, d.udp[0]).unwrap();
     c4.send_to(&vn[..1199], d.udp[0]).unwrap();
-    wait_until("VN candidate delivered", || w.datagrams() == 3);
+    wait_for("VN candidate delivered", || w.datagrams() == 3);
     let s = d.wait_status("VN counted", |s| reason(s, "NotQuic") == 1);
     assert_eq!(reason(&s, "VersionNegotiation"), 1);
     assert_eq!(reason(&s, "Owner"), 2);
@@ -574,29 +574,14 @@ fn auto_falls_back_to_mmsg_when_io_uring_is_refused() {
     assert_eq!(lines.len(), 1, "exactly one fallback line: {log}");
     assert!(lines[0].contains("seccomp") && lines[0].contains("--io mmsg"), "{}", lines[0]);
     client().send_to(&short(&d.cid(131, &mut rng), 100, &mut rng), d.addr()).unwrap();
-    wait_until("forwarded", || w.datagrams() == 1);
+    wait_for("forwarded", || w.datagrams() == 1);
 }
 
 /// The same with `--io uring`: a clear start-up error instead of a fallback.
 #[test]
 fn uring_refused_is_a_clear_error() {
-    let dir = temp_dir("refuse");
-    let keys = dir.join("keys");
-    assert!(std::process::Command::new(BIN).args(["gen-keys", "--out"]).arg(&keys).status().unwrap().success());
-    let mut cmd = std::process::Command::new(BIN);
-    deny_io_uring_in_child(&mut cmd);
-    let out = cmd
-        .args(["--listen", "127.0.0.1:0", "--io", "uring", "--keys"])
-        .arg(&keys)
-        .arg("--data-socket")
-        .arg(dir.join("d.sock"))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = refused_start("refuse", &[libc::SYS_io_uring_setup], &["--listen", "127.0.0.1:0", "--io", "uring"]);
     assert!(err.contains("io_uring") && err.contains("EPERM") || err.contains("not permitted"), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A departed worker's data connection is closed by the data plane soon after it
@@ -608,11 +593,11 @@ fn departed_workers_fd_is_released(io: &str) {
     let base = fds();
     let w = Worker::connect(&d, 141, true);
     d.wait_instances(&[(141, true)]);
-    wait_until("data connection accepted", || fds() > base);
+    wait_for("data connection accepted", || fds() > base);
     // A datagram makes a shard load (and cache) the snapshot naming this worker.
     let mut rng = Rng(14);
     client().send_to(&short(&d.cid(141, &mut rng), 100, &mut rng), d.addr()).unwrap();
-    wait_until("delivered", || w.datagrams() == 1);
+    wait_for("delivered", || w.datagrams() == 1);
     w.close();
     d.wait_instances(&[]);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -657,7 +642,7 @@ fn key_rotation(io: &str) {
     w2.clear();
     c.send_to(&short(&mint(&k1, &mut rng), 100, &mut rng), d.addr()).unwrap(); // newest
     c.send_to(&short(&mint(&k0, &mut rng), 100, &mut rng), d.addr()).unwrap(); // previous
-    wait_until("both at owner", || w2.datagrams() == 2);
+    wait_for("both at owner", || w2.datagrams() == 2);
     assert_eq!(w1.datagrams(), 0);
     // SIGHUP: the key file now holds generation 2 (previous 1); generation 0 is gone.
     std::fs::write(d.dir.join("keys"), k2.to_text()).unwrap();
@@ -668,7 +653,7 @@ fn key_rotation(io: &str) {
     let orphans = reason(&s, "Orphan");
     c.send_to(&short(&mint(&k2, &mut rng), 100, &mut rng), d.addr()).unwrap();
     c.send_to(&short(&mint(&k1, &mut rng), 100, &mut rng), d.addr()).unwrap();
-    wait_until("owner traffic", || w2.datagrams() >= 4);
+    wait_for("owner traffic", || w2.datagrams() >= 4);
     c.send_to(&short(&mint(&k0, &mut rng), 100, &mut rng), d.addr()).unwrap();
     let s = d.wait_status("dropped generation is orphan", |s| reason(s, "Orphan") == orphans + 1);
     assert_eq!(reason(&s, "Owner"), 4);
@@ -676,7 +661,7 @@ fn key_rotation(io: &str) {
     std::fs::write(d.dir.join("keys"), "garbage").unwrap();
     // SAFETY: signals our own child process.
     assert_eq!(unsafe { libc::kill(d.child.id() as i32, libc::SIGHUP) }, 0);
-    wait_until("reload attempt logged", || d.log().contains("key file not reloaded"));
+    wait_for("reload attempt logged", || d.log().contains("key file not reloaded"));
     assert_eq!(u64_at(&d.status(), "/key_newest"), 2);
     assert!(d.status()["pid"].as_u64().is_some());
 }
@@ -716,7 +701,7 @@ fn full_worker_socket_drops_and_never_blocks(io: &str) {
     assert!(u64_at(i, "/datagrams") > 0);
     assert_eq!(u64_at(&s, "/drops/full"), u64_at(i, "/drops_full"));
     assert_eq!(u64_at(instance(&s, 162), "/drops_full"), 0);
-    wait_until("live worker got everything", || live.datagrams() as u64 == chunks * 10);
+    wait_for("live worker got everything", || live.datagrams() as u64 == chunks * 10);
     drop(stuck);
 }
 both_backends!(full_worker_socket_drops_and_never_blocks, rings);

@@ -64,7 +64,7 @@ fn short_headers_reach_the_owners_socket() {
     assert!(gb.iter().all(|p| cid_id(p) == 22), "only worker 22's CIDs on its socket");
     // A Handshake packet to a live id is not a short header: the user path routes it.
     c.send_to(&long(HANDSHAKE, &d.cid(21, &mut rng), 1200, &mut rng), d.addr()).unwrap();
-    wait_until("long header over the data connection", || a.datagrams() == 1);
+    wait_for("long header over the data connection", || a.datagrams() == 1);
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(a.datagrams() + b.datagrams(), 1, "short headers never took the user path");
     assert!(a.fast_datagrams().is_empty() && b.fast_datagrams().is_empty(), "nothing more on the fast sockets");
@@ -104,7 +104,7 @@ fn closed_worker_socket_falls_back_to_the_user_path() {
     for _ in 0..20 {
         c.send_to(&short(&d.cid(31, &mut rng), 100, &mut rng), d.addr()).unwrap();
     }
-    wait_until("owner over the data connection", || a.datagrams() == 20);
+    wait_for("owner over the data connection", || a.datagrams() == 20);
     let s = d.status();
     assert_eq!(u64_at(&s, "/fast_path/to_demux/select_failed"), 20);
     assert_eq!(reason(&s, "Owner"), 20);
@@ -113,7 +113,7 @@ fn closed_worker_socket_falls_back_to_the_user_path() {
     for _ in 0..10 {
         c.send_to(&short(&d.cid(31, &mut rng), 100, &mut rng), d.addr()).unwrap();
     }
-    wait_until("orphans at the serving instance", || b.datagrams() == 10);
+    wait_for("orphans at the serving instance", || b.datagrams() == 10);
     let s = d.status();
     assert_eq!(reason(&s, "Orphan"), 10);
     assert_eq!(u64_at(&s, "/fast_path/to_demux/not_live"), 10, "a dead id is out of the map");
@@ -147,7 +147,7 @@ fn hmac_generation_takes_the_user_path() {
     let mut rng = Rng(43);
     let c = client();
     let probe = short(&ks.encode(proto::ServerId(41), &[7; 10]), 100, &mut rng);
-    wait_until("v1 keys loaded", || {
+    wait_for("v1 keys loaded", || {
         c.send_to(&probe, d.addr()).unwrap();
         std::thread::sleep(Duration::from_millis(5));
         a.datagrams() > 0
@@ -159,7 +159,7 @@ fn hmac_generation_takes_the_user_path() {
         c.send_to(&short(&ks.encode(proto::ServerId(41), &r), 100, &mut rng), d.addr()).unwrap();
     }
     let n0 = a.datagrams();
-    wait_until("user path", || a.datagrams() == n0 + 10);
+    wait_for("user path", || a.datagrams() == n0 + 10);
     assert!(a.fast_datagrams().is_empty(), "an hmac generation is never steered in the kernel");
     assert_eq!(u64_at(&d.status(), "/fast_path/to_demux/unknown_generation"), before + 10);
 }
@@ -176,7 +176,7 @@ fn fast_path_off() {
     d.wait_instances(&[(51, true)]);
     let mut rng = Rng(44);
     client().send_to(&short(&d.cid(51, &mut rng), 100, &mut rng), d.addr()).unwrap();
-    wait_until("user path", || a.datagrams() == 1);
+    wait_for("user path", || a.datagrams() == 1);
 }
 
 /// `--fast-path auto` where bpf(2) is refused (seccomp, as in a container without
@@ -194,27 +194,12 @@ fn auto_falls_back_when_bpf_is_refused() {
     d.wait_instances(&[(61, true)]);
     let mut rng = Rng(45);
     client().send_to(&short(&d.cid(61, &mut rng), 100, &mut rng), d.addr()).unwrap();
-    wait_until("user path", || a.datagrams() == 1);
+    wait_for("user path", || a.datagrams() == 1);
 }
 
 /// `--fast-path on` where bpf(2) is refused: a clear start-up error, no panic.
 #[test]
 fn on_refused_is_a_clear_error() {
-    let dir = temp_dir("fp-refuse");
-    let keys = dir.join("keys");
-    assert!(std::process::Command::new(BIN).args(["gen-keys", "--out"]).arg(&keys).status().unwrap().success());
-    let mut cmd = std::process::Command::new(BIN);
-    deny_syscalls_in_child(&mut cmd, &[libc::SYS_bpf]);
-    let out = cmd
-        .args(["--listen", "127.0.0.1:0", "--fast-path", "on", "--keys"])
-        .arg(&keys)
-        .arg("--data-socket")
-        .arg(dir.join("d.sock"))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = refused_start("fp-refuse", &[libc::SYS_bpf], &["--listen", "127.0.0.1:0", "--fast-path", "on"]);
     assert!(err.contains("--fast-path on"), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -5,7 +5,6 @@
 //! their own addresses keep completing handshakes and downloads. Loopback only; every
 //! wait is bounded.
 
-use bytes::Buf;
 use rustls::pki_types::CertificateDer;
 use serde_json::Value;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
@@ -16,57 +15,19 @@ use std::time::{Duration, Instant};
 
 const DEMUX: &str = env!("CARGO_BIN_EXE_demux");
 
-fn target_dir() -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| manifest.join("../target"))
-}
-
-/// Builds a workspace binary (cheap when fresh) and returns its path.
-fn build_bin(package: &str, bin: &str) -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let st = Command::new(cargo)
-        .args(["build", "-q", "-p", package, "--bin", bin])
-        .current_dir(manifest.join(".."))
-        .status()
-        .expect("running cargo build");
-    assert!(st.success(), "cargo build -p {package} failed");
-    let path = target_dir().join("debug").join(bin);
-    assert!(path.exists(), "{} missing after build", path.display());
-    path
-}
-
-fn temp_dir(tag: &str) -> PathBuf {
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let d = std::env::temp_dir().join(format!("fl-{tag}-{}-{n}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
-}
+use testkit::bin::{wait_ready_file, workspace_bin as build_bin};
+use testkit::h3client::H3;
+use testkit::{have_tool, temp_dir};
 
 fn wait_file(path: &Path, child: &mut Child, log: &Path, what: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(t) = std::fs::read_to_string(path) {
-            return t;
-        }
-        if let Ok(Some(st)) = child.try_wait() {
-            panic!("{what} exited early ({st}): {}", std::fs::read_to_string(log).unwrap_or_default());
-        }
-        assert!(Instant::now() < deadline, "{what} not ready: {}", std::fs::read_to_string(log).unwrap_or_default());
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_ready_file(path, child, log, what, Duration::from_secs(60))
 }
 
 /// Children killed on drop (also when a test fails).
 struct Kids(Vec<Child>);
 impl Drop for Kids {
     fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.0.iter_mut().for_each(testkit::bin::kill_and_reap);
     }
 }
 
@@ -90,15 +51,9 @@ fn start_on(tag: &str, listen: &str, extra: &[&str], workers: u16, worker_extra:
     assert!(Command::new(DEMUX).args(["gen-keys", "--out"]).arg(&keys).status().expect("gen-keys").success());
     let (data, control, ready, log) =
         (dir.join("d.sock"), dir.join("c.sock"), dir.join("ready"), dir.join("demux.log"));
-    let mut child = Command::new(DEMUX)
-        .args(["dataplane", "--listen", listen, "--cores", "0", "--io", "mmsg", "--keys"])
-        .arg(&keys)
-        .arg("--data-socket")
-        .arg(&data)
-        .arg("--control-socket")
-        .arg(&control)
-        .arg("--ready-file")
-        .arg(&ready)
+    let mut cmd = Command::new(DEMUX);
+    cmd.args(["dataplane", "--listen", listen, "--cores", "0", "--io", "mmsg"]);
+    let mut child = testkit::bin::dataplane_files(&mut cmd, &keys, &data, &control, &ready)
         .args(extra)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).expect("log"))
@@ -111,10 +66,8 @@ fn start_on(tag: &str, listen: &str, extra: &[&str], workers: u16, worker_extra:
         addr.set_ip(if addr.is_ipv4() { Ipv4Addr::LOCALHOST.into() } else { std::net::Ipv6Addr::LOCALHOST.into() });
     }
     let mut kids = Kids(vec![child]);
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("rcgen");
-    let (cert_path, key_path) = (dir.join("cert.pem"), dir.join("key.pem"));
-    std::fs::write(&cert_path, ck.cert.pem()).expect("cert");
-    std::fs::write(&key_path, ck.key_pair.serialize_pem()).expect("key");
+    let cert = testkit::h3client::cert(&dir);
+    let (cert_path, key_path) = (&cert.cert, &cert.key);
     let worker = build_bin("worker", "worker");
     for id in 1..=workers {
         let (ready, log) = (dir.join(format!("w{id}.ready")), dir.join(format!("w{id}.log")));
@@ -124,9 +77,9 @@ fn start_on(tag: &str, listen: &str, extra: &[&str], workers: u16, worker_extra:
             .arg("--data-socket")
             .arg(&data)
             .arg("--cert")
-            .arg(&cert_path)
+            .arg(cert_path)
             .arg("--key")
-            .arg(&key_path)
+            .arg(key_path)
             .arg("--ready-file")
             .arg(&ready)
             .args(worker_extra)
@@ -137,7 +90,7 @@ fn start_on(tag: &str, listen: &str, extra: &[&str], workers: u16, worker_extra:
         wait_file(&ready, &mut w, &log, "worker");
         kids.0.push(w);
     }
-    let s = Setup { dir, addr, control, cert: ck.cert.der().clone(), _kids: kids };
+    let s = Setup { dir, addr, control, cert: cert.der.clone(), _kids: kids };
     let deadline = Instant::now() + Duration::from_secs(30);
     while s.status()["instances"].as_array().map_or(0, |a| a.iter().filter(|i| i["placeable"] == true).count())
         < workers as usize
@@ -170,54 +123,20 @@ fn u(v: &Value, p: &str) -> u64 {
 
 /// A quinn client endpoint on `bind` trusting `cert`.
 fn client(cert: &CertificateDer<'static>, bind: SocketAddr) -> quinn::Endpoint {
-    let crypto = worker::tls::client_crypto(std::slice::from_ref(cert), &[b"h3"]).expect("client crypto");
-    let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
-    let mut t = quinn::TransportConfig::default();
-    t.max_idle_timeout(Some(quinn::IdleTimeout::from(quinn::VarInt::from_u32(20_000))));
-    cfg.transport_config(Arc::new(t));
-    let mut ep = quinn::Endpoint::client(bind).expect("client endpoint");
-    ep.set_default_client_config(cfg);
-    ep
+    testkit::h3client::endpoint(cert, bind)
 }
 
 /// One HTTP/3 connection: handshake, GET /bytes/N, content checked. Errors as text.
 async fn download(ep: &quinn::Endpoint, addr: SocketAddr, n: u64) -> Result<(), String> {
-    let conn =
-        ep.connect(addr, "localhost").map_err(|e| e.to_string())?.await.map_err(|e| format!("handshake: {e}"))?;
-    let (mut driver, mut send) =
-        h3::client::new(h3_quinn::Connection::new(conn.clone())).await.map_err(|e| format!("h3: {e}"))?;
-    let drive = tokio::spawn(async move {
-        let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
-    });
-    let result = async {
-        let req = http::Request::get(format!("https://localhost/bytes/{n}")).body(()).map_err(|e| e.to_string())?;
-        let mut s = send.send_request(req).await.map_err(|e| format!("request: {e}"))?;
-        s.finish().await.map_err(|e| e.to_string())?;
-        let resp = s.recv_response().await.map_err(|e| format!("response: {e}"))?;
-        if resp.status() != 200 {
-            return Err(format!("status {}", resp.status()));
-        }
-        let mut len = 0u64;
-        while let Some(mut chunk) = s.recv_data().await.map_err(|e| format!("body: {e}"))? {
-            while chunk.has_remaining() {
-                let b = chunk.chunk();
-                if !b.iter().enumerate().all(|(i, x)| *x == ((len + i as u64) % 256) as u8) {
-                    return Err("body pattern".into());
-                }
-                len += b.len() as u64;
-                let k = b.len();
-                chunk.advance(k);
-            }
-        }
-        if len != n {
-            return Err(format!("body {len} of {n} bytes"));
-        }
-        Ok(())
+    let mut h = H3::connect(ep, addr).await.map_err(|e| format!("handshake: {e}"))?;
+    let r = h.get(&format!("/bytes/{n}")).await.map_err(|e| e.to_string());
+    h.close();
+    match r? {
+        r if r.status != 200 => Err(format!("status {}", r.status)),
+        r if !r.pattern_ok => Err("body pattern".into()),
+        r if r.len != n => Err(format!("body {} of {n} bytes", r.len)),
+        _ => Ok(()),
     }
-    .await;
-    conn.close(quinn::VarInt::from_u32(0x100), b"");
-    drive.abort();
-    result
 }
 
 /// A v1 client Initial (RFC 9000 §17.2.2), 1200 bytes, no token, DCID `dcid`. The
@@ -368,18 +287,6 @@ fn limits_off_and_tight_limits() {
     });
     let v = s.status();
     assert!(u(&v, "/refused/RateLimited") > 0, "{v}");
-}
-
-/// Skips (false) when `tool` is missing and CI is unset; with CI set, fails.
-fn have_tool(ok: bool, tool: &str) -> bool {
-    if ok {
-        return true;
-    }
-    if std::env::var_os("CI").is_some_and(|v| !v.is_empty()) {
-        panic!("{tool} is required when CI is set");
-    }
-    eprintln!("SKIP: {tool} not installed (set CI=1 to make this a failure)");
-    false
 }
 
 fn run_with_timeout(mut cmd: Command, t: Duration) -> (bool, String) {

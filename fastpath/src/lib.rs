@@ -42,7 +42,7 @@ use std::ffi::OsStr;
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Mutex;
 
 use libbpf_rs::{MapCore, MapFlags, MapHandle, Object, ObjectBuilder};
@@ -259,29 +259,7 @@ fn sum_percpu(map: &MapHandle, key: u32) -> io::Result<u64> {
         .sum())
 }
 
-fn setsockopt_int(
-    fd: BorrowedFd<'_>,
-    level: libc::c_int,
-    name: libc::c_int,
-    value: libc::c_int,
-) -> io::Result<()> {
-    // SAFETY: fd is a live descriptor for the duration of the borrow; the option value
-    // points to a c_int on our stack and its exact size is passed.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            &value as *const libc::c_int as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
+use sys::sockopt::setsockopt_int;
 
 /// How long `attach` waits for the kernel to free a replaced program's socket array
 /// (an RCU grace period and a work item; milliseconds in practice).
@@ -551,54 +529,19 @@ pub fn open_worker_socket(addr: SocketAddr) -> io::Result<OwnedFd> {
     } else {
         libc::AF_INET6
     };
-    // SAFETY: plain socket(2) call; the result is checked before use.
-    let fd = unsafe {
+    // SAFETY: plain socket(2) call; `owned` checks the result.
+    let fd = sys::owned(unsafe {
         libc::socket(
             family,
             libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
             0,
         )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd was just returned by socket(2) and is owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    })?;
     setsockopt_int(fd.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
-    // SAFETY: both sockaddr types are plain old data for which all-zero is valid.
-    let (mut v4, mut v6): (libc::sockaddr_in, libc::sockaddr_in6) =
-        unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
-    let (ptr, len) = match addr {
-        SocketAddr::V4(a) => {
-            v4.sin_family = libc::AF_INET as libc::sa_family_t;
-            v4.sin_port = a.port().to_be();
-            v4.sin_addr = libc::in_addr {
-                s_addr: u32::from_ne_bytes(a.ip().octets()),
-            };
-            (
-                &v4 as *const _ as *const libc::sockaddr,
-                std::mem::size_of::<libc::sockaddr_in>(),
-            )
-        }
-        SocketAddr::V6(a) => {
-            setsockopt_int(fd.as_fd(), libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
-            v6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-            v6.sin6_port = a.port().to_be();
-            v6.sin6_flowinfo = a.flowinfo();
-            v6.sin6_addr = libc::in6_addr {
-                s6_addr: a.ip().octets(),
-            };
-            v6.sin6_scope_id = a.scope_id();
-            (
-                &v6 as *const _ as *const libc::sockaddr,
-                std::mem::size_of::<libc::sockaddr_in6>(),
-            )
-        }
-    };
-    // SAFETY: ptr points to an initialised sockaddr of `len` bytes that outlives the call.
-    if unsafe { libc::bind(fd.as_raw_fd(), ptr, len as libc::socklen_t) } != 0 {
-        return Err(io::Error::last_os_error());
+    if addr.is_ipv6() {
+        setsockopt_int(fd.as_fd(), libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
     }
+    sys::addr::bind(fd.as_raw_fd(), &addr)?;
     Ok(fd)
 }
 

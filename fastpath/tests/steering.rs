@@ -35,29 +35,14 @@ fn mask(key: [u64; 2], prefix: &[u8]) -> [u8; 2] {
     [(h & 0xff) as u8, ((h >> 8) & 0xff) as u8]
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn byte(&mut self) -> u8 {
-        self.next() as u8
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use testkit::Rng;
 
 /// A 12-byte CID with generation bits `cr` whose bytes 9..=10 decode to `id` under `key`
 /// (random there when `key` is None: the id is not decodable anyway).
 fn cid(rng: &mut Rng, cr: u8, id: u16, key: Option<[u64; 2]>) -> [u8; 12] {
     let mut c = [0u8; 12];
     for b in c.iter_mut() {
-        *b = rng.byte();
+        *b = rng.next() as u8;
     }
     c[0] = (cr << 6) | (c[0] & 0x3f);
     if let Some(k) = key {
@@ -72,7 +57,7 @@ fn cid(rng: &mut Rng, cr: u8, id: u16, key: Option<[u64; 2]>) -> [u8; 12] {
 /// A short-header datagram of `len` bytes (>= 17) for `cid`; the last 4 bytes carry `seq`.
 fn short_datagram(rng: &mut Rng, first: u8, cid: &[u8; 12], len: usize, seq: u32) -> Vec<u8> {
     assert!(len >= 17);
-    let mut d: Vec<u8> = (0..len).map(|_| rng.byte()).collect();
+    let mut d: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
     d[0] = first;
     d[1..13].copy_from_slice(cid);
     d[len - 4..].copy_from_slice(&seq.to_le_bytes());
@@ -323,7 +308,7 @@ const IDS: [u16; 3] = [0x1234, 0x00fe, 0xab01];
 fn fast(rng: &mut Rng, src: usize, cr: u8, key: [u64; 2], worker: usize, seq: u32) -> Dgram {
     let c = cid(rng, cr, IDS[worker], Some(key));
     let len = 33 + rng.below(1200) as usize;
-    let first = 0x40 | (rng.byte() & 0x3f);
+    let first = 0x40 | ((rng.next() as u8) & 0x3f);
     Dgram {
         src,
         bytes: short_datagram(rng, first, &c, len, seq),
@@ -380,7 +365,7 @@ fn steering_matches_the_model_exactly() {
                 }
                 let cr = rng.below(2) as u8;
                 let c = cid(&mut rng, cr, id, Some(if cr == 0 { k0 } else { k1 }));
-                let (first, len) = (0x40 | (rng.byte() & 0x3f), 33 + rng.below(200) as usize);
+                let (first, len) = (0x40 | ((rng.next() as u8) & 0x3f), 33 + rng.below(200) as usize);
                 to_shard(
                     src,
                     short_datagram(&mut rng, first, &c, len, seq),
@@ -410,7 +395,7 @@ fn steering_matches_the_model_exactly() {
             7 => {
                 // Long header whose DCID bytes would decode to a live worker.
                 let c = cid(&mut rng, 0, IDS[2], Some(k0));
-                let first = 0x80 | rng.byte();
+                let first = 0x80 | (rng.next() as u8);
                 let len = 40 + rng.below(1200) as usize;
                 to_shard(
                     src,
@@ -421,7 +406,7 @@ fn steering_matches_the_model_exactly() {
             8 => {
                 // Fixed bit clear, otherwise a perfect fast datagram.
                 let c = cid(&mut rng, 1, IDS[1], Some(k1));
-                let first = rng.byte() & 0x3f;
+                let first = (rng.next() as u8) & 0x3f;
                 to_shard(
                     src,
                     short_datagram(&mut rng, first, &c, 100, seq),
@@ -465,7 +450,7 @@ fn steering_matches_the_model_exactly() {
     // Tiny datagrams (0..=16 bytes, one per source and length): short_packet.
     for src in 0..srcs.len() {
         for len in 0..17usize {
-            let mut b: Vec<u8> = (0..len).map(|_| rng.byte()).collect();
+            let mut b: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
             if let Some(f) = b.first_mut() {
                 *f = 0x40 | (*f & 0x3f);
             }

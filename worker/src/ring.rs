@@ -12,25 +12,20 @@
 //! re-checks the tail; only when the ring is still empty may the caller wait on
 //! [`Consumer::eventfd`]; after waking it calls [`Consumer::woke`].
 
-use proto::ring::{self, Next, HEADER_LEN, OFF_CAPACITY, OFF_HEAD, OFF_MAGIC, OFF_SLEEPING, OFF_TAIL, RING_MAGIC};
+use proto::ring::{self, Next, OFF_CAPACITY, OFF_HEAD, OFF_MAGIC, OFF_TAIL, RING_MAGIC};
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use sys::ring::Mapping;
 
+/// One consumer per ring: `pop` takes `&self` but the owner (DemuxSocket) calls it
+/// from one task at a time (it holds the rings in a Mutex).
 pub struct Consumer {
-    base: *mut u8,
-    map_len: usize,
+    map: Mapping,
     capacity: u64,
     _memfd: OwnedFd,
     eventfd: OwnedFd,
 }
-
-// SAFETY: the mapping is owned (unmapped in Drop only); shared words are atomics and
-// record bytes are only copied out. One consumer per ring: `pop` takes `&self` but the
-// owner (DemuxSocket) calls it from one task at a time (it holds the rings in a Mutex).
-unsafe impl Send for Consumer {}
-// SAFETY: see Send.
-unsafe impl Sync for Consumer {}
 
 impl std::fmt::Debug for Consumer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -49,32 +44,8 @@ impl Consumer {
         if !ring::valid_capacity(capacity) {
             return Err(corrupt("capacity"));
         }
-        let map_len = HEADER_LEN + capacity as usize;
-        // SAFETY: fstat into a zeroed stat buffer we own.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: fstat(2) on an fd we own, into `st`.
-        if unsafe { libc::fstat(memfd.as_raw_fd(), &mut st) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if (st.st_size as u64) < map_len as u64 {
-            return Err(corrupt("memfd smaller than announced"));
-        }
-        // SAFETY: a shared mapping of the first `map_len` bytes of the memfd, which is
-        // at least that large (checked above); MAP_FAILED checked; unmapped in Drop.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                memfd.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let c = Consumer { base: base as *mut u8, map_len, capacity, _memfd: memfd, eventfd };
+        let map = Mapping::open(memfd.as_fd(), capacity)?;
+        let c = Consumer { map, capacity, _memfd: memfd, eventfd };
         if c.word(OFF_MAGIC).load(Ordering::Acquire) != RING_MAGIC || c.word(OFF_CAPACITY).load(Ordering::Relaxed) != capacity
         {
             return Err(corrupt("bad magic or capacity"));
@@ -83,24 +54,18 @@ impl Consumer {
     }
 
     fn word(&self, off: usize) -> &AtomicU64 {
-        debug_assert!(off.is_multiple_of(8) && off + 8 <= HEADER_LEN);
-        // SAFETY: an 8-aligned offset in the header page of a live page-aligned
-        // mapping; both processes access this word only atomically.
-        unsafe { &*(self.base.add(off) as *const AtomicU64) }
+        self.map.word(off)
     }
 
     fn sleeping(&self) -> &AtomicU32 {
-        // SAFETY: as `word`, a 4-aligned u32 in the header page.
-        unsafe { &*(self.base.add(OFF_SLEEPING) as *const AtomicU32) }
+        self.map.sleeping()
     }
 
-    /// Copies `out.len()` bytes from data offset `at` (in bounds: checked).
+    /// Copies `out.len()` bytes from data offset `at` (in bounds: checked). The bytes
+    /// lie between head and the tail read with Acquire, so the producer finished
+    /// writing them and will not reuse them before we publish a head past them.
     fn read(&self, at: usize, out: &mut [u8]) {
-        assert!(at as u64 + out.len() as u64 <= self.capacity);
-        // SAFETY: in bounds (asserted); the bytes lie between head and the tail read
-        // with Acquire, so the producer finished writing them and will not reuse them
-        // before we publish a head past them.
-        unsafe { std::ptr::copy_nonoverlapping(self.base.add(HEADER_LEN + at), out.as_mut_ptr(), out.len()) }
+        self.map.read(at, out)
     }
 
     /// The eventfd the producer writes when the consumer sleeps (register it with
@@ -175,17 +140,6 @@ impl Consumer {
     /// After a wake-up (or before reading again): clears the flag and the eventfd.
     pub fn woke(&self) {
         self.sleeping().store(0, Ordering::Relaxed);
-        let mut v: u64 = 0;
-        // SAFETY: read(2) of 8 bytes into a live u64 from our non-blocking eventfd;
-        // EAGAIN (nothing pending) is fine.
-        unsafe { libc::read(self.eventfd.as_raw_fd(), &mut v as *mut u64 as *mut libc::c_void, 8) };
-    }
-}
-
-impl Drop for Consumer {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in `open`; nothing borrowed from it
-        // outlives `self` (reads copy out).
-        unsafe { libc::munmap(self.base as *mut libc::c_void, self.map_len) };
+        sys::ring::eventfd_clear(self.eventfd.as_fd());
     }
 }

@@ -26,22 +26,7 @@ fn own_quinn_server_behind_the_demux() {
         let att = worker::attach(&d.data, proto::ServerId(77), &secrets, sc).await.expect("attach");
         let data = Arc::clone(att.socket.data());
         let ep = att.endpoint.clone();
-        let server = tokio::spawn(async move {
-            while let Some(incoming) = ep.accept().await {
-                tokio::spawn(async move {
-                    let Ok(conn) = incoming.await else { return };
-                    while let Ok((mut send, mut recv)) = conn.accept_bi().await {
-                        tokio::spawn(async move {
-                            if let Ok(data) = recv.read_to_end(1 << 20).await {
-                                let _ = send.write_all(&data).await;
-                                let _ = send.finish();
-                                let _ = send.stopped().await;
-                            }
-                        });
-                    }
-                });
-            }
-        });
+        let server = tokio::spawn(testkit::h3client::serve_echo(ep));
         data.ready().await.expect("ready");
         let dd = &d;
         tokio::task::block_in_place(|| dd.wait_instances("77 placeable", |i| i.iter().any(|x| x.0 == 77 && x.1)));

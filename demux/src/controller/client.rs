@@ -3,29 +3,19 @@
 //! rotates the key file itself when no controller runs).
 
 use super::state::{self, Paths};
-use crate::seqpacket;
 use anyhow::{bail, Context, Result};
-use proto::wire::{decode_control, encode_control, Control, Role};
-use std::os::fd::AsRawFd;
+use proto::wire::{Control, Role};
+use std::os::fd::AsFd;
 use std::path::Path;
-use std::time::Duration;
 
 /// One request on the controller's control socket; its `Status` JSON.
 fn ask(dir: &Path, m: &Control) -> Result<serde_json::Value> {
     let p = Paths::new(dir);
-    let fd = seqpacket::connect(&p.control_sock())
+    let fd = sys::control::connect(&p.control_sock())
         .with_context(|| format!("no controller answers on {} (is it running?)", p.control_sock().display()))?;
-    super::set_timeout(fd.as_raw_fd(), Duration::from_secs(10));
     let hello = Control::Hello { role: Role::Operator, pid: std::process::id() };
-    seqpacket::send(fd.as_raw_fd(), &encode_control(&hello), &[], 0).context("sending Hello")?;
-    seqpacket::send(fd.as_raw_fd(), &encode_control(m), &[], 0).context("sending the request")?;
-    let mut buf = vec![0u8; 128 * 1024];
-    let mut t = false;
-    let n = seqpacket::recv(fd.as_raw_fd(), &mut buf, 0, &mut t).context("reading the answer")?;
-    if n == 0 {
-        bail!("the controller closed the connection without answering");
-    }
-    match decode_control(&buf[..n]).map_err(|e| anyhow::anyhow!("malformed reply: {e}"))? {
+    let reply = sys::control::request_on(fd.as_fd(), &[&hello, m]).context("the controller did not answer")?;
+    match reply.msg {
         Control::Status { json } => serde_json::from_str(&json).context("status is not valid JSON"),
         Control::Error { reason } => bail!("the controller refused: {reason}"),
         _ => bail!("unexpected reply"),

@@ -12,9 +12,9 @@
 
 use super::{state, Conn, Ctl, Kind, WorkerState};
 use crate::seqpacket::{self, Inbound};
-use proto::wire::{decode_control, encode_control, Control, Role};
+use proto::wire::{encode_control, Control, Role};
 use std::os::fd::{AsRawFd, RawFd};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 impl Ctl {
     pub(super) fn accept_all(&mut self) {
@@ -252,16 +252,9 @@ impl Ctl {
 /// Sends one message to the data plane's control socket and waits until it has
 /// handled it (a StatusRequest behind it is answered in order).
 pub(crate) fn tell_dataplane(path: &std::path::Path, m: &Control) -> anyhow::Result<()> {
-    let fd = seqpacket::connect(path)?;
-    super::set_timeout(fd.as_raw_fd(), Duration::from_secs(3));
-    seqpacket::send(fd.as_raw_fd(), &encode_control(m), &[], 0)?;
-    seqpacket::send(fd.as_raw_fd(), &encode_control(&Control::StatusRequest), &[], 0)?;
-    let mut buf = vec![0u8; 128 * 1024];
-    let mut t = false;
-    let n = seqpacket::recv(fd.as_raw_fd(), &mut buf, 0, &mut t)?;
-    match decode_control(&buf[..n]) {
-        Ok(Control::Status { .. }) => Ok(()),
-        Ok(Control::Error { reason }) => anyhow::bail!("data plane refused: {reason}"),
+    match sys::control::request(path, &[m, &Control::StatusRequest])?.msg {
+        Control::Status { .. } => Ok(()),
+        Control::Error { reason } => anyhow::bail!("data plane refused: {reason}"),
         _ => anyhow::bail!("unexpected answer from the data plane"),
     }
 }

@@ -3,9 +3,8 @@
 //! which adds the data plane's counters (asked on its control socket per scrape).
 
 use super::{Ctl, Kind};
-use crate::seqpacket;
 use anyhow::{Context, Result};
-use proto::wire::{decode_control, encode_control, Control};
+use proto::wire::Control;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -184,14 +183,8 @@ pub fn spawn_metrics(addr: SocketAddr, status: Arc<Mutex<Value>>, dataplane_sock
 
 /// The data plane's status JSON (its control socket), bounded by a timeout.
 pub fn dataplane_status(path: &std::path::Path) -> Result<Value> {
-    let fd = seqpacket::connect(path)?;
-    super::set_timeout(fd.as_raw_fd(), Duration::from_secs(2));
-    seqpacket::send(fd.as_raw_fd(), &encode_control(&Control::StatusRequest), &[], 0)?;
-    let mut buf = vec![0u8; 128 * 1024];
-    let mut t = false;
-    let n = seqpacket::recv(fd.as_raw_fd(), &mut buf, 0, &mut t)?;
-    match decode_control(&buf[..n]) {
-        Ok(Control::Status { json }) => Ok(serde_json::from_str(&json)?),
+    match sys::control::request(path, &[&Control::StatusRequest])?.msg {
+        Control::Status { json } => Ok(serde_json::from_str(&json)?),
         _ => anyhow::bail!("unexpected answer from the data plane"),
     }
 }

@@ -8,26 +8,21 @@
 //! The consumer is another process and is not trusted: a head it writes that makes
 //! no sense makes every push fail (counted as full), never an out-of-bounds write.
 
-use proto::ring::{self, HEADER_LEN, OFF_CAPACITY, OFF_HEAD, OFF_MAGIC, OFF_SLEEPING, OFF_TAIL, RING_MAGIC, SKIP};
-use crate::sys::cvt;
+use proto::ring::{self, OFF_CAPACITY, OFF_HEAD, OFF_MAGIC, OFF_TAIL, RING_MAGIC, SKIP};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use sys::ring::Mapping;
 
+/// Record bytes are written only by the single producer thread (the contract of
+/// `push`), in the free part of the ring; `&Producer` exposes only push/wake, which
+/// the owning shard alone calls.
 pub struct Producer {
-    base: *mut u8,
-    map_len: usize,
+    map: Mapping,
     capacity: u64,
     memfd: OwnedFd,
     eventfd: OwnedFd,
 }
-
-// SAFETY: the mapping is owned by the Producer (unmapped in Drop only); shared words
-// are accessed through atomics, and record bytes are written only by the single
-// producer thread (the contract of `push`), in the free part of the ring.
-unsafe impl Send for Producer {}
-// SAFETY: as above; `&Producer` exposes only push/wake, which the owning shard alone calls.
-unsafe impl Sync for Producer {}
 
 impl std::fmt::Debug for Producer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -42,33 +37,9 @@ impl Producer {
         if !ring::valid_capacity(capacity) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "ring capacity"));
         }
-        let map_len = HEADER_LEN + capacity as usize;
-        // SAFETY: memfd_create with a NUL-terminated name; the returned fd is owned below.
-        let fd = cvt(unsafe { libc::memfd_create(c"quicdemux-ring".as_ptr(), libc::MFD_CLOEXEC) })?;
-        // SAFETY: fd is a fresh descriptor nobody else owns.
-        let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: plain syscall on an fd we own.
-        cvt(unsafe { libc::ftruncate(memfd.as_raw_fd(), map_len as libc::off_t) })?;
-        // SAFETY: eventfd(2); the fd is owned below.
-        let efd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
-        // SAFETY: fresh descriptor.
-        let eventfd = unsafe { OwnedFd::from_raw_fd(efd) };
-        // SAFETY: a new shared mapping of the whole memfd (sized above); checked for
-        // MAP_FAILED; unmapped in Drop.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                memfd.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let p = Producer { base: base as *mut u8, map_len, capacity, memfd, eventfd };
+        let (map, memfd) = Mapping::create(capacity)?;
+        let eventfd = sys::ring::eventfd()?;
+        let p = Producer { map, capacity, memfd, eventfd };
         p.word(OFF_CAPACITY).store(capacity, Ordering::Relaxed);
         p.word(OFF_MAGIC).store(RING_MAGIC, Ordering::Release);
         Ok(p)
@@ -85,26 +56,19 @@ impl Producer {
     }
 
     fn word(&self, off: usize) -> &AtomicU64 {
-        debug_assert!(off.is_multiple_of(8) && off + 8 <= HEADER_LEN);
-        // SAFETY: `off` is an 8-aligned offset inside the header page of a live,
-        // page-aligned mapping; AtomicU64 has the layout of u64 and every access to
-        // this word, in both processes, is atomic.
-        unsafe { &*(self.base.add(off) as *const AtomicU64) }
+        self.map.word(off)
     }
 
     fn sleeping(&self) -> &AtomicU32 {
-        // SAFETY: as `word`, a 4-aligned u32 in the header page.
-        unsafe { &*(self.base.add(OFF_SLEEPING) as *const AtomicU32) }
+        self.map.sleeping()
     }
 
     /// Copies `data` to data offset `at` (`at + data.len() <= capacity`, checked by
-    /// the caller through proto::ring::reserve).
+    /// the caller through proto::ring::reserve, asserted by the mapping): the free part
+    /// of the ring (against the head the consumer published, Acquire), which the
+    /// consumer does not read until the tail is published (Release).
     fn write(&self, at: usize, data: &[u8]) {
-        assert!(at as u64 + data.len() as u64 <= self.capacity);
-        // SAFETY: in bounds (asserted); the destination lies in the free part of the
-        // ring (proto::ring::reserve against the head the consumer published, Acquire),
-        // which the consumer does not read until the tail is published (Release).
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.base.add(HEADER_LEN + at), data.len()) }
+        self.map.write(at, data)
     }
 
     /// Appends one record (`hdr` then `payload`) and publishes it. `false`: the ring
@@ -137,19 +101,8 @@ impl Producer {
         if self.sleeping().load(Ordering::Relaxed) == 0 {
             return false;
         }
-        let one: u64 = 1;
-        // SAFETY: write(2) of 8 bytes from a live u64 to our eventfd. EAGAIN (counter
-        // saturated) means a wake-up is pending anyway.
-        unsafe { libc::write(self.eventfd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+        sys::ring::eventfd_signal(self.eventfd.as_fd());
         true
-    }
-}
-
-impl Drop for Producer {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping created in `create`; no reference into
-        // it outlives `self`.
-        unsafe { libc::munmap(self.base as *mut libc::c_void, self.map_len) };
     }
 }
 

@@ -1,29 +1,16 @@
 //! The data plane's signals: SIGTERM/SIGINT end the process after removing its socket
 //! and ready files; SIGHUP is read from a signalfd by the registry (key reload).
 
-use crate::sys;
 use anyhow::{bail, Context, Result};
 
 /// SIGTERM / SIGINT: remove our socket and ready files, exit 0. The signals are
 /// blocked in every thread (the mask is inherited by the threads spawned after
 /// this) and taken synchronously by one thread with sigwait(3).
 pub fn exit_on_signal(paths: Vec<std::path::PathBuf>) -> Result<()> {
-    // SAFETY: sigset_t is plain old data; the sig* calls only touch `set`.
-    let set = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        set
-    };
-    let mut blocked = set;
-    // SAFETY: adds to a live sigset_t.
-    unsafe { libc::sigaddset(&mut blocked, libc::SIGHUP) };
-    // SAFETY: blocks the signals in the calling thread; `blocked` is live. SIGHUP is
-    // blocked too: the registry takes it from its signalfd (key reload).
-    let r = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &blocked, std::ptr::null_mut()) };
-    if r != 0 {
-        bail!("pthread_sigmask: {}", std::io::Error::from_raw_os_error(r));
+    let set = sys::signals::sigset(&[libc::SIGTERM, libc::SIGINT]);
+    // SIGHUP is blocked too: the registry takes it from its signalfd (key reload).
+    if let Err(e) = sys::signals::block(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP]) {
+        bail!("pthread_sigmask: {e}");
     }
     std::thread::Builder::new()
         .name("signals".into())
@@ -44,14 +31,5 @@ pub fn exit_on_signal(paths: Vec<std::path::PathBuf>) -> Result<()> {
 /// A signalfd for SIGHUP (blocked in every thread by exit_on_signal): the registry
 /// re-reads the key file when it fires.
 pub fn reload_signal_fd() -> Result<std::os::fd::OwnedFd> {
-    // SAFETY: sigset_t is plain old data; the sig* calls only touch `set`.
-    let set = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGHUP);
-        set
-    };
-    // SAFETY: creates a new signalfd for a live set.
-    sys::owned(unsafe { libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC) })
-        .context("signalfd(SIGHUP)")
+    sys::signals::signalfd(&[libc::SIGHUP]).context("signalfd(SIGHUP)")
 }

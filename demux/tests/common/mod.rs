@@ -1,7 +1,7 @@
 //! Test harness: the real `demux` binary on loopback, test workers speaking the
 //! data-connection protocol (docs/architecture.md), a UDP client with handcrafted
 //! QUIC datagrams, and the status JSON from the control socket.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use proto::keyfile::KeyFile;
 use proto::wire::{decode_control, decode_frame, encode_control, Control, FrameMeta};
@@ -20,87 +20,35 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_demux");
 
-/// Runs `$body(io)` once per backend: `mod $name { fn uring(), fn mmsg() }`.
+/// Runs `$body(io)` once per backend: `mod $name { fn uring(), fn mmsg() }`; with
+/// `rings`, also both backends with `--forward ring` (test workers read rings).
 #[macro_export]
 macro_rules! both_backends {
     ($name:ident) => {
-        mod $name {
-            #[test]
-            fn uring() {
-                super::$name("uring")
-            }
-            #[test]
-            fn mmsg() {
-                super::$name("mmsg")
-            }
-        }
+        $crate::backend_tests!($name; uring = "uring", mmsg = "mmsg");
     };
-    // The same, plus both backends with `--forward ring` (test workers read rings).
     ($name:ident, rings) => {
+        $crate::backend_tests!($name; uring = "uring", mmsg = "mmsg", uring_ring = "uring+ring", mmsg_ring = "mmsg+ring");
+    };
+}
+
+/// `mod $name { #[test] fn $test() { super::$name($io) } … }`.
+#[macro_export]
+macro_rules! backend_tests {
+    ($name:ident; $($test:ident = $io:literal),*) => {
         mod $name {
-            #[test]
-            fn uring() {
-                super::$name("uring")
-            }
-            #[test]
-            fn mmsg() {
-                super::$name("mmsg")
-            }
-            #[test]
-            fn uring_ring() {
-                super::$name("uring+ring")
-            }
-            #[test]
-            fn mmsg_ring() {
-                super::$name("mmsg+ring")
-            }
+            $(
+                #[test]
+                fn $test() {
+                    super::$name($io)
+                }
+            )*
         }
     };
 }
 
-static SEQ: AtomicU64 = AtomicU64::new(0);
-
-pub fn temp_dir(tag: &str) -> PathBuf {
-    let n = SEQ.fetch_add(1, Ordering::Relaxed);
-    let nanos =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
-    // Short: unix socket paths are limited to 107 bytes.
-    let d = PathBuf::from(format!(
-        "/tmp/dmx-{}-{}-{}-{:x}",
-        tag.chars().take(8).collect::<String>(),
-        std::process::id(),
-        n,
-        nanos
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// Cheap deterministic PRNG (xorshift64*) so failures reproduce.
-pub struct Rng(pub u64);
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    pub fn fill(&mut self, b: &mut [u8]) {
-        for x in b {
-            *x = self.next() as u8;
-        }
-    }
-    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
-        let mut v = vec![0; n];
-        self.fill(&mut v);
-        v
-    }
-}
+pub use testkit::packets::{initial, long, short, HANDSHAKE, INITIAL, ZERO_RTT};
+pub use testkit::{temp_dir, Rng};
 
 pub struct Demux {
     pub child: Child,
@@ -146,34 +94,17 @@ impl Demux {
         if !denied.is_empty() {
             deny_syscalls_in_child(&mut cmd, denied);
         }
-        let mut child = cmd
-            .args(["dataplane", "--listen", "127.0.0.1:0", "--cores", cores, "--io", io, "--keys"])
-            .arg(&keys_path)
-            .arg("--data-socket")
-            .arg(&data)
-            .arg("--control-socket")
-            .arg(&control)
-            .arg("--ready-file")
-            .arg(&ready)
+        cmd.args(["dataplane", "--listen", "127.0.0.1:0", "--cores", cores, "--io", io]);
+        let mut child = testkit::bin::dataplane_files(&mut cmd, &keys_path, &data, &control, &ready)
             .args(forward)
             .args(extra)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let text = loop {
-            if let Ok(t) = std::fs::read_to_string(&ready) {
-                break t;
-            }
-            if let Ok(Some(st)) = child.try_wait() {
-                let log = std::fs::read_to_string(dir.join("demux.log")).unwrap_or_default();
-                panic!("demux exited early ({st}): {log}");
-            }
-            assert!(Instant::now() < deadline, "demux not ready in time");
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        let udp = text.lines().filter_map(|l| l.strip_prefix("udp ")).map(|a| a.parse().unwrap()).collect();
+        let log = dir.join("demux.log");
+        let text = testkit::bin::wait_ready_file(&ready, &mut child, &log, "demux", Duration::from_secs(20));
+        let udp = testkit::bin::ready_udp_addrs(&text);
         Demux { child, dir, udp, data, control, keys, io: io.to_string(), rings }
     }
 
@@ -193,11 +124,7 @@ impl Demux {
     }
 
     pub fn status(&self) -> Value {
-        let fd = seqpacket_connect(&self.control).expect("connect control socket");
-        send_record(fd.as_raw_fd(), &encode_control(&Control::StatusRequest), &[]).unwrap();
-        let mut buf = vec![0u8; 128 * 1024];
-        let (n, _) = recv_record(fd.as_raw_fd(), &mut buf).unwrap();
-        match decode_control(&buf[..n]).unwrap() {
+        match sys::control::request(&self.control, &[&Control::StatusRequest]).expect("status").msg {
             Control::Status { json } => serde_json::from_str(&json).unwrap(),
             other => panic!("unexpected reply {other:?}"),
         }
@@ -245,8 +172,7 @@ impl Demux {
 
 impl Drop for Demux {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        testkit::bin::kill_and_reap(&mut self.child);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -275,79 +201,21 @@ pub fn instance(v: &Value, id: u16) -> &Value {
 // ---------------------------------------------------------------------------------
 
 pub fn seqpacket_connect(path: &Path) -> io::Result<OwnedFd> {
-    // SAFETY: test helper; plain syscalls with checked results.
-    unsafe {
-        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let fd = OwnedFd::from_raw_fd(fd);
-        let mut sun: libc::sockaddr_un = zeroed();
-        sun.sun_family = libc::AF_UNIX as libc::sa_family_t;
-        for (d, s) in sun.sun_path.iter_mut().zip(path.as_os_str().as_bytes()) {
-            *d = *s as libc::c_char;
-        }
-        let len = (size_of::<libc::sa_family_t>() + path.as_os_str().len() + 1) as libc::socklen_t;
-        if libc::connect(fd.as_raw_fd(), (&sun as *const libc::sockaddr_un).cast(), len) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(fd)
-    }
+    sys::seqpacket::connect(path)
 }
 
-pub fn send_record(fd: RawFd, rec: &[u8], _fds: &[RawFd]) -> io::Result<()> {
-    // SAFETY: sends from a live slice.
-    let r = unsafe { libc::send(fd, rec.as_ptr().cast(), rec.len(), libc::MSG_NOSIGNAL) };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+pub fn send_record(fd: RawFd, rec: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    sys::seqpacket::send_record_raw(fd, rec, fds, 0).map(drop)
 }
 
 /// One record plus any fds attached (SCM_RIGHTS).
 pub fn recv_record(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
-    // SAFETY: recvmsg into live buffers; the cmsg walk is bounded by the CMSG macros.
-    unsafe {
-        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-        let mut msg: libc::msghdr = zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        let mut cbuf = [0u64; 64];
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = size_of::<[u64; 64]>();
-        let n = libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC);
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mut fds = Vec::new();
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let k = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / size_of::<RawFd>();
-                let p = libc::CMSG_DATA(c).cast::<RawFd>();
-                for i in 0..k {
-                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(p.add(i))));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
-        }
-        Ok((n as usize, fds))
-    }
+    let r = sys::seqpacket::recv_record_raw(fd, buf, 0)?;
+    Ok((r.len, r.fds))
 }
 
 fn set_rcvtimeo(fd: RawFd, d: Duration) {
-    let tv = libc::timeval { tv_sec: d.as_secs() as libc::time_t, tv_usec: d.subsec_micros() as libc::suseconds_t };
-    // SAFETY: passes a live timeval of the right size.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            size_of::<libc::timeval>() as libc::socklen_t,
-        );
-    }
+    let _ = sys::sockopt::set_recv_timeout(fd, Some(d));
 }
 
 // ---------------------------------------------------------------------------------
@@ -586,13 +454,10 @@ impl Drop for Worker {
     }
 }
 
-/// Waits until `f()` holds (bounded), panicking with `what` otherwise.
-pub fn wait_until(what: &str, f: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+/// Waits until `f()` holds (at most 20 s: `testkit::wait_until`), panicking with
+/// `what` otherwise.
+pub fn wait_for(what: &str, f: impl Fn() -> bool) {
+    testkit::wait_until(what, Duration::from_secs(20), || f().then_some(()));
 }
 
 // ---------------------------------------------------------------------------------
@@ -603,39 +468,21 @@ pub fn client() -> UdpSocket {
     UdpSocket::bind("127.0.0.1:0").unwrap()
 }
 
-/// A 1-RTT packet (RFC 9000 §17.3.1): 0b01 form/fixed bits, 12-byte DCID, `len` bytes.
-pub fn short(dcid: &[u8; 12], len: usize, rng: &mut Rng) -> Vec<u8> {
-    let mut p = rng.bytes(len.max(33));
-    p[0] = 0x40 | (p[0] & 0x3f);
-    p[1..13].copy_from_slice(dcid);
-    p
-}
-
-/// Long header type bits for QUIC v1 (RFC 9000 Table 5).
-pub const INITIAL: u8 = 0;
-pub const ZERO_RTT: u8 = 1;
-pub const HANDSHAKE: u8 = 2;
-
-/// A v1 long-header packet of `total` bytes (RFC 9000 §17.2) with a Length that
-/// covers the rest of the datagram.
-pub fn long(ty: u8, dcid: &[u8], total: usize, rng: &mut Rng) -> Vec<u8> {
-    let mut p = vec![0xc0 | (ty << 4) | 0x03];
-    p.extend_from_slice(&1u32.to_be_bytes());
-    p.push(dcid.len() as u8);
-    p.extend_from_slice(dcid);
-    p.push(8);
-    p.extend_from_slice(&rng.bytes(8));
-    if ty == INITIAL {
-        p.push(0); // token length
-    }
-    let rest = total.saturating_sub(p.len() + 2).max(24);
-    p.extend_from_slice(&(0x4000u16 | rest as u16).to_be_bytes());
-    p.extend_from_slice(&rng.bytes(rest));
-    p
-}
-
-pub fn initial(dcid: &[u8], rng: &mut Rng) -> Vec<u8> {
-    long(INITIAL, dcid, 1200, rng)
+/// Starts the data plane with `args` (plus a fresh key file and data socket) under
+/// a seccomp filter failing `denied` with EPERM, expecting it to refuse to start:
+/// checks exit code 1 and no panic, and returns its stderr.
+pub fn refused_start(tag: &str, denied: &[libc::c_long], args: &[&str]) -> String {
+    let dir = temp_dir(tag);
+    let keys = dir.join("keys");
+    assert!(Command::new(BIN).args(["gen-keys", "--out"]).arg(&keys).status().unwrap().success());
+    let mut cmd = Command::new(BIN);
+    deny_syscalls_in_child(&mut cmd, denied);
+    let out = cmd.args(args).arg("--keys").arg(&keys).arg("--data-socket").arg(dir.join("d.sock")).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+    err
 }
 
 /// Installs (in the child, before exec) a seccomp filter that makes io_uring_setup

@@ -1,12 +1,13 @@
 //! Harness for tests/controller.rs: a real controller (`demux --state-dir …`) with
 //! its data plane and workers, external workers, and HTTP/3 load from quinn + h3
 //! clients. Loopback only; every wait is bounded.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use bytes::Buf;
 use rustls::pki_types::CertificateDer;
 use serde_json::Value;
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -15,25 +16,12 @@ use std::time::{Duration, Instant};
 
 pub const DEMUX: &str = env!("CARGO_BIN_EXE_demux");
 
+pub use testkit::h3client::{cert, client_endpoint, runtime, Cert, ReqError, Resp, H3};
+pub use testkit::{temp_dir, wait_until};
+
 /// The worker binary of this workspace (built once per test run).
 pub fn worker_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let target =
-            std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| manifest.join("../target"));
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let st = Command::new(cargo)
-            .args(["build", "-q", "-p", "worker", "--bin", "worker"])
-            .current_dir(manifest.join(".."))
-            .status()
-            .expect("running cargo build -p worker");
-        assert!(st.success(), "cargo build -p worker failed");
-        let bin = target.join("debug/worker");
-        assert!(bin.exists(), "{} missing after build", bin.display());
-        bin
-    })
-    .clone()
+    testkit::bin::workspace_bin("worker", "worker")
 }
 
 /// One test at a time: each starts a controller, a data plane and several workers,
@@ -41,26 +29,6 @@ pub fn worker_bin() -> PathBuf {
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     static M: Mutex<()> = Mutex::new(());
     M.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-pub fn temp_dir(tag: &str) -> PathBuf {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    let d = std::env::temp_dir().join(format!("qc-{tag}-{}-{n}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
-}
-
-pub fn wait_until<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out after {within:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 pub fn kill(pid: i64, sig: libc::c_int) {
@@ -79,21 +47,6 @@ fn zombie(pid: i64) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')))
         .unwrap_or(true)
-}
-
-/// Test TLS identity shared by all workers of a test.
-pub struct Cert {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    pub der: CertificateDer<'static>,
-}
-
-pub fn cert(dir: &Path) -> Cert {
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("rcgen");
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    std::fs::write(&cert, ck.cert.pem()).expect("write cert");
-    std::fs::write(&key, ck.key_pair.serialize_pem()).expect("write key");
-    Cert { cert, key, der: ck.cert.der().clone() }
 }
 
 /// A controller process (`demux --listen 127.0.0.1:0 --cores 0-1 --state-dir DIR`).
@@ -344,98 +297,6 @@ impl Drop for Controller {
 // HTTP/3 client and load
 // ---------------------------------------------------------------------------------
 
-pub fn client_endpoint(c: &Cert) -> quinn::Endpoint {
-    let crypto = worker::tls::client_crypto(std::slice::from_ref(&c.der), &[b"h3"]).expect("client crypto");
-    let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
-    let mut t = quinn::TransportConfig::default();
-    t.max_idle_timeout(Some(quinn::IdleTimeout::from(quinn::VarInt::from_u32(30_000))));
-    cfg.transport_config(Arc::new(t));
-    let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().expect("addr")).expect("client endpoint");
-    ep.set_default_client_config(cfg);
-    ep
-}
-
-pub struct H3 {
-    pub conn: quinn::Connection,
-    send: h3::client::SendRequest<h3_quinn::OpenStreams, bytes::Bytes>,
-    driver: tokio::task::JoinHandle<()>,
-}
-
-#[derive(Debug)]
-pub struct Resp {
-    pub status: u16,
-    pub len: u64,
-    pub server_id: u16,
-    pub pattern_ok: bool,
-}
-
-/// Where a request failed: before the response head (not accepted: safe to retry)
-/// or after it (an accepted request lost).
-#[derive(Debug)]
-pub enum ReqError {
-    BeforeHead(String),
-    AfterHead(String),
-}
-
-impl H3 {
-    pub async fn connect(ep: &quinn::Endpoint, addr: SocketAddr) -> anyhow::Result<H3> {
-        let conn = tokio::time::timeout(Duration::from_secs(15), ep.connect(addr, "localhost")?).await??;
-        let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn.clone())).await?;
-        let driver = tokio::spawn(async move {
-            let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
-        });
-        Ok(H3 { conn, send, driver })
-    }
-
-    /// GET `path`, reading at most `rate` bytes per second when given (a slow reader
-    /// keeps the download in flight for a while; flow control slows the server).
-    pub async fn get_paced(&mut self, path: &str, rate: Option<u64>) -> Result<Resp, ReqError> {
-        let started = tokio::time::Instant::now();
-        let req = http::Request::get(format!("https://localhost{path}"))
-            .body(())
-            .map_err(|e| ReqError::BeforeHead(e.to_string()))?;
-        let mut s = self.send.send_request(req).await.map_err(|e| ReqError::BeforeHead(e.to_string()))?;
-        s.finish().await.map_err(|e| ReqError::BeforeHead(e.to_string()))?;
-        let resp = s.recv_response().await.map_err(|e| ReqError::BeforeHead(e.to_string()))?;
-        let server_id =
-            resp.headers().get("x-server-id").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(0);
-        let want: Option<u64> =
-            resp.headers().get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
-        let mut len = 0u64;
-        let mut pattern_ok = true;
-        while let Some(mut chunk) = s.recv_data().await.map_err(|e| ReqError::AfterHead(e.to_string()))? {
-            while chunk.has_remaining() {
-                let b = chunk.chunk();
-                if pattern_ok && path.starts_with("/bytes/") {
-                    pattern_ok = b.iter().enumerate().all(|(i, x)| *x == ((len + i as u64) % 256) as u8);
-                }
-                len += b.len() as u64;
-                let n = b.len();
-                chunk.advance(n);
-            }
-            if let Some(rate) = rate {
-                let due = started + Duration::from_secs_f64(len as f64 / rate as f64);
-                tokio::time::sleep_until(due).await;
-            }
-        }
-        if let Some(w) = want {
-            if w != len {
-                return Err(ReqError::AfterHead(format!("body {len} bytes, content-length {w}")));
-            }
-        }
-        Ok(Resp { status: resp.status().as_u16(), len, server_id, pattern_ok })
-    }
-
-    pub async fn get(&mut self, path: &str) -> Result<Resp, ReqError> {
-        self.get_paced(path, None).await
-    }
-
-    pub fn close(self) {
-        self.conn.close(quinn::VarInt::from_u32(0x100), b"");
-        self.driver.abort();
-    }
-}
-
 /// Outcome counters of a [`Load`].
 #[derive(Default)]
 pub struct LoadStats {
@@ -555,59 +416,25 @@ impl Load {
     }
 }
 
-pub fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime")
-}
-
 // ---------------------------------------------------------------------------------
 // Raw SOCK_SEQPACKET (bad-input tests)
 // ---------------------------------------------------------------------------------
 
 pub fn seqpacket_connect(path: &Path) -> std::os::fd::OwnedFd {
-    use std::os::fd::FromRawFd;
-    // SAFETY: plain syscall; the fd is checked and owned below.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    assert!(fd >= 0, "socket");
-    // SAFETY: a fresh fd we own.
-    let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
-    // SAFETY: all-zero sockaddr_un is valid.
-    let mut sun: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    sun.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let b = path.as_os_str().as_encoded_bytes();
-    for (d, s) in sun.sun_path.iter_mut().zip(b) {
-        *d = *s as libc::c_char;
-    }
-    let len = (std::mem::size_of::<libc::sa_family_t>() + b.len() + 1) as libc::socklen_t;
-    // SAFETY: sun/len describe a valid sockaddr_un.
-    let r = unsafe { libc::connect(fd, (&sun as *const libc::sockaddr_un).cast(), len) };
-    assert_eq!(r, 0, "connect {}: {}", path.display(), std::io::Error::last_os_error());
-    let tv = libc::timeval { tv_sec: 10, tv_usec: 0 };
-    // SAFETY: a live timeval of the right size.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    owned
+    let fd = sys::seqpacket::connect(path).unwrap_or_else(|e| panic!("{e}"));
+    sys::sockopt::set_recv_timeout(fd.as_fd(), Some(Duration::from_secs(10))).expect("SO_RCVTIMEO");
+    fd
 }
 
 pub fn send_raw(fd: &std::os::fd::OwnedFd, rec: &[u8]) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: sends from a live buffer.
-    let n = unsafe { libc::send(fd.as_raw_fd(), rec.as_ptr().cast(), rec.len(), libc::MSG_NOSIGNAL) };
-    assert_eq!(n, rec.len() as isize, "send");
+    let n = sys::seqpacket::send_record(fd.as_fd(), rec, &[], 0).expect("send");
+    assert_eq!(n, rec.len(), "send");
 }
 
 /// One record; empty when the peer closed (or on timeout).
 pub fn recv_raw(fd: &std::os::fd::OwnedFd) -> Vec<u8> {
-    use std::os::fd::AsRawFd;
     let mut b = vec![0u8; 70_000];
-    // SAFETY: receives into a live buffer.
-    let n = unsafe { libc::recv(fd.as_raw_fd(), b.as_mut_ptr().cast(), b.len(), 0) };
-    b.truncate(n.max(0) as usize);
+    let n = sys::seqpacket::recv_record(fd.as_fd(), &mut b, 0).map(|r| r.len).unwrap_or(0);
+    b.truncate(n);
     b
 }

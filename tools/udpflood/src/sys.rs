@@ -9,47 +9,16 @@ const UDP_SEGMENT: libc::c_int = 103;
 /// The kernel's UDP_MAX_SEGMENTS.
 pub const MAX_GSO_SEGMENTS: usize = 64;
 
-/// CLOCK_MONOTONIC in nanoseconds.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    debug_assert_eq!(rc, 0);
-    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
-}
-
-fn setsockopt_int(fd: &impl AsRawFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> io::Result<()> {
-    // SAFETY: passes a pointer to a live c_int and its exact size.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            (&v as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
+pub use ::sys::monotonic_ns;
 
 /// Asks for a `bytes` send buffer; as root, SO_SNDBUFFORCE passes net.core.wmem_max.
 pub fn set_send_buffer(fd: &impl AsRawFd, bytes: usize) {
-    let v = bytes.min(i32::MAX as usize) as libc::c_int;
-    if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, v).is_err() {
-        let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, v);
-    }
+    ::sys::sockopt::set_send_buffer(fd.as_raw_fd(), bytes)
 }
 
 /// Asks for a `bytes` receive buffer; as root, SO_RCVBUFFORCE passes net.core.rmem_max.
 pub fn set_recv_buffer(fd: &impl AsRawFd, bytes: usize) {
-    let v = bytes.min(i32::MAX as usize) as libc::c_int;
-    if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, v).is_err() {
-        let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, v);
-    }
+    ::sys::sockopt::set_recv_buffer(fd.as_raw_fd(), bytes)
 }
 
 /// One control buffer big enough for CMSG_SPACE(sizeof u16), 8-byte aligned.

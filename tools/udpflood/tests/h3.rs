@@ -7,13 +7,7 @@ use std::sync::Arc;
 
 const BIN: &str = env!("CARGO_BIN_EXE_udpflood");
 
-fn json_num(json: &str, key: &str) -> f64 {
-    let pat = format!("\"{key}\":");
-    let i = json.find(&pat).unwrap_or_else(|| panic!("no {key} in {json}")) + pat.len();
-    let rest = &json[i..];
-    let end = rest.find([',', '}']).unwrap();
-    rest[..end].parse().unwrap_or_else(|_| panic!("{key} not a number in {json}"))
-}
+use testkit::json_num;
 
 /// Serves `GET /...` with 200 and `len` bytes of body on every request.
 async fn server(len: usize) -> SocketAddr {

@@ -28,25 +28,10 @@ fn key_file() -> (PathBuf, KeyFile) {
 }
 
 fn rcvbuf(s: &UdpSocket, bytes: i32) {
-    // SAFETY: a pointer to a live c_int with its exact size.
-    unsafe {
-        let v: libc::c_int = bytes;
-        let p = (&v as *const libc::c_int).cast();
-        let l = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        if libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, p, l) != 0 {
-            libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, p, l);
-        }
-    }
+    sys::sockopt::set_recv_buffer(s.as_raw_fd(), bytes.max(0) as usize);
 }
 
-/// The number after `"key":` in a one-line JSON object.
-fn json_num(json: &str, key: &str) -> f64 {
-    let pat = format!("\"{key}\":");
-    let i = json.find(&pat).unwrap_or_else(|| panic!("no {key} in {json}")) + pat.len();
-    let rest = &json[i..];
-    let end = rest.find([',', '}']).unwrap();
-    rest[..end].parse().unwrap_or_else(|_| panic!("{key} not a number in {json}"))
-}
+use testkit::json_num;
 
 fn run(args: &[&str]) -> Output {
     let out = Command::new(BIN).args(args).output().expect("run udpflood");

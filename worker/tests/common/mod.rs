@@ -1,69 +1,25 @@
 //! Test harness: a real `demux` data plane on 127.0.0.1 (random port) and real
 //! `worker` processes behind it, plus a quinn + h3 HTTP/3 client.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
-use bytes::Buf;
 use proto::keyfile::KeyFile;
-use proto::wire::{decode_control, encode_control, Control};
-use rustls::pki_types::CertificateDer;
+use proto::wire::Control;
 use std::net::SocketAddr;
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-use worker::fdpass;
+pub use testkit::h3client::{cert, client_endpoint, client_endpoint_on, Cert, ReqError, Resp, H3};
+pub use testkit::{have_tool, temp_dir};
 
 pub const WORKER: &str = env!("CARGO_BIN_EXE_worker");
 
-/// The demux binary of this workspace (built once if missing).
+/// The demux binary of this workspace (built once per test run).
 pub fn demux_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let target =
-            std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| manifest.join("../target"));
-        let bin = target.join("debug/demux");
-        // Always (re)build: cheap when fresh, and never tests a stale data plane.
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let st = Command::new(cargo)
-            .args(["build", "-q", "-p", "demux"])
-            .current_dir(manifest.join(".."))
-            .status()
-            .expect("running cargo build -p demux");
-        assert!(st.success(), "cargo build -p demux failed");
-        assert!(bin.exists(), "{} missing after build", bin.display());
-        bin
-    })
-    .clone()
-}
-
-pub fn temp_dir(tag: &str) -> PathBuf {
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    // Short: unix socket paths are limited to 107 bytes.
-    let d = std::env::temp_dir().join(format!("wk-{}-{}-{n}", tag, std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
+    testkit::bin::workspace_bin("demux", "demux")
 }
 
 fn wait_file(path: &Path, child: &mut Child, log: &Path, what: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(t) = std::fs::read_to_string(path) {
-            return t;
-        }
-        if let Ok(Some(st)) = child.try_wait() {
-            panic!("{what} exited early ({st}): {}", std::fs::read_to_string(log).unwrap_or_default());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what} not ready in time: {}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    testkit::bin::wait_ready_file(path, child, log, what, Duration::from_secs(30))
 }
 
 /// A running data plane.
@@ -105,25 +61,16 @@ impl Demux {
         let keys = KeyFile::parse(&std::fs::read_to_string(&keys_path).expect("key file")).expect("parse key file");
         let (data, control, ready, log) =
             (dir.join("d.sock"), dir.join("c.sock"), dir.join("ready"), dir.join("demux.log"));
-        let mut child = Command::new(&bin)
-            .arg("dataplane")
-            .args(listen.iter().flat_map(|l| ["--listen", l]))
-            .args(["--cores", "0", "--io", "mmsg", "--keys"])
-            .arg(&keys_path)
-            .arg("--data-socket")
-            .arg(&data)
-            .arg("--control-socket")
-            .arg(&control)
-            .arg("--ready-file")
-            .arg(&ready)
+        let mut cmd = Command::new(&bin);
+        cmd.arg("dataplane").args(listen.iter().flat_map(|l| ["--listen", l])).args(["--cores", "0", "--io", "mmsg"]);
+        let mut child = testkit::bin::dataplane_files(&mut cmd, &keys_path, &data, &control, &ready)
             .args(if rings { &["--forward", "ring"][..] } else { &[] })
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log"))
             .spawn()
             .expect("spawn demux");
         let text = wait_file(&ready, &mut child, &log, "demux");
-        let addrs: Vec<SocketAddr> =
-            text.lines().filter_map(|l| l.strip_prefix("udp ")).filter_map(|a| a.parse().ok()).collect();
+        let addrs = testkit::bin::ready_udp_addrs(&text);
         let addr = *addrs.first().expect("udp line in ready file");
         Demux { child, dir, addr, addrs, data, control, keys_path, keys, rings }
     }
@@ -137,15 +84,9 @@ impl Demux {
             let _ = std::fs::remove_file(p);
         }
         let log = self.dir.join("demux2.log");
-        self.child = Command::new(demux_bin())
-            .args(["dataplane", "--listen", &self.addr.to_string(), "--cores", "0", "--io", "mmsg", "--keys"])
-            .arg(&self.keys_path)
-            .arg("--data-socket")
-            .arg(&self.data)
-            .arg("--control-socket")
-            .arg(&self.control)
-            .arg("--ready-file")
-            .arg(self.dir.join("ready"))
+        let mut cmd = Command::new(demux_bin());
+        cmd.args(["dataplane", "--listen", &self.addr.to_string(), "--cores", "0", "--io", "mmsg"]);
+        self.child = testkit::bin::dataplane_files(&mut cmd, &self.keys_path, &self.data, &self.control, &self.dir.join("ready"))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log"))
             .spawn()
@@ -155,12 +96,8 @@ impl Demux {
 
     /// The data plane's status JSON.
     pub fn status(&self) -> serde_json::Value {
-        let fd = fdpass::seqpacket_connect(&self.control).expect("control socket");
-        fdpass::send_record(fd.as_fd(), &encode_control(&Control::StatusRequest), &[], 0).expect("StatusRequest");
-        let mut buf = vec![0u8; 128 * 1024];
-        let r = fdpass::recv_record(fd.as_fd(), &mut buf, 0).expect("Status reply");
-        match decode_control(&buf[..r.len]) {
-            Ok(Control::Status { json }) => serde_json::from_str(&json).expect("status JSON"),
+        match sys::control::request(&self.control, &[&Control::StatusRequest]).expect("Status reply").msg {
+            Control::Status { json } => serde_json::from_str(&json).expect("status JSON"),
             other => panic!("unexpected reply {other:?}"),
         }
     }
@@ -208,27 +145,11 @@ impl Demux {
 
 impl Drop for Demux {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        testkit::bin::kill_and_reap(&mut self.child);
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
-}
-
-/// Test TLS identity shared by all workers of a test.
-pub struct Cert {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    pub der: CertificateDer<'static>,
-}
-
-pub fn cert(dir: &Path) -> Cert {
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("rcgen");
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    std::fs::write(&cert, ck.cert.pem()).expect("write cert");
-    std::fs::write(&key, ck.key_pair.serialize_pem()).expect("write key");
-    Cert { cert, key, der: ck.cert.der().clone() }
 }
 
 /// A running worker process.
@@ -305,122 +226,6 @@ impl Worker {
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        testkit::bin::kill_and_reap(&mut self.child);
     }
-}
-
-// ---------------------------------------------------------------------------------
-// quinn + h3 client
-// ---------------------------------------------------------------------------------
-
-pub fn client_endpoint(c: &Cert) -> quinn::Endpoint {
-    client_endpoint_on(c, "127.0.0.1:0")
-}
-
-pub fn client_endpoint_on(c: &Cert, bind: &str) -> quinn::Endpoint {
-    let crypto = worker::tls::client_crypto(std::slice::from_ref(&c.der), &[b"h3"]).expect("client crypto");
-    let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
-    let mut t = quinn::TransportConfig::default();
-    t.max_idle_timeout(Some(quinn::IdleTimeout::from(quinn::VarInt::from_u32(30_000))));
-    cfg.transport_config(Arc::new(t));
-    let mut ep = quinn::Endpoint::client(bind.parse().expect("addr")).expect("client endpoint");
-    ep.set_default_client_config(cfg);
-    ep
-}
-
-/// One HTTP/3 connection.
-pub struct H3 {
-    pub conn: quinn::Connection,
-    send: h3::client::SendRequest<h3_quinn::OpenStreams, bytes::Bytes>,
-    driver: tokio::task::JoinHandle<()>,
-}
-
-/// A completed response.
-#[derive(Debug)]
-pub struct Resp {
-    pub status: u16,
-    pub len: u64,
-    pub server_id: u16,
-    pub pattern_ok: bool,
-}
-
-/// Where a request failed: before the response head (safe to retry) or after.
-#[derive(Debug)]
-pub enum ReqError {
-    BeforeHead(String),
-    AfterHead(String),
-}
-
-impl std::fmt::Display for ReqError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{self:?}")
-    }
-}
-
-impl H3 {
-    pub async fn connect(ep: &quinn::Endpoint, addr: SocketAddr) -> anyhow::Result<H3> {
-        let conn = ep.connect(addr, "localhost")?.await?;
-        let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn.clone())).await?;
-        let driver = tokio::spawn(async move {
-            let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
-        });
-        Ok(H3 { conn, send, driver })
-    }
-
-    /// GET `path`; `on_progress(bytes so far)` is called after every chunk.
-    pub async fn get_with(&mut self, path: &str, mut on_progress: impl FnMut(u64)) -> Result<Resp, ReqError> {
-        let req = http::Request::get(format!("https://localhost{path}"))
-            .body(())
-            .map_err(|e| ReqError::BeforeHead(e.to_string()))?;
-        let mut s = self.send.send_request(req).await.map_err(|e| ReqError::BeforeHead(e.to_string()))?;
-        s.finish().await.map_err(|e| ReqError::BeforeHead(e.to_string()))?;
-        let resp = s.recv_response().await.map_err(|e| ReqError::BeforeHead(e.to_string()))?;
-        let server_id =
-            resp.headers().get("x-server-id").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(0);
-        let want: Option<u64> =
-            resp.headers().get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
-        let mut len = 0u64;
-        let mut pattern_ok = true;
-        while let Some(mut chunk) = s.recv_data().await.map_err(|e| ReqError::AfterHead(e.to_string()))? {
-            while chunk.has_remaining() {
-                let b = chunk.chunk();
-                if pattern_ok && path.starts_with("/bytes/") {
-                    pattern_ok = b.iter().enumerate().all(|(i, x)| *x == ((len + i as u64) % 256) as u8);
-                }
-                len += b.len() as u64;
-                let n = b.len();
-                chunk.advance(n);
-            }
-            on_progress(len);
-        }
-        if let Some(w) = want {
-            if w != len {
-                return Err(ReqError::AfterHead(format!("body {len} bytes, content-length {w}")));
-            }
-        }
-        Ok(Resp { status: resp.status().as_u16(), len, server_id, pattern_ok })
-    }
-
-    pub async fn get(&mut self, path: &str) -> Result<Resp, ReqError> {
-        self.get_with(path, |_| {}).await
-    }
-
-    pub fn close(self) {
-        self.conn.close(quinn::VarInt::from_u32(0x100), b"");
-        self.driver.abort();
-    }
-}
-
-/// Skips (returns false) when `tool` is missing and CI is unset; with CI set, a
-/// missing tool fails the test.
-pub fn have_tool(ok: bool, tool: &str) -> bool {
-    if ok {
-        return true;
-    }
-    if std::env::var_os("CI").is_some_and(|v| !v.is_empty()) {
-        panic!("{tool} is required when CI is set (tools/install-deps installs it)");
-    }
-    eprintln!("SKIP: {tool} not installed (set CI=1 to make this a failure)");
-    false
 }

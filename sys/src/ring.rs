@@ -1,0 +1,149 @@
+//! The shared mapping of a forwarding ring (`--forward ring`, docs/wire.md "Ring"):
+//! a memfd of `proto::ring::HEADER_LEN` header bytes and `capacity` data bytes that
+//! the data plane's shard (producer) and a worker (consumer) both map, and the
+//! eventfd that wakes the consumer. Layout and index arithmetic are `proto::ring`;
+//! the protocol (who writes which word, when) is the producer's and the consumer's.
+//!
+//! The other side is another process and may write the mapping at any time: record
+//! bytes are only ever copied in or out with raw copies, never borrowed as slices,
+//! and header words are only accessed as atomics.
+
+use crate::{cvt, owned};
+use proto::ring::{HEADER_LEN, OFF_SLEEPING};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+/// One mapping of a ring's memfd, unmapped on drop.
+pub struct Mapping {
+    base: *mut u8,
+    map_len: usize,
+    capacity: u64,
+}
+
+// SAFETY: the mapping is owned (unmapped in Drop only); the shared words are atomics and
+// record bytes are only copied in or out, so sharing the pointer between threads is
+// sound; which thread may write where is the ring protocol's (one producer, one consumer).
+unsafe impl Send for Mapping {}
+// SAFETY: see Send.
+unsafe impl Sync for Mapping {}
+
+impl std::fmt::Debug for Mapping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mapping").field("capacity", &self.capacity).finish()
+    }
+}
+
+fn invalid(why: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("forwarding ring: {why}"))
+}
+
+impl Mapping {
+    /// A new memfd of `HEADER_LEN + capacity` bytes (all zero), mapped.
+    pub fn create(capacity: u64) -> io::Result<(Mapping, OwnedFd)> {
+        let map_len = HEADER_LEN + capacity as usize;
+        // SAFETY: memfd_create with a NUL-terminated name; the fd is owned at once.
+        let memfd = owned(unsafe { libc::memfd_create(c"quicdemux-ring".as_ptr(), libc::MFD_CLOEXEC) })?;
+        // SAFETY: plain syscall on an fd we own.
+        cvt(unsafe { libc::ftruncate(memfd.as_raw_fd(), map_len as libc::off_t) })?;
+        Ok((Mapping::map(memfd.as_raw_fd(), map_len, capacity)?, memfd))
+    }
+
+    /// Maps a memfd another process created: it must hold at least
+    /// `HEADER_LEN + capacity` bytes.
+    pub fn open(memfd: BorrowedFd<'_>, capacity: u64) -> io::Result<Mapping> {
+        let map_len = HEADER_LEN + capacity as usize;
+        // SAFETY: stat is plain old data; all-zero is valid.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat(2) on a live descriptor, into `st`.
+        cvt(unsafe { libc::fstat(memfd.as_raw_fd(), &mut st) })?;
+        if (st.st_size as u64) < map_len as u64 {
+            return Err(invalid("memfd smaller than announced"));
+        }
+        Mapping::map(memfd.as_raw_fd(), map_len, capacity)
+    }
+
+    fn map(fd: libc::c_int, map_len: usize, capacity: u64) -> io::Result<Mapping> {
+        // SAFETY: a new shared mapping of the first `map_len` bytes of the memfd, which
+        // is at least that large (sized or checked by the caller); MAP_FAILED checked;
+        // unmapped in Drop.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping { base: base.cast(), map_len, capacity })
+    }
+
+    /// Data bytes (the ring's capacity).
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// The 8-byte header word at `off` (`proto::ring::OFF_*`).
+    pub fn word(&self, off: usize) -> &AtomicU64 {
+        assert!(off.is_multiple_of(8) && off + 8 <= HEADER_LEN);
+        // SAFETY: `off` is an 8-aligned offset inside the header page of a live,
+        // page-aligned mapping; AtomicU64 has the layout of u64 and every access to
+        // this word, in both processes, is atomic.
+        unsafe { &*(self.base.add(off) as *const AtomicU64) }
+    }
+
+    /// The consumer's *sleeping* flag (a u32 at `OFF_SLEEPING`).
+    pub fn sleeping(&self) -> &AtomicU32 {
+        // SAFETY: as `word`, a 4-aligned u32 in the header page.
+        unsafe { &*(self.base.add(OFF_SLEEPING) as *const AtomicU32) }
+    }
+
+    /// Copies `data` to data offset `at` (in bounds: asserted). The caller owns that
+    /// part of the ring under the protocol (`proto::ring::reserve`).
+    pub fn write(&self, at: usize, data: &[u8]) {
+        assert!(at as u64 + data.len() as u64 <= self.capacity);
+        // SAFETY: in bounds (asserted) of a live mapping; a raw copy, so a concurrent
+        // write by the other process cannot break any Rust reference.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.base.add(HEADER_LEN + at), data.len()) }
+    }
+
+    /// Copies `out.len()` bytes from data offset `at` (in bounds: asserted).
+    pub fn read(&self, at: usize, out: &mut [u8]) {
+        assert!(at as u64 + out.len() as u64 <= self.capacity);
+        // SAFETY: in bounds (asserted) of a live mapping; a raw copy out (see `write`).
+        unsafe { std::ptr::copy_nonoverlapping(self.base.add(HEADER_LEN + at), out.as_mut_ptr(), out.len()) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `map`; every reference into it
+        // borrows `self`, so none outlives it.
+        unsafe { libc::munmap(self.base.cast(), self.map_len) };
+    }
+}
+
+/// A non-blocking, close-on-exec eventfd (the ring's wake-up).
+pub fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: eventfd(2); the fd is owned at once.
+    owned(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })
+}
+
+/// Adds one to an eventfd. EAGAIN (counter saturated) means a wake-up is pending anyway.
+pub fn eventfd_signal(fd: BorrowedFd<'_>) {
+    let one: u64 = 1;
+    // SAFETY: write(2) of 8 bytes from a live u64.
+    unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+}
+
+/// Clears a non-blocking eventfd; EAGAIN (nothing pending) is fine.
+pub fn eventfd_clear(fd: BorrowedFd<'_>) {
+    let mut v: u64 = 0;
+    // SAFETY: read(2) of 8 bytes into a live u64.
+    unsafe { libc::read(fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+}

@@ -1,0 +1,375 @@
+//! Unix SOCK_SEQPACKET sockets (unix(7)): connect, listen, accept, one record out or
+//! in with SCM_RIGHTS descriptors, and a batch of records in (`recvmmsg`).
+
+use crate::{cvt, cvt_isize, owned};
+use std::io;
+use std::mem::{self, size_of};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileTypeExt;
+use std::path::Path;
+
+/// Most descriptors one record may carry (the kernel's SCM_MAX_FD).
+pub const MAX_FDS: usize = 253;
+
+/// Size of the control buffer for [`MAX_FDS`] descriptors, rounded up generously.
+const CMSG_BUF_LEN: usize = 64 + MAX_FDS * size_of::<RawFd>();
+
+/// Control-message buffer with the alignment `cmsghdr` needs.
+#[repr(C, align(8))]
+struct CmsgBuf([u8; CMSG_BUF_LEN]);
+
+/// `e`, its message prefixed with `what` and `path` (e.g. "connect /run/x.sock: …").
+fn at_path(e: io::Error, what: &str, path: &Path) -> io::Error {
+    io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
+}
+
+fn sockaddr_un(path: &Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: sockaddr_un is plain old data; all-zero is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { mem::zeroed() };
+    if bytes.is_empty() || bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "unix socket path {} is empty, contains NUL or is longer than {} bytes",
+                path.display(),
+                addr.sun_path.len() - 1
+            ),
+        ));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    let len = size_of::<libc::sa_family_t>() + bytes.len() + 1;
+    Ok((addr, len as libc::socklen_t))
+}
+
+/// A new, unconnected AF_UNIX SOCK_SEQPACKET socket (close-on-exec).
+pub fn socket(nonblocking: bool) -> io::Result<OwnedFd> {
+    let flags = libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | if nonblocking { libc::SOCK_NONBLOCK } else { 0 };
+    // SAFETY: plain syscall with constant arguments; no pointers.
+    owned(unsafe { libc::socket(libc::AF_UNIX, flags, 0) })
+}
+
+/// A connected pair of SEQPACKET sockets (tests, in-process forwarders).
+pub fn pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [-1 as RawFd; 2];
+    // SAFETY: `fds` is a valid, writable array of two c_ints, as socketpair(2) requires.
+    cvt(unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) })?;
+    // SAFETY: socketpair succeeded, so both are fresh descriptors owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Connects (blocking) to the SEQPACKET listener at `path`.
+pub fn connect(path: &Path) -> io::Result<OwnedFd> {
+    let (addr, len) = sockaddr_un(path)?;
+    let fd = socket(false)?;
+    // SAFETY: `addr` is a valid sockaddr_un that outlives the call and `len` covers
+    // only its initialised prefix.
+    cvt(unsafe { libc::connect(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) })
+        .map_err(|e| at_path(e, "connect", path))?;
+    Ok(fd)
+}
+
+fn bind_listen(fd: &OwnedFd, path: &Path, backlog: i32) -> io::Result<()> {
+    let (addr, len) = sockaddr_un(path)?;
+    // SAFETY: as in `connect`.
+    cvt(unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) })
+        .map_err(|e| at_path(e, "bind", path))?;
+    // SAFETY: plain syscall on a bound socket we own.
+    cvt(unsafe { libc::listen(fd.as_raw_fd(), backlog) }).map_err(|e| at_path(e, "listen", path))?;
+    Ok(())
+}
+
+/// Binds and listens (blocking accept) at `path`, with `backlog` (tests, benches,
+/// in-process forwarders). The file must not exist.
+pub fn listen(path: &Path, backlog: i32) -> io::Result<OwnedFd> {
+    let fd = socket(false)?;
+    bind_listen(&fd, path, backlog)?;
+    Ok(fd)
+}
+
+/// The data plane's and controller's listeners: non-blocking, backlog 128, mode 0600
+/// from the start. A stale socket file is replaced; any other existing file is an error.
+pub fn listen_private(path: &Path) -> io::Result<OwnedFd> {
+    if let Ok(md) = std::fs::symlink_metadata(path) {
+        if !md.file_type().is_socket() {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            ));
+        }
+        std::fs::remove_file(path).map_err(|e| at_path(e, "removing stale socket", path))?;
+    }
+    let fd = socket(true)?;
+    // The socket file gets mode 0666 & ~umask: restrict the umask around bind so it
+    // is 0600 from the start (no window in which others could connect).
+    // SAFETY: umask is always safe; restored right after bind.
+    let old = unsafe { libc::umask(0o177) };
+    let r = bind_listen(&fd, path, 128);
+    // SAFETY: restores the previous mask.
+    unsafe { libc::umask(old) };
+    r.map(|()| fd)
+}
+
+/// Accepts one connection (close-on-exec; blocking unless the listener is non-blocking).
+pub fn accept(listener: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    // SAFETY: null address pointers are allowed by accept4(2) when the peer address
+    // is not wanted.
+    owned(unsafe {
+        libc::accept4(listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC)
+    })
+}
+
+/// Accepts one connection, itself non-blocking; `None` when none is waiting (EAGAIN,
+/// EINTR, ECONNABORTED).
+pub fn accept_nonblocking(listener: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
+    let flags = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
+    // SAFETY: as in `accept`.
+    match owned(unsafe { libc::accept4(listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), flags) }) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EINTR | libc::ECONNABORTED)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Sends one record, optionally with descriptors attached (SCM_RIGHTS).
+/// `flags` are added to MSG_NOSIGNAL (e.g. `libc::MSG_DONTWAIT`).
+pub fn send_record(fd: BorrowedFd<'_>, rec: &[u8], fds: &[BorrowedFd<'_>], flags: libc::c_int) -> io::Result<usize> {
+    if fds.len() > MAX_FDS {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many descriptors for one record"));
+    }
+    let mut raw = [-1 as RawFd; MAX_FDS];
+    for (r, f) in raw.iter_mut().zip(fds) {
+        *r = f.as_raw_fd();
+    }
+    send_record_raw(fd.as_raw_fd(), rec, &raw[..fds.len()], flags)
+}
+
+/// [`send_record`] on raw descriptors (an invalid one fails with EBADF).
+pub fn send_record_raw(fd: RawFd, rec: &[u8], fds: &[RawFd], flags: libc::c_int) -> io::Result<usize> {
+    if fds.len() > MAX_FDS {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many descriptors for one record"));
+    }
+    let mut iov = libc::iovec { iov_base: rec.as_ptr() as *mut libc::c_void, iov_len: rec.len() };
+    let mut cbuf = CmsgBuf([0; CMSG_BUF_LEN]);
+    // SAFETY: msghdr is plain old data; all-zero is a valid "no name, no control" value.
+    let mut msg: libc::msghdr = unsafe { mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        let payload = mem::size_of_val(fds) as libc::c_uint;
+        // SAFETY: CMSG_SPACE is a pure size computation.
+        let space = unsafe { libc::CMSG_SPACE(payload) } as usize;
+        msg.msg_control = cbuf.0.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        // SAFETY: msg_control points at `space` (≤ CMSG_BUF_LEN) aligned bytes, so the
+        // first header exists and is writable.
+        let cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+        if cmsg.is_null() {
+            return Err(io::Error::other("control buffer too small"));
+        }
+        // SAFETY: `cmsg` points into `cbuf` (checked non-null above); CMSG_DATA lies
+        // within the `space` bytes reserved for `payload`, and write_unaligned copes
+        // with any alignment of the data area.
+        unsafe {
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(payload) as _;
+            let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
+            for (i, f) in fds.iter().enumerate() {
+                data.add(i).write_unaligned(*f);
+            }
+        }
+    }
+    // SAFETY: `msg` points at `iov` (valid for `rec.len()` bytes) and at `cbuf`, both
+    // alive for the duration of the call.
+    cvt_isize(unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | flags) })
+}
+
+/// One received record.
+#[derive(Debug)]
+pub struct Received {
+    /// Bytes of the record placed in the buffer (0 on a SEQPACKET socket: the peer closed).
+    pub len: usize,
+    /// The record was longer than the buffer (MSG_TRUNC): the tail is lost.
+    pub truncated: bool,
+    /// Descriptors that came with the record, owned now (close-on-exec).
+    pub fds: Vec<OwnedFd>,
+}
+
+/// Receives one record and any SCM_RIGHTS descriptors with it (close-on-exec).
+/// A zero-length result on a SEQPACKET socket means the peer closed the connection.
+pub fn recv_record(fd: BorrowedFd<'_>, buf: &mut [u8], flags: libc::c_int) -> io::Result<Received> {
+    recv_record_raw(fd.as_raw_fd(), buf, flags)
+}
+
+/// [`recv_record`] on a raw descriptor (an invalid one fails with EBADF).
+pub fn recv_record_raw(fd: RawFd, buf: &mut [u8], flags: libc::c_int) -> io::Result<Received> {
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let mut cbuf = CmsgBuf([0; CMSG_BUF_LEN]);
+    // SAFETY: msghdr is plain old data; all-zero is a valid value.
+    let mut msg: libc::msghdr = unsafe { mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.0.as_mut_ptr().cast();
+    msg.msg_controllen = CMSG_BUF_LEN as _;
+    // SAFETY: `msg` points at `iov` (valid for `buf.len()` writable bytes) and at
+    // `cbuf` (CMSG_BUF_LEN writable bytes), both alive for the duration of the call.
+    let len = cvt_isize(unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC | flags) })?;
+    let fds = take_passed_fds(&msg);
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        // Some descriptors were dropped by the kernel; the ones we got close on drop.
+        return Err(io::Error::other("control data truncated (too many descriptors)"));
+    }
+    Ok(Received { len, truncated: msg.msg_flags & libc::MSG_TRUNC != 0, fds })
+}
+
+/// The SCM_RIGHTS descriptors of a message recvmsg(2) just filled, owned.
+fn take_passed_fds(msg: &libc::msghdr) -> Vec<OwnedFd> {
+    let mut fds = Vec::new();
+    // SAFETY: the kernel filled `msg_control`/`msg_controllen`; CMSG_FIRSTHDR only
+    // reads those fields.
+    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(msg) };
+    while !cmsg.is_null() {
+        // SAFETY: CMSG_FIRSTHDR/CMSG_NXTHDR return null or a header lying entirely
+        // inside the kernel-filled control buffer.
+        let (level, ty, clen) = unsafe { ((*cmsg).cmsg_level, (*cmsg).cmsg_type, (*cmsg).cmsg_len as usize) };
+        if level == libc::SOL_SOCKET && ty == libc::SCM_RIGHTS {
+            // SAFETY: CMSG_LEN is a pure size computation.
+            let hdr = unsafe { libc::CMSG_LEN(0) } as usize;
+            let n = clen.saturating_sub(hdr) / size_of::<RawFd>();
+            // SAFETY: the data area of this header holds `n` descriptors written by the
+            // kernel; read_unaligned copes with any alignment.
+            let data = unsafe { libc::CMSG_DATA(cmsg).cast::<RawFd>() };
+            for i in 0..n {
+                // SAFETY: `i < n`, inside the data area (see above).
+                let raw = unsafe { data.add(i).read_unaligned() };
+                // SAFETY: SCM_RIGHTS installed `raw` as a new descriptor in this process;
+                // nothing else owns it.
+                fds.push(unsafe { OwnedFd::from_raw_fd(raw) });
+            }
+        }
+        // SAFETY: `cmsg` is a valid header of `msg` (see above).
+        cmsg = unsafe { libc::CMSG_NXTHDR(msg, cmsg) };
+    }
+    fds
+}
+
+/// Most records one [`recv_batch`] call takes.
+pub const MAX_BATCH: usize = 64;
+
+/// Receives up to `bufs.len()` (at most [`MAX_BATCH`]) records without blocking,
+/// one record per buffer (`recvmmsg` with MSG_DONTWAIT). For each received record
+/// `lens[i]` is its length in `bufs[i]` and `trunc[i]` whether it was cut (MSG_TRUNC).
+/// Returns the number of records, or `WouldBlock` if none is waiting.
+pub fn recv_batch(
+    fd: BorrowedFd<'_>,
+    bufs: &mut [io::IoSliceMut<'_>],
+    lens: &mut [usize],
+    trunc: &mut [bool],
+) -> io::Result<usize> {
+    let n = bufs.len().min(lens.len()).min(trunc.len()).min(MAX_BATCH);
+    if n == 0 {
+        return Ok(0);
+    }
+    // SAFETY: mmsghdr is plain old data; all-zero is a valid value.
+    let mut hdrs: [libc::mmsghdr; MAX_BATCH] = unsafe { mem::zeroed() };
+    for (h, b) in hdrs.iter_mut().zip(bufs.iter_mut()).take(n) {
+        // IoSliceMut is guaranteed ABI-compatible with `struct iovec` on Unix.
+        h.msg_hdr.msg_iov = (b as *mut io::IoSliceMut<'_>).cast::<libc::iovec>();
+        h.msg_hdr.msg_iovlen = 1;
+    }
+    // SAFETY: the first `n` headers each point at one live iovec (`bufs[i]`, writable
+    // for its length); no name or control buffers; null timeout is allowed.
+    let got = cvt(unsafe {
+        libc::recvmmsg(fd.as_raw_fd(), hdrs.as_mut_ptr(), n as libc::c_uint, libc::MSG_DONTWAIT, std::ptr::null_mut())
+    })? as usize;
+    for i in 0..got {
+        lens[i] = hdrs[i].msg_len as usize;
+        trunc[i] = hdrs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+    }
+    Ok(got)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sockopt::{is_nonblocking, set_nonblocking, set_recv_timeout, socket_type};
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn record_round_trip_with_fds() {
+        let (a, b) = pair().unwrap();
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let udp_addr = udp.local_addr().unwrap();
+        send_record(a.as_fd(), b"hello", &[udp.as_fd(), udp.as_fd()], 0).unwrap();
+        let mut buf = [0u8; 64];
+        let r = recv_record(b.as_fd(), &mut buf, 0).unwrap();
+        assert_eq!(&buf[..r.len], b"hello");
+        assert!(!r.truncated);
+        assert_eq!(r.fds.len(), 2);
+        assert_eq!(socket_type(r.fds[0].as_fd()).unwrap(), libc::SOCK_DGRAM);
+        // The passed descriptor is the same socket: its local address matches.
+        let dup = std::net::UdpSocket::from(r.fds.into_iter().next().unwrap());
+        assert_eq!(dup.local_addr().unwrap(), udp_addr);
+    }
+
+    #[test]
+    fn record_without_fds_and_truncation() {
+        let (a, b) = pair().unwrap();
+        send_record(a.as_fd(), &[7u8; 100], &[], 0).unwrap();
+        let mut buf = [0u8; 10];
+        let r = recv_record(b.as_fd(), &mut buf, 0).unwrap();
+        assert!(r.truncated);
+        assert_eq!(r.len, 10);
+        assert!(r.fds.is_empty());
+    }
+
+    #[test]
+    fn batch_receive_and_eof() {
+        let (a, b) = pair().unwrap();
+        let mut bufs_store = vec![vec![0u8; 32]; 4];
+        {
+            let mut bufs: Vec<io::IoSliceMut<'_>> = bufs_store.iter_mut().map(|v| io::IoSliceMut::new(v)).collect();
+            let (mut lens, mut trunc) = ([0usize; 4], [false; 4]);
+            let e = recv_batch(b.as_fd(), &mut bufs, &mut lens, &mut trunc).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+            for i in 0..3u8 {
+                send_record(a.as_fd(), &vec![i; 5 + usize::from(i) * 20], &[], 0).unwrap();
+            }
+            let got = recv_batch(b.as_fd(), &mut bufs, &mut lens, &mut trunc).unwrap();
+            assert_eq!(got, 3);
+            assert_eq!(&lens[..3], &[5, 25, 32]);
+            assert_eq!(&trunc[..3], &[false, false, true]);
+        }
+        assert_eq!(&bufs_store[1][..25], &[1u8; 25][..]);
+        drop(a);
+        let mut buf = [0u8; 8];
+        let r = recv_record(b.as_fd(), &mut buf, libc::MSG_DONTWAIT).unwrap();
+        assert_eq!(r.len, 0, "EOF reads as an empty record");
+    }
+
+    #[test]
+    fn connect_listen_accept_and_flags() {
+        let dir = std::env::temp_dir().join(format!("sys-seqpacket-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join("s.sock");
+        let _ = std::fs::remove_file(&path);
+        let l = listen(&path, 64).unwrap();
+        let c = connect(&path).unwrap();
+        let s = accept(l.as_fd()).unwrap();
+        assert!(!is_nonblocking(c.as_fd()).unwrap());
+        set_nonblocking(c.as_fd(), true).unwrap();
+        assert!(is_nonblocking(c.as_fd()).unwrap());
+        set_recv_timeout(s.as_fd(), Some(std::time::Duration::from_millis(20))).unwrap();
+        let mut buf = [0u8; 4];
+        let e = recv_record(s.as_fd(), &mut buf, 0).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        assert!(connect(&dir.join("missing.sock")).is_err());
+        assert!(connect(Path::new(&"x".repeat(200))).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,80 @@
+//! The workspace's binaries by path, child processes and their ready files.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The workspace root (this crate lives in `testkit/`).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The target directory (`CARGO_TARGET_DIR` or `<workspace>/target`).
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("target"))
+}
+
+/// Builds `bin` of `package` (`cargo build -q -p PACKAGE --bin BIN`, debug profile:
+/// cheap when fresh, and never a stale binary) once per test process; its path.
+pub fn workspace_bin(package: &str, bin: &str) -> PathBuf {
+    static BUILT: Mutex<Option<HashMap<String, PathBuf>>> = Mutex::new(None);
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    let key = format!("{package}/{bin}");
+    if let Some(p) = built.get_or_insert_with(HashMap::new).get(&key) {
+        return p.clone();
+    }
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let st = Command::new(cargo)
+        .args(["build", "-q", "-p", package, "--bin", bin])
+        .current_dir(workspace_root())
+        .status()
+        .expect("running cargo build");
+    assert!(st.success(), "cargo build -p {package} --bin {bin} failed");
+    let path = target_dir().join("debug").join(bin);
+    assert!(path.exists(), "{} missing after build", path.display());
+    built.get_or_insert_with(HashMap::new).insert(key, path.clone());
+    path
+}
+
+/// Waits (at most `within`) until the file at `path` exists and returns its text;
+/// panics with the child's log (`log`) when `child` exits first or time runs out.
+pub fn wait_ready_file(path: &Path, child: &mut Child, log: &Path, what: &str, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Ok(t) = std::fs::read_to_string(path) {
+            return t;
+        }
+        let log_text = || std::fs::read_to_string(log).unwrap_or_default();
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!("{what} exited early ({st}): {}", log_text());
+        }
+        assert!(Instant::now() < deadline, "{what} not ready in time: {}", log_text());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The `udp ADDR` lines of a ready file, in order.
+pub fn ready_udp_addrs(text: &str) -> Vec<std::net::SocketAddr> {
+    text.lines().filter_map(|l| l.strip_prefix("udp ")).filter_map(|a| a.parse().ok()).collect()
+}
+
+/// Adds a data plane's socket and file arguments: `--keys K --data-socket D
+/// --control-socket C --ready-file R`.
+pub fn dataplane_files<'c>(
+    cmd: &'c mut Command,
+    keys: &Path,
+    data: &Path,
+    control: &Path,
+    ready: &Path,
+) -> &'c mut Command {
+    cmd.arg("--keys").arg(keys).arg("--data-socket").arg(data).arg("--control-socket").arg(control);
+    cmd.arg("--ready-file").arg(ready)
+}
+
+/// Kills a child process and reaps it (errors ignored: it may be gone already).
+pub fn kill_and_reap(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
