@@ -64,10 +64,7 @@ const BEGIN: &str = "<!-- bench fastpath: begin";
 const END: &str = "<!-- bench fastpath: end -->";
 
 fn now_ns() -> u64 {
-    // SAFETY: a live timespec.
-    let mut ts: libc::timespec = unsafe { zeroed() };
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    ::sys::monotonic_ns()
 }
 
 fn gettid() -> i32 {

@@ -30,6 +30,7 @@ pub(crate) struct Counters {
 
 // SAFETY: the mapping is only accessed through atomics.
 unsafe impl Send for Counters {}
+// SAFETY: as for Send: every access to the mapping is atomic.
 unsafe impl Sync for Counters {}
 
 impl Counters {

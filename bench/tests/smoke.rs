@@ -2,6 +2,7 @@
 //! add up and the CPU figure is positive and finite. nginx is left out (CI installs
 //! nothing for bench); the demux contenders run only when a demux binary has been
 //! built next to this bench binary (e.g. by `cargo test --workspace`).
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 use std::path::Path;
 use std::process::Command;

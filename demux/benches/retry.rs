@@ -7,6 +7,7 @@
 //!   UDP socket on loopback (never read: the kernel drops what does not fit).
 //!
 //! Every benchmark runs twice: wall clock, and (prefix `cpu/`) thread CPU time.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 mod support;
 

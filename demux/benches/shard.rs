@@ -20,6 +20,7 @@
 //!   untimed between chunks of 512.
 //!
 //! Every benchmark runs twice: wall clock, and (prefix `cpu/`) thread CPU time.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 mod support;
 
@@ -135,6 +136,7 @@ impl Shard {
     /// # Safety
     /// `payload` stays valid until the next [`Shard::flush`].
     unsafe fn datagram(&mut self, meta: &RecvMeta, payload: &[u8]) {
+        // SAFETY: the caller upholds `Router::datagram`'s contract (payload lives until flush).
         unsafe { self.router.datagram(&self.snap, &self.sock, self.client, meta, payload) }
     }
 
@@ -188,7 +190,9 @@ fn benches<M: Clock>(c: &mut Criterion<M>, p: &str) {
     let train: Vec<u8> = (0..TRAIN_SEGMENTS).flat_map(|_| short.iter().copied()).collect();
     let (plain, gro) = (Shard::meta(None), Shard::meta(Some(DATAGRAM as u16)));
     // SAFETY (every `datagram` below): `short` and `train` outlive the shard's flushes.
+    // SAFETY: `short` and `train` outlive the flush below.
     unsafe { s.datagram(&plain, &short) };
+    // SAFETY: as above.
     unsafe { s.datagram(&gro, &train) };
     s.router.flush(&s.snap);
     assert_eq!(s.drain(), 2, "one frame each");
@@ -199,6 +203,7 @@ fn benches<M: Clock>(c: &mut Criterion<M>, p: &str) {
     g.throughput(Throughput::Elements(1));
     g.bench_function("datagram_short", |b| {
         b.iter_custom(|iters| {
+            // SAFETY: `short` outlives every flush of the measurement.
             let routine = |s: &mut Shard| unsafe { s.datagram(&plain, black_box(&short)) };
             chunked::<M, _>(iters, 256, &mut s, routine, Shard::flush)
         })
@@ -206,6 +211,7 @@ fn benches<M: Clock>(c: &mut Criterion<M>, p: &str) {
     g.throughput(Throughput::Elements(TRAIN_SEGMENTS as u64));
     g.bench_function("datagram_train", |b| {
         b.iter_custom(|iters| {
+            // SAFETY: `train` outlives every flush of the measurement.
             let routine = |s: &mut Shard| unsafe { s.datagram(&gro, black_box(&train)) };
             chunked::<M, _>(iters, 64, &mut s, routine, Shard::flush)
         })
@@ -215,6 +221,7 @@ fn benches<M: Clock>(c: &mut Criterion<M>, p: &str) {
         s.drain();
         s.router.begin();
         for _ in 0..32 {
+            // SAFETY: `short` outlives the flush.
             unsafe { s.datagram(&plain, &short) };
         }
     };

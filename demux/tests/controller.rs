@@ -2,6 +2,7 @@
 //! the operations contract `../shared/seeds/004_*`): a real `demux --state-dir`
 //! controller, its data plane and `worker` processes on 127.0.0.1, quinn + h3
 //! clients. One test at a time (two cores); every wait bounded.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 #[path = "controller_support/mod.rs"]
 mod support;

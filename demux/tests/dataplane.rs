@@ -2,6 +2,7 @@
 //! test workers on the data socket, handcrafted QUIC datagrams. Every test runs for
 //! both io backends (`<test>::uring`, `<test>::mmsg`); the key ones also with
 //! `--forward ring` (`<test>::uring_ring`, `<test>::mmsg_ring`).
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 mod common;
 use common::*;

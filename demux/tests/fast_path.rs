@@ -1,6 +1,7 @@
 //! The kernel fast path through a real data plane (docs/adr/0004-kernel-fast-path.md):
 //! the SK_REUSEPORT program steers a live worker's short headers to the worker's own
 //! socket; everything else takes the user path, exactly as without it.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 mod common;
 

@@ -4,6 +4,7 @@
 //! fresh DCIDs from 1 000 further loopback addresses — while quinn HTTP/3 clients on
 //! their own addresses keep completing handshakes and downloads. Loopback only; every
 //! wait is bounded.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 use rustls::pki_types::CertificateDer;
 use serde_json::Value;

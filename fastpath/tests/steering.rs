@@ -5,6 +5,7 @@
 //!
 //! If this machine refuses to load the program the tests print `skip: …` and pass,
 //! unless QUICDEMUX_REQUIRE_FASTPATH=1, when they fail.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 use std::collections::HashMap;
 use std::io;

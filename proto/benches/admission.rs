@@ -14,6 +14,7 @@
 //!   goes back): the difference is the cost of the limits per new placement.
 //!   4 096 clients in turn, the clock one tick (1 ms) per 32 calls, so every call is
 //!   admitted (the admission path, not the cheaper refusal).
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use proto::cid::{Generation, KeySet, ServerId};

@@ -15,6 +15,7 @@
 //! - `limits/rate_epoch_pass_64k`: one whole epoch move: the rebasing call plus the
 //!   1 024 following decisions that shift the table `SWEEP_CHUNK` (64) words each.
 //!   Happens once per window (28.8 s with the defaults).
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use proto::limits::{

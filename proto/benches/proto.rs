@@ -27,6 +27,7 @@
 //! Every benchmark runs twice: with criterion's wall clock, and (prefix `cpu/`) with
 //! the benchmark thread's own on-CPU time from `/proc/thread-self/schedstat`, which
 //! does not count the time the thread spent preempted on a shared, loaded machine.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};

@@ -58,7 +58,7 @@ impl Rendezvous {
         let mut best: Option<(u64, T)> = None;
         for (seed, item) in candidates {
             let w = Self::weight(seed, key_hash);
-            if best.map_or(true, |(bw, _)| w > bw) {
+            if best.is_none_or(|(bw, _)| w > bw) {
                 best = Some((w, item));
             }
         }

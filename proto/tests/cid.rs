@@ -1,5 +1,6 @@
 //! ADR-0040 connection IDs: round trips, unroutable reasons, and unlinkability, under
 //! both PRFs of ADR 0004 (hmac-sha256, siphash-2-4) and key sets that mix them.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 mod common;
 

@@ -8,6 +8,7 @@
 //! different elsewhere (what a cache that compared fewer than 12 bytes would get wrong).
 //! Key sets use both PRFs (ADR 0004), mixed within one set, and pairs that differ
 //! only in a generation's PRF (what a cache keyed on secrets alone would get wrong).
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 use proptest::prelude::*;
 use proto::cid::{Generation, KeySet, Prf, ServerId, CID_LEN};

@@ -1,5 +1,6 @@
 //! `proto::header::parse` against the RFC example packets, every truncation of them,
 //! hand-picked boundary cases, and a reference parser over random input.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 mod common;
 

@@ -18,6 +18,7 @@
 //!
 //! The exact models are fed only the connections the sketch admitted (a refused
 //! connection never happened), which is the history the server actually sees.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 use proto::limits::lanes::{lane, LANE_LIMIT, LANE_MAX};
 use proto::limits::{

@@ -6,6 +6,7 @@
 //! - a full table evicts the oldest pin;
 //! - keys longer than 20 bytes (RFC 9000 §17.2) are refused;
 //! - the capacity is fixed at construction.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! Rendezvous (highest-random-weight) hashing: `pick` is a plain argmax of `weight`,
 //! and the placement is stable: removing one of N instances moves only that
 //! instance's keys (≈ 1/N of them); adding one takes ≈ 1/(N+1), only to itself.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 mod common;
 

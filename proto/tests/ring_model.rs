@@ -2,6 +2,7 @@
 //! VecDeque model: every record read back is the model's front, in order, with its
 //! bytes intact (no overlap of live records), full is refused only when the bytes
 //! really do not fit, and the counters stay within capacity.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 use proptest::prelude::*;
 use proto::ring::*;

@@ -17,6 +17,7 @@
 //! (Vec of (key, target, time), large enough never to evict) and a naive argmax over
 //! `Rendezvous::weight` (whose `pick` is checked against a naive argmax in
 //! tests/rendezvous.rs).
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 mod common;
 

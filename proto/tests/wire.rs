@@ -1,5 +1,6 @@
 //! The demux → worker frame and the control messages: round trips over every field,
 //! truncations, single-byte corruptions, reserved bits.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 mod common;
 

@@ -7,6 +7,7 @@
 //! - [`packets`]: handcrafted QUIC datagrams (RFC 9000 §17).
 //! - [`h3client`]: a test TLS identity, the quinn + h3 client.
 //! - [`bin`]: the workspace binaries by path, child processes and their ready files.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};

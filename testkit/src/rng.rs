@@ -5,6 +5,7 @@
 pub struct Rng(pub u64);
 
 impl Rng {
+    #[allow(clippy::should_implement_trait)] // an RNG, not an iterator: next() never ends
     pub fn next(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;

@@ -13,6 +13,7 @@
 //! - `orphaned_connection_gets_a_stateless_reset`: CIDs never expire, the keys rotate
 //!   twice: the client's DCID generation is unknown, its next packet reaches B, and
 //!   the client's connection ends with `ConnectionError::Reset` (RFC 9000 §10.3).
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 use proto::cid::{KeySet, ServerId};
 use std::net::SocketAddr;

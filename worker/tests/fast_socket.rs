@@ -4,6 +4,7 @@
 //! socket's port directly, so every datagram of its connection arrives on the fast
 //! socket and every reply must leave from it (a quinn client drops datagrams from
 //! any other address).
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 mod common;
 

@@ -10,6 +10,7 @@
 //! 127.0.0.1, connecting anew every 250 ms during the flood, completes every request
 //! with time to first byte (connect + request + response head) ≤ 1 s. The measured
 //! figures are printed (`--nocapture`). `FLOOD_WORKER_ARGS` adds worker flags.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 mod common;
 
@@ -282,18 +283,19 @@ fn initial_flood_is_bounded_and_memory_returns() {
                 r
             })
             .await;
-            let mut l = legit.lock().expect("lock");
-            match r {
-                Ok(Ok(resp)) if resp.status == 200 => {
-                    l.ok += 1;
-                    l.ttfb_ms.push(started.elapsed().as_millis() as u64);
-                }
-                other => {
-                    l.failed += 1;
-                    l.errors.push(format!("{other:?}"));
+            {
+                let mut l = legit.lock().expect("lock");
+                match r {
+                    Ok(Ok(resp)) if resp.status == 200 => {
+                        l.ok += 1;
+                        l.ttfb_ms.push(started.elapsed().as_millis() as u64);
+                    }
+                    other => {
+                        l.failed += 1;
+                        l.errors.push(format!("{other:?}"));
+                    }
                 }
             }
-            drop(l);
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     });
@@ -319,6 +321,7 @@ fn initial_flood_is_bounded_and_memory_returns() {
 
     let status = demux_status(&control);
     // The worker's counters (exit line on SIGTERM).
+    // SAFETY: signals the worker process this test started.
     unsafe { libc::kill(wpid as i32, libc::SIGTERM) };
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline && matches!(w.0.try_wait(), Ok(None)) {

@@ -3,6 +3,7 @@
 //! HTTP/3; gtlsclient also migrating (--change-local-addr, with path validation)
 //! and NAT-rebinding (--nat-rebinding, no path validation). Tests skip only when the
 //! tool is missing and CI is unset.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! The library used directly (your own quinn server behind the demux, as in
 //! docs/worker.md), and the binary's static files and HTTP/0.9 (`hq-interop`).
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! End to end through a real `demux` data plane on 127.0.0.1: quinn + h3 clients,
 //! `worker` processes behind the demux.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 mod common;
 

@@ -11,7 +11,6 @@ use anyhow::{bail, Context, Result};
 use proto::cid::{KeySet, CID_RANDOM_LEN};
 use proto::ServerId;
 use serde_json::{json, Value};
-use std::mem::zeroed;
 use std::net::UdpSocket;
 use std::ops::Range;
 use std::os::fd::AsRawFd;
@@ -41,10 +40,7 @@ pub(super) fn run_latency(pct: u32, rep: usize, sat: f64, o: &Opts, bins: &Path)
 }
 
 fn now_ns() -> u64 {
-    // SAFETY: a live timespec.
-    let mut ts: libc::timespec = unsafe { zeroed() };
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    ::sys::monotonic_ns()
 }
 
 /// A probe datagram after the short header's DCID: the magic, a sequence number

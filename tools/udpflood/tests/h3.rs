@@ -1,4 +1,5 @@
 //! `--latency-h3` against a tiny in-test HTTP/3 server (quinn + h3, self-signed cert).
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 use bytes::Bytes;
 use std::net::SocketAddr;

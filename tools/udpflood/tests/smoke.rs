@@ -1,4 +1,5 @@
 //! End-to-end: the udpflood binary against plain UDP sockets on 127.0.0.1.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 use proto::cid::{ServerId, CID_LEN};
 use proto::header::{parse, Header, LongType};
