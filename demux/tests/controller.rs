@@ -743,10 +743,20 @@ fn established_downloads_finish_while_the_data_plane_is_stopped() {
         assert_eq!((r.status, r.len, r.pattern_ok, r.server_id), (200, size, true, id));
     }
     let all_done = stopped_at.elapsed();
-    assert!(!pending.is_finished(), "a new connection cannot complete without the data plane");
+    // A new connection cannot complete without the data plane: still waiting, or (on a
+    // loaded machine, past the client's connect bound) given up — never answered.
+    let early = pending.is_finished();
     kill(dp, libc::SIGCONT);
-    let r = rt.block_on(pending).expect("join").expect("the new connection completes after SIGCONT");
-    assert_eq!((r.status, r.len), (200, 1000));
+    let r = rt.block_on(pending).expect("join");
+    if early {
+        assert!(r.is_err(), "a new connection completed while the data plane was stopped: {r:?}");
+    } else {
+        let r = r.expect("the new connection completes after SIGCONT");
+        assert_eq!((r.status, r.len), (200, 1000));
+    }
+    let mut h = rt.block_on(H3::connect(&ep, addr)).expect("connect after SIGCONT");
+    assert_eq!(rt.block_on(h.get("/bytes/1000")).expect("GET after SIGCONT").len, 1000);
+    h.close();
     eprintln!("4 × {size} bytes finished {all_done:?} after the data plane stopped");
     let lb = c.lb_wait();
     assert!(lb["fast_path"]["datagrams"].as_u64().unwrap_or(0) > 1000, "fast path carried them: {}", lb["fast_path"]);
