@@ -287,8 +287,8 @@ pub enum Control {
     Rejoin { server_id: ServerId, pid: u32 },
     /// O → C: rotate the CID key generation now; the new generation uses `prf`
     /// (`None`: the newest generation's PRF). `force`: even within two CID lifetimes
-    /// of the last rotation (an optional second body byte, 1; absent = 0, so older
-    /// senders still decode). Reply: `Status` (JSON) or `Error`.
+    /// of the last rotation (second body byte, 0 or 1). Reply: `Status` (JSON) or
+    /// `Error`.
     RotateKeys { prf: Option<Prf>, force: bool },
     /// W → D, instead of `DataHello`: the same, plus capability bits ([`CAP_RINGS`]:
     /// the worker reads shared-memory rings). A data plane that knows the message
@@ -472,9 +472,7 @@ pub fn encode_control(m: &Control) -> Vec<u8> {
         Control::RotateKeys { prf, force } => {
             v.push(tag::ROTATE_KEYS);
             v.push(prf.map_or(KEEP_PRF, Prf::code));
-            if *force {
-                v.push(1);
-            }
+            v.push(u8::from(*force));
         }
         Control::DataHelloV2 { server_id, caps } => {
             v.push(tag::DATA_HELLO_V2);
@@ -632,12 +630,10 @@ pub fn decode_control(rec: &[u8]) -> Result<Control, WireError> {
                 KEEP_PRF => None,
                 p => Some(Prf::from_code(p).ok_or(WireError::BadPrf(p))?),
             },
-            force: match c.b.is_empty() {
-                true => false,
-                false => match c.u8()? {
-                    1 => true,
-                    _ => return Err(WireError::ReservedBits),
-                },
+            force: match c.u8()? {
+                0 => false,
+                1 => true,
+                _ => return Err(WireError::ReservedBits),
             },
         },
         tag::DATA_HELLO_V2 => {

@@ -528,22 +528,20 @@ fn controller_messages_layout() {
         encode_control(&Control::Rejoin { server_id: ServerId(0x0102), pid: 0x0304_0506 }),
         vec![CONTROL_MAGIC, 1, 13, 1, 2, 3, 4, 5, 6]
     );
-    // rotate-keys [--prf]: one byte, a PRF code (0 hmac-sha256, 1 siphash-2-4) or 0xff (keep).
-    assert_eq!(encode_control(&Control::RotateKeys { prf: None, force: false }), vec![CONTROL_MAGIC, 1, 14, 0xff]);
+    // rotate-keys [--prf] [--force]: a PRF code (0 hmac-sha256, 1 siphash-2-4) or 0xff
+    // (keep), then force 0 / 1.
+    assert_eq!(encode_control(&Control::RotateKeys { prf: None, force: false }), vec![CONTROL_MAGIC, 1, 14, 0xff, 0]);
     assert_eq!(
-        encode_control(&Control::RotateKeys { prf: Some(Prf::SipHash24), force: false }),
-        vec![CONTROL_MAGIC, 1, 14, 1]
+        encode_control(&Control::RotateKeys { prf: Some(Prf::SipHash24), force: true }),
+        vec![CONTROL_MAGIC, 1, 14, 1, 1]
     );
     assert_eq!(
-        decode_control(&[CONTROL_MAGIC, 1, 14, 0]),
+        decode_control(&[CONTROL_MAGIC, 1, 14, 0, 0]),
         Ok(Control::RotateKeys { prf: Some(Prf::HmacSha256), force: false })
     );
-    // --force: an optional second byte 1 (absent: not forced; anything else reserved).
-    assert_eq!(encode_control(&Control::RotateKeys { prf: None, force: true }), vec![CONTROL_MAGIC, 1, 14, 0xff, 1]);
-    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14, 0xff, 1]), Ok(Control::RotateKeys { prf: None, force: true }));
     assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14, 0xff, 2]), Err(WireError::ReservedBits));
-    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14, 0xff, 1, 0]), Err(WireError::TrailingBytes));
-    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14, 2]), Err(WireError::BadPrf(2)));
+    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14, 2, 0]), Err(WireError::BadPrf(2)));
+    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14, 0xff]), Err(WireError::Truncated));
     assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14]), Err(WireError::Truncated));
     assert!(decode_control(&[CONTROL_MAGIC, 1, 13, 1, 2, 3]).is_err());
     assert!(decode_control(&[CONTROL_MAGIC, 1, 12, 0]).is_err());
