@@ -481,9 +481,15 @@ fn key_rotation_mid_connection_old_cids_still_route() {
         h.close();
     }
     assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
-    // No controller running: the key file itself rotates (newest 2, previous 1).
-    let out =
-        std::process::Command::new(DEMUX).arg("rotate-keys").arg("--state-dir").arg(&c.state).output().expect("run");
+    // No controller running: the key file itself rotates (newest 2, previous 1) —
+    // `--force`: this is within two CID lifetimes of the rotation above.
+    let out = std::process::Command::new(DEMUX)
+        .arg("rotate-keys")
+        .arg("--state-dir")
+        .arg(&c.state)
+        .arg("--force")
+        .output()
+        .expect("run");
     assert!(out.status.success(), "offline rotate-keys: {}", String::from_utf8_lossy(&out.stderr));
     let text = std::fs::read_to_string(c.state.join("keys")).expect("key file");
     let k = proto::keyfile::KeyFile::parse(&text).expect("key file parses");
