@@ -773,10 +773,12 @@ fn rotation_across_a_prf_switch_keeps_every_connection() {
         let _g = rt.enter();
         client_endpoint(&c.cert)
     };
-    let rotate = |prf: &str| {
+    // `force`: within two CID lifetimes of the previous rotation (pacing).
+    let rotate = |prf: &str, force: bool| {
         let out = std::process::Command::new(DEMUX)
             .args(["rotate-keys", "--prf", prf, "--state-dir"])
             .arg(&c.state)
+            .args(force.then_some("--force"))
             .output()
             .expect("run rotate-keys");
         assert!(out.status.success(), "rotate-keys --prf {prf}: {}", String::from_utf8_lossy(&out.stderr));
@@ -790,7 +792,7 @@ fn rotation_across_a_prf_switch_keeps_every_connection() {
         }
     };
     connect(&mut conns); // generation 0, siphash-2-4
-    rotate("hmac-sha256");
+    rotate("hmac-sha256", false);
     let s = c.status_wait();
     assert_eq!((s["key_newest_prf"].as_str(), s["key_previous_prf"].as_str()), (Some("hmac-sha256"), Some("siphash-2-4")));
     connect(&mut conns); // generation 1, hmac-sha256: the user path only
@@ -806,7 +808,8 @@ fn rotation_across_a_prf_switch_keeps_every_connection() {
         assert!(grew("/fast_path/to_demux/unknown_generation") > 0, "the hmac-sha256 ones went to the data plane");
     }
     assert!(grew("/reasons/Owner") > 0, "the data plane routed the hmac-sha256 generation's datagrams");
-    rotate("siphash-2-4"); // generation 2: generation 0's connections are now two rotations old
+    // Generation 2 at once (--force): generation 0's connections are now two rotations old.
+    rotate("siphash-2-4", true);
     let s = c.status_wait();
     assert_eq!((s["key_newest_prf"].as_str(), s["key_previous_prf"].as_str()), (Some("siphash-2-4"), Some("hmac-sha256")));
     for (id, h) in conns.iter_mut().skip(2) {

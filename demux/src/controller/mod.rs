@@ -589,6 +589,8 @@ pub mod tests {
         assert_eq!(dp.forward, ForwardKind::Ring);
         assert_eq!(dp.ring_bytes, 1 << 20);
         assert_eq!(dp.keys.as_deref(), Some(paths.keys().as_path()));
+        assert_eq!(dp.orphan_timeout, Some(ORPHAN_TIMEOUT_DEFAULT), "a controller's data plane exits when orphaned");
+        assert_eq!(dp.metrics, None, "the controller serves the metrics, not its data plane");
     }
 
     /// The status JSON's `workers[].state` (docs/operations.md, `demux status`).
