@@ -3,11 +3,9 @@
 //! quiescent data plane. Run: `cargo test --release -p demux --test metrics`.
 
 #[path = "controller_support/mod.rs"]
-#[allow(dead_code)]
 mod support;
 
 #[path = "common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 
 use serde_json::Value;
@@ -182,7 +180,13 @@ fn dataplane_only_metrics_match_lb_status_field_for_field() {
         u.send_to(&[0x00, i, 9, 9, 9, 9], d.addr()).unwrap();
     }
     let lb = || {
-        let out = Command::new(DEMUX).arg("lb-status").arg("--control-socket").arg(&d.control).arg("--json").output().unwrap();
+        let out = Command::new(DEMUX)
+            .arg("lb-status")
+            .arg("--control-socket")
+            .arg(&d.control)
+            .arg("--json")
+            .output()
+            .unwrap();
         serde_json::from_slice::<Value>(&out.stdout).expect("lb-status --json")
     };
     wait_until("20 NotQuic", Duration::from_secs(10), || (lb()["reasons"]["NotQuic"] == 20).then_some(()));

@@ -3,7 +3,6 @@
 //! socket holds, naming the pid. Run: `cargo test --release -p demux --test ownership`.
 
 #[path = "controller_support/mod.rs"]
-#[allow(dead_code)]
 mod support;
 
 use std::net::SocketAddr;
@@ -131,7 +130,10 @@ fn a_second_appliance_on_a_busy_port_refuses_to_start() {
         .split(&format!("{addr} is already in use by pid "))
         .nth(1)
         .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok());
-    assert!(named.is_some_and(|p| pids.contains(&p)), "the refusal names no pid of the first appliance {pids:?}: {err}");
+    assert!(
+        named.is_some_and(|p| pids.contains(&p)),
+        "the refusal names no pid of the first appliance {pids:?}: {err}"
+    );
     let (ok, failures) = downloads(&rt, &a, addr, 10);
     assert_eq!((ok, failures.len()), (10, 0), "the first appliance after the refusal: {failures:?}{}", a.logs());
     drop(a);

@@ -3,7 +3,6 @@
 //! rotation picked up at start. Run: `cargo test --release -p demux --test rotation`.
 
 #[path = "controller_support/mod.rs"]
-#[allow(dead_code)]
 mod support;
 
 use std::process::Command;
@@ -44,7 +43,8 @@ struct Downloads {
 impl Downloads {
     fn start(rt: &tokio::runtime::Runtime, c: &Controller, clients: usize, bytes: u64) -> Downloads {
         let addr = c.addr();
-        let (ok, failures, stop) = (Arc::new(AtomicU64::new(0)), Arc::new(Mutex::new(Vec::new())), Arc::new(AtomicBool::new(false)));
+        let (ok, failures, stop) =
+            (Arc::new(AtomicU64::new(0)), Arc::new(Mutex::new(Vec::new())), Arc::new(AtomicBool::new(false)));
         let mut tasks = Vec::new();
         for _ in 0..clients {
             let ep = {
@@ -128,7 +128,10 @@ fn ten_rotations_at_the_fastest_allowed_pace_under_live_downloads() {
             let out = rotate(&c, false);
             let err = String::from_utf8_lossy(&out.stderr);
             assert!(!out.status.success(), "a second rotation 0 s later was allowed");
-            assert!(err.contains("refusing to rotate") && err.contains("2 × 2.0 s") && err.contains("--force"), "{err}");
+            assert!(
+                err.contains("refusing to rotate") && err.contains("2 × 2.0 s") && err.contains("--force"),
+                "{err}"
+            );
             assert_eq!(gens(&c.status_wait()), (Some(1), Some(0)), "a refused rotation changed the keys");
         }
     }

@@ -48,7 +48,11 @@ pub fn parse_proc_net_udp(text: &str) -> Vec<UdpSocket> {
         .skip(1)
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            Some(UdpSocket { local: parse_addr(f.get(1)?)?, uid: f.get(7)?.parse().ok()?, inode: f.get(9)?.parse().ok()? })
+            Some(UdpSocket {
+                local: parse_addr(f.get(1)?)?,
+                uid: f.get(7)?.parse().ok()?,
+                inode: f.get(9)?.parse().ok()?,
+            })
         })
         .collect()
 }
@@ -80,7 +84,8 @@ fn holders(inode: u64) -> Vec<i32> {
 
 fn cmdline(pid: i32) -> String {
     let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let s: Vec<String> = raw.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+    let s: Vec<String> =
+        raw.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
     s.join(" ").chars().take(200).collect()
 }
 

@@ -25,7 +25,11 @@ impl Watch {
 impl Registry {
     /// The epoll timeout that lets `check_orphan` run (ms; -1 when off).
     pub(super) fn orphan_wait_ms(&self) -> i32 {
-        if self.orphan.timeout.is_some() { 1000 } else { -1 }
+        if self.orphan.timeout.is_some() {
+            1000
+        } else {
+            -1
+        }
     }
 
     /// Exits the process when unattended for longer than the timeout.
