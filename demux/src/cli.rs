@@ -43,9 +43,11 @@ pub struct ControllerOpts {
     /// Rotate the CID key generation every N instance starts (ADR-0040).
     #[arg(long, value_name = "N", default_value_t = 10_000, requires = "state_dir")]
     pub rotate_every: u32,
-    /// Serve Prometheus text metrics on this TCP address (e.g. 127.0.0.1:9464).
-    #[arg(long, value_name = "ADDR:PORT", requires = "state_dir")]
-    pub metrics: Option<SocketAddr>,
+    /// How long a worker's connection IDs live (passed to spawned workers as
+    /// `worker --cid-lifetime` when they know the flag). Rotations are refused
+    /// within 2 × this of the last one (`rotate-keys --force` overrides).
+    #[arg(long, value_name = "SECS", default_value_t = 600, requires = "state_dir")]
+    pub cid_lifetime: u64,
     /// SIGTERM: longest wait for the workers to drain before they are killed.
     #[arg(long, value_name = "SECS", default_value_t = 30, requires = "state_dir")]
     pub drain_timeout: u64,
@@ -89,6 +91,10 @@ pub enum Command {
         /// it) or `hmac-sha256` (user path only). Default: the newest generation's.
         #[arg(long, value_name = "PRF")]
         prf: Option<proto::cid::Prf>,
+        /// Rotate even within two CID lifetimes of the last rotation (connections
+        /// still on the generation that stops decoding are orphaned).
+        #[arg(long)]
+        force: bool,
     },
     /// Ask a running data plane for its counters.
     LbStatus {
@@ -149,6 +155,16 @@ pub enum Steer {
 
 #[derive(Clone, Debug, Args)]
 pub struct DataPlaneArgs {
+    /// Serve Prometheus text metrics on this TCP address (e.g. 127.0.0.1:9464):
+    /// every numeric field of `lb-status --json` (with `--state-dir`: plus the
+    /// controller's own).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<SocketAddr>,
+    /// Exit (removing the socket files) after this many seconds with no open control
+    /// connection (a controller holds one) and no live instance. 0 = never (the
+    /// standalone default); a controller passes its own value (default 60).
+    #[arg(long, value_name = "SECS")]
+    pub orphan_timeout: Option<u64>,
     /// UDP address to serve (repeatable; IPv4 and IPv6). Port 0 picks a free port,
     /// shared by every shard (see --ready-file).
     #[arg(long, value_name = "ADDR:PORT")]

@@ -26,7 +26,7 @@ fn main() {
             controller,
         }) => controller::run(dataplane, controller),
         Some(Command::Status { state_dir, json }) => controller::client::status(&state_dir, json),
-        Some(Command::RotateKeys { state_dir, prf }) => controller::client::rotate_keys(&state_dir, prf),
+        Some(Command::RotateKeys { state_dir, prf, force }) => controller::client::rotate_keys(&state_dir, prf, force),
         Some(Command::GenKeys { out, force }) => operator::gen_keys(&out, force),
         Some(Command::LbStatus {
             control_socket,

@@ -482,9 +482,15 @@ fn key_rotation_mid_connection_old_cids_still_route() {
         h.close();
     }
     assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
-    // No controller running: the key file itself rotates (newest 2, previous 1).
-    let out =
-        std::process::Command::new(DEMUX).arg("rotate-keys").arg("--state-dir").arg(&c.state).output().expect("run");
+    // No controller running: the key file itself rotates (newest 2, previous 1) —
+    // `--force`: this is within two CID lifetimes of the rotation above.
+    let out = std::process::Command::new(DEMUX)
+        .arg("rotate-keys")
+        .arg("--state-dir")
+        .arg(&c.state)
+        .arg("--force")
+        .output()
+        .expect("run");
     assert!(out.status.success(), "offline rotate-keys: {}", String::from_utf8_lossy(&out.stderr));
     let text = std::fs::read_to_string(c.state.join("keys")).expect("key file");
     let k = proto::keyfile::KeyFile::parse(&text).expect("key file parses");
@@ -778,10 +784,12 @@ fn rotation_across_a_prf_switch_keeps_every_connection() {
         let _g = rt.enter();
         client_endpoint(&c.cert)
     };
-    let rotate = |prf: &str| {
+    // `force`: within two CID lifetimes of the previous rotation (pacing).
+    let rotate = |prf: &str, force: bool| {
         let out = std::process::Command::new(DEMUX)
             .args(["rotate-keys", "--prf", prf, "--state-dir"])
             .arg(&c.state)
+            .args(force.then_some("--force"))
             .output()
             .expect("run rotate-keys");
         assert!(out.status.success(), "rotate-keys --prf {prf}: {}", String::from_utf8_lossy(&out.stderr));
@@ -795,7 +803,7 @@ fn rotation_across_a_prf_switch_keeps_every_connection() {
         }
     };
     connect(&mut conns); // generation 0, siphash-2-4
-    rotate("hmac-sha256");
+    rotate("hmac-sha256", false);
     let s = c.status_wait();
     assert_eq!((s["key_newest_prf"].as_str(), s["key_previous_prf"].as_str()), (Some("hmac-sha256"), Some("siphash-2-4")));
     connect(&mut conns); // generation 1, hmac-sha256: the user path only
@@ -811,7 +819,8 @@ fn rotation_across_a_prf_switch_keeps_every_connection() {
         assert!(grew("/fast_path/to_demux/unknown_generation") > 0, "the hmac-sha256 ones went to the data plane");
     }
     assert!(grew("/reasons/Owner") > 0, "the data plane routed the hmac-sha256 generation's datagrams");
-    rotate("siphash-2-4"); // generation 2: generation 0's connections are now two rotations old
+    // Generation 2 at once (--force): generation 0's connections are now two rotations old.
+    rotate("siphash-2-4", true);
     let s = c.status_wait();
     assert_eq!((s["key_newest_prf"].as_str(), s["key_previous_prf"].as_str()), (Some("siphash-2-4"), Some("hmac-sha256")));
     for (id, h) in conns.iter_mut().skip(2) {

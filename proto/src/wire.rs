@@ -286,8 +286,10 @@ pub enum Control {
     /// the same id (adopted) or `Error` (the worker must drain and exit).
     Rejoin { server_id: ServerId, pid: u32 },
     /// O → C: rotate the CID key generation now; the new generation uses `prf`
-    /// (`None`: the newest generation's PRF). Reply: `Status` (JSON) or `Error`.
-    RotateKeys { prf: Option<Prf> },
+    /// (`None`: the newest generation's PRF). `force`: even within two CID lifetimes
+    /// of the last rotation (second body byte, 0 or 1). Reply: `Status` (JSON) or
+    /// `Error`.
+    RotateKeys { prf: Option<Prf>, force: bool },
     /// W → D, instead of `DataHello`: the same, plus capability bits ([`CAP_RINGS`]:
     /// the worker reads shared-memory rings). A data plane that knows the message
     /// answers `Sockets`, then `Rings` when it forwards over rings.
@@ -467,9 +469,10 @@ pub fn encode_control(m: &Control) -> Vec<u8> {
             v.extend_from_slice(&server_id.0.to_be_bytes());
             v.extend_from_slice(&pid.to_be_bytes());
         }
-        Control::RotateKeys { prf } => {
+        Control::RotateKeys { prf, force } => {
             v.push(tag::ROTATE_KEYS);
             v.push(prf.map_or(KEEP_PRF, Prf::code));
+            v.push(u8::from(*force));
         }
         Control::DataHelloV2 { server_id, caps } => {
             v.push(tag::DATA_HELLO_V2);
@@ -626,6 +629,11 @@ pub fn decode_control(rec: &[u8]) -> Result<Control, WireError> {
             prf: match c.u8()? {
                 KEEP_PRF => None,
                 p => Some(Prf::from_code(p).ok_or(WireError::BadPrf(p))?),
+            },
+            force: match c.u8()? {
+                0 => false,
+                1 => true,
+                _ => return Err(WireError::ReservedBits),
             },
         },
         tag::DATA_HELLO_V2 => {

@@ -97,8 +97,8 @@ fn control() -> impl Strategy<Value = Control> {
         text().prop_map(|reason| Control::Error { reason }),
         Just(Control::GetSockets),
         (any::<u16>(), any::<u32>()).prop_map(|(id, pid)| Control::Rejoin { server_id: ServerId(id), pid }),
-        proptest::option::of(prop_oneof![Just(Prf::HmacSha256), Just(Prf::SipHash24)])
-            .prop_map(|prf| Control::RotateKeys { prf }),
+        (proptest::option::of(prop_oneof![Just(Prf::HmacSha256), Just(Prf::SipHash24)]), any::<bool>())
+            .prop_map(|(prf, force)| Control::RotateKeys { prf, force }),
     ]
 }
 
@@ -270,8 +270,8 @@ fn exhaustive_single_byte_corruption() {
         },
         Control::GetSockets,
         Control::Rejoin { server_id: ServerId(0x1234), pid: 0xdead_beef },
-        Control::RotateKeys { prf: None },
-        Control::RotateKeys { prf: Some(Prf::SipHash24) },
+        Control::RotateKeys { prf: None, force: false },
+        Control::RotateKeys { prf: Some(Prf::SipHash24), force: true },
     ];
     for m in &msgs {
         let rec = encode_control(m);
@@ -529,11 +529,20 @@ fn controller_messages_layout() {
         encode_control(&Control::Rejoin { server_id: ServerId(0x0102), pid: 0x0304_0506 }),
         vec![CONTROL_MAGIC, 1, 13, 1, 2, 3, 4, 5, 6]
     );
-    // rotate-keys [--prf]: one byte, a PRF code (0 hmac-sha256, 1 siphash-2-4) or 0xff (keep).
-    assert_eq!(encode_control(&Control::RotateKeys { prf: None }), vec![CONTROL_MAGIC, 1, 14, 0xff]);
-    assert_eq!(encode_control(&Control::RotateKeys { prf: Some(Prf::SipHash24) }), vec![CONTROL_MAGIC, 1, 14, 1]);
-    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14, 0]), Ok(Control::RotateKeys { prf: Some(Prf::HmacSha256) }));
-    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14, 2]), Err(WireError::BadPrf(2)));
+    // rotate-keys [--prf] [--force]: a PRF code (0 hmac-sha256, 1 siphash-2-4) or 0xff
+    // (keep), then force 0 / 1.
+    assert_eq!(encode_control(&Control::RotateKeys { prf: None, force: false }), vec![CONTROL_MAGIC, 1, 14, 0xff, 0]);
+    assert_eq!(
+        encode_control(&Control::RotateKeys { prf: Some(Prf::SipHash24), force: true }),
+        vec![CONTROL_MAGIC, 1, 14, 1, 1]
+    );
+    assert_eq!(
+        decode_control(&[CONTROL_MAGIC, 1, 14, 0, 0]),
+        Ok(Control::RotateKeys { prf: Some(Prf::HmacSha256), force: false })
+    );
+    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14, 0xff, 2]), Err(WireError::ReservedBits));
+    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14, 2, 0]), Err(WireError::BadPrf(2)));
+    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14, 0xff]), Err(WireError::Truncated));
     assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14]), Err(WireError::Truncated));
     assert!(decode_control(&[CONTROL_MAGIC, 1, 13, 1, 2, 3]).is_err());
     assert!(decode_control(&[CONTROL_MAGIC, 1, 12, 0]).is_err());

@@ -38,9 +38,9 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
-pub fn rotate_keys(dir: &Path, prf: Option<proto::cid::Prf>) -> Result<()> {
+pub fn rotate_keys(dir: &Path, prf: Option<proto::cid::Prf>, force: bool) -> Result<()> {
     let p = Paths::new(dir);
-    match ask(dir, &Control::RotateKeys { prf }) {
+    match ask(dir, &Control::RotateKeys { prf, force }) {
         Ok(v) => {
             println!(
                 "rotated by the running controller: key generation {} ({}; previous {})",
@@ -54,6 +54,11 @@ pub fn rotate_keys(dir: &Path, prf: Option<proto::cid::Prf>) -> Result<()> {
             // No controller: rotate the file under the controller lock.
             tracing::debug!(error = %format!("{e:#}"), "no controller; rotating the key file");
             let _lock = state::lock(&p)?;
+            // Paced by the lifetime recorded at the last rotation (the workers'
+            // CIDs do not know this command is offline). The data plane, if one
+            // still runs, and the workers get the new file's keys when the
+            // controller starts again (adoption re-sends them before any rejoin).
+            super::pacing::check(&p, None, force)?;
             let Some(text) = state::read_private(&p.keys())? else {
                 bail!("{} has no key file yet (start the controller once)", dir.display())
             };
@@ -63,6 +68,9 @@ pub fn rotate_keys(dir: &Path, prf: Option<proto::cid::Prf>) -> Result<()> {
             let mut c = state::load_or_create_counter(&p)?;
             c.starts_in_generation = 0;
             state::store_counter(&p, c)?;
+            let last = super::pacing::load(&p).ok().flatten();
+            let life = last.map_or(Duration::from_secs(600).as_millis() as u64, |r| r.cid_lifetime_ms);
+            super::pacing::store(&p, super::pacing::Record { at_unix_ms: super::pacing::now_unix_ms(), cid_lifetime_ms: life })?;
             println!(
                 "rotated the key file (no controller running): key generation {} ({}; previous {:?})",
                 k.keys.newest.generation.get(),

@@ -86,7 +86,7 @@ impl Ctl {
                 let json = self.status_json().to_string();
                 self.reply(token, &Control::Status { json })
             }
-            (Kind::Pending | Kind::Operator, Control::RotateKeys { prf }) => match self.rotate("demux rotate-keys", prf) {
+            (Kind::Pending | Kind::Operator, Control::RotateKeys { prf, force }) => match self.rotate("demux rotate-keys", prf, force) {
                 Ok(()) => {
                     let json = self.status_json().to_string();
                     self.reply(token, &Control::Status { json })
@@ -189,7 +189,13 @@ impl Ctl {
             id = id.wrapping_add(1);
         }
         if self.counter.starts_in_generation >= self.opts.rotate_every {
-            self.rotate(&format!("{} instance starts in this generation", self.counter.starts_in_generation), None)?;
+            // Paced like an operator's rotation (deferred, not refused: the id is
+            // still handed out), unless the id space itself needs the new generation.
+            let force = self.counter.starts_in_generation >= super::rotation::ID_SPACE_FORCE;
+            let why = format!("{} instance starts in this generation", self.counter.starts_in_generation);
+            if let Err(e) = self.rotate(&why, None, force) {
+                tracing::warn!(error = %format!("{e:#}"), "automatic key rotation deferred");
+            }
         }
         let c =
             state::Counter { next: id.wrapping_add(1), starts_in_generation: self.counter.starts_in_generation + 1 };
@@ -197,35 +203,6 @@ impl Ctl {
         self.counter = c;
         self.issued_here.insert(id);
         Ok(id)
-    }
-
-    /// Rotates the key generation: file first (so a restarting data plane reads
-    /// it), then the data plane (waiting until it has applied it, so it decodes the
-    /// new generation before any worker mints with it), then every worker.
-    pub(super) fn rotate(&mut self, why: &str, prf: Option<proto::cid::Prf>) -> anyhow::Result<()> {
-        let k = state::rotate_keys(&self.paths, &self.keys, prf)?;
-        self.keys = k;
-        self.counter.starts_in_generation = 0;
-        state::store_counter(&self.paths, self.counter)?;
-        tracing::info!(
-            why, newest = self.keys.keys.newest.generation.get(), prf = %self.keys.keys.newest.prf,
-            previous = ?self.keys.keys.previous.map(|p| p.generation.get()), "CID key generation rotated"
-        );
-        let changed = Control::KeysChanged { keys: self.keys.keys.clone() };
-        if let Err(e) = tell_dataplane(&self.paths.dataplane_sock(), &changed) {
-            // A data plane that is restarting reads the file at start.
-            tracing::warn!(error = %format!("{e:#}"), "could not tell the data plane about the new keys");
-        }
-        let rec = encode_control(&changed);
-        let workers: Vec<u64> =
-            self.conns.iter().filter(|(_, c)| matches!(c.kind, Kind::Worker { .. })).map(|(t, _)| *t).collect();
-        for t in workers {
-            let raw = self.conns.get(&t).map(|c| c.fd.as_raw_fd()).unwrap_or(-1);
-            if let Err(e) = seqpacket::send(raw, &rec, &[], libc::MSG_DONTWAIT) {
-                self.close(t, &format!("sending KeysChanged: {e}"));
-            }
-        }
-        Ok(())
     }
 
     /// Sends `Error{reason}` (best effort), logs the reason and closes.

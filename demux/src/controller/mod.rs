@@ -11,7 +11,11 @@
 
 pub mod client;
 pub mod conns;
+mod link;
+pub mod ownership;
+pub mod pacing;
 pub mod procs;
+mod rotation;
 pub mod state;
 pub mod status;
 pub mod supervise;
@@ -38,6 +42,8 @@ const FIRST_CONN_TOKEN: u64 = 16;
 const CONTROL_BUF: usize = 65_536;
 /// Supervision tick.
 const TICK_MS: i32 = 100;
+/// `--orphan-timeout` of a controller's data plane unless given (seconds).
+pub const ORPHAN_TIMEOUT_DEFAULT: u64 = 60;
 
 /// Where a registered worker is (docs/architecture.md "Processes and the
 /// data-connection protocol", step 4): `Ready` and `Draining` are its last message.
@@ -155,6 +161,7 @@ pub(crate) struct Ctl {
     started: Instant,
     status_out: Arc<Mutex<serde_json::Value>>,
     buf: Vec<u8>,
+    dp_link: link::Link,
 }
 
 /// Entry point: `demux --state-dir DIR …` / `demux controller …`.
@@ -213,9 +220,13 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
         Some((pid, fds, addrs)) => {
             tracing::info!(pid, sockets = ?addrs, "adopted the running data plane and its sockets");
             let proc = procs::Proc::adopt(pid).context("pidfd_open on the adopted data plane")?;
+            // Before the control socket exists (so before any worker rejoins).
+            rotation::resync_adopted(&paths, pid, &keys)?;
             (fds, addrs, DataPlane::new(Some(proc), true))
         }
         None => {
+            // One owner per port: not beside another appliance's (or orphan's) sockets.
+            ownership::refuse_if_held(&dp.listen, &paths)?;
             let socks = socket::bind_all(&dp.listen, cores.len())?;
             let addrs: Vec<SocketAddr> = socks.iter().flatten().map(|s| s.local).collect();
             let fds: Vec<OwnedFd> = socks.into_iter().flatten().map(|s| s.fd).collect();
@@ -238,10 +249,14 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
     epoll.add(listener.as_raw_fd(), libc::EPOLLIN as u32, TOKEN_LISTENER)?;
     epoll.add(signals.as_raw_fd(), libc::EPOLLIN as u32, TOKEN_SIGNALS)?;
     let status_out = Arc::new(Mutex::new(serde_json::Value::Null));
-    if let Some(addr) = opts.metrics {
-        status::spawn_metrics(addr, status_out.clone(), paths.dataplane_sock())?;
+    if let Some(addr) = dp.metrics {
+        status::spawn_metrics(addr, Some(status_out.clone()), paths.dataplane_sock())?;
     }
 
+    let mut opts = opts;
+    if opts.spawn_workers > 0 {
+        add_cid_lifetime_arg(&worker_bin, &mut opts);
+    }
     let mut ctl = Ctl {
         paths,
         exe,
@@ -269,12 +284,33 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
         started: Instant::now(),
         status_out,
         buf: vec![0u8; CONTROL_BUF],
+        dp_link: None,
         opts,
     };
     ctl.take_over_workers();
     let r = ctl.run();
     drop(lock);
     r
+}
+
+/// `--cid-lifetime` reaches spawned workers as `worker --cid-lifetime SECS` when the
+/// worker knows the flag (its `--help` says so) and the operator did not pass one.
+fn add_cid_lifetime_arg(worker_bin: &std::path::Path, opts: &mut ControllerOpts) {
+    if opts.worker_args.iter().any(|a| a.starts_with("--cid-lifetime")) {
+        return;
+    }
+    let help = std::process::Command::new(worker_bin).arg("--help").output();
+    match help {
+        Ok(o) if String::from_utf8_lossy(&o.stdout).contains("--cid-lifetime") => {
+            opts.worker_args.push("--cid-lifetime".into());
+            opts.worker_args.push(opts.cid_lifetime.to_string());
+        }
+        _ => tracing::warn!(
+            worker = %worker_bin.display(),
+            "the worker has no --cid-lifetime: its connections keep their first CIDs, so a connection older than \
+             two rotations is orphaned even with rotation pacing"
+        ),
+    }
 }
 
 impl DataPlane {
@@ -294,6 +330,10 @@ impl DataPlane {
 /// The data-plane flags the controller passes on (everything but the paths it owns).
 fn dataplane_args(dp: &DataPlaneArgs, p: &Paths) -> Vec<String> {
     let mut v: Vec<String> = vec!["--cores".into(), dp.cores.clone()];
+    // Without us (and without instances) for this long, the data plane exits and
+    // gives the port back (one owner per port).
+    v.push("--orphan-timeout".into());
+    v.push(dp.orphan_timeout.unwrap_or(ORPHAN_TIMEOUT_DEFAULT).to_string());
     for (f, path) in [
         ("--keys", p.keys()),
         ("--data-socket", p.data_sock()),
@@ -549,6 +589,8 @@ pub mod tests {
         assert_eq!(dp.forward, ForwardKind::Ring);
         assert_eq!(dp.ring_bytes, 1 << 20);
         assert_eq!(dp.keys.as_deref(), Some(paths.keys().as_path()));
+        assert_eq!(dp.orphan_timeout, Some(ORPHAN_TIMEOUT_DEFAULT), "a controller's data plane exits when orphaned");
+        assert_eq!(dp.metrics, None, "the controller serves the metrics, not its data plane");
     }
 
     /// The status JSON's `workers[].state` (docs/operations.md, `demux status`).

@@ -155,7 +155,8 @@ pub fn pretty(v: &Value) -> String {
 
 /// Serves Prometheus text on `addr` from a small thread (one request per
 /// connection; `GET /metrics` or any path).
-pub fn spawn_metrics(addr: SocketAddr, status: Arc<Mutex<Value>>, dataplane_sock: PathBuf) -> Result<()> {
+/// `status`: the controller's status JSON (None in dataplane-only mode).
+pub fn spawn_metrics(addr: SocketAddr, status: Option<Arc<Mutex<Value>>>, dataplane_sock: PathBuf) -> Result<()> {
     let listener = std::net::TcpListener::bind(addr).with_context(|| format!("--metrics {addr}"))?;
     tracing::info!(%addr, "metrics endpoint");
     std::thread::Builder::new()
@@ -167,9 +168,12 @@ pub fn spawn_metrics(addr: SocketAddr, status: Arc<Mutex<Value>>, dataplane_sock
                 let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
                 let mut req = [0u8; 2048];
                 let _ = s.read(&mut req);
-                let ctl = status.lock().map(|g| g.clone()).unwrap_or(Value::Null);
+                let ctl = status.as_ref().map(|st| st.lock().map(|g| g.clone()).unwrap_or(Value::Null));
                 let dp = dataplane_status(&dataplane_sock).unwrap_or(Value::Null);
-                let body = prometheus(&ctl, &dp);
+                let body = match &ctl {
+                    Some(ctl) => prometheus(ctl, &dp),
+                    None => dataplane_metrics(&dp),
+                };
                 let head = format!(
                     "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                     body.len()
@@ -187,6 +191,99 @@ pub fn dataplane_status(path: &std::path::Path) -> Result<Value> {
         Control::Status { json } => Ok(serde_json::from_str(&json)?),
         _ => anyhow::bail!("unexpected answer from the data plane"),
     }
+}
+
+/// Dataplane-only mode: whether it answered, then every numeric leaf.
+fn dataplane_metrics(dp: &Value) -> String {
+    let mut s = format!(
+        "# HELP quicdemux_dataplane_up 1 when the data plane answers its control socket\n         # TYPE quicdemux_dataplane_up gauge\nquicdemux_dataplane_up {}\n",
+        u64::from(!dp.is_null())
+    );
+    if !dp.is_null() {
+        s += &lb_leaves_text(dp);
+    }
+    s
+}
+
+/// Every numeric (and boolean, as 0/1) leaf of the data plane's status JSON
+/// (`lb-status --json`) as `quicdemux_lb_<path>`, so no counter can be left out:
+/// object keys join the path with `_` (CamelCase becomes snake_case: `reasons.NotQuic`
+/// → `quicdemux_lb_reasons_not_quic`); array elements become labels — `shard` or
+/// `server_id` when the element has one (that field is the label, not a sample),
+/// else `index`. Strings and nulls are skipped.
+pub fn lb_leaves(v: &Value) -> Vec<(String, String, Value)> {
+    fn snake(k: &str) -> String {
+        let mut o = String::new();
+        for (i, c) in k.chars().enumerate() {
+            if c.is_ascii_uppercase() {
+                if i > 0 && !o.ends_with('_') {
+                    o.push('_');
+                }
+                o.push(c.to_ascii_lowercase());
+            } else if c.is_ascii_alphanumeric() {
+                o.push(c);
+            } else {
+                o.push('_');
+            }
+        }
+        o
+    }
+    fn walk(v: &Value, name: &str, labels: &[(String, String)], out: &mut Vec<(String, String, Value)>) {
+        match v {
+            Value::Object(m) => {
+                for (k, x) in m {
+                    walk(x, &format!("{name}_{}", snake(k)), labels, out);
+                }
+            }
+            Value::Array(a) => {
+                for (i, x) in a.iter().enumerate() {
+                    let id = ["shard", "server_id"].into_iter().find(|k| x.get(*k).is_some_and(Value::is_u64));
+                    let mut l = labels.to_vec();
+                    match id {
+                        Some(k) => {
+                            l.push((k.to_string(), x[k].to_string()));
+                            let mut rest = x.clone();
+                            rest.as_object_mut().map(|o| o.remove(k));
+                            walk(&rest, name, &l, out);
+                        }
+                        None => {
+                            l.push(("index".to_string(), i.to_string()));
+                            walk(x, name, &l, out);
+                        }
+                    }
+                }
+            }
+            Value::Number(_) | Value::Bool(_) => {
+                let l: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+                let l = if l.is_empty() { String::new() } else { format!("{{{}}}", l.join(",")) };
+                let n = match v {
+                    Value::Bool(b) => Value::from(u64::from(*b)),
+                    n => n.clone(),
+                };
+                out.push((name.to_string(), l, n));
+            }
+            Value::String(_) | Value::Null => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(v, "quicdemux_lb", &[], &mut out);
+    out
+}
+
+fn lb_leaves_text(dp: &Value) -> String {
+    let mut s = String::new();
+    let mut last = String::new();
+    let mut leaves = lb_leaves(dp);
+    // One TYPE line per name: a name's samples together (per-shard ones interleave).
+    leaves.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, labels, v) in leaves {
+        if name != last {
+            s += &format!("# TYPE {name} gauge\n");
+            last = name.clone();
+        }
+        s += &format!("{name}{labels} {v}\n");
+    }
+    s
 }
 
 fn prometheus(ctl: &Value, dp: &Value) -> String {
@@ -315,5 +412,6 @@ fn prometheus(ctl: &Value, dp: &Value) -> String {
         "counter",
         inst.iter().map(|i| (lab(i), u(&i["drops_full"]))).collect(),
     );
+    s += &lb_leaves_text(dp);
     s
 }

@@ -26,6 +26,7 @@ impl Ctl {
     /// One supervision pass; true when the controller should exit (shutdown done).
     pub(super) fn tick(&mut self) -> Result<bool> {
         self.supervise_dataplane();
+        self.keep_dataplane_link();
         self.supervise_workers();
         self.step_reload();
         let done = self.step_shutdown();

@@ -159,17 +159,10 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
         listen: bound.iter().map(|a| a.to_string()).collect(),
         pid: std::process::id(),
     };
+    let own_files: Vec<std::path::PathBuf> =
+        [Some(data_path.to_path_buf()), a.control_socket.clone(), a.ready_file.clone()].into_iter().flatten().collect();
     // Before any other thread exists: signals are then blocked everywhere.
-    signals::exit_on_signal(
-        vec![
-            Some(data_path.to_path_buf()),
-            a.control_socket.clone(),
-            a.ready_file.clone(),
-        ]
-        .into_iter()
-        .flatten()
-        .collect(),
-    )?;
+    signals::exit_on_signal(own_files.clone())?;
     let mut reg = registry::Registry::new(registry::RegistryConfig {
         keys: keyset,
         rendezvous_key: keyfile.rendezvous_key,
@@ -188,6 +181,8 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
         reload_signal: Some(signals::reload_signal_fd()?),
         fast_path,
         fast_path_mode: a.fast_path,
+        orphan_timeout: a.orphan_timeout.filter(|s| *s > 0).map(std::time::Duration::from_secs),
+        orphan_files: own_files,
     })?;
 
     let limits = Arc::new(
@@ -244,6 +239,14 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
     );
     if let Some(p) = &a.ready_file {
         write_ready(p, &bound, data_path)?;
+    }
+    if let Some(addr) = a.metrics {
+        // Dataplane-only metrics: the same text as a controller's, from our own
+        // control socket (the registry answers it), without the controller's part.
+        let Some(sock) = a.control_socket.clone() else {
+            bail!("--metrics needs --control-socket (the metrics are the control socket's status)")
+        };
+        crate::controller::status::spawn_metrics(addr, None, sock)?;
     }
     reg.run()
 }

@@ -284,8 +284,8 @@ impl Worker {
 
     fn connect_full(d: &Demux, server_id: u16, ready: bool, read: bool, fast_path: bool) -> Worker {
         let fd = seqpacket_connect(&d.data).unwrap();
-        let caps = if d.rings { proto::wire::CAP_RINGS } else { 0 }
-            | if fast_path { proto::wire::CAP_FAST_PATH } else { 0 };
+        let caps =
+            if d.rings { proto::wire::CAP_RINGS } else { 0 } | if fast_path { proto::wire::CAP_FAST_PATH } else { 0 };
         let hello = if caps != 0 {
             Control::DataHelloV2 { server_id: ServerId(server_id), caps }
         } else {
@@ -499,11 +499,12 @@ pub fn deny_syscalls_in_child(cmd: &mut Command, denied: &[libc::c_long]) {
     let mut filter = vec![libc::sock_filter { code: 0x20, jt: 0, jf: 0, k: 0 }]; // ld [nr]
     for &nr in denied {
         filter.push(libc::sock_filter { code: 0x15, jt: 0, jf: 1, k: nr as u32 }); // jeq nr
-        filter.push(libc::sock_filter { code: 0x06, jt: 0, jf: 0, k: 0x0005_0000 | libc::EPERM as u32 }); // ret ERRNO
+        filter.push(libc::sock_filter { code: 0x06, jt: 0, jf: 0, k: 0x0005_0000 | libc::EPERM as u32 });
+        // ret ERRNO
     }
     filter.push(libc::sock_filter { code: 0x06, jt: 0, jf: 0, k: 0x7fff_0000 }); // ret ALLOW
-    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
-    // syscalls (prctl) on data prepared before the fork (`filter` is moved in).
+                                                                                 // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
+                                                                                 // syscalls (prctl) on data prepared before the fork (`filter` is moved in).
     unsafe {
         cmd.pre_exec(move || {
             let prog = libc::sock_fprog { len: filter.len() as u16, filter: filter.as_ptr() as *mut libc::sock_filter };

@@ -59,11 +59,18 @@ pub struct Controller {
     pub spawn: usize,
     pub extra: Vec<String>,
     pub externals: Vec<Child>,
+    /// `--listen` (default `127.0.0.1:0`: a free port).
+    pub listen: String,
     starts: usize,
 }
 
 impl Controller {
     pub fn start(tag: &str, spawn: usize, extra: &[&str]) -> Controller {
+        Controller::start_on(tag, spawn, "127.0.0.1:0", extra)
+    }
+
+    /// `start` on a given `--listen` address.
+    pub fn start_on(tag: &str, spawn: usize, listen: &str, extra: &[&str]) -> Controller {
         let dir = temp_dir(tag);
         let state = dir.join("state");
         let cert = cert(&dir);
@@ -76,6 +83,7 @@ impl Controller {
             spawn,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             externals: Vec::new(),
+            listen: listen.to_string(),
             starts: 0,
         };
         let _ = c.child.wait();
@@ -88,7 +96,7 @@ impl Controller {
         self.log = self.dir.join(format!("controller-{}.log", self.starts));
         self.starts += 1;
         let mut cmd = Command::new(DEMUX);
-        cmd.args(["--listen", "127.0.0.1:0", "--cores", "0-1", "--drain-timeout", "10"]);
+        cmd.args(["--listen", &self.listen, "--cores", "0-1", "--drain-timeout", "10"]);
         cmd.arg("--state-dir").arg(&self.state);
         cmd.arg("--spawn-workers").arg(self.spawn.to_string());
         cmd.arg("--worker-bin").arg(worker_bin());

@@ -20,6 +20,7 @@
 
 mod hello;
 mod keys;
+mod orphan;
 mod slots;
 mod status;
 
@@ -95,6 +96,7 @@ pub struct Registry {
     ring_bytes: Option<u64>,
     fast_path: FastPathState,
     fast_path_mode: FastPathMode,
+    orphan: orphan::Watch,
 }
 
 pub struct RegistryConfig {
@@ -118,6 +120,9 @@ pub struct RegistryConfig {
     /// The kernel fast path, attached (or not, and why) before the shards started.
     pub fast_path: FastPathState,
     pub fast_path_mode: FastPathMode,
+    /// `--orphan-timeout` (None: never) and the files to remove then ([`orphan`]).
+    pub orphan_timeout: Option<std::time::Duration>,
+    pub orphan_files: Vec<std::path::PathBuf>,
 }
 
 /// The snapshot before any worker connected.
@@ -158,6 +163,7 @@ impl Registry {
             ring_bytes: cfg.ring_bytes,
             fast_path: cfg.fast_path,
             fast_path_mode: cfg.fast_path_mode,
+            orphan: orphan::Watch::new(cfg.orphan_timeout, cfg.orphan_files),
             buf: vec![0u8; CONTROL_BUF],
         })
     }
@@ -166,7 +172,8 @@ impl Registry {
     pub fn run(&mut self) -> Result<()> {
         let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
         loop {
-            let n = self.epoll.wait(&mut events, -1).context("epoll_wait (registry)")?;
+            let n = self.epoll.wait(&mut events, self.orphan_wait_ms()).context("epoll_wait (registry)")?;
+            self.check_orphan();
             for e in &events[..n] {
                 let (token, ev) = (e.u64, e.events);
                 match token {

@@ -1,0 +1,34 @@
+//! The controller holds one connection open to its data plane's control socket
+//! for as long as it runs: the data plane's sign of a controller (its
+//! `--orphan-timeout` counts only while no control connection is open and no
+//! instance is live; `dataplane::registry::orphan`).
+
+use super::Ctl;
+use crate::seqpacket;
+use proto::wire::{encode_control, Control, Role};
+use std::os::fd::{AsRawFd, OwnedFd};
+
+/// The held connection: the data plane's pid it was opened to, and the socket.
+pub(crate) type Link = Option<(i32, OwnedFd)>;
+
+impl Ctl {
+    /// Once per tick: (re)connects when the data plane runs and is not linked yet.
+    pub(super) fn keep_dataplane_link(&mut self) {
+        let Some(pid) = self.dp.proc.as_ref().map(|p| p.pid()) else {
+            self.dp_link = None;
+            return;
+        };
+        if self.dp_link.as_ref().is_some_and(|(p, _)| *p == pid) {
+            return;
+        }
+        if !self.dp.adopted && !self.paths.dataplane_ready().exists() {
+            return;
+        }
+        let Ok(fd) = seqpacket::connect(&self.paths.dataplane_sock()) else { return };
+        let hello = Control::Hello { role: Role::Operator, pid: std::process::id() };
+        if seqpacket::send(fd.as_raw_fd(), &encode_control(&hello), &[], libc::MSG_DONTWAIT).is_ok() {
+            tracing::debug!(pid, "holding a connection to the data plane");
+            self.dp_link = Some((pid, fd));
+        }
+    }
+}

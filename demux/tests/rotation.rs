@@ -1,0 +1,254 @@
+//! Key rotation without orphans or splits (trust and keys issue, items 1 and 2):
+//! pacing under live downloads, a data plane that does not confirm, an offline
+//! rotation picked up at start. Run: `cargo test --release -p demux --test rotation`.
+
+#[path = "controller_support/mod.rs"]
+mod support;
+
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::*;
+
+fn rotate(c: &Controller, force: bool) -> std::process::Output {
+    let mut cmd = Command::new(DEMUX);
+    cmd.arg("rotate-keys").arg("--state-dir").arg(&c.state);
+    if force {
+        cmd.arg("--force");
+    }
+    cmd.output().expect("run rotate-keys")
+}
+
+fn gens(v: &serde_json::Value) -> (Option<u64>, Option<u64>) {
+    (v["key_newest"].as_u64(), v["key_previous"].as_u64())
+}
+
+fn worker_has_cid_lifetime() -> bool {
+    Command::new(worker_bin())
+        .arg("--help")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("--cid-lifetime"))
+}
+
+/// Downloads on fresh connections, each checked; (ok, failures). (Many new
+/// connections a second from one address: the controllers run `--limits off`.)
+struct Downloads {
+    ok: Arc<AtomicU64>,
+    failures: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Downloads {
+    fn start(rt: &tokio::runtime::Runtime, c: &Controller, clients: usize, bytes: u64) -> Downloads {
+        let addr = c.addr();
+        let (ok, failures, stop) =
+            (Arc::new(AtomicU64::new(0)), Arc::new(Mutex::new(Vec::new())), Arc::new(AtomicBool::new(false)));
+        let mut tasks = Vec::new();
+        for _ in 0..clients {
+            let ep = {
+                let _g = rt.enter();
+                client_endpoint(&c.cert)
+            };
+            let (ok, failures, stop) = (ok.clone(), failures.clone(), stop.clone());
+            tasks.push(rt.spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let r = tokio::time::timeout(Duration::from_secs(30), async {
+                        let mut h = H3::connect(&ep, addr).await.map_err(|e| format!("connect: {e}"))?;
+                        let r = h.get(&format!("/bytes/{bytes}")).await.map_err(|e| format!("GET: {e:?}"))?;
+                        h.close();
+                        if r.status == 200 && r.len == bytes && r.pattern_ok {
+                            Ok(())
+                        } else {
+                            Err(format!("bad response {r:?}"))
+                        }
+                    })
+                    .await;
+                    match r {
+                        Ok(Ok(())) => {
+                            ok.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(Err(e)) => failures.lock().unwrap().push(e),
+                        Err(_) => failures.lock().unwrap().push("download timed out (30 s)".into()),
+                    }
+                }
+            }));
+        }
+        Downloads { ok, failures, stop, tasks }
+    }
+
+    fn finish(self, rt: &tokio::runtime::Runtime) -> (u64, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            let _ = rt.block_on(async { tokio::time::timeout(Duration::from_secs(60), t).await });
+        }
+        let f = self.failures.lock().unwrap().clone();
+        (self.ok.load(Ordering::Relaxed), f)
+    }
+}
+
+/// `--cid-lifetime 2`: a second rotation right after the first is refused with a
+/// clear message; 10 rotations at the fastest allowed pace (retrying until allowed)
+/// under live downloads: 0 failed downloads, 0 Orphan, data plane and controller on
+/// the same generations after every one; `--force` overrides the pacing.
+#[test]
+fn ten_rotations_at_the_fastest_allowed_pace_under_live_downloads() {
+    let _s = serial();
+    let rt = runtime();
+    let mut c = Controller::start("rotpace", 2, &["--cid-lifetime", "2", "--limits", "off"]);
+    let orphan_before = c.reason("Orphan");
+    // Long-lived connections survive many rotations only when the workers move
+    // them to newest-generation CIDs (`worker --cid-lifetime`); without that flag,
+    // each download is a fresh connection that lives far less than two lifetimes.
+    let long_lived = worker_has_cid_lifetime();
+    let load = long_lived.then(|| Load::start(&rt, c.addr(), &c.cert, 8, "/bytes/4194304"));
+    let fresh = Downloads::start(&rt, &c, 4, 1 << 20);
+    let started = Instant::now();
+    let mut times = Vec::new();
+    for i in 0..10u64 {
+        let t0 = Instant::now();
+        loop {
+            let out = rotate(&c, false);
+            if out.status.success() {
+                break;
+            }
+            let err = String::from_utf8_lossy(&out.stderr).to_string();
+            assert!(err.contains("refusing to rotate") && err.contains("--force"), "rotation {i}: {err}");
+            assert!(t0.elapsed() < Duration::from_secs(10), "rotation {i} refused for 10 s: {err}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        times.push(Instant::now());
+        let s = c.status_wait();
+        // Generations count modulo 3 (ADR-0001: two bits, three values).
+        assert_eq!(gens(&s), (Some((i + 1) % 3), Some(i % 3)), "controller after rotation {}", i + 1);
+        assert_eq!(gens(&c.lb_wait()), gens(&s), "data plane and controller split after rotation {}", i + 1);
+        if i == 0 {
+            // Right after a rotation: refused, with the reason and the way out.
+            let out = rotate(&c, false);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "a second rotation 0 s later was allowed");
+            assert!(
+                err.contains("refusing to rotate") && err.contains("2 × 2.0 s") && err.contains("--force"),
+                "{err}"
+            );
+            assert_eq!(gens(&c.status_wait()), (Some(1), Some(0)), "a refused rotation changed the keys");
+        }
+    }
+    // The fastest allowed pace: 2 × 2 s apart (and not much more).
+    for w in times.windows(2) {
+        let gap = w[1] - w[0];
+        assert!(gap >= Duration::from_millis(3_900) && gap < Duration::from_secs(8), "rotations {gap:?} apart");
+    }
+    let (ok, failures) = fresh.finish(&rt);
+    assert!(failures.is_empty(), "{} failed downloads ({ok} ok): {failures:?}{}", failures.len(), c.logs());
+    assert!(ok >= 20, "only {ok} downloads in {:?}", started.elapsed());
+    if let Some(load) = load {
+        let (ok, failed, f) = load.finish(&rt);
+        assert!(failed == 0 && f.is_empty(), "long downloads: {failed} failed ({ok} ok): {f:?}{}", c.logs());
+    }
+    assert_eq!(c.reason("Orphan") - orphan_before, 0, "connections were orphaned{}", c.logs());
+    // --force: allowed at once, and said so.
+    let out = rotate(&c, true);
+    assert!(out.status.success(), "forced rotation: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(gens(&c.status_wait()), (Some(11 % 3), Some(10 % 3)));
+    assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
+    // The pacing survives the controller: an offline rotation right now is refused.
+    let out = rotate(&c, false);
+    assert!(!out.status.success(), "offline rotation within the pacing window was allowed");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("refusing to rotate"));
+}
+
+/// The data plane is stopped (SIGSTOP) so it cannot confirm `KeysChanged`: the
+/// rotation fails with the reason, the key file is restored, no worker hears of the
+/// new generation; after SIGCONT the data plane decodes what the workers mint and
+/// every new connection works; the next rotation goes through.
+#[test]
+fn a_data_plane_that_does_not_confirm_rolls_the_rotation_back() {
+    let _s = serial();
+    let rt = runtime();
+    let mut c = Controller::start("rotfail", 2, &["--cid-lifetime", "1", "--limits", "off"]);
+    let keys_before = std::fs::read_to_string(c.state.join("keys")).unwrap();
+    let dp = c.dataplane_pid();
+    kill(dp, libc::SIGSTOP);
+    let t0 = Instant::now();
+    let out = rotate(&c, false);
+    kill(dp, libc::SIGCONT);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "rotation succeeded with a stopped data plane");
+    assert!(err.contains("did not confirm") && err.contains("rolled back"), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "the failure took {:?}", t0.elapsed());
+    assert_eq!(std::fs::read_to_string(c.state.join("keys")).unwrap(), keys_before, "key file not restored");
+    assert!(!c.state.join("last-rotation").exists(), "a rolled-back rotation was recorded for pacing");
+    let s = c.status_wait();
+    assert_eq!(gens(&s), (Some(0), None), "the controller kept the rolled-back generation");
+    // The data plane may have applied the late update ({1, 0}) or the restore ({0}):
+    // either way it decodes generation 0, the one every worker mints with.
+    let lb = c.lb_wait();
+    assert!(lb["key_newest"] == 0 || lb["key_previous"] == 0, "data plane cannot decode generation 0: {lb}");
+    let d = Downloads::start(&rt, &c, 4, 65_536);
+    std::thread::sleep(Duration::from_secs(2));
+    // A worker registering now gets the file's keys, which the data plane decodes.
+    c.start_external();
+    wait_until("the external worker", Duration::from_secs(30), || (c.workers().len() == 3).then_some(()));
+    std::thread::sleep(Duration::from_secs(2));
+    let out = rotate(&c, false);
+    assert!(out.status.success(), "rotation after SIGCONT: {}", String::from_utf8_lossy(&out.stderr));
+    let s = c.status_wait();
+    assert_eq!(gens(&s), (Some(1), Some(0)));
+    assert_eq!(gens(&c.lb_wait()), gens(&s), "split after the retried rotation");
+    std::thread::sleep(Duration::from_secs(2));
+    let (ok, failures) = d.finish(&rt);
+    assert!(failures.is_empty() && ok > 10, "{} failed ({ok} ok): {failures:?}{}", failures.len(), c.logs());
+    assert_eq!(c.reason("Orphan"), 0, "{}", c.logs());
+}
+
+/// The controller dies (SIGKILL; data plane and workers keep running), the key file
+/// is rotated offline, the controller starts again: the adopted data plane gets the
+/// file's keys before the workers rejoin with them — same generations everywhere,
+/// old connections keep their owners, new connections work, 0 Orphan.
+#[test]
+fn offline_rotation_then_controller_start_nothing_splits() {
+    let _s = serial();
+    let rt = runtime();
+    let mut c = Controller::start("rotoff", 2, &["--limits", "off"]);
+    let addr = c.addr();
+    let ep = {
+        let _g = rt.enter();
+        client_endpoint(&c.cert)
+    };
+    let mut old = Vec::new();
+    for _ in 0..4 {
+        let mut h = rt.block_on(H3::connect(&ep, addr)).expect("connect");
+        let id = rt.block_on(h.get("/bytes/1000")).expect("GET").server_id;
+        old.push((id, h));
+    }
+    let dp = c.dataplane_pid();
+    kill(c.child.id() as i64, libc::SIGKILL);
+    let _ = c.child.wait();
+    let out = rotate(&c, false);
+    assert!(out.status.success(), "offline rotate-keys: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no controller running"));
+    assert_eq!(gens(&c.lb_wait()), (Some(0), None), "the running data plane still has the old keys");
+    c.launch();
+    assert_eq!(c.dataplane_pid(), dp, "the data plane was not adopted{}", c.logs());
+    wait_until("workers rejoined", Duration::from_secs(60), || {
+        let w = c.workers();
+        (w.len() == 2 && w.iter().all(|(_, _, s)| s == "ready")).then_some(())
+    });
+    let s = c.status_wait();
+    assert_eq!(gens(&s), (Some(1), Some(0)));
+    assert_eq!(gens(&c.lb_wait()), gens(&s), "adopted data plane and key file split{}", c.logs());
+    for (id, h) in old.iter_mut() {
+        let r = rt.block_on(h.get("/bytes/65536")).unwrap_or_else(|e| panic!("old connection: {e:?}{}", c.logs()));
+        assert_eq!((r.len, r.server_id), (65_536, *id));
+    }
+    let d = Downloads::start(&rt, &c, 4, 65_536);
+    std::thread::sleep(Duration::from_secs(3));
+    let (ok, failures) = d.finish(&rt);
+    assert!(failures.is_empty() && ok > 10, "{} failed ({ok} ok): {failures:?}{}", failures.len(), c.logs());
+    assert_eq!(c.reason("Orphan"), 0, "{}", c.logs());
+    for (_, h) in old {
+        h.close();
+    }
+}
