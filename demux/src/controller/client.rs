@@ -7,6 +7,7 @@ use anyhow::{bail, Context, Result};
 use proto::wire::{Control, Role};
 use std::os::fd::AsFd;
 use std::path::Path;
+use std::time::Duration;
 
 /// One request on the controller's control socket; its `Status` JSON.
 fn ask(dir: &Path, m: &Control) -> Result<serde_json::Value> {
