@@ -234,7 +234,14 @@ pub trait Admission {
     /// not start a connection (a client's Initial after the server's first flight,
     /// RFC 9000 §7.2).
     #[inline]
-    fn owner_initial(&mut self, _h: &LongHeader<'_>, _datagram: &[u8], _stride: usize, _table: &Table, _owner: usize) -> bool {
+    fn owner_initial(
+        &mut self,
+        _h: &LongHeader<'_>,
+        _datagram: &[u8],
+        _stride: usize,
+        _table: &Table,
+        _owner: usize,
+    ) -> bool {
         true
     }
 }
@@ -272,7 +279,14 @@ impl<A: Admission + ?Sized> Admission for &mut A {
         (**self).release(payload)
     }
     #[inline]
-    fn owner_initial(&mut self, h: &LongHeader<'_>, datagram: &[u8], stride: usize, table: &Table, owner: usize) -> bool {
+    fn owner_initial(
+        &mut self,
+        h: &LongHeader<'_>,
+        datagram: &[u8],
+        stride: usize,
+        table: &Table,
+        owner: usize,
+    ) -> bool {
         (**self).owner_initial(h, datagram, stride, table, owner)
     }
 }

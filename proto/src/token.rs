@@ -149,7 +149,9 @@ impl TokenKey {
             b.extend_from_slice(odcid);
         }
         b.extend_from_slice(&issued_unix.to_be_bytes());
-        self.aead(&nonce)?.seal_in_place_append_tag(Nonce::assume_unique_for_key([0; 12]), Aad::empty(), &mut b).ok()?;
+        self.aead(&nonce)?
+            .seal_in_place_append_tag(Nonce::assume_unique_for_key([0; 12]), Aad::empty(), &mut b)
+            .ok()?;
         b.extend_from_slice(&nonce);
         Some(b)
     }

@@ -1060,7 +1060,8 @@ mod live_dcid_initials {
             let tok = token(tk, &key, client, &mut rng);
             let d = datagram(body, &dcid, &tok);
             let refuse = rng.chance(1, 3);
-            let mut gate = Gate { key: TokenKey::new(&[9; 32]), client, now_unix: NOW, refuse, admitted: vec![], asked: 0 };
+            let mut gate =
+                Gate { key: TokenKey::new(&[9; 32]), client, now_unix: NOW, refuse, admitted: vec![], asked: 0 };
             let mut pins = PinTable::new(16, [1; 16]);
             let got = Router::new(&t, &mut pins, Duration::ZERO).with_admission(&mut gate).route(&d);
 
@@ -1099,9 +1100,11 @@ mod live_dcid_initials {
                 Gate { key: TokenKey::new(&[9; 32]), client, now_unix: NOW, refuse: true, admitted: vec![], asked: 0 };
             let mut pins = PinTable::new(16, [1; 16]);
             let mut runs = vec![];
-            Router::new(&t, &mut pins, Duration::ZERO)
-                .with_admission(&mut gate)
-                .route_train(&train, 1200, |r, refused| runs.push((r.decision.reason, r.segments, refused)));
+            Router::new(&t, &mut pins, Duration::ZERO).with_admission(&mut gate).route_train(
+                &train,
+                1200,
+                |r, refused| runs.push((r.decision.reason, r.segments, refused)),
+            );
             let want = if owner { (Reason::Owner, 2, None) } else { (Reason::Placed, 2, Some(())) };
             assert_eq!(runs, vec![want]);
         }

@@ -50,6 +50,8 @@ pub struct Router {
     now: Duration,
     /// `now` in milliseconds (the rate sketch's ticks), once per batch.
     ms: u64,
+    /// Wall-clock Unix seconds (token expiry), once per batch.
+    unix: u64,
 }
 
 impl Drop for Router {
@@ -82,6 +84,7 @@ impl Router {
             },
             now: Duration::ZERO,
             ms: 0,
+            unix: 0,
         })
     }
 
@@ -90,6 +93,7 @@ impl Router {
     pub fn begin(&mut self) {
         self.now = self.limits.epoch.elapsed();
         self.ms = self.now.as_millis() as u64;
+        self.unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         bump(&self.counters.batches, 1);
     }
 
@@ -139,8 +143,15 @@ impl Router {
             Some((g, m)) => (Some(g), Some(m)),
             None => (None, None),
         };
-        let admission = ShardAdmission { limits: &self.limits, client, ms: self.ms, retry: gate };
-        let router = proto::Router::new(&snap.table, &mut self.pins, self.now).with_admission(admission);
+        let mut admission = ShardAdmission {
+            limits: &self.limits,
+            client,
+            ms: self.ms,
+            unix: self.unix,
+            retry: gate,
+            owner_unvalidated: 0,
+        };
+        let router = proto::Router::new(&snap.table, &mut self.pins, self.now).with_admission(&mut admission);
         router.with_decoder(&mut self.cache).route_train(payload, stride, |run, refused| {
             let segs = run.segments as u64;
             match refused {
@@ -151,14 +162,20 @@ impl Router {
                 // RFC 9000 §17.2.5: answered here with a Retry naming the instance it
                 // would have been placed on; not forwarded, nothing pinned. A train of
                 // one DCID's Initials gets one Retry (for its first segment).
-                Some(Refusal::Retry { target }) => {
+                // Over its client's limits and not address-validated: a Retry, not
+                // silence (limits::Refusal::RetryOverLimit), counted as a Retry and
+                // under retry.sent_over_limit.
+                Some(r @ (Refusal::Retry { target } | Refusal::RetryOverLimit { target, .. })) => {
                     let (Some(m), Some(info)) = (minter.as_deref_mut(), snap.table.instance(target)) else {
                         return bump(&c.retry_dropped, segs);
                     };
                     let end = if run.segments > 1 { run.bytes.start + stride } else { run.bytes.end };
                     let first = payload.get(run.bytes.start..end).unwrap_or(&[]);
                     let local = local.unwrap_or(sock.local);
-                    m.answer(first, client, local, meta.local_ip, snap.table.keys(), info.server_id, c);
+                    let sent = m.answer(first, client, local, meta.local_ip, snap.table.keys(), info.server_id, c);
+                    if sent && matches!(r, Refusal::RetryOverLimit { .. }) {
+                        bump(&c.retries_sent_over_limit, 1);
+                    }
                     return;
                 }
                 None => {}
@@ -187,6 +204,9 @@ impl Router {
                 }
             }
         });
+        if admission.owner_unvalidated > 0 {
+            bump(&c.owner_unvalidated, admission.owner_unvalidated);
+        }
     }
 
     /// End of a batch: one sendmmsg per destination.
