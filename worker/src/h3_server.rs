@@ -110,9 +110,13 @@ fn spawn_connection(incoming: quinn::Incoming, ctx: &Arc<Ctx>) {
     tokio::spawn(async move {
         let _guard = guard;
         let remote = incoming.remote_address();
+        let odcid = incoming.orig_dst_cid();
         let conn = match incoming.accept() {
             Ok(connecting) => match connecting.await {
-                Ok(c) => c,
+                Ok(c) => {
+                    crate::handshake_done::report(&odcid);
+                    c
+                }
                 Err(e) => {
                     tracing::debug!(%remote, error = %e, "handshake failed");
                     return;

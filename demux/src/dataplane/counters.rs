@@ -62,6 +62,9 @@ pub struct ShardCounters {
     /// (proto::token::owner_initial_allowed). Not a datagram count of its own: each
     /// also counts where admission sent it.
     pub owner_unvalidated: AtomicU64,
+    /// Handshake tickets given back early: the worker reported the handshake done
+    /// (`HandshakeDone`, crate::dataplane::handshakes) while the pin still held it.
+    pub tickets_released_done: AtomicU64,
     /// Token-less Initials that were to get a Retry but were dropped instead: quinn
     /// did not take them as a client's first Initial (did not decrypt, …).
     pub retry_dropped: AtomicU64,
@@ -94,6 +97,7 @@ impl ShardCounters {
             retries_sent: AtomicU64::new(0),
             retries_sent_over_limit: AtomicU64::new(0),
             owner_unvalidated: AtomicU64::new(0),
+            tickets_released_done: AtomicU64::new(0),
             retry_dropped: AtomicU64::new(0),
             retry_send_errors: AtomicU64::new(0),
             batches: AtomicU64::new(0),

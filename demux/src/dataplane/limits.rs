@@ -83,6 +83,8 @@ pub struct Limits {
     /// The instances' token key (the key file's `token` secret), to validate tokens
     /// of Initials (proto::token); `None` until [`Limits::with_retry`].
     pub token_key: Option<proto::token::TokenKey>,
+    /// Workers' `HandshakeDone` notices, registry → shards (tickets leave early).
+    pub handshakes_done: std::sync::Arc<crate::dataplane::handshakes::HandshakesDone>,
     /// The data plane's monotonic clock origin: shards route with `epoch.elapsed()`
     /// and the rate sketch counts milliseconds from it.
     pub epoch: Instant,
@@ -92,7 +94,14 @@ impl Limits {
     pub fn new(cfg: LimitsConfig) -> anyhow::Result<Limits> {
         let epoch = Instant::now();
         if !cfg.enabled {
-            return Ok(Limits { sketches: None, cap: 0, retry: None, token_key: None, epoch });
+            return Ok(Limits {
+                sketches: None,
+                cap: 0,
+                retry: None,
+                token_key: None,
+                handshakes_done: Default::default(),
+                epoch,
+            });
         }
         anyhow::ensure!(
             (1..=DEFAULT_TICKS_PER_SECOND as u32).contains(&cfg.rate_per_second),
@@ -114,7 +123,14 @@ impl Limits {
         crate::sys::os_random(&mut k2)?;
         let rate = RateSketch::new(cfg.table_words, k1, gcra, 0);
         let conc = ConcurrencySketch::new(cfg.table_words, k2);
-        Ok(Limits { sketches: Some((rate, conc)), cap: cfg.handshakes, retry: None, token_key: None, epoch })
+        Ok(Limits {
+            sketches: Some((rate, conc)),
+            cap: cfg.handshakes,
+            retry: None,
+            token_key: None,
+            handshakes_done: Default::default(),
+            epoch,
+        })
     }
 
     /// Turns demux-minted Retry on (`mode` other than Off) with the key file's token

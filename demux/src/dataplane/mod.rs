@@ -7,6 +7,7 @@ pub mod cores;
 pub mod counters;
 pub mod fast_path;
 pub mod forward;
+pub mod handshakes;
 pub mod io_uring_backend;
 pub mod limits;
 pub mod mmsg_backend;
@@ -170,6 +171,9 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
         .flatten()
         .collect(),
     )?;
+    let limits = Arc::new(
+        limits::Limits::new(a.limits_config())?.with_retry(a.retry_mode(), keyfile.token_key),
+    );
     let mut reg = registry::Registry::new(registry::RegistryConfig {
         keys: keyset,
         rendezvous_key: keyfile.rendezvous_key,
@@ -188,11 +192,9 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
         reload_signal: Some(signals::reload_signal_fd()?),
         fast_path,
         fast_path_mode: a.fast_path,
+        handshakes_done: limits.handshakes_done.clone(),
     })?;
 
-    let limits = Arc::new(
-        limits::Limits::new(a.limits_config())?.with_retry(a.retry_mode(), keyfile.token_key),
-    );
     tracing::info!(
         limits = limits.enabled(),
         table_bytes = limits.table_bytes(),

@@ -52,6 +52,8 @@ pub struct Router {
     ms: u64,
     /// Wall-clock Unix seconds (token expiry), once per batch.
     unix: u64,
+    /// `HandshakeDone` notices seen (crate::dataplane::handshakes).
+    done_cursor: u64,
 }
 
 impl Drop for Router {
@@ -85,6 +87,7 @@ impl Router {
             now: Duration::ZERO,
             ms: 0,
             unix: 0,
+            done_cursor: setup.limits.handshakes_done.written(),
         })
     }
 
@@ -95,6 +98,25 @@ impl Router {
         self.ms = self.now.as_millis() as u64;
         self.unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         bump(&self.counters.batches, 1);
+        if self.limits.handshakes_done.written() != self.done_cursor {
+            self.handshakes_done();
+        }
+    }
+
+    /// Workers reported handshakes done: the tickets of this shard's pins of those
+    /// DCIDs on those instances leave now, not when the pins expire (issue "overload"
+    /// item 2; crate::dataplane::handshakes). The pins stay.
+    #[cold]
+    fn handshakes_done(&mut self) {
+        let (pins, limits, now) = (&mut self.pins, &*self.limits, self.now);
+        let mut released = 0;
+        limits.handshakes_done.take_since(&mut self.done_cursor, |server_id, odcid| {
+            if let Some(p) = pins.take_payload(odcid, server_id, now) {
+                limits.release(p);
+                released += 1;
+            }
+        });
+        bump(&self.counters.tickets_released_done, released);
     }
 
     /// A receive the kernel flagged MSG_TRUNC / MSG_CTRUNC: counted, not routed.

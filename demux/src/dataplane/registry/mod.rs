@@ -95,6 +95,7 @@ pub struct Registry {
     ring_bytes: Option<u64>,
     fast_path: FastPathState,
     fast_path_mode: FastPathMode,
+    handshakes_done: Arc<crate::dataplane::handshakes::HandshakesDone>,
 }
 
 pub struct RegistryConfig {
@@ -118,6 +119,8 @@ pub struct RegistryConfig {
     /// The kernel fast path, attached (or not, and why) before the shards started.
     pub fast_path: FastPathState,
     pub fast_path_mode: FastPathMode,
+    /// Where `HandshakeDone` notices go (shared with the shards through the limits).
+    pub handshakes_done: Arc<crate::dataplane::handshakes::HandshakesDone>,
 }
 
 /// The snapshot before any worker connected.
@@ -158,6 +161,7 @@ impl Registry {
             ring_bytes: cfg.ring_bytes,
             fast_path: cfg.fast_path,
             fast_path_mode: cfg.fast_path_mode,
+            handshakes_done: cfg.handshakes_done,
             buf: vec![0u8; CONTROL_BUF],
         })
     }
@@ -239,6 +243,11 @@ impl Registry {
                     tracing::info!(server_id = conn.server_id, "instance ready (placeable)");
                     self.publish();
                 }
+                true
+            }
+            // A worker's handshake completed: its pin's ticket may leave now (handshakes.rs).
+            (Conn::Live { conn, .. }, Control::HandshakeDone { odcid }) => {
+                self.handshakes_done.push(ServerId(conn.server_id), &odcid);
                 true
             }
             (Conn::Live { placeable, conn }, Control::Draining) => {
