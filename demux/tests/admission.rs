@@ -223,7 +223,6 @@ async fn download(ep: &quinn::Endpoint, addr: SocketAddr, n: u64) -> Result<(), 
     result
 }
 
-
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
 }
