@@ -7,6 +7,8 @@
 //! - [`prf`]: the per-generation PRF that masks server ids (ADR 0004).
 //! - [`decode_cache`]: a per-shard cache of CID decodes (skips the HMAC for repeat DCIDs).
 //! - [`header`]: the cleartext QUIC header (RFC 8999, RFC 9000 §17, RFC 9369).
+//! - [`initial`]: client Initials opened with their public keys (does a datagram start a connection?).
+//! - [`token`]: quinn 0.11 address-validation tokens checked (Retry and NEW_TOKEN).
 //! - [`route`]: the ADR-0040 routing table as a function of datagram and snapshot.
 //! - [`pin`]: the fixed-capacity 10 s placement pin table.
 //! - [`rendezvous`]: keyed highest-random-weight hashing.
@@ -20,6 +22,7 @@
 pub mod cid;
 pub mod decode_cache;
 pub mod header;
+pub mod initial;
 pub mod keyfile;
 pub mod limits;
 pub mod pin;
@@ -28,6 +31,7 @@ pub mod rendezvous;
 pub mod retry;
 pub mod ring;
 pub mod route;
+pub mod token;
 pub mod wire;
 
 pub use cid::{Decoded, Generation, KeySet, Prf, ServerId, Unroutable, CID_LEN};

@@ -154,6 +154,25 @@ impl PinTable {
         (!self.expired(slot, now)).then_some(slot.target)
     }
 
+    /// Takes the payload of `key`'s pin if it is pinned to `target` and not expired at
+    /// `now`, leaving the pin in place with [`NO_PAYLOAD`] (it still routes the key's
+    /// Initials and 0-RTT until it expires). The payload leaves once: a second call,
+    /// or the pin's later expiry or eviction, hands back nothing. Another target, no
+    /// pin, an expired pin (its sweep hands the payload back) or no payload: `None`.
+    pub fn take_payload(&mut self, key: &[u8], target: ServerId, now: Duration) -> Option<u32> {
+        if key.len() > MAX_KEY_LEN {
+            return None;
+        }
+        let pos = self.find(key, self.hash(key))?;
+        let i = self.index[pos] as usize;
+        let expired = self.expired(&self.ring[i], now);
+        let slot = &mut self.ring[i];
+        if expired || slot.target != target || slot.payload == NO_PAYLOAD {
+            return None;
+        }
+        Some(std::mem::replace(&mut slot.payload, NO_PAYLOAD))
+    }
+
     /// Removes the index entry at `pos` with backward-shift deletion, so no tombstones
     /// accumulate and probe chains stay short.
     fn remove_index_at(&mut self, mut pos: usize) {

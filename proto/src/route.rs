@@ -220,6 +220,30 @@ pub trait Admission {
     /// evicted, retargeted, or never stored): called exactly once per payload other
     /// than [`crate::pin::NO_PAYLOAD`].
     fn release(&mut self, payload: u32);
+    /// A client Initial whose DCID decodes to live instance `owner`: may it go there
+    /// as `Owner`? `false` sends it on like any client-chosen DCID (pin, placement,
+    /// [`Admission::admit`], Retry). `datagram` is the whole datagram, or a uniform
+    /// GRO train of `stride`-byte segments when `stride > 0` (routed as one: the answer
+    /// covers every segment); empty from [`Router::route_header`]. Default `true`:
+    /// plain ADR-0040 routing.
+    ///
+    /// A DCID that decodes is no proof of anything: a CID of the sender's own
+    /// connection or a Retry's SCID is one anybody can copy (issue "overload" item 3).
+    /// The data plane's answer ([`crate::token`], [`crate::initial`]): yes when the
+    /// token validates for the client's address, else yes only when the datagram does
+    /// not start a connection (a client's Initial after the server's first flight,
+    /// RFC 9000 §7.2).
+    #[inline]
+    fn owner_initial(
+        &mut self,
+        _h: &LongHeader<'_>,
+        _datagram: &[u8],
+        _stride: usize,
+        _table: &Table,
+        _owner: usize,
+    ) -> bool {
+        true
+    }
 }
 
 /// Admits everything with no payload: plain ADR-0040 routing.
@@ -253,6 +277,17 @@ impl<A: Admission + ?Sized> Admission for &mut A {
     #[inline]
     fn release(&mut self, payload: u32) {
         (**self).release(payload)
+    }
+    #[inline]
+    fn owner_initial(
+        &mut self,
+        h: &LongHeader<'_>,
+        datagram: &[u8],
+        stride: usize,
+        table: &Table,
+        owner: usize,
+    ) -> bool {
+        (**self).owner_initial(h, datagram, stride, table, owner)
     }
 }
 
@@ -313,7 +348,7 @@ impl<'r, A: Admission, D: Decoder> Router<'r, A, D> {
     #[inline]
     pub fn route(&mut self, datagram: &[u8]) -> Result<Decision, A::Refusal> {
         match header::parse(datagram, CID_LEN) {
-            Ok(h) => self.route_header(&h, datagram.len()),
+            Ok(h) => self.route_parsed(&h, datagram.len(), datagram, 0),
             Err(_) => Ok(Decision::drop(Reason::NotQuic)),
         }
     }
@@ -324,6 +359,19 @@ impl<'r, A: Admission, D: Decoder> Router<'r, A, D> {
     #[doc(hidden)]
     #[inline]
     pub fn route_header(&mut self, h: &Header<'_>, datagram_len: usize) -> Result<Decision, A::Refusal> {
+        self.route_parsed(h, datagram_len, &[], 0)
+    }
+
+    /// `datagram` (+ `stride`, a uniform train): the bytes `h` was parsed from, for
+    /// [`Admission::owner_initial`] (empty when the caller has none).
+    #[inline]
+    fn route_parsed(
+        &mut self,
+        h: &Header<'_>,
+        datagram_len: usize,
+        datagram: &[u8],
+        stride: usize,
+    ) -> Result<Decision, A::Refusal> {
         let (table, now) = (self.table, self.now);
         let (pins, admission, decoder) = (&mut *self.pins, &mut self.admission, &mut self.decoder);
         Ok(match *h {
@@ -345,7 +393,12 @@ impl<'r, A: Admission, D: Decoder> Router<'r, A, D> {
             },
             Header::Long(ref l) => {
                 if let Some(i) = table.owner(l.dcid, decoder) {
-                    return Ok(Decision { reason: Reason::Owner, target: Some(i) });
+                    // An Initial's DCID proves nothing by itself (it may be copied):
+                    // the admission decides whether it goes to its owner or is placed
+                    // like a client-chosen DCID (Admission::owner_initial).
+                    if l.ty != LongType::Initial || admission.owner_initial(l, datagram, stride, table, i) {
+                        return Ok(Decision { reason: Reason::Owner, target: Some(i) });
+                    }
                 }
                 match l.ty {
                     LongType::Initial | LongType::ZeroRtt => {
@@ -391,7 +444,7 @@ impl<'r, A: Admission, D: Decoder> Router<'r, A, D> {
             Err(_) => false,
         };
         if let (true, Ok(h0)) = (uniform, &first_hdr) {
-            let (decision, refused) = split(self.route_header(h0, first.len()));
+            let (decision, refused) = split(self.route_parsed(h0, first.len(), train, stride));
             let segments = train.len().div_ceil(stride);
             out(TrainRun { bytes: 0..train.len(), segments, decision }, refused);
             return;

@@ -307,7 +307,16 @@ pub enum Control {
     /// (docs/adr/0004). The worker receives on them and answers from them. The fds
     /// travel with this record; `addrs` is empty when the fast path is not active.
     FastSockets { addrs: Vec<SocketAddr> },
+    /// W → D on the data connection: quinn reports the connection whose client's
+    /// original DCID is `odcid` established (handshake complete). The data plane gives
+    /// back the handshake ticket of the pin of that DCID placed on this instance, if it
+    /// still holds one (docs/wire.md; issue "overload" item 2). At most
+    /// [`MAX_ODCID_LEN`] bytes (RFC 9000 §17.2: a v1 CID is at most 20).
+    HandshakeDone { odcid: Vec<u8> },
 }
+
+/// Longest `HandshakeDone` DCID (RFC 9000 §17.2).
+pub const MAX_ODCID_LEN: usize = 20;
 
 /// `RotateKeys` body byte: keep the newest generation's PRF (else a PRF code).
 pub const KEEP_PRF: u8 = 0xff;
@@ -343,6 +352,7 @@ impl Control {
             Control::DataHelloV2 { .. } => "DataHelloV2",
             Control::Rings { .. } => "Rings",
             Control::FastSockets { .. } => "FastSockets",
+            Control::HandshakeDone { .. } => "HandshakeDone",
         }
     }
 }
@@ -366,6 +376,8 @@ mod tag {
     pub const DATA_HELLO_V2: u8 = 15;
     pub const RINGS: u8 = 16;
     pub const FAST_SOCKETS: u8 = 17;
+    // 18 is left for `Load` (being added on another branch).
+    pub const HANDSHAKE_DONE: u8 = 19;
 }
 
 /// `n u8` then per address `family u8 (4|6), ip [16], port u16` (at most MAX_SOCKETS).
@@ -453,6 +465,12 @@ pub fn encode_control(m: &Control) -> Vec<u8> {
         Control::FastSockets { addrs } => {
             v.push(tag::FAST_SOCKETS);
             put_socket_addrs(&mut v, addrs);
+        }
+        Control::HandshakeDone { odcid } => {
+            v.push(tag::HANDSHAKE_DONE);
+            let n = odcid.len().min(MAX_ODCID_LEN);
+            v.push(n as u8);
+            v.extend_from_slice(&odcid[..n]);
         }
         Control::StatusRequest => v.push(tag::STATUS_REQUEST),
         Control::Status { json } => {
@@ -620,6 +638,13 @@ pub fn decode_control(rec: &[u8]) -> Result<Control, WireError> {
         tag::DATA_HELLO => Control::DataHello { server_id: ServerId(c.u16()?) },
         tag::SOCKETS => Control::Sockets { addrs: c.socket_addrs()? },
         tag::FAST_SOCKETS => Control::FastSockets { addrs: c.socket_addrs()? },
+        tag::HANDSHAKE_DONE => {
+            let n = usize::from(c.u8()?);
+            if n > MAX_ODCID_LEN {
+                return Err(WireError::TooMany);
+            }
+            Control::HandshakeDone { odcid: c.take(n)?.to_vec() }
+        }
         tag::STATUS_REQUEST => Control::StatusRequest,
         tag::STATUS => Control::Status { json: c.text()? },
         tag::ERROR => Control::Error { reason: c.text()? },

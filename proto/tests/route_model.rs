@@ -921,3 +921,215 @@ fn mixed_train_is_routed_per_segment_and_merged() {
     route_train(&[], 10, &t, &mut pins, Duration::ZERO, |r| runs.push(r));
     assert!(runs.is_empty());
 }
+
+// ---------------------------------------------------------------------------------
+// Initials on a DCID that decodes to a live id (issue "overload" item 3): a copied
+// CID is no proof; only a token the data plane validates, or a datagram that does
+// not start a connection (a client's Initial after the server's first flight, RFC
+// 9000 §7.2), goes to the owner. The rest is placed and admitted like any new one.
+// ---------------------------------------------------------------------------------
+
+mod live_dcid_initials {
+    use super::*;
+    use proto::header::{LongHeader, VERSION_1};
+    use proto::initial::build_client_initial;
+    use proto::pin::NO_PAYLOAD;
+    use proto::route::Admission;
+    use proto::token::{owner_initial_allowed, TokenKey, RETRY_LIFETIME};
+    use std::net::SocketAddr;
+
+    /// The data plane's hook (proto::token::owner_initial_allowed) plus a recording,
+    /// optionally refusing, admit.
+    struct Gate {
+        key: TokenKey,
+        client: SocketAddr,
+        now_unix: u64,
+        refuse: bool,
+        admitted: Vec<usize>,
+        asked: usize,
+    }
+    impl Admission for Gate {
+        type Refusal = ();
+        fn admit(&mut self, _: &LongHeader<'_>, _: usize, _: &Table, target: usize) -> Result<u32, ()> {
+            self.admitted.push(target);
+            if self.refuse {
+                Err(())
+            } else {
+                Ok(NO_PAYLOAD)
+            }
+        }
+        fn release(&mut self, _: u32) {}
+        fn owner_initial(&mut self, h: &LongHeader<'_>, d: &[u8], stride: usize, _: &Table, _: usize) -> bool {
+            self.asked += 1;
+            owner_initial_allowed(&self.key, h, d, stride, self.client, self.now_unix)
+        }
+    }
+
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Tok {
+        None,
+        Retry,
+        RetryOtherPort,
+        RetryExpired,
+        RetryOtherKey,
+        Validation,
+        ValidationOtherIp,
+        Garbage,
+    }
+    const TOKS: [Tok; 8] = [
+        Tok::None,
+        Tok::Retry,
+        Tok::RetryOtherPort,
+        Tok::RetryExpired,
+        Tok::RetryOtherKey,
+        Tok::Validation,
+        Tok::ValidationOtherIp,
+        Tok::Garbage,
+    ];
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Body {
+        /// A ClientHello's first CRYPTO frame: starts a connection.
+        ClientHello,
+        /// ACK only: the client's Initial after the server's first flight.
+        Ack,
+        /// A second ClientHello after HelloRetryRequest: CRYPTO past offset 0.
+        CryptoLater,
+        /// A PING Initial with a ClientHello Initial coalesced after it.
+        PingThenClientHello,
+    }
+    const BODIES: [Body; 4] = [Body::ClientHello, Body::Ack, Body::CryptoLater, Body::PingThenClientHello];
+
+    const NOW: u64 = 1_800_000_000;
+
+    fn token(t: Tok, key: &TokenKey, client: SocketAddr, rng: &mut Rng) -> Vec<u8> {
+        let mut nonce = [0u8; 16];
+        rng.fill(&mut nonce);
+        let other_port = SocketAddr::new(client.ip(), client.port() ^ 1);
+        let other_ip: SocketAddr = "198.51.100.9:443".parse().unwrap();
+        let odcid = rng.bytes(8);
+        match t {
+            Tok::None => vec![],
+            Tok::Retry => key.seal(client, Some(&odcid), NOW - 3, nonce).unwrap(),
+            Tok::RetryOtherPort => key.seal(other_port, Some(&odcid), NOW, nonce).unwrap(),
+            Tok::RetryExpired => key.seal(client, Some(&odcid), NOW - RETRY_LIFETIME - 1, nonce).unwrap(),
+            Tok::RetryOtherKey => TokenKey::new(&[0x55; 32]).seal(client, Some(&odcid), NOW, nonce).unwrap(),
+            Tok::Validation => key.seal(client, None, NOW - 86_400, nonce).unwrap(),
+            Tok::ValidationOtherIp => key.seal(other_ip, None, NOW, nonce).unwrap(),
+            Tok::Garbage => {
+                let n = rng.range(1, 90);
+                rng.bytes(n)
+            }
+        }
+    }
+
+    fn datagram(b: Body, dcid: &[u8], tok: &[u8]) -> Vec<u8> {
+        let ch = [6, 0, 4, 1, 0, 0, 0];
+        let i = |pn, f: &[u8], min| build_client_initial(VERSION_1, dcid, &[7; 8], tok, pn, f, min).unwrap();
+        match b {
+            Body::ClientHello => i(0, &ch, 1200),
+            Body::Ack => i(1, &[2, 0, 0, 0, 0], 1200),
+            Body::CryptoLater => i(1, &[6, 0x41, 0x20, 2, 0xaa, 0xbb], 1200),
+            Body::PingThenClientHello => [i(0, &[1], 0), i(1, &ch, 1200)].concat(),
+        }
+    }
+
+    /// Written from the rule, not from route.rs: Owner iff the DCID decodes to a live
+    /// id and (the token is valid for this client, or nothing in the datagram starts a
+    /// connection); otherwise admitted once for the rendezvous winner, then Placed or
+    /// refused.
+    #[test]
+    fn owner_needs_a_valid_token_or_no_client_hello() {
+        let ks = keys();
+        let t = table(&ks, &[(10, true), (11, true), (12, false), (13, true)]);
+        let model = Model {
+            live_keys: [None, None, None],
+            instances: t.instances().collect(),
+            rendezvous: Rendezvous::new([7; 16]),
+            pins: vec![],
+        };
+        let key = TokenKey::new(&[9; 32]);
+        let mut rng = Rng::new(0x0e7_10ad);
+        let mut seen = std::collections::HashMap::new();
+        for _ in 0..4_000 {
+            let client: SocketAddr = SocketAddr::new([192, 0, 2, rng.u8()].into(), rng.range(1, 65535) as u16);
+            let (tk, body) = (TOKS[rng.below(TOKS.len())], BODIES[rng.below(BODIES.len())]);
+            // Live (incl. the draining 12), or an id that is not in the table.
+            let id = [10u16, 11, 12, 13, 99][rng.below(5)];
+            let mut nonce = [0u8; 10];
+            rng.fill(&mut nonce);
+            let dcid = ks.encode(ServerId(id), &nonce);
+            let tok = token(tk, &key, client, &mut rng);
+            let d = datagram(body, &dcid, &tok);
+            let refuse = rng.chance(1, 3);
+            let mut gate =
+                Gate { key: TokenKey::new(&[9; 32]), client, now_unix: NOW, refuse, admitted: vec![], asked: 0 };
+            let mut pins = PinTable::new(16, [1; 16]);
+            let got = Router::new(&t, &mut pins, Duration::ZERO).with_admission(&mut gate).route(&d);
+
+            let owner = model.instances.iter().position(|i| i.server_id == ServerId(id));
+            let valid = matches!(tk, Tok::Retry | Tok::Validation);
+            let starts = matches!(body, Body::ClientHello | Body::PingThenClientHello);
+            let winner = model.argmax(&dcid, true).unwrap();
+            let want = match owner {
+                Some(o) if valid || !starts => Ok(to(Reason::Owner, o)),
+                _ if refuse => Err(()),
+                _ => Ok(to(Reason::Placed, winner)),
+            };
+            assert_eq!(got, want, "{tk:?} {body:?} id {id} refuse {refuse}");
+            let placed = !matches!(want, Ok(Decision { reason: Reason::Owner, .. }));
+            assert_eq!(gate.admitted, if placed { vec![winner] } else { vec![] }, "{tk:?} {body:?}");
+            assert_eq!(gate.asked, usize::from(owner.is_some()), "asked only for a live DCID");
+            *seen.entry((tk as u8, body as u8, owner.is_some())).or_insert(0) += 1;
+        }
+        // Every (token, body, live) combination was exercised.
+        assert_eq!(seen.len(), TOKS.len() * BODIES.len() * 2, "{seen:?}");
+    }
+
+    /// The same rule for a uniform GRO train: one segment that starts a connection
+    /// sends the whole train to admission.
+    #[test]
+    fn uniform_train_with_one_client_hello_is_admitted() {
+        let ks = keys();
+        let t = table(&ks, &[(10, true), (11, true)]);
+        let dcid = ks.encode(ServerId(10), &[3; 10]);
+        let client: SocketAddr = "192.0.2.7:5000".parse().unwrap();
+        // The ACK-only segment's packet ends before the segment does (zero padding
+        // after it, as some clients send): the segments must be looked at one by one.
+        let mut ack = build_client_initial(VERSION_1, &dcid, &[7; 8], &[], 1, &[2, 0, 0, 0, 0], 1000).unwrap();
+        ack.resize(1200, 0);
+        let ch = datagram(Body::ClientHello, &dcid, &[]);
+        assert_eq!((ack.len(), ch.len()), (1200, 1200));
+        for (train, owner) in [([ack.clone(), ack.clone()].concat(), true), ([ack.clone(), ch].concat(), false)] {
+            let mut gate =
+                Gate { key: TokenKey::new(&[9; 32]), client, now_unix: NOW, refuse: true, admitted: vec![], asked: 0 };
+            let mut pins = PinTable::new(16, [1; 16]);
+            let mut runs = vec![];
+            Router::new(&t, &mut pins, Duration::ZERO).with_admission(&mut gate).route_train(
+                &train,
+                1200,
+                |r, refused| runs.push((r.decision.reason, r.segments, refused)),
+            );
+            let want = if owner { (Reason::Owner, 2, None) } else { (Reason::Placed, 2, Some(())) };
+            assert_eq!(runs, vec![want]);
+        }
+    }
+
+    /// RFC 9001 Appendix A.2's client Initial (a ClientHello) starts a connection;
+    /// RFC 9369 A.2's too.
+    #[test]
+    fn rfc_client_initials_start_connections() {
+        assert_eq!(proto::initial::starts_connection(&hex(vectors::RFC9001_A2_CLIENT_INITIAL)), Some(true));
+        assert_eq!(proto::initial::starts_connection(&hex(vectors::RFC9369_A2_CLIENT_INITIAL)), Some(true));
+    }
+
+    /// Without a hook (NoAdmission) nothing changes: Owner, whatever the token.
+    #[test]
+    fn plain_router_keeps_owner() {
+        let ks = keys();
+        let t = table(&ks, &[(10, true)]);
+        let dcid = ks.encode(ServerId(10), &[3; 10]);
+        let mut pins = PinTable::new(16, [1; 16]);
+        let d = datagram(Body::ClientHello, &dcid, &[]);
+        assert_eq!(route(&d, &t, &mut pins, Duration::ZERO), to(Reason::Owner, 0));
+    }
+}

@@ -96,6 +96,7 @@ fn control() -> impl Strategy<Value = Control> {
         text().prop_map(|json| Control::Status { json }),
         text().prop_map(|reason| Control::Error { reason }),
         Just(Control::GetSockets),
+        proptest::collection::vec(any::<u8>(), 0..=MAX_ODCID_LEN).prop_map(|odcid| Control::HandshakeDone { odcid }),
         (any::<u16>(), any::<u32>()).prop_map(|(id, pid)| Control::Rejoin { server_id: ServerId(id), pid }),
         (proptest::option::of(prop_oneof![Just(Prf::HmacSha256), Just(Prf::SipHash24)]), any::<bool>())
             .prop_map(|(prf, force)| Control::RotateKeys { prf, force }),
@@ -590,4 +591,24 @@ fn fast_path_messages_layout() {
     let mut s = encode_control(&Control::Sockets { addrs: vec![a] });
     s[2] = 17;
     assert_eq!(s, want);
+}
+
+/// `HandshakeDone` (tag 19): `len u8 (≤ 20), odcid [len]`.
+#[test]
+fn handshake_done_layout() {
+    let m = Control::HandshakeDone { odcid: vec![0xaa, 0xbb, 0xcc] };
+    let rec = encode_control(&m);
+    assert_eq!(rec, [CONTROL_MAGIC, 1, 19, 3, 0xaa, 0xbb, 0xcc]);
+    assert_eq!(decode_control(&rec), Ok(m));
+    assert_eq!(m_name(), "HandshakeDone");
+    let mut long = vec![CONTROL_MAGIC, 1, 19, 21];
+    long.extend_from_slice(&[0; 21]);
+    assert_eq!(decode_control(&long), Err(WireError::TooMany));
+    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 19, 4, 1, 2]), Err(WireError::Truncated));
+    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 19]), Err(WireError::Truncated));
+    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 19, 0]), Ok(Control::HandshakeDone { odcid: vec![] }));
+}
+
+fn m_name() -> &'static str {
+    Control::HandshakeDone { odcid: vec![] }.name()
 }

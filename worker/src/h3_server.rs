@@ -186,11 +186,15 @@ fn spawn_connection(incoming: quinn::Incoming, ctx: &Arc<Ctx>) {
     tokio::spawn(async move {
         let _guard = guard;
         let remote = incoming.remote_address();
+        let odcid = incoming.orig_dst_cid();
         let conn = match incoming.accept() {
             // Dropping `Connecting` at the timeout drops the last reference to the
             // connection, which closes it (quinn: implicit close) and frees its state.
             Ok(connecting) => match tokio::time::timeout(ctx.opts.handshake_timeout, connecting).await {
-                Ok(Ok(c)) => c,
+                Ok(Ok(c)) => {
+                    crate::handshake_done::report(&odcid);
+                    c
+                }
                 Ok(Err(e)) => {
                     tracing::debug!(%remote, error = %e, "handshake failed");
                     return;

@@ -36,6 +36,7 @@ pub mod echo;
 pub mod fast_udp;
 pub mod fdpass;
 pub mod h3_server;
+pub mod handshake_done;
 pub mod ring;
 pub mod secrets;
 pub mod socket;

@@ -54,6 +54,17 @@ pub struct ShardCounters {
     pub refused_handshakes: AtomicU64,
     /// Demux-minted Retries sent (crate::dataplane::retry).
     pub retries_sent: AtomicU64,
+    /// Of `retries_sent`, those answering an Initial over its client's limits
+    /// (crate::dataplane::limits::Refusal::RetryOverLimit).
+    pub retries_sent_over_limit: AtomicU64,
+    /// Client Initials whose DCID decodes to a live id that were placed and admitted
+    /// instead of routed as Owner: no valid token, and they start a connection
+    /// (proto::token::owner_initial_allowed). Not a datagram count of its own: each
+    /// also counts where admission sent it.
+    pub owner_unvalidated: AtomicU64,
+    /// Handshake tickets given back early: the worker reported the handshake done
+    /// (`HandshakeDone`, crate::dataplane::handshakes) while the pin still held it.
+    pub tickets_released_done: AtomicU64,
     /// Token-less Initials that were to get a Retry but were dropped instead: quinn
     /// did not take them as a client's first Initial (did not decrypt, …).
     pub retry_dropped: AtomicU64,
@@ -84,6 +95,9 @@ impl ShardCounters {
             refused_rate: AtomicU64::new(0),
             refused_handshakes: AtomicU64::new(0),
             retries_sent: AtomicU64::new(0),
+            retries_sent_over_limit: AtomicU64::new(0),
+            owner_unvalidated: AtomicU64::new(0),
+            tickets_released_done: AtomicU64::new(0),
             retry_dropped: AtomicU64::new(0),
             retry_send_errors: AtomicU64::new(0),
             batches: AtomicU64::new(0),

@@ -59,6 +59,18 @@ pub enum Refusal {
     /// A token-less Initial while Retry is on: answer it with a Retry naming
     /// `target` (an index of the table's instances) instead of placing it.
     Retry { target: usize },
+    /// An Initial over its client's limits (`why`) that has no valid token, while the
+    /// demux can mint: a Retry instead of silence (issue "overload" item 2; RFC 9000
+    /// §8.1.2). An honest client behind a shared address comes back validated and
+    /// routes as Owner; a spoofed one never does.
+    RetryOverLimit { target: usize, why: OverLimit },
+}
+
+/// Which limit an over-limit Initial met.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OverLimit {
+    Rate,
+    Handshakes,
 }
 
 /// The sketches, shared by all shards of one data plane.
@@ -68,6 +80,11 @@ pub struct Limits {
     cap: u16,
     /// Demux-minted Retry (crate::dataplane::retry); `None`: off.
     pub retry: Option<crate::dataplane::retry::RetryConfig>,
+    /// The instances' token key (the key file's `token` secret), to validate tokens
+    /// of Initials (proto::token); `None` until [`Limits::with_retry`].
+    pub token_key: Option<proto::token::TokenKey>,
+    /// Workers' `HandshakeDone` notices, registry → shards (tickets leave early).
+    pub handshakes_done: std::sync::Arc<crate::dataplane::handshakes::HandshakesDone>,
     /// The data plane's monotonic clock origin: shards route with `epoch.elapsed()`
     /// and the rate sketch counts milliseconds from it.
     pub epoch: Instant,
@@ -77,7 +94,14 @@ impl Limits {
     pub fn new(cfg: LimitsConfig) -> anyhow::Result<Limits> {
         let epoch = Instant::now();
         if !cfg.enabled {
-            return Ok(Limits { sketches: None, cap: 0, retry: None, epoch });
+            return Ok(Limits {
+                sketches: None,
+                cap: 0,
+                retry: None,
+                token_key: None,
+                handshakes_done: Default::default(),
+                epoch,
+            });
         }
         anyhow::ensure!(
             (1..=DEFAULT_TICKS_PER_SECOND as u32).contains(&cfg.rate_per_second),
@@ -99,12 +123,20 @@ impl Limits {
         crate::sys::os_random(&mut k2)?;
         let rate = RateSketch::new(cfg.table_words, k1, gcra, 0);
         let conc = ConcurrencySketch::new(cfg.table_words, k2);
-        Ok(Limits { sketches: Some((rate, conc)), cap: cfg.handshakes, retry: None, epoch })
+        Ok(Limits {
+            sketches: Some((rate, conc)),
+            cap: cfg.handshakes,
+            retry: None,
+            token_key: None,
+            handshakes_done: Default::default(),
+            epoch,
+        })
     }
 
     /// Turns demux-minted Retry on (`mode` other than Off) with the key file's token
-    /// secret.
+    /// secret; token validation (proto::token) is on whatever the mode.
     pub fn with_retry(mut self, mode: crate::dataplane::retry::RetryMode, token_secret: [u8; 32]) -> Limits {
+        self.token_key = Some(proto::token::TokenKey::new(&token_secret));
         if mode != crate::dataplane::retry::RetryMode::Off {
             self.retry = Some(crate::dataplane::retry::RetryConfig { mode, token_secret });
         }
@@ -150,8 +182,22 @@ pub struct ShardAdmission<'a> {
     pub limits: &'a Limits,
     pub client: SocketAddr,
     pub ms: u64,
+    /// Wall-clock Unix seconds (token expiry, proto::token), once per batch.
+    pub unix: u64,
     /// This shard's Retry gate, when Retry is configured.
     pub retry: Option<&'a mut crate::dataplane::retry::RetryGate>,
+    /// Initials on a live DCID sent to admission instead of their owner
+    /// ([`Admission::owner_initial`] said no), for the shard's counter.
+    pub owner_unvalidated: u64,
+}
+
+impl ShardAdmission<'_> {
+    /// Whether `token` is valid for this client (proto::token: quinn's Retry or
+    /// NEW_TOKEN format, bound to the address, not expired).
+    fn token_valid(&self, token: &[u8]) -> bool {
+        !token.is_empty()
+            && self.limits.token_key.as_ref().is_some_and(|k| k.check(token, self.client, self.unix).is_valid())
+    }
 }
 
 impl Admission for ShardAdmission<'_> {
@@ -170,12 +216,45 @@ impl Admission for ShardAdmission<'_> {
                 }
             }
         }
-        self.limits.admit(self.client, self.ms)
+        match self.limits.admit(self.client, self.ms) {
+            Ok(t) => Ok(t),
+            // Over the limit: a Retry, not silence, while the demux can mint (a v1
+            // Initial: quinn's Retry; RFC 9000 §8.1.2, §17.2.5) and the Initial has no
+            // valid token — an address-validated source over its limit is dropped.
+            Err(why @ (Refusal::RateLimited | Refusal::HandshakeLimited))
+                if h.ty == proto::LongType::Initial
+                    && h.version == proto::header::VERSION_1
+                    && self.retry.is_some()
+                    && !self.token_valid(h.token) =>
+            {
+                let why = if why == Refusal::RateLimited { OverLimit::Rate } else { OverLimit::Handshakes };
+                Err(Refusal::RetryOverLimit { target, why })
+            }
+            Err(e) => Err(e),
+        }
     }
 
     #[inline]
     fn release(&mut self, payload: u32) {
         self.limits.release(payload);
+    }
+
+    /// A client Initial whose DCID decodes to a live id goes to that owner only with
+    /// a valid token or when it does not start a connection (proto::token::
+    /// owner_initial_allowed); otherwise it is placed and admitted like any new
+    /// Initial (issue "overload" item 3). With neither limits nor Retry there is
+    /// nothing to enforce: the owner, as before, at no cost.
+    #[inline]
+    fn owner_initial(&mut self, h: &LongHeader<'_>, datagram: &[u8], stride: usize, _: &Table, _: usize) -> bool {
+        if !self.limits.enabled() && self.retry.is_none() {
+            return true;
+        }
+        let Some(key) = &self.limits.token_key else { return true };
+        let ok = proto::token::owner_initial_allowed(key, h, datagram, stride, self.client, self.unix);
+        if !ok {
+            self.owner_unvalidated += 1;
+        }
+        ok
     }
 }
 
@@ -224,13 +303,54 @@ mod tests {
         let info = [proto::InstanceInfo { server_id: proto::ServerId(1), placeable: true }];
         let table = Table::new(keys, [2; 16], &info).unwrap();
         let mut gate = crate::dataplane::retry::RetryGate::new(crate::dataplane::retry::RetryMode::Always);
-        let mut a =
-            ShardAdmission { limits: &l, client: "192.0.2.1:1".parse().unwrap(), ms: 0, retry: Some(&mut gate) };
+        let mut a = ShardAdmission {
+            limits: &l,
+            client: "192.0.2.1:1".parse().unwrap(),
+            ms: 0,
+            unix: 0,
+            retry: Some(&mut gate),
+            owner_unvalidated: 0,
+        };
         let h = |ty, token| LongHeader { version: 1, ty, dcid: &[1; 8], scid: &[], token, packet_len: 1200 };
         assert_eq!(a.admit(&h(LongType::Initial, &[]), 1200, &table, 0), Err(Refusal::Retry { target: 0 }));
         let t = a.admit(&h(LongType::Initial, &[9; 40]), 1200, &table, 0).expect("token: limits, admitted");
         a.release(t);
         let t = a.admit(&h(LongType::ZeroRtt, &[]), 1200, &table, 0).expect("0-RTT: limits, admitted");
+        a.release(t);
+    }
+
+    /// Issue "overload" item 2: over the limit, a Retry instead of silence while the
+    /// demux can mint; a valid token (address already validated), 0-RTT, v2 or no
+    /// minter: dropped as before.
+    #[test]
+    fn over_limit_gets_a_retry_unless_validated() {
+        use proto::header::LongHeader;
+        use proto::LongType;
+        let cfg = LimitsConfig { rate_per_second: 1, burst: 1, handshakes: 8, table_words: 64, enabled: true };
+        let l = Limits::new(cfg).unwrap().with_retry(crate::dataplane::retry::RetryMode::Auto { above: 1000 }, [4; 32]);
+        let keys = proto::KeySet::new((proto::Generation::new(0).unwrap(), [1; 32]), None).unwrap();
+        let table =
+            Table::new(keys, [2; 16], &[proto::InstanceInfo { server_id: proto::ServerId(1), placeable: true }])
+                .unwrap();
+        let client: SocketAddr = "192.0.2.1:1".parse().unwrap();
+        let valid = proto::token::TokenKey::new(&[4; 32]).seal(client, None, 100, [1; 16]).unwrap();
+        let mut gate =
+            crate::dataplane::retry::RetryGate::new(crate::dataplane::retry::RetryMode::Auto { above: 1000 });
+        let mut a =
+            ShardAdmission { limits: &l, client, ms: 0, unix: 100, retry: Some(&mut gate), owner_unvalidated: 0 };
+        let h = |version, ty, token| LongHeader { version, ty, dcid: &[1; 8], scid: &[], token, packet_len: 1200 };
+        let t = a.admit(&h(1, LongType::Initial, &[]), 1200, &table, 0).expect("first: within the burst");
+        let over = Err(Refusal::RetryOverLimit { target: 0, why: OverLimit::Rate });
+        assert_eq!(a.admit(&h(1, LongType::Initial, &[]), 1200, &table, 0), over);
+        assert_eq!(a.admit(&h(1, LongType::Initial, &[9; 50]), 1200, &table, 0), over, "garbage token");
+        assert_eq!(a.admit(&h(1, LongType::Initial, &valid), 1200, &table, 0), Err(Refusal::RateLimited));
+        assert_eq!(a.admit(&h(1, LongType::ZeroRtt, &[]), 1200, &table, 0), Err(Refusal::RateLimited));
+        assert_eq!(
+            a.admit(&h(proto::header::VERSION_2, LongType::Initial, &[]), 1200, &table, 0),
+            Err(Refusal::RateLimited)
+        );
+        a.retry = None;
+        assert_eq!(a.admit(&h(1, LongType::Initial, &[]), 1200, &table, 0), Err(Refusal::RateLimited), "cannot mint");
         a.release(t);
     }
 

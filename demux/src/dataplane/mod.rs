@@ -7,6 +7,7 @@ pub mod cores;
 pub mod counters;
 pub mod fast_path;
 pub mod forward;
+pub mod handshakes;
 pub mod io_uring_backend;
 pub mod limits;
 pub mod mmsg_backend;
@@ -163,6 +164,9 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
         [Some(data_path.to_path_buf()), a.control_socket.clone(), a.ready_file.clone()].into_iter().flatten().collect();
     // Before any other thread exists: signals are then blocked everywhere.
     signals::exit_on_signal(own_files.clone())?;
+    let limits = Arc::new(
+        limits::Limits::new(a.limits_config())?.with_retry(a.retry_mode(), keyfile.token_key),
+    );
     let mut reg = registry::Registry::new(registry::RegistryConfig {
         keys: keyset,
         rendezvous_key: keyfile.rendezvous_key,
@@ -183,11 +187,9 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
         fast_path_mode: a.fast_path,
         orphan_timeout: a.orphan_timeout.filter(|s| *s > 0).map(std::time::Duration::from_secs),
         orphan_files: own_files,
+        handshakes_done: limits.handshakes_done.clone(),
     })?;
 
-    let limits = Arc::new(
-        limits::Limits::new(a.limits_config())?.with_retry(a.retry_mode(), keyfile.token_key),
-    );
     tracing::info!(
         limits = limits.enabled(),
         table_bytes = limits.table_bytes(),

@@ -166,7 +166,7 @@ impl Minter {
 
     /// Answers the token-less client Initial `datagram` from `client` (arrived on
     /// `local`, destination `local_ip`) with a Retry naming instance `target` under
-    /// `keys`. Counts what happened.
+    /// `keys`. Counts what happened; `true` when a Retry went out.
     #[allow(clippy::too_many_arguments)] // the datagram's facts, flat: one hot call site
     pub fn answer(
         &mut self,
@@ -177,7 +177,7 @@ impl Minter {
         keys: &KeySet,
         target: ServerId,
         c: &ShardCounters,
-    ) {
+    ) -> bool {
         *self.next.lock().unwrap_or_else(|p| p.into_inner()) = Some((keys.clone(), target));
         self.buf.clear();
         let ev = self.endpoint.handle(Instant::now(), client, local_ip, None, BytesMut::from(datagram), &mut self.buf);
@@ -185,7 +185,10 @@ impl Minter {
             Some(DatagramEvent::NewConnection(i)) => i,
             // Not taken as a client's first Initial (reserved bits set after header
             // protection removal, DCID shorter than 8 bytes, …): dropped, nothing sent.
-            _ => return bump(&c.retry_dropped, 1),
+            _ => {
+                bump(&c.retry_dropped, 1);
+                return false;
+            }
         };
         self.buf.clear();
         let t = match self.endpoint.retry(incoming, &mut self.buf) {
@@ -193,7 +196,8 @@ impl Minter {
             Err(e) => {
                 // Carries a token after all: not ours to retry; drop (quinn would).
                 self.endpoint.ignore(e.into_incoming());
-                return bump(&c.retry_dropped, 1);
+                bump(&c.retry_dropped, 1);
+                return false;
             }
         };
         let Some(fd) = self
@@ -206,13 +210,20 @@ impl Minter {
             })
             .map(|s| s.1)
         else {
-            return bump(&c.retry_dropped, 1);
+            bump(&c.retry_dropped, 1);
+            return false;
         };
         let wildcard = self.sockets.iter().any(|(a, f)| *f == fd && a.ip().is_unspecified());
         let src = if wildcard { local_ip } else { None };
         match send_from(fd, &self.buf[..t.size], t.destination, src) {
-            Ok(()) => bump(&c.retries_sent, 1),
-            Err(_) => bump(&c.retry_send_errors, 1),
+            Ok(()) => {
+                bump(&c.retries_sent, 1);
+                true
+            }
+            Err(_) => {
+                bump(&c.retry_send_errors, 1);
+                false
+            }
         }
     }
 }
@@ -319,5 +330,54 @@ mod tests {
         assert!(g.want_retry(1_010));
         // Two quiet seconds later: off.
         assert!(!g.want_retry(3_500));
+    }
+}
+
+/// proto::token reads the tokens this module's quinn endpoint mints: the data plane's
+/// check (issue "overload" item 3) and quinn's format agree.
+#[cfg(test)]
+mod token_format {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn proto_token_validates_a_quinn_minted_retry_token() {
+        let secret = [0x42u8; 32];
+        let cfg = RetryConfig { mode: RetryMode::Always, token_secret: secret };
+        let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        client.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let (local, caddr) = (server.local_addr().unwrap(), client.local_addr().unwrap());
+        let mut m = Minter::new(&cfg, vec![(local, server.as_raw_fd())]).unwrap();
+        let keys = KeySet::new((proto::Generation::new(0).unwrap(), [1; 32]), None).unwrap();
+        let odcid = [7u8; 8];
+        let init =
+            proto::initial::build_client_initial(1, &odcid, &[5; 8], &[], 0, &[6, 0, 4, 1, 0, 0, 0], 1200).unwrap();
+        let c = ShardCounters::new(1);
+        assert!(m.answer(&init, caddr, local, None, &keys, ServerId(3), &c));
+        let mut buf = [0u8; 1500];
+        let n = client.recv(&mut buf).unwrap();
+        let r = proto::retry::parse(&buf[..n]).expect("a Retry");
+        assert!(proto::retry::verify(&buf[..n], &odcid));
+        let key = proto::token::TokenKey::new(&secret);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        use proto::token::TokenCheck;
+        assert_eq!(key.check(r.token, caddr, now), TokenCheck::Retry);
+        assert_eq!(key.check(r.token, caddr, now + proto::token::RETRY_LIFETIME + 2), TokenCheck::Invalid);
+        let other = SocketAddr::new(caddr.ip(), caddr.port().wrapping_add(1));
+        assert_eq!(key.check(r.token, other, now), TokenCheck::Invalid);
+        assert_eq!(proto::token::TokenKey::new(&[0; 32]).check(r.token, caddr, now), TokenCheck::Invalid);
+        // The Retry SCID decodes to the target (the client's next DCID: Owner).
+        assert_eq!(keys.decode(r.scid).map(|d| d.server_id), Ok(ServerId(3)));
+        // And the client's post-Retry Initial (that token, DCID = the SCID) is one the
+        // data plane sends to its owner; without the token it would be admitted.
+        let again =
+            proto::initial::build_client_initial(1, r.scid, &[5; 8], r.token, 1, &[6, 0, 4, 1, 0, 0, 0], 1200).unwrap();
+        let Ok(proto::Header::Long(h)) = proto::header::parse(&again, 12) else { panic!() };
+        assert!(proto::token::owner_initial_allowed(&key, &h, &again, 0, caddr, now));
+        let bare =
+            proto::initial::build_client_initial(1, r.scid, &[5; 8], &[], 1, &[6, 0, 4, 1, 0, 0, 0], 1200).unwrap();
+        let Ok(proto::Header::Long(h)) = proto::header::parse(&bare, 12) else { panic!() };
+        assert!(!proto::token::owner_initial_allowed(&key, &h, &bare, 0, caddr, now));
     }
 }

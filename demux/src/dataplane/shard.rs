@@ -50,6 +50,10 @@ pub struct Router {
     now: Duration,
     /// `now` in milliseconds (the rate sketch's ticks), once per batch.
     ms: u64,
+    /// Wall-clock Unix seconds (token expiry), once per batch.
+    unix: u64,
+    /// `HandshakeDone` notices seen (crate::dataplane::handshakes).
+    done_cursor: u64,
 }
 
 impl Drop for Router {
@@ -82,6 +86,8 @@ impl Router {
             },
             now: Duration::ZERO,
             ms: 0,
+            unix: 0,
+            done_cursor: setup.limits.handshakes_done.written(),
         })
     }
 
@@ -90,7 +96,27 @@ impl Router {
     pub fn begin(&mut self) {
         self.now = self.limits.epoch.elapsed();
         self.ms = self.now.as_millis() as u64;
+        self.unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         bump(&self.counters.batches, 1);
+        if self.limits.handshakes_done.written() != self.done_cursor {
+            self.handshakes_done();
+        }
+    }
+
+    /// Workers reported handshakes done: the tickets of this shard's pins of those
+    /// DCIDs on those instances leave now, not when the pins expire (issue "overload"
+    /// item 2; crate::dataplane::handshakes). The pins stay.
+    #[cold]
+    fn handshakes_done(&mut self) {
+        let (pins, limits, now) = (&mut self.pins, &*self.limits, self.now);
+        let mut released = 0;
+        limits.handshakes_done.take_since(&mut self.done_cursor, |server_id, odcid| {
+            if let Some(p) = pins.take_payload(odcid, server_id, now) {
+                limits.release(p);
+                released += 1;
+            }
+        });
+        bump(&self.counters.tickets_released_done, released);
     }
 
     /// A receive the kernel flagged MSG_TRUNC / MSG_CTRUNC: counted, not routed.
@@ -139,8 +165,15 @@ impl Router {
             Some((g, m)) => (Some(g), Some(m)),
             None => (None, None),
         };
-        let admission = ShardAdmission { limits: &self.limits, client, ms: self.ms, retry: gate };
-        let router = proto::Router::new(&snap.table, &mut self.pins, self.now).with_admission(admission);
+        let mut admission = ShardAdmission {
+            limits: &self.limits,
+            client,
+            ms: self.ms,
+            unix: self.unix,
+            retry: gate,
+            owner_unvalidated: 0,
+        };
+        let router = proto::Router::new(&snap.table, &mut self.pins, self.now).with_admission(&mut admission);
         router.with_decoder(&mut self.cache).route_train(payload, stride, |run, refused| {
             let segs = run.segments as u64;
             match refused {
@@ -151,14 +184,20 @@ impl Router {
                 // RFC 9000 §17.2.5: answered here with a Retry naming the instance it
                 // would have been placed on; not forwarded, nothing pinned. A train of
                 // one DCID's Initials gets one Retry (for its first segment).
-                Some(Refusal::Retry { target }) => {
+                // Over its client's limits and not address-validated: a Retry, not
+                // silence (limits::Refusal::RetryOverLimit), counted as a Retry and
+                // under retry.sent_over_limit.
+                Some(r @ (Refusal::Retry { target } | Refusal::RetryOverLimit { target, .. })) => {
                     let (Some(m), Some(info)) = (minter.as_deref_mut(), snap.table.instance(target)) else {
                         return bump(&c.retry_dropped, segs);
                     };
                     let end = if run.segments > 1 { run.bytes.start + stride } else { run.bytes.end };
                     let first = payload.get(run.bytes.start..end).unwrap_or(&[]);
                     let local = local.unwrap_or(sock.local);
-                    m.answer(first, client, local, meta.local_ip, snap.table.keys(), info.server_id, c);
+                    let sent = m.answer(first, client, local, meta.local_ip, snap.table.keys(), info.server_id, c);
+                    if sent && matches!(r, Refusal::RetryOverLimit { .. }) {
+                        bump(&c.retries_sent_over_limit, 1);
+                    }
                     return;
                 }
                 None => {}
@@ -187,6 +226,9 @@ impl Router {
                 }
             }
         });
+        if admission.owner_unvalidated > 0 {
+            bump(&c.owner_unvalidated, admission.owner_unvalidated);
+        }
     }
 
     /// End of a batch: one sendmmsg per destination.

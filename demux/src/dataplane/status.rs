@@ -51,10 +51,13 @@ fn shard_json(c: &ShardCounters) -> Map<String, Value> {
             "HandshakeLimited": c.refused_handshakes.load(Relaxed),
         }),
     );
+    m.insert("owner_unvalidated".into(), json!(c.owner_unvalidated.load(Relaxed)));
+    m.insert("tickets_released_done".into(), json!(c.tickets_released_done.load(Relaxed)));
     m.insert(
         "retry".into(),
         json!({
             "sent": c.retries_sent.load(Relaxed),
+            "sent_over_limit": c.retries_sent_over_limit.load(Relaxed),
             "dropped": c.retry_dropped.load(Relaxed),
             "send_errors": c.retry_send_errors.load(Relaxed),
         }),

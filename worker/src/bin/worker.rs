@@ -178,6 +178,7 @@ async fn run(a: Args) -> anyhow::Result<()> {
         }
     };
     let data = Arc::clone(socket.data());
+    worker::handshake_done::install(&data);
 
     if a.echo {
         data.ready().await.context("sending Ready")?;

@@ -97,6 +97,7 @@ pub struct Registry {
     fast_path: FastPathState,
     fast_path_mode: FastPathMode,
     orphan: orphan::Watch,
+    handshakes_done: Arc<crate::dataplane::handshakes::HandshakesDone>,
 }
 
 pub struct RegistryConfig {
@@ -123,6 +124,8 @@ pub struct RegistryConfig {
     /// `--orphan-timeout` (None: never) and the files to remove then ([`orphan`]).
     pub orphan_timeout: Option<std::time::Duration>,
     pub orphan_files: Vec<std::path::PathBuf>,
+    /// Where `HandshakeDone` notices go (shared with the shards through the limits).
+    pub handshakes_done: Arc<crate::dataplane::handshakes::HandshakesDone>,
 }
 
 /// The snapshot before any worker connected.
@@ -164,6 +167,7 @@ impl Registry {
             fast_path: cfg.fast_path,
             fast_path_mode: cfg.fast_path_mode,
             orphan: orphan::Watch::new(cfg.orphan_timeout, cfg.orphan_files),
+            handshakes_done: cfg.handshakes_done,
             buf: vec![0u8; CONTROL_BUF],
         })
     }
@@ -246,6 +250,11 @@ impl Registry {
                     tracing::info!(server_id = conn.server_id, "instance ready (placeable)");
                     self.publish();
                 }
+                true
+            }
+            // A worker's handshake completed: its pin's ticket may leave now (handshakes.rs).
+            (Conn::Live { conn, .. }, Control::HandshakeDone { odcid }) => {
+                self.handshakes_done.push(ServerId(conn.server_id), &odcid);
                 true
             }
             (Conn::Live { placeable, conn }, Control::Draining) => {

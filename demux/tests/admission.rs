@@ -1,0 +1,402 @@
+//! Limits that do not drop honest clients, and Initials that cannot skip admission
+//! (issue "overload" items 2 and 3), end to end: a real `demux dataplane` with its
+//! default limits and Retry mode, real `worker` processes, quinn HTTP/3 clients and
+//! hand-made Initials (proto::initial::build_client_initial) on loopback.
+//!
+//! The setup helpers are copies of tests/flood.rs's (that file's helpers are being
+//! migrated to a shared test kit elsewhere; this file does not touch them).
+
+#![allow(dead_code)]
+
+use bytes::Buf;
+use rustls::pki_types::CertificateDer;
+use serde_json::Value;
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const DEMUX: &str = env!("CARGO_BIN_EXE_demux");
+
+fn target_dir() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| manifest.join("../target"))
+}
+
+/// Builds a workspace binary (cheap when fresh) and returns its path.
+fn build_bin(package: &str, bin: &str) -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let st = Command::new(cargo)
+        .args(["build", "-q", "-p", package, "--bin", bin])
+        .current_dir(manifest.join(".."))
+        .status()
+        .expect("running cargo build");
+    assert!(st.success(), "cargo build -p {package} failed");
+    let path = target_dir().join("debug").join(bin);
+    assert!(path.exists(), "{} missing after build", path.display());
+    path
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let d = std::env::temp_dir().join(format!("adm-{tag}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+fn wait_file(path: &Path, child: &mut Child, log: &Path, what: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(t) = std::fs::read_to_string(path) {
+            return t;
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!("{what} exited early ({st}): {}", std::fs::read_to_string(log).unwrap_or_default());
+        }
+        assert!(Instant::now() < deadline, "{what} not ready: {}", std::fs::read_to_string(log).unwrap_or_default());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Children killed on drop (also when a test fails).
+struct Kids(Vec<Child>);
+impl Drop for Kids {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+struct Setup {
+    dir: PathBuf,
+    addr: SocketAddr,
+    control: PathBuf,
+    cert: CertificateDer<'static>,
+    _kids: Kids,
+}
+
+/// A data plane on 127.0.0.1 (`extra` flags) and `workers` workers behind it.
+fn start(tag: &str, extra: &[&str], workers: u16, worker_extra: &[&str]) -> Setup {
+    start_on(tag, "127.0.0.1:0", extra, workers, worker_extra)
+}
+
+/// As [`start`], listening on `listen`; a wildcard address is reached on 127.0.0.1.
+fn start_on(tag: &str, listen: &str, extra: &[&str], workers: u16, worker_extra: &[&str]) -> Setup {
+    let dir = temp_dir(tag);
+    let keys = dir.join("keys");
+    assert!(Command::new(DEMUX).args(["gen-keys", "--out"]).arg(&keys).status().expect("gen-keys").success());
+    let (data, control, ready, log) =
+        (dir.join("d.sock"), dir.join("c.sock"), dir.join("ready"), dir.join("demux.log"));
+    let mut child = Command::new(DEMUX)
+        .args(["dataplane", "--listen", listen, "--cores", "0", "--io", "mmsg", "--keys"])
+        .arg(&keys)
+        .arg("--data-socket")
+        .arg(&data)
+        .arg("--control-socket")
+        .arg(&control)
+        .arg("--ready-file")
+        .arg(&ready)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("spawn demux");
+    let text = wait_file(&ready, &mut child, &log, "demux");
+    let mut addr: SocketAddr =
+        text.lines().find_map(|l| l.strip_prefix("udp ")).and_then(|a| a.parse().ok()).expect("udp line");
+    if addr.ip().is_unspecified() {
+        addr.set_ip(if addr.is_ipv4() { Ipv4Addr::LOCALHOST.into() } else { std::net::Ipv6Addr::LOCALHOST.into() });
+    }
+    let mut kids = Kids(vec![child]);
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("rcgen");
+    let (cert_path, key_path) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert_path, ck.cert.pem()).expect("cert");
+    std::fs::write(&key_path, ck.key_pair.serialize_pem()).expect("key");
+    let worker = build_bin("worker", "worker");
+    for id in 1..=workers {
+        let (ready, log) = (dir.join(format!("w{id}.ready")), dir.join(format!("w{id}.log")));
+        let mut w = Command::new(&worker)
+            .args(["--server-id", &id.to_string(), "--keys"])
+            .arg(&keys)
+            .arg("--data-socket")
+            .arg(&data)
+            .arg("--cert")
+            .arg(&cert_path)
+            .arg("--key")
+            .arg(&key_path)
+            .arg("--ready-file")
+            .arg(&ready)
+            .args(worker_extra)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("spawn worker");
+        wait_file(&ready, &mut w, &log, "worker");
+        kids.0.push(w);
+    }
+    let s = Setup { dir, addr, control, cert: ck.cert.der().clone(), _kids: kids };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while s.status()["instances"].as_array().map_or(0, |a| a.iter().filter(|i| i["placeable"] == true).count())
+        < workers as usize
+    {
+        assert!(Instant::now() < deadline, "workers did not register: {}", s.status());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    s
+}
+
+impl Setup {
+    fn lb_status(&self, json: bool) -> String {
+        let mut cmd = Command::new(DEMUX);
+        cmd.args(["lb-status", "--control-socket"]).arg(&self.control);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().expect("lb-status");
+        assert!(out.status.success(), "lb-status: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+    fn status(&self) -> Value {
+        serde_json::from_str(&self.lb_status(true)).expect("status JSON")
+    }
+}
+
+fn u(v: &Value, p: &str) -> u64 {
+    v.pointer(p).and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// A quinn client endpoint on `bind` trusting `cert`.
+fn client(cert: &CertificateDer<'static>, bind: SocketAddr) -> quinn::Endpoint {
+    let crypto = worker::tls::client_crypto(std::slice::from_ref(cert), &[b"h3"]).expect("client crypto");
+    let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
+    let mut t = quinn::TransportConfig::default();
+    t.max_idle_timeout(Some(quinn::IdleTimeout::from(quinn::VarInt::from_u32(20_000))));
+    cfg.transport_config(Arc::new(t));
+    let mut ep = quinn::Endpoint::client(bind).expect("client endpoint");
+    ep.set_default_client_config(cfg);
+    ep
+}
+
+/// One HTTP/3 connection: handshake, GET /bytes/N, content checked. Errors as text.
+async fn download(ep: &quinn::Endpoint, addr: SocketAddr, n: u64) -> Result<(), String> {
+    let conn =
+        ep.connect(addr, "localhost").map_err(|e| e.to_string())?.await.map_err(|e| format!("handshake: {e}"))?;
+    let (mut driver, mut send) =
+        h3::client::new(h3_quinn::Connection::new(conn.clone())).await.map_err(|e| format!("h3: {e}"))?;
+    let drive = tokio::spawn(async move {
+        let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
+    });
+    let result = async {
+        let req = http::Request::get(format!("https://localhost/bytes/{n}")).body(()).map_err(|e| e.to_string())?;
+        let mut s = send.send_request(req).await.map_err(|e| format!("request: {e}"))?;
+        s.finish().await.map_err(|e| e.to_string())?;
+        let resp = s.recv_response().await.map_err(|e| format!("response: {e}"))?;
+        if resp.status() != 200 {
+            return Err(format!("status {}", resp.status()));
+        }
+        let mut len = 0u64;
+        while let Some(mut chunk) = s.recv_data().await.map_err(|e| format!("body: {e}"))? {
+            while chunk.has_remaining() {
+                let b = chunk.chunk();
+                if !b.iter().enumerate().all(|(i, x)| *x == ((len + i as u64) % 256) as u8) {
+                    return Err("body pattern".into());
+                }
+                len += b.len() as u64;
+                let k = b.len();
+                chunk.advance(k);
+            }
+        }
+        if len != n {
+            return Err(format!("body {len} of {n} bytes"));
+        }
+        Ok(())
+    }
+    .await;
+    conn.close(quinn::VarInt::from_u32(0x100), b"");
+    drive.abort();
+    result
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
+}
+
+/// `n` sequential downloads of `size` bytes from one client endpoint (one address,
+/// one port); each bounded by `each`. The errors, in order.
+fn sequential(s: &Setup, bind: SocketAddr, n: usize, size: u64, each: Duration) -> (Vec<String>, Duration) {
+    let rt = rt();
+    let (cert, target) = (s.cert.clone(), s.addr);
+    rt.block_on(async move {
+        let ep = client(&cert, bind);
+        let t0 = Instant::now();
+        let mut errs = Vec::new();
+        for i in 0..n {
+            match tokio::time::timeout(each, download(&ep, target, size)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => errs.push(format!("#{i}: {e}")),
+                Err(_) => errs.push(format!("#{i}: timed out")),
+            }
+        }
+        let took = t0.elapsed();
+        ep.wait_idle().await;
+        (errs, took)
+    })
+}
+
+/// The issue's reproduction, rerun: sequential 1 MiB downloads from 127.0.0.1 with
+/// default limits used to fail after the 64th (each pin held its ticket 10 s; the
+/// over-limit Initial was dropped in silence). 200 now all succeed: tickets leave when
+/// the worker reports the handshake done, and a client over its rate gets a Retry.
+#[test]
+fn two_hundred_sequential_downloads_from_one_address() {
+    let s = start("seq", &[], 2, &[]);
+    let (errs, took) = sequential(&s, "127.0.0.1:0".parse().unwrap(), 200, 1 << 20, Duration::from_secs(20));
+    let v = s.status();
+    eprintln!(
+        "200 × 1 MiB in {took:?}: Placed {}, Owner {}, RateLimited {}, HandshakeLimited {}, retry.sent {}, \
+         retry.sent_over_limit {}, tickets_released_done {}",
+        u(&v, "/reasons/Placed"),
+        u(&v, "/reasons/Owner"),
+        u(&v, "/refused/RateLimited"),
+        u(&v, "/refused/HandshakeLimited"),
+        u(&v, "/retry/sent"),
+        u(&v, "/retry/sent_over_limit"),
+        u(&v, "/tickets_released_done"),
+    );
+    assert!(errs.is_empty(), "{} of 200 failed: {errs:?}", errs.len());
+    // Every placed handshake gave its ticket back on completion (a pin holds one only
+    // while its handshake is in progress).
+    let placed = u(&v, "/reasons/Placed");
+    assert!(u(&v, "/tickets_released_done") >= placed.min(200) * 9 / 10, "tickets released early: {v}");
+    // Nothing over the limit went unanswered.
+    assert_eq!(u(&v, "/refused/RateLimited") + u(&v, "/refused/HandshakeLimited"), 0, "silent drops: {v}");
+}
+
+/// An honest client over its rate (burst 2, 1/s) gets a Retry, not silence, and
+/// completes; with `--retry off` (the demux cannot mint) the same client is dropped
+/// as before.
+#[test]
+fn over_limit_client_gets_a_retry_and_completes() {
+    let s = start("over", &["--limit-burst", "2", "--limit-rate", "1"], 1, &[]);
+    let (errs, _) = sequential(&s, "127.0.0.3:0".parse().unwrap(), 8, 4096, Duration::from_secs(10));
+    let v = s.status();
+    assert!(errs.is_empty(), "failed: {errs:?} {v}");
+    assert!(u(&v, "/retry/sent_over_limit") >= 4, "over-limit Retries: {v}");
+    assert_eq!(u(&v, "/retry/sent"), u(&v, "/retry/sent_over_limit"), "below --retry-above only over-limit ones: {v}");
+    assert_eq!(u(&v, "/refused/RateLimited"), 0, "{v}");
+
+    let off = start("over-off", &["--limit-burst", "2", "--limit-rate", "1", "--retry", "off"], 1, &[]);
+    // (The client's own Initial retransmissions may outlast the refill: no claim on
+    // its success, only on what the demux did — refused in silence.)
+    let _ = sequential(&off, "127.0.0.3:0".parse().unwrap(), 4, 4096, Duration::from_secs(2));
+    let v = off.status();
+    assert!(u(&v, "/refused/RateLimited") > 0, "--retry off: over the limit is dropped: {v}");
+    assert_eq!(u(&v, "/retry/sent"), 0, "{v}");
+}
+
+/// A ClientHello-like first CRYPTO frame (CRYPTO at offset 0).
+const CH: [u8; 7] = [6, 0, 4, 1, 0, 0, 0];
+
+fn ch_initial(dcid: &[u8], token: &[u8], pn: u32) -> Vec<u8> {
+    proto::initial::build_client_initial(1, dcid, &[0x5c; 8], token, pn, &CH, 1200).expect("initial")
+}
+
+/// Collects the Retries waiting on `sock`: (SCID, token) of each.
+fn retries(sock: &UdpSocket, want: usize, within: Duration) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let deadline = Instant::now() + within;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 1500];
+    sock.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    while out.len() < want && Instant::now() < deadline {
+        if let Ok(n) = sock.recv(&mut buf) {
+            if let Some(r) = proto::retry::parse(&buf[..n]) {
+                out.push((r.scid.to_vec(), r.token.to_vec()));
+            }
+        }
+    }
+    out
+}
+
+/// Issue item 3, the attack: an over-limit source collects Retry SCIDs (each decodes
+/// to a live instance) and sends token-less ClientHello Initials with them as DCID —
+/// before the fix each went to its owner as `Owner`, past the rate limit, the
+/// handshake cap and Retry. Now each is counted as `owner_unvalidated`, goes through
+/// admission and is answered with an over-limit Retry; none is forwarded as Owner.
+/// The same DCID with the Retry's token, or an ACK-only Initial (a client after the
+/// server's first flight), still goes to its owner.
+#[test]
+fn copied_live_dcids_do_not_skip_admission() {
+    let s = start("bypass", &[], 2, &[]);
+    let sock = UdpSocket::bind("127.0.0.7:0").expect("bind");
+    sock.connect(s.addr).expect("connect");
+    // 40 at once is the default burst: 100 fresh DCIDs → ≥ 50 over-limit Retries.
+    for i in 0..100u32 {
+        let mut dcid = [0u8; 8];
+        dcid[..4].copy_from_slice(&i.to_be_bytes());
+        sock.send(&ch_initial(&dcid, &[], 0)).expect("send");
+    }
+    let got = retries(&sock, 50, Duration::from_secs(5));
+    assert!(got.len() >= 50, "over-limit Retries: {} {}", got.len(), s.status());
+    let before = s.status();
+    // The attack: 5 rounds of token-less ClientHellos on the copied live DCIDs.
+    let mut sent = 0;
+    for round in 0..5 {
+        for (scid, _) in &got {
+            sock.send(&ch_initial(scid, &[], round)).expect("send");
+            sent += 1;
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mid = loop {
+        let v = s.status();
+        if u(&v, "/owner_unvalidated") - u(&before, "/owner_unvalidated") >= sent || Instant::now() > deadline {
+            break v;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let d = |p: &str| u(&mid, p) - u(&before, p);
+    eprintln!(
+        "attack: {sent} sent; Owner +{}, owner_unvalidated +{}, Placed +{}, Pinned +{}, retry.sent_over_limit +{}, \
+         RateLimited +{}, retry.dropped +{}",
+        d("/reasons/Owner"),
+        d("/owner_unvalidated"),
+        d("/reasons/Placed"),
+        d("/reasons/Pinned"),
+        d("/retry/sent_over_limit"),
+        d("/refused/RateLimited"),
+        d("/retry/dropped"),
+    );
+    assert_eq!(d("/reasons/Owner"), 0, "a copied live DCID skipped admission: {mid}");
+    assert_eq!(d("/owner_unvalidated"), sent, "{mid}");
+    // Over the limit (its rate is spent): answered with a Retry; the few the 10/s
+    // refill admits are placed (and their DCID's later rounds follow the pin).
+    let answered = d("/retry/sent_over_limit") + d("/retry/send_errors") + d("/retry/dropped");
+    assert_eq!(answered + d("/reasons/Placed") + d("/reasons/Pinned"), sent, "{mid}");
+    assert!(answered >= sent * 8 / 10 && d("/reasons/Placed") <= 20, "{mid}");
+    // Drain the Retries the attack earned.
+    let _ = retries(&sock, usize::MAX, Duration::from_millis(300));
+
+    // With the Retry's own token (bound to this address and port) → Owner.
+    let (scid, token) = &got[0];
+    sock.send(&ch_initial(scid, token, 9)).expect("send");
+    // An ACK-only Initial on a live DCID (what a client sends after the server's
+    // Initial, RFC 9000 §7.2) → Owner, no token needed.
+    let ack = proto::initial::build_client_initial(1, &got[1].0, &[0x5c; 8], &[], 1, &[2, 0, 0, 0, 0], 1200).unwrap();
+    sock.send(&ack).expect("send");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let v = s.status();
+        if u(&v, "/reasons/Owner") - u(&mid, "/reasons/Owner") >= 2 {
+            assert_eq!(u(&v, "/owner_unvalidated"), u(&mid, "/owner_unvalidated"), "{v}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "valid token / ACK-only Initial not routed as Owner: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,213 @@
+//! Address-validation tokens in quinn-proto 0.11's format, checked without quinn
+//! (quinn keeps its token type crate-private: src/token.rs `Token::decode`), so the
+//! data plane can tell whether a client Initial's token is one the instances' quinn
+//! would accept (docs/adr/0003-demux-retry.md; issue "overload" item 3).
+//!
+//! Format (quinn-proto 0.11.19 `Token::encode`): `sealed ‖ nonce`, where `nonce` is
+//! 16 random bytes and `sealed` is AES-256-GCM (zero nonce, no AAD) under a key
+//! HKDF-Expand(prk, info = nonce, 32) of the shared token key over
+//! - Retry (type 0): IP (tag 0 + 4 bytes | tag 1 + 16), port (u16 BE), original
+//!   DCID (u8 length + bytes), issue time (u64 BE Unix seconds);
+//! - Validation, i.e. NEW_TOKEN (type 1): IP, issue time.
+//!
+//! [`TokenKey::check`] accepts a Retry token bound to exactly the client's address
+//! that has not outlived quinn's `retry_token_lifetime` ([`RETRY_LIFETIME`], 15 s),
+//! and a NEW_TOKEN token for the client's IP within quinn's default validation
+//! lifetime ([`VALIDATION_LIFETIME`], two weeks). It cannot consult the workers'
+//! `TokenLog` (reuse of a NEW_TOKEN token): the data plane only uses the answer to
+//! decide where a datagram goes and whether to drop rather than Retry it; the worker's
+//! quinn still makes its own decision.
+//!
+//! Pure: the time is passed in. Cost: one HKDF-Expand (two HMAC-SHA-256), one
+//! AES-256-GCM key schedule and the open of ≈ 40 bytes.
+
+use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
+use aws_lc_rs::hkdf::{KeyType, Prk, Salt, HKDF_SHA256};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// quinn's default `ServerConfig::retry_token_lifetime`, in seconds.
+pub const RETRY_LIFETIME: u64 = 15;
+/// quinn's default `ValidationTokenConfig::lifetime`, in seconds (two weeks).
+pub const VALIDATION_LIFETIME: u64 = 2 * 7 * 24 * 60 * 60;
+/// The salt of the instances' token key derivation (worker::secrets, demux retry.rs).
+pub const TOKEN_SALT: &[u8] = b"quicdemux token v1";
+
+/// What a token is for the client it came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenCheck {
+    /// A Retry token for this client address, not expired.
+    Retry,
+    /// A NEW_TOKEN token for this client IP, not expired.
+    Validation,
+    /// Empty, not ours, tampered with, another address, or expired.
+    Invalid,
+}
+
+impl TokenCheck {
+    pub fn is_valid(self) -> bool {
+        self != TokenCheck::Invalid
+    }
+}
+
+struct Len(usize);
+impl KeyType for Len {
+    fn len(&self) -> usize {
+        self.0
+    }
+}
+
+/// The instances' shared token key (HKDF-Extract of the key file's `token` secret).
+pub struct TokenKey(Prk);
+
+impl std::fmt::Debug for TokenKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenKey(..)")
+    }
+}
+
+const NONCE_LEN: usize = 16;
+const TAG_LEN: usize = 16;
+
+impl TokenKey {
+    /// The key worker::secrets derives from the key file's `token` secret.
+    pub fn new(secret: &[u8; 32]) -> TokenKey {
+        TokenKey(Salt::new(HKDF_SHA256, TOKEN_SALT).extract(secret))
+    }
+
+    fn aead(&self, nonce: &[u8]) -> Option<LessSafeKey> {
+        let mut k = [0u8; 32];
+        self.0.expand(&[nonce], Len(32)).ok()?.fill(&mut k).ok()?;
+        Some(LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &k).ok()?))
+    }
+
+    /// Checks `token` from `client` at `now_unix` seconds (RFC 9000 §8.1.3–8.1.4).
+    pub fn check(&self, token: &[u8], client: SocketAddr, now_unix: u64) -> TokenCheck {
+        self.check_inner(token, client, now_unix).unwrap_or(TokenCheck::Invalid)
+    }
+
+    fn check_inner(&self, token: &[u8], client: SocketAddr, now_unix: u64) -> Option<TokenCheck> {
+        // Shortest: type, IPv4, time, tag, nonce.
+        if token.len() < 1 + 5 + 8 + TAG_LEN + NONCE_LEN || token.len() > 256 {
+            return None;
+        }
+        let (sealed, nonce) = token.split_at(token.len() - NONCE_LEN);
+        let mut buf = [0u8; 256];
+        let buf = &mut buf[..sealed.len()];
+        buf.copy_from_slice(sealed);
+        let plain = self.aead(nonce)?.open_in_place(Nonce::assume_unique_for_key([0; 12]), Aad::empty(), buf).ok()?;
+        let mut r = &plain[..];
+        let ty = take(&mut r, 1)?[0];
+        let ip = match take(&mut r, 1)?[0] {
+            0 => IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(take(&mut r, 4)?).ok()?)),
+            1 => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(take(&mut r, 16)?).ok()?)),
+            _ => return None,
+        };
+        let (check, lifetime) = match ty {
+            0 => {
+                let port = u16::from_be_bytes(take(&mut r, 2)?.try_into().ok()?);
+                let odcid_len = usize::from(take(&mut r, 1)?[0]);
+                take(&mut r, odcid_len)?;
+                if SocketAddr::new(ip, port) != client {
+                    return None;
+                }
+                (TokenCheck::Retry, RETRY_LIFETIME)
+            }
+            1 => {
+                if ip != client.ip() {
+                    return None;
+                }
+                (TokenCheck::Validation, VALIDATION_LIFETIME)
+            }
+            _ => return None,
+        };
+        let issued = u64::from_be_bytes(take(&mut r, 8)?.try_into().ok()?);
+        // quinn: invalid once `issued + lifetime < now`.
+        if !r.is_empty() || issued.saturating_add(lifetime) < now_unix {
+            return None;
+        }
+        Some(check)
+    }
+
+    /// Seals a token in quinn's format (tests and tools; the data plane mints its
+    /// Retry tokens with quinn itself). `odcid: Some` makes a Retry token for
+    /// `client`, `None` a NEW_TOKEN token for its IP.
+    pub fn seal(&self, client: SocketAddr, odcid: Option<&[u8]>, issued_unix: u64, nonce: [u8; 16]) -> Option<Vec<u8>> {
+        let mut b = vec![if odcid.is_some() { 0 } else { 1 }];
+        match client.ip() {
+            IpAddr::V4(v4) => {
+                b.push(0);
+                b.extend_from_slice(&v4.octets());
+            }
+            IpAddr::V6(v6) => {
+                b.push(1);
+                b.extend_from_slice(&v6.octets());
+            }
+        }
+        if let Some(odcid) = odcid {
+            b.extend_from_slice(&client.port().to_be_bytes());
+            b.push(u8::try_from(odcid.len()).ok()?);
+            b.extend_from_slice(odcid);
+        }
+        b.extend_from_slice(&issued_unix.to_be_bytes());
+        self.aead(&nonce)?
+            .seal_in_place_append_tag(Nonce::assume_unique_for_key([0; 12]), Aad::empty(), &mut b)
+            .ok()?;
+        b.extend_from_slice(&nonce);
+        Some(b)
+    }
+}
+
+/// The data plane's rule for a client Initial whose DCID decodes to a live id
+/// ([`crate::route::Admission::owner_initial`]): it goes to that owner when its token
+/// is valid for `client` (a Retry or NEW_TOKEN validated the address, RFC 9000 §8.1),
+/// or when no segment of it starts a connection ([`crate::initial::starts_connection`]:
+/// a client's Initial after the server's first flight, RFC 9000 §7.2, or one the
+/// owner's quinn drops anyway). Otherwise — a token-less or invalid-token ClientHello
+/// on a copied CID — it is placed and admitted like any new Initial.
+///
+/// Only such Initials pay: a token check (when there is a token) and, unless it
+/// validated, opening the Initial(s) of each segment.
+pub fn owner_initial_allowed(
+    key: &TokenKey,
+    h: &crate::header::LongHeader<'_>,
+    datagram: &[u8],
+    stride: usize,
+    client: SocketAddr,
+    now_unix: u64,
+) -> bool {
+    if !h.token.is_empty() && key.check(h.token, client, now_unix).is_valid() {
+        return true;
+    }
+    let stride = if stride == 0 { datagram.len().max(1) } else { stride };
+    !datagram.chunks(stride).any(|seg| crate::initial::starts_connection(seg) == Some(true))
+}
+
+fn take<'a>(r: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+    let (a, b) = (r.get(..n)?, r.get(n..)?);
+    *r = b;
+    Some(a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_and_validation_tokens() {
+        let k = TokenKey::new(&[7; 32]);
+        let c: SocketAddr = "192.0.2.1:4433".parse().unwrap();
+        let t = k.seal(c, Some(&[1; 8]), 1000, [3; 16]).unwrap();
+        assert_eq!(k.check(&t, c, 1000), TokenCheck::Retry);
+        assert_eq!(k.check(&t, c, 1015), TokenCheck::Retry);
+        assert_eq!(k.check(&t, c, 1016), TokenCheck::Invalid, "expired");
+        assert_eq!(k.check(&t, "192.0.2.1:4434".parse().unwrap(), 1000), TokenCheck::Invalid, "other port");
+        assert_eq!(TokenKey::new(&[8; 32]).check(&t, c, 1000), TokenCheck::Invalid, "other key");
+        let mut bad = t.clone();
+        bad[3] ^= 1;
+        assert_eq!(k.check(&bad, c, 1000), TokenCheck::Invalid, "tampered");
+        assert_eq!(k.check(&[], c, 1000), TokenCheck::Invalid);
+        let v = k.seal("[2001:db8::1]:1".parse().unwrap(), None, 1000, [4; 16]).unwrap();
+        assert_eq!(k.check(&v, "[2001:db8::1]:9".parse().unwrap(), 1000 + VALIDATION_LIFETIME), TokenCheck::Validation);
+        assert_eq!(k.check(&v, "[2001:db8::2]:9".parse().unwrap(), 1000), TokenCheck::Invalid);
+    }
+}
