@@ -305,7 +305,16 @@ pub enum Control {
     /// (docs/adr/0004). The worker receives on them and answers from them. The fds
     /// travel with this record; `addrs` is empty when the fast path is not active.
     FastSockets { addrs: Vec<SocketAddr> },
+    /// W → D, on a live data connection, every [`LOAD_INTERVAL_MS`]: the worker's
+    /// handshake pressure — `handshakes` in progress (accepted, not yet established)
+    /// and `incoming_bytes` buffered by its QUIC stack for connections not yet
+    /// accepted (0 when unknown). It is also the worker's heartbeat: a data plane
+    /// that stops receiving it marks the instance stalled (not placeable).
+    Load { handshakes: u32, incoming_bytes: u32 },
 }
+
+/// How often a worker sends [`Control::Load`] (milliseconds).
+pub const LOAD_INTERVAL_MS: u64 = 250;
 
 /// `RotateKeys` body byte: keep the newest generation's PRF (else a PRF code).
 pub const KEEP_PRF: u8 = 0xff;
@@ -341,6 +350,7 @@ impl Control {
             Control::DataHelloV2 { .. } => "DataHelloV2",
             Control::Rings { .. } => "Rings",
             Control::FastSockets { .. } => "FastSockets",
+            Control::Load { .. } => "Load",
         }
     }
 }
@@ -364,6 +374,7 @@ mod tag {
     pub const DATA_HELLO_V2: u8 = 15;
     pub const RINGS: u8 = 16;
     pub const FAST_SOCKETS: u8 = 17;
+    pub const LOAD: u8 = 18;
 }
 
 /// `n u8` then per address `family u8 (4|6), ip [16], port u16` (at most MAX_SOCKETS).
@@ -480,6 +491,11 @@ pub fn encode_control(m: &Control) -> Vec<u8> {
             v.push(tag::RINGS);
             v.push(*count);
             v.extend_from_slice(&bytes.to_be_bytes());
+        }
+        Control::Load { handshakes, incoming_bytes } => {
+            v.push(tag::LOAD);
+            v.extend_from_slice(&handshakes.to_be_bytes());
+            v.extend_from_slice(&incoming_bytes.to_be_bytes());
         }
     }
     v
@@ -649,6 +665,7 @@ pub fn decode_control(rec: &[u8]) -> Result<Control, WireError> {
             }
             Control::Rings { count, bytes }
         }
+        tag::LOAD => Control::Load { handshakes: c.u32()?, incoming_bytes: c.u32()? },
         other => return Err(WireError::UnknownMessage(other)),
     };
     if !c.b.is_empty() {
