@@ -111,7 +111,10 @@ fn spawn_connection(incoming: quinn::Incoming, ctx: &Arc<Ctx>) {
         let _guard = guard;
         let remote = incoming.remote_address();
         let conn = match incoming.accept() {
-            Ok(connecting) => match connecting.await {
+            Ok(connecting) => match {
+                let _handshake = crate::load_report::handshake_started();
+                connecting.await
+            } {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::debug!(%remote, error = %e, "handshake failed");
