@@ -79,6 +79,8 @@ pub(crate) enum Kind {
 pub(crate) struct Conn {
     fd: OwnedFd,
     kind: Kind,
+    /// Accepted then, no message yet: closed after `accept_guard::HELLO_TIMEOUT`.
+    idle_since: Option<Instant>,
 }
 
 /// A worker process the controller started (or adopted from the previous one).
@@ -155,6 +157,9 @@ pub(crate) struct Ctl {
     started: Instant,
     status_out: Arc<Mutex<serde_json::Value>>,
     buf: Vec<u8>,
+    /// `control.sock` accepts: paused on EMFILE and friends, capped before hello.
+    accept_guard: crate::accept_guard::AcceptGuard,
+    pending_cap: usize,
 }
 
 /// Entry point: `demux --state-dir DIR …` / `demux controller …`.
@@ -269,6 +274,8 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
         started: Instant::now(),
         status_out,
         buf: vec![0u8; CONTROL_BUF],
+        accept_guard: crate::accept_guard::AcceptGuard::new("control.sock"),
+        pending_cap: crate::accept_guard::pending_cap(),
         opts,
     };
     ctl.take_over_workers();
@@ -327,6 +334,8 @@ fn dataplane_args(dp: &DataPlaneArgs, p: &Paths) -> Vec<String> {
         ("--limit-handshakes", usize::from(dp.limit_handshakes)),
         ("--limit-table-words", dp.limit_table_words),
         ("--retry-above", dp.retry_above as usize),
+        ("--pressure-retry-above", dp.pressure_retry_above as usize),
+        ("--pressure-drop-above", dp.pressure_drop_above as usize),
     ] {
         v.push(f.into());
         v.push(n.to_string());
@@ -517,6 +526,10 @@ pub mod tests {
             "always",
             "--retry-above",
             "123",
+            "--pressure-retry-above",
+            "17",
+            "--pressure-drop-above",
+            "19",
         ]);
         let paths = Paths::new(std::path::Path::new("/tmp/x"));
         let mut argv = vec![
@@ -546,6 +559,7 @@ pub mod tests {
         );
         assert_eq!(dp.retry, RetryArg::Always);
         assert_eq!(dp.retry_above, 123);
+        assert_eq!((dp.pressure_retry_above, dp.pressure_drop_above), (17, 19));
         assert_eq!(dp.forward, ForwardKind::Ring);
         assert_eq!(dp.ring_bytes, 1 << 20);
         assert_eq!(dp.keys.as_deref(), Some(paths.keys().as_path()));

@@ -52,6 +52,9 @@ pub struct ShardCounters {
     pub refused_rate: AtomicU64,
     /// … the client holds its cap of pinned handshakes.
     pub refused_handshakes: AtomicU64,
+    /// Token-less Initials dropped: their instance reports more handshakes in progress
+    /// than `--pressure-drop-above` (crate::dataplane::pressure).
+    pub refused_overloaded: AtomicU64,
     /// Demux-minted Retries sent (crate::dataplane::retry).
     pub retries_sent: AtomicU64,
     /// Token-less Initials that were to get a Retry but were dropped instead: quinn
@@ -83,6 +86,7 @@ impl ShardCounters {
             recv_no_buffers: AtomicU64::new(0),
             refused_rate: AtomicU64::new(0),
             refused_handshakes: AtomicU64::new(0),
+            refused_overloaded: AtomicU64::new(0),
             retries_sent: AtomicU64::new(0),
             retry_dropped: AtomicU64::new(0),
             retry_send_errors: AtomicU64::new(0),

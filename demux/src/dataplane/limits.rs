@@ -59,6 +59,9 @@ pub enum Refusal {
     /// A token-less Initial while Retry is on: answer it with a Retry naming
     /// `target` (an index of the table's instances) instead of placing it.
     Retry { target: usize },
+    /// A token-less Initial for an instance above `--pressure-drop-above` handshakes
+    /// (crate::dataplane::pressure): dropped.
+    Overloaded,
 }
 
 /// The sketches, shared by all shards of one data plane.

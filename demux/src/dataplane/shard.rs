@@ -6,6 +6,7 @@ use crate::dataplane::cmsg::RecvMeta;
 use crate::dataplane::counters::{bump, ShardCounters};
 use crate::dataplane::forward::Forwarder;
 use crate::dataplane::limits::{Limits, Refusal, ShardAdmission};
+use crate::dataplane::pressure::PressureAdmission;
 use crate::dataplane::retry::{Minter, RetryGate};
 use crate::dataplane::snapshot::Snapshot;
 use crate::dataplane::socket::UdpSock;
@@ -140,6 +141,8 @@ impl Router {
             None => (None, None),
         };
         let admission = ShardAdmission { limits: &self.limits, client, ms: self.ms, retry: gate };
+        // Per-instance handshake pressure (crate::dataplane::pressure) comes first.
+        let admission = PressureAdmission { inner: admission, pressure: &snap.pressure };
         let router = proto::Router::new(&snap.table, &mut self.pins, self.now).with_admission(admission);
         router.with_decoder(&mut self.cache).route_train(payload, stride, |run, refused| {
             let segs = run.segments as u64;
@@ -148,6 +151,7 @@ impl Router {
                 // routing reason (nothing was routed or pinned).
                 Some(Refusal::RateLimited) => return bump(&c.refused_rate, segs),
                 Some(Refusal::HandshakeLimited) => return bump(&c.refused_handshakes, segs),
+                Some(Refusal::Overloaded) => return bump(&c.refused_overloaded, segs),
                 // RFC 9000 §17.2.5: answered here with a Retry naming the instance it
                 // would have been placed on; not forwarded, nothing pinned. A train of
                 // one DCID's Initials gets one Retry (for its first segment).
