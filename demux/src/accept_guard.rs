@@ -9,8 +9,10 @@
 //! - Failures are logged at most once per [`LOG_INTERVAL`], with the number of
 //!   failures not logged since the last line.
 //! - Connections that have not said hello within [`HELLO_TIMEOUT`] are closed by the
-//!   caller; at most [`pending_cap`] such connections are kept at once, the rest are
-//!   accepted and closed at once ([`AcceptGuard::over_cap`], counted, logged likewise).
+//!   caller; at most [`pending_cap`] such connections are kept at once: a new one
+//!   beyond the cap evicts the oldest ([`AcceptGuard::evict_oldest`], counted, logged
+//!   likewise), so a flood of idle peers churns through the cap while a peer that says
+//!   hello at once (a worker, `demux status`) is still served.
 //!
 //! Pure bookkeeping, time passed in; the callers own the epoll set and the fds.
 
@@ -64,7 +66,7 @@ pub struct AcceptGuard {
     paused_until: Option<Instant>,
     /// Failed accepts (each one paused accepting).
     pub failures: u64,
-    /// Connections accepted and closed at once: too many before their hello.
+    /// Connections closed to make room: the oldest of too many before their hello.
     pub over_cap: u64,
     /// Connections closed because they sent no hello in time.
     pub hello_timeouts: u64,
@@ -117,20 +119,20 @@ impl AcceptGuard {
     }
 
     /// A connection was accepted while `pending` were already waiting for their hello
-    /// and the cap is `cap`: false (count it, log at most once per interval) when it
-    /// must be closed at once.
-    pub fn admit_pending(&mut self, pending: usize, cap: usize, now: Instant) -> bool {
+    /// and the cap is `cap`: true (counted, logged at most once per interval) when the
+    /// caller must first close the oldest waiting one.
+    pub fn evict_oldest(&mut self, pending: usize, cap: usize, now: Instant) -> bool {
         if pending < cap {
-            return true;
+            return false;
         }
         self.over_cap += 1;
         if let Some(suppressed) = self.cap_log.due(now) {
             tracing::warn!(
                 listener = self.what, cap, suppressed, total = self.over_cap,
-                "too many connections without hello; closing new ones"
+                "too many connections without hello; closing the oldest"
             );
         }
-        false
+        true
     }
 
     /// A connection was closed for sending no hello within [`HELLO_TIMEOUT`].
@@ -169,13 +171,13 @@ mod tests {
     }
 
     #[test]
-    fn the_pending_cap_closes_the_excess() {
+    fn beyond_the_pending_cap_the_oldest_is_evicted() {
         let t0 = Instant::now();
         let mut g = AcceptGuard::new("test");
-        assert!(g.admit_pending(0, 2, t0));
-        assert!(g.admit_pending(1, 2, t0));
-        assert!(!g.admit_pending(2, 2, t0));
-        assert!(!g.admit_pending(2, 2, t0));
+        assert!(!g.evict_oldest(0, 2, t0));
+        assert!(!g.evict_oldest(1, 2, t0));
+        assert!(g.evict_oldest(2, 2, t0));
+        assert!(g.evict_oldest(2, 2, t0));
         assert_eq!(g.over_cap, 2);
         let cap = pending_cap();
         assert!((8..=MAX_PENDING).contains(&cap));

@@ -12,7 +12,7 @@
 //! - accepting is guarded (crate::accept_guard): EMFILE and friends pause accepts
 //!   (the listener leaves epoll) and are logged once per interval; a connection that
 //!   sends nothing within `HELLO_TIMEOUT` is closed; at most `pending_cap` such
-//!   connections are kept, the excess is closed at once.
+//!   connections are kept, a new one beyond that evicts the oldest.
 
 use super::{state, Conn, Ctl, Kind, WorkerState};
 use crate::seqpacket::{self, Inbound};
@@ -30,9 +30,11 @@ impl Ctl {
                 Ok(Some(fd)) => {
                     let now = Instant::now();
                     let waiting = self.conns.values().filter(|c| c.idle_since.is_some()).count();
-                    if !self.accept_guard.admit_pending(waiting, self.pending_cap, now) {
-                        drop(fd);
-                        continue;
+                    if self.accept_guard.evict_oldest(waiting, self.pending_cap, now) {
+                        let oldest = self.conns.iter().filter_map(|(t, c)| Some((c.idle_since?, *t))).min();
+                        if let Some((_, t)) = oldest {
+                            self.close(t, "evicted: too many connections without hello");
+                        }
                     }
                     let token = self.next_token;
                     self.next_token += 1;
@@ -57,6 +59,8 @@ impl Ctl {
     /// Every supervision tick: resumes a paused listener and closes connections that
     /// sent nothing within the hello timeout.
     pub(super) fn accept_tick(&mut self, now: Instant) {
+        // The fd limit may change under us (prlimit): the cap follows it.
+        self.pending_cap = crate::accept_guard::pending_cap();
         if self.accept_guard.resume_due(now) {
             if let Err(e) = self.epoll.add(self.listener.as_raw_fd(), libc::EPOLLIN as u32, super::TOKEN_LISTENER) {
                 tracing::warn!(error = %e, "epoll_ctl ADD control.sock listener");

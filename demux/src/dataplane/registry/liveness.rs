@@ -62,6 +62,16 @@ impl Liveness {
         self.last_load.map(|t| now.saturating_sub(t).as_millis() as u64)
     }
 
+    /// The registry itself did not run for a while (it was stopped, or starved):
+    /// what it did not read is no worker's fault. Counts the silence from `now` and
+    /// restarts the full-connection bound.
+    pub fn registry_resumed(&mut self, now: Duration) {
+        if self.last_load.is_some() {
+            self.last_load = Some(now);
+        }
+        self.full_since = None;
+    }
+
     /// Applies the rule at `now`, given the instance's running `drops_full` total.
     /// Returns true when the stalled state changed.
     pub fn tick(&mut self, now: Duration, drops_full: u64) -> bool {
@@ -176,5 +186,18 @@ mod tests {
             l.tick(ms(t), drops);
             assert!(!l.stalled(), "at {t} ms");
         }
+    }
+
+    /// A data plane that was itself stopped (SIGSTOP) for longer than the timeout
+    /// does not blame its workers when it resumes.
+    #[test]
+    fn a_registry_pause_is_forgiven() {
+        let mut l = Liveness::default();
+        l.on_load(ms(0), 0, 0);
+        l.tick(ms(100), 0);
+        l.registry_resumed(ms(5000));
+        assert!(!l.tick(ms(5000), 0));
+        assert!(!l.stalled());
+        assert!(l.tick(ms(6000), 0), "and a real silence after that still counts");
     }
 }

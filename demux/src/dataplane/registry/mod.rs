@@ -221,7 +221,19 @@ impl Registry {
             }
             let now = Instant::now();
             if now >= self.next_tick {
+                // A tick much later than due: this thread did not run (the data plane
+                // was stopped or starved), so the silence was ours, not the workers'.
+                let late = now.saturating_duration_since(self.next_tick) > liveness::HEARTBEAT_TIMEOUT / 2;
                 self.next_tick = now + liveness::TICK;
+                if late {
+                    let clock = self.clock(now);
+                    tracing::info!("registry resumed after a pause; liveness counts from now");
+                    for c in self.conns.values_mut() {
+                        if let Conn::Live { live, .. } = c {
+                            live.registry_resumed(clock);
+                        }
+                    }
+                }
                 self.tick(now);
             }
         }
@@ -243,6 +255,8 @@ impl Registry {
     /// Every [`liveness::TICK`]: resumes paused listeners, closes connections that
     /// sent no hello in time, applies the stall rule.
     fn tick(&mut self, now: Instant) {
+        // The fd limit may change under us (prlimit): the cap follows it.
+        self.pending_cap = accept_guard::pending_cap();
         for (control, token) in [(false, TOKEN_DATA_LISTENER), (true, TOKEN_CONTROL_LISTENER)] {
             let guard = if control { &mut self.control_guard } else { &mut self.data_guard };
             if guard.resume_due(now) {
@@ -302,9 +316,11 @@ impl Registry {
                     let now = Instant::now();
                     let waiting = self.waiting();
                     let guard = if control { &mut self.control_guard } else { &mut self.data_guard };
-                    if !guard.admit_pending(waiting, self.pending_cap, now) {
-                        drop(fd);
-                        continue;
+                    if guard.evict_oldest(waiting, self.pending_cap, now) {
+                        let oldest = self.conns.iter().filter_map(|(t, c)| Some((c.waiting_since()?, *t))).min();
+                        if let Some((_, t)) = oldest {
+                            self.close(t, "evicted: too many connections without hello");
+                        }
                     }
                     let token = self.next_token;
                     self.next_token += 1;
