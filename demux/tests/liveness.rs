@@ -37,7 +37,10 @@ fn received(lb: &Value, id: u64) -> u64 {
 fn a_sigstopped_worker_is_stalled_within_a_second_and_returns_after_sigcont() {
     let _s = serial();
     let rt = runtime();
-    let c = Controller::start("stall", 2, &[]);
+    // Every client here is 127.0.0.1: the per-client limits (issue #7) would refuse
+    // most of 100 quick new connections (HandshakeLimited); this test is about
+    // placement, not those limits.
+    let c = Controller::start("stall", 2, &["--limits", "off"]);
     let addr = c.addr();
     let workers = c.workers();
     assert_eq!(workers.len(), 2, "{}", c.logs());
@@ -133,6 +136,7 @@ fn a_sigstopped_worker_is_stalled_within_a_second_and_returns_after_sigcont() {
     }
     let probe_time = probe_start.elapsed();
     let lb = c.lb_wait();
+    eprintln!("errors: {errors:?}\nlb: reasons {} drops {} refused {} retry {} instances {}", lb["reasons"], lb["drops"], lb["refused"], lb["retry"], lb["instances"]);
     let after = received(&lb, victim);
     eprintln!(
         "during the stop: {ok} of 100 new connections ok ({on_victim} on the stopped worker) in {} ms; \
@@ -177,8 +181,13 @@ fn a_sigstopped_worker_is_stalled_within_a_second_and_returns_after_sigcont() {
 // fd exhaustion and idle peers
 // ---------------------------------------------------------------------------------
 
+/// Sets the soft RLIMIT_NOFILE of `pid` (the hard limit stays, so it can go up again).
 fn set_nofile(pid: i64, n: u64) {
-    let r = libc::rlimit { rlim_cur: n, rlim_max: n };
+    let mut old = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: prlimit reading the limit of a process of ours into a live rlimit.
+    let rc = unsafe { libc::prlimit(pid as libc::pid_t, libc::RLIMIT_NOFILE, std::ptr::null(), &mut old) };
+    assert_eq!(rc, 0, "prlimit({pid}): {}", std::io::Error::last_os_error());
+    let r = libc::rlimit { rlim_cur: n.min(old.rlim_max), rlim_max: old.rlim_max };
     // SAFETY: prlimit on a process of ours with a live rlimit; no old value asked.
     let rc = unsafe { libc::prlimit(pid as libc::pid_t, libc::RLIMIT_NOFILE, &r, std::ptr::null_mut()) };
     assert_eq!(rc, 0, "prlimit({pid}, {n}): {}", std::io::Error::last_os_error());
@@ -304,7 +313,11 @@ fn idle_connections_under_a_low_fd_limit_cost_nothing_and_are_closed() {
     assert!(s["accept"]["over_cap"].as_u64().unwrap_or(0) > 0, "{}", s["accept"]);
     let lb = c.lb_wait();
     let data = &lb["accept"]["data"];
-    assert!(data["over_cap"].as_u64().unwrap_or(0) + data["hello_timeouts"].as_u64().unwrap_or(0) >= 1000, "{data}");
+    // Both listeners share the cap: an lb-status connection may evict a data one.
+    let ctl = &lb["accept"]["control"];
+    let n = |v: &Value, k: &str| v[k].as_u64().unwrap_or(0);
+    let gone = n(data, "over_cap") + n(data, "hello_timeouts") + n(ctl, "over_cap") + n(ctl, "hello_timeouts");
+    assert!(gone >= 1000, "{}", lb["accept"]);
     drop(ctl_idle);
     drop(data_idle);
 
