@@ -346,4 +346,27 @@ fn idle_connections_under_a_low_fd_limit_cost_nothing_and_are_closed() {
     assert!(d < 0.5, "data plane CPU {d:.2} s while out of fds");
     assert!((1..=10).contains(&warns), "{warns} accept-failure log lines in 5 s{}", c.logs());
     status_answers(&c, "after the EMFILE phase");
+
+    // The same for the controller's control.sock.
+    let open = open_fds(ctl_pid) as u64;
+    set_nofile(ctl_pid, open + 2);
+    let cpu0 = cpu_s(ctl_pid);
+    let warn0 = log_lines(&c, "accept failed");
+    let t2 = Instant::now();
+    let idle = idle_flood(&c.control_sock(), 200, Duration::from_secs(3));
+    std::thread::sleep(Duration::from_secs(5).saturating_sub(t2.elapsed()));
+    let d = cpu_s(ctl_pid) - cpu0;
+    let warns = log_lines(&c, "accept failed") - warn0;
+    drop(idle);
+    set_nofile(ctl_pid, 256);
+    let s = wait_until("status after EMFILE", Duration::from_secs(20), || c.status());
+    eprintln!(
+        "controller EMFILE phase (limit {}): controller CPU {d:.2} s over {:.1} s; {warns} 'accept failed' lines; {}",
+        open + 2,
+        t2.elapsed().as_secs_f64(),
+        s["accept"]
+    );
+    assert!(s["accept"]["failures"].as_u64().unwrap_or(0) >= 1, "EMFILE never hit: {}", s["accept"]);
+    assert!(d < 0.5, "controller CPU {d:.2} s while out of fds");
+    assert!((1..=10).contains(&warns), "{warns} accept-failure log lines in 5 s{}", c.logs());
 }
