@@ -91,9 +91,9 @@ impl Shard {
             conns.push(Arc::new(DataConn { fd: ours, server_id: info.server_id.0, slot, rings: Vec::new() }));
             workers.push(theirs);
         }
-        let snap = Snapshot { table, conns, version: 1 };
+        let snap = Snapshot { table, conns, pressure: Vec::new(), version: 1 };
         let empty =
-            Snapshot { table: Table::new(keys.clone(), [0x42; 16], &[]).unwrap(), conns: Vec::new(), version: 0 };
+            Snapshot { table: Table::new(keys.clone(), [0x42; 16], &[]).unwrap(), conns: Vec::new(), pressure: Vec::new(), version: 0 };
         let setup = ShardSetup {
             index: 0,
             core: core_affinity::CoreId { id: 0 },

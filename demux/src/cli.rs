@@ -230,6 +230,15 @@ pub struct DataPlaneArgs {
     /// above which they are answered with a Retry.
     #[arg(long, value_name = "PER_SEC", default_value_t = 10_000)]
     pub retry_above: u32,
+    /// Handshake pressure (docs/operations.md "Liveness and pressure"): token-less
+    /// Initials for an instance reporting more handshakes in progress than this (its
+    /// `Load` messages) get a Retry at any rate. 0 = off.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub pressure_retry_above: u32,
+    /// Token-less Initials for an instance reporting more handshakes in progress than
+    /// this are dropped (counted as refused Overloaded). 0 = off.
+    #[arg(long, value_name = "N", default_value_t = 2048)]
+    pub pressure_drop_above: u32,
     /// Most live instances at once (per-shard counter slots).
     #[arg(long, default_value_t = 1024)]
     pub max_instances: usize,
@@ -260,6 +269,14 @@ impl DataPlaneArgs {
             burst: self.limit_burst,
             handshakes: self.limit_handshakes,
             table_words: self.limit_table_words,
+        }
+    }
+
+    /// The `--pressure-*` flags (crate::dataplane::pressure).
+    pub fn pressure_config(&self) -> crate::dataplane::pressure::PressureConfig {
+        crate::dataplane::pressure::PressureConfig {
+            retry_above: self.pressure_retry_above,
+            drop_above: self.pressure_drop_above,
         }
     }
 

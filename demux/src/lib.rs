@@ -3,6 +3,7 @@
 //! and the operator commands (`operator`). `main.rs` only dispatches arguments.
 //! Modules are public so that benches and tests can drive the internals.
 
+pub mod accept_guard;
 pub mod cli;
 pub mod controller;
 pub mod dataplane;

@@ -307,13 +307,22 @@ pub enum Control {
     /// (docs/adr/0004). The worker receives on them and answers from them. The fds
     /// travel with this record; `addrs` is empty when the fast path is not active.
     FastSockets { addrs: Vec<SocketAddr> },
+    /// W → D, on a live data connection, every [`LOAD_INTERVAL_MS`]: the worker's
+    /// handshake pressure — `handshakes` in progress (accepted, not yet established)
+    /// and `incoming_bytes` buffered by its QUIC stack for connections not yet
+    /// accepted (0 when unknown). It is also the worker's heartbeat: a data plane
+    /// that stops receiving it marks the instance stalled (not placeable).
+    Load { handshakes: u32, incoming_bytes: u32 },
     /// W → D on the data connection: quinn reports the connection whose client's
     /// original DCID is `odcid` established (handshake complete). The data plane gives
     /// back the handshake ticket of the pin of that DCID placed on this instance, if it
-    /// still holds one (docs/wire.md; issue "overload" item 2). At most
-    /// [`MAX_ODCID_LEN`] bytes (RFC 9000 §17.2: a v1 CID is at most 20).
+    /// still holds one (docs/wire.md). At most [`MAX_ODCID_LEN`] bytes (RFC 9000
+    /// §17.2: a v1 CID is at most 20).
     HandshakeDone { odcid: Vec<u8> },
 }
+
+/// How often a worker sends [`Control::Load`] (milliseconds).
+pub const LOAD_INTERVAL_MS: u64 = 250;
 
 /// Longest `HandshakeDone` DCID (RFC 9000 §17.2).
 pub const MAX_ODCID_LEN: usize = 20;
@@ -353,6 +362,7 @@ impl Control {
             Control::Rings { .. } => "Rings",
             Control::FastSockets { .. } => "FastSockets",
             Control::HandshakeDone { .. } => "HandshakeDone",
+            Control::Load { .. } => "Load",
         }
     }
 }
@@ -376,7 +386,7 @@ mod tag {
     pub const DATA_HELLO_V2: u8 = 15;
     pub const RINGS: u8 = 16;
     pub const FAST_SOCKETS: u8 = 17;
-    // 18 is left for `Load` (being added on another branch).
+    pub const LOAD: u8 = 18;
     pub const HANDSHAKE_DONE: u8 = 19;
 }
 
@@ -501,6 +511,11 @@ pub fn encode_control(m: &Control) -> Vec<u8> {
             v.push(tag::RINGS);
             v.push(*count);
             v.extend_from_slice(&bytes.to_be_bytes());
+        }
+        Control::Load { handshakes, incoming_bytes } => {
+            v.push(tag::LOAD);
+            v.extend_from_slice(&handshakes.to_be_bytes());
+            v.extend_from_slice(&incoming_bytes.to_be_bytes());
         }
     }
     v
@@ -682,6 +697,7 @@ pub fn decode_control(rec: &[u8]) -> Result<Control, WireError> {
             }
             Control::Rings { count, bytes }
         }
+        tag::LOAD => Control::Load { handshakes: c.u32()?, incoming_bytes: c.u32()? },
         other => return Err(WireError::UnknownMessage(other)),
     };
     if !c.b.is_empty() {

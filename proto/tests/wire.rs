@@ -90,6 +90,8 @@ fn control() -> impl Strategy<Value = Control> {
         (any::<u16>(), 0u32..=CAPS_KNOWN).prop_map(|(id, caps)| Control::DataHelloV2 { server_id: ServerId(id), caps }),
         (1u8..=MAX_RINGS, 17u32..=30).prop_map(|(count, shift)| Control::Rings { count, bytes: 1u64 << shift }),
         Just(Control::Rings { count: 0, bytes: 0 }),
+        (any::<u32>(), any::<u32>())
+            .prop_map(|(handshakes, incoming_bytes)| Control::Load { handshakes, incoming_bytes }),
         proptest::collection::vec(addr(), 0..6).prop_map(|addrs| Control::Sockets { addrs }),
         proptest::collection::vec(addr(), 0..6).prop_map(|addrs| Control::FastSockets { addrs }),
         Just(Control::StatusRequest),
@@ -356,7 +358,8 @@ fn control_reserved_values() {
     assert_eq!(dec(&[0xc6, 1, 4]), Err(WireError::BadMagic));
     assert_eq!(dec(&[CONTROL_MAGIC, 2, 4]), Err(WireError::UnsupportedVersion(2)));
     assert_eq!(dec(&[CONTROL_MAGIC, 1, 0]), Err(WireError::UnknownMessage(0)));
-    assert_eq!(dec(&[CONTROL_MAGIC, 1, 18]), Err(WireError::UnknownMessage(18)));
+    assert_eq!(dec(&[CONTROL_MAGIC, 1, 18]), Err(WireError::Truncated)); // Load, no body
+    assert_eq!(dec(&[CONTROL_MAGIC, 1, 19]), Err(WireError::UnknownMessage(19)));
     assert_eq!(dec(&[CONTROL_MAGIC, 1, 255]), Err(WireError::UnknownMessage(255)));
     assert_eq!(dec(&[CONTROL_MAGIC, 1, 4]), Ok(Control::Ready));
     assert_eq!(dec(&[CONTROL_MAGIC, 1, 4, 0]), Err(WireError::TrailingBytes));
@@ -611,4 +614,25 @@ fn handshake_done_layout() {
 
 fn m_name() -> &'static str {
     Control::HandshakeDone { odcid: vec![] }.name()
+}
+
+#[test]
+fn load_message_layout() {
+    // Tag 18 (docs/wire.md): Load{handshakes u32, incoming_bytes u32}, worker → data plane.
+    assert_eq!(LOAD_INTERVAL_MS, 250);
+    let m = Control::Load { handshakes: 0x0102_0304, incoming_bytes: 0x0506_0708 };
+    let want = vec![CONTROL_MAGIC, 1, 18, 1, 2, 3, 4, 5, 6, 7, 8];
+    assert_eq!(encode_control(&m), want);
+    assert_eq!(m.name(), "Load");
+    assert_eq!(decode_control(&want), Ok(m));
+    for n in 3..want.len() {
+        assert_eq!(decode_control(&want[..n]), Err(WireError::Truncated), "cut at {n}");
+    }
+    let mut long = want.clone();
+    long.push(0);
+    assert_eq!(decode_control(&long), Err(WireError::TrailingBytes));
+    assert_eq!(
+        decode_control(&[CONTROL_MAGIC, 1, 18, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]),
+        Ok(Control::Load { handshakes: u32::MAX, incoming_bytes: 0 })
+    );
 }

@@ -190,7 +190,10 @@ fn spawn_connection(incoming: quinn::Incoming, ctx: &Arc<Ctx>) {
         let conn = match incoming.accept() {
             // Dropping `Connecting` at the timeout drops the last reference to the
             // connection, which closes it (quinn: implicit close) and frees its state.
-            Ok(connecting) => match tokio::time::timeout(ctx.opts.handshake_timeout, connecting).await {
+            Ok(connecting) => match {
+                let _handshake = crate::load_report::handshake_started();
+                tokio::time::timeout(ctx.opts.handshake_timeout, connecting).await
+            } {
                 Ok(Ok(c)) => {
                     crate::handshake_done::report(&odcid);
                     c

@@ -11,6 +11,7 @@
 //! - [`fast_udp`]: the kernel fast path's own sockets, read and written with quinn-udp.
 //! - [`cid_gen::AdrCidGenerator`]: ADR-0040 connection IDs.
 //! - [`secrets::Secrets`]: shared reset and token keys, `grease_quic_bit(false)`.
+//! - [`load_report`]: the `Load` heartbeat and handshake-pressure report (every 250 ms).
 //! - [`control`]: registration with the controller (server id, keys, rotations).
 //! - [`h3_server`], [`drain`], [`echo`], [`tls`]: the `worker` binary's HTTP/3 server.
 //!
@@ -37,6 +38,7 @@ pub mod fast_udp;
 pub mod fdpass;
 pub mod h3_server;
 pub mod handshake_done;
+pub mod load_report;
 pub mod ring;
 pub mod secrets;
 pub mod socket;
@@ -127,6 +129,8 @@ pub async fn connect_socket_with(
     let data = DataConn::with_options(h.conn, server_id, Some(path), opts)?;
     // A reconnection (data plane restart) handshakes without rings: frames then come
     // on the new data connection; these rings go quiet. Its fast sockets replace these.
+    // The heartbeat and handshake-pressure report (docs/wire.md `Load`).
+    load_report::spawn(&data);
     let sock = DemuxSocket::with_fast(data, h.sockets, h.fast, h.rings)?;
     sock.spawn_reconnector();
     Ok(sock)

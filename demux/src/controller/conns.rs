@@ -9,6 +9,10 @@
 //!   placeability from the worker's data connection, docs/architecture.md).
 //! - operator `StatusRequest` → `Status{json}`; `RotateKeys` → rotate, `Status`.
 //! - anything malformed or unexpected: `Error{reason}`, logged, connection closed.
+//! - accepting is guarded (crate::accept_guard): EMFILE and friends pause accepts
+//!   (the listener leaves epoll) and are logged once per interval; a connection that
+//!   sends nothing within `HELLO_TIMEOUT` is closed; at most `pending_cap` such
+//!   connections are kept, a new one beyond that evicts the oldest.
 
 use super::{state, Conn, Ctl, Kind, WorkerState};
 use crate::seqpacket::{self, Inbound};
@@ -19,22 +23,59 @@ use std::time::Instant;
 impl Ctl {
     pub(super) fn accept_all(&mut self) {
         loop {
+            if self.accept_guard.paused() {
+                return;
+            }
             match seqpacket::accept(&self.listener) {
                 Ok(Some(fd)) => {
+                    let now = Instant::now();
+                    let waiting = self.conns.values().filter(|c| c.idle_since.is_some()).count();
+                    if self.accept_guard.evict_oldest(waiting, self.pending_cap, now) {
+                        let oldest = self.conns.iter().filter_map(|(t, c)| Some((c.idle_since?, *t))).min();
+                        if let Some((_, t)) = oldest {
+                            self.close(t, "evicted: too many connections without hello");
+                        }
+                    }
                     let token = self.next_token;
                     self.next_token += 1;
                     if let Err(e) = self.epoll.add(fd.as_raw_fd(), (libc::EPOLLIN | libc::EPOLLRDHUP) as u32, token) {
                         tracing::warn!(error = %e, "epoll_ctl ADD control connection");
                         continue;
                     }
-                    self.conns.insert(token, Conn { fd, kind: Kind::Pending });
+                    self.conns.insert(token, Conn { fd, kind: Kind::Pending, idle_since: Some(now) });
                 }
                 Ok(None) => return,
                 Err(e) => {
-                    tracing::warn!(error = %e, "accept on the control socket failed");
+                    // EMFILE and friends: out of the (level-triggered) epoll set until
+                    // the pause is over (accept_tick); logged once per interval.
+                    self.accept_guard.on_error(&e, Instant::now());
+                    let _ = self.epoll.delete(self.listener.as_raw_fd());
                     return;
                 }
             }
+        }
+    }
+
+    /// Every supervision tick: resumes a paused listener and closes connections that
+    /// sent nothing within the hello timeout.
+    pub(super) fn accept_tick(&mut self, now: Instant) {
+        // The fd limit may change under us (prlimit): the cap follows it.
+        self.pending_cap = crate::accept_guard::pending_cap();
+        if self.accept_guard.resume_due(now) {
+            if let Err(e) = self.epoll.add(self.listener.as_raw_fd(), libc::EPOLLIN as u32, super::TOKEN_LISTENER) {
+                tracing::warn!(error = %e, "epoll_ctl ADD control.sock listener");
+            }
+            self.accept_all();
+        }
+        let late: Vec<u64> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.idle_since.is_some_and(|t| now.saturating_duration_since(t) >= crate::accept_guard::HELLO_TIMEOUT))
+            .map(|(t, _)| *t)
+            .collect();
+        for t in late {
+            self.accept_guard.hello_timed_out();
+            self.close(t, "no hello within the timeout");
         }
     }
 
@@ -63,6 +104,7 @@ impl Ctl {
         let Some(conn) = self.conns.get_mut(&token) else {
             return false;
         };
+        conn.idle_since = None;
         match (&mut conn.kind, m) {
             (Kind::Pending, Control::Hello { role: Role::Worker, pid }) => self.register(token, pid, None),
             (Kind::Pending, Control::Rejoin { server_id, pid }) => self.register(token, pid, Some(server_id.0)),

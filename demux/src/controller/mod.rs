@@ -85,6 +85,8 @@ pub(crate) enum Kind {
 pub(crate) struct Conn {
     fd: OwnedFd,
     kind: Kind,
+    /// Accepted then, no message yet: closed after `accept_guard::HELLO_TIMEOUT`.
+    idle_since: Option<Instant>,
 }
 
 /// A worker process the controller started (or adopted from the previous one).
@@ -162,6 +164,9 @@ pub(crate) struct Ctl {
     status_out: Arc<Mutex<serde_json::Value>>,
     buf: Vec<u8>,
     dp_link: link::Link,
+    /// `control.sock` accepts: paused on EMFILE and friends, capped before hello.
+    accept_guard: crate::accept_guard::AcceptGuard,
+    pending_cap: usize,
 }
 
 /// Entry point: `demux --state-dir DIR …` / `demux controller …`.
@@ -285,6 +290,8 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
         status_out,
         buf: vec![0u8; CONTROL_BUF],
         dp_link: None,
+        accept_guard: crate::accept_guard::AcceptGuard::new("control.sock"),
+        pending_cap: crate::accept_guard::pending_cap(),
         opts,
     };
     ctl.take_over_workers();
@@ -367,6 +374,8 @@ fn dataplane_args(dp: &DataPlaneArgs, p: &Paths) -> Vec<String> {
         ("--limit-handshakes", usize::from(dp.limit_handshakes)),
         ("--limit-table-words", dp.limit_table_words),
         ("--retry-above", dp.retry_above as usize),
+        ("--pressure-retry-above", dp.pressure_retry_above as usize),
+        ("--pressure-drop-above", dp.pressure_drop_above as usize),
     ] {
         v.push(f.into());
         v.push(n.to_string());
@@ -557,6 +566,10 @@ pub mod tests {
             "always",
             "--retry-above",
             "123",
+            "--pressure-retry-above",
+            "17",
+            "--pressure-drop-above",
+            "19",
         ]);
         let paths = Paths::new(std::path::Path::new("/tmp/x"));
         let mut argv = vec![
@@ -586,6 +599,7 @@ pub mod tests {
         );
         assert_eq!(dp.retry, RetryArg::Always);
         assert_eq!(dp.retry_above, 123);
+        assert_eq!((dp.pressure_retry_above, dp.pressure_drop_above), (17, 19));
         assert_eq!(dp.forward, ForwardKind::Ring);
         assert_eq!(dp.ring_bytes, 1 << 20);
         assert_eq!(dp.keys.as_deref(), Some(paths.keys().as_path()));

@@ -81,6 +81,15 @@ impl Ctl {
             "reloading": self.reload.is_some(),
             "shutting_down": self.shutdown.is_some(),
             "workers": workers,
+            // control.sock accepts (crate::accept_guard).
+            "accept": {
+                "paused": self.accept_guard.paused(),
+                "failures": self.accept_guard.failures,
+                "over_cap": self.accept_guard.over_cap,
+                "hello_timeouts": self.accept_guard.hello_timeouts,
+                "waiting_for_hello": self.conns.values().filter(|c| c.idle_since.is_some()).count(),
+                "pending_cap": self.pending_cap,
+            },
         })
     }
 
@@ -412,6 +421,44 @@ fn prometheus(ctl: &Value, dp: &Value) -> String {
         "counter",
         inst.iter().map(|i| (lab(i), u(&i["drops_full"]))).collect(),
     );
+    // Liveness (docs/operations.md "Liveness and pressure").
+    metric(
+        "quicdemux_instance_stalled",
+        "1 while the instance is stalled (no Load heartbeat, or its connection stays full): not placeable",
+        "gauge",
+        inst.iter().map(|i| (lab(i), u64::from(i["stalled"].as_bool() == Some(true)))).collect(),
+    );
+    metric(
+        "quicdemux_instance_stalls_total",
+        "times the instance became stalled",
+        "counter",
+        inst.iter().map(|i| (lab(i), u(&i["stalls"]))).collect(),
+    );
+    metric(
+        "quicdemux_instance_handshakes",
+        "handshakes in progress the instance reports (Load)",
+        "gauge",
+        inst.iter().map(|i| (lab(i), u(&i["handshakes"]))).collect(),
+    );
+    metric(
+        "quicdemux_stalls_total",
+        "instances that became stalled, all instances",
+        "counter",
+        vec![(String::new(), u(&dp["liveness"]["stalls"]))],
+    );
+    metric(
+        "quicdemux_refused_overloaded_total",
+        "token-less Initials dropped: their instance is above --pressure-drop-above",
+        "counter",
+        vec![(String::new(), u(&dp["refused"]["Overloaded"]))],
+    );
+    let acc = |who: &str, v: &Value| -> Vec<(String, u64)> {
+        ["failures", "over_cap", "hello_timeouts"].iter().map(|k| (format!("{{socket=\"{who}\",what=\"{k}\"}}"), u(&v[*k]))).collect()
+    };
+    let mut samples = acc("controller", &ctl["accept"]);
+    samples.extend(acc("dataplane_data", &dp["accept"]["data"]));
+    samples.extend(acc("dataplane_control", &dp["accept"]["control"]));
+    metric("quicdemux_accept_events_total", "accept failures (paused), connections closed over the cap or for no hello", "counter", samples);
     s += &lb_leaves_text(dp);
     s
 }

@@ -25,6 +25,7 @@ const WORKER_STABLE: Duration = Duration::from_secs(5);
 impl Ctl {
     /// One supervision pass; true when the controller should exit (shutdown done).
     pub(super) fn tick(&mut self) -> Result<bool> {
+        self.accept_tick(Instant::now());
         self.supervise_dataplane();
         self.keep_dataplane_link();
         self.supervise_workers();

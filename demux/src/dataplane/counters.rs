@@ -52,6 +52,9 @@ pub struct ShardCounters {
     pub refused_rate: AtomicU64,
     /// … the client holds its cap of pinned handshakes.
     pub refused_handshakes: AtomicU64,
+    /// Token-less Initials dropped: their instance reports more handshakes in progress
+    /// than `--pressure-drop-above` (crate::dataplane::pressure).
+    pub refused_overloaded: AtomicU64,
     /// Demux-minted Retries sent (crate::dataplane::retry).
     pub retries_sent: AtomicU64,
     /// Of `retries_sent`, those answering an Initial over its client's limits
@@ -94,6 +97,7 @@ impl ShardCounters {
             recv_no_buffers: AtomicU64::new(0),
             refused_rate: AtomicU64::new(0),
             refused_handshakes: AtomicU64::new(0),
+            refused_overloaded: AtomicU64::new(0),
             retries_sent: AtomicU64::new(0),
             retries_sent_over_limit: AtomicU64::new(0),
             owner_unvalidated: AtomicU64::new(0),

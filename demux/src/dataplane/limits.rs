@@ -59,6 +59,9 @@ pub enum Refusal {
     /// A token-less Initial while Retry is on: answer it with a Retry naming
     /// `target` (an index of the table's instances) instead of placing it.
     Retry { target: usize },
+    /// A token-less Initial for an instance above `--pressure-drop-above` handshakes
+    /// (crate::dataplane::pressure): dropped.
+    Overloaded,
     /// An Initial over its client's limits (`why`) that has no valid token, while the
     /// demux can mint: a Retry instead of silence (issue "overload" item 2; RFC 9000
     /// §8.1.2). An honest client behind a shared address comes back validated and

@@ -11,6 +11,7 @@ pub mod handshakes;
 pub mod io_uring_backend;
 pub mod limits;
 pub mod mmsg_backend;
+pub mod pressure;
 pub mod registry;
 pub mod retry;
 pub mod ring;
@@ -165,7 +166,7 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
     // Before any other thread exists: signals are then blocked everywhere.
     signals::exit_on_signal(own_files.clone())?;
     let limits = Arc::new(
-        limits::Limits::new(a.limits_config())?.with_retry(a.retry_mode(), keyfile.token_key),
+        limits::Limits::new(a.limits_config())?.with_retry(minting_mode(&a), keyfile.token_key),
     );
     let mut reg = registry::Registry::new(registry::RegistryConfig {
         keys: keyset,
@@ -188,6 +189,7 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
         orphan_timeout: a.orphan_timeout.filter(|s| *s > 0).map(std::time::Duration::from_secs),
         orphan_files: own_files,
         handshakes_done: limits.handshakes_done.clone(),
+        pressure: a.pressure_config(),
     })?;
 
     tracing::info!(
@@ -263,4 +265,15 @@ fn write_ready(path: &Path, bound: &[std::net::SocketAddr], data: &Path) -> Resu
     std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
     Ok(())
+}
+
+/// The Retry mode the shards are built with: `--retry`, except that with `--retry off`
+/// and handshake pressure Retry on (`--pressure-retry-above`), the shards still get a
+/// Minter, with a rate that never triggers Retry on its own: only pressured
+/// instances' token-less Initials get one (crate::dataplane::pressure).
+fn minting_mode(a: &crate::cli::DataPlaneArgs) -> retry::RetryMode {
+    match a.retry_mode() {
+        retry::RetryMode::Off if a.pressure_retry_above > 0 => retry::RetryMode::Auto { above: u32::MAX },
+        m => m,
+    }
 }

@@ -6,6 +6,7 @@ use crate::dataplane::cmsg::RecvMeta;
 use crate::dataplane::counters::{bump, ShardCounters};
 use crate::dataplane::forward::Forwarder;
 use crate::dataplane::limits::{Limits, Refusal, ShardAdmission};
+use crate::dataplane::pressure::PressureAdmission;
 use crate::dataplane::retry::{Minter, RetryGate};
 use crate::dataplane::snapshot::Snapshot;
 use crate::dataplane::socket::UdpSock;
@@ -173,7 +174,9 @@ impl Router {
             retry: gate,
             owner_unvalidated: 0,
         };
-        let router = proto::Router::new(&snap.table, &mut self.pins, self.now).with_admission(&mut admission);
+        // Per-instance handshake pressure (crate::dataplane::pressure) comes first.
+        let pressured = PressureAdmission { inner: &mut admission, pressure: &snap.pressure };
+        let router = proto::Router::new(&snap.table, &mut self.pins, self.now).with_admission(pressured);
         router.with_decoder(&mut self.cache).route_train(payload, stride, |run, refused| {
             let segs = run.segments as u64;
             match refused {
@@ -181,6 +184,7 @@ impl Router {
                 // routing reason (nothing was routed or pinned).
                 Some(Refusal::RateLimited) => return bump(&c.refused_rate, segs),
                 Some(Refusal::HandshakeLimited) => return bump(&c.refused_handshakes, segs),
+                Some(Refusal::Overloaded) => return bump(&c.refused_overloaded, segs),
                 // RFC 9000 §17.2.5: answered here with a Retry naming the instance it
                 // would have been placed on; not forwarded, nothing pinned. A train of
                 // one DCID's Initials gets one Retry (for its first segment).

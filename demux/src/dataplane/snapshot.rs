@@ -26,6 +26,9 @@ pub struct Snapshot {
     /// Keys + live instances, in the order of `conns` (Decision::target indexes both).
     pub table: Table,
     pub conns: Vec<Arc<DataConn>>,
+    /// Each instance's handshake pressure, in the order of `conns` (may be shorter:
+    /// missing entries are `Normal`; crate::dataplane::pressure).
+    pub pressure: Vec<crate::dataplane::pressure::Pressure>,
     /// Bumped on every publish (status, logs).
     pub version: u64,
 }

@@ -22,6 +22,19 @@ pub struct InstanceStatus {
     pub server_id: u16,
     pub placeable: bool,
     pub counts: SlotCounts,
+    /// Liveness and pressure (crate::dataplane::registry::liveness).
+    pub live: Option<LiveStatus>,
+}
+
+/// An instance's `Load` reports and stall state.
+pub struct LiveStatus {
+    pub stalled: bool,
+    pub stalls: u64,
+    pub handshakes: u32,
+    pub incoming_bytes: u32,
+    /// Since the last `Load`; `None`: it never sent one (the stall rule is off for it).
+    pub load_age_ms: Option<u64>,
+    pub pressure: crate::dataplane::pressure::Pressure,
 }
 
 fn shard_json(c: &ShardCounters) -> Map<String, Value> {
@@ -49,6 +62,7 @@ fn shard_json(c: &ShardCounters) -> Map<String, Value> {
         json!({
             "RateLimited": c.refused_rate.load(Relaxed),
             "HandshakeLimited": c.refused_handshakes.load(Relaxed),
+            "Overloaded": c.refused_overloaded.load(Relaxed),
         }),
     );
     m.insert("owner_unvalidated".into(), json!(c.owner_unvalidated.load(Relaxed)));
@@ -93,6 +107,7 @@ pub fn render(
     shards: &[Arc<ShardCounters>],
     instances: &[InstanceStatus],
     fast_path: Value,
+    extra: Value,
 ) -> String {
     let per_shard: Vec<Map<String, Value>> = shards.iter().map(|c| shard_json(c)).collect();
     let mut total = Map::new();
@@ -102,6 +117,7 @@ pub fn render(
     let inst: Vec<Value> = instances
         .iter()
         .map(|i| {
+            let l = i.live.as_ref();
             json!({
                 "server_id": i.server_id,
                 "placeable": i.placeable,
@@ -109,6 +125,12 @@ pub fn render(
                 "bytes": i.counts.bytes,
                 "drops_full": i.counts.drops_full,
                 "fast_datagrams": i.counts.fast_datagrams,
+                "stalled": l.is_some_and(|l| l.stalled),
+                "stalls": l.map_or(0, |l| l.stalls),
+                "handshakes": l.map_or(0, |l| l.handshakes),
+                "incoming_bytes": l.map_or(0, |l| l.incoming_bytes),
+                "load_age_ms": l.and_then(|l| l.load_age_ms),
+                "pressure": format!("{:?}", l.map(|l| l.pressure).unwrap_or_default()).to_lowercase(),
             })
         })
         .collect();
@@ -140,6 +162,12 @@ pub fn render(
     // The kernel fast path (crate::dataplane::fast_path): datagrams it steered
     // straight to workers, and what it left to the shards, by reason.
     top.insert("fast_path".into(), fast_path);
+    // Liveness (stalls) and the accept guards (docs/operations.md "Liveness and pressure").
+    if let Value::Object(m) = extra {
+        for (k, v) in m {
+            top.insert(k, v);
+        }
+    }
     top.insert("instances_total".into(), json!(inst.len()));
     // A control message carries at most MAX_TEXT bytes (proto::wire): list as many
     // instances as fit and say so.
@@ -183,28 +211,52 @@ pub fn pretty(json_text: &str) -> Result<String, serde_json::Error> {
         g("/drops/send_error")
     );
     s += &format!(
-        "refused: RateLimited {}  HandshakeLimited {}\nretry: sent {}  dropped {}  send errors {}\n",
+        "refused: RateLimited {}  HandshakeLimited {}  Overloaded {}\nretry: sent {}  dropped {}  send errors {}\n",
         g("/refused/RateLimited"),
         g("/refused/HandshakeLimited"),
+        g("/refused/Overloaded"),
         g("/retry/sent"),
         g("/retry/dropped"),
         g("/retry/send_errors")
     );
     s += &pretty_fast_path(&v["fast_path"]);
     s += &format!(
-        "{:>9} {:>9} {:>14} {:>16} {:>10} {:>14}\n",
-        "server_id", "placeable", "datagrams", "bytes", "drops_full", "fast_datagrams"
+        "liveness: stalls {}  stalled now {}  pressure retry above {}  drop above {}\n",
+        g("/liveness/stalls"),
+        g("/liveness/stalled"),
+        g("/liveness/pressure_retry_above"),
+        g("/liveness/pressure_drop_above")
+    );
+    s += &format!(
+        "accept: waiting for hello {} (cap {})  data: failures {} over cap {} hello timeouts {}  control: failures {} over cap {} hello timeouts {}\n",
+        g("/accept/waiting_for_hello"),
+        g("/accept/pending_cap"),
+        g("/accept/data/failures"),
+        g("/accept/data/over_cap"),
+        g("/accept/data/hello_timeouts"),
+        g("/accept/control/failures"),
+        g("/accept/control/over_cap"),
+        g("/accept/control/hello_timeouts")
+    );
+    s += &format!(
+        "{:>9} {:>9} {:>14} {:>16} {:>10} {:>14} {:>7} {:>6} {:>10} {:>8} {:>8}\n",
+        "server_id", "placeable", "datagrams", "bytes", "drops_full", "fast_datagrams", "stalled", "stalls", "handshakes", "load_ms", "pressure"
     );
     if let Some(list) = v["instances"].as_array() {
         for i in list {
             s += &format!(
-                "{:>9} {:>9} {:>14} {:>16} {:>10} {:>14}\n",
+                "{:>9} {:>9} {:>14} {:>16} {:>10} {:>14} {:>7} {:>6} {:>10} {:>8} {:>8}\n",
                 i["server_id"].as_u64().unwrap_or(0),
                 if i["placeable"].as_bool().unwrap_or(false) { "yes" } else { "no" },
                 i["datagrams"].as_u64().unwrap_or(0),
                 i["bytes"].as_u64().unwrap_or(0),
                 i["drops_full"].as_u64().unwrap_or(0),
-                i["fast_datagrams"].as_u64().unwrap_or(0)
+                i["fast_datagrams"].as_u64().unwrap_or(0),
+                if i["stalled"].as_bool().unwrap_or(false) { "yes" } else { "no" },
+                i["stalls"].as_u64().unwrap_or(0),
+                i["handshakes"].as_u64().unwrap_or(0),
+                i["load_age_ms"].as_u64().map_or("-".to_string(), |m| m.to_string()),
+                i["pressure"].as_str().unwrap_or("?")
             );
         }
     }

@@ -92,7 +92,7 @@ impl Registry {
             self.refuse(token, &format!("too many live instances (--max-instances {})", self.slots.capacity()));
             return false;
         };
-        let Some(Conn::Pending(fd)) = self.conns.remove(&token) else { return false };
+        let Some(Conn::Pending { fd, .. }) = self.conns.remove(&token) else { return false };
         let rec = encode_control(&Control::Sockets { addrs: self.udp_addrs.clone() });
         if let Err(e) = seqpacket::send(fd.as_raw_fd(), &rec, &self.udp_fds, libc::MSG_DONTWAIT) {
             tracing::warn!(server_id = server_id.0, error = %e, "could not send Sockets; closing");
@@ -111,7 +111,7 @@ impl Registry {
         }
         let rings = if wants.v2 { self.offer_rings(fd.as_raw_fd(), server_id, wants.rings) } else { Vec::new() };
         let conn = Arc::new(DataConn { fd, server_id: server_id.0, slot, rings });
-        self.conns.insert(token, Conn::Live { conn, placeable: false });
+        self.conns.insert(token, Conn::Live { conn, placeable: false, live: Default::default() });
         tracing::info!(server_id = server_id.0, slot, "instance live");
         self.publish();
         true

@@ -16,15 +16,21 @@
 //! This module: the epoll loop, the connection table and publishing snapshots.
 //! [`hello`]: the data hello (Sockets, FastSockets, Rings). [`keys`]: new keys
 //! (KeysChanged, SIGHUP key file reload). [`slots`]: per-instance counter slots and
-//! their baselines. [`status`]: the status JSON.
+//! their baselines. [`status`]: the status JSON. [`liveness`]: the stall rule
+//! (`Load` heartbeats, full data connections) applied every [`liveness::TICK`].
+//! Accepting is guarded by [`crate::accept_guard`]: paused on EMFILE and friends,
+//! connections without hello closed after a timeout and capped.
 
 mod hello;
 mod keys;
 mod orphan;
+pub mod liveness;
 mod slots;
 mod status;
 
+use crate::accept_guard::{self, AcceptGuard, HELLO_TIMEOUT};
 use crate::cli::FastPathMode;
+use crate::dataplane::pressure::{Pressure, PressureConfig};
 use crate::dataplane::counters::ShardCounters;
 use crate::dataplane::fast_path::FastPathState;
 use crate::seqpacket::{self, Inbound};
@@ -38,8 +44,10 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use hello::Wants;
+use liveness::Liveness;
 use slots::Slots;
 
 const TOKEN_DATA_LISTENER: u64 = 0;
@@ -53,20 +61,34 @@ const CONTROL_BUF: usize = 65_536;
 const DATA_SNDBUF: libc::c_int = 4 << 20;
 
 enum Conn {
-    /// Data connection before its DataHello.
-    Pending(OwnedFd),
+    /// Data connection before its DataHello (accepted at `since`).
+    Pending { fd: OwnedFd, since: Instant },
     Live {
         conn: Arc<DataConn>,
+        /// Said `Ready` (and not `Draining` since).
         placeable: bool,
+        /// `Load` reports and the stall rule: placeable in the snapshot only when
+        /// not stalled.
+        live: Liveness,
     },
-    Control(OwnedFd),
+    /// A control-socket connection; `idle_since`: accepted then, no message yet.
+    Control { fd: OwnedFd, idle_since: Option<Instant> },
 }
 
 impl Conn {
     fn raw(&self) -> RawFd {
         match self {
-            Conn::Pending(fd) | Conn::Control(fd) => fd.as_raw_fd(),
+            Conn::Pending { fd, .. } | Conn::Control { fd, .. } => fd.as_raw_fd(),
             Conn::Live { conn, .. } => conn.fd.as_raw_fd(),
+        }
+    }
+
+    /// Accepted, and no hello (or on the control socket no message) yet: since when.
+    fn waiting_since(&self) -> Option<Instant> {
+        match self {
+            Conn::Pending { since, .. } => Some(*since),
+            Conn::Control { idle_since, .. } => *idle_since,
+            Conn::Live { .. } => None,
         }
     }
 }
@@ -98,6 +120,16 @@ pub struct Registry {
     fast_path_mode: FastPathMode,
     orphan: orphan::Watch,
     handshakes_done: Arc<crate::dataplane::handshakes::HandshakesDone>,
+    pressure: PressureConfig,
+    /// Origin of the liveness clock.
+    epoch: Instant,
+    next_tick: Instant,
+    /// Instances that became stalled, all time.
+    stalls_total: u64,
+    data_guard: AcceptGuard,
+    control_guard: AcceptGuard,
+    /// Most connections kept before their hello ([`accept_guard::pending_cap`]).
+    pending_cap: usize,
 }
 
 pub struct RegistryConfig {
@@ -126,12 +158,14 @@ pub struct RegistryConfig {
     pub orphan_files: Vec<std::path::PathBuf>,
     /// Where `HandshakeDone` notices go (shared with the shards through the limits).
     pub handshakes_done: Arc<crate::dataplane::handshakes::HandshakesDone>,
+    /// `--pressure-retry-above`, `--pressure-drop-above`.
+    pub pressure: PressureConfig,
 }
 
 /// The snapshot before any worker connected.
 pub fn empty_snapshot(keys: &KeySet, rendezvous_key: [u8; 16]) -> Result<Snapshot> {
     let table = Table::new(keys.clone(), rendezvous_key, &[]).map_err(|e| anyhow::anyhow!("{e}"))?;
-    Ok(Snapshot { table, conns: Vec::new(), version: 0 })
+    Ok(Snapshot { table, conns: Vec::new(), pressure: Vec::new(), version: 0 })
 }
 
 impl Registry {
@@ -168,6 +202,13 @@ impl Registry {
             fast_path_mode: cfg.fast_path_mode,
             orphan: orphan::Watch::new(cfg.orphan_timeout, cfg.orphan_files),
             handshakes_done: cfg.handshakes_done,
+            pressure: cfg.pressure,
+            epoch: Instant::now(),
+            next_tick: Instant::now() + liveness::TICK,
+            stalls_total: 0,
+            data_guard: AcceptGuard::new("data socket"),
+            control_guard: AcceptGuard::new("control socket"),
+            pending_cap: accept_guard::pending_cap(),
             buf: vec![0u8; CONTROL_BUF],
         })
     }
@@ -176,7 +217,11 @@ impl Registry {
     pub fn run(&mut self) -> Result<()> {
         let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
         loop {
-            let n = self.epoll.wait(&mut events, self.orphan_wait_ms()).context("epoll_wait (registry)")?;
+            let tick = self.next_tick.saturating_duration_since(Instant::now()).as_millis();
+            let tick = i32::try_from(tick).unwrap_or(i32::MAX).max(1);
+            let orphan = self.orphan_wait_ms();
+            let timeout = if orphan < 0 { tick } else { tick.min(orphan) };
+            let n = self.epoll.wait(&mut events, timeout).context("epoll_wait (registry)")?;
             self.check_orphan();
             for e in &events[..n] {
                 let (token, ev) = (e.u64, e.events);
@@ -187,15 +232,109 @@ impl Registry {
                     t => self.on_conn(t, ev),
                 }
             }
+            let now = Instant::now();
+            if now >= self.next_tick {
+                // A tick much later than due: this thread did not run (the data plane
+                // was stopped or starved), so the silence was ours, not the workers'.
+                let late = now.saturating_duration_since(self.next_tick) > liveness::HEARTBEAT_TIMEOUT / 2;
+                self.next_tick = now + liveness::TICK;
+                if late {
+                    let clock = self.clock(now);
+                    tracing::info!("registry resumed after a pause; liveness counts from now");
+                    for c in self.conns.values_mut() {
+                        if let Conn::Live { live, .. } = c {
+                            live.registry_resumed(clock);
+                        }
+                    }
+                }
+                self.tick(now);
+            }
         }
+    }
+
+    /// The liveness clock: time since the registry started.
+    fn clock(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.epoch)
+    }
+
+    fn listener_fd(&self, control: bool) -> Option<RawFd> {
+        if control {
+            self.control_listener.as_ref().map(|l| l.as_raw_fd())
+        } else {
+            Some(self.data_listener.as_raw_fd())
+        }
+    }
+
+    /// Every [`liveness::TICK`]: resumes paused listeners, closes connections that
+    /// sent no hello in time, applies the stall rule.
+    fn tick(&mut self, now: Instant) {
+        // The fd limit may change under us (prlimit): the cap follows it.
+        self.pending_cap = accept_guard::pending_cap();
+        for (control, token) in [(false, TOKEN_DATA_LISTENER), (true, TOKEN_CONTROL_LISTENER)] {
+            let guard = if control { &mut self.control_guard } else { &mut self.data_guard };
+            if guard.resume_due(now) {
+                if let Some(fd) = self.listener_fd(control) {
+                    if let Err(e) = self.epoll.add(fd, libc::EPOLLIN as u32, token) {
+                        tracing::warn!(error = %e, control, "epoll_ctl ADD listener");
+                    }
+                }
+                self.accept_all(control);
+            }
+        }
+        let late: Vec<(u64, bool)> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.waiting_since().is_some_and(|t| now.saturating_duration_since(t) >= HELLO_TIMEOUT))
+            .map(|(t, c)| (*t, matches!(c, Conn::Control { .. })))
+            .collect();
+        for (token, control) in late {
+            if control { &mut self.control_guard } else { &mut self.data_guard }.hello_timed_out();
+            self.close(token, "no hello within the timeout");
+        }
+        let clock = self.clock(now);
+        let mut changed = false;
+        for c in self.conns.values_mut() {
+            let Conn::Live { conn, live, .. } = c else { continue };
+            let drops_full = crate::dataplane::counters::instance_total(&self.counters, conn.slot).drops_full;
+            if live.tick(clock, drops_full) {
+                changed = true;
+                if live.stalled() {
+                    self.stalls_total += 1;
+                    tracing::warn!(server_id = conn.server_id, why = live.why, stalls = live.stalls, "instance stalled (not placeable)");
+                } else {
+                    tracing::info!(server_id = conn.server_id, "instance draining again (placeable if ready)");
+                }
+            }
+        }
+        if changed {
+            self.publish();
+        }
+    }
+
+    /// Connections waiting for their hello (data and control).
+    fn waiting(&self) -> usize {
+        self.conns.values().filter(|c| c.waiting_since().is_some()).count()
     }
 
     fn accept_all(&mut self, control: bool) {
         loop {
+            let guard = if control { &self.control_guard } else { &self.data_guard };
+            if guard.paused() {
+                return;
+            }
             let listener = if control { self.control_listener.as_ref() } else { Some(&self.data_listener) };
             let Some(listener) = listener else { return };
             match seqpacket::accept(listener) {
                 Ok(Some(fd)) => {
+                    let now = Instant::now();
+                    let waiting = self.waiting();
+                    let guard = if control { &mut self.control_guard } else { &mut self.data_guard };
+                    if guard.evict_oldest(waiting, self.pending_cap, now) {
+                        let oldest = self.conns.iter().filter_map(|(t, c)| Some((c.waiting_since()?, *t))).min();
+                        if let Some((_, t)) = oldest {
+                            self.close(t, "evicted: too many connections without hello");
+                        }
+                    }
                     let token = self.next_token;
                     self.next_token += 1;
                     let ev = (libc::EPOLLIN | libc::EPOLLRDHUP) as u32;
@@ -206,12 +345,22 @@ impl Registry {
                     if !control {
                         seqpacket::set_sndbuf(fd.as_raw_fd(), DATA_SNDBUF);
                     }
-                    self.conns.insert(token, if control { Conn::Control(fd) } else { Conn::Pending(fd) });
+                    let conn = if control {
+                        Conn::Control { fd, idle_since: Some(now) }
+                    } else {
+                        Conn::Pending { fd, since: now }
+                    };
+                    self.conns.insert(token, conn);
                 }
                 Ok(None) => return,
                 Err(e) => {
-                    // EMFILE and friends: log and retry on the next readiness.
-                    tracing::warn!(error = %e, control, "accept failed");
+                    // EMFILE and friends: the listener leaves the (level-triggered)
+                    // epoll set until the pause is over (tick); logged once per interval.
+                    let guard = if control { &mut self.control_guard } else { &mut self.data_guard };
+                    guard.on_error(&e, Instant::now());
+                    if let Some(fd) = self.listener_fd(control) {
+                        let _ = self.epoll.delete(fd);
+                    }
                     return;
                 }
             }
@@ -238,13 +387,27 @@ impl Registry {
 
     /// Handles one message; false when the connection was closed.
     fn on_message(&mut self, token: u64, m: Control) -> bool {
+        let now = Instant::now();
+        let clock = self.clock(now);
         let Some(conn) = self.conns.get_mut(&token) else { return false };
+        if let Conn::Control { idle_since, .. } = conn {
+            *idle_since = None;
+        }
         match (conn, m) {
-            (Conn::Pending(_), Control::DataHello { server_id }) => self.hello(token, server_id, Wants::V1),
-            (Conn::Pending(_), Control::DataHelloV2 { server_id, caps }) => {
+            (Conn::Pending { .. }, Control::DataHello { server_id }) => self.hello(token, server_id, Wants::V1),
+            (Conn::Pending { .. }, Control::DataHelloV2 { server_id, caps }) => {
                 self.hello(token, server_id, Wants::from_caps(caps))
             }
-            (Conn::Live { placeable, conn }, Control::Ready) => {
+            // The heartbeat and handshake-pressure report (docs/wire.md `Load`).
+            (Conn::Live { live, .. }, Control::Load { handshakes, incoming_bytes }) => {
+                let before = self.pressure.level(live.handshakes);
+                live.on_load(clock, handshakes, incoming_bytes);
+                if self.pressure.level(handshakes) != before {
+                    self.publish();
+                }
+                true
+            }
+            (Conn::Live { placeable, conn, .. }, Control::Ready) => {
                 if !*placeable {
                     *placeable = true;
                     tracing::info!(server_id = conn.server_id, "instance ready (placeable)");
@@ -257,7 +420,7 @@ impl Registry {
                 self.handshakes_done.push(ServerId(conn.server_id), &odcid);
                 true
             }
-            (Conn::Live { placeable, conn }, Control::Draining) => {
+            (Conn::Live { placeable, conn, .. }, Control::Draining) => {
                 if *placeable {
                     *placeable = false;
                     tracing::info!(server_id = conn.server_id, "instance draining (not placeable)");
@@ -265,7 +428,7 @@ impl Registry {
                 }
                 true
             }
-            (Conn::Control(_), Control::StatusRequest) => {
+            (Conn::Control { .. }, Control::StatusRequest) => {
                 let json = self.status_json();
                 let rec = encode_control(&Control::Status { json });
                 let raw = self.conns.get(&token).map(Conn::raw).unwrap_or(-1);
@@ -275,10 +438,10 @@ impl Registry {
                 }
                 true
             }
-            (Conn::Control(_), Control::Hello { .. }) => true,
+            (Conn::Control { .. }, Control::Hello { .. }) => true,
             // A (restarted) controller takes the sockets back to keep them open across
             // our own restarts (issue #5, controller adoption).
-            (Conn::Control(_), Control::GetSockets) => {
+            (Conn::Control { .. }, Control::GetSockets) => {
                 let rec = encode_control(&Control::Sockets { addrs: self.all_udp_addrs.clone() });
                 let raw = self.conns.get(&token).map(Conn::raw).unwrap_or(-1);
                 if let Err(e) = seqpacket::send(raw, &rec, &self.all_udp_fds, libc::MSG_DONTWAIT) {
@@ -289,7 +452,7 @@ impl Registry {
             }
             // ADR-0040 rotation: new CIDs use the newest generation, the previous one
             // stays decodable. (The controller sends this; operators may too.)
-            (Conn::Control(_), Control::KeysChanged { keys }) => match keys.key_set() {
+            (Conn::Control { .. }, Control::KeysChanged { keys }) => match keys.key_set() {
                 Ok(ks) => {
                     self.set_keys(ks, "KeysChanged on the control socket");
                     true
@@ -333,17 +496,20 @@ impl Registry {
 
     /// Builds and publishes a new snapshot of the live instances (sorted by id).
     fn publish(&mut self) {
-        let mut live: Vec<(Arc<DataConn>, bool)> = self
+        // A stalled instance stays live (its connections are forwarded), not placeable.
+        let mut live: Vec<(Arc<DataConn>, bool, Pressure)> = self
             .conns
             .values()
             .filter_map(|c| match c {
-                Conn::Live { conn, placeable } => Some((conn.clone(), *placeable)),
+                Conn::Live { conn, placeable, live } => {
+                    Some((conn.clone(), *placeable && !live.stalled(), self.pressure.level(live.handshakes)))
+                }
                 _ => None,
             })
             .collect();
-        live.sort_by_key(|(c, _)| c.server_id);
+        live.sort_by_key(|(c, ..)| c.server_id);
         let instances: Vec<InstanceInfo> =
-            live.iter().map(|(c, p)| InstanceInfo { server_id: ServerId(c.server_id), placeable: *p }).collect();
+            live.iter().map(|(c, p, _)| InstanceInfo { server_id: ServerId(c.server_id), placeable: *p }).collect();
         let table = match Table::new(self.keys.clone(), self.rendezvous_key, &instances) {
             Ok(t) => t,
             Err(e) => {
@@ -353,7 +519,8 @@ impl Registry {
             }
         };
         self.version += 1;
-        let conns = live.into_iter().map(|(c, _)| c).collect();
-        self.shared.store(Arc::new(Snapshot { table, conns, version: self.version }));
+        let pressure = live.iter().map(|(_, _, p)| *p).collect();
+        let conns = live.into_iter().map(|(c, ..)| c).collect();
+        self.shared.store(Arc::new(Snapshot { table, conns, pressure, version: self.version }));
     }
 }

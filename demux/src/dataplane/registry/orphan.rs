@@ -35,7 +35,7 @@ impl Registry {
     /// Exits the process when unattended for longer than the timeout.
     pub(super) fn check_orphan(&mut self) {
         let Some(timeout) = self.orphan.timeout else { return };
-        let attended = self.conns.values().any(|c| matches!(c, Conn::Control(_) | Conn::Live { .. }));
+        let attended = self.conns.values().any(|c| matches!(c, Conn::Control { .. } | Conn::Live { .. }));
         if attended {
             self.orphan.since = None;
             return;

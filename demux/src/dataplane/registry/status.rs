@@ -4,11 +4,34 @@
 
 use super::Registry;
 use crate::dataplane::fast_path;
-use crate::dataplane::status::{self, InstanceStatus};
+use super::Conn;
+use crate::accept_guard::AcceptGuard;
+use crate::dataplane::status::{self, InstanceStatus, LiveStatus};
+use serde_json::json;
+use std::collections::HashMap;
+use std::time::Instant;
+
+fn guard_json(g: &AcceptGuard) -> serde_json::Value {
+    json!({
+        "paused": g.paused(),
+        "failures": g.failures,
+        "over_cap": g.over_cap,
+        "hello_timeouts": g.hello_timeouts,
+    })
+}
 
 impl Registry {
     pub(super) fn status_json(&self) -> String {
         let snap = self.shared.load();
+        let clock = self.clock(Instant::now());
+        let lives: HashMap<u16, _> = self
+            .conns
+            .values()
+            .filter_map(|c| match c {
+                Conn::Live { conn, live, .. } => Some((conn.server_id, live)),
+                _ => None,
+            })
+            .collect();
         let instances: Vec<InstanceStatus> = snap
             .conns
             .iter()
@@ -17,9 +40,31 @@ impl Registry {
                 server_id: c.server_id,
                 placeable: info.placeable,
                 counts: self.slots.since_baseline(c.slot, self.slot_counts(c.slot)),
+                live: lives.get(&c.server_id).map(|l| LiveStatus {
+                    stalled: l.stalled(),
+                    stalls: l.stalls,
+                    handshakes: l.handshakes,
+                    incoming_bytes: l.incoming_bytes,
+                    load_age_ms: l.load_age_ms(clock),
+                    pressure: self.pressure.level(l.handshakes),
+                }),
             })
             .collect();
         let fast = fast_path::status_json(&self.fast_path, self.fast_path_mode);
-        status::render(&self.info, snap.table.keys(), snap.version, &self.counters, &instances, fast)
+        let extra = json!({
+            "liveness": {
+                "stalls": self.stalls_total,
+                "stalled": lives.values().filter(|l| l.stalled()).count(),
+                "pressure_retry_above": self.pressure.retry_above,
+                "pressure_drop_above": self.pressure.drop_above,
+            },
+            "accept": {
+                "waiting_for_hello": self.waiting(),
+                "pending_cap": self.pending_cap,
+                "data": guard_json(&self.data_guard),
+                "control": guard_json(&self.control_guard),
+            },
+        });
+        status::render(&self.info, snap.table.keys(), snap.version, &self.counters, &instances, fast, extra)
     }
 }
