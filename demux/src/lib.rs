@@ -9,3 +9,4 @@ pub mod dataplane;
 pub mod operator;
 pub mod seqpacket;
 pub mod sys;
+pub mod trust;

@@ -21,6 +21,9 @@ impl Ctl {
         loop {
             match seqpacket::accept(&self.listener) {
                 Ok(Some(fd)) => {
+                    if !self.admit_peer(&fd) {
+                        continue;
+                    }
                     let token = self.next_token;
                     self.next_token += 1;
                     if let Err(e) = self.epoll.add(fd.as_raw_fd(), (libc::EPOLLIN | libc::EPOLLRDHUP) as u32, token) {
@@ -60,6 +63,9 @@ impl Ctl {
 
     /// Handles one message; false when the connection was closed.
     fn on_message(&mut self, token: u64, m: Control) -> bool {
+        if !self.authorize(token, &m) {
+            return false;
+        }
         let Some(conn) = self.conns.get_mut(&token) else {
             return false;
         };

@@ -148,6 +148,10 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
         .map(|_| Arc::new(counters::ShardCounters::new(a.max_instances)))
         .collect();
     let data_listener = seqpacket::listen(data_path)?;
+    if let Some(gid) = a.worker_gid {
+        // Workers under `--worker-user` connect through the group (0660).
+        crate::trust::share_with_group(data_path, gid, 0o660)?;
+    }
     let control_listener = match &a.control_socket {
         Some(p) => Some(seqpacket::listen(p)?),
         None => None,
@@ -188,6 +192,7 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
         reload_signal: Some(signals::reload_signal_fd()?),
         fast_path,
         fast_path_mode: a.fast_path,
+        data_peers: crate::trust::PeerPolicy::us_and(a.worker_uid),
     })?;
 
     let limits = Arc::new(

@@ -95,6 +95,9 @@ pub struct Registry {
     ring_bytes: Option<u64>,
     fast_path: FastPathState,
     fast_path_mode: FastPathMode,
+    /// SO_PEERCRED policy: data.sock (us and the worker uid), dataplane.sock (us).
+    data_peers: crate::trust::PeerPolicy,
+    control_peers: crate::trust::PeerPolicy,
 }
 
 pub struct RegistryConfig {
@@ -118,6 +121,9 @@ pub struct RegistryConfig {
     /// The kernel fast path, attached (or not, and why) before the shards started.
     pub fast_path: FastPathState,
     pub fast_path_mode: FastPathMode,
+    /// Who may open a data connection (docs/operations.md "Trust model");
+    /// the control socket accepts only our own uid.
+    pub data_peers: crate::trust::PeerPolicy,
 }
 
 /// The snapshot before any worker connected.
@@ -158,6 +164,8 @@ impl Registry {
             ring_bytes: cfg.ring_bytes,
             fast_path: cfg.fast_path,
             fast_path_mode: cfg.fast_path_mode,
+            data_peers: cfg.data_peers,
+            control_peers: crate::trust::PeerPolicy::only_us(),
             buf: vec![0u8; CONTROL_BUF],
         })
     }
@@ -185,6 +193,9 @@ impl Registry {
             let Some(listener) = listener else { return };
             match seqpacket::accept(listener) {
                 Ok(Some(fd)) => {
+                    if !self.admit(&fd, control) {
+                        continue;
+                    }
                     let token = self.next_token;
                     self.next_token += 1;
                     let ev = (libc::EPOLLIN | libc::EPOLLRDHUP) as u32;
@@ -287,6 +298,17 @@ impl Registry {
                 self.refuse(token, &format!("unexpected message {}", other.name()));
                 false
             }
+        }
+    }
+
+    /// SO_PEERCRED right after accept: dataplane.sock hands out every UDP socket
+    /// (`GetSockets`) and takes keys (`KeysChanged`): only our own uid; data.sock:
+    /// ours and the worker uid. A refused connection gets `Error` and is dropped.
+    fn admit(&self, fd: &OwnedFd, control: bool) -> bool {
+        if control {
+            crate::trust::admit(fd, "dataplane.sock", &self.control_peers)
+        } else {
+            crate::trust::admit(fd, "data.sock", &self.data_peers)
         }
     }
 
