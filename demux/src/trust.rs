@@ -83,6 +83,20 @@ pub fn send_error(fd: RawFd, reason: &str) {
     let _ = seqpacket::send(fd, &rec, &[], libc::MSG_DONTWAIT);
 }
 
+/// Reads and drops what the peer already sent (a few records at most, without
+/// blocking), so that closing does not reset the connection and the peer reads our
+/// `Error` (a Unix socket closed with unread data reports ECONNRESET to its peer).
+fn discard_pending(fd: RawFd) {
+    let mut b = [0u8; 512];
+    for _ in 0..8 {
+        // SAFETY: receives into a live buffer of the given length.
+        let n = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) };
+        if n <= 0 {
+            return;
+        }
+    }
+}
+
 /// The check right after accept: whether the peer's uid is allowed on `socket`.
 /// A refused peer gets `Error{reason}`; the caller drops `fd` (closing it).
 pub fn admit(fd: &OwnedFd, socket: &str, policy: &PeerPolicy) -> bool {
@@ -92,6 +106,7 @@ pub fn admit(fd: &OwnedFd, socket: &str, policy: &PeerPolicy) -> bool {
         Err(e) => (None, format!("{socket}: no peer credentials ({e})")),
     };
     send_error(fd.as_raw_fd(), &refusal.1);
+    discard_pending(fd.as_raw_fd());
     note_refusal(socket, refusal.0.as_ref(), &refusal.1);
     false
 }
