@@ -104,6 +104,7 @@ fn probe_helper() {
         "status" => Control::StatusRequest,
         "getsockets" => Control::GetSockets,
         "datahello" => Control::DataHelloV2 { server_id: proto::ServerId(words[1].parse().unwrap()), caps: 3 },
+        "hello-twice" => return hello_twice(&sock),
         "read" => {
             let r = match std::fs::read(words[1]) {
                 Ok(_) => "read-ok".to_string(),
@@ -114,12 +115,17 @@ fn probe_helper() {
         }
         other => panic!("unknown probe {other}"),
     };
-    let fd = match demux::seqpacket::connect(&sock) {
+    println!("PROBE: {}", exchange(&sock, &msg, 4).0);
+}
+
+/// Sends `msg` on a new connection to `sock`; the records received until close (at
+/// most `max`), as the report line of [`probe_helper`], and the connection.
+fn exchange(sock: &Path, msg: &Control, max: usize) -> (String, Option<std::os::fd::OwnedFd>) {
+    let fd = match demux::seqpacket::connect(sock) {
         Ok(fd) => fd,
         Err(e) => {
             let errno = e.downcast_ref::<std::io::Error>().and_then(|e| e.raw_os_error()).unwrap_or(0);
-            println!("PROBE: connect-error {errno} ({e:#})");
-            return;
+            return (format!("connect-error {errno} ({e:#})"), None);
         }
     };
     let tv = libc::timeval { tv_sec: 5, tv_usec: 0 };
@@ -134,17 +140,22 @@ fn probe_helper() {
         )
     };
     let mut report = Vec::new();
-    if let Err(e) = demux::seqpacket::send(fd.as_raw_fd(), &encode_control(&msg), &[], libc::MSG_NOSIGNAL) {
+    if let Err(e) = demux::seqpacket::send(fd.as_raw_fd(), &encode_control(msg), &[], libc::MSG_NOSIGNAL) {
         report.push(format!("send-error {e}"));
     }
     let mut buf = vec![0u8; 70_000];
-    for _ in 0..4 {
+    let mut got = 0;
+    for _ in 0..max + 2 {
+        if got == max {
+            break;
+        }
         match demux::seqpacket::recv_with_fds(fd.as_raw_fd(), &mut buf, 0) {
             Ok((0, _, _)) => {
                 report.push("closed".into());
                 break;
             }
             Ok((n, _, fds)) => {
+                got += 1;
                 let what = match decode_control(&buf[..n]) {
                     Ok(Control::Error { reason }) => format!("Error({reason})"),
                     Ok(m) => m.name().to_string(),
@@ -152,20 +163,35 @@ fn probe_helper() {
                 };
                 report.push(format!("{what} fds={}", fds.len()));
             }
+            // Closed with our record unread (refused at accept): the reset is reported
+            // once, before any record still queued for us.
+            Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => continue,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 report.push("timeout".into());
                 break;
             }
-            // Closed with our record unread (refused at accept): the reset is reported
-            // once, before any record still queued for us.
-            Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => continue,
             Err(e) => {
                 report.push(format!("recv-error {e}"));
                 break;
             }
         }
     }
-    println!("PROBE: {}", report.join("; "));
+    (report.join("; "), Some(fd))
+}
+
+/// The fake spawned worker of [`a_spawned_worker_registers_only_once`]: registers,
+/// keeps that registration and registers again; writes both answers to QD_PROBE_OUT.
+fn hello_twice(sock: &Path) {
+    let hello = Control::Hello { role: Role::Worker, pid: std::process::id() };
+    let (first, _keep) = exchange(sock, &hello, 2);
+    let (second, _) = exchange(sock, &hello, 4);
+    let out = std::path::PathBuf::from(std::env::var("QD_PROBE_OUT").expect("QD_PROBE_OUT"));
+    let tmp = out.with_extension(format!("tmp{}", std::process::id()));
+    if !out.exists() {
+        std::fs::write(&tmp, format!("{first}\n{second}\n")).expect("write");
+        let _ = std::fs::rename(&tmp, &out);
+    }
+    std::thread::sleep(Duration::from_secs(60));
 }
 
 /// Refused: one `Error` naming why, no fds, then closed.
@@ -338,4 +364,48 @@ fn worker_user_serves_http3_and_cannot_read_the_keys() {
     assert_eq!(again, ids, "{s}");
     assert!(ids.contains(&download_ok(&c, "/bytes/1000", 1000)));
     assert!(c.stop(Duration::from_secs(60)));
+}
+
+/// `--worker-user`: a spawned worker holds one registration; its second `Hello`
+/// (same pid, the spawned one) is refused — a worker cannot take a second identity.
+/// The spawned "worker" is this test binary (`hello_twice`) behind a shell script.
+#[test]
+fn a_spawned_worker_registers_only_once() {
+    let Some(_) = test_user() else { return };
+    let _s = serial();
+    let dir = temp_dir("trust-twice");
+    let outdir = dir.join("out");
+    std::fs::create_dir(&outdir).expect("mkdir");
+    chmod(&outdir, 0o777);
+    let out = outdir.join("result");
+    let script = dir.join("fake-worker");
+    std::fs::write(&script, "#!/bin/sh\nexec \"$QD_PROBE_EXE\" --exact probe_helper --nocapture --test-threads=1\n")
+        .expect("script");
+    chmod(&script, 0o755);
+    let state = dir.join("state");
+    let log = dir.join("controller.log");
+    let mut child = std::process::Command::new(DEMUX)
+        .args(["--listen", "127.0.0.1:0", "--cores", "0", "--spawn-workers", "1", "--worker-user", TEST_USER])
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--worker-bin")
+        .arg(&script)
+        .env("QD_PROBE", "hello-twice")
+        .env("QD_PROBE_SOCK", state.join("control.sock"))
+        .env("QD_PROBE_OUT", &out)
+        .env("QD_PROBE_EXE", std::env::current_exe().expect("exe"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("controller");
+    let got = wait_until("the fake worker's report", Duration::from_secs(60), || {
+        std::fs::read_to_string(&out).ok().filter(|s| s.ends_with('\n'))
+    });
+    kill(child.id() as i64, libc::SIGTERM);
+    let stopped = wait_until("the controller to stop", Duration::from_secs(30), || child.try_wait().ok().flatten());
+    let (first, second) = got.trim_end().split_once('\n').expect("two lines");
+    assert!(first.starts_with("Assign fds=0; Sockets fds=1"), "first Hello: {first} {}", std::fs::read_to_string(&log).unwrap_or_default());
+    assert_refused("second Hello of the same spawned pid", second, "is already registered");
+    assert!(stopped.success(), "{stopped}");
 }
