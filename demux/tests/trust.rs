@@ -199,8 +199,13 @@ fn assert_refused(what: &str, got: &str, why: &str) {
     // A peer refused at accept may find the connection closed before it sent.
     let got = got.split_once("; ").filter(|(a, _)| a.starts_with("send-error")).map_or(got, |(_, b)| b);
     assert!(
-        got.starts_with("Error(") && got.contains(why) && got.contains("fds=0") && got.ends_with("closed")
-            && !got.contains("Assign") && !got.contains("Sockets") && !got.contains("Status"),
+        got.starts_with("Error(")
+            && got.contains(why)
+            && got.contains("fds=0")
+            && got.ends_with("closed")
+            && !got.contains("Assign")
+            && !got.contains("Sockets")
+            && !got.contains("Status"),
         "{what}: expected a refusal containing {why:?}, got {got:?}"
     );
 }
@@ -281,7 +286,11 @@ fn forged_pid_hello_for_a_spawned_slot_is_refused() {
     let next_before = c.status_wait()["next_server_id"].clone();
     let ctl = c.control_sock();
     let me = Some(ids);
-    assert_refused("forged pid", &probe(me, &ctl, Probe::Hello { pid: Some(pid) }), &format!("the message says pid {pid}"));
+    assert_refused(
+        "forged pid",
+        &probe(me, &ctl, Probe::Hello { pid: Some(pid) }),
+        &format!("the message says pid {pid}"),
+    );
     assert_refused("own pid", &probe(me, &ctl, Probe::Hello { pid: None }), "was not spawned by this controller");
     assert_refused(
         "Rejoin as the spawned worker",
@@ -346,8 +355,7 @@ fn worker_user_serves_http3_and_cannot_read_the_keys() {
     for f in ["keys", "server-id", "workers"] {
         assert_eq!(probe(Some((uid, gid)), &c.state.join(f), Probe::Read(&c.state.join(f))), "read-error 13", "{f}");
     }
-    let served: std::collections::BTreeSet<u16> =
-        (0..6).map(|_| download_ok(&c, "/bytes/1048576", 1 << 20)).collect();
+    let served: std::collections::BTreeSet<u16> = (0..6).map(|_| download_ok(&c, "/bytes/1048576", 1 << 20)).collect();
     let ids: std::collections::BTreeSet<u16> = workers.iter().map(|w| w.0 as u16).collect();
     assert!(served.is_subset(&ids) && !served.is_empty(), "served by {served:?}, workers {ids:?}");
     // Controller restart: the adopted unprivileged workers rejoin under their ids.
@@ -405,7 +413,11 @@ fn a_spawned_worker_registers_only_once() {
     kill(child.id() as i64, libc::SIGTERM);
     let stopped = wait_until("the controller to stop", Duration::from_secs(30), || child.try_wait().ok().flatten());
     let (first, second) = got.trim_end().split_once('\n').expect("two lines");
-    assert!(first.starts_with("Assign fds=0; Sockets fds=1"), "first Hello: {first} {}", std::fs::read_to_string(&log).unwrap_or_default());
+    assert!(
+        first.starts_with("Assign fds=0; Sockets fds=1"),
+        "first Hello: {first} {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
     assert_refused("second Hello of the same spawned pid", second, "is already registered");
     assert!(stopped.success(), "{stopped}");
 }
