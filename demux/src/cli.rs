@@ -51,6 +51,11 @@ pub struct ControllerOpts {
     /// SIGTERM: longest wait for the workers to drain before they are killed.
     #[arg(long, value_name = "SECS", default_value_t = 30, requires = "state_dir")]
     pub drain_timeout: u64,
+    /// Run the spawned workers as this (unprivileged) user; the controller must run as
+    /// root. control.sock and data.sock become 0660 for the user's group, the state
+    /// directory 0710 (docs/operations.md "Running workers unprivileged").
+    #[arg(long, value_name = "NAME", requires = "state_dir")]
+    pub worker_user: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -258,6 +263,14 @@ pub struct DataPlaneArgs {
     /// plane, so that a restarted data plane serves the very same sockets.
     #[arg(long, value_name = "FD,FD,...", value_delimiter = ',')]
     pub inherit_fds: Vec<i32>,
+    /// Also accept data connections from this uid (SO_PEERCRED; besides our own uid).
+    /// The controller passes its `--worker-user`'s uid (docs/operations.md "Trust model").
+    #[arg(long, value_name = "UID")]
+    pub worker_uid: Option<u32>,
+    /// Make the data socket group-accessible (0660) to this gid (the controller passes
+    /// its `--worker-user`'s group).
+    #[arg(long, value_name = "GID")]
+    pub worker_gid: Option<u32>,
 }
 
 impl DataPlaneArgs {

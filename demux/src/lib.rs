@@ -10,3 +10,4 @@ pub mod dataplane;
 pub mod operator;
 pub mod seqpacket;
 pub mod sys;
+pub mod trust;

@@ -107,3 +107,19 @@ pub fn socket_type(fd: BorrowedFd<'_>) -> io::Result<libc::c_int> {
     })?;
     Ok(ty)
 }
+
+/// The credentials (pid, uid, gid) of the process at the other end of a connected
+/// Unix socket, as the kernel recorded them at connect(2) time (SO_PEERCRED, unix(7)):
+/// nothing the peer sends can change them.
+pub fn peer_cred(fd: std::os::fd::RawFd) -> std::io::Result<libc::ucred> {
+    let mut cred = libc::ucred { pid: 0, uid: u32::MAX, gid: u32::MAX };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into the live `cred`.
+    crate::cvt(unsafe {
+        libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len)
+    })?;
+    if len as usize != std::mem::size_of::<libc::ucred>() {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "short SO_PEERCRED"));
+    }
+    Ok(cred)
+}

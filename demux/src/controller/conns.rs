@@ -28,6 +28,9 @@ impl Ctl {
             }
             match seqpacket::accept(&self.listener) {
                 Ok(Some(fd)) => {
+                    if !self.admit_peer(&fd) {
+                        continue;
+                    }
                     let now = Instant::now();
                     let waiting = self.conns.values().filter(|c| c.idle_since.is_some()).count();
                     if self.accept_guard.evict_oldest(waiting, self.pending_cap, now) {
@@ -101,6 +104,9 @@ impl Ctl {
 
     /// Handles one message; false when the connection was closed.
     fn on_message(&mut self, token: u64, m: Control) -> bool {
+        if !self.authorize(token, &m) {
+            return false;
+        }
         let Some(conn) = self.conns.get_mut(&token) else {
             return false;
         };

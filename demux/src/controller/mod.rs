@@ -19,6 +19,7 @@ mod rotation;
 pub mod state;
 pub mod status;
 pub mod supervise;
+mod trust;
 
 use crate::cli::{ControllerOpts, DataPlaneArgs};
 use crate::dataplane::{cores, socket};
@@ -167,6 +168,8 @@ pub(crate) struct Ctl {
     /// `control.sock` accepts: paused on EMFILE and friends, capped before hello.
     accept_guard: crate::accept_guard::AcceptGuard,
     pending_cap: usize,
+    /// `--worker-user`, resolved at start (docs/operations.md "Trust model").
+    worker_user: Option<crate::trust::WorkerUser>,
 }
 
 /// Entry point: `demux --state-dir DIR …` / `demux controller …`.
@@ -181,6 +184,8 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
         ("--control-socket", dp.control_socket.is_some()),
         ("--ready-file", dp.ready_file.is_some()),
         ("--inherit-fds", !dp.inherit_fds.is_empty()),
+        ("--worker-uid", dp.worker_uid.is_some()),
+        ("--worker-gid", dp.worker_gid.is_some()),
     ] {
         if set {
             bail!("{flag} is not used with --state-dir: the controller keeps these in the state directory");
@@ -208,8 +213,9 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
         bail!("worker executable {} not found (build it, or pass --worker-bin PATH)", worker_bin.display());
     }
 
+    let worker_user = trust::resolve_worker_user(&opts)?;
     let paths = Paths::new(&dir);
-    state::prepare_dir(&dir)?;
+    state::prepare_dir_for(&dir, worker_user.as_ref().map(|u| u.gid))?;
     let lock = state::lock(&paths)?;
     state::write_atomic(&paths.controller_pid(), &format!("{}\n", std::process::id()))?;
     let (keys, created) = state::load_or_create_keys(&paths)?;
@@ -219,7 +225,8 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
         key_newest = keys.keys.newest.generation.get(), "controller starting"
     );
 
-    let dataplane_args = dataplane_args(&dp, &paths);
+    let mut dataplane_args = dataplane_args(&dp, &paths);
+    dataplane_args.extend(trust::dataplane_worker_args(worker_user.as_ref()));
     // Adopt a running data plane (controller restart), else open the sockets.
     let (udp, udp_addrs, dp_state) = match adopt_dataplane(&paths, &dp, cores.len())? {
         Some((pid, fds, addrs)) => {
@@ -250,6 +257,7 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
 
     let signals = block_signals()?;
     let listener = seqpacket::listen(&paths.control_sock())?;
+    trust::share_control_sock(&paths, worker_user.as_ref())?;
     let epoll = sys::Epoll::new().context("epoll_create1")?;
     epoll.add(listener.as_raw_fd(), libc::EPOLLIN as u32, TOKEN_LISTENER)?;
     epoll.add(signals.as_raw_fd(), libc::EPOLLIN as u32, TOKEN_SIGNALS)?;
@@ -293,6 +301,7 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
         accept_guard: crate::accept_guard::AcceptGuard::new("control.sock"),
         pending_cap: crate::accept_guard::pending_cap(),
         opts,
+        worker_user,
     };
     ctl.take_over_workers();
     let r = ctl.run();

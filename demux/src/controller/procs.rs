@@ -105,13 +105,30 @@ fn unblock_all_signals() -> std::io::Result<()> {
     Ok(())
 }
 
-/// Starts one worker registering on `control`.
-pub fn spawn_worker(bin: &Path, control: &Path, extra: &[String]) -> Result<Child> {
+/// Starts one worker registering on `control`; with `user` (`--worker-user`, resolved
+/// before this call) it runs as that user.
+pub fn spawn_worker(
+    bin: &Path,
+    control: &Path,
+    extra: &[String],
+    user: Option<&crate::trust::WorkerUser>,
+) -> Result<Child> {
     let mut cmd = Command::new(bin);
     cmd.arg("--server-id-from-controller").arg("--control").arg(control).args(extra);
     cmd.stdin(Stdio::null()).process_group(0);
-    // SAFETY: the closure only calls sigprocmask(2), async-signal-safe.
-    unsafe { cmd.pre_exec(unblock_all_signals) };
+    let user = user.cloned();
+    // SAFETY: the closure runs between fork and exec and only calls sigprocmask(2),
+    // setgroups(2), setgid(2) and setuid(2), all async-signal-safe; it allocates
+    // nothing (`user` was resolved and moved in before the fork).
+    unsafe {
+        cmd.pre_exec(move || {
+            unblock_all_signals()?;
+            if let Some(u) = &user {
+                u.drop_privileges()?;
+            }
+            Ok(())
+        })
+    };
     cmd.spawn().with_context(|| format!("starting worker {}", bin.display()))
 }
 

@@ -78,6 +78,22 @@ fn uid() -> u32 {
 /// Creates the state directory (0700) or checks an existing one: a directory, ours,
 /// not accessible to group or others.
 pub fn prepare_dir(dir: &Path) -> Result<()> {
+    prepare_dir_for(dir, None)
+}
+
+/// As [`prepare_dir`]; with `Some(gid)` (`--worker-user`) the directory is then
+/// given to that group with mode 0710 (search only: the workers reach the two
+/// sockets in it, list nothing, read no file), and an existing 0710 directory of
+/// that group is accepted.
+pub fn prepare_dir_for(dir: &Path, group: Option<u32>) -> Result<()> {
+    prepare_private_dir(dir, group)?;
+    if let Some(gid) = group {
+        crate::trust::share_with_group(dir, gid, 0o710)?;
+    }
+    Ok(())
+}
+
+fn prepare_private_dir(dir: &Path, group: Option<u32>) -> Result<()> {
     match std::fs::symlink_metadata(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             std::fs::DirBuilder::new()
@@ -95,7 +111,8 @@ pub fn prepare_dir(dir: &Path) -> Result<()> {
             if md.uid() != uid() {
                 bail!("state directory {} belongs to uid {}, not to us (uid {})", dir.display(), md.uid(), uid());
             }
-            if md.mode() & 0o077 != 0 {
+            let group_search = if group == Some(md.gid()) { 0o010 } else { 0 };
+            if md.mode() & 0o077 & !group_search != 0 {
                 bail!(
                     "state directory {} has mode {:o}; it must not be accessible to group or others (chmod 700)",
                     dir.display(),

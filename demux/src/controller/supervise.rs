@@ -134,7 +134,7 @@ impl Ctl {
             while self.workers.iter().filter(|w| !w.retiring).count() < self.opts.spawn_workers
                 && Instant::now() >= self.next_worker_spawn
             {
-                match procs::spawn_worker(&self.worker_bin, &self.paths.control_sock(), &self.opts.worker_args) {
+                match procs::spawn_worker(&self.worker_bin, &self.paths.control_sock(), &self.opts.worker_args, self.worker_user.as_ref()) {
                     Ok(child) => {
                         tracing::info!(pid = child.id(), "worker started");
                         self.workers.push(Managed {

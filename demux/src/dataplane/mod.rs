@@ -150,6 +150,10 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
         .map(|_| Arc::new(counters::ShardCounters::new(a.max_instances)))
         .collect();
     let data_listener = seqpacket::listen(data_path)?;
+    if let Some(gid) = a.worker_gid {
+        // Workers under `--worker-user` connect through the group (0660).
+        crate::trust::share_with_group(data_path, gid, 0o660)?;
+    }
     let control_listener = match &a.control_socket {
         Some(p) => Some(seqpacket::listen(p)?),
         None => None,
@@ -190,6 +194,7 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
         orphan_files: own_files,
         handshakes_done: limits.handshakes_done.clone(),
         pressure: a.pressure_config(),
+        data_peers: crate::trust::PeerPolicy::us_and(a.worker_uid),
     })?;
 
     tracing::info!(

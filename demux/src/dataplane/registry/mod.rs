@@ -130,6 +130,9 @@ pub struct Registry {
     control_guard: AcceptGuard,
     /// Most connections kept before their hello ([`accept_guard::pending_cap`]).
     pending_cap: usize,
+    /// SO_PEERCRED policy: data.sock (us and the worker uid), dataplane.sock (us).
+    data_peers: crate::trust::PeerPolicy,
+    control_peers: crate::trust::PeerPolicy,
 }
 
 pub struct RegistryConfig {
@@ -160,6 +163,9 @@ pub struct RegistryConfig {
     pub handshakes_done: Arc<crate::dataplane::handshakes::HandshakesDone>,
     /// `--pressure-retry-above`, `--pressure-drop-above`.
     pub pressure: PressureConfig,
+    /// Who may open a data connection (docs/operations.md "Trust model");
+    /// the control socket accepts only our own uid.
+    pub data_peers: crate::trust::PeerPolicy,
 }
 
 /// The snapshot before any worker connected.
@@ -209,6 +215,8 @@ impl Registry {
             data_guard: AcceptGuard::new("data socket"),
             control_guard: AcceptGuard::new("control socket"),
             pending_cap: accept_guard::pending_cap(),
+            data_peers: cfg.data_peers,
+            control_peers: crate::trust::PeerPolicy::only_us(),
             buf: vec![0u8; CONTROL_BUF],
         })
     }
@@ -326,6 +334,9 @@ impl Registry {
             let Some(listener) = listener else { return };
             match seqpacket::accept(listener) {
                 Ok(Some(fd)) => {
+                    if !self.admit(&fd, control) {
+                        continue;
+                    }
                     let now = Instant::now();
                     let waiting = self.waiting();
                     let guard = if control { &mut self.control_guard } else { &mut self.data_guard };
@@ -466,6 +477,17 @@ impl Registry {
                 self.refuse(token, &format!("unexpected message {}", other.name()));
                 false
             }
+        }
+    }
+
+    /// SO_PEERCRED right after accept: dataplane.sock hands out every UDP socket
+    /// (`GetSockets`) and takes keys (`KeysChanged`): only our own uid; data.sock:
+    /// ours and the worker uid. A refused connection gets `Error` and is dropped.
+    fn admit(&self, fd: &OwnedFd, control: bool) -> bool {
+        if control {
+            crate::trust::admit(fd, "dataplane.sock", &self.control_peers)
+        } else {
+            crate::trust::admit(fd, "data.sock", &self.data_peers)
         }
     }
 

@@ -1,0 +1,107 @@
+//! The controller's side of the trust model (docs/operations.md "Trust model";
+//! policy types in `crate::trust`).
+//!
+//! - At accept: the peer's uid (SO_PEERCRED) must be the controller's or the
+//!   `--worker-user`'s; anyone else is refused before sending a byte.
+//! - Per message ([`Ctl::authorize`], before the state machine in `conns.rs`):
+//!   operator requests (`Hello{Operator|DataPlane}`, `StatusRequest`, `RotateKeys`)
+//!   only from the controller's uid; a worker's `Hello`/`Rejoin` must name the pid
+//!   that actually connected; from the worker uid it must moreover come from a
+//!   process this controller spawned (or adopted from `DIR/workers`) that holds no
+//!   registration yet: the worker uid cannot register anything else, nor a second
+//!   identity.
+
+use super::{Ctl, Kind};
+use crate::cli::ControllerOpts;
+use crate::trust::{self as policy, PeerPolicy, WorkerUser};
+use anyhow::{bail, Result};
+use proto::wire::{Control, Role};
+use std::os::fd::{AsRawFd, OwnedFd};
+
+pub(super) fn resolve_worker_user(opts: &ControllerOpts) -> Result<Option<WorkerUser>> {
+    let Some(name) = &opts.worker_user else { return Ok(None) };
+    if policy::euid() != 0 {
+        bail!("--worker-user {name} needs the controller to run as root (it starts the workers as that user)");
+    }
+    let u = WorkerUser::resolve(name)?;
+    tracing::info!(user = %u.name, uid = u.uid, gid = u.gid, "spawned workers run unprivileged");
+    Ok(Some(u))
+}
+
+/// `--worker-uid/--worker-gid` for the data plane: data.sock accepts that uid and is
+/// 0660 for that group.
+pub(super) fn dataplane_worker_args(user: Option<&WorkerUser>) -> Vec<String> {
+    match user {
+        Some(u) => vec!["--worker-uid".into(), u.uid.to_string(), "--worker-gid".into(), u.gid.to_string()],
+        None => Vec::new(),
+    }
+}
+
+/// control.sock 0660 for the worker user's group (it stays 0600 without one).
+pub(super) fn share_control_sock(paths: &super::state::Paths, user: Option<&WorkerUser>) -> Result<()> {
+    match user {
+        Some(u) => policy::share_with_group(&paths.control_sock(), u.gid, 0o660),
+        None => Ok(()),
+    }
+}
+
+impl Ctl {
+    fn worker_uid(&self) -> Option<u32> {
+        self.worker_user.as_ref().map(|u| u.uid)
+    }
+
+    /// Right after accept: only our uid and the worker uid may connect at all.
+    pub(super) fn admit_peer(&self, fd: &OwnedFd) -> bool {
+        policy::admit(fd, "control.sock", &PeerPolicy::us_and(self.worker_uid()))
+    }
+
+    /// Whether the peer of `token` may send `m`; refuses (Error, close, counted,
+    /// rate-limited log) and returns false if not.
+    pub(super) fn authorize(&mut self, token: u64, m: &Control) -> bool {
+        let Some(conn) = self.conns.get(&token) else { return false };
+        let raw = conn.fd.as_raw_fd();
+        let (cred, reason) = match crate::sys::peer_cred(raw) {
+            Ok(c) => (Some(c), self.refusal(&c, m)),
+            Err(e) => (None, Some(format!("no peer credentials ({e})"))),
+        };
+        let Some(reason) = reason else { return true };
+        policy::send_error(raw, &reason);
+        policy::note_refusal("control.sock", cred.as_ref(), &reason);
+        self.close(token, &reason);
+        false
+    }
+
+    /// Why `cred` may not send `m` (None: it may).
+    fn refusal(&self, cred: &libc::ucred, m: &Control) -> Option<String> {
+        let ours = cred.uid == policy::euid();
+        match m {
+            Control::Hello { role: Role::Worker, pid } | Control::Rejoin { pid, .. } => {
+                if !ours && Some(cred.uid) != self.worker_uid() {
+                    return Some(format!("uid {} may not register workers", cred.uid));
+                }
+                if i64::from(*pid) != i64::from(cred.pid) {
+                    return Some(format!("the message says pid {pid} but pid {} sent it", cred.pid));
+                }
+                if !ours {
+                    // The worker uid is the one exposed to the internet: only processes
+                    // we started may use it, each for one registration.
+                    if !self.workers.iter().any(|w| w.proc.pid() == cred.pid) {
+                        return Some(format!("pid {} was not spawned by this controller", cred.pid));
+                    }
+                    let held = self
+                        .conns
+                        .values()
+                        .any(|c| matches!(c.kind, Kind::Worker { pid, .. } if i64::from(pid) == i64::from(cred.pid)));
+                    if held {
+                        return Some(format!("pid {} is already registered", cred.pid));
+                    }
+                }
+                None
+            }
+            Control::Hello { .. } | Control::StatusRequest | Control::RotateKeys { .. } if !ours => {
+                Some(format!("operator requests only from uid {} (not uid {})", policy::euid(), cred.uid))
+            }
+            _ => None,
+        }
+    }
+}

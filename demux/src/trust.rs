@@ -1,0 +1,203 @@
+//! Who may talk to which Unix socket (docs/operations.md "Trust model").
+//!
+//! File modes are only the first barrier: every accepted connection is checked
+//! against the peer's kernel credentials (SO_PEERCRED, [`crate::sys::peer_cred`])
+//! right after accept, and the controller checks each message kind again
+//! (`controller/trust.rs`). A refusal is `Error{reason}`, then close; refusals are
+//! counted and logged at most once per [`LOG_INTERVAL`] (an attacker cannot flood
+//! the log), never a panic.
+//!
+//! `--worker-user NAME`: [`WorkerUser`] is resolved before any fork; the spawned
+//! worker drops to it between fork and exec ([`WorkerUser::drop_privileges`]).
+
+use crate::seqpacket;
+use crate::sys;
+use anyhow::{bail, Context, Result};
+use proto::wire::{encode_control, Control};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// At most one refusal log line per interval (the others are counted in it).
+pub const LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Which uids may connect to a socket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerPolicy {
+    pub uids: Vec<u32>,
+}
+
+impl PeerPolicy {
+    /// Only our own (effective) uid.
+    pub fn only_us() -> PeerPolicy {
+        PeerPolicy { uids: vec![euid()] }
+    }
+
+    /// Our uid and, if given, the worker uid.
+    pub fn us_and(worker_uid: Option<u32>) -> PeerPolicy {
+        let mut uids = vec![euid()];
+        uids.extend(worker_uid.filter(|u| *u != euid()));
+        PeerPolicy { uids }
+    }
+
+    pub fn allows(&self, cred: &libc::ucred) -> bool {
+        self.uids.contains(&cred.uid)
+    }
+}
+
+pub fn euid() -> u32 {
+    // SAFETY: geteuid(2) cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+static REFUSED_TOTAL: AtomicU64 = AtomicU64::new(0);
+/// When the last refusal was logged, and how many were not logged since.
+static LOG_STATE: Mutex<(Option<Instant>, u64)> = Mutex::new((None, 0));
+
+/// Refusals of untrusted peers since start (every socket of this process).
+pub fn refused_total() -> u64 {
+    REFUSED_TOTAL.load(Ordering::Relaxed)
+}
+
+/// Counts a refusal and logs it unless one was logged less than [`LOG_INTERVAL`] ago.
+pub fn note_refusal(socket: &str, cred: Option<&libc::ucred>, reason: &str) {
+    let total = REFUSED_TOTAL.fetch_add(1, Ordering::Relaxed) + 1;
+    let mut st = LOG_STATE.lock().unwrap_or_else(|p| p.into_inner());
+    let now = Instant::now();
+    if st.0.is_some_and(|t| now.duration_since(t) < LOG_INTERVAL) {
+        st.1 += 1;
+        return;
+    }
+    let suppressed = std::mem::take(&mut st.1);
+    st.0 = Some(now);
+    drop(st);
+    let (pid, uid) = cred.map_or((-1, u32::MAX), |c| (c.pid, c.uid));
+    tracing::warn!(socket, peer_pid = pid, peer_uid = uid, reason, total, suppressed, "refused an untrusted peer");
+}
+
+/// Sends `Error{reason}` without blocking (best effort); the caller closes.
+pub fn send_error(fd: RawFd, reason: &str) {
+    let rec = encode_control(&Control::Error { reason: reason.to_string() });
+    let _ = seqpacket::send(fd, &rec, &[], libc::MSG_DONTWAIT);
+}
+
+/// Reads and drops what the peer already sent (a few records at most, without
+/// blocking), so that closing does not reset the connection and the peer reads our
+/// `Error` (a Unix socket closed with unread data reports ECONNRESET to its peer).
+fn discard_pending(fd: RawFd) {
+    let mut b = [0u8; 512];
+    for _ in 0..8 {
+        // SAFETY: receives into a live buffer of the given length.
+        let n = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) };
+        if n <= 0 {
+            return;
+        }
+    }
+}
+
+/// The check right after accept: whether the peer's uid is allowed on `socket`.
+/// A refused peer gets `Error{reason}`; the caller drops `fd` (closing it).
+pub fn admit(fd: &OwnedFd, socket: &str, policy: &PeerPolicy) -> bool {
+    let refusal = match sys::peer_cred(fd.as_raw_fd()) {
+        Ok(c) if policy.allows(&c) => return true,
+        Ok(c) => (Some(c), format!("{socket}: uid {} is not allowed to connect", c.uid)),
+        Err(e) => (None, format!("{socket}: no peer credentials ({e})")),
+    };
+    send_error(fd.as_raw_fd(), &refusal.1);
+    discard_pending(fd.as_raw_fd());
+    note_refusal(socket, refusal.0.as_ref(), &refusal.1);
+    false
+}
+
+/// Gives `path` to group `gid` with `mode` (chown keeps our uid as the owner).
+pub fn share_with_group(path: &Path, gid: u32, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::os::unix::fs::chown(path, None, Some(gid)).with_context(|| format!("chgrp {gid} {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("chmod {mode:o} {}", path.display()))
+}
+
+/// `--worker-user NAME`, resolved (getpwnam_r) before any fork.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerUser {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl WorkerUser {
+    pub fn resolve(name: &str) -> Result<WorkerUser> {
+        let cname = std::ffi::CString::new(name).context("--worker-user: NUL in the name")?;
+        let mut buf = vec![0u8; 16 * 1024];
+        // SAFETY: passwd is plain old data; getpwnam_r fills it.
+        let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        // SAFETY: every pointer is live for the call; `buf` and its length match;
+        // the strings `pw` points to (in `buf`) are not used after it.
+        let r = unsafe { libc::getpwnam_r(cname.as_ptr(), &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut found) };
+        if r != 0 {
+            bail!("--worker-user {name}: getpwnam_r: {}", std::io::Error::from_raw_os_error(r));
+        }
+        if found.is_null() {
+            bail!("--worker-user {name}: no such user");
+        }
+        if pw.pw_uid == 0 {
+            bail!("--worker-user {name} is uid 0: workers would run with every privilege; name an unprivileged user");
+        }
+        Ok(WorkerUser { name: name.to_string(), uid: pw.pw_uid, gid: pw.pw_gid })
+    }
+
+    /// Between fork and exec: supplementary groups = only the user's group, then gid,
+    /// then uid (in that order: after setuid we could not change groups). Only
+    /// setgroups(2), setgid(2), setuid(2): async-signal-safe, nothing allocated. The
+    /// raw syscalls change this (single-threaded, forked) process only.
+    pub fn drop_privileges(&self) -> std::io::Result<()> {
+        let groups = [self.gid as libc::gid_t];
+        // SAFETY: setgroups reads one gid from a live array.
+        sys::cvt(unsafe { libc::setgroups(1, groups.as_ptr()) })?;
+        // SAFETY: plain syscalls taking integers.
+        sys::cvt(unsafe { libc::setgid(self.gid) })?;
+        // SAFETY: as above.
+        sys::cvt(unsafe { libc::setuid(self.uid) })?;
+        // Cannot regain root: a failure here means the drop did not happen.
+        // SAFETY: as above.
+        // (No allocation on this path either: a raw errno.)
+        if unsafe { libc::setuid(0) } == 0 {
+            return Err(std::io::Error::from_raw_os_error(libc::EPERM));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_allows_listed_uids_only() {
+        let p = PeerPolicy { uids: vec![0, 999] };
+        let c = |uid| libc::ucred { pid: 1, uid, gid: 0 };
+        assert!(p.allows(&c(0)) && p.allows(&c(999)));
+        assert!(!p.allows(&c(1000)));
+        assert_eq!(PeerPolicy::us_and(Some(euid())).uids, vec![euid()], "no duplicate");
+    }
+
+    #[test]
+    fn peer_cred_of_a_socketpair_is_us() {
+        let mut sv = [0; 2];
+        // SAFETY: socketpair writes two fds into `sv`.
+        assert_eq!(unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, sv.as_mut_ptr()) }, 0);
+        let a = sys::owned(sv[0]).unwrap();
+        let _b = sys::owned(sv[1]).unwrap();
+        let c = sys::peer_cred(a.as_raw_fd()).unwrap();
+        assert_eq!((c.pid as u32, c.uid), (std::process::id(), euid()));
+    }
+
+    #[test]
+    fn root_is_not_a_worker_user() {
+        assert!(WorkerUser::resolve("root").is_err());
+        assert!(WorkerUser::resolve("no-such-user-quicdemux").is_err());
+    }
+}
