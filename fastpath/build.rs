@@ -18,12 +18,7 @@ fn main() {
     let obj = out.join("steer.bpf.o");
     let clang = env::var("CLANG").unwrap_or_else(|_| "clang".to_string());
 
-    let missing = if Command::new(&clang)
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-    {
+    let missing = if Command::new(&clang).arg("--version").output().map(|o| o.status.success()).unwrap_or(false) {
         if Path::new("/usr/include/bpf/bpf_helpers.h").exists()
             || Path::new("/usr/local/include/bpf/bpf_helpers.h").exists()
         {

@@ -31,7 +31,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Side by side (issue #6): demux, baseline, nginx and floor; rewrites docs/benchmarks.md.
+    /// Side by side: demux, baseline, nginx and floor; rewrites docs/benchmarks.md.
     ///
     /// The demux (io_uring and mmsg), the per-datagram baseline, nginx's stream UDP
     /// proxy and a recv-and-drop floor, each pinned to the shard core, under load from
@@ -39,7 +39,7 @@ pub enum Command {
     /// 25/50/75 % of its saturation. Rewrites the generated block of docs/benchmarks.md
     /// and docs/benchmarks-cpu.svg (`--no-doc`: neither).
     All(AllArgs),
-    /// Data plane (issue #3): one demux shard's CPU time per forwarded datagram.
+    /// Data plane: one demux shard's CPU time per forwarded datagram.
     ///
     /// One data-plane shard on one core, a sender and sink workers on the other; the
     /// data plane's CPU time per forwarded datagram and its counters, as a table on stdout.

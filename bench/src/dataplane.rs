@@ -1,4 +1,4 @@
-//! The data-plane system benchmark (issue #3).
+//! The data-plane system benchmark.
 
 use crate::cli::DataplaneArgs;
 use crate::load::{flow_payloads, flow_sockets, FLOWS, LOOPBACK_ANY, SETTLE};

@@ -29,7 +29,7 @@ const MSGS_PER_CALL: usize = 8;
 pub(crate) const SHORT_HEADER_FORM: u8 = 0x40;
 /// Bits of the first byte left as they are under the form bits.
 const SHORT_HEADER_FREE_BITS: u8 = 0x3f;
-/// Where a short header's destination CID sits (ADR-0040's length).
+/// Where a short header's destination CID sits (ADR 0001's length).
 pub(crate) const DCID: Range<usize> = 1..1 + CID_LEN;
 /// Seed of the payloads' xorshift generator: every run sends the same bytes.
 const PAYLOAD_SEED: u64 = 0x1234_5678_9abc_def0;

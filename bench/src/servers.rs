@@ -4,7 +4,7 @@
 //! - `bench floor-server --listen ADDR --ready-file R --counters F [--gro]`: one thread,
 //!   recvmmsg into a batch of 32 and discard — the least any socket reader can spend.
 //! - `bench baseline-server --listen ADDR --keys K --worker ID=PATH... --ready-file R --counters F`:
-//!   the design being replaced — one thread, per datagram one recvmsg, one ADR-0040
+//!   the design being replaced — one thread, per datagram one recvmsg, one ADR 0001
 //!   CID decode (`KeySet::decode`) and one `send()` of a frame (proto::wire header +
 //!   payload) to that server id's SEQPACKET socket.
 //!
@@ -201,7 +201,7 @@ pub fn baseline(a: BaselineArgs) -> Result<()> {
         let n = n as usize;
         c.add(RECEIVED, 1);
         let p = &buf[FRAME_HEADER_LEN..FRAME_HEADER_LEN + n];
-        // The DCID: short header bytes 1..13 (ADR-0040 length), long header after the version.
+        // The DCID: short header bytes 1..13 (ADR 0001 length), long header after the version.
         let dcid = if p[0] & 0x80 == 0 { p.get(1..13) } else { p.get(5).and_then(|&l| p.get(6..6 + usize::from(l))) };
         let Some(id) = dcid.and_then(|d| keys.decode(d).ok()).map(|d| usize::from(d.server_id.0)) else {
             c.add(DROPPED, 1);

@@ -92,8 +92,12 @@ impl Shard {
             workers.push(theirs);
         }
         let snap = Snapshot { table, conns, pressure: Vec::new(), version: 1 };
-        let empty =
-            Snapshot { table: Table::new(keys.clone(), [0x42; 16], &[]).unwrap(), conns: Vec::new(), pressure: Vec::new(), version: 0 };
+        let empty = Snapshot {
+            table: Table::new(keys.clone(), [0x42; 16], &[]).unwrap(),
+            conns: Vec::new(),
+            pressure: Vec::new(),
+            version: 0,
+        };
         let setup = ShardSetup {
             index: 0,
             core: core_affinity::CoreId { id: 0 },

@@ -128,7 +128,10 @@ impl AcceptGuard {
         self.over_cap += 1;
         if let Some(suppressed) = self.cap_log.due(now) {
             tracing::warn!(
-                listener = self.what, cap, suppressed, total = self.over_cap,
+                listener = self.what,
+                cap,
+                suppressed,
+                total = self.over_cap,
                 "too many connections without hello; closing the oldest"
             );
         }

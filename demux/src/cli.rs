@@ -24,7 +24,7 @@ pub struct Cli {
     pub controller: ControllerOpts,
 }
 
-/// The controller (issue #5): `demux --listen … --state-dir DIR [--spawn-workers N]`.
+/// The controller: `demux --listen … --state-dir DIR [--spawn-workers N]`.
 #[derive(Clone, Debug, Args)]
 pub struct ControllerOpts {
     /// State directory (0700): keys, server-id counter, sockets, pid files. Makes
@@ -40,7 +40,7 @@ pub struct ControllerOpts {
     /// The worker executable (default: `worker` next to this executable).
     #[arg(long, value_name = "PATH", requires = "state_dir")]
     pub worker_bin: Option<std::path::PathBuf>,
-    /// Rotate the CID key generation every N instance starts (ADR-0040).
+    /// Rotate the CID key generation every N instance starts (ADR 0001).
     #[arg(long, value_name = "N", default_value_t = 10_000, requires = "state_dir")]
     pub rotate_every: u32,
     /// How long a worker's connection IDs live (passed to spawned workers as
@@ -204,14 +204,14 @@ pub struct DataPlaneArgs {
     /// Unix SOCK_SEQPACKET path answering StatusRequest (mode 0600).
     #[arg(long, value_name = "PATH")]
     pub control_socket: Option<PathBuf>,
-    /// Placement pins per shard (ADR-0040: 10 s each; the oldest is evicted when full).
+    /// Placement pins per shard (ADR 0001: 10 s each; the oldest is evicted when full).
     #[arg(long, default_value_t = 65_536)]
     pub pin_capacity: usize,
     /// CID decode cache entries per shard (rounded up to a power of two; 0 = off):
     /// repeat DCIDs of established connections skip the HMAC (proto::decode_cache).
     #[arg(long, value_name = "ENTRIES", default_value_t = proto::decode_cache::DEFAULT_ENTRIES)]
     pub decode_cache: usize,
-    /// Per-source limits on new placements (issue #7): `on` (default) or `off`.
+    /// Per-source limits on new placements: `on` (default) or `off`.
     #[arg(long, value_enum, default_value = "on")]
     pub limits: OnOff,
     /// New connections per second per client (IPv4 address or IPv6 /64), sustained
@@ -227,7 +227,7 @@ pub struct DataPlaneArgs {
     /// Words (8 bytes) of each limits sketch, shared by all shards (power of two).
     #[arg(long, value_name = "N", default_value_t = proto::limits::DEFAULT_CONCURRENCY_WORDS)]
     pub limit_table_words: usize,
-    /// Demux-minted stateless Retry for token-less client Initials (issue #7):
+    /// Demux-minted stateless Retry for token-less client Initials:
     /// `auto` above --retry-above per shard, `always`, or `off`.
     #[arg(long, value_enum, default_value = "auto")]
     pub retry: RetryArg,

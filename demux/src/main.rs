@@ -16,30 +16,17 @@ fn main() {
         .init();
     let cli = Cli::parse();
     let r = match cli.command {
-        None if cli.controller.state_dir.is_some() => {
-            controller::run(cli.dataplane, cli.controller)
-        }
+        None if cli.controller.state_dir.is_some() => controller::run(cli.dataplane, cli.controller),
         None => dataplane::run(cli.dataplane),
         Some(Command::Dataplane(a)) => dataplane::run(a),
-        Some(Command::Controller {
-            dataplane,
-            controller,
-        }) => controller::run(dataplane, controller),
+        Some(Command::Controller { dataplane, controller }) => controller::run(dataplane, controller),
         Some(Command::Status { state_dir, json }) => controller::client::status(&state_dir, json),
         Some(Command::RotateKeys { state_dir, prf, force }) => controller::client::rotate_keys(&state_dir, prf, force),
         Some(Command::GenKeys { out, force }) => operator::gen_keys(&out, force),
-        Some(Command::LbStatus {
-            control_socket,
-            state_dir,
-            json,
-        }) => {
-            match control_socket
-                .or_else(|| state_dir.map(|d| controller::state::Paths::new(&d).dataplane_sock()))
-            {
+        Some(Command::LbStatus { control_socket, state_dir, json }) => {
+            match control_socket.or_else(|| state_dir.map(|d| controller::state::Paths::new(&d).dataplane_sock())) {
                 Some(p) => operator::lb_status(&p, json),
-                None => Err(anyhow::anyhow!(
-                    "--control-socket PATH or --state-dir DIR is required"
-                )),
+                None => Err(anyhow::anyhow!("--control-socket PATH or --state-dir DIR is required")),
             }
         }
     };

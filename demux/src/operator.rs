@@ -21,13 +21,10 @@ pub fn gen_keys(out: &Path, force: bool) -> Result<()> {
     } else {
         opts.create_new(true);
     }
-    let mut f = opts
-        .open(out)
-        .with_context(|| format!("creating key file {}", out.display()))?;
+    let mut f = opts.open(out).with_context(|| format!("creating key file {}", out.display()))?;
     // An existing file opened with --force keeps its mode: set 0600 explicitly.
     f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-    f.write_all(text.as_bytes())
-        .with_context(|| format!("writing {}", out.display()))?;
+    f.write_all(text.as_bytes()).with_context(|| format!("writing {}", out.display()))?;
     Ok(())
 }
 
@@ -40,10 +37,7 @@ pub fn lb_status(path: &Path, json: bool) -> Result<()> {
             if json {
                 println!("{text}");
             } else {
-                print!(
-                    "{}",
-                    status::pretty(&text).context("status is not valid JSON")?
-                );
+                print!("{}", status::pretty(&text).context("status is not valid JSON")?);
             }
             Ok(())
         }

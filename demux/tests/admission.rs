@@ -1,5 +1,4 @@
-//! Limits that do not drop honest clients, and Initials that cannot skip admission
-//! (issue "overload" items 2 and 3), end to end: a real `demux dataplane` with its
+//! Limits that do not drop honest clients, and Initials that cannot skip admission, end to end: a real `demux dataplane` with its
 //! default limits and Retry mode, real `worker` processes, quinn HTTP/3 clients and
 //! hand-made Initials (proto::initial::build_client_initial) on loopback.
 //!

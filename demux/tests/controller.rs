@@ -1,5 +1,5 @@
-//! The controller under live HTTP/3 load (issue #5 "Tests"; the lifecycle events of
-//! the operations contract `../shared/seeds/004_*`): a real `demux --state-dir`
+//! The controller under live HTTP/3 load (the lifecycle events of docs/operations.md):
+//! a real `demux --state-dir`
 //! controller, its data plane and `worker` processes on 127.0.0.1, quinn + h3
 //! clients. One test at a time (two cores); every wait bounded.
 #![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
@@ -456,9 +456,7 @@ fn key_rotation_mid_connection_old_cids_still_route() {
     assert_eq!(c.status_wait()["key_newest"], 0);
     // Established datagrams reach their owner by the user path (Owner) or, for a
     // generation the kernel decodes, by the fast path: count both.
-    let to_owners = |c: &Controller| {
-        c.reason("Owner") + c.lb_wait()["fast_path"]["datagrams"].as_u64().unwrap_or(0)
-    };
+    let to_owners = |c: &Controller| c.reason("Owner") + c.lb_wait()["fast_path"]["datagrams"].as_u64().unwrap_or(0);
     let owner_before = to_owners(&c);
     let out =
         std::process::Command::new(DEMUX).arg("rotate-keys").arg("--state-dir").arg(&c.state).output().expect("run");
@@ -531,7 +529,7 @@ fn malformed_datagrams_during_load_are_all_counted_and_harmless() {
             for b in buf[..len].iter_mut() {
                 *b = next() as u8;
             }
-            buf[0] &= 0x3f; // short header, fixed bit clear: not QUIC (ADR-0040)
+            buf[0] &= 0x3f; // short header, fixed bit clear: not QUIC (ADR 0001)
             sock.send_to(&buf[..len], addr).expect("send");
             sent += 1;
         }
@@ -705,11 +703,8 @@ fn established_downloads_finish_while_the_data_plane_is_stopped() {
         eprintln!("skip: the kernel fast path is not active here: {}", lb["fast_path"]["reason"]);
         return;
     }
-    let st = std::process::Command::new(DEMUX)
-        .args(["status", "--state-dir"])
-        .arg(&c.state)
-        .output()
-        .expect("demux status");
+    let st =
+        std::process::Command::new(DEMUX).args(["status", "--state-dir"]).arg(&c.state).output().expect("demux status");
     let text = String::from_utf8_lossy(&st.stdout);
     assert!(text.contains("fast path: on (mode auto)"), "demux status says the fast path runs: {text}");
     let dp = c.dataplane_pid();
@@ -805,15 +800,21 @@ fn rotation_across_a_prf_switch_keeps_every_connection() {
     connect(&mut conns); // generation 0, siphash-2-4
     rotate("hmac-sha256", false);
     let s = c.status_wait();
-    assert_eq!((s["key_newest_prf"].as_str(), s["key_previous_prf"].as_str()), (Some("hmac-sha256"), Some("siphash-2-4")));
+    assert_eq!(
+        (s["key_newest_prf"].as_str(), s["key_previous_prf"].as_str()),
+        (Some("hmac-sha256"), Some("siphash-2-4"))
+    );
     connect(&mut conns); // generation 1, hmac-sha256: the user path only
     let lb0 = c.lb_wait();
     for (id, h) in conns.iter_mut() {
-        let r = rt.block_on(h.get("/bytes/200000")).unwrap_or_else(|e| panic!("GET across the switch: {e:?}{}", c.logs()));
+        let r =
+            rt.block_on(h.get("/bytes/200000")).unwrap_or_else(|e| panic!("GET across the switch: {e:?}{}", c.logs()));
         assert_eq!((r.len, r.server_id), (200_000, *id));
     }
     let lb1 = c.lb_wait();
-    let grew = |p: &str| lb1.pointer(p).and_then(|v| v.as_u64()).unwrap_or(0) - lb0.pointer(p).and_then(|v| v.as_u64()).unwrap_or(0);
+    let grew = |p: &str| {
+        lb1.pointer(p).and_then(|v| v.as_u64()).unwrap_or(0) - lb0.pointer(p).and_then(|v| v.as_u64()).unwrap_or(0)
+    };
     if lb1["fast_path"]["active"].as_bool() == Some(true) {
         assert!(grew("/fast_path/datagrams") > 0, "the siphash-2-4 connections kept the fast path");
         assert!(grew("/fast_path/to_demux/unknown_generation") > 0, "the hmac-sha256 ones went to the data plane");
@@ -822,9 +823,14 @@ fn rotation_across_a_prf_switch_keeps_every_connection() {
     // Generation 2 at once (--force): generation 0's connections are now two rotations old.
     rotate("siphash-2-4", true);
     let s = c.status_wait();
-    assert_eq!((s["key_newest_prf"].as_str(), s["key_previous_prf"].as_str()), (Some("siphash-2-4"), Some("hmac-sha256")));
+    assert_eq!(
+        (s["key_newest_prf"].as_str(), s["key_previous_prf"].as_str()),
+        (Some("siphash-2-4"), Some("hmac-sha256"))
+    );
     for (id, h) in conns.iter_mut().skip(2) {
-        let r = rt.block_on(h.get("/bytes/1000")).unwrap_or_else(|e| panic!("GET after the switch back: {e:?}{}", c.logs()));
+        let r = rt
+            .block_on(h.get("/bytes/1000"))
+            .unwrap_or_else(|e| panic!("GET after the switch back: {e:?}{}", c.logs()));
         assert_eq!(r.server_id, *id);
     }
     let mut h = rt.block_on(H3::connect(&ep, addr)).expect("connect on the new generation");

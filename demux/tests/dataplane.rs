@@ -1,4 +1,4 @@
-//! Out-of-process tests of the data plane (issue #3): the real binary on loopback,
+//! Out-of-process tests of the data plane: the real binary on loopback,
 //! test workers on the data socket, handcrafted QUIC datagrams. Every test runs for
 //! both io backends (`<test>::uring`, `<test>::mmsg`); the key ones also with
 //! `--forward ring` (`<test>::uring_ring`, `<test>::mmsg_ring`).
@@ -10,7 +10,7 @@ use proto::wire::Control;
 use std::time::Duration;
 
 /// A short header for a live server id reaches its owner; after the client's source
-/// port changes (NAT rebinding) it still does (ADR-0040 routing rule 1).
+/// port changes (NAT rebinding) it still does (ADR 0001 routing rule 1).
 fn short_header_reaches_owner(io: &str) {
     let d = Demux::start(io, "0-1");
     let mut rng = Rng(1);
@@ -43,7 +43,7 @@ fn short_header_reaches_owner(io: &str) {
 both_backends!(short_header_reaches_owner, rings);
 
 /// Initials with random client DCIDs spread over 3 instances; the 2nd and 3rd Initial
-/// of one DCID and its 0-RTT reach the same instance (pin table, ADR-0040).
+/// of one DCID and its 0-RTT reach the same instance (pin table, ADR 0001).
 fn initials_spread_and_stick(io: &str) {
     // One source places hundreds of connections at once: per-source limits off here
     // (demux/tests/flood.rs tests them).
@@ -609,7 +609,7 @@ fn departed_workers_fd_is_released(io: &str) {
 }
 both_backends!(departed_workers_fd_is_released);
 
-/// ADR-0040 key rotation: `KeysChanged` on the control socket and SIGHUP (re-read the
+/// ADR 0001 key rotation: `KeysChanged` on the control socket and SIGHUP (re-read the
 /// key file) install a new newest generation; the previous one still decodes to its
 /// owner, a dropped one makes orphans.
 fn key_rotation(io: &str) {

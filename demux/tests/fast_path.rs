@@ -75,11 +75,8 @@ fn short_headers_reach_the_owners_socket() {
     assert_eq!(u64_at(instance(&s, 21), "/fast_datagrams"), na as u64);
     assert_eq!(u64_at(instance(&s, 22), "/fast_datagrams"), nb as u64);
     assert_eq!(u64_at(&s, "/datagrams_in"), 1, "the data plane saw only the long header");
-    let text = std::process::Command::new(BIN)
-        .args(["lb-status", "--control-socket"])
-        .arg(&d.control)
-        .output()
-        .unwrap();
+    let text =
+        std::process::Command::new(BIN).args(["lb-status", "--control-socket"]).arg(&d.control).output().unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains(&format!("fast path: on (mode auto)  to workers {}", na + nb)), "{text}");
 }

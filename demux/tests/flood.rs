@@ -1,4 +1,4 @@
-//! Initial-flood defence end to end (issue #7): a real `demux dataplane` with its
+//! Initial-flood defence end to end: a real `demux dataplane` with its
 //! default per-source limits, real `worker` processes behind it, the real `udpflood`
 //! sending client Initials from one address over many source ports, and Initials with
 //! fresh DCIDs from 1 000 further loopback addresses — while quinn HTTP/3 clients on
@@ -424,7 +424,9 @@ fn retry_auto_under_flood() {
     let errs = u(&during, "/retry/send_errors") - u(&before, "/retry/send_errors");
     eprintln!("while the clients ran: retry dropped {dropped}, sent {sent}, send errors {errs}, placed {placed}");
     assert!(dropped > 1_000, "flood Initials dropped at the demux: {during}");
-    let met = u(&after, "/retry/sent") + u(&after, "/retry/dropped") - u(&before, "/retry/sent") - u(&before, "/retry/dropped");
+    let met = u(&after, "/retry/sent") + u(&after, "/retry/dropped")
+        - u(&before, "/retry/sent")
+        - u(&before, "/retry/dropped");
     assert!(met > 20_000, "the flood met the Retry path: {after}");
     assert!(sent >= 1, "the clients got Retries: {during}");
     // Placed only while the gate was still below its threshold (the first 2 000 of
@@ -436,7 +438,7 @@ fn retry_auto_under_flood() {
 /// quinn: a real client Initial (quinn-proto's client) from a plain socket gets back,
 /// from the address it was sent to, a Retry (RFC 9000 §17.2.5) whose DCID is the
 /// client's SCID, whose token is not empty, whose integrity tag verifies for the
-/// Initial's DCID (RFC 9001 §5.8, proto::retry), and whose SCID is an ADR-0040 CID
+/// Initial's DCID (RFC 9001 §5.8, proto::retry), and whose SCID is an ADR 0001 CID
 /// of the instance the Initial would have been placed on (rendezvous winner).
 #[test]
 fn demux_retry_packet_is_well_formed() {
@@ -485,7 +487,7 @@ fn retry_packet_is_well_formed(listen: &str) {
     let kf =
         proto::keyfile::KeyFile::parse(&std::fs::read_to_string(s.dir.join("keys")).expect("keys")).expect("key file");
     let ks = kf.key_set().expect("key set");
-    let issued_to = ks.decode(r.scid).expect("SCID is an ADR-0040 CID").server_id;
+    let issued_to = ks.decode(r.scid).expect("SCID is an ADR 0001 CID").server_id;
     let infos: Vec<proto::InstanceInfo> =
         (1..=2).map(|i| proto::InstanceInfo { server_id: proto::ServerId(i), placeable: true }).collect();
     let table = proto::Table::new(ks, kf.rendezvous_key, &infos).expect("table");

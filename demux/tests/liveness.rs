@@ -37,7 +37,7 @@ fn received(lb: &Value, id: u64) -> u64 {
 fn a_sigstopped_worker_is_stalled_within_a_second_and_returns_after_sigcont() {
     let _s = serial();
     let rt = runtime();
-    // Every client here is 127.0.0.1: the per-client limits (issue #7) would refuse
+    // Every client here is 127.0.0.1: the per-client limits would refuse
     // most of 100 quick new connections (HandshakeLimited); this test is about
     // placement, not those limits.
     let c = Controller::start("stall", 2, &["--limits", "off"]);
@@ -136,7 +136,10 @@ fn a_sigstopped_worker_is_stalled_within_a_second_and_returns_after_sigcont() {
     }
     let probe_time = probe_start.elapsed();
     let lb = c.lb_wait();
-    eprintln!("errors: {errors:?}\nlb: reasons {} drops {} refused {} retry {} instances {}", lb["reasons"], lb["drops"], lb["refused"], lb["retry"], lb["instances"]);
+    eprintln!(
+        "errors: {errors:?}\nlb: reasons {} drops {} refused {} retry {} instances {}",
+        lb["reasons"], lb["drops"], lb["refused"], lb["retry"], lb["instances"]
+    );
     let after = received(&lb, victim);
     eprintln!(
         "during the stop: {ok} of 100 new connections ok ({on_victim} on the stopped worker) in {} ms; \

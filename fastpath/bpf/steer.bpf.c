@@ -12,7 +12,7 @@
  * sample, RFC 9001 §5.4.2): payload length >= 33. Everything else is "not
  * fast" and goes to a shard, which handles it as the user path always did.
  *
- * The CID (ADR-0040): byte 0 = cr (2 bits) | 6 random bits, bytes 1..=8 nonce,
+ * The CID (ADR 0001): byte 0 = cr (2 bits) | 6 random bits, bytes 1..=8 nonce,
  * bytes 9..=10 = server id (big-endian) XOR mask, byte 11 random. For a
  * generation whose PRF is siphash-2-4, h = SipHash-2-4(k0, k1, cid[0..9]) and
  * mask = [h & 0xff, (h >> 8) & 0xff]. k0/k1 are derived from the generation's

@@ -91,9 +91,9 @@ pub const BUILT_WITHOUT_CLANG: &str =
 #[doc(hidden)]
 pub fn classify(what: &str, kind: io::ErrorKind, detail: impl fmt::Display) -> LoadError {
     match kind {
-        io::ErrorKind::PermissionDenied
-        | io::ErrorKind::Unsupported
-        | io::ErrorKind::InvalidInput => LoadError::Unsupported(format!("{what}: {detail}")),
+        io::ErrorKind::PermissionDenied | io::ErrorKind::Unsupported | io::ErrorKind::InvalidInput => {
+            LoadError::Unsupported(format!("{what}: {detail}"))
+        }
         _ => LoadError::Other(anyhow::anyhow!("{what}: {detail}")),
     }
 }
@@ -102,9 +102,7 @@ pub fn classify(what: &str, kind: io::ErrorKind, detail: impl fmt::Display) -> L
 #[doc(hidden)]
 pub fn classify_os(what: &str, err: io::Error) -> LoadError {
     let kind = match err.raw_os_error() {
-        Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP) | Some(libc::ENOPROTOOPT) => {
-            io::ErrorKind::Unsupported
-        }
+        Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP) | Some(libc::ENOPROTOOPT) => io::ErrorKind::Unsupported,
         Some(libc::EPERM) | Some(libc::EACCES) => io::ErrorKind::PermissionDenied,
         Some(libc::EINVAL) => io::ErrorKind::InvalidInput,
         _ => err.kind(),
@@ -200,10 +198,7 @@ pub struct Steering {
 
 impl fmt::Debug for Steering {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Steering")
-            .field("shards", &self.shards)
-            .field("max_workers", &self.max_workers)
-            .finish()
+        f.debug_struct("Steering").field("shards", &self.shards).field("max_workers", &self.max_workers).finish()
     }
 }
 
@@ -211,9 +206,7 @@ fn map_handle(obj: &Object, name: &str) -> Result<MapHandle, LoadError> {
     let map = obj
         .maps()
         .find(|m| m.name() == OsStr::new(name))
-        .ok_or_else(|| {
-            LoadError::Other(anyhow::anyhow!("map {name} missing from the BPF object"))
-        })?;
+        .ok_or_else(|| LoadError::Other(anyhow::anyhow!("map {name} missing from the BPF object")))?;
     MapHandle::try_from(&map).map_err(|e| LoadError::Other(anyhow::anyhow!("map {name}: {e}")))
 }
 
@@ -244,19 +237,12 @@ fn update_raw_errno(map: &MapHandle, key: u32, value: &[u8; 8]) -> io::Result<()
 }
 
 fn update(map: &MapHandle, key: u32, value: &[u8]) -> io::Result<()> {
-    map.update(&key.to_ne_bytes(), value, MapFlags::ANY)
-        .map_err(map_err)
+    map.update(&key.to_ne_bytes(), value, MapFlags::ANY).map_err(map_err)
 }
 
 fn sum_percpu(map: &MapHandle, key: u32) -> io::Result<u64> {
-    let vals = map
-        .lookup_percpu(&key.to_ne_bytes(), MapFlags::ANY)
-        .map_err(map_err)?
-        .unwrap_or_default();
-    Ok(vals
-        .iter()
-        .map(|v| u64::from_ne_bytes(v.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8])))
-        .sum())
+    let vals = map.lookup_percpu(&key.to_ne_bytes(), MapFlags::ANY).map_err(map_err)?.unwrap_or_default();
+    Ok(vals.iter().map(|v| u64::from_ne_bytes(v.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]))).sum())
 }
 
 use sys::sockopt::setsockopt_int;
@@ -290,8 +276,7 @@ impl Steering {
         shard_by_cpu: Option<&[u32]>,
     ) -> Result<Steering, LoadError> {
         let other = |s: String| LoadError::Other(anyhow::anyhow!(s));
-        let shards = u32::try_from(shard_sockets.len())
-            .map_err(|_| other("too many shard sockets".into()))?;
+        let shards = u32::try_from(shard_sockets.len()).map_err(|_| other("too many shard sockets".into()))?;
         if shards == 0 {
             return Err(other("at least one shard socket is needed".into()));
         }
@@ -299,16 +284,10 @@ impl Steering {
         let socks_len = shards
             .checked_add(max_workers)
             .filter(|&n| n <= 1 << 20)
-            .ok_or_else(|| {
-                other(format!(
-                    "{shards} shards + {max_workers} workers: too many sockets"
-                ))
-            })?;
+            .ok_or_else(|| other(format!("{shards} shards + {max_workers} workers: too many sockets")))?;
         if let Some(t) = shard_by_cpu {
             if let Some(bad) = t.iter().find(|&&s| s >= shards) {
-                return Err(other(format!(
-                    "cpu shard table names shard {bad} of {shards}"
-                )));
+                return Err(other(format!("cpu shard table names shard {bad} of {shards}")));
             }
         }
         // Caller errors first: they are errors whatever this build can do.
@@ -323,9 +302,9 @@ impl Steering {
         let _ = take_libbpf_log();
         let prev = libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Info, capture_libbpf_log)));
         let loaded = (|| {
-            let mut open = ObjectBuilder::default().open_memory(object).map_err(|e| {
-                classify("opening the BPF object", libbpf_kind(&e), format!("{e:#}"))
-            })?;
+            let mut open = ObjectBuilder::default()
+                .open_memory(object)
+                .map_err(|e| classify("opening the BPF object", libbpf_kind(&e), format!("{e:#}")))?;
             for mut m in open.maps_mut() {
                 let n = if m.name() == OsStr::new("socks") {
                     socks_len
@@ -334,16 +313,11 @@ impl Steering {
                 } else {
                     continue;
                 };
-                m.set_max_entries(n)
-                    .map_err(|e| other(format!("sizing map: {e}")))?;
+                m.set_max_entries(n).map_err(|e| other(format!("sizing map: {e}")))?;
             }
             open.load().map_err(|e| {
                 let log = take_libbpf_log();
-                classify(
-                    "loading the SK_REUSEPORT program",
-                    libbpf_kind(&e),
-                    format!("{e:#}\n{log}"),
-                )
+                classify("loading the SK_REUSEPORT program", libbpf_kind(&e), format!("{e:#}\n{log}"))
             })
         })();
         libbpf_rs::set_print(prev);
@@ -363,9 +337,7 @@ impl Steering {
         };
         let config = map_handle(&steering._obj, "config")?;
         let cpu_shard = map_handle(&steering._obj, "cpu_shard")?;
-        let io_other = |what: &str, e: io::Error| {
-            LoadError::Other(anyhow::Error::new(e).context(what.to_string()))
-        };
+        let io_other = |what: &str, e: io::Error| LoadError::Other(anyhow::Error::new(e).context(what.to_string()));
 
         let by_cpu = shard_by_cpu.is_some() as u32;
         let mut cfg = [0u8; 8];
@@ -373,11 +345,8 @@ impl Steering {
         cfg[4..].copy_from_slice(&by_cpu.to_ne_bytes());
         update(&config, 0, &cfg).map_err(|e| io_other("writing config", e))?;
         for cpu in 0..CPU_SLOTS {
-            let s = shard_by_cpu
-                .and_then(|t| t.get(cpu as usize).copied())
-                .unwrap_or(cpu % shards);
-            update(&cpu_shard, cpu, &s.to_ne_bytes())
-                .map_err(|e| io_other("writing cpu_shard", e))?;
+            let s = shard_by_cpu.and_then(|t| t.get(cpu as usize).copied()).unwrap_or(cpu % shards);
+            update(&cpu_shard, cpu, &s.to_ne_bytes()).map_err(|e| io_other("writing cpu_shard", e))?;
         }
         let prog = steering
             ._obj
@@ -385,13 +354,8 @@ impl Steering {
             .find(|p| p.name() == OsStr::new("steer"))
             .ok_or_else(|| other("program steer missing from the BPF object".into()))?;
         let prog_fd = prog.as_fd().as_raw_fd();
-        setsockopt_int(
-            shard_sockets[0],
-            libc::SOL_SOCKET,
-            libc::SO_ATTACH_REUSEPORT_EBPF,
-            prog_fd,
-        )
-        .map_err(|e| classify_os("SO_ATTACH_REUSEPORT_EBPF", e))?;
+        setsockopt_int(shard_sockets[0], libc::SOL_SOCKET, libc::SO_ATTACH_REUSEPORT_EBPF, prog_fd)
+            .map_err(|e| classify_os("SO_ATTACH_REUSEPORT_EBPF", e))?;
         // Only now the shard sockets: a socket sits in one sockarray at a time (EBUSY
         // otherwise), and after a data-plane restart they still sit in the previous
         // program's array, which the kernel frees (asynchronously) once the attach
@@ -428,10 +392,7 @@ impl Steering {
     /// (`None`: rotated away, or a generation whose PRF is hmac-sha256).
     pub fn set_generation(&self, cr: u8, siphash_key: Option<[u64; 2]>) -> io::Result<()> {
         if cr >= GENERATIONS {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("generation {cr} is not 0..=2"),
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("generation {cr} is not 0..=2")));
         }
         let [k0, k1] = siphash_key.unwrap_or([0, 0]);
         let mut v = [0u8; 24];
@@ -460,9 +421,7 @@ impl Steering {
         let idx = self.check_slot(slot)?;
         let cpus = libbpf_rs::num_possible_cpus().map_err(map_err)?;
         let zeros = vec![vec![0u8; 8]; cpus];
-        self.worker_fast
-            .update_percpu(&slot.to_ne_bytes(), &zeros, MapFlags::ANY)
-            .map_err(map_err)?;
+        self.worker_fast.update_percpu(&slot.to_ne_bytes(), &zeros, MapFlags::ANY).map_err(map_err)?;
         update(&self.socks, idx, &(sock.as_raw_fd() as u64).to_ne_bytes())?;
         update(&self.ids, server_id as u32, &(idx + 1).to_ne_bytes())
     }
@@ -524,19 +483,10 @@ pub fn detach(sock: BorrowedFd<'_>) -> io::Result<()> {
 /// of the listen address's group; port 0 binds an ephemeral port that the rest of the
 /// group then binds explicitly.
 pub fn open_worker_socket(addr: SocketAddr) -> io::Result<OwnedFd> {
-    let family = if addr.is_ipv4() {
-        libc::AF_INET
-    } else {
-        libc::AF_INET6
-    };
+    let family = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
     // SAFETY: plain socket(2) call; `owned` checks the result.
-    let fd = sys::owned(unsafe {
-        libc::socket(
-            family,
-            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        )
-    })?;
+    let fd =
+        sys::owned(unsafe { libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) })?;
     setsockopt_int(fd.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
     if addr.is_ipv6() {
         setsockopt_int(fd.as_fd(), libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;

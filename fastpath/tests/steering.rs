@@ -25,10 +25,7 @@ const PRF_LABEL: &[u8] = b"quicdemux cid prf siphash-2-4 v1";
 fn derive(secret: &[u8; 32]) -> [u64; 2] {
     let t = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, secret), PRF_LABEL);
     let t = t.as_ref();
-    [
-        u64::from_le_bytes(t[0..8].try_into().unwrap()),
-        u64::from_le_bytes(t[8..16].try_into().unwrap()),
-    ]
+    [u64::from_le_bytes(t[0..8].try_into().unwrap()), u64::from_le_bytes(t[8..16].try_into().unwrap())]
 }
 
 fn mask(key: [u64; 2], prefix: &[u8]) -> [u8; 2] {
@@ -103,9 +100,7 @@ fn bump(c: &mut Counters, o: Outcome) {
 // ---------- the harness ----------
 
 fn require() -> bool {
-    std::env::var("QUICDEMUX_REQUIRE_FASTPATH")
-        .map(|v| v == "1")
-        .unwrap_or(false)
+    std::env::var("QUICDEMUX_REQUIRE_FASTPATH").map(|v| v == "1").unwrap_or(false)
 }
 
 fn set_rcvbuf(s: &UdpSocket) {
@@ -135,22 +130,15 @@ fn group(shards: usize, workers: usize, max_workers: u32, by_cpu: Option<&[u32]>
     group_at("127.0.0.1:0", shards, workers, max_workers, by_cpu)
 }
 
-fn group_at(
-    bind: &str,
-    shards: usize,
-    workers: usize,
-    max_workers: u32,
-    by_cpu: Option<&[u32]>,
-) -> Option<Group> {
+fn group_at(bind: &str, shards: usize, workers: usize, max_workers: u32, by_cpu: Option<&[u32]>) -> Option<Group> {
     let first = UdpSocket::from(fastpath::open_worker_socket(bind.parse().unwrap()).unwrap());
     let addr = first.local_addr().unwrap();
     let mut shard_socks = vec![first];
     for _ in 1..shards {
         shard_socks.push(UdpSocket::from(fastpath::open_worker_socket(addr).unwrap()));
     }
-    let worker_socks: Vec<Option<UdpSocket>> = (0..workers)
-        .map(|_| Some(UdpSocket::from(fastpath::open_worker_socket(addr).unwrap())))
-        .collect();
+    let worker_socks: Vec<Option<UdpSocket>> =
+        (0..workers).map(|_| Some(UdpSocket::from(fastpath::open_worker_socket(addr).unwrap()))).collect();
     for s in shard_socks.iter().chain(worker_socks.iter().flatten()) {
         set_rcvbuf(s);
     }
@@ -163,28 +151,13 @@ fn group_at(
         }
         Err(e) => panic!("attach: {e}"),
     };
-    Some(Group {
-        addr,
-        shards: shard_socks,
-        workers: worker_socks,
-        steering,
-    })
+    Some(Group { addr, shards: shard_socks, workers: worker_socks, steering })
 }
 
 fn senders(n: usize) -> Vec<UdpSocket> {
-    let ips = [
-        "127.0.0.1",
-        "127.0.0.2",
-        "127.1.2.3",
-        "127.9.8.7",
-        "127.200.0.1",
-        "127.33.44.55",
-        "127.5.5.5",
-        "127.77.0.9",
-    ];
-    (0..n)
-        .map(|i| UdpSocket::bind((ips[i % ips.len()], 0)).unwrap())
-        .collect()
+    let ips =
+        ["127.0.0.1", "127.0.0.2", "127.1.2.3", "127.9.8.7", "127.200.0.1", "127.33.44.55", "127.5.5.5", "127.77.0.9"];
+    (0..n).map(|i| UdpSocket::bind((ips[i % ips.len()], 0)).unwrap()).collect()
 }
 
 /// One datagram to send and where it must arrive.
@@ -219,10 +192,7 @@ fn run(g: &Group, srcs: &[UdpSocket], plan: &[Dgram]) -> Delivery {
             let seq = (base + i) as u32;
             if d.bytes.len() < 17 {
                 let key = (srcs[d.src].local_addr().unwrap(), d.bytes.len());
-                assert!(
-                    tiny.insert(key, seq).is_none(),
-                    "plan: two tiny datagrams share (source, length)"
-                );
+                assert!(tiny.insert(key, seq).is_none(), "plan: two tiny datagrams share (source, length)");
             }
             srcs[d.src].send_to(&d.bytes, g.addr).unwrap();
         }
@@ -230,22 +200,11 @@ fn run(g: &Group, srcs: &[UdpSocket], plan: &[Dgram]) -> Delivery {
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut buf = [0u8; 2048];
         while got < batch.len() {
-            assert!(
-                Instant::now() < deadline,
-                "only {got} of {} datagrams of batch {b} arrived",
-                batch.len()
-            );
+            assert!(Instant::now() < deadline, "only {got} of {} datagrams of batch {b} arrived", batch.len());
             let mut any = false;
-            let socks = g
-                .shards
-                .iter()
-                .enumerate()
-                .map(|(i, s)| (Arrived::Shard(i), s))
-                .chain(
-                    g.workers
-                        .iter()
-                        .enumerate()
-                        .filter_map(|(i, s)| s.as_ref().map(|s| (Arrived::Worker(i), s))),
+            let socks =
+                g.shards.iter().enumerate().map(|(i, s)| (Arrived::Shard(i), s)).chain(
+                    g.workers.iter().enumerate().filter_map(|(i, s)| s.as_ref().map(|s| (Arrived::Worker(i), s))),
                 );
             for (where_, s) in socks {
                 loop {
@@ -260,23 +219,17 @@ fn run(g: &Group, srcs: &[UdpSocket], plan: &[Dgram]) -> Delivery {
                             };
                             let d = &plan[seq as usize];
                             assert_eq!(&buf[..n], &d.bytes[..], "datagram {seq} corrupted");
-                            assert!(
-                                del.at.insert(seq, where_).is_none(),
-                                "datagram {seq} arrived twice"
-                            );
+                            assert!(del.at.insert(seq, where_).is_none(), "datagram {seq} arrived twice");
                             match (d.expect, where_) {
                                 (Expect::Worker(w), Arrived::Worker(a)) if w == a => {}
                                 (Expect::AnyShard, Arrived::Shard(_)) => {}
-                                (e, a) => panic!(
-                                    "datagram {seq} ({:?}) expected at {e:?}, arrived at {a:?}",
-                                    d.outcome
-                                ),
+                                (e, a) => {
+                                    panic!("datagram {seq} ({:?}) expected at {e:?}, arrived at {a:?}", d.outcome)
+                                }
                             }
                             match where_ {
                                 Arrived::Worker(w) => *del.per_worker.entry(w).or_default() += 1,
-                                Arrived::Shard(s) => {
-                                    del.src_shards.entry(from).or_default().push(s)
-                                }
+                                Arrived::Shard(s) => del.src_shards.entry(from).or_default().push(s),
                             }
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -319,12 +272,7 @@ fn fast(rng: &mut Rng, src: usize, cr: u8, key: [u64; 2], worker: usize, seq: u3
 }
 
 fn to_shard(src: usize, bytes: Vec<u8>, outcome: Outcome) -> Dgram {
-    Dgram {
-        src,
-        bytes,
-        expect: Expect::AnyShard,
-        outcome,
-    }
+    Dgram { src, bytes, expect: Expect::AnyShard, outcome }
 }
 
 // ---------- tests ----------
@@ -340,9 +288,7 @@ fn steering_matches_the_model_exactly() {
     g.steering.set_generation(1, Some(k1)).unwrap();
     g.steering.set_generation(2, None).unwrap();
     for (slot, w) in g.workers.iter().enumerate() {
-        g.steering
-            .insert_worker(slot as u32, IDS[slot], w.as_ref().unwrap().as_fd())
-            .unwrap();
+        g.steering.insert_worker(slot as u32, IDS[slot], w.as_ref().unwrap().as_fd()).unwrap();
     }
     let srcs = senders(8);
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
@@ -367,62 +313,38 @@ fn steering_matches_the_model_exactly() {
                 let cr = rng.below(2) as u8;
                 let c = cid(&mut rng, cr, id, Some(if cr == 0 { k0 } else { k1 }));
                 let (first, len) = (0x40 | ((rng.next() as u8) & 0x3f), 33 + rng.below(200) as usize);
-                to_shard(
-                    src,
-                    short_datagram(&mut rng, first, &c, len, seq),
-                    Outcome::NotLive,
-                )
+                to_shard(src, short_datagram(&mut rng, first, &c, len, seq), Outcome::NotLive)
             }
             5 => {
                 // Live id encoded with generation 0's key but marked cr = 3.
                 let mut c = cid(&mut rng, 0, IDS[0], Some(k0));
                 c[0] |= 0xc0;
-                to_shard(
-                    src,
-                    short_datagram(&mut rng, 0x40, &c, 60, seq),
-                    Outcome::CrUnroutable,
-                )
+                to_shard(src, short_datagram(&mut rng, 0x40, &c, 60, seq), Outcome::CrUnroutable)
             }
             6 => {
                 // cr = 2: inactive generation (encoded with k0: must not matter).
                 let mut c = cid(&mut rng, 0, IDS[1], Some(k0));
                 c[0] = (c[0] & 0x3f) | 0x80;
-                to_shard(
-                    src,
-                    short_datagram(&mut rng, 0x40, &c, 80, seq),
-                    Outcome::UnknownGeneration,
-                )
+                to_shard(src, short_datagram(&mut rng, 0x40, &c, 80, seq), Outcome::UnknownGeneration)
             }
             7 => {
                 // Long header whose DCID bytes would decode to a live worker.
                 let c = cid(&mut rng, 0, IDS[2], Some(k0));
                 let first = 0x80 | (rng.next() as u8);
                 let len = 40 + rng.below(1200) as usize;
-                to_shard(
-                    src,
-                    short_datagram(&mut rng, first, &c, len, seq),
-                    Outcome::LongHeader,
-                )
+                to_shard(src, short_datagram(&mut rng, first, &c, len, seq), Outcome::LongHeader)
             }
             8 => {
                 // Fixed bit clear, otherwise a perfect fast datagram.
                 let c = cid(&mut rng, 1, IDS[1], Some(k1));
                 let first = (rng.next() as u8) & 0x3f;
-                to_shard(
-                    src,
-                    short_datagram(&mut rng, first, &c, 100, seq),
-                    Outcome::ShortPacket,
-                )
+                to_shard(src, short_datagram(&mut rng, first, &c, 100, seq), Outcome::ShortPacket)
             }
             9 => {
                 // Too short by 1..=16 bytes: live id, 17..=32 bytes.
                 let c = cid(&mut rng, 0, IDS[0], Some(k0));
                 let len = 17 + rng.below(16) as usize;
-                to_shard(
-                    src,
-                    short_datagram(&mut rng, 0x40, &c, len, seq),
-                    Outcome::ShortPacket,
-                )
+                to_shard(src, short_datagram(&mut rng, 0x40, &c, len, seq), Outcome::ShortPacket)
             }
             10 => {
                 // The boundary: exactly 33 bytes is fast, 32 is not.
@@ -437,11 +359,7 @@ fn steering_matches_the_model_exactly() {
                     }
                 } else {
                     let c = cid(&mut rng, 1, IDS[0], Some(k1));
-                    to_shard(
-                        src,
-                        short_datagram(&mut rng, 0x7f, &c, 32, seq),
-                        Outcome::ShortPacket,
-                    )
+                    to_shard(src, short_datagram(&mut rng, 0x7f, &c, 32, seq), Outcome::ShortPacket)
                 }
             }
             _ => continue,
@@ -467,25 +385,16 @@ fn steering_matches_the_model_exactly() {
     let have = g.steering.counters().unwrap();
     assert_eq!(have, want, "counters (left: kernel, right: model)");
     assert_eq!(have.total(), plan.len() as u64);
-    for kind in [
-        want.fast,
-        want.long_header,
-        want.short_packet,
-        want.cr_unroutable,
-        want.unknown_generation,
-        want.not_live,
-    ] {
+    for kind in
+        [want.fast, want.long_header, want.short_packet, want.cr_unroutable, want.unknown_generation, want.not_live]
+    {
         assert!(kind > 0, "the plan covers every outcome: {want:?}");
     }
     // Test 4 within the mix: worker_fast(slot) = datagrams delivered to that worker.
     for w in 0..3 {
         let got = del.per_worker.get(&w).copied().unwrap_or(0);
         assert!(got > 0);
-        assert_eq!(
-            g.steering.worker_fast(w as u32).unwrap(),
-            got,
-            "worker_fast({w})"
-        );
+        assert_eq!(g.steering.worker_fast(w as u32).unwrap(), got, "worker_fast({w})");
     }
     for slot in 3..8 {
         assert_eq!(g.steering.worker_fast(slot).unwrap(), 0);
@@ -493,17 +402,10 @@ fn steering_matches_the_model_exactly() {
     // Shard choice by hash: one 4-tuple, one shard; both shards used.
     let mut used = [false; 2];
     for (src, shards) in &del.src_shards {
-        assert!(
-            shards.iter().all(|&s| s == shards[0]),
-            "{src} reached shards {shards:?}"
-        );
+        assert!(shards.iter().all(|&s| s == shards[0]), "{src} reached shards {shards:?}");
         used[shards[0]] = true;
     }
-    assert!(
-        used[0] && used[1],
-        "both shards used: {used:?} over {} sources",
-        del.src_shards.len()
-    );
+    assert!(used[0] && used[1], "both shards used: {used:?} over {} sources", del.src_shards.len());
 }
 
 /// Plan of `n` fast datagrams for worker `w` (generation 0) from all sources.
@@ -532,9 +434,7 @@ fn prepare(g: &Group) -> [u64; 2] {
     let k0 = derive(&SECRET0);
     g.steering.set_generation(0, Some(k0)).unwrap();
     for (slot, w) in g.workers.iter().enumerate() {
-        g.steering
-            .insert_worker(slot as u32, IDS[slot], w.as_ref().unwrap().as_fd())
-            .unwrap();
+        g.steering.insert_worker(slot as u32, IDS[slot], w.as_ref().unwrap().as_fd()).unwrap();
     }
     k0
 }
@@ -550,47 +450,16 @@ fn closed_worker_socket_falls_back_to_a_shard() {
     let srcs = senders(4);
     let mut rng = Rng(7);
     // Before: fast.
-    let plan = fast_plan(
-        &mut rng,
-        k0,
-        1,
-        100,
-        srcs.len(),
-        0,
-        Expect::Worker(1),
-        Outcome::Fast,
-    );
+    let plan = fast_plan(&mut rng, k0, 1, 100, srcs.len(), 0, Expect::Worker(1), Outcome::Fast);
     run(&g, &srcs, &plan);
     assert_eq!(g.steering.counters().unwrap().fast, 100);
     drop(g.workers[1].take());
-    let mut plan2 = fast_plan(
-        &mut rng,
-        k0,
-        1,
-        200,
-        srcs.len(),
-        0,
-        Expect::AnyShard,
-        Outcome::SelectFailed,
-    );
+    let mut plan2 = fast_plan(&mut rng, k0, 1, 200, srcs.len(), 0, Expect::AnyShard, Outcome::SelectFailed);
     // Other workers are unaffected.
-    plan2.extend(fast_plan(
-        &mut rng,
-        k0,
-        2,
-        50,
-        srcs.len(),
-        200,
-        Expect::Worker(2),
-        Outcome::Fast,
-    ));
+    plan2.extend(fast_plan(&mut rng, k0, 2, 50, srcs.len(), 200, Expect::Worker(2), Outcome::Fast));
     run(&g, &srcs, &plan2);
     let c = g.steering.counters().unwrap();
-    assert_eq!(
-        (c.fast, c.select_failed, c.shard_select_failed),
-        (150, 200, 0),
-        "{c:?}"
-    );
+    assert_eq!((c.fast, c.select_failed, c.shard_select_failed), (150, 200, 0), "{c:?}");
     assert_eq!(g.steering.worker_fast(1).unwrap(), 100);
     // remove_worker of a slot whose socket is already gone is fine.
     g.steering.remove_worker(1, IDS[1]).unwrap();
@@ -606,118 +475,33 @@ fn remove_and_reinsert_worker() {
     let k0 = prepare(&g);
     let srcs = senders(4);
     let mut rng = Rng(99);
-    run(
-        &g,
-        &srcs,
-        &fast_plan(
-            &mut rng,
-            k0,
-            0,
-            64,
-            srcs.len(),
-            0,
-            Expect::Worker(0),
-            Outcome::Fast,
-        ),
-    );
+    run(&g, &srcs, &fast_plan(&mut rng, k0, 0, 64, srcs.len(), 0, Expect::Worker(0), Outcome::Fast));
     g.steering.remove_worker(0, IDS[0]).unwrap();
-    run(
-        &g,
-        &srcs,
-        &fast_plan(
-            &mut rng,
-            k0,
-            0,
-            80,
-            srcs.len(),
-            0,
-            Expect::AnyShard,
-            Outcome::NotLive,
-        ),
-    );
+    run(&g, &srcs, &fast_plan(&mut rng, k0, 0, 80, srcs.len(), 0, Expect::AnyShard, Outcome::NotLive));
     let c = g.steering.counters().unwrap();
     assert_eq!((c.fast, c.not_live, c.select_failed), (64, 80, 0), "{c:?}");
     // Same socket, new slot 4.
-    g.steering
-        .insert_worker(4, IDS[0], g.workers[0].as_ref().unwrap().as_fd())
-        .unwrap();
-    let mut plan = fast_plan(
-        &mut rng,
-        k0,
-        0,
-        90,
-        srcs.len(),
-        0,
-        Expect::Worker(0),
-        Outcome::Fast,
-    );
-    plan.extend(fast_plan(
-        &mut rng,
-        k0,
-        2,
-        10,
-        srcs.len(),
-        90,
-        Expect::Worker(2),
-        Outcome::Fast,
-    ));
+    g.steering.insert_worker(4, IDS[0], g.workers[0].as_ref().unwrap().as_fd()).unwrap();
+    let mut plan = fast_plan(&mut rng, k0, 0, 90, srcs.len(), 0, Expect::Worker(0), Outcome::Fast);
+    plan.extend(fast_plan(&mut rng, k0, 2, 10, srcs.len(), 90, Expect::Worker(2), Outcome::Fast));
     run(&g, &srcs, &plan);
     let c = g.steering.counters().unwrap();
     assert_eq!((c.fast, c.not_live), (64 + 100, 80), "{c:?}");
     assert_eq!(g.steering.worker_fast(4).unwrap(), 90);
-    assert_eq!(
-        g.steering.worker_fast(0).unwrap(),
-        64,
-        "the old slot keeps its count"
-    );
+    assert_eq!(g.steering.worker_fast(0).unwrap(), 64, "the old slot keeps its count");
     assert_eq!(g.steering.worker_fast(2).unwrap(), 10);
     // Removing the old slot now must not unsteer the id that moved to slot 4.
     g.steering.remove_worker(0, IDS[0]).unwrap();
-    run(
-        &g,
-        &srcs,
-        &fast_plan(
-            &mut rng,
-            k0,
-            0,
-            20,
-            srcs.len(),
-            0,
-            Expect::Worker(0),
-            Outcome::Fast,
-        ),
-    );
+    run(&g, &srcs, &fast_plan(&mut rng, k0, 0, 20, srcs.len(), 0, Expect::Worker(0), Outcome::Fast));
     assert_eq!(g.steering.worker_fast(4).unwrap(), 110);
     // Re-using a slot restarts its worker_fast count.
     g.steering.remove_worker(4, IDS[0]).unwrap();
-    g.steering
-        .insert_worker(0, IDS[0], g.workers[0].as_ref().unwrap().as_fd())
-        .unwrap();
-    assert_eq!(
-        g.steering.worker_fast(0).unwrap(),
-        0,
-        "insert_worker resets the slot's count"
-    );
-    run(
-        &g,
-        &srcs,
-        &fast_plan(
-            &mut rng,
-            k0,
-            0,
-            5,
-            srcs.len(),
-            0,
-            Expect::Worker(0),
-            Outcome::Fast,
-        ),
-    );
+    g.steering.insert_worker(0, IDS[0], g.workers[0].as_ref().unwrap().as_fd()).unwrap();
+    assert_eq!(g.steering.worker_fast(0).unwrap(), 0, "insert_worker resets the slot's count");
+    run(&g, &srcs, &fast_plan(&mut rng, k0, 0, 5, srcs.len(), 0, Expect::Worker(0), Outcome::Fast));
     assert_eq!(g.steering.worker_fast(0).unwrap(), 5);
     // Out-of-range slots are refused.
-    assert!(g
-        .steering
-        .insert_worker(6, 1, g.workers[1].as_ref().unwrap().as_fd())
-        .is_err());
+    assert!(g.steering.insert_worker(6, 1, g.workers[1].as_ref().unwrap().as_fd()).is_err());
     assert!(g.steering.worker_fast(6).is_err());
     assert!(g.steering.set_generation(3, None).is_err());
 }
@@ -740,9 +524,7 @@ fn pin_to(cpu: usize) -> io::Result<()> {
 /// receive path on the sending CPU). Fast datagrams still reach their workers.
 #[test]
 fn by_cpu_picks_the_cpu_shard() {
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     if cpus < 2 {
         eprintln!("skip: by_cpu needs at least 2 CPUs, this machine has {cpus}");
         return;
@@ -765,23 +547,10 @@ fn by_cpu_picks_the_cpu_shard() {
                 let mut plan: Vec<Dgram> = (0..200)
                     .map(|i| {
                         let c = cid(&mut rng, 3, 0, None);
-                        to_shard(
-                            i % 8,
-                            short_datagram(&mut rng, 0x40, &c, 50, i as u32),
-                            Outcome::CrUnroutable,
-                        )
+                        to_shard(i % 8, short_datagram(&mut rng, 0x40, &c, 50, i as u32), Outcome::CrUnroutable)
                     })
                     .collect();
-                plan.extend(fast_plan(
-                    &mut rng,
-                    k0,
-                    2,
-                    40,
-                    8,
-                    200,
-                    Expect::Worker(2),
-                    Outcome::Fast,
-                ));
+                plan.extend(fast_plan(&mut rng, k0, 2, 40, 8, 200, Expect::Worker(2), Outcome::Fast));
                 (run(g, &srcs, &plan), plan.len())
             })
             .join()
@@ -790,10 +559,7 @@ fn by_cpu_picks_the_cpu_shard() {
         assert_eq!(del.at.len(), n);
         let mut count = 0;
         for (src, shards) in &del.src_shards {
-            assert!(
-                shards.iter().all(|&s| s == shard),
-                "cpu {cpu}: {src} reached shards {shards:?}, want {shard}"
-            );
+            assert!(shards.iter().all(|&s| s == shard), "cpu {cpu}: {src} reached shards {shards:?}, want {shard}");
             count += shards.len();
         }
         assert_eq!(count, 200);
@@ -818,31 +584,17 @@ fn failed_shard_select_is_a_counted_drop() {
     let mut rng = Rng(5);
     for i in 0..100 {
         let c = cid(&mut rng, 3, 0, None);
-        srcs[i % 4]
-            .send_to(&short_datagram(&mut rng, 0x40, &c, 50, i as u32), g.addr)
-            .unwrap();
+        srcs[i % 4].send_to(&short_datagram(&mut rng, 0x40, &c, 50, i as u32), g.addr).unwrap();
     }
     // Fast datagrams are unaffected (and, being delivered, prove the others had time).
-    run(
-        &g,
-        &srcs,
-        &fast_plan(&mut rng, k0, 1, 30, 4, 0, Expect::Worker(1), Outcome::Fast),
-    );
+    run(&g, &srcs, &fast_plan(&mut rng, k0, 1, 30, 4, 0, Expect::Worker(1), Outcome::Fast));
     std::thread::sleep(Duration::from_millis(50));
     let mut buf = [0u8; 2048];
     for s in g.shards.iter().chain(g.workers.iter().flatten()) {
-        assert!(
-            s.recv_from(&mut buf).is_err(),
-            "a dropped datagram arrived at {:?}",
-            s.local_addr()
-        );
+        assert!(s.recv_from(&mut buf).is_err(), "a dropped datagram arrived at {:?}", s.local_addr());
     }
     let c = g.steering.counters().unwrap();
-    assert_eq!(
-        (c.cr_unroutable, c.shard_select_failed, c.fast),
-        (100, 100, 30),
-        "{c:?}"
-    );
+    assert_eq!((c.cr_unroutable, c.shard_select_failed, c.fast), (100, 100, 30), "{c:?}");
 }
 
 /// The same program over IPv6 (::1): open_worker_socket's v6 path, and the UDP
@@ -857,32 +609,17 @@ fn ipv6_group_steers_too() {
         return;
     };
     let k0 = prepare(&g);
-    let srcs: Vec<UdpSocket> = (0..6)
-        .map(|_| UdpSocket::bind("[::1]:0").unwrap())
-        .collect();
+    let srcs: Vec<UdpSocket> = (0..6).map(|_| UdpSocket::bind("[::1]:0").unwrap()).collect();
     let mut rng = Rng(66);
     let mut plan = Vec::new();
     for w in 0..3 {
         let start = plan.len();
-        plan.extend(fast_plan(
-            &mut rng,
-            k0,
-            w,
-            50,
-            srcs.len(),
-            start,
-            Expect::Worker(w),
-            Outcome::Fast,
-        ));
+        plan.extend(fast_plan(&mut rng, k0, w, 50, srcs.len(), start, Expect::Worker(w), Outcome::Fast));
     }
     for i in 0..50 {
         let c = cid(&mut rng, 3, 0, None);
         let seq = plan.len() as u32;
-        plan.push(to_shard(
-            i % 6,
-            short_datagram(&mut rng, 0xc0, &c, 1200, seq),
-            Outcome::LongHeader,
-        ));
+        plan.push(to_shard(i % 6, short_datagram(&mut rng, 0xc0, &c, 1200, seq), Outcome::LongHeader));
     }
     let del = run(&g, &srcs, &plan);
     assert_eq!(del.at.len(), plan.len());
@@ -894,11 +631,9 @@ fn ipv6_group_steers_too() {
 /// thread) loading is refused with EPERM, which is `Unsupported`.
 #[test]
 fn unprivileged_load_is_unsupported() {
-    let unpriv =
-        std::fs::read_to_string("/proc/sys/kernel/unprivileged_bpf_disabled").unwrap_or_default();
+    let unpriv = std::fs::read_to_string("/proc/sys/kernel/unprivileged_bpf_disabled").unwrap_or_default();
     std::thread::spawn(move || {
-        let s =
-            UdpSocket::from(fastpath::open_worker_socket("127.0.0.1:0".parse().unwrap()).unwrap());
+        let s = UdpSocket::from(fastpath::open_worker_socket("127.0.0.1:0".parse().unwrap()).unwrap());
         #[repr(C)]
         struct Header {
             version: u32,
@@ -911,15 +646,8 @@ fn unprivileged_load_is_unsupported() {
             permitted: u32,
             inheritable: u32,
         }
-        let mut hdr = Header {
-            version: 0x2008_0522,
-            pid: 0,
-        }; // _LINUX_CAPABILITY_VERSION_3
-        let data = [Data {
-            effective: 0,
-            permitted: 0,
-            inheritable: 0,
-        }; 2];
+        let mut hdr = Header { version: 0x2008_0522, pid: 0 }; // _LINUX_CAPABILITY_VERSION_3
+        let data = [Data { effective: 0, permitted: 0, inheritable: 0 }; 2];
         // SAFETY: capset(2) with a v3 header and the two data words it reads; pid 0 =
         // this thread only.
         let rc = unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut Header, data.as_ptr()) };
@@ -951,22 +679,17 @@ fn verifier_refusal_is_unsupported() {
          char LICENSE[] SEC(\"license\") = \"Dual BSD/GPL\";\n",
     )
     .unwrap();
-    let arch = if cfg!(target_arch = "aarch64") {
-        "aarch64"
-    } else {
-        "x86_64"
-    };
-    let built =
-        std::process::Command::new(std::env::var("CLANG").unwrap_or_else(|_| "clang".into()))
-            .args(["-O2", "-g", "-target", "bpf"])
-            .arg(format!("-I/usr/include/{arch}-linux-gnu"))
-            .arg("-c")
-            .arg(&src)
-            .arg("-o")
-            .arg(&obj)
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
+    let arch = if cfg!(target_arch = "aarch64") { "aarch64" } else { "x86_64" };
+    let built = std::process::Command::new(std::env::var("CLANG").unwrap_or_else(|_| "clang".into()))
+        .args(["-O2", "-g", "-target", "bpf"])
+        .arg(format!("-I/usr/include/{arch}-linux-gnu"))
+        .arg("-c")
+        .arg(&src)
+        .arg("-o")
+        .arg(&obj)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
     if !built {
         eprintln!("skip: cannot compile a test BPF program here (clang / libbpf-dev missing)");
         return;
@@ -977,10 +700,7 @@ fn verifier_refusal_is_unsupported() {
     match Steering::attach_object(&bytes, &[s.as_fd()], 4, None) {
         Err(LoadError::Unsupported(m)) => {
             assert!(m.starts_with("loading the SK_REUSEPORT program"), "{m}");
-            assert!(
-                m.contains("invalid bpf_context access"),
-                "verifier log in: {m}"
-            );
+            assert!(m.contains("invalid bpf_context access"), "verifier log in: {m}");
         }
         other => panic!("verifier refusal: {other:?}"),
     }
@@ -997,18 +717,9 @@ fn unsupported_paths_are_reported_as_such() {
         }
         other => panic!("empty object: {other:?}"),
     }
-    for errno in [
-        libc::EPERM,
-        libc::EACCES,
-        libc::ENOSYS,
-        libc::EOPNOTSUPP,
-        libc::EINVAL,
-    ] {
+    for errno in [libc::EPERM, libc::EACCES, libc::ENOSYS, libc::EOPNOTSUPP, libc::EINVAL] {
         let e = fastpath::classify_os("loading", io::Error::from_raw_os_error(errno));
-        assert!(
-            matches!(e, LoadError::Unsupported(ref m) if m.starts_with("loading: ")),
-            "errno {errno}: {e:?}"
-        );
+        assert!(matches!(e, LoadError::Unsupported(ref m) if m.starts_with("loading: ")), "errno {errno}: {e:?}");
     }
     for errno in [libc::EBADF, libc::ENOMEM, libc::EBUSY] {
         let e = fastpath::classify_os("loading", io::Error::from_raw_os_error(errno));
@@ -1018,20 +729,11 @@ fn unsupported_paths_are_reported_as_such() {
         fastpath::classify("verifier", io::ErrorKind::PermissionDenied, "refused"),
         LoadError::Unsupported(ref m) if m == "verifier: refused"
     ));
-    assert!(matches!(
-        fastpath::classify("x", io::ErrorKind::NotFound, "y"),
-        LoadError::Other(_)
-    ));
+    assert!(matches!(fastpath::classify("x", io::ErrorKind::NotFound, "y"), LoadError::Other(_)));
     // No shard sockets is a caller error, not "unsupported".
-    assert!(matches!(
-        Steering::attach(&[], 4, None),
-        Err(LoadError::Other(_))
-    ));
+    assert!(matches!(Steering::attach(&[], 4, None), Err(LoadError::Other(_))));
     // A shard table naming a shard that does not exist is refused.
-    assert!(matches!(
-        Steering::attach(&[s.as_fd()], 4, Some(&[0, 1])),
-        Err(LoadError::Other(_))
-    ));
+    assert!(matches!(Steering::attach(&[s.as_fd()], 4, Some(&[0, 1])), Err(LoadError::Other(_))));
 }
 
 /// A data-plane restart: the old process's program stays attached to the group (its

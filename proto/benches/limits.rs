@@ -1,4 +1,4 @@
-//! Criterion benchmarks of the per-source limits (proto::limits, issue #7 item 1),
+//! Criterion benchmarks of the per-source limits,
 //! single-threaded, default parameters and table sizes (2^16 words each):
 //!
 //! - `limits/client_hash`: the keyed SipHash-1-3 of a client alone (both sketches pay

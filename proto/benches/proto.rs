@@ -1,4 +1,4 @@
-//! Criterion benchmarks of the proto hot paths (issue #2 §4). Results and how to read
+//! Criterion benchmarks of the proto hot paths. Results and how to read
 //! them: docs/benchmarks.md, section "proto (criterion)".
 //!
 //! - `cid/decode`: `KeySet::decode` of a valid 12-byte CID (one HMAC-SHA-256).
@@ -32,9 +32,9 @@
 use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
 use proto::cid::{Generation, KeySet, Prf, ServerId};
+use proto::decode_cache::{DecodeCache, Decoder};
 use proto::header::{self, Header};
 use proto::pin::PinTable;
-use proto::decode_cache::{DecodeCache, Decoder};
 use proto::route::{Decision, InstanceInfo, Reason, Router, Table};
 use std::hint::black_box;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! ADR-0040 connection IDs: 12 bytes that carry the owning instance's server id,
+//! ADR 0001 connection IDs: 12 bytes that carry the owning instance's server id,
 //! encrypted so that observers cannot link two CIDs or count instances.
 //!
 //! ```text
@@ -15,20 +15,20 @@
 use crate::prf::PreparedPrf;
 pub use crate::prf::{siphash_key, Prf, UnknownPrf};
 
-/// Every server-issued CID is exactly this long (ADR-0040 "Length"), which is what
+/// Every server-issued CID is exactly this long (ADR 0001 "Length"), which is what
 /// lets the demux parse short headers without per-connection state (RFC 9000 §17.3).
 pub const CID_LEN: usize = 12;
 /// Length of one key generation's secret.
 pub const KEY_LEN: usize = 32;
-/// `cr` value that marks a CID as deliberately unroutable (ADR-0040).
+/// `cr` value that marks a CID as deliberately unroutable (ADR 0001).
 pub const CR_UNROUTABLE: u8 = 3;
-/// At most this many generations are live (decodable) at once (ADR-0040 "Rotation").
+/// At most this many generations are live (decodable) at once (ADR 0001 "Rotation").
 pub const MAX_LIVE_GENERATIONS: usize = 2;
 /// Bytes of caller-supplied randomness one CID consumes: 6 bits of byte 0 (taken from
 /// the low bits of `rand[0]`), 8 nonce bytes and the trailing random byte.
 pub const CID_RANDOM_LEN: usize = 10;
 
-/// A 16-bit server id, assigned per instance start by the controller (ADR-0040).
+/// A 16-bit server id, assigned per instance start by the controller (ADR 0001).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServerId(pub u16);
 
@@ -271,7 +271,7 @@ impl KeySet {
 
     /// Recovers (generation, server id) from a CID, or says why it is not routable.
     /// Any 12 bytes with a live `cr` decode to *some* server id: integrity is not
-    /// needed (ADR-0040), the caller checks whether that id is live.
+    /// needed (ADR 0001), the caller checks whether that id is live.
     #[inline]
     pub fn decode(&self, cid: &[u8]) -> Result<Decoded, Unroutable> {
         if cid.len() != CID_LEN {

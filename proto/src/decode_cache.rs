@@ -1,4 +1,4 @@
-//! A per-shard cache of ADR-0040 CID decodes: every packet of an established
+//! A per-shard cache of ADR 0001 CID decodes: every packet of an established
 //! connection carries one of a few DCIDs, so repeating the HMAC-SHA-256 of
 //! [`KeySet::decode`] (≈ 260–310 ns, docs/benchmarks.md) for each one is wasted work.
 //! (A `siphash-2-4` generation, ADR 0004, decodes in ≈ 16 ns: the cache saves less.)
@@ -10,7 +10,7 @@
 //! `keys.decode(cid)` would return: a key rotation (new fingerprint) turns every old
 //! entry into a miss, and an attacker who aims CIDs at one index only causes misses.
 //!
-//! The index is CID bytes 1..=8, the nonce, which ADR-0040 makes uniformly random
+//! The index is CID bytes 1..=8, the nonce, which ADR 0001 makes uniformly random
 //! for the CIDs we issue. Inputs that [`KeySet::decode`] rejects without an HMAC
 //! (wrong length, `cr` = 3, a generation the set does not hold) bypass the cache:
 //! they cost nothing to recompute and must not evict useful entries.
@@ -35,7 +35,7 @@ impl<D: Decoder + ?Sized> Decoder for &mut D {
     }
 }
 
-/// [`KeySet::decode`] every time: plain ADR-0040 routing.
+/// [`KeySet::decode`] every time: plain ADR 0001 routing.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Uncached;
 

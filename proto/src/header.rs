@@ -177,7 +177,7 @@ fn long_type(version: u32, first: u8) -> LongType {
 }
 
 /// Parses the first packet header of a datagram. `short_dcid_len` is the fixed DCID
-/// length of short headers (ADR-0040: 12).
+/// length of short headers (ADR 0001: 12).
 pub fn parse(datagram: &[u8], short_dcid_len: usize) -> Result<Header<'_>, HeaderError> {
     let mut r = Reader { buf: datagram, pos: 0 };
     let first = r.u8()?;

@@ -3,8 +3,7 @@
 //! answer one question statelessly: **does this datagram start a connection?**
 //!
 //! The data plane asks it about client Initials whose DCID decodes to a live server
-//! id and that carry no valid token (docs/adr/0002-routing.md, issue "overload" item
-//! 3). Such an Initial is either
+//! id and that carry no valid token (docs/adr/0002-routing.md). Such an Initial is either
 //! - a client's Initial *after* the server's first flight: RFC 9000 §7.2 has the
 //!   client use the server's SCID as DCID from then on, so it decodes to that server;
 //!   it carries ACKs (and a second ClientHello after a HelloRetryRequest, which

@@ -103,7 +103,7 @@ impl KeyFile {
         }
     }
 
-    /// Rotation (ADR-0040): `fresh` becomes the next generation, with PRF `prf`
+    /// Rotation (ADR 0001): `fresh` becomes the next generation, with PRF `prf`
     /// (ADR 0004); the current newest stays decodable; the one before is dropped.
     pub fn rotated(&self, fresh: [u8; KEY_LEN], prf: Prf) -> KeyFile {
         let newest = KeyGen { generation: self.keys.newest.generation.next(), prf, secret: fresh };

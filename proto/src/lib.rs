@@ -3,13 +3,13 @@
 //! The sans-IO core shared by the demux, the workers and the tools: pure functions
 //! over bytes, time passed in, no sockets, no clocks, no threads, no `unsafe`.
 //!
-//! - [`cid`]: ADR-0040 connection IDs (encode / decode, key generations).
+//! - [`cid`]: ADR 0001 connection IDs (encode / decode, key generations).
 //! - [`prf`]: the per-generation PRF that masks server ids (ADR 0004).
 //! - [`decode_cache`]: a per-shard cache of CID decodes (skips the HMAC for repeat DCIDs).
 //! - [`header`]: the cleartext QUIC header (RFC 8999, RFC 9000 §17, RFC 9369).
 //! - [`initial`]: client Initials opened with their public keys (does a datagram start a connection?).
 //! - [`token`]: quinn 0.11 address-validation tokens checked (Retry and NEW_TOKEN).
-//! - [`route`]: the ADR-0040 routing table as a function of datagram and snapshot.
+//! - [`route`]: the ADR 0001 routing table as a function of datagram and snapshot.
 //! - [`pin`]: the fixed-capacity 10 s placement pin table.
 //! - [`rendezvous`]: keyed highest-random-weight hashing.
 //! - [`limits`]: per-source limits in fixed memory (GCRA and count-min lanes sketches).
@@ -35,7 +35,7 @@ pub mod token;
 pub mod wire;
 
 pub use cid::{Decoded, Generation, KeySet, Prf, ServerId, Unroutable, CID_LEN};
+pub use decode_cache::{DecodeCache, Decoder, Uncached};
 pub use header::{Header, HeaderError, LongHeader, LongType};
 pub use pin::PinTable;
 pub use route::{Admission, Decision, InstanceInfo, NoAdmission, Reason, Router, Table, TrainRun};
-pub use decode_cache::{DecodeCache, Decoder, Uncached};

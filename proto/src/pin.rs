@@ -1,4 +1,4 @@
-//! The placement pin table (ADR-0040 "Routing rules"): a client-chosen DCID that was
+//! The placement pin table (ADR 0001 "Routing rules"): a client-chosen DCID that was
 //! placed on an instance stays there for [`PIN_TTL`], so the client's later Initials
 //! and its 0-RTT reach the same instance even while the instance set changes.
 //!
@@ -13,7 +13,7 @@ use siphasher::sip::SipHasher13;
 use std::hash::Hasher;
 use std::time::Duration;
 
-/// How long a placement is pinned (ADR-0040).
+/// How long a placement is pinned (ADR 0001).
 pub const PIN_TTL: Duration = Duration::from_secs(10);
 /// Longest key: a v1/v2 connection ID (RFC 9000 §17.2).
 pub const MAX_KEY_LEN: usize = 20;

@@ -1,4 +1,4 @@
-//! The ADR-0040 routing table as a pure function:
+//! The ADR 0001 routing table as a pure function:
 //! (datagram, table snapshot, pin table, now) → [`Decision`].
 //!
 //! | datagram                                                  | reason               |
@@ -20,7 +20,7 @@
 //! only cost is placement ignoring `placeable` with probability ≤ live/65 536 per
 //! random DCID: a draining instance refuses the connection and the client retries with
 //! a fresh DCID. The alternative — pinning first — would need the pin table on the
-//! Owner path, which must stay stateless (ADR-0040 "Consequences").
+//! Owner path, which must stay stateless (ADR 0001 "Consequences").
 
 use crate::cid::{KeySet, ServerId, CID_LEN};
 use crate::decode_cache::{Decoder, Uncached};
@@ -187,7 +187,7 @@ impl Table {
 
     #[inline]
     fn owner<D: Decoder>(&self, dcid: &[u8], decoder: &mut D) -> Option<usize> {
-        // ADR-0040: only a 12-byte CID with a live `cr` can name an owner.
+        // ADR 0001: only a 12-byte CID with a live `cr` can name an owner.
         decoder.decode(&self.keys, dcid).ok().and_then(|d| self.index_of(d.server_id))
     }
 
@@ -202,7 +202,7 @@ impl Table {
 /// Admission control at the one point where a datagram makes new state: a client
 /// Initial / 0-RTT with a client-chosen DCID that no live pin covers, about to be
 /// placed (and pinned). Owner and Pinned datagrams, short headers and everything else
-/// never reach it, so they pay nothing for it (issue #7).
+/// never reach it, so they pay nothing for it.
 pub trait Admission {
     /// Why a placement was refused (the caller's own reasons; not a [`Reason`]).
     type Refusal: Copy + Eq + std::fmt::Debug;
@@ -225,10 +225,10 @@ pub trait Admission {
     /// [`Admission::admit`], Retry). `datagram` is the whole datagram, or a uniform
     /// GRO train of `stride`-byte segments when `stride > 0` (routed as one: the answer
     /// covers every segment); empty from [`Router::route_header`]. Default `true`:
-    /// plain ADR-0040 routing.
+    /// plain ADR 0001 routing.
     ///
     /// A DCID that decodes is no proof of anything: a CID of the sender's own
-    /// connection or a Retry's SCID is one anybody can copy (issue "overload" item 3).
+    /// connection or a Retry's SCID is one anybody can copy.
     /// The data plane's answer ([`crate::token`], [`crate::initial`]): yes when the
     /// token validates for the client's address, else yes only when the datagram does
     /// not start a connection (a client's Initial after the server's first flight,
@@ -246,7 +246,7 @@ pub trait Admission {
     }
 }
 
-/// Admits everything with no payload: plain ADR-0040 routing.
+/// Admits everything with no payload: plain ADR 0001 routing.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NoAdmission;
 
@@ -322,7 +322,7 @@ pub struct Router<'r, A = NoAdmission, D = Uncached> {
 }
 
 impl<'r> Router<'r> {
-    /// Plain ADR-0040 routing: every placement admitted, every DCID decoded anew.
+    /// Plain ADR 0001 routing: every placement admitted, every DCID decoded anew.
     pub fn new(table: &'r Table, pins: &'r mut PinTable, now: Duration) -> Router<'r> {
         Router { table, pins, now, admission: NoAdmission, decoder: Uncached }
     }

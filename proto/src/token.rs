@@ -1,7 +1,7 @@
 //! Address-validation tokens in quinn-proto 0.11's format, checked without quinn
 //! (quinn keeps its token type crate-private: src/token.rs `Token::decode`), so the
 //! data plane can tell whether a client Initial's token is one the instances' quinn
-//! would accept (docs/adr/0003-demux-retry.md; issue "overload" item 3).
+//! would accept (docs/adr/0003-demux-retry.md).
 //!
 //! Format (quinn-proto 0.11.19 `Token::encode`): `sealed ‖ nonce`, where `nonce` is
 //! 16 random bytes and `sealed` is AES-256-GCM (zero nonce, no AAD) under a key

@@ -176,10 +176,8 @@ pub fn decode_frame(rec: &[u8]) -> Result<(FrameMeta, &[u8]), WireError> {
         s if usize::from(s) <= payload.len() => Some(s),
         _ => return Err(WireError::BadSegmentSize),
     };
-    let client = SocketAddr::new(
-        get_addr(&rec[8..24], flags & FLAG_CLIENT_V6 != 0)?,
-        u16::from_be_bytes([rec[6], rec[7]]),
-    );
+    let client =
+        SocketAddr::new(get_addr(&rec[8..24], flags & FLAG_CLIENT_V6 != 0)?, u16::from_be_bytes([rec[6], rec[7]]));
     let local = if flags & FLAG_LOCAL != 0 {
         Some(SocketAddr::new(
             get_addr(&rec[24..40], flags & FLAG_LOCAL_V6 != 0)?,
@@ -366,7 +364,6 @@ impl Control {
         }
     }
 }
-
 
 mod tag {
     pub const HELLO: u8 = 1;

@@ -1,4 +1,4 @@
-//! ADR-0040 connection IDs: round trips, unroutable reasons, and unlinkability, under
+//! ADR 0001 connection IDs: round trips, unroutable reasons, and unlinkability, under
 //! both PRFs of ADR 0004 (hmac-sha256, siphash-2-4) and key sets that mix them.
 #![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
@@ -54,19 +54,19 @@ proptest! {
         prop_assert_eq!(ks.live_generations().count(), 1 + usize::from(prev.is_some()));
         let cid = ks.encode(ServerId(id), &rand);
         prop_assert_eq!(cid.len(), CID_LEN);
-        // ADR-0040 layout: cr | 6 random bits, nonce, masked id, random byte.
+        // ADR 0001 layout: cr | 6 random bits, nonce, masked id, random byte.
         prop_assert_eq!(cid[0] >> 6, g);
         prop_assert_eq!(cid[0] & 0x3f, rand[0] & 0x3f);
         prop_assert_eq!(&cid[1..9], &rand[1..9]);
         prop_assert_eq!(cid[11], rand[9]);
-        // ADR-0040 PRF, recomputed independently: bytes 9..=10 = id XOR
+        // ADR 0001 PRF, recomputed independently: bytes 9..=10 = id XOR
         // PRF(key[cr], bytes 0..=8)[0..2], the generation's own PRF (ADR 0004).
         let secret = ks.secret(gen(g)).unwrap();
         let m = ref_mask(prfs[0], secret, &cid[..9]);
         let id_be = id.to_be_bytes();
         prop_assert_eq!([cid[9] ^ m[0], cid[10] ^ m[1]], id_be);
         prop_assert_eq!(ks.decode(&cid), Ok(Decoded { generation: gen(g), server_id: ServerId(id) }));
-        // The previous generation encodes and decodes too (rotation, ADR-0040), with
+        // The previous generation encodes and decodes too (rotation, ADR 0001), with
         // its own PRF.
         if let Some(p) = prev {
             let old = ks.encode_with(gen(p), ServerId(id), &rand).unwrap();
@@ -110,7 +110,7 @@ proptest! {
         prop_assert_eq!(rr.decode(&cid), Err(Unroutable::UnknownGeneration(g)));
     }
 
-    /// Any 12 bytes with a live `cr` decode to some id (no integrity, ADR-0040), and
+    /// Any 12 bytes with a live `cr` decode to some id (no integrity, ADR 0001), and
     /// re-encoding that id with the same randomness gives the same 12 bytes back.
     #[test]
     fn decode_then_encode_is_identity(cid in any::<[u8; CID_LEN]>(), g in 0u8..3, p in prf()) {
@@ -129,7 +129,7 @@ proptest! {
 #[test]
 fn unroutable_reasons() {
     let ks = keyset(1, Some(0), 3, [Prf::SipHash24, Prf::HmacSha256]);
-    // cr = 3: marked unroutable, whatever the rest (ADR-0040).
+    // cr = 3: marked unroutable, whatever the rest (ADR 0001).
     let mut r = Rng::new(1);
     for _ in 0..1000 {
         let mut cid = r.array::<CID_LEN>();
@@ -190,7 +190,7 @@ fn chi_square(counts: &[u64; 256]) -> f64 {
     counts.iter().map(|&c| (c as f64 - e).powi(2) / e).sum()
 }
 
-/// Unlinkability (ADR-0040 "PRF"): bytes 9 and 10 of many CIDs of ONE server id are
+/// Unlinkability (ADR 0001 "PRF"): bytes 9 and 10 of many CIDs of ONE server id are
 /// uniform, so they say nothing about the id.
 ///
 /// 65 536 CIDs, 256 cells of expected count 256: the statistic has 255 degrees of

@@ -219,7 +219,12 @@ fn long_seeded_run_hits_and_matches() {
     let mut changes = 0;
     let ops: Vec<Op> = ops
         .into_iter()
-        .filter(|o| !matches!(o, Op::Keys(_) | Op::Rotate(..)) || { changes += 1; changes % 32 == 0 })
+        .filter(|o| {
+            !matches!(o, Op::Keys(_) | Op::Rotate(..)) || {
+                changes += 1;
+                changes % 32 == 0
+            }
+        })
         .collect();
     let (hits, misses) = run(&ops, 4096);
     assert!(hits > 2_000 && misses > 1_000, "hits {hits} misses {misses}");

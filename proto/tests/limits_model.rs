@@ -1,5 +1,5 @@
-//! The per-source limit sketches (proto::limits, issue #7 item 1) against plain,
-//! obviously right models, as seed 002 ("Testing against exact models") describes:
+//! The per-source limit sketches against plain,
+//! obviously right models (exact-model testing):
 //! - (a) the lane arithmetic against per-lane loops over 100 000 random words;
 //! - (b) `ConcurrencySketch` against an exact live count per client over 200 000+
 //!   random acquires and releases in a small shared table: nobody over the cap, every
@@ -364,7 +364,7 @@ fn concurrency_neighbour_of_a_full_client_gets_its_cap() {
 
 // ------------------------------------------------------------ (c) the rate sketch
 
-/// Exact GCRA for one client (seed 002): admit at `now` iff `max(tat, now) - now <=
+/// Exact GCRA for one client: admit at `now` iff `max(tat, now) - now <=
 /// tau`, then `tat = max(tat, now) + T`.
 fn gcra_allows(g: Gcra, tat: u64, now: u64) -> bool {
     tat.max(now) - now <= g.tau()

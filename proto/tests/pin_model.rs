@@ -1,5 +1,5 @@
 //! `PinTable` against an exact model: a Vec of (key, target, inserted-at) in insertion
-//! order, written from the module documentation (pin.rs) and ADR-0040:
+//! order, written from the module documentation (pin.rs) and ADR 0001:
 //! - a pin lives exactly `ttl`: alive while `now - at < ttl` (so gone AT `at + ttl`);
 //! - insertion first sweeps expired pins from the oldest end;
 //! - re-pinning a pinned key changes its target and keeps its expiry;
@@ -231,7 +231,7 @@ fn expiry_at_exactly_ttl() {
     let at = Duration::from_secs(100);
     assert_eq!(t.insert(b"k", ServerId(9), at), Inserted::New { evicted: false });
     assert_eq!(t.get(b"k", at + PIN_TTL - Duration::from_nanos(1)), Some(ServerId(9)));
-    assert_eq!(t.get(b"k", at + PIN_TTL), None, "ADR-0040: pinned 10 s, not 10 s + ε");
+    assert_eq!(t.get(b"k", at + PIN_TTL), None, "ADR 0001: pinned 10 s, not 10 s + ε");
     // Insert at the boundary sweeps it: the key becomes a new pin, not a retarget.
     assert_eq!(t.insert(b"k", ServerId(1), at + PIN_TTL), Inserted::New { evicted: false });
     assert_eq!(t.len(), 1);

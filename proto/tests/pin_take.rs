@@ -1,4 +1,4 @@
-//! `PinTable::take_payload` (a worker's `HandshakeDone`, issue "overload" item 2):
+//! `PinTable::take_payload` (a worker's `HandshakeDone`):
 //! mixed with inserts, retargets, evictions, expiry and a final drain, every payload
 //! still leaves exactly once; a take for another target, a second take, or a take of
 //! an expired pin hands back nothing; the pin keeps routing after its payload left.

@@ -1,4 +1,4 @@
-//! Pins that carry a payload (a [`proto::limits::Ticket`] in the data plane, issue #7):
+//! Pins that carry a payload:
 //! every payload stored with a pin comes back exactly once — when the pin expires, is
 //! evicted as the oldest, is retargeted (the old payload) or the table is drained —
 //! checked against an exact model; and the table keeps its fixed capacity under a

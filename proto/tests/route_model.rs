@@ -1,5 +1,5 @@
 //! `proto::route::Router` (`route`, `route_train`) against a slow, obviously-right model
-//! written from ADR-0040 "Routing rules", docs/adr/0002-routing.md and the table in
+//! written from ADR 0001 "Routing rules", docs/adr/0002-routing.md and the table in
 //! route.rs's module docs — not from route.rs's code:
 //!
 //! | datagram                                                  | reason               |
@@ -13,7 +13,7 @@
 //! | a target is needed but there is none                       | NoInstance          |
 //!
 //! The model uses its own header parser (tests/common/refparse.rs), its own CID
-//! decoder (HMAC-SHA-256 straight from aws-lc-rs, ADR-0040 "PRF"), a naive pin list
+//! decoder (HMAC-SHA-256 straight from aws-lc-rs, ADR 0001 "PRF"), a naive pin list
 //! (Vec of (key, target, time), large enough never to evict) and a naive argmax over
 //! `Rendezvous::weight` (whose `pick` is checked against a naive argmax in
 //! tests/rendezvous.rs).
@@ -26,10 +26,10 @@ use common::refprf::ref_server_id;
 use common::rng::Rng;
 use common::{hex, vectors};
 use proto::cid::{Generation, KeySet, Prf, ServerId, CID_LEN, KEY_LEN};
+use proto::decode_cache::DecodeCache;
 use proto::header::{Header, LongType};
 use proto::pin::{PinTable, PIN_TTL};
 use proto::rendezvous::Rendezvous;
-use proto::decode_cache::DecodeCache;
 use proto::route::{Decision, InstanceInfo, Reason, Router, Table, TrainRun};
 use std::time::Duration;
 
@@ -68,7 +68,7 @@ fn dropped(reason: Reason) -> Decision {
 // ---------------------------------------------------------------------------------
 
 struct Model {
-    /// PRFs and raw secrets of the live generations (ADR-0040: at most two; ADR 0004).
+    /// PRFs and raw secrets of the live generations (ADR 0001: at most two; ADR 0004).
     live_keys: [Option<(Prf, [u8; KEY_LEN])>; 3],
     instances: Vec<InstanceInfo>,
     rendezvous: Rendezvous,
@@ -77,7 +77,7 @@ struct Model {
 }
 
 impl Model {
-    /// ADR-0040: 12 bytes, cr = byte 0 >> 6 names a live generation, server id =
+    /// ADR 0001: 12 bytes, cr = byte 0 >> 6 names a live generation, server id =
     /// bytes 9..=10 XOR PRF[cr](key[cr], bytes 0..=8)[0..2] (ADR 0004: the PRF of
     /// that generation, HMAC-SHA-256 or SipHash-2-4).
     fn decode(&self, dcid: &[u8]) -> Option<ServerId> {
@@ -315,7 +315,7 @@ impl World {
         self.changes[kind] += 1;
         match kind {
             0 if n < 16 => {
-                // A new instance start: a fresh, never-reused server id (ADR-0040).
+                // A new instance start: a fresh, never-reused server id (ADR 0001).
                 self.next_id += 1 + self.rng.below(3) as u16;
                 let info = InstanceInfo { server_id: ServerId(self.next_id), placeable: self.rng.chance(4, 5) };
                 let at = self.rng.below(n + 1);
@@ -423,7 +423,7 @@ impl World {
                 self.rng.bytes(n)
             }
             7 => self.rng.bytes(CID_LEN),
-            // The client's second Initial after a Retry uses our CID (ADR-0040 "Retry").
+            // The client's second Initial after a Retry uses our CID (ADR 0001 "Retry").
             _ => self.server_dcid(),
         };
         if self.client_dcids.len() < 64 {
@@ -694,7 +694,7 @@ fn rfc9001_initial_is_placed_then_pinned_then_replaced_after_ttl() {
         assert_eq!(first.reason, Reason::Placed);
         let again = route(&d, &t, &mut pins, t0 + PIN_TTL - Duration::from_nanos(1));
         assert_eq!(again, Decision { reason: Reason::Pinned, target: first.target });
-        // 0-RTT with the same DCID follows the Initial (ADR-0040), at any size.
+        // 0-RTT with the same DCID follows the Initial (ADR 0001), at any size.
         let mut zrtt = vec![zero_rtt_first];
         zrtt.extend_from_slice(&version.to_be_bytes());
         zrtt.push(8);
@@ -923,7 +923,7 @@ fn mixed_train_is_routed_per_segment_and_merged() {
 }
 
 // ---------------------------------------------------------------------------------
-// Initials on a DCID that decodes to a live id (issue "overload" item 3): a copied
+// Initials on a DCID that decodes to a live id: a copied
 // CID is no proof; only a token the data plane validates, or a datagram that does
 // not start a connection (a client's Initial after the server's first flight, RFC
 // 9000 §7.2), goes to the owner. The rest is placed and admitted like any new one.

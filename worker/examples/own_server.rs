@@ -22,7 +22,7 @@ async fn main() -> anyhow::Result<()> {
     let identity = worker::tls::Identity::self_signed(&["localhost"])?;
     let server_config = quinn::ServerConfig::with_crypto(worker::tls::server_crypto(identity, &[b"echo"])?);
 
-    // 2. Attach: data connection + DemuxSocket + quinn endpoint with ADR-0040 CIDs,
+    // 2. Attach: data connection + DemuxSocket + quinn endpoint with ADR 0001 CIDs,
     //    the shared reset/token keys and no fixed-bit greasing.
     let att = worker::attach(data_socket.as_ref(), proto::ServerId(server_id), &secrets, server_config).await?;
 

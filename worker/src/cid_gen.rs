@@ -1,10 +1,10 @@
-//! [`AdrCidGenerator`]: quinn's `ConnectionIdGenerator` issuing ADR-0040 connection
+//! [`AdrCidGenerator`]: quinn's `ConnectionIdGenerator` issuing ADR 0001 connection
 //! IDs — 12 bytes, the newest key generation in `cr`, this instance's server id
 //! encrypted under it, and fresh OS randomness (nonce and random bits) per CID.
 //!
 //! Every CID quinn hands out for a connection (handshake SCID, NEW_CONNECTION_ID,
 //! the Retry SCID) comes from here, so each of them routes back to this instance
-//! (ADR-0040 "Unique, not reused").
+//! (ADR 0001 "Unique, not reused").
 
 use arc_swap::ArcSwap;
 use proto::cid::{KeySet, ServerId, CID_LEN, CID_RANDOM_LEN};
@@ -16,7 +16,7 @@ use std::time::Duration;
 /// long ago with a fresh one (NEW_CONNECTION_ID with Retire Prior To, RFC 9000
 /// §5.1.1-2), so connections move to the newest key generation within about two
 /// lifetimes of a rotation. Rotations must therefore be at least two lifetimes apart
-/// (ADR-0040: the previous generation stays decodable for one rotation only).
+/// (ADR 0001: the previous generation stays decodable for one rotation only).
 pub const DEFAULT_CID_LIFETIME: Duration = Duration::from_secs(600);
 
 /// The live key generations, shared between the generators of all endpoints of a
@@ -28,7 +28,7 @@ impl CidKeys {
     pub fn new(keys: KeySet) -> CidKeys {
         CidKeys(Arc::new(ArcSwap::from_pointee(keys)))
     }
-    /// Rotation (ADR-0040): new CIDs use the new newest generation at once.
+    /// Rotation (ADR 0001): new CIDs use the new newest generation at once.
     pub fn replace(&self, keys: KeySet) {
         self.0.store(Arc::new(keys));
     }
@@ -37,7 +37,7 @@ impl CidKeys {
     }
 }
 
-/// ADR-0040 connection-ID generator for one server id.
+/// ADR 0001 connection-ID generator for one server id.
 #[derive(Debug, Clone)]
 pub struct AdrCidGenerator {
     keys: CidKeys,
@@ -104,7 +104,7 @@ impl ConnectionIdGenerator for AdrCidGenerator {
     ///
     /// Such a datagram reached us because the data plane routed it here: as ours
     /// (a connection we forgot), or as an orphan — a dead server id, `cr` = 3, or a
-    /// generation rotated away (ADR-0040 routing rules: "Orphan → any serving
+    /// generation rotated away (ADR 0001 routing rules: "Orphan → any serving
     /// instance (stateless reset)"). All of them must be reset (RFC 9000 §10.3), so
     /// every CID of our length passes, whatever it decodes to. The reset token is
     /// HMAC(shared reset key, CID), the one the issuing instance advertised, so the
@@ -155,7 +155,7 @@ mod tests {
     }
 
     #[test]
-    /// ADR-0040 routing rules: orphans (dead id, cr = 3, unknown generation) reach a
+    /// ADR 0001 routing rules: orphans (dead id, cr = 3, unknown generation) reach a
     /// serving instance to be reset, so `validate` (quinn's "send a reset?") passes them.
     fn validate_passes_orphans_so_quinn_resets_them() {
         let ks = keys();

@@ -7,14 +7,14 @@
 //!    accepted; the worker sends on the sockets its data connection hands over);
 //! 3. worker → controller: `Ready` / `Draining` (also sent on the data connection);
 //! 4. controller → worker: `KeysChanged { keys }` (rotation: new CIDs use the newest
-//!    generation at once, ADR-0040).
+//!    generation at once, ADR 0001).
 //!
 //! 5. when the control connection is lost (controller restart), [`ControlLink`]
 //!    re-registers with `Rejoin { server_id }` (backoff 100 ms → 2 s): a controller
 //!    that adopted the running data plane answers `Assign` with the same id and the
 //!    current keys; one that did not (its sockets are new) refuses, and so does
 //!    silence beyond the grace period — then the worker drains and exits rather than
-//!    keep sending on sockets nobody reads (issue #5, docs/operations.md).
+//!    keep sending on sockets nobody reads.
 
 use crate::cid_gen::CidKeys;
 use crate::datasock::{HandshakeError, SharedSocketFd};

@@ -150,7 +150,7 @@ pub async fn serve(endpoint: quinn::Endpoint, ctx: Arc<Ctx>) {
             // Validated (it answered our Retry): admitted, up to twice the limit.
         }
         if ctx.opts.retry && !incoming.remote_address_validated() {
-            // RFC 9000 §8.1.2: the Retry's SCID comes from the ADR-0040 generator, so
+            // RFC 9000 §8.1.2: the Retry's SCID comes from the ADR 0001 generator, so
             // the client's next Initial (DCID = that CID) routes back here.
             match incoming.retry() {
                 Ok(()) => {
@@ -472,10 +472,9 @@ async fn handle_h3_request(
 /// to its end (a GET's FIN is almost always here already) and only tell a client that
 /// dawdles past a second to stop, with H3_NO_ERROR as the RFC asks.
 async fn end_request_side(stream: &mut h3::server::RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>) {
-    let drained = tokio::time::timeout(Duration::from_secs(1), async {
-        while let Ok(Some(_)) = stream.recv_data().await {}
-    })
-    .await;
+    let drained =
+        tokio::time::timeout(Duration::from_secs(1), async { while let Ok(Some(_)) = stream.recv_data().await {} })
+            .await;
     if drained.is_err() {
         stream.stop_sending(h3::error::Code::H3_NO_ERROR);
     }

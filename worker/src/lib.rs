@@ -9,7 +9,7 @@
 //! - [`datasock`]: the data-connection handshake (`DataHello(V2)` → `Sockets` + fds,
 //!   `FastSockets`, `Rings`) and lifecycle (`Ready`, `Draining`), with reconnection.
 //! - [`fast_udp`]: the kernel fast path's own sockets, read and written with quinn-udp.
-//! - [`cid_gen::AdrCidGenerator`]: ADR-0040 connection IDs.
+//! - [`cid_gen::AdrCidGenerator`]: ADR 0001 connection IDs.
 //! - [`secrets::Secrets`]: shared reset and token keys, `grease_quic_bit(false)`.
 //! - [`load_report`]: the `Load` heartbeat and handshake-pressure report (every 250 ms).
 //! - [`control`]: registration with the controller (server id, keys, rotations).
@@ -136,7 +136,7 @@ pub async fn connect_socket_with(
     Ok(sock)
 }
 
-/// Builds a quinn server endpoint on `socket` with the shared secrets: ADR-0040 CIDs,
+/// Builds a quinn server endpoint on `socket` with the shared secrets: ADR 0001 CIDs,
 /// shared reset key, shared token key, no fixed-bit greasing, and the default
 /// [`Limits`] (which replace quinn's `Incoming` limits in `server_config`).
 pub fn endpoint_on(

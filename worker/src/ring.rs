@@ -46,7 +46,8 @@ impl Consumer {
         }
         let map = Mapping::open(memfd.as_fd(), capacity)?;
         let c = Consumer { map, capacity, _memfd: memfd, eventfd };
-        if c.word(OFF_MAGIC).load(Ordering::Acquire) != RING_MAGIC || c.word(OFF_CAPACITY).load(Ordering::Relaxed) != capacity
+        if c.word(OFF_MAGIC).load(Ordering::Acquire) != RING_MAGIC
+            || c.word(OFF_CAPACITY).load(Ordering::Relaxed) != capacity
         {
             return Err(corrupt("bad magic or capacity"));
         }

@@ -6,10 +6,10 @@
 //!   instance's connection (RFC 9000 §10.3).
 //! - the token key: `ServerConfig::token_key`, so any instance validates a Retry token
 //!   another instance issued (RFC 9000 §8.1.2).
-//! - the CID keys: [`crate::cid_gen::CidKeys`] (ADR-0040).
+//! - the CID keys: [`crate::cid_gen::CidKeys`] (ADR 0001).
 //!
 //! `grease_quic_bit(false)`: the data plane drops datagrams whose fixed bit is clear
-//! (ADR-0040 routing rules), so we must not invite peers to grease it (RFC 9287 §3).
+//! (ADR 0001 routing rules), so we must not invite peers to grease it (RFC 9287 §3).
 
 use crate::cid_gen::{AdrCidGenerator, CidKeys};
 use aws_lc_rs::{hkdf, hmac};
@@ -50,7 +50,7 @@ impl Secrets {
         Ok(Secrets::from_key_file(&k))
     }
 
-    /// The CID key set (ADR-0040).
+    /// The CID key set (ADR 0001).
     pub fn cid_keys(&self) -> anyhow::Result<CidKeys> {
         Ok(CidKeys::new(self.keys.key_set().map_err(|e| anyhow::anyhow!("key set: {e}"))?))
     }
@@ -69,7 +69,7 @@ impl Secrets {
     }
 
     /// The endpoint configuration of an instance with `server_id`: shared reset key,
-    /// ADR-0040 CID generator (CIDs live [`crate::cid_gen::DEFAULT_CID_LIFETIME`]), no
+    /// ADR 0001 CID generator (CIDs live [`crate::cid_gen::DEFAULT_CID_LIFETIME`]), no
     /// fixed-bit greasing.
     pub fn endpoint_config(&self, cid_keys: &CidKeys, server_id: ServerId) -> quinn::EndpointConfig {
         self.endpoint_config_with(cid_keys, server_id, Some(crate::cid_gen::DEFAULT_CID_LIFETIME))
@@ -84,7 +84,7 @@ impl Secrets {
     ) -> quinn::EndpointConfig {
         let mut c = quinn::EndpointConfig::new(self.reset_hmac());
         c.cid_generator(AdrCidGenerator::factory_with_lifetime(cid_keys.clone(), server_id, cid_lifetime));
-        // RFC 9287: the data plane drops fixed-bit-clear datagrams (ADR-0040).
+        // RFC 9287: the data plane drops fixed-bit-clear datagrams (ADR 0001).
         c.grease_quic_bit(false);
         c
     }

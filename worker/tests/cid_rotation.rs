@@ -2,7 +2,7 @@
 //!
 //! Two quinn server endpoints built with the worker's `Secrets` (same reset key, one
 //! shared `CidKeys`), server ids 1 ("A", the owner) and 2 ("B"), sit behind an in-test
-//! relay that routes like the data plane (ADR-0040 routing rules, docs/adr/0002):
+//! relay that routes like the data plane (ADR 0001 routing rules, docs/adr/0002):
 //! long headers → A; a short header whose DCID decodes under the live keys to id 1 →
 //! A; anything else (a rotated-away generation, cr = 3, another id) is an orphan →
 //! B, "any serving instance", which must answer with a stateless reset.
@@ -97,7 +97,7 @@ fn serve_echo(ep: quinn::Endpoint) {
     });
 }
 
-/// The ADR-0040 routing decision for a datagram from the client.
+/// The ADR 0001 routing decision for a datagram from the client.
 fn route(keys: &KeySet, d: &[u8]) -> Option<bool> {
     let first = *d.first()?;
     if first & 0x80 != 0 {

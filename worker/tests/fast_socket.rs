@@ -214,7 +214,8 @@ fn serves_over_the_fast_socket_and_swaps_it_on_reconnect() {
 fn binary_hello(dir: &Path, extra: &[&str], rings_env: &str) -> Control {
     let keys = dir.join("keys");
     let random = [5u8; 3 * 32 + 16];
-    std::fs::write(&keys, proto::keyfile::KeyFile::generate(&random, proto::cid::Prf::SipHash24).to_text()).expect("key file");
+    std::fs::write(&keys, proto::keyfile::KeyFile::generate(&random, proto::cid::Prf::SipHash24).to_text())
+        .expect("key file");
     let path = dir.join(format!("d{}.sock", extra.len() * 10 + rings_env.len()));
     let _ = std::fs::remove_file(&path);
     let listener = fdpass::seqpacket_listen(&path).expect("listen");

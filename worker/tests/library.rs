@@ -116,7 +116,7 @@ fn hq_interop_get() {
 }
 
 /// `--server-id-from-controller`: the worker says Hello, takes its server id and
-/// every secret from Assign (an in-test controller here; the real one is issue #5),
+/// every secret from Assign (an in-test controller here),
 /// serves through the demux under that id, and reports Ready and Draining to the
 /// controller as well as to the data plane.
 #[test]

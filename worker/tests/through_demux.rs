@@ -84,7 +84,7 @@ fn download_and_200_requests(rings: bool) {
 }
 
 /// --retry: every connection gets a Retry, and the client's second Initial (DCID =
-/// the Retry's ADR-0040 SCID) routes back to the instance that issued it, so no
+/// the Retry's ADR 0001 SCID) routes back to the instance that issued it, so no
 /// worker accepts more connections than it sent Retries.
 #[test]
 fn retry_routes_back_to_the_issuer() {

@@ -1,4 +1,4 @@
-//! `bench all` (issue #6): the demux (io_uring and mmsg), the per-datagram baseline,
+//! `bench all`: the demux (io_uring and mmsg), the per-datagram baseline,
 //! nginx's stream UDP proxy and a recv-and-drop floor, side by side in one run.
 //!
 //! Every contender runs as its own process pinned to the shard core; a sender

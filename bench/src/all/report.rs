@@ -330,7 +330,7 @@ pub(super) fn report(
         );
         let _ = writeln!(s);
     }
-    let _ = writeln!(s, "Goals (issue #6), from the medians above:\n");
+    let _ = writeln!(s, "Goals, from the medians above:\n");
     let _ = writeln!(s, "| goal | measured | target | |\n|---|---|---|---|");
     s.push_str(&goals);
     let _ = writeln!(s, "\n![CPU µs per datagram](benchmarks-cpu.svg)\n");

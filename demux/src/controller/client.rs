@@ -29,7 +29,9 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
     // which must never wait on the data plane), and say so when it does not answer.
     let fast = super::status::dataplane_status(&Paths::new(dir).dataplane_sock())
         .map(|dp| dp["fast_path"].clone())
-        .unwrap_or_else(|e| serde_json::json!({ "active": null, "reason": format!("data plane did not answer: {e:#}") }));
+        .unwrap_or_else(
+            |e| serde_json::json!({ "active": null, "reason": format!("data plane did not answer: {e:#}") }),
+        );
     v["fast_path"] = fast;
     if json {
         println!("{v}");
@@ -71,7 +73,10 @@ pub fn rotate_keys(dir: &Path, prf: Option<proto::cid::Prf>, force: bool) -> Res
             state::store_counter(&p, c)?;
             let last = super::pacing::load(&p).ok().flatten();
             let life = last.map_or(Duration::from_secs(600).as_millis() as u64, |r| r.cid_lifetime_ms);
-            super::pacing::store(&p, super::pacing::Record { at_unix_ms: super::pacing::now_unix_ms(), cid_lifetime_ms: life })?;
+            super::pacing::store(
+                &p,
+                super::pacing::Record { at_unix_ms: super::pacing::now_unix_ms(), cid_lifetime_ms: life },
+            )?;
             println!(
                 "rotated the key file (no controller running): key generation {} ({}; previous {:?})",
                 k.keys.newest.generation.get(),

@@ -73,7 +73,9 @@ impl Ctl {
         let late: Vec<u64> = self
             .conns
             .iter()
-            .filter(|(_, c)| c.idle_since.is_some_and(|t| now.saturating_duration_since(t) >= crate::accept_guard::HELLO_TIMEOUT))
+            .filter(|(_, c)| {
+                c.idle_since.is_some_and(|t| now.saturating_duration_since(t) >= crate::accept_guard::HELLO_TIMEOUT)
+            })
             .map(|(t, _)| *t)
             .collect();
         for t in late {
@@ -134,16 +136,18 @@ impl Ctl {
                 let json = self.status_json().to_string();
                 self.reply(token, &Control::Status { json })
             }
-            (Kind::Pending | Kind::Operator, Control::RotateKeys { prf, force }) => match self.rotate("demux rotate-keys", prf, force) {
-                Ok(()) => {
-                    let json = self.status_json().to_string();
-                    self.reply(token, &Control::Status { json })
+            (Kind::Pending | Kind::Operator, Control::RotateKeys { prf, force }) => {
+                match self.rotate("demux rotate-keys", prf, force) {
+                    Ok(()) => {
+                        let json = self.status_json().to_string();
+                        self.reply(token, &Control::Status { json })
+                    }
+                    Err(e) => {
+                        self.refuse(token, &format!("rotation failed: {e:#}"));
+                        false
+                    }
                 }
-                Err(e) => {
-                    self.refuse(token, &format!("rotation failed: {e:#}"));
-                    false
-                }
-            },
+            }
             (_, other) => {
                 self.refuse(token, &format!("unexpected message {}", other.name()));
                 false
@@ -226,7 +230,7 @@ impl Ctl {
     }
 
     /// The next server id, persisted before it is handed out; rotates the key
-    /// generation every `--rotate-every` starts (ADR-0040).
+    /// generation every `--rotate-every` starts (ADR 0001).
     fn allocate_id(&mut self) -> anyhow::Result<u16> {
         let mut id = self.counter.next;
         // After a wrap, skip ids that are still registered (65 536 starts later).

@@ -1,4 +1,4 @@
-//! The controller (issue #5; operations contract `../shared/seeds/004_*`, ADR-0040):
+//! The controller:
 //! the process the operator starts. It owns the state directory (keys, server-id
 //! counter), opens the UDP sockets once and keeps them, runs the data plane as a
 //! supervised child on those sockets, registers workers on `DIR/control.sock`,
@@ -581,17 +581,10 @@ pub mod tests {
             "19",
         ]);
         let paths = Paths::new(std::path::Path::new("/tmp/x"));
-        let mut argv = vec![
-            "demux".to_string(),
-            "dataplane".to_string(),
-            "--listen".into(),
-            "127.0.0.1:4433".into(),
-        ];
+        let mut argv = vec!["demux".to_string(), "dataplane".to_string(), "--listen".into(), "127.0.0.1:4433".into()];
         argv.extend(dataplane_args(&cli.dataplane, &paths));
         let child = crate::cli::Cli::try_parse_from(&argv).expect("the data plane accepts what we pass");
-        let Some(crate::cli::Command::Dataplane(dp)) = child.command else {
-            panic!("not a dataplane command")
-        };
+        let Some(crate::cli::Command::Dataplane(dp)) = child.command else { panic!("not a dataplane command") };
         let want = &cli.dataplane;
         assert_eq!(dp.io, want.io);
         assert_eq!(dp.steer, want.steer);
@@ -602,10 +595,7 @@ pub mod tests {
         assert_eq!(dp.batch, 5);
         assert_eq!(dp.uring_buffers, 8);
         assert_eq!(dp.limits, OnOff::Off);
-        assert_eq!(
-            (dp.limit_rate, dp.limit_burst, dp.limit_handshakes, dp.limit_table_words),
-            (3, 4, 6, 1024)
-        );
+        assert_eq!((dp.limit_rate, dp.limit_burst, dp.limit_handshakes, dp.limit_table_words), (3, 4, 6, 1024));
         assert_eq!(dp.retry, RetryArg::Always);
         assert_eq!(dp.retry_above, 123);
         assert_eq!((dp.pressure_retry_above, dp.pressure_drop_above), (17, 19));

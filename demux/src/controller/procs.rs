@@ -2,7 +2,7 @@
 //!
 //! Each runs in its own process group (so a terminal's Ctrl-C reaches only the
 //! controller, and the controller's death — even SIGKILL — leaves them running, to
-//! be adopted by the next controller; issue #5 item 4). A process is either our
+//! be adopted by the next controller;). A process is either our
 //! child (reaped with `try_wait`) or adopted from a previous controller (watched
 //! through a pidfd, pidfd_open(2)).
 

@@ -1,4 +1,4 @@
-//! The controller's state directory (issue #5; ADR-0040 "Keys", "Server id"):
+//! The controller's state directory (ADR 0001 "Keys", "Server id"):
 //!
 //! - `keys`: the shared secrets and CID key generations (`proto::keyfile`), 0600,
 //!   created on the first start only;
@@ -195,7 +195,7 @@ pub fn load_or_create_keys(p: &Paths) -> Result<(KeyFile, bool)> {
     }
 }
 
-/// Rotates the key file (ADR-0040): a fresh newest generation, the old newest stays
+/// Rotates the key file (ADR 0001): a fresh newest generation, the old newest stays
 /// decodable, the one before is dropped. Returns the new file (already persisted).
 /// The new generation uses `prf`, or the newest generation's PRF when `None`.
 pub fn rotate_keys(p: &Paths, current: &KeyFile, prf: Option<proto::cid::Prf>) -> Result<KeyFile> {
@@ -206,7 +206,7 @@ pub fn rotate_keys(p: &Paths, current: &KeyFile, prf: Option<proto::cid::Prf>) -
     Ok(k)
 }
 
-/// The server-id counter (ADR-0040: 16-bit ids, monotonic per instance start, never
+/// The server-id counter (ADR 0001: 16-bit ids, monotonic per instance start, never
 /// reused while a key generation lives; the generation rotates every
 /// `--rotate-every` starts, and at most two generations live, so an id comes back
 /// only after 65 536 starts > 2 × rotate-every).
@@ -331,7 +331,10 @@ mod tests {
         assert_eq!(r.keys.newest.prf, proto::cid::Prf::SipHash24, "rotation keeps the PRF");
         // rotate-keys --prf: the new generation switches, the previous keeps its own.
         let h = rotate_keys(&p, &r, Some(proto::cid::Prf::HmacSha256)).unwrap();
-        assert_eq!((h.keys.newest.prf, h.keys.previous.map(|g| g.prf)), (proto::cid::Prf::HmacSha256, Some(proto::cid::Prf::SipHash24)));
+        assert_eq!(
+            (h.keys.newest.prf, h.keys.previous.map(|g| g.prf)),
+            (proto::cid::Prf::HmacSha256, Some(proto::cid::Prf::SipHash24))
+        );
         assert_eq!(load_or_create_keys(&p).unwrap().0, h);
         // No temp files left behind.
         let names: Vec<String> =

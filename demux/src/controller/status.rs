@@ -382,7 +382,12 @@ fn prometheus(ctl: &Value, dp: &Value) -> String {
     );
     let to_demux: Vec<(String, u64)> =
         fp["to_demux"].as_object().into_iter().flatten().map(|(k, v)| (format!("{{why=\"{k}\"}}"), u(v))).collect();
-    metric("quicdemux_fast_path_to_demux_total", "datagrams the fast path left to the shards, by reason", "counter", to_demux);
+    metric(
+        "quicdemux_fast_path_to_demux_total",
+        "datagrams the fast path left to the shards, by reason",
+        "counter",
+        to_demux,
+    );
     metric(
         "quicdemux_fast_path_dropped_total",
         "datagrams the fast path dropped because no shard socket could be selected",
@@ -453,12 +458,20 @@ fn prometheus(ctl: &Value, dp: &Value) -> String {
         vec![(String::new(), u(&dp["refused"]["Overloaded"]))],
     );
     let acc = |who: &str, v: &Value| -> Vec<(String, u64)> {
-        ["failures", "over_cap", "hello_timeouts"].iter().map(|k| (format!("{{socket=\"{who}\",what=\"{k}\"}}"), u(&v[*k]))).collect()
+        ["failures", "over_cap", "hello_timeouts"]
+            .iter()
+            .map(|k| (format!("{{socket=\"{who}\",what=\"{k}\"}}"), u(&v[*k])))
+            .collect()
     };
     let mut samples = acc("controller", &ctl["accept"]);
     samples.extend(acc("dataplane_data", &dp["accept"]["data"]));
     samples.extend(acc("dataplane_control", &dp["accept"]["control"]));
-    metric("quicdemux_accept_events_total", "accept failures (paused), connections closed over the cap or for no hello", "counter", samples);
+    metric(
+        "quicdemux_accept_events_total",
+        "accept failures (paused), connections closed over the cap or for no hello",
+        "counter",
+        samples,
+    );
     s += &lb_leaves_text(dp);
     s
 }

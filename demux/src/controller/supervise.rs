@@ -1,8 +1,7 @@
 //! Supervision, once per tick: the data plane (restarted on the same sockets with
 //! exponential backoff), the spawned workers (a crashed one is replaced; the
 //! replacement gets a new server id when it registers), the rolling reload (SIGHUP)
-//! and the shutdown (SIGTERM). Operations contract: `../shared/seeds/004_*`,
-//! "Lifecycle".
+//! and the shutdown (SIGTERM); docs/operations.md "Lifecycle events".
 
 use super::{procs, state, Ctl, Kind, Managed, Reload, ReloadStep, Shutdown, WorkerState};
 use anyhow::Result;
@@ -134,7 +133,12 @@ impl Ctl {
             while self.workers.iter().filter(|w| !w.retiring).count() < self.opts.spawn_workers
                 && Instant::now() >= self.next_worker_spawn
             {
-                match procs::spawn_worker(&self.worker_bin, &self.paths.control_sock(), &self.opts.worker_args, self.worker_user.as_ref()) {
+                match procs::spawn_worker(
+                    &self.worker_bin,
+                    &self.paths.control_sock(),
+                    &self.opts.worker_args,
+                    self.worker_user.as_ref(),
+                ) {
                     Ok(child) => {
                         tracing::info!(pid = child.id(), "worker started");
                         self.workers.push(Managed {

@@ -88,9 +88,7 @@ impl FastPathState {
 /// other CPU to `cpu mod shards` (the classic program's rule, crate::dataplane::steer_cpu).
 pub fn cpu_table(shard_cores: &[usize]) -> Vec<u32> {
     let n = shard_cores.len().max(1);
-    (0..CPU_TABLE_LEN)
-        .map(|cpu| shard_cores.iter().position(|&c| c == cpu).unwrap_or(cpu % n) as u32)
-        .collect()
+    (0..CPU_TABLE_LEN).map(|cpu| shard_cores.iter().position(|&c| c == cpu).unwrap_or(cpu % n) as u32).collect()
 }
 
 impl FastPath {

@@ -105,7 +105,14 @@ impl Forwarder {
     /// `--forward ring`: copies the group's frames into this shard's ring for the
     /// worker, then wakes it once if it sleeps. A full ring drops and counts exactly
     /// as a full data connection does.
-    fn push_group(&self, ring: &crate::dataplane::ring::Producer, slot: usize, start: usize, end: usize, counters: &ShardCounters) {
+    fn push_group(
+        &self,
+        ring: &crate::dataplane::ring::Producer,
+        slot: usize,
+        start: usize,
+        end: usize,
+        counters: &ShardCounters,
+    ) {
         let inst = counters.instances.get(slot);
         let mut pushed = false;
         for &(_, i) in &self.order[start..end] {

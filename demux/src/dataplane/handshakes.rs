@@ -1,4 +1,4 @@
-//! Handshake-done notices, registry → shards (issue "overload" item 2).
+//! Handshake-done notices, registry → shards.
 //!
 //! A worker sends `Control::HandshakeDone { odcid }` on its data connection when quinn
 //! reports a connection established. The registry thread appends (its server id, the

@@ -1,4 +1,4 @@
-//! Per-source limits of the data plane (issue #7 item 1; proto::limits; seed 002):
+//! Per-source limits of the data plane (proto::limits):
 //! one [`RateSketch`] (new connections per client) and one [`ConcurrencySketch`]
 //! (concurrent pinned handshakes per client) per data plane, shared by every shard
 //! through an `Arc`: fixed memory, lock-free, one CAS per decision.
@@ -63,7 +63,7 @@ pub enum Refusal {
     /// (crate::dataplane::pressure): dropped.
     Overloaded,
     /// An Initial over its client's limits (`why`) that has no valid token, while the
-    /// demux can mint: a Retry instead of silence (issue "overload" item 2; RFC 9000
+    /// demux can mint: a Retry instead of silence (RFC 9000
     /// §8.1.2). An honest client behind a shared address comes back validated and
     /// routes as Owner; a spoofed one never does.
     RetryOverLimit { target: usize, why: OverLimit },
@@ -245,7 +245,7 @@ impl Admission for ShardAdmission<'_> {
     /// A client Initial whose DCID decodes to a live id goes to that owner only with
     /// a valid token or when it does not start a connection (proto::token::
     /// owner_initial_allowed); otherwise it is placed and admitted like any new
-    /// Initial (issue "overload" item 3). With neither limits nor Retry there is
+    /// Initial. With neither limits nor Retry there is
     /// nothing to enforce: the owner, as before, at no cost.
     #[inline]
     fn owner_initial(&mut self, h: &LongHeader<'_>, datagram: &[u8], stride: usize, _: &Table, _: usize) -> bool {

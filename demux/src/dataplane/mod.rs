@@ -69,17 +69,12 @@ impl Backend {
 }
 
 pub fn load_keys(path: &Path) -> Result<KeyFile> {
-    let md = std::fs::metadata(path).with_context(|| {
-        format!(
-            "key file {} (create one with `demux gen-keys --out FILE`)",
-            path.display()
-        )
-    })?;
+    let md = std::fs::metadata(path)
+        .with_context(|| format!("key file {} (create one with `demux gen-keys --out FILE`)", path.display()))?;
     if md.permissions().mode() & 0o077 != 0 {
         tracing::warn!(path = %path.display(), mode = format!("{:o}", md.permissions().mode() & 0o777), "key file is readable by group/others; it should be 0600");
     }
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading key file {}", path.display()))?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading key file {}", path.display()))?;
     KeyFile::parse(&text).with_context(|| format!("key file {}", path.display()))
 }
 
@@ -89,12 +84,8 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
     if a.listen.is_empty() && a.inherit_fds.is_empty() {
         bail!("--listen ADDR:PORT is required (repeatable)");
     }
-    let Some(keys_path) = a.keys.as_deref() else {
-        bail!("--keys FILE is required")
-    };
-    let Some(data_path) = a.data_socket.as_deref() else {
-        bail!("--data-socket PATH is required")
-    };
+    let Some(keys_path) = a.keys.as_deref() else { bail!("--keys FILE is required") };
+    let Some(data_path) = a.data_socket.as_deref() else { bail!("--data-socket PATH is required") };
     for (i, l) in a.listen.iter().enumerate() {
         if a.listen[..i].contains(l) && l.port() != 0 {
             bail!("--listen {l} given twice");
@@ -110,9 +101,7 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
         bail!("--max-instances must be 1..=65536");
     }
     let keyfile = load_keys(keys_path)?;
-    let keyset = keyfile
-        .key_set()
-        .map_err(|e| anyhow::anyhow!("key file {}: {e:?}", keys_path.display()))?;
+    let keyset = keyfile.key_set().map_err(|e| anyhow::anyhow!("key file {}: {e:?}", keys_path.display()))?;
     let cores = cores::resolve(&a.cores)?;
 
     let backend = Backend::select(a.io)?;
@@ -123,10 +112,8 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
         socket::from_inherited(&a.inherit_fds, cores.len())?
     };
     // Every shard's fd, shard-major: handed back to a controller on `GetSockets`.
-    let all_udp_fds: Vec<std::os::fd::RawFd> =
-        sockets.iter().flatten().map(|s| s.fd.as_raw_fd()).collect();
-    let all_udp_addrs: Vec<std::net::SocketAddr> =
-        sockets.iter().flatten().map(|s| s.local).collect();
+    let all_udp_fds: Vec<std::os::fd::RawFd> = sockets.iter().flatten().map(|s| s.fd.as_raw_fd()).collect();
+    let all_udp_addrs: Vec<std::net::SocketAddr> = sockets.iter().flatten().map(|s| s.local).collect();
     let bound: Vec<std::net::SocketAddr> = sockets[0].iter().map(|s| s.local).collect();
     let core_ids: Vec<usize> = cores.iter().map(|c| c.id).collect();
     // The fast path's program replaces the kernel's hash (and `--steer cpu`'s classic
@@ -143,12 +130,10 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
     }
     let udp_fds = sockets[0].iter().map(|s| s.fd.as_raw_fd()).collect();
 
-    let shared: snapshot::Shared = Arc::new(arc_swap::ArcSwap::from_pointee(
-        registry::empty_snapshot(&keyset, keyfile.rendezvous_key)?,
-    ));
-    let counters: Vec<Arc<counters::ShardCounters>> = (0..cores.len())
-        .map(|_| Arc::new(counters::ShardCounters::new(a.max_instances)))
-        .collect();
+    let shared: snapshot::Shared =
+        Arc::new(arc_swap::ArcSwap::from_pointee(registry::empty_snapshot(&keyset, keyfile.rendezvous_key)?));
+    let counters: Vec<Arc<counters::ShardCounters>> =
+        (0..cores.len()).map(|_| Arc::new(counters::ShardCounters::new(a.max_instances))).collect();
     let data_listener = seqpacket::listen(data_path)?;
     if let Some(gid) = a.worker_gid {
         // Workers under `--worker-user` connect through the group (0660).
@@ -169,9 +154,7 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
         [Some(data_path.to_path_buf()), a.control_socket.clone(), a.ready_file.clone()].into_iter().flatten().collect();
     // Before any other thread exists: signals are then blocked everywhere.
     signals::exit_on_signal(own_files.clone())?;
-    let limits = Arc::new(
-        limits::Limits::new(a.limits_config())?.with_retry(minting_mode(&a), keyfile.token_key),
-    );
+    let limits = Arc::new(limits::Limits::new(a.limits_config())?.with_retry(minting_mode(&a), keyfile.token_key));
     let mut reg = registry::Registry::new(registry::RegistryConfig {
         keys: keyset,
         rendezvous_key: keyfile.rendezvous_key,
@@ -238,9 +221,7 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
     // Ready means receiving: wait until every shard has its ring / epoll set up (a
     // shard that fails exits the process with its error).
     for _ in 0..cores.len() {
-        started_rx
-            .recv_timeout(std::time::Duration::from_secs(60))
-            .context("a shard did not start")?;
+        started_rx.recv_timeout(std::time::Duration::from_secs(60)).context("a shard did not start")?;
     }
     tracing::info!(
         listen = ?bound, cores = %cores::format(&cores.iter().map(|c| c.id).collect::<Vec<_>>()),

@@ -48,7 +48,6 @@ impl PressureConfig {
     }
 }
 
-
 /// The shard's admission, with the snapshot's per-instance pressure applied first.
 pub struct PressureAdmission<'a, A> {
     pub inner: A,

@@ -1,10 +1,10 @@
-//! Demux-minted stateless Retry (issue #7 item 2; docs/adr/0003-demux-retry.md).
+//! Demux-minted stateless Retry (docs/adr/0003-demux-retry.md).
 //!
 //! Above `--retry-above` token-less client Initials per second per shard (or always,
 //! `--retry always`), the shard answers a token-less client Initial that would be
 //! placed with a Retry (RFC 9000 §17.2.5, §8.1.2) instead of placing it:
 //!
-//! - the Retry's SCID is an ADR-0040 CID of the instance the Initial would have been
+//! - the Retry's SCID is an ADR 0001 CID of the instance the Initial would have been
 //!   placed on (rendezvous winner), so the client's next Initial — whose DCID is that
 //!   SCID — routes as `Owner` to that instance, statelessly;
 //! - the token is quinn's own: a `quinn_proto::Endpoint` per shard, configured with
@@ -101,7 +101,7 @@ impl RetryGate {
 /// The CID the next Retry carries as its SCID (set right before `Endpoint::handle`).
 type Next = Arc<Mutex<Option<(KeySet, ServerId)>>>;
 
-/// quinn's `ConnectionIdGenerator` handing out ADR-0040 CIDs of the chosen instance.
+/// quinn's `ConnectionIdGenerator` handing out ADR 0001 CIDs of the chosen instance.
 struct AdrRetryCid(Next);
 
 impl ConnectionIdGenerator for AdrRetryCid {
@@ -334,7 +334,7 @@ mod tests {
 }
 
 /// proto::token reads the tokens this module's quinn endpoint mints: the data plane's
-/// check (issue "overload" item 3) and quinn's format agree.
+/// check and quinn's format agree.
 #[cfg(test)]
 mod token_format {
     use super::*;

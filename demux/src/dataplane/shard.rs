@@ -1,5 +1,5 @@
 //! What every backend does with a received datagram or GRO train: count it, route it
-//! with proto (ADR-0040 routing table), queue it for its worker. Backends only differ
+//! with proto (ADR 0001 routing table), queue it for its worker. Backends only differ
 //! in how bytes arrive (docs/architecture.md "The shard loop").
 
 use crate::dataplane::cmsg::RecvMeta;
@@ -105,8 +105,7 @@ impl Router {
     }
 
     /// Workers reported handshakes done: the tickets of this shard's pins of those
-    /// DCIDs on those instances leave now, not when the pins expire (issue "overload"
-    /// item 2; crate::dataplane::handshakes). The pins stay.
+    /// DCIDs on those instances leave now, not when the pins expire (crate::dataplane::handshakes). The pins stay.
     #[cold]
     fn handshakes_done(&mut self) {
         let (pins, limits, now) = (&mut self.pins, &*self.limits, self.now);

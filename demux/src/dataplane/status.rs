@@ -142,7 +142,7 @@ pub fn render(
     top.insert("cores".into(), json!(info.cores));
     top.insert("listen".into(), json!(info.listen));
     top.insert("snapshot_version".into(), json!(snapshot_version));
-    // ADR-0040 key generations: the newest mints, the previous still decodes.
+    // ADR 0001 key generations: the newest mints, the previous still decodes.
     let newest = keys.newest();
     top.insert("key_newest".into(), json!(newest.get()));
     top.insert("key_previous".into(), json!(keys.live_generations().find(|g| *g != newest).map(|g| g.get())));
@@ -240,7 +240,17 @@ pub fn pretty(json_text: &str) -> Result<String, serde_json::Error> {
     );
     s += &format!(
         "{:>9} {:>9} {:>14} {:>16} {:>10} {:>14} {:>7} {:>6} {:>10} {:>8} {:>8}\n",
-        "server_id", "placeable", "datagrams", "bytes", "drops_full", "fast_datagrams", "stalled", "stalls", "handshakes", "load_ms", "pressure"
+        "server_id",
+        "placeable",
+        "datagrams",
+        "bytes",
+        "drops_full",
+        "fast_datagrams",
+        "stalled",
+        "stalls",
+        "handshakes",
+        "load_ms",
+        "pressure"
     );
     if let Some(list) = v["instances"].as_array() {
         for i in list {

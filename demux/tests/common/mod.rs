@@ -116,7 +116,7 @@ impl Demux {
         self.keys.key_set().unwrap()
     }
 
-    /// A fresh ADR-0040 CID for `server_id`.
+    /// A fresh ADR 0001 CID for `server_id`.
     pub fn cid(&self, server_id: u16, rng: &mut Rng) -> [u8; 12] {
         let mut r = [0u8; 10];
         rng.fill(&mut r);

@@ -62,7 +62,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let first = route(&mut pins, now);
     check(first, t);
-    // Routing is deterministic while the pin lives (ADR-0040): same answer again,
+    // Routing is deterministic while the pin lives (ADR 0001): same answer again,
     // up to Placed becoming Pinned.
     let again = route(&mut pins, now + step.min(Duration::from_secs(9)));
     check(again, t);

@@ -1,5 +1,5 @@
-//! Who a limit counts against (issue #7: "a client is an IPv4 address or an IPv6
-//! /64", seed 002: the /64 is what one subscriber usually gets), and where in a
+//! Who a limit counts against (a client is an IPv4 address or an IPv6 /64: the /64
+//! is what one subscriber usually gets), and where in a
 //! sketch table a client lives.
 
 use super::lanes::{lane_pair, LanePair};

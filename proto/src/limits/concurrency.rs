@@ -1,5 +1,5 @@
 //! Concurrent pinned handshakes per client: a count-min sketch in 16-bit lanes
-//! (seed 002, "Four lanes, one CAS"; issue #7 item 1).
+//!.
 //!
 //! Each `AtomicU64` holds four counters. A client counts against two lanes of one
 //! word, both picked by a keyed hash (6 pairs). Admission checks that **not both** of

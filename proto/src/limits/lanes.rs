@@ -1,4 +1,4 @@
-//! Lane arithmetic on `u64` words of four 16-bit lanes (seed 002, "Four lanes, one
+//! Lane arithmetic on `u64` words of four 16-bit lanes ("four lanes, one
 //! CAS"): compare all four lanes against a limit, or subtract from all four with
 //! saturation, in a handful of ALU instructions and no loop.
 //!

@@ -1,5 +1,5 @@
-//! Per-source limits in fixed memory, lock-free (issue #7 item 1; design: seed 002,
-//! "Four lanes, one CAS"). Sans-IO: time is a tick count passed in; the tables are
+//! Per-source limits in fixed memory, lock-free (design: four 16-bit
+//! lanes per word, one CAS). Sans-IO: time is a tick count passed in; the tables are
 //! atomics so that every shard of the data plane can share one.
 //!
 //! - [`ClientKey`]: an IPv4 address or an IPv6 /64.

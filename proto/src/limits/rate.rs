@@ -1,5 +1,5 @@
-//! New-connection rate per client: GCRA in 16-bit lanes (seed 002, the GCRA part of
-//! "Four lanes, one CAS"; issue #7 item 1).
+//! New-connection rate per client: GCRA in 16-bit lanes (four lanes per word,
+//! one CAS).
 //!
 //! **GCRA.** One number per client, the theoretical arrival time (TAT). A connection
 //! at `now` is let in when `max(TAT, now) - now <= tau`, and then
@@ -29,7 +29,7 @@
 //! `now + tau + T`.
 //!
 //! **Concurrent rebases (seqlock style, plus a parity bit per word).** Admissions read
-//! the epoch state before and after their word and start over if it moved (seed 002).
+//! the epoch state before and after their word and start over if it moved.
 //! That alone leaves one race open: an admission under the *new* epoch that writes a
 //! word the rebase has not shifted yet would later be shifted once more, making that
 //! client's TAT too early (a lenient limit). So each word carries the parity of the
@@ -279,7 +279,7 @@ impl RateSketch {
         }
         let st = State::unpack(seen);
         let next = State { epoch: now & EPOCH_MASK, shift: now_rel.min(LANE_LIMIT), parity: st.parity ^ 1 }.pack();
-        // The epoch moves first, the words after it (seed 002): the next decisions
+        // The epoch moves first, the words after it: the next decisions
         // shift the table, SWEEP_CHUNK words each ([`RateSketch::help_sweep`]).
         if self.state.compare_exchange(seen, next, SeqCst, SeqCst).is_ok() {
             self.cursor.0.store(0, SeqCst);

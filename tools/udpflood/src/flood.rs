@@ -58,7 +58,10 @@ impl Config {
     pub fn validate(&self) -> Result<(), String> {
         self.spec.validate()?;
         if !is_loopback(self.target.ip()) {
-            return Err(format!("target {} is not a loopback address: udpflood only sends to 127.0.0.0/8 and ::1", self.target));
+            return Err(format!(
+                "target {} is not a loopback address: udpflood only sends to 127.0.0.0/8 and ::1",
+                self.target
+            ));
         }
         if self.target.port() == 0 {
             return Err("target port must not be 0".into());
@@ -89,7 +92,8 @@ impl Config {
             }
         }
         if !self.cpus.is_empty() {
-            let avail: Vec<usize> = core_affinity::get_core_ids().unwrap_or_default().into_iter().map(|c| c.id).collect();
+            let avail: Vec<usize> =
+                core_affinity::get_core_ids().unwrap_or_default().into_iter().map(|c| c.id).collect();
             if let Some(c) = self.cpus.iter().find(|c| !avail.contains(c)) {
                 return Err(format!("--cpus: CPU {c} is not available to this process (available: {avail:?})"));
             }
@@ -285,8 +289,7 @@ pub fn run(cfg: &Config, stop: Arc<AtomicBool>) -> anyhow::Result<Summary> {
     for t in 0..cfg.threads {
         let mut socks = Vec::new();
         for _ in 0..share(cfg.sources as u64, cfg.threads, t) {
-            let s = source_socket(cfg.target)
-                .map_err(|e| anyhow::anyhow!("binding a loopback source socket: {e}"))?;
+            let s = source_socket(cfg.target).map_err(|e| anyhow::anyhow!("binding a loopback source socket: {e}"))?;
             s.connect(cfg.target).map_err(|e| anyhow::anyhow!("connecting to {}: {e}", cfg.target))?;
             sys::set_send_buffer(&s, 4 << 20);
             socks.push(s);

@@ -228,11 +228,8 @@ pub fn run(cfg: &Config) -> anyhow::Result<Report> {
     if cfg.requests == 0 || cfg.requests > 10_000_000 {
         anyhow::bail!("--requests must be in 1..=10000000");
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("tokio runtime")?;
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("tokio runtime")?;
     let client = insecure_client_config()?;
     let cfg = Arc::new(cfg.clone());
     let start = Instant::now();

@@ -24,11 +24,8 @@ pub fn percentile_distribution(h: &Histogram<u64>, ticks_per_half_distance: u32,
         }
     }
     let sub_buckets = (2 * 10u64.pow(d as u32)).next_power_of_two();
-    let (mean, sd, max) = if h.is_empty() {
-        (0.0, 0.0, 0.0)
-    } else {
-        (h.mean() / scale, h.stdev() / scale, h.max() as f64 / scale)
-    };
+    let (mean, sd, max) =
+        if h.is_empty() { (0.0, 0.0, 0.0) } else { (h.mean() / scale, h.stdev() / scale, h.max() as f64 / scale) };
     let _ = writeln!(s, "#[Mean    = {mean:>12.d$}, StdDeviation   = {sd:>12.d$}]");
     let _ = writeln!(s, "#[Max     = {max:>12.d$}, Total count    = {:>12}]", h.len());
     let _ = writeln!(s, "#[Buckets = {:>12}, SubBuckets     = {sub_buckets:>12}]", h.buckets());
@@ -63,7 +60,10 @@ mod tests {
             assert!(q >= prev.0 && c >= prev.1, "{l}");
             prev = (q, c);
         }
-        assert!(t.contains("#[Max     =    10007.359, Total count    =        10000]") || t.contains("Total count    =        10000]"));
+        assert!(
+            t.contains("#[Max     =    10007.359, Total count    =        10000]")
+                || t.contains("Total count    =        10000]")
+        );
         assert!(t.ends_with("SubBuckets     =         2048]\n"), "{t}");
     }
 

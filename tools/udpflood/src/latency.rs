@@ -35,7 +35,14 @@ pub const MAX_PROBES: u64 = 100_000_000;
 
 /// Writes a probe for `server_id` into `buf` (≥ MIN_PROBE bytes); the caller stamps
 /// the time with [`stamp`] right before sending.
-pub fn build_probe(buf: &mut [u8], keys: &KeySet, server_id: ServerId, run: u32, seq: u64, rng: &mut Rng) -> Option<()> {
+pub fn build_probe(
+    buf: &mut [u8],
+    keys: &KeySet,
+    server_id: ServerId,
+    run: u32,
+    seq: u64,
+    rng: &mut Rng,
+) -> Option<()> {
     if buf.len() < MIN_PROBE.max(packets::MIN_SHORT) {
         return None;
     }
@@ -186,7 +193,8 @@ pub fn run(cfg: &Config, stop: Arc<AtomicBool>) -> anyhow::Result<Report> {
     let start = Instant::now();
     let sender = {
         let (sent, errs, done, stop) = (sent.clone(), send_errors.clone(), sender_done.clone(), stop.clone());
-        let (keys, ids, target, size, rate) = (cfg.keys.clone(), cfg.server_ids.clone(), cfg.target, cfg.size, cfg.rate);
+        let (keys, ids, target, size, rate) =
+            (cfg.keys.clone(), cfg.server_ids.clone(), cfg.target, cfg.size, cfg.rate);
         let deadline = start + cfg.duration + Duration::from_secs(1);
         std::thread::Builder::new().name("udpflood-probe".into()).spawn(move || {
             let mut buf = vec![0u8; size];

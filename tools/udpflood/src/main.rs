@@ -94,7 +94,7 @@ struct Args {
     /// Send UDP GSO trains of this many --size datagrams per message (1..=64).
     #[arg(long)]
     gso: Option<usize>,
-    /// Key file (quicdemux-keys 1) to mint ADR-0040 CIDs with.
+    /// Key file (quicdemux-keys 1) to mint ADR 0001 CIDs with.
     #[arg(long)]
     keys: Option<PathBuf>,
     /// Live server ids, e.g. "1,2,10-12": short datagrams go to them, orphans avoid them.

@@ -159,7 +159,7 @@ fn short_into(buf: &mut [u8], cid: &[u8; CID_LEN], rng: &mut Rng) -> Option<usiz
 }
 
 /// A 1-RTT short-header packet (RFC 9000 §17.3.1) filling `buf` (≥ 33 bytes) whose
-/// DCID is a fresh ADR-0040 CID for `server_id`.
+/// DCID is a fresh ADR 0001 CID for `server_id`.
 pub fn short(buf: &mut [u8], keys: &KeySet, server_id: ServerId, rng: &mut Rng) -> Option<usize> {
     let cid = keys.encode(server_id, &rng.cid_random());
     short_into(buf, &cid, rng)
@@ -365,9 +365,8 @@ impl Pool {
 pub fn parse_server_ids(s: &str) -> Result<Vec<ServerId>, String> {
     let mut out = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let num = |x: &str| {
-            x.trim().parse::<u16>().map_err(|_| format!("server id '{x}' is not a number in 0..=65535"))
-        };
+        let num =
+            |x: &str| x.trim().parse::<u16>().map_err(|_| format!("server id '{x}' is not a number in 0..=65535"));
         if let Some((a, b)) = part.split_once('-') {
             let (a, b) = (num(a)?, num(b)?);
             if a > b {
@@ -484,7 +483,8 @@ mod tests {
     fn mix_pool_follows_the_cycle() {
         let ks = keys();
         let ids = vec![ServerId(3), ServerId(4)];
-        let spec = Spec { mode: Mode::Mix, size: 100, keys: Some(ks.clone()), server_ids: ids.clone(), fixed_size: false };
+        let spec =
+            Spec { mode: Mode::Mix, size: 100, keys: Some(ks.clone()), server_ids: ids.clone(), fixed_size: false };
         let pool = Pool::build(&spec, 100, &mut Rng::new(5)).unwrap();
         let (mut s, mut i, mut o, mut g) = (0, 0, 0, 0);
         for k in 0..pool.len() {

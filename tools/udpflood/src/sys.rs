@@ -47,9 +47,7 @@ impl MmsgSender {
         let mut cmsg_len = 0;
         if let Some(seg) = gso_segment_size {
             // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic on the constant size of u16.
-            let (space, len) = unsafe {
-                (libc::CMSG_SPACE(2) as usize, libc::CMSG_LEN(2) as usize)
-            };
+            let (space, len) = unsafe { (libc::CMSG_SPACE(2) as usize, libc::CMSG_LEN(2) as usize) };
             assert!(space <= cmsg.0.len());
             // Build the header by hand in the aligned buffer: cmsg_len, level, type, data.
             // SAFETY: the buffer is 8-byte aligned and at least CMSG_SPACE(2) long, so a
@@ -69,9 +67,8 @@ impl MmsgSender {
         }
         // SAFETY: mmsghdr and iovec are plain C structs for which all-zero is valid
         // (null pointers, zero lengths).
-        let (hdrs, iovs) = unsafe {
-            (vec![std::mem::zeroed::<libc::mmsghdr>(); cap], vec![std::mem::zeroed::<libc::iovec>(); cap])
-        };
+        let (hdrs, iovs) =
+            unsafe { (vec![std::mem::zeroed::<libc::mmsghdr>(); cap], vec![std::mem::zeroed::<libc::iovec>(); cap]) };
         MmsgSender { hdrs, iovs, cmsg, cmsg_len }
     }
 
@@ -82,7 +79,12 @@ impl MmsgSender {
     /// Sends each `data[start..start + len]` of `msgs` (at most `capacity()`) as one
     /// message on the connected socket `fd`. Returns how many messages went out, how
     /// many failed (each failure is counted and skipped, never retried) and the last error.
-    pub fn send(&mut self, fd: &impl AsRawFd, data: &[u8], msgs: &[(usize, usize)]) -> (usize, usize, Option<io::Error>) {
+    pub fn send(
+        &mut self,
+        fd: &impl AsRawFd,
+        data: &[u8],
+        msgs: &[(usize, usize)],
+    ) -> (usize, usize, Option<io::Error>) {
         let n = msgs.len().min(self.hdrs.len());
         for (i, &(start, len)) in msgs[..n].iter().enumerate() {
             let m = &data[start..start + len];
@@ -92,8 +94,7 @@ impl MmsgSender {
             h.msg_namelen = 0;
             h.msg_iov = &mut self.iovs[i];
             h.msg_iovlen = 1;
-            h.msg_control =
-                if self.cmsg_len > 0 { self.cmsg.0.as_mut_ptr().cast() } else { std::ptr::null_mut() };
+            h.msg_control = if self.cmsg_len > 0 { self.cmsg.0.as_mut_ptr().cast() } else { std::ptr::null_mut() };
             h.msg_controllen = self.cmsg_len as _;
             h.msg_flags = 0;
             self.hdrs[i].msg_len = 0;
@@ -104,9 +105,8 @@ impl MmsgSender {
             // SAFETY: hdrs[off..n] are initialised above; each points at its own iovec,
             // which points into `data`, borrowed for the whole call, and at the
             // control buffer owned by self. The kernel only reads them (and writes msg_len).
-            let rc = unsafe {
-                libc::sendmmsg(fd.as_raw_fd(), self.hdrs[off..].as_mut_ptr(), (n - off) as libc::c_uint, 0)
-            };
+            let rc =
+                unsafe { libc::sendmmsg(fd.as_raw_fd(), self.hdrs[off..].as_mut_ptr(), (n - off) as libc::c_uint, 0) };
             if rc < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::Interrupted {

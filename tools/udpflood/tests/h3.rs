@@ -30,16 +30,14 @@ async fn server(len: usize) -> SocketAddr {
         while let Some(incoming) = ep.accept().await {
             tokio::spawn(async move {
                 let Ok(conn) = incoming.await else { return };
-                let Ok(mut h3c) = h3::server::builder()
-                    .build::<_, Bytes>(h3_quinn::Connection::new(conn))
-                    .await
-                else {
+                let Ok(mut h3c) = h3::server::builder().build::<_, Bytes>(h3_quinn::Connection::new(conn)).await else {
                     return;
                 };
                 while let Ok(Some(resolver)) = h3c.accept().await {
                     tokio::spawn(async move {
                         let Ok((_req, mut stream)) = resolver.resolve_request().await else { return };
-                        let resp = http::Response::builder().status(200).header("content-length", len).body(()).unwrap();
+                        let resp =
+                            http::Response::builder().status(200).header("content-length", len).body(()).unwrap();
                         if stream.send_response(resp).await.is_err() {
                             return;
                         }

@@ -92,8 +92,18 @@ fn paced_mix_arrives_complete_and_in_ratio() {
     let (keys, kf) = key_file();
     let ks = kf.key_set().unwrap();
     let (json, got) = flood_into_sink(&[
-        "--mode", "mix", "--keys", keys.to_str().unwrap(), "--server-ids", "1,2", "--size", "200",
-        "--count", "1000", "--rate", "20000",
+        "--mode",
+        "mix",
+        "--keys",
+        keys.to_str().unwrap(),
+        "--server-ids",
+        "1,2",
+        "--size",
+        "200",
+        "--count",
+        "1000",
+        "--rate",
+        "20000",
     ]);
     assert_eq!(json_num(&json, "sent"), 1000.0, "{json}");
     assert_eq!(json_num(&json, "errors"), 0.0, "{json}");
@@ -119,8 +129,24 @@ fn gso_trains_from_many_sources() {
     let (keys, kf) = key_file();
     let ks = kf.key_set().unwrap();
     let (json, got) = flood_into_sink(&[
-        "--mode", "short", "--keys", keys.to_str().unwrap(), "--server-ids", "7", "--size", "100",
-        "--gso", "8", "--threads", "2", "--sources", "6", "--count", "1000", "--rate", "20000",
+        "--mode",
+        "short",
+        "--keys",
+        keys.to_str().unwrap(),
+        "--server-ids",
+        "7",
+        "--size",
+        "100",
+        "--gso",
+        "8",
+        "--threads",
+        "2",
+        "--sources",
+        "6",
+        "--count",
+        "1000",
+        "--rate",
+        "20000",
     ]);
     assert_eq!(json_num(&json, "sent"), 1000.0, "{json}");
     assert_eq!(got.len(), 1000, "GSO trains are split into single datagrams");
@@ -136,7 +162,8 @@ fn gso_trains_from_many_sources() {
 
 #[test]
 fn rate_limit_holds() {
-    let (json, got) = flood_into_sink(&["--mode", "garbage", "--size", "100", "--rate", "5000", "--duration", "1", "--cpus", "0"]);
+    let (json, got) =
+        flood_into_sink(&["--mode", "garbage", "--size", "100", "--rate", "5000", "--duration", "1", "--cpus", "0"]);
     let sent = json_num(&json, "sent");
     // Paced, not flooded: within a batch of the target, and not far below it even on a busy machine.
     assert!((3500.0..=5200.0).contains(&sent), "{json}");
@@ -157,7 +184,15 @@ fn initial_flood_is_well_formed() {
     }
     assert_eq!(dcids.len(), 6000, "every Initial has a fresh DCID");
     let (_, got) = flood_into_sink(&[
-        "--mode", "initial", "--size", "1200", "--count", "6000", "--rate", "50000", "--reuse-dcids",
+        "--mode",
+        "initial",
+        "--size",
+        "1200",
+        "--count",
+        "6000",
+        "--rate",
+        "50000",
+        "--reuse-dcids",
     ]);
     let dcids: HashSet<Vec<u8>> = got.iter().map(|(_, d)| parse(d, CID_LEN).unwrap().dcid().to_vec()).collect();
     assert_eq!(dcids.len(), 4100, "--reuse-dcids cycles the pool");
@@ -185,9 +220,27 @@ fn latency_against_an_echo_server() {
     };
     let hgrm = temp_path("rtt.hgrm");
     let out = run(&[
-        "--latency", "--target", &target, "--keys", keys.to_str().unwrap(), "--server-ids", "3,4",
-        "--rate", "2000", "--duration", "1", "--size", "64", "--background-rate", "5000",
-        "--hgrm-out", hgrm.to_str().unwrap(), "--json", "--quiet", "--drain-ms", "5000",
+        "--latency",
+        "--target",
+        &target,
+        "--keys",
+        keys.to_str().unwrap(),
+        "--server-ids",
+        "3,4",
+        "--rate",
+        "2000",
+        "--duration",
+        "1",
+        "--size",
+        "64",
+        "--background-rate",
+        "5000",
+        "--hgrm-out",
+        hgrm.to_str().unwrap(),
+        "--json",
+        "--quiet",
+        "--drain-ms",
+        "5000",
     ]);
     stop.store(true, Ordering::Release);
     h.join().unwrap();
@@ -232,7 +285,22 @@ fn bad_flags_are_clear_errors() {
         (vec!["--target", "127.0.0.1:443", "--keys", k, "--server-ids", "9-1"], "backwards"),
         (vec!["--latency", "--target", "127.0.0.1:443", "--keys", k, "--server-ids", "1"], "fixed --rate"),
         (vec!["--latency", "--target", "127.0.0.1:443", "--server-ids", "1", "--rate", "10"], "--keys"),
-        (vec!["--latency", "--target", "127.0.0.1:443", "--keys", k, "--server-ids", "1", "--rate", "10", "--size", "20"], "--size"),
+        (
+            vec![
+                "--latency",
+                "--target",
+                "127.0.0.1:443",
+                "--keys",
+                k,
+                "--server-ids",
+                "1",
+                "--rate",
+                "10",
+                "--size",
+                "20",
+            ],
+            "--size",
+        ),
     ];
     for (args, want) in cases {
         let out = run(&args);

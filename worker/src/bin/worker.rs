@@ -25,7 +25,7 @@ use worker::{echo, Secrets};
 #[derive(Debug, Parser)]
 #[command(name = "worker", version, about = "HTTP/3 server instance behind the quicdemux data plane")]
 struct Args {
-    /// This instance's 16-bit server id (ADR-0040); standalone mode.
+    /// This instance's 16-bit server id (ADR 0001); standalone mode.
     #[arg(long, value_name = "N")]
     server_id: Option<u16>,
     /// Shared key file (`demux gen-keys --out FILE`).
@@ -229,7 +229,7 @@ async fn run(a: Args) -> anyhow::Result<()> {
         tokio::spawn(worker::alloc::trim_after_peaks(move || d.open_connections(), Duration::from_secs(1)))
     });
     let server = tokio::spawn(h3_server::serve(att.endpoint.clone(), Arc::clone(&ctx)));
-    // Key rotations from the controller (ADR-0040); re-registration when it is lost.
+    // Key rotations from the controller (ADR 0001); re-registration when it is lost.
     let mut lost = match &control {
         Some(link) => {
             let (link, keys) = (Arc::clone(link), att.cid_keys.clone());

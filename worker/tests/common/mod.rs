@@ -86,11 +86,17 @@ impl Demux {
         let log = self.dir.join("demux2.log");
         let mut cmd = Command::new(demux_bin());
         cmd.args(["dataplane", "--listen", &self.addr.to_string(), "--cores", "0", "--io", "mmsg"]);
-        self.child = testkit::bin::dataplane_files(&mut cmd, &self.keys_path, &self.data, &self.control, &self.dir.join("ready"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log"))
-            .spawn()
-            .expect("respawn demux");
+        self.child = testkit::bin::dataplane_files(
+            &mut cmd,
+            &self.keys_path,
+            &self.data,
+            &self.control,
+            &self.dir.join("ready"),
+        )
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("respawn demux");
         wait_file(&self.dir.join("ready"), &mut self.child, &log, "restarted demux");
     }
 

@@ -23,19 +23,19 @@
 
 mod hello;
 mod keys;
-mod orphan;
 pub mod liveness;
+mod orphan;
 mod slots;
 mod status;
 
 use crate::accept_guard::{self, AcceptGuard, HELLO_TIMEOUT};
 use crate::cli::FastPathMode;
-use crate::dataplane::pressure::{Pressure, PressureConfig};
 use crate::dataplane::counters::ShardCounters;
 use crate::dataplane::fast_path::FastPathState;
-use crate::seqpacket::{self, Inbound};
+use crate::dataplane::pressure::{Pressure, PressureConfig};
 use crate::dataplane::snapshot::{DataConn, Shared, Snapshot};
 use crate::dataplane::status::StatusInfo;
+use crate::seqpacket::{self, Inbound};
 use crate::sys::Epoll;
 use anyhow::{Context, Result};
 use proto::wire::{encode_control, Control};
@@ -308,7 +308,12 @@ impl Registry {
                 changed = true;
                 if live.stalled() {
                     self.stalls_total += 1;
-                    tracing::warn!(server_id = conn.server_id, why = live.why, stalls = live.stalls, "instance stalled (not placeable)");
+                    tracing::warn!(
+                        server_id = conn.server_id,
+                        why = live.why,
+                        stalls = live.stalls,
+                        "instance stalled (not placeable)"
+                    );
                 } else {
                     tracing::info!(server_id = conn.server_id, "instance draining again (placeable if ready)");
                 }
@@ -451,7 +456,7 @@ impl Registry {
             }
             (Conn::Control { .. }, Control::Hello { .. }) => true,
             // A (restarted) controller takes the sockets back to keep them open across
-            // our own restarts (issue #5, controller adoption).
+            // our own restarts.
             (Conn::Control { .. }, Control::GetSockets) => {
                 let rec = encode_control(&Control::Sockets { addrs: self.all_udp_addrs.clone() });
                 let raw = self.conns.get(&token).map(Conn::raw).unwrap_or(-1);
@@ -461,7 +466,7 @@ impl Registry {
                 }
                 true
             }
-            // ADR-0040 rotation: new CIDs use the newest generation, the previous one
+            // ADR 0001 rotation: new CIDs use the newest generation, the previous one
             // stays decodable. (The controller sends this; operators may too.)
             (Conn::Control { .. }, Control::KeysChanged { keys }) => match keys.key_set() {
                 Ok(ks) => {

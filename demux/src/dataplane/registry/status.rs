@@ -2,10 +2,10 @@
 //! each live instance's counts since its slot was handed to it, rendered by
 //! [`crate::dataplane::status`].
 
-use super::Registry;
-use crate::dataplane::fast_path;
 use super::Conn;
+use super::Registry;
 use crate::accept_guard::AcceptGuard;
+use crate::dataplane::fast_path;
 use crate::dataplane::status::{self, InstanceStatus, LiveStatus};
 use serde_json::json;
 use std::collections::HashMap;
