@@ -4,7 +4,7 @@
 //!
 //! The setup helpers are copies of tests/flood.rs's (that file's helpers are being
 //! migrated to a shared test kit elsewhere; this file does not touch them).
-
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 #![allow(dead_code)]
 
 use bytes::Buf;

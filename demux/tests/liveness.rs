@@ -8,6 +8,7 @@
 //!   RLIMIT_NOFILE: status answers, CPU stays low, the log stays bounded, the idle
 //!   connections are closed after the hello timeout; and with the fd limit at the
 //!   number of open fds, accept fails with EMFILE without a busy loop.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 #[path = "controller_support/mod.rs"]
 mod support;

@@ -1,6 +1,7 @@
 //! Metrics carry every field of `lb-status --json` (trust and keys issue, item 7),
 //! with a controller and in dataplane-only mode: compared field for field on a
 //! quiescent data plane. Run: `cargo test --release -p demux --test metrics`.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 #[path = "controller_support/mod.rs"]
 mod support;

@@ -1,6 +1,7 @@
 //! One owner per port (trust and keys issue, item 6): an orphaned data plane exits
 //! after `--orphan-timeout`; a controller refuses an address another process's
 //! socket holds, naming the pid. Run: `cargo test --release -p demux --test ownership`.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 #[path = "controller_support/mod.rs"]
 mod support;

@@ -2,6 +2,7 @@
 //! pressure"), with test workers speaking the protocol by hand: `Load` reports drive
 //! each instance's pressure level (Retry, then drop, for token-less Initials) and the
 //! stall rule (no `Load` for 1 s: not placeable, still live).
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 mod common;
 use common::*;
@@ -48,7 +49,7 @@ fn reported_handshakes_switch_an_instance_to_retry_then_drop() {
     // A Retry minter exists even with --retry off; random Initials that quinn does
     // not take as first Initials (reserved bits) count as retry.dropped.
     let s = d.wait_status("20 on the Retry path", |s| retried(s) == 20);
-    assert_eq!(u64_at(&s, "/retry/sent") > 0, true, "some Retry sent: {}", s["retry"]);
+    assert!(u64_at(&s, "/retry/sent") > 0, "some Retry sent: {}", s["retry"]);
     assert_eq!(w.datagrams(), 0, "nothing placed while under Retry pressure");
     assert_eq!(u64_at(&s, "/refused/Overloaded"), 0);
 

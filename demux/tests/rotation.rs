@@ -1,6 +1,7 @@
 //! Key rotation without orphans or splits (trust and keys issue, items 1 and 2):
 //! pacing under live downloads, a data plane that does not confirm, an offline
 //! rotation picked up at start. Run: `cargo test --release -p demux --test rotation`.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 #[path = "controller_support/mod.rs"]
 mod support;

@@ -5,6 +5,7 @@
 //! (`probe_helper`) under an unprivileged uid (setuid between fork and exec).
 //!
 //! Needs root (to create and become the test user); skipped with a message otherwise.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 #[path = "controller_support/mod.rs"]
 mod support;

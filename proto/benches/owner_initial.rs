@@ -1,5 +1,5 @@
-//! What an Initial on a live DCID pays for `Admission::owner_initial` (issue
-//! "overload" item 3; proto::token, proto::initial), single-threaded:
+//! What an Initial on a live DCID pays for `Admission::owner_initial` (proto::token,
+//! proto::initial), single-threaded:
 //!
 //! - `owner_initial/token_check`: `TokenKey::check` of a valid Retry token (the
 //!   post-Retry Initial: validated, goes to its owner).
@@ -8,6 +8,7 @@
 //!   no ClientHello, goes to its owner) — the common case of a handshake without Retry.
 //! - `owner_initial/open_client_hello`: the same for a ClientHello (a copied CID:
 //!   found at the first frame, sent to admission).
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use proto::header::{self, Header};

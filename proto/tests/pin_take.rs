@@ -2,6 +2,7 @@
 //! mixed with inserts, retargets, evictions, expiry and a final drain, every payload
 //! still leaves exactly once; a take for another target, a second take, or a take of
 //! an expired pin hands back nothing; the pin keeps routing after its payload left.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 mod common;
 

@@ -178,6 +178,16 @@ impl Drop for Handshaking {
     }
 }
 
+/// Awaits a handshake for at most `limit`, counted as in progress for the Load report
+/// (crate::load_report) meanwhile.
+async fn handshake_counted(
+    limit: std::time::Duration,
+    connecting: quinn::Connecting,
+) -> Result<Result<quinn::Connection, quinn::ConnectionError>, tokio::time::error::Elapsed> {
+    let _handshake = crate::load_report::handshake_started();
+    tokio::time::timeout(limit, connecting).await
+}
+
 fn spawn_connection(incoming: quinn::Incoming, ctx: &Arc<Ctx>) {
     let guard = ctx.drain.track();
     ctx.stats.handshaking.fetch_add(1, Ordering::Relaxed);
@@ -190,10 +200,7 @@ fn spawn_connection(incoming: quinn::Incoming, ctx: &Arc<Ctx>) {
         let conn = match incoming.accept() {
             // Dropping `Connecting` at the timeout drops the last reference to the
             // connection, which closes it (quinn: implicit close) and frees its state.
-            Ok(connecting) => match {
-                let _handshake = crate::load_report::handshake_started();
-                tokio::time::timeout(ctx.opts.handshake_timeout, connecting).await
-            } {
+            Ok(connecting) => match handshake_counted(ctx.opts.handshake_timeout, connecting).await {
                 Ok(Ok(c)) => {
                     crate::handshake_done::report(&odcid);
                     c
