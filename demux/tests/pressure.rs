@@ -32,7 +32,7 @@ fn reported_handshakes_switch_an_instance_to_retry_then_drop() {
     let d = Demux::start_with(
         "mmsg",
         "0",
-        &["--limits", "off", "--retry", "off", "--pressure-retry-above", "10", "--pressure-drop-above", "100"],
+        &["--limits", "off", "--retry", "auto", "--pressure-retry-above", "10", "--pressure-drop-above", "100"],
     );
     let mut rng = Rng(41);
     let w = Worker::connect(&d, 41, true);
@@ -46,8 +46,9 @@ fn reported_handshakes_switch_an_instance_to_retry_then_drop() {
     d.wait_status("pressure retry", |s| instance(s, 41)["pressure"] == "retry");
     w.clear();
     sent_initials(&d, 20, &mut rng);
-    // A Retry minter exists even with --retry off; random Initials that quinn does
-    // not take as first Initials (reserved bits) count as retry.dropped.
+    // `--retry auto` (its rate threshold far away): the minter exists, so pressure
+    // Retries; random Initials that quinn does not take as first Initials (reserved
+    // bits) count as retry.dropped. With `--retry off` nothing is ever minted.
     let s = d.wait_status("20 on the Retry path", |s| retried(s) == 20);
     assert!(u64_at(&s, "/retry/sent") > 0, "some Retry sent: {}", s["retry"]);
     assert_eq!(w.datagrams(), 0, "nothing placed while under Retry pressure");

@@ -359,7 +359,8 @@ fn control_reserved_values() {
     assert_eq!(dec(&[CONTROL_MAGIC, 2, 4]), Err(WireError::UnsupportedVersion(2)));
     assert_eq!(dec(&[CONTROL_MAGIC, 1, 0]), Err(WireError::UnknownMessage(0)));
     assert_eq!(dec(&[CONTROL_MAGIC, 1, 18]), Err(WireError::Truncated)); // Load, no body
-    assert_eq!(dec(&[CONTROL_MAGIC, 1, 19]), Err(WireError::UnknownMessage(19)));
+    assert_eq!(dec(&[CONTROL_MAGIC, 1, 19]), Err(WireError::Truncated)); // HandshakeDone, no body
+    assert_eq!(dec(&[CONTROL_MAGIC, 1, 20]), Err(WireError::UnknownMessage(20)));
     assert_eq!(dec(&[CONTROL_MAGIC, 1, 255]), Err(WireError::UnknownMessage(255)));
     assert_eq!(dec(&[CONTROL_MAGIC, 1, 4]), Ok(Control::Ready));
     assert_eq!(dec(&[CONTROL_MAGIC, 1, 4, 0]), Err(WireError::TrailingBytes));

@@ -37,7 +37,7 @@ pub fn connect(path: &Path) -> io::Result<OwnedFd> {
 pub fn exchange(fd: BorrowedFd<'_>, records: &[&[u8]], buf: &mut [u8]) -> io::Result<Received> {
     let timed_out = |e: io::Error| match e.kind() {
         io::ErrorKind::WouldBlock => {
-            io::Error::new(io::ErrorKind::TimedOut, format!("no reply within {REPLY_TIMEOUT:?}"))
+            io::Error::new(io::ErrorKind::TimedOut, "no reply within the socket timeout (REPLY_TIMEOUT unless the caller set another)".to_string())
         }
         _ => e,
     };

@@ -5,15 +5,22 @@
 use super::state::{self, Paths};
 use anyhow::{bail, Context, Result};
 use proto::wire::{Control, Role};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::Path;
 use std::time::Duration;
+
+/// How long an operator command waits for the controller's answer.
+const OPERATOR_WAIT: Duration = Duration::from_secs(2 * sys::control::REPLY_TIMEOUT.as_secs() + 1);
 
 /// One request on the controller's control socket; its `Status` JSON.
 fn ask(dir: &Path, m: &Control) -> Result<serde_json::Value> {
     let p = Paths::new(dir);
     let fd = sys::control::connect(&p.control_sock())
         .with_context(|| format!("no controller answers on {} (is it running?)", p.control_sock().display()))?;
+    // The controller may itself wait up to REPLY_TIMEOUT on the data plane (a
+    // rotation's acknowledgement) before it answers: wait longer than that, so its
+    // answer (e.g. "rolled back") reaches the operator instead of our own timeout.
+    sys::sockopt::set_recv_timeout(fd.as_raw_fd(), Some(OPERATOR_WAIT)).context("SO_RCVTIMEO")?;
     let hello = Control::Hello { role: Role::Operator, pid: std::process::id() };
     let reply = sys::control::request_on(fd.as_fd(), &[&hello, m]).context("the controller did not answer")?;
     match reply.msg {

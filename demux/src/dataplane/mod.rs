@@ -154,7 +154,7 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
         [Some(data_path.to_path_buf()), a.control_socket.clone(), a.ready_file.clone()].into_iter().flatten().collect();
     // Before any other thread exists: signals are then blocked everywhere.
     signals::exit_on_signal(own_files.clone())?;
-    let limits = Arc::new(limits::Limits::new(a.limits_config())?.with_retry(minting_mode(&a), keyfile.token_key));
+    let limits = Arc::new(limits::Limits::new(a.limits_config())?.with_retry(a.retry_mode(), keyfile.token_key));
     let mut reg = registry::Registry::new(registry::RegistryConfig {
         keys: keyset,
         rendezvous_key: keyfile.rendezvous_key,
@@ -253,13 +253,3 @@ fn write_ready(path: &Path, bound: &[std::net::SocketAddr], data: &Path) -> Resu
     Ok(())
 }
 
-/// The Retry mode the shards are built with: `--retry`, except that with `--retry off`
-/// and handshake pressure Retry on (`--pressure-retry-above`), the shards still get a
-/// Minter, with a rate that never triggers Retry on its own: only pressured
-/// instances' token-less Initials get one (crate::dataplane::pressure).
-fn minting_mode(a: &crate::cli::DataPlaneArgs) -> retry::RetryMode {
-    match a.retry_mode() {
-        retry::RetryMode::Off if a.pressure_retry_above > 0 => retry::RetryMode::Auto { above: u32::MAX },
-        m => m,
-    }
-}
