@@ -36,9 +36,10 @@ pub fn connect(path: &Path) -> io::Result<OwnedFd> {
 /// that does not come within the socket's timeout is `TimedOut`.
 pub fn exchange(fd: BorrowedFd<'_>, records: &[&[u8]], buf: &mut [u8]) -> io::Result<Received> {
     let timed_out = |e: io::Error| match e.kind() {
-        io::ErrorKind::WouldBlock => {
-            io::Error::new(io::ErrorKind::TimedOut, "no reply within the socket timeout (REPLY_TIMEOUT unless the caller set another)".to_string())
-        }
+        io::ErrorKind::WouldBlock => io::Error::new(
+            io::ErrorKind::TimedOut,
+            "no reply within the socket timeout (REPLY_TIMEOUT unless the caller set another)".to_string(),
+        ),
         _ => e,
     };
     for r in records {

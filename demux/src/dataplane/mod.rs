@@ -252,4 +252,3 @@ fn write_ready(path: &Path, bound: &[std::net::SocketAddr], data: &Path) -> Resu
     std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
     Ok(())
 }
-
