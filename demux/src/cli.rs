@@ -44,7 +44,7 @@ pub struct ControllerOpts {
     #[arg(long, value_name = "N", default_value_t = 10_000, requires = "state_dir")]
     pub rotate_every: u32,
     /// How long a worker's connection IDs live (passed to spawned workers as
-    /// `worker --cid-lifetime` when they know the flag). Rotations are refused
+    /// `worker --cid-lifetime`). Rotations are refused
     /// within 2 × this of the last one (`rotate-keys --force` overrides).
     #[arg(long, value_name = "SECS", default_value_t = 600, requires = "state_dir")]
     pub cid_lifetime: u64,

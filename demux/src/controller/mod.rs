@@ -268,7 +268,7 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
 
     let mut opts = opts;
     if opts.spawn_workers > 0 {
-        add_cid_lifetime_arg(&worker_bin, &mut opts);
+        add_cid_lifetime_arg(&mut opts);
     }
     let mut ctl = Ctl {
         paths,
@@ -309,24 +309,17 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
     r
 }
 
-/// `--cid-lifetime` reaches spawned workers as `worker --cid-lifetime SECS` when the
-/// worker knows the flag (its `--help` says so) and the operator did not pass one.
-fn add_cid_lifetime_arg(worker_bin: &std::path::Path, opts: &mut ControllerOpts) {
+/// `--cid-lifetime` reaches spawned workers as `worker --cid-lifetime SECS` unless the
+/// operator passed one in the worker arguments. It is part of the worker's command-line
+/// contract (like `--server-id-from-controller`): the controller never runs the worker
+/// binary to ask (that would run it as root, unbounded, before the control socket is
+/// served).
+fn add_cid_lifetime_arg(opts: &mut ControllerOpts) {
     if opts.worker_args.iter().any(|a| a.starts_with("--cid-lifetime")) {
         return;
     }
-    let help = std::process::Command::new(worker_bin).arg("--help").output();
-    match help {
-        Ok(o) if String::from_utf8_lossy(&o.stdout).contains("--cid-lifetime") => {
-            opts.worker_args.push("--cid-lifetime".into());
-            opts.worker_args.push(opts.cid_lifetime.to_string());
-        }
-        _ => tracing::warn!(
-            worker = %worker_bin.display(),
-            "the worker has no --cid-lifetime: its connections keep their first CIDs, so a connection older than \
-             two rotations is orphaned even with rotation pacing"
-        ),
-    }
+    opts.worker_args.push("--cid-lifetime".into());
+    opts.worker_args.push(opts.cid_lifetime.to_string());
 }
 
 impl DataPlane {
