@@ -760,7 +760,14 @@ fn established_downloads_finish_while_the_data_plane_is_stopped() {
     h.close();
     eprintln!("4 × {size} bytes finished {all_done:?} after the data plane stopped");
     let lb = c.lb_wait();
-    assert!(lb["fast_path"]["datagrams"].as_u64().unwrap_or(0) > 1000, "fast path carried them: {}", lb["fast_path"]);
+    // That they finished at all shows the kernel carried them (nothing else forwards
+    // while the data plane is stopped). The counter must show it too: a receiving
+    // quinn client acknowledges at least every max_ack_delay (25 ms, RFC 9000
+    // §13.2.1); a quarter of that rate over the stopped time, per connection, is a
+    // floor that a counter left at zero (or counting only the user path) misses.
+    let floor = 4 * (all_done.as_millis() as u64 / 100);
+    let fast = lb["fast_path"]["datagrams"].as_u64().unwrap_or(0);
+    assert!(fast >= floor, "fast path carried {fast} datagrams, at least {floor} expected: {}", lb["fast_path"]);
     assert_eq!(c.dataplane_pid(), dp, "the data plane was stopped, never restarted");
     assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
 }

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 pub mod bin;
+pub mod cpu_clock;
 pub mod h3client;
 pub mod packets;
 pub mod rng;

@@ -523,14 +523,21 @@ impl Registry {
 
     /// Builds and publishes a new snapshot of the live instances (sorted by id).
     fn publish(&mut self) {
-        // A stalled instance stays live (its connections are forwarded), not placeable.
+        // A stalled instance stays live (its connections are forwarded), not placeable
+        // — unless every ready instance is stalled: then they all stay placeable (a
+        // slow instance still answers; none at all answers nobody), as a load
+        // balancer's panic threshold does.
+        let healthy =
+            self.conns.values().any(|c| matches!(c, Conn::Live { placeable: true, live, .. } if !live.stalled()));
         let mut live: Vec<(Arc<DataConn>, bool, Pressure)> = self
             .conns
             .values()
             .filter_map(|c| match c {
-                Conn::Live { conn, placeable, live } => {
-                    Some((conn.clone(), *placeable && !live.stalled(), self.pressure.level(live.handshakes)))
-                }
+                Conn::Live { conn, placeable, live } => Some((
+                    conn.clone(),
+                    *placeable && (!live.stalled() || !healthy),
+                    self.pressure.level(live.handshakes),
+                )),
                 _ => None,
             })
             .collect();

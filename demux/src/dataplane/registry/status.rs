@@ -51,7 +51,12 @@ impl Registry {
             })
             .collect();
         let fast = fast_path::status_json(&self.fast_path, self.fast_path_mode);
+        // What never reached a shard: datagrams the kernel dropped on our sockets
+        // (receive queue full while the shard was behind).
+        let socket_drops: u64 =
+            self.all_udp_fds.iter().filter_map(|&fd| ::sys::sockopt::kernel_drops(fd).ok()).map(u64::from).sum();
         let extra = json!({
+            "socket_drops": socket_drops,
             "liveness": {
                 "stalls": self.stalls_total,
                 "stalled": lives.values().filter(|l| l.stalled()).count(),
