@@ -161,7 +161,7 @@ impl Sequencer {
         Sequencer { next: u64::from(start_unix_secs) << 32 }
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub fn take(&mut self) -> u64 {
         let s = self.next;
         self.next = self.next.wrapping_add(1);
         s
@@ -308,6 +308,6 @@ mod tests {
         assert!(!w.accept(top - ReplayWindow::SIZE), "exactly SIZE below the top is outside");
         assert!(w.accept(top - ReplayWindow::SIZE + 1), "the oldest number inside");
         let mut s = Sequencer::new(5);
-        assert_eq!((s.next(), s.next()), (5 << 32, (5 << 32) + 1));
+        assert_eq!((s.take(), s.take()), (5 << 32, (5 << 32) + 1));
     }
 }
