@@ -40,9 +40,20 @@ pub struct ControllerOpts {
     /// The worker executable (default: `worker` next to this executable).
     #[arg(long, value_name = "PATH", requires = "state_dir")]
     pub worker_bin: Option<std::path::PathBuf>,
-    /// Rotate the CID key generation every N instance starts (ADR 0001).
-    #[arg(long, value_name = "N", default_value_t = 10_000, requires = "state_dir")]
+    /// Rotate the CID key generation every N instance starts (ADR 0001). Default
+    /// 10 000, or half the host's server ids when `--host-bits` leaves fewer.
+    #[arg(long = "rotate-every", value_name = "N", requires = "state_dir")]
+    pub rotate_every_arg: Option<u32>,
+    /// `--rotate-every` as resolved at start (controller::run).
+    #[arg(skip)]
     pub rotate_every: u32,
+    /// Several hosts behind one anycast address (ADR 0005): this many top bits of
+    /// every server id name the host (0..=8; 0 is one host).
+    #[arg(long, value_name = "B", default_value_t = 0, requires = "state_dir")]
+    pub host_bits: u8,
+    /// This host's id in the cluster (below 2^--host-bits); its server ids carry it.
+    #[arg(long, value_name = "H", default_value_t = 0, requires = "state_dir")]
+    pub host_id: u16,
     /// How long a worker's connection IDs live (passed to spawned workers as
     /// `worker --cid-lifetime`). Rotations are refused
     /// within 2 × this of the last one (`rotate-keys --force` overrides).

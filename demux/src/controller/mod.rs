@@ -196,9 +196,17 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
             bail!("--listen {l} given twice");
         }
     }
-    if opts.rotate_every == 0 || opts.rotate_every > 32_768 {
-        // Two live generations × rotate-every starts must stay below 65 536 ids.
-        bail!("--rotate-every must be 1..=32768 (two live key generations must not span 65 536 server ids)");
+    let host = proto::host::HostLayout::new(opts.host_bits, opts.host_id)?;
+    // Two live generations × rotate-every starts must stay below the host's ids.
+    let max_rotate_every = host.per_host() / 2;
+    let mut opts = opts;
+    opts.rotate_every = opts.rotate_every_arg.unwrap_or(DEFAULT_ROTATE_EVERY.min(max_rotate_every));
+    if opts.rotate_every == 0 || opts.rotate_every > max_rotate_every {
+        bail!(
+            "--rotate-every must be 1..={max_rotate_every} (two live key generations must not span the host's {} server \
+             ids)",
+            host.per_host()
+        );
     }
     let cores = cores::resolve(&dp.cores)?;
     if cores.len() * dp.listen.len() > proto::wire::MAX_SOCKETS {
@@ -266,7 +274,6 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
         status::spawn_metrics(addr, Some(status_out.clone()), paths.dataplane_sock())?;
     }
 
-    let mut opts = opts;
     if opts.spawn_workers > 0 {
         add_cid_lifetime_arg(&mut opts);
     }
@@ -308,6 +315,9 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
     drop(lock);
     r
 }
+
+/// `--rotate-every` unless given (and the host has the ids for it).
+const DEFAULT_ROTATE_EVERY: u32 = 10_000;
 
 /// `--cid-lifetime` reaches spawned workers as `worker --cid-lifetime SECS` unless the
 /// operator passed one in the worker arguments. It is part of the worker's command-line

@@ -70,6 +70,7 @@ impl Ctl {
             },
             "sockets": sockets,
             "next_server_id": self.counter.next,
+            "host": { "bits": self.opts.host_bits, "id": self.opts.host_id },
             "starts_in_generation": self.counter.starts_in_generation,
             "rotate_every": self.opts.rotate_every,
             "key_newest": k.newest.generation.get(),
