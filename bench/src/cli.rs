@@ -92,9 +92,6 @@ pub struct AllArgs {
     /// Seconds of load per run (per contender, mode and offered rate).
     #[arg(long, value_name = "S", default_value_t = 3.0, value_parser = positive_f64)]
     pub seconds: f64,
-    /// Repetitions (rounds); the contenders' order rotates from round to round.
-    #[arg(long, value_name = "N", default_value_t = 3, value_parser = positive_usize)]
-    pub reps: usize,
     /// Contenders to run, comma-separated.
     #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
           value_parser = CONTENDERS, default_value = "floor,baseline,demux-uring,demux-mmsg,nginx")]
@@ -110,12 +107,8 @@ pub struct AllArgs {
     #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
           default_value = "0,100000", overrides_with = "rate")]
     pub rates: Vec<f64>,
-    /// Core the contender (and the demux in latency runs) is pinned to.
-    #[arg(long, value_name = "C", default_value_t = 0)]
-    pub shard_core: usize,
-    /// Core of the sender, the sinks and the latency probes.
-    #[arg(long, value_name = "L", default_value_t = 1)]
-    pub load_core: usize,
+    #[command(flatten)]
+    pub rounds: Rounds,
     /// Skip the demux hop's latency runs.
     #[arg(long)]
     pub no_latency: bool,
@@ -152,9 +145,6 @@ pub struct AllArgs {
     /// Refuse instead of apt-get installing nginx-light and libnginx-mod-stream when missing.
     #[arg(long)]
     pub no_install: bool,
-    /// Nice value for the bench and all it starts, in an autogroup of its own (0 = leave priorities alone).
-    #[arg(long, value_name = "N", default_value_t = -20, allow_negative_numbers = true)]
-    pub nice: i32,
 }
 
 /// `bench dataplane`. `--io` given twice: the last one wins.
@@ -186,9 +176,6 @@ pub struct FastpathArgs {
     /// Seconds of load per run (per contender and load).
     #[arg(long, value_name = "S", default_value_t = 3.0, value_parser = positive_f64)]
     pub seconds: f64,
-    /// Repetitions (rounds); the contenders' order rotates from round to round.
-    #[arg(long, value_name = "N", default_value_t = 3, value_parser = positive_usize)]
-    pub reps: usize,
     /// Contenders to run, comma-separated.
     #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
           value_parser = FASTPATH_CONTENDERS, default_value = "floor,fast,seqpacket,ring")]
@@ -197,15 +184,8 @@ pub struct FastpathArgs {
     #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
           value_parser = positive_f64, default_value = "25,50,75")]
     pub loads: Vec<f64>,
-    /// Core of the receiving side: the sink and the demux's one shard.
-    #[arg(long, value_name = "C", default_value_t = 0)]
-    pub shard_core: usize,
-    /// Core of the sender.
-    #[arg(long, value_name = "L", default_value_t = 1)]
-    pub load_core: usize,
-    /// Nice value for the bench and all it starts, in an autogroup of its own (0 = leave priorities alone).
-    #[arg(long, value_name = "N", default_value_t = -20, allow_negative_numbers = true)]
-    pub nice: i32,
+    #[command(flatten)]
+    pub rounds: Rounds,
     /// Rewrite the generated `bench fastpath` block of FILE (e.g. docs/benchmarks.md).
     #[arg(long, value_name = "FILE")]
     pub doc: Option<PathBuf>,
@@ -232,9 +212,6 @@ pub struct SaturationArgs {
     /// truesize: ≈ 2.3 KB per uncoalesced 1200-byte datagram on loopback); at most 1 GiB.
     #[arg(long, value_name = "BYTES", default_value_t = MAX_SATURATION_QUEUE, value_parser = queue_bytes)]
     pub queue: u64,
-    /// Repetitions (rounds); the contenders' order rotates from round to round.
-    #[arg(long, value_name = "N", default_value_t = 3, value_parser = positive_usize)]
-    pub reps: usize,
     /// Contenders to run, comma-separated.
     #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
           value_parser = SATURATION_CONTENDERS, default_value = "floor,baseline,seqpacket,ring")]
@@ -243,21 +220,33 @@ pub struct SaturationArgs {
     #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
           value_parser = positive_usize, default_value = "1,8")]
     pub trains: Vec<usize>,
-    /// Core of the contender (the demux's one shard).
-    #[arg(long, value_name = "C", default_value_t = 0)]
-    pub shard_core: usize,
-    /// Core of the sender and the sinks.
-    #[arg(long, value_name = "L", default_value_t = 1)]
-    pub load_core: usize,
-    /// Nice value for the bench and all it starts, in an autogroup of its own (0 = leave priorities alone).
-    #[arg(long, value_name = "N", default_value_t = -20, allow_negative_numbers = true)]
-    pub nice: i32,
+    #[command(flatten)]
+    pub rounds: Rounds,
     /// Rewrite the generated `bench saturation` block of FILE (e.g. docs/benchmarks.md).
     #[arg(long, value_name = "FILE")]
     pub doc: Option<PathBuf>,
     /// Also write every run as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+}
+
+/// What `bench all`, `bench fastpath` and `bench saturation` share: rounds, where the
+/// contender and the load run, and at what priority.
+#[derive(Clone, Debug, Args)]
+pub struct Rounds {
+    /// Repetitions (rounds); the contenders' order rotates from round to round.
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = positive_usize)]
+    pub reps: usize,
+    /// Core of the contender: the demux's one shard (also in latency runs), a
+    /// contender server, the sink of `bench fastpath`.
+    #[arg(long, value_name = "C", default_value_t = 0)]
+    pub shard_core: usize,
+    /// Core of the sender, the sinks (`bench all`, `bench saturation`) and the latency probes.
+    #[arg(long, value_name = "L", default_value_t = 1)]
+    pub load_core: usize,
+    /// Nice value for the bench and all it starts, in an autogroup of its own (0 = leave priorities alone).
+    #[arg(long, value_name = "N", default_value_t = -20, allow_negative_numbers = true)]
+    pub nice: i32,
 }
 
 /// What both contender servers take.
@@ -451,21 +440,26 @@ mod tests {
     #[test]
     fn defaults_are_the_documented_ones() {
         let a = all("");
-        assert_eq!((a.seconds, a.reps, a.nice, a.probe_rate, a.latency_seconds), (3.0, 3, -20, 1000.0, 3.0));
+        assert_eq!(
+            (a.seconds, a.rounds.reps, a.rounds.nice, a.probe_rate, a.latency_seconds),
+            (3.0, 3, -20, 1000.0, 3.0)
+        );
         assert_eq!(a.contenders, CONTENDERS);
         assert_eq!((a.trains, a.rates, a.rate), (vec![1, 8], vec![0.0, 100_000.0], None));
-        assert_eq!((a.shard_core, a.load_core), (0, 1));
+        assert_eq!((a.rounds.shard_core, a.rounds.load_core), (0, 1));
         assert!(!a.no_latency && !a.no_saturation && !a.udpflood && !a.no_rt && !a.no_doc && !a.no_install);
         let Command::Dataplane(d) = parse("dataplane").unwrap().command else { panic!() };
         assert_eq!((d.seconds, d.rate, d.shard_core, d.load_core), (5.0, 0.0, 0, 1));
         assert_eq!(d.ios, ["uring", "mmsg", "uring+ring", "mmsg+ring"]);
         let Command::Fastpath(f) = parse("fastpath").unwrap().command else { panic!() };
-        assert_eq!((f.seconds, f.reps, f.nice, f.shard_core, f.load_core), (3.0, 3, -20, 0, 1));
+        let r = &f.rounds;
+        assert_eq!((f.seconds, r.reps, r.nice, r.shard_core, r.load_core), (3.0, 3, -20, 0, 1));
         assert_eq!(f.contenders, FASTPATH_CONTENDERS);
         assert_eq!(f.loads, [25.0, 50.0, 75.0]);
         assert!(f.doc.is_none() && f.svg.is_none() && f.json.is_none() && !f.bpf_stats);
         let Command::Saturation(s) = parse("saturation").unwrap().command else { panic!() };
-        assert_eq!((s.datagrams, s.queue, s.reps, s.nice, s.shard_core, s.load_core), (400_000, 1 << 30, 3, -20, 0, 1));
+        let r = &s.rounds;
+        assert_eq!((s.datagrams, s.queue, r.reps, r.nice, r.shard_core, r.load_core), (400_000, 1 << 30, 3, -20, 0, 1));
         assert_eq!((s.contenders, s.trains), (SATURATION_CONTENDERS.map(String::from).to_vec(), vec![1, 8]));
         assert!(s.doc.is_none() && s.json.is_none());
     }

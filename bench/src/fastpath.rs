@@ -548,7 +548,7 @@ impl Run {
 }
 
 fn run_one(kind: &str, pct: f64, offered: f64, rep: usize, o: &FastpathArgs, bin: &Path) -> Result<Run> {
-    let rx = start_rx(kind, bin, o.shard_core)?;
+    let rx = start_rx(kind, bin, o.rounds.shard_core)?;
     let sink_tid = rx.sink.tid();
     let ksirq = ksoftirqd_pids();
     let ksirq_ns = || ksirq.iter().map(|&p| schedstat_ns(p, Schedstat::OnCpu)).sum::<u64>();
@@ -560,7 +560,7 @@ fn run_one(kind: &str, pct: f64, offered: f64, rep: usize, o: &FastpathArgs, bin
     let bpf_on = o.bpf_stats && kind == "fast";
     let bpf0 = bpf(bpf_on);
     let (sink0, demux0, dstat0, ks0) = (thread_ns(sink_tid), demux_ns(), demux_stat(), ksirq_ns());
-    let load = send(rx.addr, &rx.ks, o.seconds, offered, o.load_core)?;
+    let load = send(rx.addr, &rx.ks, o.seconds, offered, o.rounds.load_core)?;
     std::thread::sleep(SETTLE);
     let (sink1, demux1, dstat1, ks1) = (thread_ns(sink_tid), demux_ns(), demux_stat(), ksirq_ns());
     let bpf1 = bpf(bpf_on);
@@ -720,15 +720,15 @@ fn report(runs: &[Run], sums: &[Sum], o: &FastpathArgs, sat: f64, load_start: &s
         out("rustc", &["--version"]),
         loadavg(load_start),
         loadavg_now(),
-        o.reps,
+        o.rounds.reps,
         o.seconds,
-        o.shard_core,
-        o.shard_core,
+        o.rounds.shard_core,
+        o.rounds.shard_core,
         FLOWS,
         SEND_BATCH,
-        o.load_core,
+        o.rounds.load_core,
         DATAGRAM,
-        o.nice,
+        o.rounds.nice,
         thousands(sat),
         secs
     );
@@ -871,8 +871,8 @@ fn svg(sums: &[Sum], kinds: &[String], pcts: &[f64], reps: usize) -> String {
 
 pub fn main(o: FastpathArgs) -> Result<()> {
     let t0 = Instant::now();
-    if o.nice != 0 {
-        crate::all::prioritize(o.nice);
+    if o.rounds.nice != 0 {
+        crate::all::prioritize(o.rounds.nice);
     }
     let load_start = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let bin = demux_bin()?;
@@ -895,13 +895,13 @@ pub fn main(o: FastpathArgs) -> Result<()> {
         }
         Ok(())
     };
-    for rep in 0..o.reps {
+    for rep in 0..o.rounds.reps {
         go(0.0, 0.0, rep, &mut runs)?;
     }
     let base = if kinds.iter().any(|k| k == "floor") { "floor" } else { kinds[0].as_str() };
     let sat = median(runs.iter().filter(|r| r.kind == base).map(Run::rate).collect());
     eprintln!("100 % = {base}'s median unpaced rate: {sat:.0} datagrams/s");
-    for rep in 0..o.reps {
+    for rep in 0..o.rounds.reps {
         for &pct in &o.loads {
             go(pct, sat * pct / 100.0, rep, &mut runs)?;
         }
@@ -916,7 +916,7 @@ pub fn main(o: FastpathArgs) -> Result<()> {
         eprintln!("wrote {}", p.display());
     }
     if let Some(p) = &o.svg {
-        std::fs::write(p, svg(&sums, &kinds, &pcts, o.reps))?;
+        std::fs::write(p, svg(&sums, &kinds, &pcts, o.rounds.reps))?;
         eprintln!("wrote {}", p.display());
     }
     if let Some(p) = &o.json {

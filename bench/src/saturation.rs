@@ -189,7 +189,7 @@ impl Drop for Stopped {
 }
 
 fn start(kind: &str, train: usize, o: &SaturationArgs, bins: &Path, dir: &Path) -> Result<Running> {
-    let cores = Cores { shard: o.shard_core, load: o.load_core };
+    let cores = Cores { shard: o.rounds.shard_core, load: o.rounds.load_core };
     match demux_flags(kind) {
         Some(flags) => start_demux_run(&format!("sat-{kind}"), &flags, cores, bins),
         None => start_server(kind, cores, dir, train),
@@ -207,12 +207,14 @@ fn run_one(kind: &str, train: usize, rep: usize, o: &SaturationArgs, bins: &Path
     let (c0, p0) = ((r.counts)()?, (r.progress)());
     stop(r.pid)?;
     let stopped = Stopped(r.pid);
+    // `BENCH_PERF`: attached while the contender is stopped, so it sees the whole drain.
+    let perf = crate::sys::Perf::start(r.pid, &format!("saturation-{kind}-{train}-{rep}"))?;
     let (cpu0, wait0, (user0, sys0)) =
         (schedstat_ns(r.pid, Schedstat::OnCpu), schedstat_ns(r.pid, Schedstat::Waiting), stat_user_system_s(r.pid));
     let q0 = udp_queue(port).context("the socket left /proc/net/udp")?;
     let limit = (o.queue as f64 * FILL_LIMIT) as u64;
     let (target, mut next_check) = (o.datagrams, FILL_CHECK_EVERY);
-    let load = send_until(r.addr, &r.ks, &r.ids, train, 0.0, o.load_core, None, move |sent, elapsed| {
+    let load = send_until(r.addr, &r.ks, &r.ids, train, 0.0, o.rounds.load_core, None, move |sent, elapsed| {
         if sent >= target || elapsed > FILL_TIMEOUT {
             return false;
         }
@@ -226,7 +228,6 @@ fn run_one(kind: &str, train: usize, rep: usize, o: &SaturationArgs, bins: &Path
     if (r.progress)() != p0 {
         bail!("{kind} handled datagrams while stopped");
     }
-    let perf = crate::sys::Perf::start(r.pid, &format!("saturation-{kind}-{train}-{rep}"))?;
     let t0 = Instant::now();
     drop(stopped); // SIGCONT
     let (mut last, mut t_last) = (p0, t0);
@@ -405,14 +406,14 @@ fn report(runs: &[Run], sums: &[Sum], o: &SaturationArgs, c: &Conditions) -> Str
         loadavg_now(),
         c.uptime_start,
         c.uptime_end,
-        o.reps,
-        o.shard_core,
+        o.rounds.reps,
+        o.rounds.shard_core,
         FLOWS,
-        o.load_core,
+        o.rounds.load_core,
         thousands(o.datagrams as f64),
         DATAGRAM,
         thousands(o.queue as f64),
-        o.nice,
+        o.rounds.nice,
         c.secs,
     );
     let _ = writeln!(s, "| contender | datagrams | queued (median) | handled | **CPU µs / datagram** (min–max) | **datagrams/s per core** | drain datagrams/s (wall) | core busy while draining | × floor | × baseline | user / system | waited for a CPU |");
@@ -491,8 +492,8 @@ fn report(runs: &[Run], sums: &[Sum], o: &SaturationArgs, c: &Conditions) -> Str
 
 pub fn main(o: SaturationArgs) -> Result<()> {
     let uptime_start = command_output("uptime", &[]);
-    if o.nice != 0 {
-        prioritize(o.nice);
+    if o.rounds.nice != 0 {
+        prioritize(o.rounds.nice);
     }
     run(&o, uptime_start).map(|_| ())
 }
@@ -512,7 +513,7 @@ pub(crate) fn run(o: &SaturationArgs, uptime_start: String) -> Result<String> {
     let _tg = crate::all::contenders::DirGuard(tmp.clone());
     let n = o.contenders.len();
     let mut runs = Vec::new();
-    for rep in 0..o.reps {
+    for rep in 0..o.rounds.reps {
         for &train in &o.trains {
             for i in 0..n {
                 let k = &o.contenders[(i + rep) % n];

@@ -71,12 +71,12 @@ impl From<AllArgs> for Opts {
         };
         Opts {
             seconds: a.seconds,
-            reps: a.reps,
+            reps: a.rounds.reps,
             contenders: a.contenders,
             trains: a.trains,
             rates: a.rate.map_or(a.rates, |r| vec![r]),
-            shard_core: a.shard_core,
-            load_core: a.load_core,
+            shard_core: a.rounds.shard_core,
+            load_core: a.rounds.load_core,
             latency: !a.no_latency,
             saturation: !a.no_saturation,
             udpflood: a.udpflood,
@@ -87,7 +87,7 @@ impl From<AllArgs> for Opts {
             svg,
             json: a.json,
             install_nginx: !a.no_install,
-            nice: a.nice,
+            nice: a.rounds.nice,
         }
     }
 }
@@ -246,12 +246,9 @@ pub fn main(args: AllArgs) -> Result<()> {
         let s = crate::cli::SaturationArgs {
             datagrams: crate::cli::SATURATION_DATAGRAMS,
             queue: crate::cli::MAX_SATURATION_QUEUE,
-            reps: o.reps,
+            rounds: crate::cli::Rounds { reps: o.reps, shard_core: o.shard_core, load_core: o.load_core, nice: o.nice },
             contenders: crate::cli::SATURATION_CONTENDERS.map(String::from).to_vec(),
             trains: o.trains.clone(),
-            shard_core: o.shard_core,
-            load_core: o.load_core,
-            nice: o.nice,
             doc: o.doc.clone(),
             json: None,
         };
