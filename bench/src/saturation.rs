@@ -97,6 +97,8 @@ pub(crate) struct Run {
     /// Runnable but waiting for a CPU (the machine's other load).
     pub(crate) waited_s: f64,
     pub(crate) wall_s: f64,
+    /// The demux's receive batches (shard loop rounds) over the drain; None for the others.
+    pub(crate) batches: Option<u64>,
 }
 
 impl Run {
@@ -112,6 +114,10 @@ impl Run {
     }
     /// User time's share of the contender's CPU time (the rest: system calls, and the
     /// softirq work of its sends).
+    /// Datagrams received per batch of the demux's shard (NaN for the others).
+    pub(crate) fn per_batch(&self) -> f64 {
+        self.batches.map_or(f64::NAN, |b| self.received as f64 / b as f64)
+    }
     pub(crate) fn user_share(&self) -> f64 {
         self.user_s / (self.user_s + self.system_s)
     }
@@ -120,7 +126,7 @@ impl Run {
             "contender": self.kind, "train": self.train, "round": self.rep + 1, "sent": self.sent,
             "queued_bytes": self.queued_bytes, "fill_drops": self.fill_drops, "received": self.received,
             "handled": self.handled, "cpu_s": self.cpu_s, "user_s": self.user_s, "system_s": self.system_s,
-            "waited_s": self.waited_s, "wall_s": self.wall_s, "us_per_datagram": self.us(),
+            "waited_s": self.waited_s, "wall_s": self.wall_s, "us_per_datagram": self.us(), "batches": self.batches,
         })
     }
 }
@@ -204,7 +210,8 @@ fn run_one(kind: &str, train: usize, rep: usize, o: &SaturationArgs, bins: &Path
     let port = r.addr.port();
     raise_queue(r.pid, port, o.queue)?;
     // Counters first: a stopped demux answers no status request.
-    let (c0, p0) = ((r.counts)()?, (r.progress)());
+    let batches = |r: &Running| r.batches.as_ref().map(|b| b()).transpose();
+    let (c0, p0, b0) = ((r.counts)()?, (r.progress)(), batches(&r)?);
     stop(r.pid)?;
     let stopped = Stopped(r.pid);
     // `BENCH_PERF`: attached while the contender is stopped, so it sees the whole drain.
@@ -248,7 +255,7 @@ fn run_one(kind: &str, train: usize, rep: usize, o: &SaturationArgs, bins: &Path
     if let Some(p) = perf {
         p.stop();
     }
-    let c1 = (r.counts)()?;
+    let (c1, b1) = ((r.counts)()?, batches(&r)?);
     let handled = c1.1 - c0.1;
     if handled == 0 || cpu1 <= cpu0 {
         bail!("{kind} handled {handled} datagrams in {} ns of CPU", cpu1.saturating_sub(cpu0));
@@ -267,6 +274,7 @@ fn run_one(kind: &str, train: usize, rep: usize, o: &SaturationArgs, bins: &Path
         system_s: sys1 - sys0,
         waited_s: wait1.saturating_sub(wait0) as f64 / 1e9,
         wall_s: (t_last - t0).as_secs_f64(),
+        batches: b0.zip(b1).map(|(b0, b1)| b1 - b0),
     })
 }
 
@@ -285,6 +293,7 @@ pub(crate) struct Sum {
     pub(crate) busy: f64,
     pub(crate) user_share: f64,
     pub(crate) waited_share: f64,
+    pub(crate) per_batch: f64,
     /// CPU per datagram over the floor's and the baseline's in the same round and
     /// mode, the median over the rounds.
     pub(crate) x_floor: f64,
@@ -325,6 +334,7 @@ pub(crate) fn summarize(runs: &[Run], kinds: &[String], trains: &[usize]) -> Vec
                 busy: m(&|r| r.cpu_s / r.wall_s),
                 user_share: m(&|r| r.user_share()),
                 waited_share: m(&|r| r.waited_s / r.wall_s),
+                per_batch: m(&|r| r.per_batch()),
                 x_floor: ratio_to("floor"),
                 x_baseline: ratio_to("baseline"),
             });
@@ -416,12 +426,12 @@ fn report(runs: &[Run], sums: &[Sum], o: &SaturationArgs, c: &Conditions) -> Str
         o.rounds.nice,
         c.secs,
     );
-    let _ = writeln!(s, "| contender | datagrams | queued (median) | handled | **CPU µs / datagram** (min–max) | **datagrams/s per core** | drain datagrams/s (wall) | core busy while draining | × floor | × baseline | user / system | waited for a CPU |");
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "| contender | datagrams | queued (median) | handled | **CPU µs / datagram** (min–max) | **datagrams/s per core** | drain datagrams/s (wall) | core busy while draining | × floor | × baseline | user / system | waited for a CPU | datagrams / shard batch |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for m in sums {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.1} % | **{}** ({}–{}) | **{}** | {} | {:.0} % | {} | {} | {:.0} / {:.0} % | {:.1} % |",
+            "| {} | {} | {} | {:.1} % | **{}** ({}–{}) | **{}** | {} | {:.0} % | {} | {} | {:.0} / {:.0} % | {:.1} % | {} |",
             m.kind,
             mode_name(m.train),
             thousands(m.received),
@@ -437,13 +447,16 @@ fn report(runs: &[Run], sums: &[Sum], o: &SaturationArgs, c: &Conditions) -> Str
             m.user_share * 100.0,
             (1.0 - m.user_share) * 100.0,
             m.waited_share * 100.0,
+            fixed(m.per_batch, 1),
         );
     }
     let _ = writeln!(
         s,
         "\n\"CPU µs / datagram\": the contender's CPU time (schedstat, all threads) from its stop to the end of the drain over the datagrams it handled \
          (forwarded to a worker; the floor: received). \"datagrams/s per core\": handled / CPU seconds. \"drain datagrams/s (wall)\": handled / (SIGCONT → \
-         the last datagram at the far end). \"user / system\": /proc/<pid>/stat, in clock ticks. \"waited for a CPU\": schedstat run-queue wait over the drain's wall time.\n"
+         the last datagram at the far end). \"user / system\": /proc/<pid>/stat, in clock ticks. \"waited for a CPU\": schedstat run-queue wait over the drain's wall time. \
+         \"datagrams / shard batch\": the demux's received datagrams over its `batches` counter (rounds of its loop: receive, route, forward, \
+         and with rings one eventfd write per sleeping worker).\n"
     );
     let _ = writeln!(s, "Targets (the issue), from the medians above:\n");
     let _ = writeln!(s, "| target | measured | limit | | CPU split |");
@@ -464,12 +477,12 @@ fn report(runs: &[Run], sums: &[Sum], o: &SaturationArgs, c: &Conditions) -> Str
         );
     }
     let _ = writeln!(s, "\n<details><summary>Every run</summary>\n");
-    let _ = writeln!(s, "| round | contender | datagrams | sent | queued bytes | fill drops | received | handled | CPU s | user s | system s | waited s | drain s | CPU µs / datagram |");
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "| round | contender | datagrams | sent | queued bytes | fill drops | received | handled | CPU s | user s | system s | waited s | drain s | CPU µs / datagram | datagrams / batch |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in runs {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {:.2} | {:.2} | {:.3} | {:.3} | {:.3} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {:.2} | {:.2} | {:.3} | {:.3} | {:.3} | {} |",
             r.rep + 1,
             r.kind,
             mode_name(r.train),
@@ -483,7 +496,8 @@ fn report(runs: &[Run], sums: &[Sum], o: &SaturationArgs, c: &Conditions) -> Str
             r.system_s,
             r.waited_s,
             r.wall_s,
-            r.us()
+            r.us(),
+            fixed(r.per_batch(), 1)
         );
     }
     let _ = writeln!(s, "\n</details>\n\n{END}");
@@ -566,6 +580,7 @@ mod tests {
             system_s: cpu_s * 0.75,
             waited_s: 0.0,
             wall_s: cpu_s * 2.0,
+            batches: None,
         }
     }
 
@@ -590,6 +605,9 @@ mod tests {
         assert!((ring.per_core - 2_500_000.0).abs() < 1e-3, "{}", ring.per_core);
         assert!((ring.busy - 0.5).abs() < 1e-9 && (ring.user_share - 0.25).abs() < 1e-9);
         assert!(ring.x_baseline.is_nan(), "no baseline ran");
+        assert!(ring.per_batch.is_nan(), "no batch counts");
+        let r = Run { batches: Some(40_000), ..run("ring", 1, 0, 0.3, 1_000_000) };
+        assert_eq!(r.per_batch(), 25.0, "received datagrams per batch");
     }
 
     #[test]

@@ -128,6 +128,8 @@ pub(crate) struct Running {
     /// What has reached the far end so far (the floor: received; otherwise what the
     /// sinks took, in records), read without a request to the contender.
     pub(crate) progress: Box<dyn Fn() -> u64>,
+    /// The demux's receive batches so far (its `batches` counter); None for the others.
+    pub(crate) batches: Option<Box<dyn Fn() -> Result<u64>>>,
     pub(crate) _hold: Vec<Box<dyn Any>>,
 }
 
@@ -203,6 +205,7 @@ pub(crate) fn start_server(kind: &str, cores: Cores, dir: &Path, train: usize) -
             ids: WORKER_IDS.to_vec(),
             counts: Box::new(move || Ok((c2.get(RECEIVED), c2.get(FORWARDED)))),
             progress: Box::new(move || delivered.load(Ordering::Relaxed)),
+            batches: None,
             _hold: hold,
         });
     };
@@ -220,6 +223,7 @@ pub(crate) fn start_server(kind: &str, cores: Cores, dir: &Path, train: usize) -
         ids,
         counts: Box::new(move || Ok((c.get(RECEIVED), c.get(RECEIVED)))),
         progress: Box::new(move || c2.get(RECEIVED)),
+        batches: None,
         _hold: hold,
     })
 }
@@ -239,7 +243,7 @@ pub(crate) fn start_demux_run(name: &str, flags: &[&str], cores: Cores, bins: &P
         WORKER_IDS.iter().map(|&id| sink(&d, id, cores.load, stop.clone(), frames.clone())).collect::<Result<_>>()?;
     demux_ready(&d, WORKER_IDS.len())?;
     let ks = d.keys.key_set().map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    let d2 = d.clone();
+    let (d2, d3) = (d.clone(), d.clone());
     let delivered = frames.clone();
     Ok(Running {
         pid: d.child.id(),
@@ -251,6 +255,7 @@ pub(crate) fn start_demux_run(name: &str, flags: &[&str], cores: Cores, bins: &P
             Ok((g(&s, "/datagrams_in"), forwarded(&s)))
         }),
         progress: Box::new(move || delivered.load(Ordering::Relaxed)),
+        batches: Some(Box::new(move || Ok(g(&status(&d3)?, "/batches")))),
         _hold: vec![Box::new(d), Box::new(Sinks { stop, threads })],
     })
 }
@@ -344,6 +349,7 @@ fn start_nginx(cores: Cores, dir: &Path) -> Result<Running> {
             Ok((n, n))
         }),
         progress: Box::new(move || delivered.load(Ordering::Relaxed)),
+        batches: None,
         _hold: vec![Box::new(ChildGuard(child)), Box::new(sinks)],
     })
 }
