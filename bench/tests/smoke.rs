@@ -46,6 +46,7 @@ fn contenders_count_and_measure() {
             "--trains",
             "1,8",
             "--no-latency",
+            "--no-saturation",
             "--no-doc",
         ])
         .args(["--nice", "0", "--contenders", &contenders.join(","), "--json"])
