@@ -560,7 +560,7 @@ fn malformed_datagrams_during_load_are_all_counted_and_harmless() {
         assert_eq!(text.matches("quicdemux_instance_fast_datagrams_total{server_id=").count(), 2, "{text}");
         assert!(text.contains("quicdemux_fast_path_to_demux_total{why=\"short_packet\"}"), "{text}");
     } else {
-        eprintln!("skip: fast-path metrics: the fast path is not active here");
+        testkit::skip("fast-path metrics: the fast path is not active here");
     }
     load.wait_progress(4, Duration::from_secs(60));
     let (ok, failed, f) = load.finish(&rt);
@@ -700,7 +700,7 @@ fn established_downloads_finish_while_the_data_plane_is_stopped() {
     let lb = c.lb_wait();
     if lb["fast_path"]["active"].as_bool() != Some(true) {
         assert!(std::env::var_os("CI").is_none(), "the fast path must be active in CI: {}", lb["fast_path"]);
-        eprintln!("skip: the kernel fast path is not active here: {}", lb["fast_path"]["reason"]);
+        testkit::skip(&format!("the kernel fast path is not active here: {}", lb["fast_path"]["reason"]));
         return;
     }
     let st =

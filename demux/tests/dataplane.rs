@@ -442,7 +442,7 @@ fn pin_to(core: usize) {
 fn steer_cpu_picks_the_receiving_cpus_shard(io: &str) {
     let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     if n < 2 {
-        eprintln!("skipped: needs 2 cores");
+        testkit::skip(&format!("needs 2 cores, this machine has {n}"));
         return;
     }
     let d = Demux::start_with(io, "0-1", &["--steer", "cpu"]);

@@ -24,7 +24,7 @@ const TEST_USER: &str = "quicdemux-test";
 fn test_user() -> Option<(u32, u32)> {
     // SAFETY: geteuid(2) cannot fail.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED: the trust tests need root (to run processes as {TEST_USER})");
+        testkit::skip(&format!("the trust tests need root (to run processes as {TEST_USER})"));
         return None;
     }
     let lookup = || -> Option<(u32, u32)> {
