@@ -84,24 +84,46 @@ fn download_and_200_requests(rings: bool) {
 }
 
 /// --retry: every connection gets a Retry, and the client's second Initial (DCID =
-/// the Retry's ADR 0001 SCID) routes back to the instance that issued it, so no
-/// worker accepts more connections than it sent Retries.
+/// the Retry's ADR 0001 SCID) routes back to the instance that issued it.
+///
+/// Proved per connection, one at a time on an idle appliance: the data plane's
+/// per-instance datagram counters change for exactly one instance — the one the
+/// first Initial was placed on, which sent the Retry — and that is the instance
+/// that served the request (x-server-id). If follow-up Initials were placed
+/// independently of the issuer (at random, or by their own DCID's hash), a
+/// connection would pass only when both land on the same of the 3 instances
+/// (p = 1/3), so all 13 pass by chance with p = 3^-13 ≈ 6.3e-7 < 1e-6.
 #[test]
 fn retry_routes_back_to_the_issuer() {
+    const WORKERS: u16 = 3;
+    const CONNECTIONS: usize = 13;
     let d = Demux::start("retry");
     let c = cert(&d.dir);
-    let mut ws: Vec<Worker> = (1..=2).map(|id| Worker::start(&d, &c, id, &["--retry"])).collect();
-    d.wait_instances("2 placeable", |i| i.iter().filter(|x| x.1).count() == 2);
-    rt().block_on(async {
-        let ep = client_endpoint(&c);
-        for _ in 0..8 {
+    let mut ws: Vec<Worker> = (1..=WORKERS).map(|id| Worker::start(&d, &c, id, &["--retry"])).collect();
+    d.wait_instances("3 placeable", |i| i.iter().filter(|x| x.1).count() == usize::from(WORKERS));
+    let counts = |d: &Demux| -> BTreeMap<u16, u64> { d.instances().iter().map(|i| (i.0, i.2)).collect() };
+    let mut served: BTreeMap<u16, u64> = BTreeMap::new();
+    let rt = rt();
+    for n in 0..CONNECTIONS {
+        let before = counts(&d);
+        let server_id = rt.block_on(async {
+            let ep = client_endpoint(&c);
             let mut h = H3::connect(&ep, d.addr).await.expect("connect after Retry");
             let r = h.get("/bytes/20000").await.expect("request");
             assert_eq!((r.status, r.len), (200, 20000));
             h.close();
-        }
-        ep.wait_idle().await;
-    });
+            ep.wait_idle().await;
+            r.server_id
+        });
+        let after = counts(&d);
+        let moved: Vec<u16> = after.iter().filter(|(id, v)| before.get(id) != Some(*v)).map(|(id, _)| *id).collect();
+        assert_eq!(
+            moved,
+            vec![server_id],
+            "connection {n}: only the Retry issuer saw datagrams ({before:?} → {after:?})"
+        );
+        *served.entry(server_id).or_default() += 1;
+    }
     let (mut retries, mut conns) = (0, 0);
     for w in ws.iter_mut() {
         w.signal(libc::SIGTERM);
@@ -109,15 +131,15 @@ fn retry_routes_back_to_the_issuer() {
         assert!(ok, "worker exit: {log}");
         let r = Worker::exit_stat(&log, "retries").expect("retries stat");
         let c = Worker::exit_stat(&log, "connections").expect("connections stat");
-        // A follow-up Initial routed elsewhere would make some worker accept more
-        // connections than it sent Retries (equal totals without loss); a lost
-        // Retry only adds Retries.
+        // Every connection a worker accepted followed a Retry from that worker; a
+        // lost Retry only adds Retries.
         assert!(c <= r, "worker {}: every connection here follows a Retry from here: {log}", w.id);
+        assert_eq!(c, served.get(&w.id).copied().unwrap_or(0), "worker {}: connections = requests it served", w.id);
         retries += r;
         conns += c;
     }
-    assert_eq!(conns, 8);
-    assert!(retries >= 8);
+    assert_eq!(conns, CONNECTIONS as u64);
+    assert!(retries >= CONNECTIONS as u64);
 }
 
 /// A client that changes its local port mid-download (quinn Endpoint::rebind) keeps
