@@ -219,6 +219,7 @@ fn dataplane_sigkill_is_restarted_on_the_same_sockets_and_downloads_finish() {
     let addr = c.addr();
     let sockets_before = c.status_wait()["sockets"].clone();
     let dp = c.dataplane_pid();
+    let old_dp_inodes = socket_inodes(dp);
     let ep = {
         let _g = rt.enter();
         client_endpoint(&c.cert)
@@ -244,7 +245,34 @@ fn dataplane_sigkill_is_restarted_on_the_same_sockets_and_downloads_finish() {
         let pid = s["dataplane"]["pid"].as_i64()?;
         (pid != dp && s["dataplane"]["restarts"] == 1 && s["dataplane"]["state"] == "running").then_some(s)
     });
-    assert_eq!(s["sockets"], sockets_before, "the restarted data plane must serve the same sockets");
+    assert_eq!(s["sockets"], sockets_before, "the controller's socket list is unchanged");
+    // What the data planes actually serve: the controller's UDP sockets (by inode)
+    // are open in the old data plane before the kill and in the restarted one after,
+    // and the restarted one reports the same listen address.
+    let ctl_pid = c.child.id() as i64;
+    let ctl_inodes: std::collections::BTreeSet<u64> = sockets_before
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| socket_inode(ctl_pid, x["fd"].as_i64().unwrap()).expect("the controller's socket fd"))
+        .collect();
+    assert_eq!(ctl_inodes.len(), sockets_before.as_array().unwrap().len(), "{sockets_before}");
+    assert!(
+        ctl_inodes.is_subset(&old_dp_inodes),
+        "old data plane {old_dp_inodes:?} vs the controller's {ctl_inodes:?}"
+    );
+    let new_dp = s["dataplane"]["pid"].as_i64().unwrap();
+    let new_dp_inodes = socket_inodes(new_dp);
+    assert!(
+        ctl_inodes.is_subset(&new_dp_inodes),
+        "the restarted data plane {new_dp} must serve the controller's sockets {ctl_inodes:?}, it holds {new_dp_inodes:?}"
+    );
+    let lb = c.lb_wait();
+    assert_eq!(
+        (lb["pid"].as_i64(), lb["listen"].clone()),
+        (Some(new_dp), serde_json::json!([addr.to_string()])),
+        "{lb}"
+    );
     for (id, d) in downloads {
         let r = rt.block_on(d).expect("join").unwrap_or_else(|e| panic!("download failed: {e:?}{}", c.logs()));
         assert_eq!((r.status, r.len, r.pattern_ok, r.server_id), (200, size, true, id));
