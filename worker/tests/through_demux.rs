@@ -274,6 +274,60 @@ fn drain_under_load_loses_no_accepted_request() {
     eprintln!("drain: accepted by drained worker {accepted}, client retries {}", retried.load(Ordering::Relaxed));
 }
 
+/// Drain seen by a real h3 client (RFC 9114 §5.2, §8.1): with a paced download in
+/// flight, SIGTERM makes the worker send GOAWAY — the client's next request on that
+/// connection fails locally with `RemoteClosing`, which h3 reports only after
+/// reading a GOAWAY — the download still completes, and the connection then
+/// closes with H3_NO_ERROR (0x100) as its application error code.
+#[test]
+fn draining_worker_sends_goaway_then_closes_with_h3_no_error() {
+    let d = Demux::start("goaway");
+    let c = cert(&d.dir);
+    let mut w = Worker::start(&d, &c, 1, &["--drain-timeout", "20"]);
+    d.wait_instances("1 placeable", |i| i.iter().filter(|x| x.1).count() == 1);
+    let rt = rt();
+    let ep = {
+        let _e = rt.enter();
+        client_endpoint(&c)
+    };
+    let mut h = rt.block_on(H3::connect(&ep, d.addr)).expect("connect");
+    assert_eq!(rt.block_on(h.get("/health")).expect("health").status, 200);
+    let (conn, mut sender) = (h.conn.clone(), h.sender());
+    // 1 MiB at 256 KiB/s: about 4 s in flight, well inside the drain timeout.
+    let download = rt.spawn(async move { h.get_paced("/bytes/1048576", Some(256 << 10)).await });
+    std::thread::sleep(Duration::from_millis(500));
+    w.signal(libc::SIGTERM);
+    let refused = rt.block_on(async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        loop {
+            assert!(tokio::time::Instant::now() < deadline, "no GOAWAY within 3 s of SIGTERM");
+            let req = http::Request::get("https://localhost/health").body(()).unwrap();
+            match sender.send_request(req).await {
+                Err(e) => break e,
+                Ok(mut s) => {
+                    // Sent before the GOAWAY arrived: answered or rejected, either is fine.
+                    let _ = s.finish().await;
+                    let _ = s.recv_response().await;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    // h3's `StreamError::RemoteClosing` (a private variant; its Display text).
+    assert_eq!(refused.to_string(), "Remote is closing the connection", "GOAWAY: {refused:?}");
+    let r = rt.block_on(download).expect("download task").expect("the accepted download completes during the drain");
+    assert_eq!((r.status, r.len, r.pattern_ok), (200, 1 << 20, true));
+    let closed = rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), conn.closed()).await });
+    match closed {
+        Ok(quinn::ConnectionError::ApplicationClosed(a)) => {
+            assert_eq!(a.error_code, quinn::VarInt::from_u32(0x100), "H3_NO_ERROR: {a:?}")
+        }
+        other => panic!("expected an application close with H3_NO_ERROR, got {other:?}"),
+    }
+    let (ok, log) = w.wait_exit(Duration::from_secs(30));
+    assert!(ok && log.contains("drained=true"), "drained worker exits cleanly: {log}");
+}
+
 /// Data-plane crash: SIGKILL the demux mid-download and start a new one on the same
 /// address and keys. The worker reconnects its data connection (DataHello again,
 /// new socket fds, Ready resent), the CIDs route as before, and the download
