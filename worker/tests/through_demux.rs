@@ -328,6 +328,41 @@ fn draining_worker_sends_goaway_then_closes_with_h3_no_error() {
     assert!(ok && log.contains("drained=true"), "drained worker exits cleanly: {log}");
 }
 
+/// RFC 9000 §6, §17.2.1: a client Initial of an unknown version reaches a worker
+/// through the demux (reason VersionNegotiation) and the client receives a Version
+/// Negotiation packet: version 0, the client's CIDs swapped, and a list that holds
+/// QUIC v1.
+#[test]
+fn unknown_version_gets_version_negotiation_listing_v1() {
+    let d = Demux::start("vn");
+    let c = cert(&d.dir);
+    let _w = Worker::start(&d, &c, 1, &[]);
+    d.wait_instances("1 placeable", |i| i.iter().filter(|x| x.1).count() == 1);
+    let mut rng = testkit::Rng(7);
+    let (dcid, scid_len) = (rng.bytes(8), 8usize);
+    let mut p = testkit::packets::long(testkit::packets::INITIAL, &dcid, 1200, &mut rng);
+    p[1..5].copy_from_slice(&0x1a2a_3a4au32.to_be_bytes());
+    let scid = p[6 + dcid.len() + 1..6 + dcid.len() + 1 + scid_len].to_vec();
+    let u = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    u.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    u.send_to(&p, d.addr).unwrap();
+    let mut buf = [0u8; 1500];
+    let (n, from) = u.recv_from(&mut buf).expect("a Version Negotiation packet within 5 s");
+    let vn = &buf[..n];
+    assert_eq!(from, d.addr, "answered from the shared address");
+    assert!(vn[0] & 0x80 != 0, "long header: {vn:02x?}");
+    assert_eq!(&vn[1..5], &[0, 0, 0, 0], "version 0 (Version Negotiation)");
+    // RFC 9000 §17.2.1: DCID = the client's SCID, SCID = the client's DCID.
+    let dl = usize::from(vn[5]);
+    assert_eq!(&vn[6..6 + dl], scid.as_slice());
+    let sl = usize::from(vn[6 + dl]);
+    assert_eq!(&vn[7 + dl..7 + dl + sl], dcid.as_slice());
+    let versions: Vec<u32> =
+        vn[7 + dl + sl..].chunks_exact(4).map(|v| u32::from_be_bytes([v[0], v[1], v[2], v[3]])).collect();
+    assert!(versions.contains(&1), "supported versions {versions:08x?} list QUIC v1");
+    assert_eq!(d.reason("VersionNegotiation"), 1);
+}
+
 /// Data-plane crash: SIGKILL the demux mid-download and start a new one on the same
 /// address and keys. The worker reconnects its data connection (DataHello again,
 /// new socket fds, Ready resent), the CIDs route as before, and the download
