@@ -622,11 +622,22 @@ fn automatic_rotation_every_n_starts() {
     };
     let mut h = rt.block_on(H3::connect(&ep, addr)).expect("connect");
     let first = rt.block_on(h.get("/bytes/1000")).expect("GET").server_id;
+    // `next_server_id` advances by one per registration, and the registering worker
+    // gets the id it showed before.
+    let next = |c: &Controller| c.status_wait()["next_server_id"].as_u64().expect("next_server_id");
+    let worker_ids = |c: &Controller| c.workers().iter().map(|w| w.0).collect::<std::collections::BTreeSet<u64>>();
+    let (n0, ids0) = (next(&c), worker_ids(&c));
+    assert_eq!(ids0.iter().copied().collect::<Vec<_>>(), vec![u64::from(first)]);
+    assert_eq!(n0, u64::from(first) + 1, "one registration so far");
     c.start_external(); // 2nd start in generation 0
     wait_until("2 ready workers", Duration::from_secs(60), || (ready_count(&c) == 2).then_some(()));
     assert_eq!(c.status_wait()["key_newest"], 0);
+    assert_eq!(next(&c), n0 + 1, "advanced by one");
+    assert_eq!(worker_ids(&c).difference(&ids0).copied().collect::<Vec<_>>(), vec![n0], "the new worker got it");
     c.start_external(); // 3rd start: rotates first
     wait_until("3 ready workers", Duration::from_secs(60), || (ready_count(&c) == 3).then_some(()));
+    assert_eq!(next(&c), n0 + 2, "advanced by one again");
+    assert!(worker_ids(&c).contains(&(n0 + 1)), "the third worker got the next id");
     let s = c.status_wait();
     assert_eq!((s["key_newest"].as_u64(), s["key_previous"].as_u64()), (Some(1), Some(0)), "{s}");
     assert_eq!(s["starts_in_generation"], 1);
