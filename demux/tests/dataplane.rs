@@ -264,6 +264,14 @@ fn burst_is_forwarded_in_sendmmsg_batches(io: &str) {
     let pid = d.child.id() as i32;
     // SAFETY: kill(2) on the data plane this test started.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    // kill(2) returns before every thread has stopped: wait until each one is in
+    // state T (/proc/PID/task/TID/stat), or the shards would still read the burst.
+    wait_for("every data-plane thread stopped", || {
+        std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().all(|t| {
+            let stat = std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap_or_default();
+            stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
+        })
+    });
     let c = client();
     for _ in 0..burst {
         c.send_to(&short(&cid, 200, &mut rng), d.addr()).unwrap();
@@ -687,6 +695,9 @@ fn key_rotation(io: &str) {
     // Before: a generation-1 CID is unroutable (cr not live) → orphan.
     c.send_to(&short(&mint(&k1, &mut rng), 100, &mut rng), d.addr()).unwrap();
     d.wait_status("orphan", |s| reason(s, "Orphan") == 1);
+    // Counted when routed; delivered to a worker a little later: wait for it, or it
+    // could land after the clear() below and count as a misrouted datagram.
+    wait_for("orphan delivered", || w1.datagrams() + w2.datagrams() == 1);
     // KeysChanged on the control socket.
     {
         use std::os::fd::AsRawFd;
