@@ -282,6 +282,11 @@ pub struct DataPlaneArgs {
     /// its `--worker-user`'s group).
     #[arg(long, value_name = "GID")]
     pub worker_gid: Option<u32>,
+    /// The controller's registrations file (`SERVER_ID PID` lines, 0600, ours): a data
+    /// hello for a server id must come from the pid that registered it (SO_PEERCRED).
+    /// Without it (dataplane-only), data.sock checks the peer's uid only.
+    #[arg(long, value_name = "PATH")]
+    pub registrations: Option<PathBuf>,
 }
 
 impl DataPlaneArgs {

@@ -197,6 +197,12 @@ impl Ctl {
                 }
             },
         };
+        // The data plane admits this id's data hello from this pid only.
+        if let Err(e) = self.store_registrations(Some((server_id, pid))) {
+            tracing::error!(error = %format!("{e:#}"), "cannot record the registration");
+            self.refuse(token, &format!("cannot record the registration: {e:#}"));
+            return false;
+        }
         let assign = Control::Assign {
             server_id: proto::ServerId(server_id),
             keys: self.keys.keys.clone(),
@@ -282,6 +288,9 @@ impl Ctl {
         let _ = self.epoll.delete(c.fd.as_raw_fd());
         if let Kind::Worker { server_id, pid, .. } = c.kind {
             tracing::info!(server_id, pid, why, "worker left the controller");
+            if let Err(e) = self.store_registrations(None) {
+                tracing::warn!(error = %format!("{e:#}"), "could not update the registrations file");
+            }
         }
     }
 }

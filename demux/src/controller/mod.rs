@@ -234,7 +234,7 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
     );
 
     let mut dataplane_args = dataplane_args(&dp, &paths);
-    dataplane_args.extend(trust::dataplane_worker_args(worker_user.as_ref()));
+    dataplane_args.extend(trust::dataplane_trust_args(&paths, worker_user.as_ref()));
     // Adopt a running data plane (controller restart), else open the sockets.
     let (udp, udp_addrs, dp_state) = match adopt_dataplane(&paths, &dp, cores.len())? {
         Some((pid, fds, addrs)) => {

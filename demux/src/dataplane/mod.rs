@@ -178,6 +178,7 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
         handshakes_done: limits.handshakes_done.clone(),
         pressure: a.pressure_config(),
         data_peers: crate::trust::PeerPolicy::us_and(a.worker_uid),
+        registrations: a.registrations.clone(),
     })?;
 
     tracing::info!(

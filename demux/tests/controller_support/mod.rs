@@ -446,3 +446,17 @@ pub fn recv_raw(fd: &std::os::fd::OwnedFd) -> Vec<u8> {
     b.truncate(n);
     b
 }
+
+/// The inode of the socket `pid` holds as `fd` (`/proc/PID/fd/FD` → `socket:[INO]`).
+pub fn socket_inode(pid: i64, fd: i64) -> Option<u64> {
+    let link = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok()?;
+    link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+}
+
+/// The inodes of every socket `pid` holds open.
+pub fn socket_inodes(pid: i64) -> std::collections::BTreeSet<u64> {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("/proc/PID/fd");
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i64>().ok())
+        .filter_map(|fd| socket_inode(pid, fd))
+        .collect()
+}

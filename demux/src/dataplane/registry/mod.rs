@@ -25,6 +25,7 @@ mod hello;
 mod keys;
 pub mod liveness;
 mod orphan;
+mod registrations;
 mod slots;
 mod status;
 
@@ -133,6 +134,8 @@ pub struct Registry {
     /// SO_PEERCRED policy: data.sock (us and the worker uid), dataplane.sock (us).
     data_peers: crate::trust::PeerPolicy,
     control_peers: crate::trust::PeerPolicy,
+    /// `--registrations`: which pid registered which server id ([`registrations`]).
+    registrations: Option<std::path::PathBuf>,
 }
 
 pub struct RegistryConfig {
@@ -166,6 +169,8 @@ pub struct RegistryConfig {
     /// Who may open a data connection (docs/operations.md "Trust model");
     /// the control socket accepts only our own uid.
     pub data_peers: crate::trust::PeerPolicy,
+    /// The controller's registrations file (None: dataplane-only, uid rules only).
+    pub registrations: Option<std::path::PathBuf>,
 }
 
 /// The snapshot before any worker connected.
@@ -217,6 +222,7 @@ impl Registry {
             pending_cap: accept_guard::pending_cap(),
             data_peers: cfg.data_peers,
             control_peers: crate::trust::PeerPolicy::only_us(),
+            registrations: cfg.registrations,
             buf: vec![0u8; CONTROL_BUF],
         })
     }

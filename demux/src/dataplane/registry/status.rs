@@ -69,6 +69,9 @@ impl Registry {
                 "data": guard_json(&self.data_guard),
                 "control": guard_json(&self.control_guard),
             },
+            // SO_PEERCRED and data-hello refusals on data.sock and dataplane.sock,
+            // by reason (crate::trust::Refusal).
+            "peer_refused": crate::trust::refused_json(),
         });
         status::render(&self.info, snap.table.keys(), snap.version, &self.counters, &instances, fast, extra)
     }
