@@ -19,7 +19,7 @@ const DATAGRAM: u64 = 1200;
 fn every_contender_drains_a_queue_filled_while_it_was_stopped() {
     // SAFETY: geteuid has no arguments.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED: not root (SO_RCVBUFFORCE and pidfd_getfd need it)");
+        testkit::skip("not root (SO_RCVBUFFORCE and pidfd_getfd need it)");
         return;
     }
     let bench = Path::new(env!("CARGO_BIN_EXE_bench"));
@@ -27,7 +27,7 @@ fn every_contender_drains_a_queue_filled_while_it_was_stopped() {
     if bench.with_file_name("demux").exists() {
         contenders.extend(["seqpacket", "ring"]);
     } else {
-        eprintln!("saturation: no {} — demux contenders skipped", bench.with_file_name("demux").display());
+        testkit::skip(&format!("no {}: the demux contenders", bench.with_file_name("demux").display()));
     }
     let json = std::env::temp_dir().join(format!("bench-saturation-{}.json", std::process::id()));
     let out = Command::new(bench)
