@@ -61,6 +61,8 @@ pub struct Controller {
     pub externals: Vec<Child>,
     /// `--listen` (default `127.0.0.1:0`: a free port).
     pub listen: String,
+    /// Run inside this network namespace (`ip netns exec NS demux …`).
+    pub netns: Option<String>,
     starts: usize,
 }
 
@@ -84,6 +86,45 @@ impl Controller {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             externals: Vec::new(),
             listen: listen.to_string(),
+            netns: None,
+            starts: 0,
+        };
+        let _ = c.child.wait();
+        c.launch();
+        c
+    }
+
+    /// A controller inside network namespace `netns`, listening on `listen`, whose
+    /// state directory starts with a copy of the key file `keys` (a cluster's hosts
+    /// share one, docs/adr/0005-server-ids-across-hosts.md).
+    pub fn start_in_netns(
+        tag: &str,
+        spawn: usize,
+        netns: &str,
+        listen: &str,
+        keys: Option<&Path>,
+        extra: &[&str],
+    ) -> Controller {
+        let dir = temp_dir(tag);
+        let state = dir.join("state");
+        if let Some(k) = keys {
+            use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+            std::fs::DirBuilder::new().mode(0o700).create(&state).expect("state dir");
+            std::fs::copy(k, state.join("keys")).expect("copy the key file");
+            std::fs::set_permissions(state.join("keys"), std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        }
+        let cert = cert(&dir);
+        let mut c = Controller {
+            child: Command::new("true").spawn().expect("placeholder"),
+            log: dir.join("controller-0.log"),
+            dir,
+            state,
+            cert,
+            spawn,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            externals: Vec::new(),
+            listen: listen.to_string(),
+            netns: Some(netns.to_string()),
             starts: 0,
         };
         let _ = c.child.wait();
@@ -95,7 +136,14 @@ impl Controller {
     pub fn launch(&mut self) {
         self.log = self.dir.join(format!("controller-{}.log", self.starts));
         self.starts += 1;
-        let mut cmd = Command::new(DEMUX);
+        let mut cmd = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, DEMUX]);
+                c
+            }
+            None => Command::new(DEMUX),
+        };
         cmd.args(["--listen", &self.listen, "--cores", "0-1", "--drain-timeout", "10"]);
         cmd.arg("--state-dir").arg(&self.state);
         cmd.arg("--spawn-workers").arg(self.spawn.to_string());

@@ -1,0 +1,209 @@
+//! Several quicdemux hosts behind ECMP on one anycast address
+//! (docs/adr/0005-server-ids-across-hosts.md, docs/scaling.md), in network
+//! namespaces this test creates and removes, with addresses from 198.18.0.0/15 only:
+//!
+//! ```text
+//! client ns 198.18.1.2 ── 198.18.1.1 router ns ──┬── 198.18.2.2 host 1 (198.19.9.9 on lo)
+//!                       route 198.19.9.9:         └── 198.18.3.2 host 2 (198.19.9.9 on lo)
+//!                       ECMP over both, L4 hash (fib_multipath_hash_policy=1)
+//! ```
+//!
+//! Each host runs a whole appliance (controller, data plane, workers) with
+//! `--host-bits 2 --host-id N` and the same key file. Scenario (a): ngtcp2 and aioquic
+//! downloads from the client namespace spread over both hosts and all complete.
+//! Needs root and iproute2; skipped with a message otherwise.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
+
+#[path = "controller_support/mod.rs"]
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+use support::*;
+
+const ANYCAST: &str = "198.19.9.9";
+const PORT: u16 = 4433;
+const MIB: u64 = 1 << 20;
+
+/// Runs `ip args…` (inside `ns` when given); panics with its output on failure.
+fn ip(ns: Option<&str>, args: &[&str]) {
+    let mut cmd = Command::new("ip");
+    if let Some(ns) = ns {
+        cmd.args(["netns", "exec", ns, "ip"]);
+    }
+    let out = cmd.args(args).output().expect("ip");
+    assert!(out.status.success(), "ip {args:?} in {ns:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn sysctl(ns: &str, kv: &str) {
+    let out = Command::new("ip").args(["netns", "exec", ns, "sysctl", "-q", "-w", kv]).output().expect("sysctl");
+    assert!(out.status.success(), "sysctl {kv} in {ns}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The namespaces; removed on drop (their processes are the controllers', which are
+/// dropped first).
+struct Topology {
+    client: String,
+    router: String,
+    hosts: Vec<String>,
+}
+
+impl Topology {
+    fn build(hosts: usize) -> Topology {
+        let id = std::process::id();
+        let t = Topology {
+            client: format!("qd-c-{id}"),
+            router: format!("qd-r-{id}"),
+            hosts: (1..=hosts).map(|h| format!("qd-h{h}-{id}")).collect(),
+        };
+        for ns in t.all() {
+            ip(None, &["netns", "add", ns]);
+            ip(Some(ns), &["link", "set", "lo", "up"]);
+            sysctl(ns, "net.ipv4.conf.all.rp_filter=0");
+            sysctl(ns, "net.ipv4.conf.default.rp_filter=0");
+        }
+        let (c, r) = (t.client.as_str(), t.router.as_str());
+        sysctl(r, "net.ipv4.ip_forward=1");
+        sysctl(r, "net.ipv4.fib_multipath_hash_policy=1");
+        ip(None, &["link", "add", "c0", "netns", c, "type", "veth", "peer", "name", "rc", "netns", r]);
+        ip(Some(c), &["addr", "add", "198.18.1.2/24", "dev", "c0"]);
+        ip(Some(c), &["link", "set", "c0", "up"]);
+        ip(Some(c), &["route", "add", "default", "via", "198.18.1.1"]);
+        ip(Some(r), &["addr", "add", "198.18.1.1/24", "dev", "rc"]);
+        ip(Some(r), &["link", "set", "rc", "up"]);
+        let mut nexthops = vec!["route", "add", ANYCAST];
+        let gateways: Vec<String> = (1..=hosts).map(|h| format!("198.18.{}.2", h + 1)).collect();
+        for (i, h) in t.hosts.iter().enumerate() {
+            let n = i + 1;
+            let (dev, rdev) = (format!("h{n}"), format!("r{n}"));
+            ip(None, &["link", "add", &dev, "netns", h, "type", "veth", "peer", "name", &rdev, "netns", r]);
+            ip(Some(h), &["addr", "add", &format!("198.18.{}.2/24", n + 1), "dev", &dev]);
+            ip(Some(h), &["link", "set", &dev, "up"]);
+            ip(Some(h), &["addr", "add", &format!("{ANYCAST}/32"), "dev", "lo"]);
+            ip(Some(h), &["route", "add", "default", "via", &format!("198.18.{}.1", n + 1)]);
+            ip(Some(r), &["addr", "add", &format!("198.18.{}.1/24", n + 1), "dev", &rdev]);
+            ip(Some(r), &["link", "set", &rdev, "up"]);
+        }
+        for g in &gateways {
+            nexthops.extend(["nexthop", "via", g.as_str()]);
+        }
+        ip(Some(r), &nexthops);
+        t
+    }
+
+    fn all(&self) -> impl Iterator<Item = &str> {
+        [self.client.as_str(), self.router.as_str()].into_iter().chain(self.hosts.iter().map(String::as_str))
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        for ns in self.all() {
+            let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        }
+    }
+}
+
+/// Whether this machine can build the topology (root, iproute2); otherwise skip.
+fn can_build() -> bool {
+    // SAFETY: geteuid(2) cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        testkit::skip("network namespaces need root");
+        return false;
+    }
+    let ok = Command::new("ip").arg("-V").output().is_ok_and(|o| o.status.success());
+    testkit::have_tool(ok, "iproute2 (ip)")
+}
+
+/// The appliances: host 1 makes the cluster's key file, host 2 starts with a copy.
+fn appliances(t: &Topology) -> Vec<Controller> {
+    let listen = format!("{ANYCAST}:{PORT}");
+    let mut out = Vec::new();
+    for (i, ns) in t.hosts.iter().enumerate() {
+        let host = (i + 1).to_string();
+        let keys = out.first().map(|c: &Controller| c.state.join("keys"));
+        let extra = ["--host-bits", "2", "--host-id", host.as_str()];
+        out.push(Controller::start_in_netns(&format!("ecmp-h{host}"), 1, ns, &listen, keys.as_deref(), &extra));
+    }
+    out
+}
+
+/// (length, whether byte i == i mod 256 throughout): the workers' `/bytes/N` body.
+fn check_pattern(file: &Path) -> (u64, bool) {
+    let Ok(b) = std::fs::read(file) else { return (0, false) };
+    (b.len() as u64, b.iter().enumerate().all(|(i, &x)| x == i as u8))
+}
+
+/// Datagrams a host's one worker received (data plane and kernel fast path).
+fn received(c: &Controller) -> u64 {
+    let lb = c.lb_wait();
+    lb["instances"]
+        .as_array()
+        .map(|l| l.iter().map(|i| i["datagrams"].as_u64().unwrap_or(0) + i["fast_datagrams"].as_u64().unwrap_or(0)))
+        .into_iter()
+        .flatten()
+        .sum()
+}
+
+/// (a) 16 ngtcp2 and 8 aioquic downloads of 1 MiB from the client namespace, each a
+/// new UDP flow (a fresh source port), all complete; ECMP put flows on both hosts.
+/// With a fair L4 hash, all 24 flows on one host has probability 2 · 2^-24 ≈ 1.2e-7.
+#[test]
+fn downloads_spread_over_two_hosts() {
+    if !can_build() {
+        return;
+    }
+    let _s = serial();
+    let t = Topology::build(2);
+    let hosts = appliances(&t);
+    let have_gtls =
+        testkit::have_tool(Command::new("gtlsclient").arg("--help").output().is_ok(), "gtlsclient (ngtcp2-client)");
+    let have_aioquic =
+        Command::new("python3").args(["-c", "import aioquic"]).output().map(|o| o.status.success()).unwrap_or(false);
+    let have_aioquic = testkit::have_tool(have_aioquic, "aioquic (python3 -m pip install aioquic)");
+    let before: Vec<u64> = hosts.iter().map(received).collect();
+    let dl = testkit::temp_dir("ecmp-dl");
+    let url = format!("https://{ANYCAST}:{PORT}/bytes/{MIB}");
+    let mut flows = 0;
+    for i in 0..16 {
+        if !have_gtls {
+            break;
+        }
+        let dir = dl.join(format!("g{i}"));
+        std::fs::create_dir_all(&dir).expect("download dir");
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &t.client, "gtlsclient", "-q", "--exit-on-all-streams-close", "--timeout=15s"])
+            .arg(format!("--download={}", dir.display()))
+            .args([ANYCAST, &PORT.to_string(), &url]);
+        let (ok, out) = testkit::bin::run_bounded(&mut cmd, Duration::from_secs(40));
+        let (len, pattern) = check_pattern(&dir.join(MIB.to_string()));
+        assert!(ok && len == MIB && pattern, "gtlsclient flow {i}: ok={ok} len={len} pattern={pattern}: {out}");
+        flows += 1;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../worker/tests/aioquic_h3_get.py");
+    for i in 0..8 {
+        if !have_aioquic {
+            break;
+        }
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &t.client, "python3"]).arg(&script).args([
+            ANYCAST,
+            &PORT.to_string(),
+            &format!("/bytes/{MIB}"),
+        ]);
+        let (ok, out) = testkit::bin::run_bounded(&mut cmd, Duration::from_secs(40));
+        let want = format!("bytes={MIB}");
+        assert!(ok && out.contains("status=200") && out.contains(&want), "aioquic flow {i}: {out}");
+        flows += 1;
+    }
+    if flows == 0 {
+        return;
+    }
+    let after: Vec<u64> = hosts.iter().map(received).collect();
+    let per_host: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    eprintln!("{flows} flows; datagrams received per host: {per_host:?}");
+    // A 1 MiB download is hundreds of client datagrams (ACKs); a host that served
+    // no flow sees none of them.
+    assert!(per_host.iter().all(|&n| n > 100), "ECMP used only some hosts: {per_host:?}");
+}
