@@ -47,13 +47,6 @@ pub struct ControllerOpts {
     /// `--rotate-every` as resolved at start (controller::run).
     #[arg(skip)]
     pub rotate_every: u32,
-    /// Several hosts behind one anycast address (ADR 0005): this many top bits of
-    /// every server id name the host (0..=8; 0 is one host).
-    #[arg(long, value_name = "B", default_value_t = 0, requires = "state_dir")]
-    pub host_bits: u8,
-    /// This host's id in the cluster (below 2^--host-bits); its server ids carry it.
-    #[arg(long, value_name = "H", default_value_t = 0, requires = "state_dir")]
-    pub host_id: u16,
     /// How long a worker's connection IDs live (passed to spawned workers as
     /// `worker --cid-lifetime`). Rotations are refused
     /// within 2 × this of the last one (`rotate-keys --force` overrides).
@@ -171,6 +164,21 @@ pub enum Steer {
 
 #[derive(Clone, Debug, Args)]
 pub struct DataPlaneArgs {
+    /// Several hosts behind one anycast address (ADR 0005): this many top bits of
+    /// every server id name the host (0..=8; 0 is one host).
+    #[arg(long, value_name = "B", default_value_t = 0)]
+    pub host_bits: u8,
+    /// This host's id in the cluster (below 2^--host-bits); its server ids carry it.
+    #[arg(long, value_name = "H", default_value_t = 0)]
+    pub host_id: u16,
+    /// The other hosts: `HOST_ID ADDR:PORT` lines (their `--peer-listen`), re-read on
+    /// SIGHUP. A datagram for another host's server id is forwarded there.
+    #[arg(long, value_name = "FILE", requires = "peer_listen")]
+    pub peers: Option<std::path::PathBuf>,
+    /// UDP address receiving forwarded datagrams from the other hosts (authenticated
+    /// with the cluster key file; forged and replayed frames are dropped and counted).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub peer_listen: Option<SocketAddr>,
     /// Serve Prometheus text metrics on this TCP address (e.g. 127.0.0.1:9464):
     /// every numeric field of `lb-status --json` (with `--state-dir`: plus the
     /// controller's own).

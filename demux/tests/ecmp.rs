@@ -20,6 +20,7 @@ mod support;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
+use std::time::Instant;
 use support::*;
 
 const ANYCAST: &str = "198.19.9.9";
@@ -116,17 +117,54 @@ fn can_build() -> bool {
     testkit::have_tool(ok, "iproute2 (ip)")
 }
 
-/// The appliances: host 1 makes the cluster's key file, host 2 starts with a copy.
+const PEER_PORT: u16 = 4434;
+
+/// Host `n`'s address on its link to the router (also its forwarding address).
+fn host_addr(n: usize) -> String {
+    format!("198.18.{}.2", n + 1)
+}
+
+/// The appliances: host 1 makes the cluster's key file and certificate, the others
+/// start with copies; each lists the others in its `--peers` file.
 fn appliances(t: &Topology) -> Vec<Controller> {
     let listen = format!("{ANYCAST}:{PORT}");
-    let mut out = Vec::new();
+    let dir = testkit::temp_dir("ecmp-peers");
+    let mut out: Vec<Controller> = Vec::new();
     for (i, ns) in t.hosts.iter().enumerate() {
-        let host = (i + 1).to_string();
-        let keys = out.first().map(|c: &Controller| c.state.join("keys"));
-        let extra = ["--host-bits", "2", "--host-id", host.as_str()];
-        out.push(Controller::start_in_netns(&format!("ecmp-h{host}"), 1, ns, &listen, keys.as_deref(), &extra));
+        let n = i + 1;
+        let peers: String =
+            (1..=t.hosts.len()).filter(|&m| m != n).map(|m| format!("{m} {}:{PEER_PORT}\n", host_addr(m))).collect();
+        let file = dir.join(format!("peers-{n}"));
+        std::fs::write(&file, peers).expect("peers file");
+        let (host, file, peer_listen) =
+            (n.to_string(), file.display().to_string(), format!("{}:{PEER_PORT}", host_addr(n)));
+        let extra = ["--host-bits", "2", "--host-id", &host, "--peers", &file, "--peer-listen", &peer_listen];
+        let keys = out.first().map(|c| c.state.join("keys"));
+        let shared = out.first().map(|c| &c.cert).zip(keys.as_deref()).map(|(c, k)| (k, c));
+        let c = Controller::start_in_netns(&format!("ecmp-h{n}"), 1, ns, &listen, shared, &extra);
+        out.push(c);
     }
     out
+}
+
+/// Runs `f` on a thread inside network namespace `ns` (sockets it opens live there).
+fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    use std::os::fd::AsRawFd;
+    let path = format!("/var/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let fd = std::fs::File::open(&path).expect("netns file");
+        // SAFETY: setns(2) on a namespace fd this thread opened; it moves only this
+        // thread, which then runs `f` and ends.
+        let r = unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
+        f()
+    })
+    .join()
+    .expect("netns thread")
+}
+
+fn peers_status(c: &Controller) -> serde_json::Value {
+    c.lb_wait()["peers"].clone()
 }
 
 /// (length, whether byte i == i mod 256 throughout): the workers' `/bytes/N` body.
@@ -206,4 +244,138 @@ fn downloads_spread_over_two_hosts() {
     // A 1 MiB download is hundreds of client datagrams (ACKs); a host that served
     // no flow sees none of them.
     assert!(per_host.iter().all(|&n| n > 100), "ECMP used only some hosts: {per_host:?}");
+}
+
+/// (b) and (c): eight paced 4 MiB downloads (each its own UDP flow) run while the
+/// router's next-hop set changes: every flow to host 1, then every flow to host 2,
+/// then both again. Flows that change host are forwarded to the host that owns their
+/// connection (its id is in the CID), so every download completes, and the
+/// forwarding counters show the traffic that crossed. (c) is the same event seen from
+/// one flow: its packets hash to another host mid-connection.
+#[test]
+fn downloads_survive_next_hop_changes() {
+    if !can_build() {
+        return;
+    }
+    let _s = serial();
+    let t = Topology::build(2);
+    let hosts = appliances(&t);
+    let cert = hosts[0].cert.der.clone();
+    let downloads = std::thread::spawn({
+        let ns = t.client.clone();
+        move || {
+            in_netns(&ns, move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+                rt.block_on(async move {
+                    let addr: std::net::SocketAddr = format!("{ANYCAST}:{PORT}").parse().unwrap();
+                    let mut tasks = Vec::new();
+                    for _ in 0..8 {
+                        let ep = testkit::h3client::endpoint(&cert, "198.18.1.2:0".parse().unwrap());
+                        tasks.push(tokio::spawn(async move {
+                            let mut h = H3::connect(&ep, addr).await.map_err(|e| format!("connect: {e:#}"))?;
+                            let r = h.get_paced(&format!("/bytes/{}", 4 * MIB), Some(MIB)).await;
+                            h.close();
+                            ep.wait_idle().await;
+                            r.map_err(|e| format!("GET: {e:?}"))
+                        }));
+                    }
+                    let mut out = Vec::new();
+                    for t in tasks {
+                        out.push(t.await.map_err(|e| e.to_string()).and_then(|r| r));
+                    }
+                    out
+                })
+            })
+        }
+    });
+    let router = Some(t.router.as_str());
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_millis(1200));
+    ip(router, &["route", "replace", ANYCAST, "via", &host_addr(1)]);
+    std::thread::sleep(Duration::from_millis(1200));
+    ip(router, &["route", "replace", ANYCAST, "via", &host_addr(2)]);
+    std::thread::sleep(Duration::from_millis(1200));
+    ip(router, &["route", "replace", ANYCAST, "nexthop", "via", &host_addr(1), "nexthop", "via", &host_addr(2)]);
+    let results = downloads.join().expect("downloads");
+    eprintln!("downloads done after {:?}", t0.elapsed());
+    for (n, h) in hosts.iter().enumerate() {
+        let lb = h.lb_wait();
+        eprintln!(
+            "host {}: peers {} reasons {} fast {}",
+            n + 1,
+            lb["peers"],
+            lb["reasons"],
+            lb["fast_path"]["to_demux"]
+        );
+    }
+    for (i, r) in results.iter().enumerate() {
+        let r = r.as_ref().unwrap_or_else(|e| panic!("download {i}: {e}"));
+        assert_eq!((r.status, r.len, r.pattern_ok), (200, 4 * MIB, true), "download {i}");
+    }
+    let p: Vec<serde_json::Value> = hosts.iter().map(peers_status).collect();
+    eprintln!("peers: {p:?}");
+    let sum = |k: &str| p.iter().map(|v| v[k].as_u64().unwrap_or(0)).sum::<u64>();
+    // Each host carried the other's flows for 1.2 s: at least one flow crossed
+    // each way.
+    for (n, v) in p.iter().enumerate() {
+        assert!(v["forwarded"].as_u64().unwrap_or(0) > 0, "host {} forwarded nothing: {v}", n + 1);
+        assert!(v["injected"].as_u64().unwrap_or(0) > 0, "host {} received nothing: {v}", n + 1);
+        for (why, count) in v["refused"].as_object().expect("refused").iter() {
+            assert_eq!(count.as_u64(), Some(0), "host {}: refused {why}: {v}", n + 1);
+        }
+    }
+    assert_eq!(sum("inject_errors"), 0, "{p:?}");
+    assert!(sum("received") <= sum("forwarded"), "more received than sent: {p:?}");
+}
+
+/// (e) Forged forwarding frames are refused and counted: garbage, a frame under
+/// another key, a valid frame from an address that is not the peer it claims to be,
+/// and a replay of a valid frame from the right peer (accepted once).
+#[test]
+fn forged_and_replayed_frames_are_refused() {
+    if !can_build() {
+        return;
+    }
+    let _s = serial();
+    let t = Topology::build(2);
+    let hosts = appliances(&t);
+    let text = std::fs::read_to_string(hosts[0].state.join("keys")).expect("key file");
+    let reset = proto::keyfile::KeyFile::parse(&text).expect("key file").reset_key;
+    let to: std::net::SocketAddr = format!("{}:{PEER_PORT}", host_addr(1)).parse().unwrap();
+    let frame = |key: &proto::peer::ForwardingKey, seq: u64| {
+        let f = proto::peer::Frame {
+            from_host: 2,
+            seq,
+            client: "198.18.1.2:40000".parse().unwrap(),
+            local: format!("{ANYCAST}:{PORT}").parse().unwrap(),
+            datagram: &[0x40; 40],
+        };
+        let mut out = Vec::new();
+        proto::peer::seal(key, &f, &mut out);
+        out
+    };
+    let good = frame(&proto::peer::ForwardingKey::derive(&reset), 7 << 32);
+    let forged = frame(&proto::peer::ForwardingKey::derive(&[0x11; 32]), 8 << 32);
+    let send = |ns: &str, bind: String, frames: Vec<Vec<u8>>| {
+        in_netns(ns, move || {
+            let s = std::net::UdpSocket::bind(bind.as_str()).expect("bind");
+            for f in frames {
+                s.send_to(&f, to).expect("send");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    // From the client network: garbage, the other cluster's frame, and a valid frame
+    // from the wrong address.
+    send(&t.client, "198.18.1.2:0".into(), vec![b"not a frame at all, just bytes".to_vec(), forged, good.clone()]);
+    // From host 2's own address: the valid frame, then its replay.
+    send(&t.hosts[1], format!("{}:0", host_addr(2)), vec![good.clone(), good]);
+    let v = wait_until("the refusals counted", Duration::from_secs(10), || {
+        let v = peers_status(&hosts[0]);
+        (v["refused"]["replayed"].as_u64() == Some(1)).then_some(v)
+    });
+    assert_eq!(v["refused"]["not_a_frame"], 1, "{v}");
+    assert_eq!(v["refused"]["unauthenticated"], 1, "{v}");
+    assert_eq!(v["refused"]["unknown_peer"], 1, "{v}");
+    assert_eq!(v["received"], 1, "the one authentic frame from the peer, once: {v}");
 }

@@ -233,7 +233,7 @@ impl Ctl {
 
     pub(super) fn host_layout(&self) -> proto::host::HostLayout {
         // Validated at start (controller::run).
-        proto::host::HostLayout::new(self.opts.host_bits, self.opts.host_id).unwrap_or(proto::host::HostLayout::SINGLE)
+        self.host
     }
 
     fn id_held(&self, id: u16) -> bool {

@@ -170,6 +170,8 @@ pub(crate) struct Ctl {
     pending_cap: usize,
     /// `--worker-user`, resolved at start (docs/operations.md "Trust model").
     worker_user: Option<crate::trust::WorkerUser>,
+    /// `--host-bits`/`--host-id` (ADR 0005): the server ids this host issues.
+    host: proto::host::HostLayout,
 }
 
 /// Entry point: `demux --state-dir DIR …` / `demux controller …`.
@@ -196,7 +198,7 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
             bail!("--listen {l} given twice");
         }
     }
-    let host = proto::host::HostLayout::new(opts.host_bits, opts.host_id)?;
+    let host = proto::host::HostLayout::new(dp.host_bits, dp.host_id)?;
     // Two live generations × rotate-every starts must stay below the host's ids.
     let max_rotate_every = host.per_host() / 2;
     let mut opts = opts;
@@ -309,6 +311,7 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
         pending_cap: crate::accept_guard::pending_cap(),
         opts,
         worker_user,
+        host,
     };
     ctl.take_over_workers();
     let r = ctl.run();
@@ -374,6 +377,10 @@ fn dataplane_args(dp: &DataPlaneArgs, p: &Paths) -> Vec<String> {
     ] {
         v.push(flag.into());
         v.push(value);
+    }
+    v.extend(["--host-bits".into(), dp.host_bits.to_string(), "--host-id".into(), dp.host_id.to_string()]);
+    if let (Some(peers), Some(listen)) = (&dp.peers, dp.peer_listen) {
+        v.extend(["--peers".into(), peers.display().to_string(), "--peer-listen".into(), listen.to_string()]);
     }
     for (f, n) in [
         ("--pin-capacity", dp.pin_capacity),
@@ -582,6 +589,14 @@ pub mod tests {
             "17",
             "--pressure-drop-above",
             "19",
+            "--host-bits",
+            "3",
+            "--host-id",
+            "5",
+            "--peers",
+            "/tmp/peers",
+            "--peer-listen",
+            "127.0.0.1:4434",
         ]);
         let paths = Paths::new(std::path::Path::new("/tmp/x"));
         let mut argv = vec!["demux".to_string(), "dataplane".to_string(), "--listen".into(), "127.0.0.1:4433".into()];
@@ -604,6 +619,9 @@ pub mod tests {
         assert_eq!((dp.pressure_retry_above, dp.pressure_drop_above), (17, 19));
         assert_eq!(dp.forward, ForwardKind::Ring);
         assert_eq!(dp.ring_bytes, 1 << 20);
+        assert_eq!((dp.host_bits, dp.host_id), (3, 5));
+        assert_eq!(dp.peers.as_deref(), Some(std::path::Path::new("/tmp/peers")));
+        assert_eq!(dp.peer_listen, Some("127.0.0.1:4434".parse().unwrap()));
         assert_eq!(dp.keys.as_deref(), Some(paths.keys().as_path()));
         assert_eq!(dp.orphan_timeout, Some(ORPHAN_TIMEOUT_DEFAULT), "a controller's data plane exits when orphaned");
         assert_eq!(dp.metrics, None, "the controller serves the metrics, not its data plane");

@@ -70,7 +70,7 @@ impl Ctl {
             },
             "sockets": sockets,
             "next_server_id": self.counter.next,
-            "host": { "bits": self.opts.host_bits, "id": self.opts.host_id },
+            "host": { "bits": self.host.bits(), "id": self.host.host() },
             // control.sock refusals by reason (crate::trust::Refusal).
             "peer_refused": crate::trust::refused_json(),
             "starts_in_generation": self.counter.starts_in_generation,

@@ -95,25 +95,28 @@ impl Controller {
     }
 
     /// A controller inside network namespace `netns`, listening on `listen`, whose
-    /// state directory starts with a copy of the key file `keys` (a cluster's hosts
-    /// share one, docs/adr/0005-server-ids-across-hosts.md).
+    /// state directory starts with a copy of the key file `keys` and whose workers
+    /// serve `cert` (a cluster's hosts share both, docs/adr/0005).
     pub fn start_in_netns(
         tag: &str,
         spawn: usize,
         netns: &str,
         listen: &str,
-        keys: Option<&Path>,
+        shared: Option<(&Path, &Cert)>,
         extra: &[&str],
     ) -> Controller {
         let dir = temp_dir(tag);
         let state = dir.join("state");
-        if let Some(k) = keys {
+        if let Some((k, _)) = shared {
             use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
             std::fs::DirBuilder::new().mode(0o700).create(&state).expect("state dir");
             std::fs::copy(k, state.join("keys")).expect("copy the key file");
             std::fs::set_permissions(state.join("keys"), std::fs::Permissions::from_mode(0o600)).expect("chmod");
         }
-        let cert = cert(&dir);
+        let cert = match shared {
+            Some((_, c)) => Cert { cert: c.cert.clone(), key: c.key.clone(), der: c.der.clone() },
+            None => cert(&dir),
+        };
         let mut c = Controller {
             child: Command::new("true").spawn().expect("placeholder"),
             log: dir.join("controller-0.log"),

@@ -1,5 +1,5 @@
-//! Fuzz `proto::peer::open` (host-to-host forwarding frames, ADR 0005) and the
-//! replay window.
+//! Fuzz `proto::peer::open` (host-to-host forwarding frames, ADR 0005), the replay
+//! window and the `--peers` file parser.
 //!
 //! Input: any bytes. Opened as they are (almost never authentic), and again as the
 //! body of a frame with a valid tag appended, so the address and length parsing
@@ -9,9 +9,18 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use proto::peer::{open, seal, ForwardingKey, ReplayWindow, MAGIC};
+use proto::peer::{open, parse_peers, seal, ForwardingKey, ReplayWindow, MAGIC};
 
 fuzz_target!(|data: &[u8]| {
+    // The `--peers` file parser: an accepted file has each host once.
+    if let Ok(text) = std::str::from_utf8(data) {
+        if let Ok(p) = parse_peers(text) {
+            let mut ids: Vec<u16> = p.iter().map(|(h, _)| *h).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            assert_eq!(ids.len(), p.len());
+        }
+    }
     let key = ForwardingKey::derive(&[0x5a; 32]);
     let _ = open(&key, data);
     let mut body = MAGIC.to_vec();

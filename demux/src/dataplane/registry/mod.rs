@@ -136,6 +136,8 @@ pub struct Registry {
     control_peers: crate::trust::PeerPolicy,
     /// `--registrations`: which pid registered which server id ([`registrations`]).
     registrations: Option<std::path::PathBuf>,
+    /// Host-to-host forwarding (re-read on SIGHUP, shown in status).
+    peers: Option<Arc<crate::dataplane::peers::Peers>>,
 }
 
 pub struct RegistryConfig {
@@ -171,6 +173,7 @@ pub struct RegistryConfig {
     pub data_peers: crate::trust::PeerPolicy,
     /// The controller's registrations file (None: dataplane-only, uid rules only).
     pub registrations: Option<std::path::PathBuf>,
+    pub peers: Option<Arc<crate::dataplane::peers::Peers>>,
 }
 
 /// The snapshot before any worker connected.
@@ -223,6 +226,7 @@ impl Registry {
             data_peers: cfg.data_peers,
             control_peers: crate::trust::PeerPolicy::only_us(),
             registrations: cfg.registrations,
+            peers: cfg.peers,
             buf: vec![0u8; CONTROL_BUF],
         })
     }

@@ -57,6 +57,7 @@ impl Registry {
             self.all_udp_fds.iter().filter_map(|&fd| ::sys::sockopt::kernel_drops(fd).ok()).map(u64::from).sum();
         let extra = json!({
             "socket_drops": socket_drops,
+            "peers": self.peers.as_ref().map(|p| p.status_json()),
             "liveness": {
                 "stalls": self.stalls_total,
                 "stalled": lives.values().filter(|l| l.stalled()).count(),
