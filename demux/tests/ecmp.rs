@@ -125,8 +125,9 @@ fn host_addr(n: usize) -> String {
 }
 
 /// The appliances: host 1 makes the cluster's key file and certificate, the others
-/// start with copies; each lists the others in its `--peers` file.
-fn appliances(t: &Topology) -> Vec<Controller> {
+/// start with copies; each lists the others in its `--peers` file (`DIR/peers-N`,
+/// DIR returned).
+fn appliances(t: &Topology) -> (Vec<Controller>, std::path::PathBuf) {
     let listen = format!("{ANYCAST}:{PORT}");
     let dir = testkit::temp_dir("ecmp-peers");
     let mut out: Vec<Controller> = Vec::new();
@@ -144,7 +145,7 @@ fn appliances(t: &Topology) -> Vec<Controller> {
         let c = Controller::start_in_netns(&format!("ecmp-h{n}"), 1, ns, &listen, shared, &extra);
         out.push(c);
     }
-    out
+    (out, dir)
 }
 
 /// Runs `f` on a thread inside network namespace `ns` (sockets it opens live there).
@@ -194,7 +195,7 @@ fn downloads_spread_over_two_hosts() {
     }
     let _s = serial();
     let t = Topology::build(2);
-    let hosts = appliances(&t);
+    let (hosts, peers_dir) = appliances(&t);
     let have_gtls =
         testkit::have_tool(Command::new("gtlsclient").arg("--help").output().is_ok(), "gtlsclient (ngtcp2-client)");
     let have_aioquic =
@@ -259,7 +260,7 @@ fn downloads_survive_next_hop_changes() {
     }
     let _s = serial();
     let t = Topology::build(2);
-    let hosts = appliances(&t);
+    let (hosts, peers_dir) = appliances(&t);
     let cert = hosts[0].cert.der.clone();
     let downloads = std::thread::spawn({
         let ns = t.client.clone();
@@ -338,13 +339,13 @@ fn forged_and_replayed_frames_are_refused() {
     }
     let _s = serial();
     let t = Topology::build(2);
-    let hosts = appliances(&t);
+    let (hosts, peers_dir) = appliances(&t);
     let text = std::fs::read_to_string(hosts[0].state.join("keys")).expect("key file");
     let reset = proto::keyfile::KeyFile::parse(&text).expect("key file").reset_key;
     let to: std::net::SocketAddr = format!("{}:{PEER_PORT}", host_addr(1)).parse().unwrap();
     let frame = |key: &proto::peer::ForwardingKey, seq: u64| {
         let f = proto::peer::Frame {
-            from_host: 2,
+            from_host: 3,
             seq,
             client: "198.18.1.2:40000".parse().unwrap(),
             local: format!("{ANYCAST}:{PORT}").parse().unwrap(),
@@ -356,6 +357,11 @@ fn forged_and_replayed_frames_are_refused() {
     };
     let good = frame(&proto::peer::ForwardingKey::derive(&reset), 7 << 32);
     let forged = frame(&proto::peer::ForwardingKey::derive(&[0x11; 32]), 8 << 32);
+    // The frames claim host 3, a peer host 1 learns of on SIGHUP (re-read `--peers`)
+    // at host 2's address, so host 2's own frames (heartbeats) do not share its
+    // replay window. Before the SIGHUP a valid frame from "host 3" is an unknown peer.
+    let before = peers_status(&hosts[0]);
+    assert_eq!(before["peers"], 1, "{before}");
     let send = |ns: &str, bind: String, frames: Vec<Vec<u8>>| {
         in_netns(ns, move || {
             let s = std::net::UdpSocket::bind(bind.as_str()).expect("bind");
@@ -368,7 +374,16 @@ fn forged_and_replayed_frames_are_refused() {
     // From the client network: garbage, the other cluster's frame, and a valid frame
     // from the wrong address.
     send(&t.client, "198.18.1.2:0".into(), vec![b"not a frame at all, just bytes".to_vec(), forged, good.clone()]);
-    // From host 2's own address: the valid frame, then its replay.
+    // Host 1 learns of host 3 (at host 2's address) on SIGHUP.
+    let peers_1 = peers_dir.join("peers-1");
+    let mut text = std::fs::read_to_string(&peers_1).expect("peers file");
+    text.push_str(&format!("3 {}:{}\n", host_addr(2), PEER_PORT + 1));
+    std::fs::write(&peers_1, text).expect("peers file");
+    kill(hosts[0].dataplane_pid(), libc::SIGHUP);
+    wait_until("host 1 re-read its peers file", Duration::from_secs(10), || {
+        (peers_status(&hosts[0])["peers"] == 2).then_some(())
+    });
+    // From host 2's address, as "host 3": the valid frame, then its replay.
     send(&t.hosts[1], format!("{}:0", host_addr(2)), vec![good.clone(), good]);
     let v = wait_until("the refusals counted", Duration::from_secs(10), || {
         let v = peers_status(&hosts[0]);
@@ -378,4 +393,135 @@ fn forged_and_replayed_frames_are_refused() {
     assert_eq!(v["refused"]["unauthenticated"], 1, "{v}");
     assert_eq!(v["refused"]["unknown_peer"], 1, "{v}");
     assert_eq!(v["received"], 1, "the one authentic frame from the peer, once: {v}");
+}
+
+/// The client side of the scenarios below, on one thread inside the client
+/// namespace: `clients` connections, each first learning its server id (GET
+/// /bytes/10), then `job(index, connection, endpoint)`.
+fn clients_in_netns<F, Fut, T>(
+    t: &Topology,
+    cert: &Controller,
+    clients: usize,
+    job: F,
+) -> std::thread::JoinHandle<Vec<T>>
+where
+    F: Fn(usize, H3, quinn::Endpoint, u16) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = T> + 'static,
+    T: Send + 'static,
+{
+    let (ns, cert) = (t.client.clone(), cert.cert.der.clone());
+    std::thread::spawn(move || {
+        in_netns(&ns, move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            let local = tokio::task::LocalSet::new();
+            local.block_on(&rt, async move {
+                let addr: std::net::SocketAddr = format!("{ANYCAST}:{PORT}").parse().unwrap();
+                let job = std::rc::Rc::new(job);
+                let mut tasks = Vec::new();
+                for i in 0..clients {
+                    let ep = testkit::h3client::endpoint(&cert, "198.18.1.2:0".parse().unwrap());
+                    let mut h = H3::connect(&ep, addr).await.expect("connect");
+                    let id = h.get("/bytes/10").await.expect("first GET").server_id;
+                    let job = job.clone();
+                    tasks.push(tokio::task::spawn_local(async move { job(i, h, ep, id).await }));
+                }
+                let mut out = Vec::new();
+                for t in tasks {
+                    out.push(t.await.expect("client task"));
+                }
+                out
+            })
+        })
+    })
+}
+
+/// (c) Clients change their UDP port twice mid-download (quinn `rebind`: NAT
+/// rebinding, or a migration): each new 5-tuple hashes anew, so some flows move to the
+/// other host and are forwarded to their owner. Every download completes. With 12
+/// clients × 2 rebinds, no flow changing host has probability 2^-24.
+#[test]
+fn rebinding_clients_that_hash_to_another_host_finish() {
+    if !can_build() {
+        return;
+    }
+    let _s = serial();
+    let t = Topology::build(2);
+    let (hosts, _) = appliances(&t);
+    let results = clients_in_netns(&t, &hosts[0], 12, |i, mut h, ep, _| async move {
+        let rebinder = {
+            let ep = ep.clone();
+            tokio::task::spawn_local(async move {
+                for _ in 0..2 {
+                    tokio::time::sleep(Duration::from_millis(900)).await;
+                    let s = std::net::UdpSocket::bind("198.18.1.2:0").expect("bind");
+                    ep.rebind(s).expect("rebind");
+                }
+            })
+        };
+        let r = h.get_paced(&format!("/bytes/{}", 3 * MIB), Some(MIB)).await;
+        let _ = rebinder.await;
+        h.close();
+        ep.wait_idle().await;
+        r.map_err(|e| format!("client {i}: {e:?}"))
+    })
+    .join()
+    .expect("clients");
+    for r in &results {
+        let r = r.as_ref().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((r.status, r.len, r.pattern_ok), (200, 3 * MIB, true));
+    }
+    let forwarded: u64 = hosts.iter().map(|h| peers_status(h)["forwarded"].as_u64().unwrap_or(0)).sum();
+    assert!(forwarded > 0, "no rebound flow crossed hosts: {:?}", hosts.iter().map(peers_status).collect::<Vec<_>>());
+}
+
+/// (d) Host 2's appliance is killed (all its processes) and the router stops
+/// sending to it. Its clients' packets now reach host 1, which stops forwarding to
+/// the silent peer within a second and answers them with a stateless reset (the
+/// cluster's reset key); each reconnects and is served by host 1. Host 1's clients
+/// are untouched. With 16 clients, none on host 2 has probability 2^-16.
+#[test]
+fn clients_of_a_lost_host_are_reset_and_reconnect() {
+    if !can_build() {
+        return;
+    }
+    let _s = serial();
+    let t = Topology::build(2);
+    let (mut hosts, _) = appliances(&t);
+    let addr: std::net::SocketAddr = format!("{ANYCAST}:{PORT}").parse().unwrap();
+    let clients = clients_in_netns(&t, &hosts[0], 16, move |i, mut h, ep, id| async move {
+        let first = h.get_paced(&format!("/bytes/{}", 6 * MIB), Some(MIB)).await.map(|r| r.len);
+        h.close();
+        // Reconnect (a new connection, placed wherever ECMP sends it now).
+        let again = async {
+            let mut h = H3::connect(&ep, addr).await.map_err(|e| format!("reconnect: {e:#}"))?;
+            let r = h.get("/bytes/1000").await.map_err(|e| format!("GET after reconnect: {e:?}"))?;
+            h.close();
+            Ok::<_, String>((r.len, r.server_id))
+        }
+        .await;
+        (i, id, first.map_err(|e| format!("{e:?}")), again)
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    hosts[1].kill_everything();
+    ip(Some(t.router.as_str()), &["route", "replace", ANYCAST, "via", &host_addr(1)]);
+    let results = clients.join().expect("clients");
+    let host_of = |id: u16| id >> 14;
+    let mut lost = 0;
+    for (i, id, first, again) in &results {
+        match host_of(*id) {
+            1 => assert_eq!(first, &Ok(6 * MIB), "client {i} of the surviving host"),
+            2 => {
+                lost += 1;
+                let e = first.as_ref().expect_err("a download from the lost host cannot finish");
+                assert!(e.contains("reset"), "client {i}: the lost host's connection ends in a stateless reset: {e}");
+            }
+            h => panic!("client {i}: server id {id} of unknown host {h}"),
+        }
+        let (len, sid) = again.as_ref().unwrap_or_else(|e| panic!("client {i}: {e}"));
+        assert_eq!((*len, host_of(*sid)), (1000, 1), "client {i} reconnected to the surviving host");
+    }
+    assert!(lost > 0, "no client was on host 2: {results:?}");
+    let v = peers_status(&hosts[0]);
+    assert!(v["dead_peer"].as_u64().unwrap_or(0) > 0, "host 1 reset the lost host's ids: {v}");
+    assert_eq!(v["peers_alive"], 0, "{v}");
 }

@@ -11,6 +11,12 @@
 //!   — so it reaches the owning worker by the kernel fast path or a shard exactly as
 //!   if it had arrived here, and the worker answers the client directly.
 //!
+//! - **Liveness:** every [`HEARTBEAT`] each host sends every peer an empty frame; a
+//!   peer not heard from (heartbeat or forwarded datagram) for [`PEER_DEAD`] is dead:
+//!   its ids are no longer forwarded, so they are orphans here and get this host's
+//!   stateless reset (every host has the cluster's reset key), and the client
+//!   reconnects.
+//!
 //! IPv4 only for the injection (a raw IPv4 socket); an IPv6 frame is counted
 //! `inject_errors`.
 
@@ -23,6 +29,12 @@ use std::net::{SocketAddr, UdpSocket};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How often a host tells each peer it is alive.
+pub const HEARTBEAT: Duration = Duration::from_millis(250);
+/// A peer silent this long is dead: its ids are reset here, not forwarded.
+pub const PEER_DEAD: Duration = Duration::from_secs(1);
 
 /// Counters (lb-status `peers`).
 #[derive(Default)]
@@ -37,6 +49,9 @@ pub struct PeerCounters {
     pub refused_unauthenticated: AtomicU64,
     pub refused_replayed: AtomicU64,
     pub refused_unknown_peer: AtomicU64,
+    pub heartbeats_received: AtomicU64,
+    /// Orphans of a dead peer's ids (reset here).
+    pub dead_peer: AtomicU64,
 }
 
 /// This host's forwarding state, shared by the shards and the receiving thread.
@@ -50,6 +65,8 @@ pub struct Peers {
     per_host: Mutex<HashMap<u16, u64>>,
     socket: UdpSocket,
     seq: Mutex<Sequencer>,
+    /// When each peer was last heard from.
+    last_seen: Mutex<HashMap<u16, Instant>>,
     pub counters: PeerCounters,
 }
 
@@ -75,6 +92,7 @@ impl Peers {
             per_host: Mutex::new(HashMap::new()),
             socket,
             seq: Mutex::new(Sequencer::new(start)),
+            last_seen: Mutex::new(HashMap::new()),
             counters: PeerCounters::default(),
         });
         let raw = sys::raw::RawIpv4::open().context("a raw IPv4 socket for forwarded datagrams (needs CAP_NET_RAW)")?;
@@ -108,14 +126,11 @@ impl Peers {
             return false;
         }
         let Some(&to) = self.table.load().get(&host) else { return false };
-        let seq = match self.seq.lock() {
-            Ok(mut s) => s.take(),
-            Err(_) => return false,
-        };
-        let mut frame = Vec::with_capacity(datagram.len() + peer::MAX_OVERHEAD);
-        let f = Frame { from_host: self.layout.host(), seq, client, local, datagram };
-        peer::seal(&self.key, &f, &mut frame);
-        match self.socket.send_to(&frame, to) {
+        if !self.alive(host) {
+            self.counters.dead_peer.fetch_add(1, Relaxed);
+            return false;
+        }
+        match self.send_frame(to, client, local, datagram) {
             Ok(_) => {
                 self.counters.forwarded.fetch_add(1, Relaxed);
                 if let Ok(mut m) = self.per_host.lock() {
@@ -130,13 +145,46 @@ impl Peers {
         }
     }
 
+    fn alive(&self, host: u16) -> bool {
+        self.last_seen.lock().is_ok_and(|m| m.get(&host).is_some_and(|t| t.elapsed() < PEER_DEAD))
+    }
+
+    fn send_frame(
+        &self,
+        to: SocketAddr,
+        client: SocketAddr,
+        local: SocketAddr,
+        datagram: &[u8],
+    ) -> std::io::Result<usize> {
+        let seq = self.seq.lock().map_err(|_| std::io::Error::other("sequencer poisoned"))?.take();
+        let mut frame = Vec::with_capacity(datagram.len() + peer::MAX_OVERHEAD);
+        let f = Frame { from_host: self.layout.host(), seq, client, local, datagram };
+        peer::seal(&self.key, &f, &mut frame);
+        self.socket.send_to(&frame, to)
+    }
+
+    /// An empty frame to every peer (its addresses unused).
+    fn heartbeat(&self) {
+        let none: SocketAddr = SocketAddr::from(([0, 0, 0, 0], 0));
+        for (_, &to) in self.table.load().iter() {
+            let _ = self.send_frame(to, none, none, &[]);
+        }
+    }
+
     fn receive_loop(&self, raw: &sys::raw::RawIpv4) {
         let mut windows: HashMap<u16, ReplayWindow> = HashMap::new();
         let mut buf = vec![0u8; 65536];
         let mut packet = Vec::with_capacity(65536);
+        let _ = self.socket.set_read_timeout(Some(HEARTBEAT / 2));
+        let mut beat = Instant::now() - HEARTBEAT;
         loop {
+            if beat.elapsed() >= HEARTBEAT {
+                self.heartbeat();
+                beat = Instant::now();
+            }
             let (n, from) = match self.socket.recv_from(&mut buf) {
                 Ok(r) => r,
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => continue,
                 Err(e) => {
                     tracing::warn!(error = %e, "peer socket receive failed");
                     std::thread::sleep(std::time::Duration::from_millis(10));
@@ -169,6 +217,13 @@ impl Peers {
                 c.refused_replayed.fetch_add(1, Relaxed);
                 continue;
             }
+            if let Ok(mut m) = self.last_seen.lock() {
+                m.insert(frame.from_host, Instant::now());
+            }
+            if frame.datagram.is_empty() {
+                c.heartbeats_received.fetch_add(1, Relaxed);
+                continue;
+            }
             c.received.fetch_add(1, Relaxed);
             let sent = match (frame.client, frame.local) {
                 (SocketAddr::V4(src), SocketAddr::V4(dst)) => {
@@ -193,9 +248,13 @@ impl Peers {
             .lock()
             .map(|m| m.iter().map(|(h, n)| (h.to_string(), json!(n))).collect())
             .unwrap_or_default();
+        let alive = self.table.load().keys().filter(|h| self.alive(**h)).count();
         json!({
             "host": self.layout.host(),
             "peers": self.table.load().len(),
+            "peers_alive": alive,
+            "heartbeats_received": c.heartbeats_received.load(Relaxed),
+            "dead_peer": c.dead_peer.load(Relaxed),
             "forwarded": c.forwarded.load(Relaxed),
             "forwarded_to": per,
             "forward_errors": c.forward_errors.load(Relaxed),

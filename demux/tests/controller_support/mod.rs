@@ -316,7 +316,7 @@ impl Controller {
         }
     }
 
-    fn kill_everything(&mut self) {
+    pub fn kill_everything(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let read_pids = |p: PathBuf| -> Vec<i64> {
