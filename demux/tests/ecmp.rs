@@ -195,7 +195,7 @@ fn downloads_spread_over_two_hosts() {
     }
     let _s = serial();
     let t = Topology::build(2);
-    let (hosts, peers_dir) = appliances(&t);
+    let (hosts, _) = appliances(&t);
     let have_gtls =
         testkit::have_tool(Command::new("gtlsclient").arg("--help").output().is_ok(), "gtlsclient (ngtcp2-client)");
     let have_aioquic =
@@ -260,7 +260,7 @@ fn downloads_survive_next_hop_changes() {
     }
     let _s = serial();
     let t = Topology::build(2);
-    let (hosts, peers_dir) = appliances(&t);
+    let (hosts, _) = appliances(&t);
     let cert = hosts[0].cert.der.clone();
     let downloads = std::thread::spawn({
         let ns = t.client.clone();
