@@ -104,6 +104,17 @@ pub enum Command {
         /// still on the generation that stops decoding are orphaned).
         #[arg(long)]
         force: bool,
+        /// Several hosts (ADR 0005), first phase: decode a new generation but keep
+        /// issuing the current one. Run on every host, then `--activate` on every host.
+        #[arg(long, conflicts_with = "activate")]
+        stage: bool,
+        /// With `--stage`: stage the generation another host staged, from a copy of
+        /// its key file (0600, root), so every host decodes the same new key.
+        #[arg(long, value_name = "FILE", requires = "stage", conflicts_with = "prf")]
+        from: Option<PathBuf>,
+        /// Second phase: issue the staged generation (no new key; `--prf` does not apply).
+        #[arg(long, conflicts_with = "prf")]
+        activate: bool,
     },
     /// Ask a running data plane for its counters.
     LbStatus {

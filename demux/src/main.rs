@@ -21,7 +21,14 @@ fn main() {
         Some(Command::Dataplane(a)) => dataplane::run(a),
         Some(Command::Controller { dataplane, controller }) => controller::run(dataplane, controller),
         Some(Command::Status { state_dir, json }) => controller::client::status(&state_dir, json),
-        Some(Command::RotateKeys { state_dir, prf, force }) => controller::client::rotate_keys(&state_dir, prf, force),
+        Some(Command::RotateKeys { state_dir, prf, force, stage, activate, from }) => {
+            let phase = match (stage, activate) {
+                (true, _) => proto::wire::RotatePhase::Stage,
+                (_, true) => proto::wire::RotatePhase::Activate,
+                _ => proto::wire::RotatePhase::Rotate,
+            };
+            controller::client::rotate_keys(&state_dir, prf, force, phase, from.as_deref())
+        }
         Some(Command::GenKeys { out, force }) => operator::gen_keys(&out, force),
         Some(Command::LbStatus { control_socket, state_dir, json }) => {
             match control_socket.or_else(|| state_dir.map(|d| controller::state::Paths::new(&d).dataplane_sock())) {

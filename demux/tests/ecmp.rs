@@ -531,3 +531,120 @@ fn clients_of_a_lost_host_are_reset_and_reconnect() {
     assert!(v["dead_peer"].as_u64().unwrap_or(0) > 0, "host 1 reset the lost host's ids: {v}");
     assert_eq!(v["peers_alive"], 0, "{v}");
 }
+
+fn rotate(c: &Controller, args: &[&str]) {
+    let out =
+        Command::new(DEMUX).arg("rotate-keys").args(args).arg("--state-dir").arg(&c.state).output().expect("rotate");
+    assert!(out.status.success(), "rotate-keys {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// (f) The two-phase rotation across hosts while downloads run: `--stage` on every
+/// host, then `--activate` on every host. Connections made before (old generation)
+/// and after (new generation, on host 1) cross hosts when the route changes, and
+/// every download completes. With `skip_stage_on_2`, host 2 never learns the new
+/// generation: the connections made after host 1's activation are reset when their
+/// packets reach host 2 (ADR 0005 §3: what breaks when a step is skipped), while the
+/// older ones still cross.
+fn rotation_across_hosts(skip_stage_on_2: bool) -> (Vec<Result<u64, String>>, Vec<Result<u64, String>>) {
+    let t = Topology::build(2);
+    let (hosts, _) = appliances(&t);
+    let router = Some(t.router.as_str());
+    let (h1, h2) = (host_addr(1), host_addr(2));
+    let addr: std::net::SocketAddr = format!("{ANYCAST}:{PORT}").parse().unwrap();
+    // The clients: 6 connections over both hosts now; 4 more at 2 s (routed to host 1).
+    let old = clients_in_netns(&t, &hosts[0], 6, |i, mut h, ep, _| async move {
+        let r = h.get_paced(&format!("/bytes/{}", 5 * MIB), Some(MIB)).await;
+        h.close();
+        ep.wait_idle().await;
+        r.map(|r| r.len).map_err(|e| format!("old client {i}: {e:?}"))
+    });
+    let new = {
+        let (ns, cert) = (t.client.clone(), hosts[0].cert.der.clone());
+        std::thread::spawn(move || {
+            in_netns(&ns, move || {
+                std::thread::sleep(Duration::from_millis(2000));
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+                rt.block_on(async move {
+                    let mut tasks = Vec::new();
+                    for i in 0..4 {
+                        let ep = testkit::h3client::endpoint(&cert, "198.18.1.2:0".parse().unwrap());
+                        tasks.push(tokio::spawn(async move {
+                            let mut h = H3::connect(&ep, addr).await.map_err(|e| format!("new client {i}: {e:#}"))?;
+                            let r = h.get_paced(&format!("/bytes/{}", 3 * MIB), Some(MIB)).await;
+                            h.close();
+                            r.map(|r| r.len).map_err(|e| format!("new client {i}: {e:?}"))
+                        }));
+                    }
+                    let mut out = Vec::new();
+                    for t in tasks {
+                        out.push(t.await.map_err(|e| e.to_string()).and_then(|r| r));
+                    }
+                    out
+                })
+            })
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    // Host 1 stages a fresh generation; host 2 stages the same one, from a copy of
+    // host 1's key file (the operator's tooling carries it).
+    rotate(&hosts[0], &["--stage"]);
+    let copy = hosts[1].dir.join("keys-from-host-1");
+    std::fs::copy(hosts[0].state.join("keys"), &copy).expect("copy the staged key file");
+    if !skip_stage_on_2 {
+        rotate(&hosts[1], &["--stage", "--from", copy.to_str().unwrap()]);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    rotate(&hosts[0], &["--activate"]);
+    if !skip_stage_on_2 {
+        rotate(&hosts[1], &["--activate"]);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    ip(router, &["route", "replace", ANYCAST, "via", &h1]);
+    std::thread::sleep(Duration::from_millis(1500));
+    ip(router, &["route", "replace", ANYCAST, "via", &h2]);
+    let old = old.join().expect("old clients");
+    let new = new.join().expect("new clients");
+    for (n, h) in hosts.iter().enumerate() {
+        let (s, lb) = (h.status().expect("status"), h.lb_wait());
+        eprintln!(
+            "host {}: keys newest {} previous {}; peers {}; reasons {}; fast {}",
+            n + 1,
+            s["key_newest"],
+            s["key_previous"],
+            lb["peers"],
+            lb["reasons"],
+            lb["fast_path"]["to_demux"]
+        );
+    }
+    let s = hosts[0].status().expect("status");
+    assert_eq!(s["key_newest"], 1, "host 1 issues the new generation: {s}");
+    (old, new)
+}
+
+#[test]
+fn two_phase_rotation_across_hosts_keeps_every_download() {
+    if !can_build() {
+        return;
+    }
+    let _s = serial();
+    let (old, new) = rotation_across_hosts(false);
+    for r in old.iter().chain(&new) {
+        assert!(r.as_ref().is_ok_and(|n| *n == 5 * MIB || *n == 3 * MIB), "{r:?}");
+    }
+}
+
+#[test]
+fn a_host_that_skipped_the_stage_resets_the_new_generation() {
+    if !can_build() {
+        return;
+    }
+    let _s = serial();
+    let (old, new) = rotation_across_hosts(true);
+    for r in &old {
+        assert_eq!(r, &Ok(5 * MIB), "connections of the old generation still cross");
+    }
+    for r in &new {
+        let e = r.as_ref().expect_err("a new-generation connection reaching the unstaged host");
+        assert!(e.contains("reset"), "ends in a stateless reset: {e}");
+    }
+}

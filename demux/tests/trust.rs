@@ -101,7 +101,9 @@ fn probe_helper() {
     let msg = match words[0] {
         "hello" => Control::Hello { role: Role::Worker, pid: pid(words[1]) },
         "rejoin" => Control::Rejoin { server_id: proto::ServerId(words[2].parse().unwrap()), pid: pid(words[1]) },
-        "rotate" => Control::RotateKeys { prf: None, force: false },
+        "rotate" => {
+            Control::RotateKeys { prf: None, force: false, phase: proto::wire::RotatePhase::Rotate, from: None }
+        }
         "status" => Control::StatusRequest,
         "getsockets" => Control::GetSockets,
         "datahello" => Control::DataHelloV2 { server_id: proto::ServerId(words[1].parse().unwrap()), caps: 3 },

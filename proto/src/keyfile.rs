@@ -103,6 +103,51 @@ impl KeyFile {
         }
     }
 
+    /// Two-phase rotation, first phase (ADR 0005 §3): `fresh` becomes the next
+    /// generation, decodable but not issued: it takes the `previous` line (whose old
+    /// generation is dropped), and `newest` — the generation new CIDs use — stays.
+    pub fn staged(&self, fresh: [u8; KEY_LEN], prf: Prf) -> KeyFile {
+        let next = KeyGen { generation: self.keys.newest.generation.next(), prf, secret: fresh };
+        KeyFile { keys: Keys { newest: self.keys.newest, previous: Some(next) }, ..self.clone() }
+    }
+
+    /// Stages the generation `other` (another host's key file) staged, so every host
+    /// of a cluster decodes the same new key: `other` must be staged, issue the same
+    /// newest generation as this file, and hold the same shared secrets.
+    pub fn staged_from(&self, other: &KeyFile) -> Result<KeyFile, String> {
+        if !other.is_staged() {
+            return Err("that key file has no staged generation".into());
+        }
+        if other.keys.newest != self.keys.newest {
+            return Err(format!(
+                "that key file issues generation {} with another key than this one's {}: not the same cluster or not \
+                 the same rotation",
+                other.keys.newest.generation.get(),
+                self.keys.newest.generation.get()
+            ));
+        }
+        if (other.reset_key, other.token_key, other.rendezvous_key)
+            != (self.reset_key, self.token_key, self.rendezvous_key)
+        {
+            return Err("that key file has other reset, token or rendezvous keys: not the same cluster".into());
+        }
+        Ok(KeyFile { keys: other.keys.clone(), ..self.clone() })
+    }
+
+    /// Whether a staged generation waits for activation: the other decodable
+    /// generation is the one *after* the newest (after an ordinary rotation it is the
+    /// one before).
+    pub fn is_staged(&self) -> bool {
+        self.keys.previous.is_some_and(|p| p.generation == self.keys.newest.generation.next())
+    }
+
+    /// Two-phase rotation, second phase: the staged generation becomes the newest,
+    /// the current newest stays decodable. `None` when nothing is staged.
+    pub fn activated(&self) -> Option<KeyFile> {
+        let staged = self.keys.previous.filter(|_| self.is_staged())?;
+        Some(KeyFile { keys: Keys { newest: staged, previous: Some(self.keys.newest) }, ..self.clone() })
+    }
+
     /// Rotation (ADR 0001): `fresh` becomes the next generation, with PRF `prf`
     /// (ADR 0004); the current newest stays decodable; the one before is dropped.
     pub fn rotated(&self, fresh: [u8; KEY_LEN], prf: Prf) -> KeyFile {
@@ -215,6 +260,36 @@ impl KeyFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two-phase rotation across hosts (ADR 0005 §3): staging keeps the issuing
+    /// generation, another host stages the same key from this file, activation
+    /// swaps; mismatched files are refused with the reason.
+    #[test]
+    fn staging_activation_and_staging_from_another_host() {
+        let a = KeyFile::generate(&[7; RANDOM_LEN], Prf::SipHash24);
+        assert!(!a.is_staged() && a.activated().is_none());
+        let staged = a.staged([9; KEY_LEN], Prf::SipHash24);
+        assert!(staged.is_staged());
+        assert_eq!(staged.keys.newest, a.keys.newest);
+        assert_eq!(
+            staged.keys.previous.map(|g| (g.generation, g.secret)),
+            Some((Generation::ZERO.next(), [9; KEY_LEN]))
+        );
+        assert_eq!(KeyFile::parse(&staged.to_text()).expect("round trip"), staged);
+        // Host 2 (same cluster file, not staged) stages host 1's generation.
+        assert_eq!(a.staged_from(&staged), Ok(staged.clone()));
+        assert!(a.staged_from(&a).expect_err("nothing staged").contains("no staged generation"));
+        let other_cluster = KeyFile::generate(&[8; RANDOM_LEN], Prf::SipHash24).staged([9; KEY_LEN], Prf::SipHash24);
+        assert!(a.staged_from(&other_cluster).expect_err("other keys").contains("another key"));
+        let mut other_reset = staged.clone();
+        other_reset.reset_key[0] ^= 1;
+        assert!(a.staged_from(&other_reset).expect_err("other reset key").contains("not the same cluster"));
+        let act = staged.activated().expect("staged");
+        assert_eq!((act.keys.newest, act.keys.previous), (staged.keys.previous.unwrap(), Some(a.keys.newest)));
+        assert!(!act.is_staged(), "after activation the other generation is the one before");
+        // An ordinary rotation's previous is the one before: not staged.
+        assert!(!a.rotated([5; KEY_LEN], Prf::SipHash24).is_staged());
+    }
 
     fn counting() -> [u8; RANDOM_LEN] {
         core::array::from_fn(|i| i as u8)

@@ -287,7 +287,9 @@ pub enum Control {
     /// (`None`: the newest generation's PRF). `force`: even within two CID lifetimes
     /// of the last rotation (second body byte, 0 or 1). Reply: `Status` (JSON) or
     /// `Error`.
-    RotateKeys { prf: Option<Prf>, force: bool },
+    /// `from`: with `Stage`, stage the generation another host staged, from this key
+    /// file (a path the controller reads), instead of a fresh one (ADR 0005 §3).
+    RotateKeys { prf: Option<Prf>, force: bool, phase: RotatePhase, from: Option<String> },
     /// W → D, instead of `DataHello`: the same, plus capability bits ([`CAP_RINGS`]:
     /// the worker reads shared-memory rings). A data plane that knows the message
     /// answers `Sockets`, then `Rings` when it forwards over rings.
@@ -324,6 +326,32 @@ pub const LOAD_INTERVAL_MS: u64 = 250;
 
 /// Longest `HandshakeDone` DCID (RFC 9000 §17.2).
 pub const MAX_ODCID_LEN: usize = 20;
+
+/// Which rotation `RotateKeys` asks for (ADR 0001; two phases across hosts, ADR 0005).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RotatePhase {
+    /// Decode and issue a new generation at once (one host).
+    Rotate,
+    /// Decode a new generation, keep issuing the current one.
+    Stage,
+    /// Issue the staged generation.
+    Activate,
+}
+
+impl RotatePhase {
+    fn bits(self) -> u8 {
+        match self {
+            RotatePhase::Rotate => 0,
+            RotatePhase::Stage => 1,
+            RotatePhase::Activate => 2,
+        }
+    }
+}
+
+/// `RotateKeys` flags byte: bit 0 force, bits 1–2 the [`RotatePhase`], bit 3 a
+/// `from` path follows (text).
+const ROTATE_FORCE: u8 = 1;
+const ROTATE_FROM: u8 = 8;
 
 /// `RotateKeys` body byte: keep the newest generation's PRF (else a PRF code).
 pub const KEEP_PRF: u8 = 0xff;
@@ -494,10 +522,13 @@ pub fn encode_control(m: &Control) -> Vec<u8> {
             v.extend_from_slice(&server_id.0.to_be_bytes());
             v.extend_from_slice(&pid.to_be_bytes());
         }
-        Control::RotateKeys { prf, force } => {
+        Control::RotateKeys { prf, force, phase, from } => {
             v.push(tag::ROTATE_KEYS);
             v.push(prf.map_or(KEEP_PRF, Prf::code));
-            v.push(u8::from(*force));
+            v.push(u8::from(*force) | phase.bits() << 1 | if from.is_some() { ROTATE_FROM } else { 0 });
+            if let Some(f) = from {
+                put_text(&mut v, f);
+            }
         }
         Control::DataHelloV2 { server_id, caps } => {
             v.push(tag::DATA_HELLO_V2);
@@ -662,17 +693,24 @@ pub fn decode_control(rec: &[u8]) -> Result<Control, WireError> {
         tag::ERROR => Control::Error { reason: c.text()? },
         tag::GET_SOCKETS => Control::GetSockets,
         tag::REJOIN => Control::Rejoin { server_id: ServerId(c.u16()?), pid: c.u32()? },
-        tag::ROTATE_KEYS => Control::RotateKeys {
-            prf: match c.u8()? {
+        tag::ROTATE_KEYS => {
+            let prf = match c.u8()? {
                 KEEP_PRF => None,
                 p => Some(Prf::from_code(p).ok_or(WireError::BadPrf(p))?),
-            },
-            force: match c.u8()? {
-                0 => false,
-                1 => true,
+            };
+            let flags = c.u8()?;
+            if flags & 0xf0 != 0 {
+                return Err(WireError::ReservedBits);
+            }
+            let phase = match (flags >> 1) & 0b11 {
+                0 => RotatePhase::Rotate,
+                1 => RotatePhase::Stage,
+                2 => RotatePhase::Activate,
                 _ => return Err(WireError::ReservedBits),
-            },
-        },
+            };
+            let from = if flags & ROTATE_FROM != 0 { Some(c.text()?) } else { None };
+            Control::RotateKeys { prf, force: flags & ROTATE_FORCE != 0, phase, from }
+        }
         tag::DATA_HELLO_V2 => {
             let server_id = ServerId(c.u16()?);
             let caps = c.u32()?;

@@ -100,8 +100,13 @@ fn control() -> impl Strategy<Value = Control> {
         Just(Control::GetSockets),
         proptest::collection::vec(any::<u8>(), 0..=MAX_ODCID_LEN).prop_map(|odcid| Control::HandshakeDone { odcid }),
         (any::<u16>(), any::<u32>()).prop_map(|(id, pid)| Control::Rejoin { server_id: ServerId(id), pid }),
-        (proptest::option::of(prop_oneof![Just(Prf::HmacSha256), Just(Prf::SipHash24)]), any::<bool>())
-            .prop_map(|(prf, force)| Control::RotateKeys { prf, force }),
+        (
+            proptest::option::of(prop_oneof![Just(Prf::HmacSha256), Just(Prf::SipHash24)]),
+            any::<bool>(),
+            prop_oneof![Just(RotatePhase::Rotate), Just(RotatePhase::Stage), Just(RotatePhase::Activate)],
+            proptest::option::of("[a-z/]{0,20}"),
+        )
+            .prop_map(|(prf, force, phase, from)| Control::RotateKeys { prf, force, phase, from }),
     ]
 }
 
@@ -273,8 +278,10 @@ fn exhaustive_single_byte_corruption() {
         },
         Control::GetSockets,
         Control::Rejoin { server_id: ServerId(0x1234), pid: 0xdead_beef },
-        Control::RotateKeys { prf: None, force: false },
-        Control::RotateKeys { prf: Some(Prf::SipHash24), force: true },
+        Control::RotateKeys { prf: None, force: false, phase: RotatePhase::Rotate, from: None },
+        Control::RotateKeys { prf: Some(Prf::SipHash24), force: true, phase: RotatePhase::Rotate, from: None },
+        Control::RotateKeys { prf: None, force: false, phase: RotatePhase::Stage, from: None },
+        Control::RotateKeys { prf: None, force: true, phase: RotatePhase::Activate, from: None },
     ];
     for m in &msgs {
         let rec = encode_control(m);
@@ -534,18 +541,42 @@ fn controller_messages_layout() {
         encode_control(&Control::Rejoin { server_id: ServerId(0x0102), pid: 0x0304_0506 }),
         vec![CONTROL_MAGIC, 1, 13, 1, 2, 3, 4, 5, 6]
     );
-    // rotate-keys [--prf] [--force]: a PRF code (0 hmac-sha256, 1 siphash-2-4) or 0xff
-    // (keep), then force 0 / 1.
-    assert_eq!(encode_control(&Control::RotateKeys { prf: None, force: false }), vec![CONTROL_MAGIC, 1, 14, 0xff, 0]);
+    // rotate-keys [--prf] [--force] [--stage|--activate]: a PRF code (0 hmac-sha256,
+    // 1 siphash-2-4) or 0xff (keep), then flags: bit 0 force, bits 1-2 the phase
+    // (0 rotate, 1 stage, 2 activate).
     assert_eq!(
-        encode_control(&Control::RotateKeys { prf: Some(Prf::SipHash24), force: true }),
+        encode_control(&Control::RotateKeys { prf: None, force: false, phase: RotatePhase::Rotate, from: None }),
+        vec![CONTROL_MAGIC, 1, 14, 0xff, 0]
+    );
+    assert_eq!(
+        encode_control(&Control::RotateKeys {
+            prf: Some(Prf::SipHash24),
+            force: true,
+            phase: RotatePhase::Rotate,
+            from: None
+        }),
         vec![CONTROL_MAGIC, 1, 14, 1, 1]
     );
     assert_eq!(
         decode_control(&[CONTROL_MAGIC, 1, 14, 0, 0]),
-        Ok(Control::RotateKeys { prf: Some(Prf::HmacSha256), force: false })
+        Ok(Control::RotateKeys { prf: Some(Prf::HmacSha256), force: false, phase: RotatePhase::Rotate, from: None })
     );
-    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14, 0xff, 2]), Err(WireError::ReservedBits));
+    assert_eq!(
+        decode_control(&[CONTROL_MAGIC, 1, 14, 0xff, 2]),
+        Ok(Control::RotateKeys { prf: None, force: false, phase: RotatePhase::Stage, from: None })
+    );
+    assert_eq!(
+        decode_control(&[CONTROL_MAGIC, 1, 14, 0xff, 5]),
+        Ok(Control::RotateKeys { prf: None, force: true, phase: RotatePhase::Activate, from: None })
+    );
+    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14, 0xff, 6]), Err(WireError::ReservedBits));
+    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14, 0xff, 16]), Err(WireError::ReservedBits));
+    // Bit 3: a `from` key file path follows, as text.
+    let from = Control::RotateKeys { prf: None, force: false, phase: RotatePhase::Stage, from: Some("/k".into()) };
+    let enc = encode_control(&from);
+    assert_eq!(enc[..5], [CONTROL_MAGIC, 1, 14, 0xff, 2 | 8]);
+    assert_eq!(decode_control(&enc), Ok(from));
+    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14, 0xff, 8]), Err(WireError::Truncated));
     assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14, 2, 0]), Err(WireError::BadPrf(2)));
     assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14, 0xff]), Err(WireError::Truncated));
     assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14]), Err(WireError::Truncated));

@@ -48,12 +48,20 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
-pub fn rotate_keys(dir: &Path, prf: Option<proto::cid::Prf>, force: bool) -> Result<()> {
+pub fn rotate_keys(
+    dir: &Path,
+    prf: Option<proto::cid::Prf>,
+    force: bool,
+    phase: proto::wire::RotatePhase,
+    from: Option<&Path>,
+) -> Result<()> {
     let p = Paths::new(dir);
-    match ask(dir, &Control::RotateKeys { prf, force }) {
+    let from = from.map(std::path::absolute).transpose().context("--from")?;
+    let path = from.as_ref().map(|f| f.display().to_string());
+    match ask(dir, &Control::RotateKeys { prf, force, phase, from: path }) {
         Ok(v) => {
             println!(
-                "rotated by the running controller: key generation {} ({}; previous {})",
+                "{phase:?} by the running controller: key generation {} issued ({}); also decoded: {}",
                 v["key_newest"],
                 v["key_newest_prf"].as_str().unwrap_or("?"),
                 v["key_previous"]
@@ -68,16 +76,20 @@ pub fn rotate_keys(dir: &Path, prf: Option<proto::cid::Prf>, force: bool) -> Res
             // CIDs do not know this command is offline). The data plane, if one
             // still runs, and the workers get the new file's keys when the
             // controller starts again (adoption re-sends them before any rejoin).
-            super::pacing::check(&p, None, force)?;
+            if phase != proto::wire::RotatePhase::Activate {
+                super::pacing::check(&p, None, force)?;
+            }
             let Some(text) = state::read_private(&p.keys())? else {
                 bail!("{} has no key file yet (start the controller once)", dir.display())
             };
             let k =
                 proto::keyfile::KeyFile::parse(&text).with_context(|| format!("key file {}", p.keys().display()))?;
-            let k = state::rotate_keys(&p, &k, prf)?;
-            let mut c = state::load_or_create_counter(&p)?;
-            c.starts_in_generation = 0;
-            state::store_counter(&p, c)?;
+            let k = state::rotate_keys(&p, &k, prf, phase, from.as_deref())?;
+            if phase != proto::wire::RotatePhase::Stage {
+                let mut c = state::load_or_create_counter(&p)?;
+                c.starts_in_generation = 0;
+                state::store_counter(&p, c)?;
+            }
             let last = super::pacing::load(&p).ok().flatten();
             let life = last.map_or(Duration::from_secs(600).as_millis() as u64, |r| r.cid_lifetime_ms);
             super::pacing::store(
@@ -85,7 +97,7 @@ pub fn rotate_keys(dir: &Path, prf: Option<proto::cid::Prf>, force: bool) -> Res
                 super::pacing::Record { at_unix_ms: super::pacing::now_unix_ms(), cid_lifetime_ms: life },
             )?;
             println!(
-                "rotated the key file (no controller running): key generation {} ({}; previous {:?})",
+                "{phase:?} in the key file (no controller running): key generation {} issued ({}); also decoded: {:?}",
                 k.keys.newest.generation.get(),
                 k.keys.newest.prf,
                 k.keys.previous.map(|g| g.generation.get())

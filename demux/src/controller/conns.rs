@@ -136,8 +136,9 @@ impl Ctl {
                 let json = self.status_json().to_string();
                 self.reply(token, &Control::Status { json })
             }
-            (Kind::Pending | Kind::Operator, Control::RotateKeys { prf, force }) => {
-                match self.rotate("demux rotate-keys", prf, force) {
+            (Kind::Pending | Kind::Operator, Control::RotateKeys { prf, force, phase, from }) => {
+                let from = from.map(std::path::PathBuf::from);
+                match self.rotate("demux rotate-keys", prf, force, phase, from.as_deref()) {
                     Ok(()) => {
                         let json = self.status_json().to_string();
                         self.reply(token, &Control::Status { json })
@@ -256,12 +257,23 @@ impl Ctl {
             id = host.next(id);
         }
         if self.counter.starts_in_generation >= self.opts.rotate_every {
-            // Paced like an operator's rotation (deferred, not refused: the id is
-            // still handed out), unless the id space itself needs the new generation.
-            let force = self.counter.starts_in_generation >= host.per_host() / 2;
             let why = format!("{} instance starts in this generation", self.counter.starts_in_generation);
-            if let Err(e) = self.rotate(&why, None, force) {
-                tracing::warn!(error = %format!("{e:#}"), "automatic key rotation deferred");
+            if host.bits() > 0 {
+                // A cluster shares one key file (ADR 0005): one host rotating alone
+                // would split it. The operator's tooling rotates every host in two
+                // phases; this host says when it is due.
+                tracing::warn!(
+                    why,
+                    "key rotation due: run `rotate-keys --stage` on every host, then `rotate-keys --activate` on every host"
+                );
+            } else {
+                // Paced like an operator's rotation (deferred, not refused: the id is
+                // still handed out), unless the id space itself needs the new generation.
+                let force = self.counter.starts_in_generation >= host.per_host() / 2;
+                let phase = proto::wire::RotatePhase::Rotate;
+                if let Err(e) = self.rotate(&why, None, force, phase, None) {
+                    tracing::warn!(error = %format!("{e:#}"), "automatic key rotation deferred");
+                }
             }
         }
         let c = state::Counter { next: host.next(id), starts_in_generation: self.counter.starts_in_generation + 1 };

@@ -34,10 +34,23 @@ impl Ctl {
     }
 
     /// Rotates the key generation (module docs); on error nothing changed.
-    pub(super) fn rotate(&mut self, why: &str, prf: Option<proto::cid::Prf>, force: bool) -> Result<()> {
-        pacing::check(&self.paths, Some(self.cid_lifetime()), force)?;
+    ///
+    /// `Activate` (ADR 0005) drops no generation, so it is not paced; it is recorded
+    /// like a rotation, because the generation it stops issuing is the one the next
+    /// stage drops.
+    pub(super) fn rotate(
+        &mut self,
+        why: &str,
+        prf: Option<proto::cid::Prf>,
+        force: bool,
+        phase: proto::wire::RotatePhase,
+        from: Option<&std::path::Path>,
+    ) -> Result<()> {
+        if phase != proto::wire::RotatePhase::Activate {
+            pacing::check(&self.paths, Some(self.cid_lifetime()), force)?;
+        }
         let old = self.keys.clone();
-        let k = state::rotate_keys(&self.paths, &self.keys, prf)?;
+        let k = state::rotate_keys(&self.paths, &self.keys, prf, phase, from)?;
         let changed = Control::KeysChanged { keys: k.keys.clone() };
         if let Err(e) = tell_dataplane(&self.paths.dataplane_sock(), &changed) {
             let restored = state::write_atomic(&self.paths.keys(), &old.to_text());
@@ -54,7 +67,10 @@ impl Ctl {
             );
         }
         self.keys = k;
-        self.counter.starts_in_generation = 0;
+        if phase != proto::wire::RotatePhase::Stage {
+            // Ids are counted per issuing generation.
+            self.counter.starts_in_generation = 0;
+        }
         if let Err(e) = state::store_counter(&self.paths, self.counter) {
             tracing::warn!(error = %format!("{e:#}"), "could not store the server-id counter after a rotation");
         }
@@ -66,8 +82,9 @@ impl Ctl {
             tracing::warn!(error = %format!("{e:#}"), "could not record the rotation time");
         }
         tracing::info!(
-            why, newest = self.keys.keys.newest.generation.get(), prf = %self.keys.keys.newest.prf,
-            previous = ?self.keys.keys.previous.map(|p| p.generation.get()), "CID key generation rotated"
+            why, ?phase, newest = self.keys.keys.newest.generation.get(), prf = %self.keys.keys.newest.prf,
+            previous = ?self.keys.keys.previous.map(|p| p.generation.get()), staged = self.keys.is_staged(),
+            "CID key generation rotated"
         );
         let rec = encode_control(&changed);
         let workers: Vec<u64> =

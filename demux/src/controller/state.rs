@@ -198,10 +198,41 @@ pub fn load_or_create_keys(p: &Paths) -> Result<(KeyFile, bool)> {
 /// Rotates the key file (ADR 0001): a fresh newest generation, the old newest stays
 /// decodable, the one before is dropped. Returns the new file (already persisted).
 /// The new generation uses `prf`, or the newest generation's PRF when `None`.
-pub fn rotate_keys(p: &Paths, current: &KeyFile, prf: Option<proto::cid::Prf>) -> Result<KeyFile> {
+///
+/// Two phases across hosts (ADR 0005): `Stage` adds the next generation as decodable
+/// and keeps issuing the current one; `Activate` issues the staged one. A plain
+/// rotation or a second stage while a generation is staged is refused (it would
+/// drop the key the other hosts staged), and so is an activation with nothing staged.
+pub fn rotate_keys(
+    p: &Paths,
+    current: &KeyFile,
+    prf: Option<proto::cid::Prf>,
+    phase: proto::wire::RotatePhase,
+    from: Option<&Path>,
+) -> Result<KeyFile> {
+    use proto::wire::RotatePhase;
     let mut fresh = [0u8; 32];
     crate::sys::os_random(&mut fresh).context("getrandom")?;
-    let k = current.rotated(fresh, prf.unwrap_or(current.keys.newest.prf));
+    let prf = prf.unwrap_or(current.keys.newest.prf);
+    let staged_gen = current.keys.previous.map(|g| g.generation.get());
+    let k = match phase {
+        RotatePhase::Rotate | RotatePhase::Stage if current.is_staged() => bail!(
+            "key generation {staged_gen:?} is staged: `rotate-keys --activate` it first (on every host), or the \
+             hosts that staged it would lose it"
+        ),
+        RotatePhase::Rotate => current.rotated(fresh, prf),
+        RotatePhase::Stage => match from {
+            None => current.staged(fresh, prf),
+            Some(f) => {
+                let text = read_private(f)?.with_context(|| format!("{} does not exist", f.display()))?;
+                let other = KeyFile::parse(&text).with_context(|| format!("key file {}", f.display()))?;
+                current.staged_from(&other).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?
+            }
+        },
+        RotatePhase::Activate => {
+            current.activated().context("no key generation is staged (`rotate-keys --stage` on every host first)")?
+        }
+    };
     write_atomic(&p.keys(), &k.to_text())?;
     Ok(k)
 }
@@ -325,17 +356,35 @@ mod tests {
         let (k2, created2) = load_or_create_keys(&p).unwrap();
         assert!(!created2 && k2 == k);
         assert_eq!(k.keys.newest.prf, proto::cid::Prf::SipHash24, "new state directories use siphash-2-4");
-        let r = rotate_keys(&p, &k, None).unwrap();
+        let r = rotate_keys(&p, &k, None, proto::wire::RotatePhase::Rotate, None).unwrap();
         assert_eq!(load_or_create_keys(&p).unwrap().0, r);
         assert_eq!(r.keys.previous, Some(k.keys.newest));
         assert_eq!(r.keys.newest.prf, proto::cid::Prf::SipHash24, "rotation keeps the PRF");
         // rotate-keys --prf: the new generation switches, the previous keeps its own.
-        let h = rotate_keys(&p, &r, Some(proto::cid::Prf::HmacSha256)).unwrap();
+        let h = rotate_keys(&p, &r, Some(proto::cid::Prf::HmacSha256), proto::wire::RotatePhase::Rotate, None).unwrap();
         assert_eq!(
             (h.keys.newest.prf, h.keys.previous.map(|g| g.prf)),
             (proto::cid::Prf::HmacSha256, Some(proto::cid::Prf::SipHash24))
         );
         assert_eq!(load_or_create_keys(&p).unwrap().0, h);
+        // Two phases (ADR 0005): stage keeps issuing, activate issues the staged one;
+        // a rotation or a second stage while staged, or an activation with nothing
+        // staged, is refused and changes nothing.
+        use proto::wire::RotatePhase::{Activate, Rotate, Stage};
+        let err = |r: Result<KeyFile>| format!("{:#}", r.unwrap_err());
+        assert!(err(rotate_keys(&p, &h, None, Activate, None)).contains("no key generation is staged"));
+        let s = rotate_keys(&p, &h, None, Stage, None).unwrap();
+        assert_eq!(s.keys.newest, h.keys.newest, "staging keeps the issuing generation");
+        assert_eq!(s.keys.previous.map(|g| g.generation), Some(h.keys.newest.generation.next()));
+        assert!(s.is_staged() && !h.is_staged());
+        for phase in [Rotate, Stage] {
+            assert!(err(rotate_keys(&p, &s, None, phase, None)).contains("--activate"), "{phase:?}");
+        }
+        assert_eq!(load_or_create_keys(&p).unwrap().0, s, "refusals leave the file");
+        let a = rotate_keys(&p, &s, None, Activate, None).unwrap();
+        assert_eq!((a.keys.newest, a.keys.previous), (s.keys.previous.unwrap(), Some(h.keys.newest)));
+        assert!(!a.is_staged());
+        assert_eq!(load_or_create_keys(&p).unwrap().0, a);
         // No temp files left behind.
         let names: Vec<String> =
             std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
