@@ -545,7 +545,10 @@ fn rotate(c: &Controller, args: &[&str]) {
 /// generation: the connections made after host 1's activation are reset when their
 /// packets reach host 2 (ADR 0005 §3: what breaks when a step is skipped), while the
 /// older ones still cross.
-fn rotation_across_hosts(skip_stage_on_2: bool) -> (Vec<Result<u64, String>>, Vec<Result<u64, String>>) {
+/// Each client's body length, or why it failed.
+type Outcomes = Vec<Result<u64, String>>;
+
+fn rotation_across_hosts(skip_stage_on_2: bool) -> (Outcomes, Outcomes) {
     let t = Topology::build(2);
     let (hosts, _) = appliances(&t);
     let router = Some(t.router.as_str());
