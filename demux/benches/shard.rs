@@ -25,8 +25,7 @@
 mod support;
 
 use arc_swap::ArcSwap;
-use criterion::measurement::WallTime;
-use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
+use criterion::{Criterion, SamplingMode, Throughput};
 use demux::dataplane::cmsg::{self, RecvMeta};
 use demux::dataplane::counters::ShardCounters;
 use demux::dataplane::limits::{Limits, LimitsConfig};
@@ -40,7 +39,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use support::{chunked, config, Clock, ThreadCpu};
+use support::{chunked, Clock};
 
 const INSTANCES: u16 = 4;
 const DATAGRAM: usize = 1200;
@@ -266,14 +265,4 @@ fn benches<M: Clock>(c: &mut Criterion<M>, p: &str) {
     assert_eq!(full, 0, "the ring never filled");
 }
 
-fn wall(c: &mut Criterion<WallTime>) {
-    benches(c, "");
-}
-
-fn cpu(c: &mut Criterion<ThreadCpu>) {
-    benches(c, "cpu/");
-}
-
-criterion_group! { name = wall_clock; config = config(WallTime); targets = wall }
-criterion_group! { name = cpu_time; config = config(ThreadCpu); targets = cpu }
-criterion_main!(wall_clock, cpu_time);
+testkit::criterion_main_both_clocks!(benches);

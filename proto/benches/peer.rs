@@ -3,11 +3,10 @@
 //! receiving host, plus the replay check. Wall clock and thread CPU time.
 #![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
-use criterion::measurement::{Measurement, WallTime};
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::measurement::Measurement;
+use criterion::{Criterion, Throughput};
 use proto::peer::{open, seal, ForwardingKey, Frame, ReplayWindow};
 use std::hint::black_box;
-use testkit::cpu_clock::{config, ThreadCpu};
 
 fn benches<M: Measurement + 'static>(c: &mut Criterion<M>, p: &str) {
     let key = ForwardingKey::derive(&[7; 32]);
@@ -37,14 +36,4 @@ fn benches<M: Measurement + 'static>(c: &mut Criterion<M>, p: &str) {
     g.finish();
 }
 
-fn wall(c: &mut Criterion<WallTime>) {
-    benches(c, "");
-}
-
-fn cpu(c: &mut Criterion<ThreadCpu>) {
-    benches(c, "cpu/");
-}
-
-criterion_group! { name = wall_clock; config = config(WallTime); targets = wall }
-criterion_group! { name = cpu_time; config = config(ThreadCpu); targets = cpu }
-criterion_main!(wall_clock, cpu_time);
+testkit::criterion_main_both_clocks!(benches);

@@ -29,8 +29,8 @@
 //! does not count the time the thread spent preempted on a shared, loaded machine.
 #![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
-use criterion::measurement::{Measurement, WallTime};
-use criterion::{criterion_group, criterion_main, Criterion, SamplingMode};
+use criterion::measurement::Measurement;
+use criterion::{Criterion, SamplingMode};
 use proto::cid::{Generation, KeySet, Prf, ServerId};
 use proto::decode_cache::{DecodeCache, Decoder};
 use proto::header::{self, Header};
@@ -38,7 +38,6 @@ use proto::pin::PinTable;
 use proto::route::{Decision, InstanceInfo, Reason, Router, Table};
 use std::hint::black_box;
 use std::time::Duration;
-use testkit::cpu_clock::{config, ThreadCpu};
 
 #[path = "../tests/common/vectors.rs"]
 #[allow(dead_code)]
@@ -77,14 +76,6 @@ fn short(cid: &[u8], len: usize) -> Vec<u8> {
     d.extend_from_slice(cid);
     d.resize(len, 0x17);
     d
-}
-
-fn wall(c: &mut Criterion<WallTime>) {
-    benches(c, "");
-}
-
-fn cpu(c: &mut Criterion<ThreadCpu>) {
-    benches(c, "cpu/");
 }
 
 fn benches<M: Measurement + 'static>(c: &mut Criterion<M>, p: &str) {
@@ -169,6 +160,4 @@ fn benches<M: Measurement + 'static>(c: &mut Criterion<M>, p: &str) {
     g.finish();
 }
 
-criterion_group! { name = wall_clock; config = config(WallTime); targets = wall }
-criterion_group! { name = cpu_time; config = config(ThreadCpu); targets = cpu }
-criterion_main!(wall_clock, cpu_time);
+testkit::criterion_main_both_clocks!(benches);

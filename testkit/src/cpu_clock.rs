@@ -72,3 +72,29 @@ pub fn config<M: Measurement>(m: M) -> Criterion<M> {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(6))
 }
+
+/// `main` for a bench file whose `fn benches<M: Measurement + 'static>(c, prefix)`
+/// runs under both clocks: criterion's wall clock (no prefix) and [`ThreadCpu`]
+/// (prefix `cpu/`), each with [`config`].
+#[macro_export]
+macro_rules! criterion_main_both_clocks {
+    ($benches:path) => {
+        fn wall(c: &mut ::criterion::Criterion<::criterion::measurement::WallTime>) {
+            $benches(c, "");
+        }
+        fn cpu(c: &mut ::criterion::Criterion<$crate::cpu_clock::ThreadCpu>) {
+            $benches(c, "cpu/");
+        }
+        ::criterion::criterion_group! {
+            name = wall_clock;
+            config = $crate::cpu_clock::config(::criterion::measurement::WallTime);
+            targets = wall
+        }
+        ::criterion::criterion_group! {
+            name = cpu_time;
+            config = $crate::cpu_clock::config($crate::cpu_clock::ThreadCpu);
+            targets = cpu
+        }
+        ::criterion::criterion_main!(wall_clock, cpu_time);
+    };
+}
