@@ -7,6 +7,7 @@
 
 use criterion::measurement::{Measurement, WallTime};
 
+#[allow(unused_imports)] // each bench uses its part
 pub use testkit::cpu_clock::{config, ThreadCpu};
 
 /// A measurement [`chunked`] can read by itself (criterion's `iter_custom` hands the
