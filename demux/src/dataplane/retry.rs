@@ -27,6 +27,8 @@ use proto::cid::{KeySet, ServerId, CID_RANDOM_LEN};
 use proto::initial_protection::NotRetryable;
 use proto::retry::{RetryMinter, MAX_RETRY};
 use proto::token::NONCE_LEN;
+use rand::rngs::StdRng;
+use rand::{RngCore, SeedableRng};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::RawFd;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -96,6 +98,7 @@ impl RetryGate {
 /// for the Retry, and the shard's sockets to send it from.
 pub struct Minter {
     minter: RetryMinter,
+    rng: StdRng,
     out: [u8; MAX_RETRY],
     /// (local address, fd) of this shard's sockets.
     sockets: Vec<(SocketAddr, RawFd)>,
@@ -103,14 +106,22 @@ pub struct Minter {
 
 impl Minter {
     pub fn new(cfg: &RetryConfig, sockets: Vec<(SocketAddr, RawFd)>) -> anyhow::Result<Minter> {
-        Ok(Minter { minter: RetryMinter::new(&cfg.token_secret), out: [0; MAX_RETRY], sockets })
+        let mut seed = [0u8; 32];
+        crate::sys::os_random(&mut seed)?;
+        Ok(Minter {
+            minter: RetryMinter::new(&cfg.token_secret),
+            rng: StdRng::from_seed(seed),
+            out: [0; MAX_RETRY],
+            sockets,
+        })
     }
 
     /// Writes the Retry for the client Initial `datagram` from `client`, naming
     /// instance `target` under `keys`, into this minter's buffer at `now_unix`; the
     /// Retry. Fresh randomness per Retry: the token nonce (which must be unique, it
-    /// picks the token's AEAD key) and the random bits of the SCID, from aws-lc's
-    /// DRBG (user space, seeded by the kernel).
+    /// picks the token's AEAD key) and the random bits of the SCID, from this shard's
+    /// ChaCha12 generator (rand's StdRng, what quinn's endpoint draws its token nonces
+    /// from), seeded once from the kernel.
     pub fn mint(
         &mut self,
         datagram: &[u8],
@@ -120,11 +131,7 @@ impl Minter {
         now_unix: u64,
     ) -> Result<&[u8], NotRetryable> {
         let mut rand = [0u8; NONCE_LEN + CID_RANDOM_LEN];
-        if aws_lc_rs::rand::fill(&mut rand).is_err() {
-            // aws-lc aborts rather than fail here; if it ever did, no Retry with a
-            // predictable nonce goes out.
-            return Err(NotRetryable::Malformed);
-        }
+        self.rng.fill_bytes(&mut rand);
         let (nonce, cid_rand) = rand.split_at(NONCE_LEN);
         let (Ok(nonce), Ok(cid_rand)) =
             (<[u8; NONCE_LEN]>::try_from(nonce), <&[u8; CID_RANDOM_LEN]>::try_from(cid_rand))
