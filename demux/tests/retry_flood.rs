@@ -9,15 +9,115 @@
 //! Printed (and quoted in docs/benchmarks.md "Retry at line rate"): what share of the
 //! flood got a Retry, and what share was dropped, and why, from the data plane's
 //! counters. Bounded: the flood runs 8 s, every wait has a deadline.
+//!
+//! Release binaries (built here once, `cargo build --release`): a test of rates is
+//! meaningless with a debug data plane, which mints ≈ 10× slower than the release
+//! build and so loses most of the flood, and the legitimate client with it, at its
+//! socket queue.
 #![allow(clippy::unwrap_used)] // tests may panic on their own setup
 
-mod controller_support;
-
-use controller_support::{runtime, serial, Controller, H3};
 use serde_json::Value;
-use std::process::{Command, Stdio};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use testkit::h3client::client_endpoint_on;
+use testkit::h3client::{cert, client_endpoint_on, runtime, Cert, H3};
+use testkit::{temp_dir, wait_until};
+
+/// `cargo build --release -p PACKAGE --bin BIN`; its path.
+fn release_bin(package: &str, bin: &str) -> PathBuf {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let st = Command::new(cargo)
+        .args(["build", "--release", "-q", "-p", package, "--bin", bin])
+        .current_dir(testkit::bin::workspace_root())
+        .status()
+        .expect("running cargo build");
+    assert!(st.success(), "cargo build --release -p {package} --bin {bin} failed");
+    testkit::bin::target_dir().join("release").join(bin)
+}
+
+/// A controller (`demux --listen 127.0.0.1:0 --cores 0-1 --spawn-workers 2 --retry
+/// always`) with its data plane and two workers, all release builds.
+struct Appliance {
+    child: Child,
+    demux: PathBuf,
+    dir: PathBuf,
+    state: PathBuf,
+    cert: Cert,
+}
+
+impl Appliance {
+    fn start(tag: &str) -> Appliance {
+        let (demux, worker) = (release_bin("demux", "demux"), release_bin("worker", "worker"));
+        let dir = temp_dir(tag);
+        let state = dir.join("state");
+        let cert = cert(&dir);
+        let mut cmd = Command::new(&demux);
+        cmd.args(["--listen", "127.0.0.1:0", "--cores", "0-1", "--spawn-workers", "2", "--retry", "always"]);
+        cmd.arg("--state-dir").arg(&state).arg("--worker-bin").arg(&worker);
+        for a in ["--cert".into(), cert.cert.display().to_string(), "--key".into(), cert.key.display().to_string()] {
+            cmd.arg(format!("--worker-arg={a}"));
+        }
+        let child = cmd
+            .env("DEMUX_LOG", "info")
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("controller.log")).expect("log"))
+            .spawn()
+            .expect("spawn controller");
+        let a = Appliance { child, demux, dir, state, cert };
+        wait_until("the controller's data plane and two ready workers", Duration::from_secs(60), || {
+            let s = a.json("status")?;
+            let ready = s["workers"].as_array()?.iter().filter(|w| w["state"] == "ready").count();
+            (s["dataplane"]["state"] == "running" && ready >= 2).then_some(())
+        });
+        a
+    }
+
+    fn json(&self, sub: &str) -> Option<Value> {
+        let out = Command::new(&self.demux).arg(sub).arg("--state-dir").arg(&self.state).arg("--json").output().ok()?;
+        out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
+    }
+
+    fn lb(&self) -> Value {
+        wait_until("lb-status", Duration::from_secs(20), || self.json("lb-status"))
+    }
+
+    fn status_field(&self, p: &str) -> Value {
+        wait_until("status", Duration::from_secs(20), || self.json("status").and_then(|s| s.pointer(p).cloned()))
+    }
+
+    fn logs(&self) -> String {
+        std::fs::read_to_string(self.dir.join("controller.log")).unwrap_or_default()
+    }
+
+    /// SIGTERM and a bounded wait; true on a clean exit.
+    fn stop(&mut self, within: Duration) -> bool {
+        // SAFETY: kill(2) on the controller this test started.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st.success();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+}
+
+impl Drop for Appliance {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("retry_flood logs in {}:\n{}", self.dir.display(), self.logs());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
 
 const SPOOFED_SOURCES: &str = "200000";
 const FLOOD_SECS: u64 = 8;
@@ -48,7 +148,7 @@ fn cpu_secs(pid: i64) -> f64 {
 }
 
 fn udpflood(addr: std::net::SocketAddr, secs: u64) -> Command {
-    let mut c = Command::new(testkit::bin::workspace_bin("udpflood", "udpflood"));
+    let mut c = Command::new(release_bin("udpflood", "udpflood"));
     c.args(["--target", &addr.to_string(), "--mode", "initial", "--rate", "max", "--threads", "1"])
         .args(["--duration", &secs.to_string(), "--spoof-sources", SPOOFED_SOURCES, "--json", "--quiet"])
         .stdout(Stdio::piped())
@@ -57,7 +157,7 @@ fn udpflood(addr: std::net::SocketAddr, secs: u64) -> Command {
 }
 
 /// One handshake and a 1 MiB download; the time both took.
-async fn handshake_and_download(c: &controller_support::Cert, addr: std::net::SocketAddr) -> Result<Duration, String> {
+async fn handshake_and_download(c: &Cert, addr: std::net::SocketAddr) -> Result<Duration, String> {
     let ep = client_endpoint_on(c, "127.0.0.6:0");
     let t0 = Instant::now();
     let mut h3 = H3::connect(&ep, addr).await.map_err(|e| format!("handshake: {e:#}"))?;
@@ -72,10 +172,9 @@ async fn handshake_and_download(c: &controller_support::Cert, addr: std::net::So
 
 #[test]
 fn legitimate_client_completes_under_a_spoofed_initial_flood() {
-    let _g = serial();
-    let mut c = Controller::start("retry-flood", 2, &["--retry", "always"]);
-    let addr = c.addr();
-    let dp = c.dataplane_pid();
+    let mut c = Appliance::start("retry-flood");
+    let addr: std::net::SocketAddr = c.status_field("/sockets/0/addr").as_str().and_then(|a| a.parse().ok()).unwrap();
+    let dp = c.status_field("/dataplane/pid").as_i64().unwrap();
     let rt = runtime();
 
     // Warm-up: one download, and a 1 s flood, so that the data plane has touched its
@@ -86,7 +185,7 @@ fn legitimate_client_completes_under_a_spoofed_initial_flood() {
     assert!(out.status.success(), "udpflood: {}", String::from_utf8_lossy(&out.stderr));
     std::thread::sleep(Duration::from_millis(300));
     let rss_before = rss_kib(dp);
-    let before = c.lb_wait();
+    let before = c.lb();
     let cpu_before = cpu_secs(dp);
     assert!(rss_before > 0, "data plane RSS readable");
 
@@ -105,7 +204,7 @@ fn legitimate_client_completes_under_a_spoofed_initial_flood() {
     let summary: Value = serde_json::from_slice(&out.stdout).expect("udpflood --json");
     std::thread::sleep(Duration::from_millis(300));
     let cpu = cpu_secs(dp) - cpu_before;
-    let after = c.lb_wait();
+    let after = c.lb();
     let d = |p: &str| u(&after, p).saturating_sub(u(&before, p));
 
     let sent = summary["sent"].as_u64().unwrap_or(0);
@@ -133,7 +232,7 @@ fn legitimate_client_completes_under_a_spoofed_initial_flood() {
     );
     eprintln!(
         "flood: data plane CPU {cpu:.2} s over the flood → {:.0} Retries per CPU-second (2 shards, \
-         debug build); RSS {rss_before} KiB before, at most {rss_max} KiB during",
+         release build); RSS {rss_before} KiB before, at most {rss_max} KiB during",
         retried as f64 / cpu.max(1e-3)
     );
     let took = legit.unwrap_or_else(|e| panic!("legitimate client under the flood: {e}\n{}", c.logs()));

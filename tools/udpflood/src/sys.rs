@@ -164,11 +164,7 @@ impl SpoofSender {
         SpoofSender { hdrs, iovs, cmsgs: vec![PktinfoBuf([0; 32]); cap], target }
     }
 
-    pub fn capacity(&self) -> usize {
-        self.hdrs.len()
-    }
-
-    /// Sends each `data[start..start + len]` of `msgs` (at most `capacity()`) to the
+    /// Sends each `data[start..start + len]` of `msgs` (at most the capacity) to the
     /// target from `sources[i]`, the i-th message's source address. Returns as
     /// [`MmsgSender::send`].
     pub fn send(
