@@ -175,6 +175,8 @@ fn legitimate_client_completes_under_a_spoofed_initial_flood() {
     let mut c = Appliance::start("retry-flood");
     let addr: std::net::SocketAddr = c.status_field("/sockets/0/addr").as_str().and_then(|a| a.parse().ok()).unwrap();
     let dp = c.status_field("/dataplane/pid").as_i64().unwrap();
+    let cmdline = std::fs::read(format!("/proc/{dp}/cmdline")).unwrap_or_default();
+    assert!(String::from_utf8_lossy(&cmdline).contains("dataplane"), "pid {dp} is the data plane");
     let rt = runtime();
 
     // Warm-up: one download, and a 1 s flood, so that the data plane has touched its
