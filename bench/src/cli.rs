@@ -14,6 +14,18 @@ pub const CONTENDERS: [&str; 5] = ["floor", "baseline", "demux-uring", "demux-mm
 /// SEQPACKET, the user path with `--forward ring`.
 pub const FASTPATH_CONTENDERS: [&str; 4] = ["floor", "fast", "seqpacket", "ring"];
 
+/// The contenders of `bench saturation`, in their default order: the recv-and-drop
+/// floor, the per-datagram baseline, the demux's user path (io_uring, `--fast-path
+/// off`) with `--forward seqpacket` and with `--forward ring`.
+pub const SATURATION_CONTENDERS: [&str; 4] = ["floor", "baseline", "seqpacket", "ring"];
+
+/// Datagrams `bench saturation` queues per run by default (≈ 0.9 GiB of queue uncoalesced).
+pub const SATURATION_DATAGRAMS: u64 = 400_000;
+
+/// The largest receive queue `bench saturation` asks for: the kernel keeps the
+/// queue's bytes in an `int`, which a 2 GiB queue would overflow.
+pub const MAX_SATURATION_QUEUE: u64 = 1 << 30;
+
 /// The `--io` values of `bench dataplane`: a demux `--io` backend, `+ring` for `--forward ring`.
 pub const DATAPLANE_IOS: [&str; 6] = ["uring", "mmsg", "auto", "uring+ring", "mmsg+ring", "auto+ring"];
 
@@ -52,6 +64,15 @@ pub enum Command {
     /// process (and, separately, the sender's), one-way latency at 25/50/75 % of the
     /// floor's unpaced rate. Prints Markdown; `--doc`/`--svg` write it into the docs.
     Fastpath(FastpathArgs),
+    /// Capacity at saturation: queue datagrams while the contender is stopped, then time its drain.
+    ///
+    /// Floor, baseline, and the demux's user path with SEQPACKET and with ring
+    /// forwarding: each contender's socket gets a receive queue of `--queue` bytes, the
+    /// contender is stopped (SIGSTOP) while the sender fills it, then continued
+    /// (SIGCONT); its CPU time and the wall time until the last datagram reached the
+    /// workers give CPU µs per datagram and datagrams/s per core at saturation.
+    /// Prints Markdown; `--doc` writes it into docs/benchmarks.md.
+    Saturation(SaturationArgs),
     /// Contender started by `bench all`: recvmmsg and discard.
     ///
     /// The least any socket reader can spend per datagram.
@@ -71,9 +92,6 @@ pub struct AllArgs {
     /// Seconds of load per run (per contender, mode and offered rate).
     #[arg(long, value_name = "S", default_value_t = 3.0, value_parser = positive_f64)]
     pub seconds: f64,
-    /// Repetitions (rounds); the contenders' order rotates from round to round.
-    #[arg(long, value_name = "N", default_value_t = 3, value_parser = positive_usize)]
-    pub reps: usize,
     /// Contenders to run, comma-separated.
     #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
           value_parser = CONTENDERS, default_value = "floor,baseline,demux-uring,demux-mmsg,nginx")]
@@ -89,15 +107,15 @@ pub struct AllArgs {
     #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
           default_value = "0,100000", overrides_with = "rate")]
     pub rates: Vec<f64>,
-    /// Core the contender (and the demux in latency runs) is pinned to.
-    #[arg(long, value_name = "C", default_value_t = 0)]
-    pub shard_core: usize,
-    /// Core of the sender, the sinks and the latency probes.
-    #[arg(long, value_name = "L", default_value_t = 1)]
-    pub load_core: usize,
+    #[command(flatten)]
+    pub rounds: Rounds,
     /// Skip the demux hop's latency runs.
     #[arg(long)]
     pub no_latency: bool,
+    /// Skip the saturation runs (`bench saturation` with its defaults and these
+    /// `--reps`, `--trains` and cores, its own block in the doc).
+    #[arg(long)]
+    pub no_saturation: bool,
     /// Latency as round trips with `udpflood --latency` and `worker --echo` instead
     /// of the one-way in-bench probe (builds worker and udpflood).
     #[arg(long)]
@@ -127,9 +145,6 @@ pub struct AllArgs {
     /// Refuse instead of apt-get installing nginx-light and libnginx-mod-stream when missing.
     #[arg(long)]
     pub no_install: bool,
-    /// Nice value for the bench and all it starts, in an autogroup of its own (0 = leave priorities alone).
-    #[arg(long, value_name = "N", default_value_t = -20, allow_negative_numbers = true)]
-    pub nice: i32,
 }
 
 /// `bench dataplane`. `--io` given twice: the last one wins.
@@ -161,9 +176,6 @@ pub struct FastpathArgs {
     /// Seconds of load per run (per contender and load).
     #[arg(long, value_name = "S", default_value_t = 3.0, value_parser = positive_f64)]
     pub seconds: f64,
-    /// Repetitions (rounds); the contenders' order rotates from round to round.
-    #[arg(long, value_name = "N", default_value_t = 3, value_parser = positive_usize)]
-    pub reps: usize,
     /// Contenders to run, comma-separated.
     #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
           value_parser = FASTPATH_CONTENDERS, default_value = "floor,fast,seqpacket,ring")]
@@ -172,15 +184,8 @@ pub struct FastpathArgs {
     #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
           value_parser = positive_f64, default_value = "25,50,75")]
     pub loads: Vec<f64>,
-    /// Core of the receiving side: the sink and the demux's one shard.
-    #[arg(long, value_name = "C", default_value_t = 0)]
-    pub shard_core: usize,
-    /// Core of the sender.
-    #[arg(long, value_name = "L", default_value_t = 1)]
-    pub load_core: usize,
-    /// Nice value for the bench and all it starts, in an autogroup of its own (0 = leave priorities alone).
-    #[arg(long, value_name = "N", default_value_t = -20, allow_negative_numbers = true)]
-    pub nice: i32,
+    #[command(flatten)]
+    pub rounds: Rounds,
     /// Rewrite the generated `bench fastpath` block of FILE (e.g. docs/benchmarks.md).
     #[arg(long, value_name = "FILE")]
     pub doc: Option<PathBuf>,
@@ -194,6 +199,54 @@ pub struct FastpathArgs {
     /// `bpftool prog show`); adds two clock reads to every eBPF program run meanwhile.
     #[arg(long)]
     pub bpf_stats: bool,
+}
+
+/// `bench saturation`. A list flag given twice: the last one wins.
+#[derive(Debug, Args)]
+#[command(args_override_self = true)]
+pub struct SaturationArgs {
+    /// Datagrams to queue per run (fewer when the queue fills first).
+    #[arg(long, value_name = "N", default_value_t = SATURATION_DATAGRAMS, value_parser = positive_u64)]
+    pub datagrams: u64,
+    /// The contender socket's receive queue in bytes as the kernel counts it (skb
+    /// truesize: ≈ 2.3 KB per uncoalesced 1200-byte datagram on loopback); at most 1 GiB.
+    #[arg(long, value_name = "BYTES", default_value_t = MAX_SATURATION_QUEUE, value_parser = queue_bytes)]
+    pub queue: u64,
+    /// Contenders to run, comma-separated.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
+          value_parser = SATURATION_CONTENDERS, default_value = "floor,baseline,seqpacket,ring")]
+    pub contenders: Vec<String>,
+    /// Datagrams per message, comma-separated: 1 = uncoalesced, N > 1 = UDP_SEGMENT trains of N.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
+          value_parser = positive_usize, default_value = "1,8")]
+    pub trains: Vec<usize>,
+    #[command(flatten)]
+    pub rounds: Rounds,
+    /// Rewrite the generated `bench saturation` block of FILE (e.g. docs/benchmarks.md).
+    #[arg(long, value_name = "FILE")]
+    pub doc: Option<PathBuf>,
+    /// Also write every run as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+/// What `bench all`, `bench fastpath` and `bench saturation` share: rounds, where the
+/// contender and the load run, and at what priority.
+#[derive(Clone, Debug, Args)]
+pub struct Rounds {
+    /// Repetitions (rounds); the contenders' order rotates from round to round.
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = positive_usize)]
+    pub reps: usize,
+    /// Core of the contender: the demux's one shard (also in latency runs), a
+    /// contender server, the sink of `bench fastpath`.
+    #[arg(long, value_name = "C", default_value_t = 0)]
+    pub shard_core: usize,
+    /// Core of the sender, the sinks (`bench all`, `bench saturation`) and the latency probes.
+    #[arg(long, value_name = "L", default_value_t = 1)]
+    pub load_core: usize,
+    /// Nice value for the bench and all it starts, in an autogroup of its own (0 = leave priorities alone).
+    #[arg(long, value_name = "N", default_value_t = -20, allow_negative_numbers = true)]
+    pub nice: i32,
 }
 
 /// What both contender servers take.
@@ -236,6 +289,22 @@ fn positive_f64(s: &str) -> Result<f64, String> {
         Ok(x) if x > 0.0 => Ok(x),
         Ok(_) => Err("must be positive".into()),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+fn positive_u64(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err("must be positive".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn queue_bytes(s: &str) -> Result<u64, String> {
+    match positive_u64(s)? {
+        n if n > MAX_SATURATION_QUEUE => Err(format!("at most {MAX_SATURATION_QUEUE} (1 GiB)")),
+        n if n < 1 << 20 => Err("at least 1048576 (1 MiB)".into()),
+        n => Ok(n),
     }
 }
 
@@ -282,7 +351,7 @@ mod tests {
             "all",
             "all --seconds 3 --reps 3 --contenders floor,baseline,demux-uring,demux-mmsg,nginx --trains 1,8 \
              --rates 0,100000 --no-latency --latency-seconds 3 --probe-rate 1000 --udpflood --no-rt --nice -20 \
-             --json /tmp/runs.json --no-doc",
+             --json /tmp/runs.json --no-doc --no-saturation",
             "all --no-install --doc /tmp/b.md --svg /tmp/b.svg --nice 0",
             "all --contenders floor,baseline,demux-mmsg --trains 1 --rates 0",
             // docs/benchmarks.md, "data plane" and "ring forwarding".
@@ -306,8 +375,13 @@ mod tests {
             "floor-server --listen 127.0.0.1:0 --ready-file /tmp/r --counters /tmp/c --gro",
             "baseline-server --keys /tmp/k --worker 1=/tmp/w1.sock --worker 2=/tmp/w2.sock --listen 127.0.0.1:0 \
              --ready-file /tmp/r --counters /tmp/c",
+            // docs/benchmarks.md, "Saturation", and tests/saturation.rs.
+            "saturation",
+            "saturation --datagrams 400000 --queue 1073741824 --reps 3 --contenders floor,baseline,seqpacket,ring \
+             --trains 1,8 --shard-core 0 --load-core 1 --nice -20 --doc docs/benchmarks.md --json /tmp/sat.json",
+            "saturation --datagrams 20000 --queue 67108864 --reps 1 --contenders floor,ring --trains 1 --nice 0",
             // tests/smoke.rs.
-            "all --seconds 1 --reps 1 --rates 5000 --trains 1,8 --no-latency --no-doc --nice 0 \
+            "all --seconds 1 --reps 1 --rates 5000 --trains 1,8 --no-latency --no-saturation --no-doc --nice 0 \
              --contenders floor,baseline --json /tmp/smoke.json",
         ];
         for l in lines {
@@ -350,6 +424,11 @@ mod tests {
             "fastpath --contenders floor,nope",
             "fastpath --loads 0",
             "fastpath --seconds 0",
+            "saturation --contenders floor,nope",
+            "saturation --datagrams 0",
+            "saturation --queue 2147483648",
+            "saturation --queue 1000",
+            "saturation --trains 0",
             "baseline-server --ready-file r --counters c --keys k --worker 1",
             "baseline-server --ready-file r --counters c",
             "nope",
@@ -361,19 +440,28 @@ mod tests {
     #[test]
     fn defaults_are_the_documented_ones() {
         let a = all("");
-        assert_eq!((a.seconds, a.reps, a.nice, a.probe_rate, a.latency_seconds), (3.0, 3, -20, 1000.0, 3.0));
+        assert_eq!(
+            (a.seconds, a.rounds.reps, a.rounds.nice, a.probe_rate, a.latency_seconds),
+            (3.0, 3, -20, 1000.0, 3.0)
+        );
         assert_eq!(a.contenders, CONTENDERS);
         assert_eq!((a.trains, a.rates, a.rate), (vec![1, 8], vec![0.0, 100_000.0], None));
-        assert_eq!((a.shard_core, a.load_core), (0, 1));
-        assert!(!a.no_latency && !a.udpflood && !a.no_rt && !a.no_doc && !a.no_install);
+        assert_eq!((a.rounds.shard_core, a.rounds.load_core), (0, 1));
+        assert!(!a.no_latency && !a.no_saturation && !a.udpflood && !a.no_rt && !a.no_doc && !a.no_install);
         let Command::Dataplane(d) = parse("dataplane").unwrap().command else { panic!() };
         assert_eq!((d.seconds, d.rate, d.shard_core, d.load_core), (5.0, 0.0, 0, 1));
         assert_eq!(d.ios, ["uring", "mmsg", "uring+ring", "mmsg+ring"]);
         let Command::Fastpath(f) = parse("fastpath").unwrap().command else { panic!() };
-        assert_eq!((f.seconds, f.reps, f.nice, f.shard_core, f.load_core), (3.0, 3, -20, 0, 1));
+        let r = &f.rounds;
+        assert_eq!((f.seconds, r.reps, r.nice, r.shard_core, r.load_core), (3.0, 3, -20, 0, 1));
         assert_eq!(f.contenders, FASTPATH_CONTENDERS);
         assert_eq!(f.loads, [25.0, 50.0, 75.0]);
         assert!(f.doc.is_none() && f.svg.is_none() && f.json.is_none() && !f.bpf_stats);
+        let Command::Saturation(s) = parse("saturation").unwrap().command else { panic!() };
+        let r = &s.rounds;
+        assert_eq!((s.datagrams, s.queue, r.reps, r.nice, r.shard_core, r.load_core), (400_000, 1 << 30, 3, -20, 0, 1));
+        assert_eq!((s.contenders, s.trains), (SATURATION_CONTENDERS.map(String::from).to_vec(), vec![1, 8]));
+        assert!(s.doc.is_none() && s.json.is_none());
     }
 
     /// As with the hand-written parser: a flag given again, and `--rate` against

@@ -25,7 +25,7 @@ const SINK_IDS: [u16; SINKS as usize] = [1, 2];
 
 /// The release demux next to this binary (`cargo build --release -p demux` first,
 /// unless BENCH_NO_BUILD is set and it exists).
-fn demux_bin() -> Result<PathBuf> {
+pub(crate) fn demux_bin() -> Result<PathBuf> {
     let me = std::env::current_exe()?;
     let bin = me.with_file_name("demux");
     if std::env::var_os("BENCH_NO_BUILD").is_some() && bin.exists() {
@@ -73,22 +73,31 @@ impl Drop for Demux {
     }
 }
 
+/// The release demux with one shard on `core`: `io` is a `--io` backend, `+ring`
+/// for `--forward ring` (e.g. `uring+ring`).
 pub(crate) fn start_demux(bin: &Path, io: &str, core: usize) -> Result<Demux> {
-    let dir = PathBuf::from(format!("/tmp/qdbench-{}-{io}", std::process::id()));
+    let (backend, forward) = match io.strip_suffix("+ring") {
+        Some(b) => (b, "ring"),
+        None => (io, "seqpacket"),
+    };
+    start_demux_with(bin, io, core, &["--io", backend, "--forward", forward])
+}
+
+/// The release demux with one shard on `core`, its own keys, data and control
+/// sockets in a scratch directory named after `name`, and `flags` (`--io`,
+/// `--forward`, `--fast-path`, …); `--forward ring` makes the sinks read rings.
+pub(crate) fn start_demux_with(bin: &Path, name: &str, core: usize, flags: &[&str]) -> Result<Demux> {
+    let dir = PathBuf::from(format!("/tmp/qdbench-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     let keys_path = dir.join("keys");
-    let _ = std::fs::remove_file(&keys_path);
-    if !Command::new(bin).args(["gen-keys", "--out"]).arg(&keys_path).status()?.success() {
+    if !Command::new(bin).args(["gen-keys", "--out"]).arg(&keys_path).stdout(Stdio::null()).status()?.success() {
         bail!("gen-keys failed");
     }
     let keys = KeyFile::parse(&std::fs::read_to_string(&keys_path)?)?;
     let (data, control, ready) = (dir.join("d.sock"), dir.join("c.sock"), dir.join("ready"));
-    let (io, rings) = match io.strip_suffix("+ring") {
-        Some(b) => (b, true),
-        None => (io, false),
-    };
     let child = with_parent(&mut Command::new(bin))
-        .args(["dataplane", "--listen", LOOPBACK_ANY, "--cores", &core.to_string(), "--io", io, "--keys"])
+        .args(["dataplane", "--listen", LOOPBACK_ANY, "--cores", &core.to_string(), "--keys"])
         .arg(&keys_path)
         .arg("--data-socket")
         .arg(&data)
@@ -96,10 +105,11 @@ pub(crate) fn start_demux(bin: &Path, io: &str, core: usize) -> Result<Demux> {
         .arg(&control)
         .arg("--ready-file")
         .arg(&ready)
-        .args(if rings { &["--forward", "ring"][..] } else { &[] })
+        .args(flags)
         .env("DEMUX_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()?;
+    let rings = flags.windows(2).any(|w| w == ["--forward", "ring"]);
     let mut d = Demux { child, dir, udp: "0.0.0.0:0".parse()?, data, control, keys, rings };
     d.udp = wait_ready_file(&ready, &mut d.child, "demux")?;
     Ok(d)
@@ -249,6 +259,13 @@ pub(crate) fn sink(
 
 /// utime + stime of `pid` in seconds (/proc/<pid>/stat fields 14 and 15).
 pub(crate) fn stat_cpu_s(pid: u32) -> f64 {
+    let (user, system) = stat_user_system_s(pid);
+    user + system
+}
+
+/// (utime, stime) of `pid` in seconds, all its threads (/proc/<pid>/stat fields 14
+/// and 15, in clock ticks); zeros when unreadable.
+pub(crate) fn stat_user_system_s(pid: u32) -> (f64, f64) {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let after = s.rsplit_once(')').map(|x| x.1).unwrap_or("");
     let f: Vec<&str> = after.split_whitespace().collect();
@@ -257,7 +274,7 @@ pub(crate) fn stat_cpu_s(pid: u32) -> f64 {
     let st: f64 = f.get(12).and_then(|x| x.parse().ok()).unwrap_or(0.0);
     // SAFETY: sysconf is always safe.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    (ut + st) / hz
+    (ut / hz, st / hz)
 }
 
 pub(crate) fn forwarded(s: &Value) -> u64 {

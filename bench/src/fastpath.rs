@@ -24,9 +24,10 @@
 
 use crate::cli::FastpathArgs;
 use crate::dataplane::{
-    send_rec, stat_cpu_s, status, wait_placeable, wait_ready_file, with_parent, Demux, DATAGRAM, SINK_RCVTIMEO,
+    demux_bin, send_rec, start_demux_with, stat_cpu_s, status, wait_placeable, Demux, DATAGRAM, SINK_RCVTIMEO,
 };
 use crate::load::{flow_payloads, flow_sockets, DCID, FLOWS, LOOPBACK_ANY, SETTLE};
+use crate::report::{command_output, fixed, loadavg, loadavg_now, median, replace_block, thousands};
 use crate::sys::{cpu_model, pin, schedstat_ns, set_rcvtimeo, Schedstat};
 use anyhow::{bail, Context, Result};
 use proto::cid::KeySet;
@@ -312,35 +313,9 @@ fn ring_loop(rings: &[worker::ring::Consumer], conn: RawFd, stop: &AtomicBool, o
     }
 }
 
-/// The release demux with one shard on `core` and `extra` flags; as
-/// `dataplane::start_demux`, which takes no flags.
+/// The release demux (io_uring) with one shard on `core` and `extra` flags.
 fn start_demux(bin: &Path, kind: &str, core: usize, extra: &[&str]) -> Result<Demux> {
-    let dir = PathBuf::from(format!("/tmp/qdbench-fp-{}-{kind}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir)?;
-    let keys_path = dir.join("keys");
-    if !Command::new(bin).args(["gen-keys", "--out"]).arg(&keys_path).stdout(Stdio::null()).status()?.success() {
-        bail!("gen-keys failed");
-    }
-    let keys = KeyFile::parse(&std::fs::read_to_string(&keys_path)?)?;
-    let (data, control, ready) = (dir.join("d.sock"), dir.join("c.sock"), dir.join("ready"));
-    let child = with_parent(&mut Command::new(bin))
-        .args(["dataplane", "--listen", LOOPBACK_ANY, "--cores", &core.to_string(), "--io", "uring", "--keys"])
-        .arg(&keys_path)
-        .arg("--data-socket")
-        .arg(&data)
-        .arg("--control-socket")
-        .arg(&control)
-        .arg("--ready-file")
-        .arg(&ready)
-        .args(extra)
-        .env("DEMUX_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()?;
-    let rings = extra.contains(&"ring");
-    let mut d = Demux { child, dir, udp: "0.0.0.0:0".parse()?, data, control, keys, rings };
-    d.udp = wait_ready_file(&ready, &mut d.child, "demux")?;
-    Ok(d)
+    start_demux_with(bin, &format!("fp-{kind}"), core, &[&["--io", "uring"][..], extra].concat())
 }
 
 /// The sink's data connection: DataHelloV2 with `caps`, then Sockets, FastSockets
@@ -428,7 +403,7 @@ fn start_rx(kind: &str, bin: &Path, core: usize) -> Result<Rx> {
     }
     let extra: &[&str] = match kind {
         "fast" => &["--fast-path", "on"],
-        "seqpacket" => &["--fast-path", "off"],
+        "seqpacket" => &["--fast-path", "off", "--forward", "seqpacket"],
         "ring" => &["--fast-path", "off", "--forward", "ring"],
         other => bail!("unknown contender {other}"),
     };
@@ -573,7 +548,7 @@ impl Run {
 }
 
 fn run_one(kind: &str, pct: f64, offered: f64, rep: usize, o: &FastpathArgs, bin: &Path) -> Result<Run> {
-    let rx = start_rx(kind, bin, o.shard_core)?;
+    let rx = start_rx(kind, bin, o.rounds.shard_core)?;
     let sink_tid = rx.sink.tid();
     let ksirq = ksoftirqd_pids();
     let ksirq_ns = || ksirq.iter().map(|&p| schedstat_ns(p, Schedstat::OnCpu)).sum::<u64>();
@@ -585,7 +560,7 @@ fn run_one(kind: &str, pct: f64, offered: f64, rep: usize, o: &FastpathArgs, bin
     let bpf_on = o.bpf_stats && kind == "fast";
     let bpf0 = bpf(bpf_on);
     let (sink0, demux0, dstat0, ks0) = (thread_ns(sink_tid), demux_ns(), demux_stat(), ksirq_ns());
-    let load = send(rx.addr, &rx.ks, o.seconds, offered, o.load_core)?;
+    let load = send(rx.addr, &rx.ks, o.seconds, offered, o.rounds.load_core)?;
     std::thread::sleep(SETTLE);
     let (sink1, demux1, dstat1, ks1) = (thread_ns(sink_tid), demux_ns(), demux_stat(), ksirq_ns());
     let bpf1 = bpf(bpf_on);
@@ -618,20 +593,6 @@ fn run_one(kind: &str, pct: f64, offered: f64, rep: usize, o: &FastpathArgs, bin
         p999: us(0.999),
         max: h.max() as f64 / 1000.0,
     })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.retain(|x| x.is_finite());
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 /// Medians over the rounds of one contender at one load.
@@ -693,29 +654,6 @@ fn load_name(pct: f64) -> String {
     }
 }
 
-fn thousands(x: f64) -> String {
-    if !x.is_finite() {
-        return "–".into();
-    }
-    let s = format!("{:.0}", x);
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(' ');
-        }
-        out.push(c);
-    }
-    out
-}
-
-fn f(x: f64, d: usize) -> String {
-    if x.is_finite() {
-        format!("{x:.d$}")
-    } else {
-        "–".into()
-    }
-}
-
 struct Target {
     what: String,
     measured: f64,
@@ -766,14 +704,7 @@ fn targets(sums: &[Sum], pcts: &[f64]) -> Vec<Target> {
 }
 
 fn report(runs: &[Run], sums: &[Sum], o: &FastpathArgs, sat: f64, load_start: &str, secs: f64) -> String {
-    let loadavg = |s: &str| s.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
-    let out = |c: &str, a: &[&str]| {
-        Command::new(c)
-            .args(a)
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-            .unwrap_or_default()
-    };
+    let out = command_output;
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -788,16 +719,16 @@ fn report(runs: &[Run], sums: &[Sum], o: &FastpathArgs, sat: f64, load_start: &s
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         out("rustc", &["--version"]),
         loadavg(load_start),
-        loadavg(&std::fs::read_to_string("/proc/loadavg").unwrap_or_default()),
-        o.reps,
+        loadavg_now(),
+        o.rounds.reps,
         o.seconds,
-        o.shard_core,
-        o.shard_core,
+        o.rounds.shard_core,
+        o.rounds.shard_core,
         FLOWS,
         SEND_BATCH,
-        o.load_core,
+        o.rounds.load_core,
         DATAGRAM,
-        o.nice,
+        o.rounds.nice,
         thousands(sat),
         secs
     );
@@ -812,16 +743,16 @@ fn report(runs: &[Run], sums: &[Sum], o: &FastpathArgs, sat: f64, load_start: &s
             if m.offered > 0.0 { thousands(m.offered) } else { "unpaced".into() },
             thousands(m.rate),
             m.lost * 100.0,
-            f(m.rx_us, 3),
-            f(m.sink_us, 3),
-            f(m.demux_us, 3),
-            f(m.sender_us, 3),
-            f(m.ksirq_us, 3),
+            fixed(m.rx_us, 3),
+            fixed(m.sink_us, 3),
+            fixed(m.demux_us, 3),
+            fixed(m.sender_us, 3),
+            fixed(m.ksirq_us, 3),
             m.user_path * 100.0,
             m.per_batch,
-            f(m.p50, 1),
-            f(m.p99, 1),
-            f(m.p999, 1),
+            fixed(m.p50, 1),
+            fixed(m.p99, 1),
+            fixed(m.p999, 1),
         );
     }
     let _ = writeln!(s, "\nTargets (the issue), from the medians above:\n");
@@ -835,7 +766,7 @@ fn report(runs: &[Run], sums: &[Sum], o: &FastpathArgs, sat: f64, load_start: &s
             s,
             "| {} | {} | ≤ {} | {} |",
             t.what,
-            f(t.measured, 3),
+            fixed(t.measured, 3),
             t.limit,
             if met { "**met**".to_string() } else { format!("**missed** ({:.2}× the limit)", t.measured / t.limit) }
         );
@@ -927,8 +858,8 @@ fn svg(sums: &[Sum], kinds: &[String], pcts: &[f64], reps: usize) -> String {
                 "<text x=\"{:.1}\" y=\"{}\">{} + {}</text>",
                 x + 4.0,
                 y + ROW_H - 5.0,
-                f(m.rx_us, 2),
-                f(m.sender_us, 2)
+                fixed(m.rx_us, 2),
+                fixed(m.sender_us, 2)
             );
             y += ROW_H;
         }
@@ -938,38 +869,10 @@ fn svg(sums: &[Sum], kinds: &[String], pcts: &[f64], reps: usize) -> String {
     s
 }
 
-fn write_doc(path: &Path, block: &str) -> Result<()> {
-    let old = std::fs::read_to_string(path)?;
-    let new = match (old.find(BEGIN), old.find(END)) {
-        (Some(b), Some(e)) if e > b => format!("{}{}{}", &old[..b], block.trim_end(), &old[e + END.len()..]),
-        _ => format!("{}\n\n{}", old.trim_end(), block),
-    };
-    std::fs::write(path, new)?;
-    Ok(())
-}
-
-/// The release demux next to this binary, built first unless BENCH_NO_BUILD is set.
-fn demux_bin() -> Result<PathBuf> {
-    let bin = std::env::current_exe()?.with_file_name("demux");
-    if std::env::var_os("BENCH_NO_BUILD").is_none() {
-        let st = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .args(["build", "--release", "-p", "demux"])
-            .status()
-            .context("cargo build --release -p demux")?;
-        if !st.success() {
-            bail!("cargo build --release -p demux failed");
-        }
-    }
-    if !bin.exists() {
-        bail!("{} missing", bin.display());
-    }
-    Ok(bin)
-}
-
 pub fn main(o: FastpathArgs) -> Result<()> {
     let t0 = Instant::now();
-    if o.nice != 0 {
-        crate::all::prioritize(o.nice);
+    if o.rounds.nice != 0 {
+        crate::all::prioritize(o.rounds.nice);
     }
     let load_start = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let bin = demux_bin()?;
@@ -992,13 +895,13 @@ pub fn main(o: FastpathArgs) -> Result<()> {
         }
         Ok(())
     };
-    for rep in 0..o.reps {
+    for rep in 0..o.rounds.reps {
         go(0.0, 0.0, rep, &mut runs)?;
     }
     let base = if kinds.iter().any(|k| k == "floor") { "floor" } else { kinds[0].as_str() };
     let sat = median(runs.iter().filter(|r| r.kind == base).map(Run::rate).collect());
     eprintln!("100 % = {base}'s median unpaced rate: {sat:.0} datagrams/s");
-    for rep in 0..o.reps {
+    for rep in 0..o.rounds.reps {
         for &pct in &o.loads {
             go(pct, sat * pct / 100.0, rep, &mut runs)?;
         }
@@ -1009,11 +912,11 @@ pub fn main(o: FastpathArgs) -> Result<()> {
     let text = report(&runs, &sums, &o, sat, &load_start, t0.elapsed().as_secs_f64());
     println!("{text}");
     if let Some(p) = &o.doc {
-        write_doc(p, &text)?;
+        replace_block(p, BEGIN, END, &text)?;
         eprintln!("wrote {}", p.display());
     }
     if let Some(p) = &o.svg {
-        std::fs::write(p, svg(&sums, &kinds, &pcts, o.reps))?;
+        std::fs::write(p, svg(&sums, &kinds, &pcts, o.rounds.reps))?;
         eprintln!("wrote {}", p.display());
     }
     if let Some(p) = &o.json {
@@ -1047,12 +950,7 @@ mod tests {
     }
 
     #[test]
-    fn medians_and_numbers() {
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(vec![4.0, 1.0, f64::NAN, 2.0, 3.0]), 2.5);
-        assert!(median(vec![]).is_nan());
-        assert_eq!(thousands(1_234_567.0), "1 234 567");
-        assert_eq!(thousands(999.0), "999");
+    fn load_names() {
         assert_eq!(load_name(0.0), "unpaced");
         assert_eq!(load_name(25.0), "25 %");
     }
@@ -1073,16 +971,6 @@ mod tests {
         assert!((get("p50").measured - 1.1).abs() < 1e-9);
         assert!((get("p99").measured - 1.3).abs() < 1e-9);
         assert!(targets(&sums, &[0.0]).iter().all(|t| !t.what.contains("latency")));
-    }
-
-    #[test]
-    fn the_doc_block_is_replaced_in_place() {
-        let p = std::env::temp_dir().join(format!("fp-doc-{}.md", std::process::id()));
-        std::fs::write(&p, format!("# B\n\nbefore\n{BEGIN} x -->\nold\n{END}\nafter\n")).unwrap();
-        write_doc(&p, &format!("{BEGIN} y -->\nnew\n{END}\n")).unwrap();
-        let d = std::fs::read_to_string(&p).unwrap();
-        assert_eq!(d, format!("# B\n\nbefore\n{BEGIN} y -->\nnew\n{END}\nafter\n"));
-        std::fs::remove_file(&p).unwrap();
     }
 
     #[test]

@@ -102,8 +102,8 @@ pub(crate) struct Load {
 }
 
 /// Offers 1200-byte short-header datagrams (CIDs for `ids`) from `FLOWS` flows,
-/// `MSGS_PER_CALL_PER_CALL` messages per sendmmsg on one flow, flows in turn; `train` > 1 sends UDP_SEGMENT
-/// trains. `rate` 0: as fast as the kernel takes them.
+/// `MSGS_PER_CALL` messages per sendmmsg on one flow, flows in turn, for `seconds`;
+/// `train` > 1 sends UDP_SEGMENT trains. `rate` 0: as fast as the kernel takes them.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn send_load(
     addr: SocketAddr,
@@ -114,6 +114,23 @@ pub(crate) fn send_load(
     rate: f64,
     core: usize,
     nice: Option<i32>,
+) -> Result<Load> {
+    let limit = Duration::from_secs_f64(seconds);
+    send_until(addr, ks, ids, train, rate, core, nice, |_, elapsed| elapsed < limit)
+}
+
+/// As `send_load`, for as long as `more(datagrams sent, time since the first send)`
+/// says so (asked before every sendmmsg).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn send_until(
+    addr: SocketAddr,
+    ks: &KeySet,
+    ids: &[u16],
+    train: usize,
+    rate: f64,
+    core: usize,
+    nice: Option<i32>,
+    mut more: impl FnMut(u64, Duration) -> bool + Send,
 ) -> Result<Load> {
     let payloads = flow_payloads(ks, ids, train);
     let socks = flow_sockets(addr, train)?;
@@ -128,7 +145,6 @@ pub(crate) fn send_load(
             let per_call = (MSGS_PER_CALL * train) as f64;
             let mut sent = 0u64;
             let start = Instant::now();
-            let end = start + Duration::from_secs_f64(seconds);
             let mut k = 0usize;
             let mut iovs: Vec<libc::iovec> =
                 vec![libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MSGS_PER_CALL];
@@ -136,7 +152,7 @@ pub(crate) fn send_load(
             let mut msgs: Vec<libc::mmsghdr> = (0..MSGS_PER_CALL).map(|_| unsafe { zeroed() }).collect();
             loop {
                 let now = Instant::now();
-                if now >= end {
+                if !more(sent, now - start) {
                     break;
                 }
                 if rate > 0.0 {

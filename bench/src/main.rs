@@ -20,6 +20,12 @@
 //! `--forward ring`; CPU per datagram of every receiving process, the sender's
 //! separately, one-way latency at 25/50/75 % of the floor's rate (fastpath.rs).
 //!
+//! `cargo run --release -p bench -- saturation [--datagrams N] [--queue BYTES] [--reps N] [--contenders floor,baseline,seqpacket,ring] [--trains 1,8] [--doc FILE] [--json FILE]`
+//!
+//! Capacity at saturation (saturation.rs): each contender's socket queue is filled
+//! while the contender is stopped, then it drains; its CPU time and the wall time of
+//! the drain per datagram, uncoalesced and in GRO trains.
+//!
 //! `bench floor-server …` and `bench baseline-server …` are the contenders `all`
 //! starts as subprocesses (see servers.rs).
 
@@ -28,6 +34,8 @@ mod cli;
 mod dataplane;
 mod fastpath;
 mod load;
+mod report;
+mod saturation;
 mod servers;
 mod sys;
 
@@ -39,6 +47,7 @@ fn main() {
         Command::All(a) => all::main(a),
         Command::Dataplane(a) => dataplane::main(a),
         Command::Fastpath(a) => fastpath::main(a),
+        Command::Saturation(a) => saturation::main(a),
         Command::FloorServer(a) => servers::floor(a),
         Command::BaselineServer(a) => servers::baseline(a),
     };

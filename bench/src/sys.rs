@@ -122,3 +122,101 @@ impl Perf {
         let _ = self.0.wait();
     }
 }
+
+/// One socket's line of /proc/net/udp: the bytes in its receive queue (skb
+/// truesize, sk_rmem_alloc), the datagrams it dropped since it was created, its inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct UdpQueue {
+    pub(crate) rx_queue: u64,
+    pub(crate) drops: u64,
+    pub(crate) inode: u64,
+}
+
+/// The first socket bound to local `port` in a /proc/net/udp text (proc_net(5):
+/// `sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid
+/// timeout inode ref pointer drops`, addresses and queues in hex).
+pub(crate) fn parse_proc_net_udp(text: &str, port: u16) -> Option<UdpQueue> {
+    let want = format!(":{port:04X}");
+    text.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.len() < 13 || !f[1].ends_with(&want) {
+            return None;
+        }
+        let rx_queue = u64::from_str_radix(f[4].split_once(':')?.1, 16).ok()?;
+        Some(UdpQueue { rx_queue, inode: f[9].parse().ok()?, drops: f[12].parse().ok()? })
+    })
+}
+
+/// The IPv4 UDP socket bound to `port` on this host, as /proc/net/udp shows it now.
+pub(crate) fn udp_queue(port: u16) -> Option<UdpQueue> {
+    parse_proc_net_udp(&std::fs::read_to_string("/proc/net/udp").ok()?, port)
+}
+
+/// The descriptor number under which process `pid` holds the socket with `inode`.
+pub(crate) fn socket_fd_of(pid: u32, inode: u64) -> Option<RawFd> {
+    let want = format!("socket:[{inode}]");
+    std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten().find_map(|e| {
+        let target = std::fs::read_link(e.path()).ok()?;
+        (target.to_str() == Some(want.as_str())).then(|| e.file_name().to_str()?.parse().ok())?
+    })
+}
+
+/// A duplicate of descriptor `fd` of process `pid` (pidfd_open + pidfd_getfd,
+/// Linux ≥ 5.6; needs ptrace rights over `pid`): the same open socket, so options set
+/// on it are the process's own.
+pub(crate) fn dup_from_process(pid: u32, fd: RawFd) -> Result<OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open(2) takes a pid and flags, no pointers.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if pidfd < 0 {
+        anyhow::bail!("pidfd_open({pid}): {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as RawFd) };
+    // SAFETY: pidfd_getfd(2) takes a pidfd, a descriptor number and flags, no pointers.
+    let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+    if got < 0 {
+        anyhow::bail!("pidfd_getfd({pid}, {fd}): {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(got as RawFd) })
+}
+
+/// Whether every thread of `pid` is stopped (state `T` in /proc/<pid>/task/*/stat).
+pub(crate) fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+    rd.flatten().all(|t| {
+        std::fs::read_to_string(t.path().join("stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(')').and_then(|x| x.1.split_whitespace().next().map(|st| st == "T")))
+            .unwrap_or(false)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_proc_net_udp_line_gives_queue_drops_and_inode() {
+        let text = "   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops\n\
+             1: 0100007F:0035 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 1111 2 0000000000000000 0\n\
+             2: 0100007F:A1B2 00000000:0000 07 00000000:0012C000 00:00000000 00000000     0        0 4242 2 0000000000000000 17\n";
+        assert_eq!(parse_proc_net_udp(text, 0xa1b2), Some(UdpQueue { rx_queue: 0x12c000, drops: 17, inode: 4242 }));
+        assert_eq!(parse_proc_net_udp(text, 53), Some(UdpQueue { rx_queue: 0, drops: 0, inode: 1111 }));
+        assert_eq!(parse_proc_net_udp(text, 0xb2), None, "the port is the whole field after the colon");
+        assert_eq!(parse_proc_net_udp(text, 9), None);
+    }
+
+    #[test]
+    fn this_processs_socket_is_found_and_duplicated() {
+        let u = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = u.local_addr().unwrap().port();
+        let q = udp_queue(port).expect("in /proc/net/udp");
+        let me = std::process::id();
+        assert_eq!(socket_fd_of(me, q.inode), Some(u.as_raw_fd()));
+        let dup = dup_from_process(me, u.as_raw_fd()).unwrap();
+        assert_eq!(sys::addr::local_addr(&dup).unwrap().port(), port);
+        assert!(!all_threads_stopped(me));
+    }
+}

@@ -27,11 +27,11 @@ fn contenders_count_and_measure() {
         if io_uring_available() {
             contenders.push("demux-uring");
         } else {
-            eprintln!("smoke: io_uring_setup refused here — demux-uring skipped");
+            testkit::skip("io_uring_setup refused here: the demux-uring contender");
         }
         contenders.push("demux-mmsg");
     } else {
-        eprintln!("smoke: no {} — demux contenders skipped", bench.with_file_name("demux").display());
+        testkit::skip(&format!("no {}: the demux contenders", bench.with_file_name("demux").display()));
     }
     let json = std::env::temp_dir().join(format!("bench-smoke-{}.json", std::process::id()));
     let out = Command::new(bench)
@@ -46,6 +46,7 @@ fn contenders_count_and_measure() {
             "--trains",
             "1,8",
             "--no-latency",
+            "--no-saturation",
             "--no-doc",
         ])
         .args(["--nice", "0", "--contenders", &contenders.join(","), "--json"])

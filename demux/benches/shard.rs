@@ -109,6 +109,7 @@ impl Shard {
             batch: 32,
             uring_buffers: 256,
             limits: Arc::new(Limits::new(LimitsConfig::default()).unwrap()),
+            peers: None,
             started: std::sync::mpsc::channel().0,
         };
         let mut router = Router::new(&setup).unwrap();

@@ -40,8 +40,12 @@ pub struct ControllerOpts {
     /// The worker executable (default: `worker` next to this executable).
     #[arg(long, value_name = "PATH", requires = "state_dir")]
     pub worker_bin: Option<std::path::PathBuf>,
-    /// Rotate the CID key generation every N instance starts (ADR 0001).
-    #[arg(long, value_name = "N", default_value_t = 10_000, requires = "state_dir")]
+    /// Rotate the CID key generation every N instance starts (ADR 0001). Default
+    /// 10 000, or half the host's server ids when `--host-bits` leaves fewer.
+    #[arg(long = "rotate-every", value_name = "N", requires = "state_dir")]
+    pub rotate_every_arg: Option<u32>,
+    /// `--rotate-every` as resolved at start (controller::run).
+    #[arg(skip)]
     pub rotate_every: u32,
     /// How long a worker's connection IDs live (passed to spawned workers as
     /// `worker --cid-lifetime`). Rotations are refused
@@ -160,6 +164,21 @@ pub enum Steer {
 
 #[derive(Clone, Debug, Args)]
 pub struct DataPlaneArgs {
+    /// Several hosts behind one anycast address (ADR 0005): this many top bits of
+    /// every server id name the host (0..=8; 0 is one host).
+    #[arg(long, value_name = "B", default_value_t = 0)]
+    pub host_bits: u8,
+    /// This host's id in the cluster (below 2^--host-bits); its server ids carry it.
+    #[arg(long, value_name = "H", default_value_t = 0)]
+    pub host_id: u16,
+    /// The other hosts: `HOST_ID ADDR:PORT` lines (their `--peer-listen`), re-read on
+    /// SIGHUP. A datagram for another host's server id is forwarded there.
+    #[arg(long, value_name = "FILE", requires = "peer_listen")]
+    pub peers: Option<std::path::PathBuf>,
+    /// UDP address receiving forwarded datagrams from the other hosts (authenticated
+    /// with the cluster key file; forged and replayed frames are dropped and counted).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub peer_listen: Option<SocketAddr>,
     /// Serve Prometheus text metrics on this TCP address (e.g. 127.0.0.1:9464):
     /// every numeric field of `lb-status --json` (with `--state-dir`: plus the
     /// controller's own).
@@ -271,6 +290,11 @@ pub struct DataPlaneArgs {
     /// its `--worker-user`'s group).
     #[arg(long, value_name = "GID")]
     pub worker_gid: Option<u32>,
+    /// The controller's registrations file (`SERVER_ID PID` lines, 0600, ours): a data
+    /// hello for a server id must come from the pid that registered it (SO_PEERCRED).
+    /// Without it (dataplane-only), data.sock checks the peer's uid only.
+    #[arg(long, value_name = "PATH")]
+    pub registrations: Option<PathBuf>,
 }
 
 impl DataPlaneArgs {

@@ -52,18 +52,87 @@ pub fn euid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-static REFUSED_TOTAL: AtomicU64 = AtomicU64::new(0);
+/// Why a peer was refused: the key of its counter in `lb-status --json` /
+/// `demux status` (`peer_refused`) and in the metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// SO_PEERCRED uid not allowed on this socket (or for this message).
+    WrongUid,
+    /// SO_PEERCRED failed.
+    NoCredentials,
+    /// A `Hello`/`Rejoin` names a pid other than the sender's.
+    PidMismatch,
+    /// The worker uid, from a process the controller did not spawn.
+    NotSpawned,
+    /// A second registration by a process that holds one.
+    AlreadyRegistered,
+    /// An operator request (status, rotation, …) from a uid other than ours.
+    OperatorOnly,
+    /// A data hello for a server id that no registration (of the controller) holds.
+    Unregistered,
+    /// A data hello for a server id that another pid registered.
+    WrongPid,
+    /// A data hello for a server id that another data connection holds.
+    IdAlreadyLive,
+}
+
+impl Refusal {
+    pub const ALL: [Refusal; 9] = [
+        Refusal::WrongUid,
+        Refusal::NoCredentials,
+        Refusal::PidMismatch,
+        Refusal::NotSpawned,
+        Refusal::AlreadyRegistered,
+        Refusal::OperatorOnly,
+        Refusal::Unregistered,
+        Refusal::WrongPid,
+        Refusal::IdAlreadyLive,
+    ];
+
+    /// The counter's key (snake_case).
+    pub fn key(self) -> &'static str {
+        match self {
+            Refusal::WrongUid => "wrong_uid",
+            Refusal::NoCredentials => "no_credentials",
+            Refusal::PidMismatch => "pid_mismatch",
+            Refusal::NotSpawned => "not_spawned",
+            Refusal::AlreadyRegistered => "already_registered",
+            Refusal::OperatorOnly => "operator_only",
+            Refusal::Unregistered => "unregistered",
+            Refusal::WrongPid => "wrong_pid",
+            Refusal::IdAlreadyLive => "id_already_live",
+        }
+    }
+}
+
+#[allow(clippy::declare_interior_mutable_const)] // the array initialiser only
+const ZERO: AtomicU64 = AtomicU64::new(0);
+/// Refusals by [`Refusal`] (its index in [`Refusal::ALL`]), every socket of this process.
+static REFUSED: [AtomicU64; Refusal::ALL.len()] = [ZERO; Refusal::ALL.len()];
 /// When the last refusal was logged, and how many were not logged since.
 static LOG_STATE: Mutex<(Option<Instant>, u64)> = Mutex::new((None, 0));
 
-/// Refusals of untrusted peers since start (every socket of this process).
-pub fn refused_total() -> u64 {
-    REFUSED_TOTAL.load(Ordering::Relaxed)
+fn counter(why: Refusal) -> &'static AtomicU64 {
+    &REFUSED[why as usize]
 }
 
-/// Counts a refusal and logs it unless one was logged less than [`LOG_INTERVAL`] ago.
-pub fn note_refusal(socket: &str, cred: Option<&libc::ucred>, reason: &str) {
-    let total = REFUSED_TOTAL.fetch_add(1, Ordering::Relaxed) + 1;
+/// Refusals of untrusted peers since start (every socket of this process).
+pub fn refused_total() -> u64 {
+    REFUSED.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+}
+
+/// Refusals since start by reason: `{"wrong_uid": n, …}` (every key, zeros too).
+pub fn refused_json() -> serde_json::Value {
+    let m: serde_json::Map<String, serde_json::Value> =
+        Refusal::ALL.iter().map(|r| (r.key().to_string(), counter(*r).load(Ordering::Relaxed).into())).collect();
+    serde_json::Value::Object(m)
+}
+
+/// Counts a refusal by `why` and logs it unless one was logged less than
+/// [`LOG_INTERVAL`] ago.
+pub fn note_refusal(socket: &str, cred: Option<&libc::ucred>, why: Refusal, reason: &str) {
+    counter(why).fetch_add(1, Ordering::Relaxed);
+    let total = refused_total();
     let mut st = LOG_STATE.lock().unwrap_or_else(|p| p.into_inner());
     let now = Instant::now();
     if st.0.is_some_and(|t| now.duration_since(t) < LOG_INTERVAL) {
@@ -74,7 +143,17 @@ pub fn note_refusal(socket: &str, cred: Option<&libc::ucred>, reason: &str) {
     st.0 = Some(now);
     drop(st);
     let (pid, uid) = cred.map_or((-1, u32::MAX), |c| (c.pid, c.uid));
-    tracing::warn!(socket, peer_pid = pid, peer_uid = uid, reason, total, suppressed, "refused an untrusted peer");
+    let kind = why.key();
+    tracing::warn!(
+        socket,
+        peer_pid = pid,
+        peer_uid = uid,
+        kind,
+        reason,
+        total,
+        suppressed,
+        "refused an untrusted peer"
+    );
 }
 
 /// Sends `Error{reason}` without blocking (best effort); the caller closes.
@@ -100,14 +179,14 @@ fn discard_pending(fd: RawFd) {
 /// The check right after accept: whether the peer's uid is allowed on `socket`.
 /// A refused peer gets `Error{reason}`; the caller drops `fd` (closing it).
 pub fn admit(fd: &OwnedFd, socket: &str, policy: &PeerPolicy) -> bool {
-    let refusal = match sys::peer_cred(fd.as_raw_fd()) {
+    let (cred, why, reason) = match sys::peer_cred(fd.as_raw_fd()) {
         Ok(c) if policy.allows(&c) => return true,
-        Ok(c) => (Some(c), format!("{socket}: uid {} is not allowed to connect", c.uid)),
-        Err(e) => (None, format!("{socket}: no peer credentials ({e})")),
+        Ok(c) => (Some(c), Refusal::WrongUid, format!("{socket}: uid {} is not allowed to connect", c.uid)),
+        Err(e) => (None, Refusal::NoCredentials, format!("{socket}: no peer credentials ({e})")),
     };
-    send_error(fd.as_raw_fd(), &refusal.1);
+    send_error(fd.as_raw_fd(), &reason);
     discard_pending(fd.as_raw_fd());
-    note_refusal(socket, refusal.0.as_ref(), &refusal.1);
+    note_refusal(socket, cred.as_ref(), why, &reason);
     false
 }
 
@@ -193,6 +272,25 @@ mod tests {
         let _b = sys::owned(sv[1]).unwrap();
         let c = sys::peer_cred(a.as_raw_fd()).unwrap();
         assert_eq!((c.pid as u32, c.uid), (std::process::id(), euid()));
+    }
+
+    #[test]
+    fn refusals_are_counted_by_reason() {
+        let before = refused_json();
+        note_refusal("test.sock", None, Refusal::WrongPid, "a test refusal");
+        note_refusal("test.sock", None, Refusal::WrongPid, "a test refusal");
+        let after = refused_json();
+        for r in Refusal::ALL {
+            let (b, a) = (before[r.key()].as_u64().unwrap(), after[r.key()].as_u64().unwrap());
+            // Other tests of this binary may refuse concurrently, never WrongPid.
+            if r == Refusal::WrongPid {
+                assert_eq!(a, b + 2, "{}", r.key());
+            }
+        }
+        assert_eq!(after.as_object().unwrap().len(), Refusal::ALL.len());
+        for (i, r) in Refusal::ALL.iter().enumerate() {
+            assert_eq!(*r as usize, i, "ALL is in declaration order");
+        }
     }
 
     #[test]

@@ -27,7 +27,7 @@ fn active_or_skip(d: &Demux) -> bool {
     if fp["active"].as_bool() == Some(true) {
         return true;
     }
-    eprintln!("skip: the kernel fast path is not active here: {}", fp["reason"]);
+    testkit::skip(&format!("the kernel fast path is not active here: {}", fp["reason"]));
     false
 }
 

@@ -181,6 +181,51 @@ fn a_sigstopped_worker_is_stalled_within_a_second_and_returns_after_sigcont() {
     assert_eq!(lfailed, 0, "background load lost requests: {lfail:?}{}", c.logs());
 }
 
+/// With one worker, a stall leaves no healthy instance: it is shown stalled but stays
+/// placeable (an empty placement set would drop every new connection as
+/// `NoInstance`), and nothing is dropped for want of an instance.
+#[test]
+fn the_only_worker_stays_placeable_while_stalled() {
+    let _s = serial();
+    let rt = runtime();
+    let mut c = Controller::start("stall-one", 1, &["--limits", "off"]);
+    let addr = c.addr();
+    let workers = c.workers();
+    assert_eq!(workers.len(), 1, "{}", c.logs());
+    let (id, pid) = (workers[0].0, workers[0].1);
+    wait_until("the instance placeable and reporting Load", Duration::from_secs(20), || {
+        let i = instance(&c.lb()?, id);
+        (i["placeable"] == true && i["load_age_ms"].as_u64().is_some_and(|a| a < 1000)).then_some(())
+    });
+    kill(pid, libc::SIGSTOP);
+    let lb = wait_until("the stopped worker to be stalled", Duration::from_secs(10), || {
+        let lb = c.lb()?;
+        (instance(&lb, id)["stalled"] == true).then_some(lb)
+    });
+    let i = instance(&lb, id);
+    assert_eq!(i["placeable"], true, "the only instance is stalled but must stay placeable: {i}");
+    // A new connection meanwhile is placed on it (not dropped), and completes once
+    // the worker runs again.
+    let ep = {
+        let _g = rt.enter();
+        client_endpoint(&c.cert)
+    };
+    let no_instance = lb["reasons"]["NoInstance"].as_u64().unwrap_or(0);
+    let pending = rt.spawn(async move {
+        let mut h = H3::connect(&ep, addr).await.map_err(|e| format!("connect: {e}"))?;
+        let r = h.get("/bytes/1000").await.map_err(|e| format!("GET: {e:?}"));
+        h.close();
+        r
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let lb = c.lb_wait();
+    assert_eq!(lb["reasons"]["NoInstance"].as_u64().unwrap_or(0), no_instance, "dropped for want of an instance: {lb}");
+    kill(pid, libc::SIGCONT);
+    let r = rt.block_on(pending).expect("task").expect("the connection made during the stall");
+    assert_eq!((r.status, r.len), (200, 1000));
+    assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
+}
+
 // ---------------------------------------------------------------------------------
 // fd exhaustion and idle peers
 // ---------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ const TEST_USER: &str = "quicdemux-test";
 fn test_user() -> Option<(u32, u32)> {
     // SAFETY: geteuid(2) cannot fail.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED: the trust tests need root (to run processes as {TEST_USER})");
+        testkit::skip(&format!("the trust tests need root (to run processes as {TEST_USER})"));
         return None;
     }
     let lookup = || -> Option<(u32, u32)> {
@@ -106,6 +106,7 @@ fn probe_helper() {
         "getsockets" => Control::GetSockets,
         "datahello" => Control::DataHelloV2 { server_id: proto::ServerId(words[1].parse().unwrap()), caps: 3 },
         "hello-twice" => return hello_twice(&sock),
+        "register-then-datahello" => return register_then_datahello(&sock),
         "read" => {
             let r = match std::fs::read(words[1]) {
                 Ok(_) => "read-ok".to_string(),
@@ -195,6 +196,34 @@ fn hello_twice(sock: &Path) {
     std::thread::sleep(Duration::from_secs(60));
 }
 
+/// The registering process of [`a_data_hello_must_come_from_the_registering_pid`]:
+/// registers on control.sock (root, its own pid) and keeps the registration, prints
+/// `PROBE-ID: <server id>`, waits for a line on stdin, then sends the data hello for
+/// that id itself on `QD_PROBE_DATA` and prints the answer.
+fn register_then_datahello(ctl: &Path) {
+    let fd = demux::seqpacket::connect(ctl).expect("connect control.sock");
+    let hello = Control::Hello { role: Role::Worker, pid: std::process::id() };
+    demux::seqpacket::send(fd.as_raw_fd(), &encode_control(&hello), &[], 0).expect("send Hello");
+    let mut buf = vec![0u8; 70_000];
+    let (n, _, _) = demux::seqpacket::recv_with_fds(fd.as_raw_fd(), &mut buf, 0).expect("recv Assign");
+    let Ok(Control::Assign { server_id, .. }) = decode_control(&buf[..n]) else {
+        println!("PROBE-ID: none ({:?})", decode_control(&buf[..n]));
+        return;
+    };
+    println!("PROBE-ID: {}", server_id.0);
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    let data = std::path::PathBuf::from(std::env::var("QD_PROBE_DATA").expect("QD_PROBE_DATA"));
+    let (report, _data_conn) = exchange(&data, &Control::DataHelloV2 { server_id, caps: 0 }, 2);
+    println!("PROBE: {report}");
+    drop(fd);
+}
+
+/// `peer_refused.<reason>` of a status JSON.
+fn refused(v: &serde_json::Value, reason: &str) -> u64 {
+    v["peer_refused"][reason].as_u64().unwrap_or_else(|| panic!("no peer_refused.{reason} in {v}"))
+}
+
 /// Refused: one `Error` naming why, no fds, then closed.
 fn assert_refused(what: &str, got: &str, why: &str) {
     // A peer refused at accept may find the connection closed before it sent.
@@ -242,7 +271,9 @@ fn unprivileged_peer_with_open_socket_modes_is_refused_everywhere() {
     let _s = serial();
     let mut c = Controller::start("trust-open", 1, &[]);
     let (id, _, _) = c.workers()[0].clone();
-    let next_before = c.status_wait()["next_server_id"].clone();
+    let ctl_before = c.status_wait();
+    let next_before = ctl_before["next_server_id"].clone();
+    let dp_before = c.lb_wait();
     chmod(&c.state, 0o711);
     for s in ["control.sock", "data.sock", "dataplane.sock"] {
         chmod(&c.state.join(s), 0o666);
@@ -259,6 +290,10 @@ fn unprivileged_peer_with_open_socket_modes_is_refused_everywhere() {
     assert_refused("GetSockets", &probe(me, &dp, Probe::GetSockets), &not_allowed);
     assert_refused("StatusRequest (data plane)", &probe(me, &dp, Probe::Status), &not_allowed);
     assert_refused("DataHelloV2", &probe(me, &data, Probe::DataHello { server_id: 4242 }), &not_allowed);
+    // Counted by reason: 4 on control.sock (controller), 3 on the data plane's sockets.
+    let (ctl_after, dp_after) = (c.status_wait(), c.lb_wait());
+    assert_eq!(refused(&ctl_after, "wrong_uid"), refused(&ctl_before, "wrong_uid") + 4, "{ctl_after}");
+    assert_eq!(refused(&dp_after, "wrong_uid"), refused(&dp_before, "wrong_uid") + 3, "{dp_after}");
     // Nothing changed: no id handed out, no rotation, no new instance; still serving.
     let s = c.status_wait();
     assert_eq!((s["next_server_id"].clone(), s["key_newest"].as_u64()), (next_before, Some(0)), "{s}");
@@ -284,7 +319,8 @@ fn forged_pid_hello_for_a_spawned_slot_is_refused() {
     let mut c = Controller::start("trust-forge", 1, &["--worker-user", TEST_USER]);
     let (id, pid, _) = c.workers()[0].clone();
     let pid = pid as u32;
-    let next_before = c.status_wait()["next_server_id"].clone();
+    let ctl_before = c.status_wait();
+    let next_before = ctl_before["next_server_id"].clone();
     let ctl = c.control_sock();
     let me = Some(ids);
     assert_refused(
@@ -315,6 +351,10 @@ fn forged_pid_hello_for_a_spawned_slot_is_refused() {
     );
     let s = c.status_wait();
     assert_eq!((s["next_server_id"].clone(), s["key_newest"].as_u64()), (next_before, Some(0)), "{s}");
+    // Each refusal under its reason.
+    for (reason, n) in [("pid_mismatch", 3), ("not_spawned", 2), ("operator_only", 2)] {
+        assert_eq!(refused(&s, reason), refused(&ctl_before, reason) + n, "{reason}: {s}");
+    }
     let w = c.workers();
     assert_eq!((w.len(), w[0].0, w[0].1 as u32, w[0].2.as_str()), (1, id, pid, "ready"), "{w:?}");
     assert_eq!(download_ok(&c, "/bytes/1000", 1000), id as u16);
@@ -425,4 +465,59 @@ fn a_spawned_worker_registers_only_once() {
     );
     assert_refused("second Hello of the same spawned pid", second, "is already registered");
     assert!(stopped.success(), "{stopped}");
+}
+
+/// A data hello for a server id must come from the process that registered that id
+/// with the controller (SO_PEERCRED pid, the registrations file): another process
+/// of the same uid is refused for that id (`wrong_pid`) and for an id nobody
+/// registered (`unregistered`), each counted in lb-status; the registering process
+/// itself gets its sockets. The appliance keeps serving.
+#[test]
+fn a_data_hello_must_come_from_the_registering_pid() {
+    use std::io::{BufRead, Write};
+    let Some(_) = test_user() else { return };
+    let _s = serial();
+    let mut c = Controller::start("trust-dpid", 1, &[]);
+    let (served_by, _, _) = c.workers()[0].clone();
+    let data = c.state.join("data.sock");
+    let mut owner = std::process::Command::new(std::env::current_exe().expect("test exe"))
+        .args(["--exact", "probe_helper", "--nocapture", "--test-threads=1"])
+        .env("QD_PROBE", "register-then-datahello")
+        .env("QD_PROBE_SOCK", c.control_sock())
+        .env("QD_PROBE_DATA", &data)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("the registering probe");
+    let mut lines = std::io::BufReader::new(owner.stdout.take().unwrap()).lines();
+    let mut next_line = |what: &str| loop {
+        let l = lines.next().unwrap_or_else(|| panic!("{what}: the probe exited")).unwrap();
+        if let Some((_, v)) = l.split_once(what) {
+            return v.to_string();
+        }
+    };
+    let id: u16 = next_line("PROBE-ID: ").parse().expect("the registering probe got a server id");
+    let before = c.lb_wait();
+    // Another process (this test's probe, root like the owner) claims the id.
+    assert_refused(
+        "DataHello for another pid's id",
+        &probe(None, &data, Probe::DataHello { server_id: id }),
+        &format!("server id {id} was registered by pid {}", owner.id()),
+    );
+    assert_refused(
+        "DataHello for an unregistered id",
+        &probe(None, &data, Probe::DataHello { server_id: id.wrapping_add(100) }),
+        "is not registered with the controller",
+    );
+    let after = c.lb_wait();
+    assert_eq!(refused(&after, "wrong_pid"), refused(&before, "wrong_pid") + 1, "{after}");
+    assert_eq!(refused(&after, "unregistered"), refused(&before, "unregistered") + 1, "{after}");
+    assert!(!c.instances().iter().any(|i| i.0 == u64::from(id)), "the refused id is not live");
+    // The registering process itself: Sockets (one fd per listen address), then Rings.
+    owner.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let got = next_line("PROBE: ");
+    assert!(got.starts_with("Sockets fds=1; Rings fds=0"), "the owner's own data hello: {got}");
+    let _ = owner.wait();
+    assert_eq!(download_ok(&c, "/bytes/1000", 1000), served_by as u16);
+    assert!(c.stop(Duration::from_secs(60)));
 }

@@ -55,16 +55,10 @@
 #define CPU_SLOTS 256
 
 /* Counter indices: keep in sync with Counters in src/lib.rs. */
-enum {
-	C_FAST = 0,
-	C_LONG_HEADER = 1,
-	C_SHORT_PACKET = 2,
-	C_CR_UNROUTABLE = 3,
-	C_UNKNOWN_GENERATION = 4,
-	C_NOT_LIVE = 5,
-	C_SELECT_FAILED = 6,
-	C_SHARD_SELECT_FAILED = 7,
-	C_COUNT = 8,
+enum { /* 0, 1, 2, … in this order */
+	C_FAST, C_LONG_HEADER, C_SHORT_PACKET, C_CR_UNROUTABLE, C_UNKNOWN_GENERATION,
+	C_NOT_LIVE, C_SELECT_FAILED, C_SHARD_SELECT_FAILED,
+	C_COUNT,
 };
 
 struct gen {

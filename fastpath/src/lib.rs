@@ -509,7 +509,7 @@ mod tests {
     fn object_is_embedded_when_clang_is_there() {
         // build.rs panics on a compile error, so an empty object means no clang.
         if OBJECT.is_empty() {
-            eprintln!("skip: built without clang");
+            testkit::skip("built without clang");
             return;
         }
         assert_eq!(&OBJECT[..4], b"\x7fELF");

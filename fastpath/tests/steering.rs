@@ -146,7 +146,7 @@ fn group_at(bind: &str, shards: usize, workers: usize, max_workers: u32, by_cpu:
     let steering = match Steering::attach(&fds, max_workers, by_cpu) {
         Ok(s) => s,
         Err(LoadError::Unsupported(why)) if !require() => {
-            eprintln!("skip: kernel fast path unavailable here: {why}");
+            testkit::skip(&format!("kernel fast path unavailable here: {why}"));
             return None;
         }
         Err(e) => panic!("attach: {e}"),
@@ -526,7 +526,7 @@ fn pin_to(cpu: usize) -> io::Result<()> {
 fn by_cpu_picks_the_cpu_shard() {
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     if cpus < 2 {
-        eprintln!("skip: by_cpu needs at least 2 CPUs, this machine has {cpus}");
+        testkit::skip(&format!("by_cpu needs at least 2 CPUs, this machine has {cpus}"));
         return;
     }
     // Deliberately not cpu % shards: cpu c -> shard (c + 1) % 2.
@@ -602,7 +602,7 @@ fn failed_shard_select_is_a_counted_drop() {
 #[test]
 fn ipv6_group_steers_too() {
     if std::net::UdpSocket::bind("[::1]:0").is_err() {
-        eprintln!("skip: no IPv6 loopback here");
+        testkit::skip("no IPv6 loopback here");
         return;
     }
     let Some(g) = group_at("[::1]:0", 2, 3, 4, None) else {
@@ -656,7 +656,7 @@ fn unprivileged_load_is_unsupported() {
             Err(LoadError::Unsupported(m)) => {
                 eprintln!("unprivileged attach refused as expected: {}", m)
             }
-            Ok(_) if unpriv.trim() == "0" => eprintln!("skip: unprivileged BPF is enabled here"),
+            Ok(_) if unpriv.trim() == "0" => testkit::skip("unprivileged BPF is enabled here"),
             other => panic!("unprivileged attach: {other:?}"),
         }
     })
@@ -691,7 +691,7 @@ fn verifier_refusal_is_unsupported() {
         .map(|s| s.success())
         .unwrap_or(false);
     if !built {
-        eprintln!("skip: cannot compile a test BPF program here (clang / libbpf-dev missing)");
+        testkit::skip("cannot compile a test BPF program here (clang / libbpf-dev missing)");
         return;
     }
     let bytes = std::fs::read(&obj).unwrap();

@@ -29,8 +29,8 @@
 //! does not count the time the thread spent preempted on a shared, loaded machine.
 #![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
-use criterion::measurement::{Measurement, ValueFormatter, WallTime};
-use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
+use criterion::measurement::{Measurement, WallTime};
+use criterion::{criterion_group, criterion_main, Criterion, SamplingMode};
 use proto::cid::{Generation, KeySet, Prf, ServerId};
 use proto::decode_cache::{DecodeCache, Decoder};
 use proto::header::{self, Header};
@@ -38,6 +38,7 @@ use proto::pin::PinTable;
 use proto::route::{Decision, InstanceInfo, Reason, Router, Table};
 use std::hint::black_box;
 use std::time::Duration;
+use testkit::cpu_clock::{config, ThreadCpu};
 
 #[path = "../tests/common/vectors.rs"]
 #[allow(dead_code)]
@@ -76,61 +77,6 @@ fn short(cid: &[u8], len: usize) -> Vec<u8> {
     d.extend_from_slice(cid);
     d.resize(len, 0x17);
     d
-}
-
-/// On-CPU nanoseconds of the calling thread (Linux `/proc/thread-self/schedstat`,
-/// first field: time spent running, updated to the current instant when read).
-fn thread_cpu_ns() -> u64 {
-    let s = std::fs::read_to_string("/proc/thread-self/schedstat").expect("Linux schedstat");
-    s.split_whitespace().next().and_then(|f| f.parse().ok()).expect("schedstat format")
-}
-
-/// A criterion measurement of thread CPU time. The kernel brings `sum_exec_runtime`
-/// up to date at scheduler ticks and context switches, so one reading can lag by up
-/// to a tick: every sample is made long (flat sampling, 30 samples over 6 s ≈ 200 ms
-/// each), which bounds that error to about 2 % of a sample.
-struct ThreadCpu;
-struct Ns;
-
-impl ValueFormatter for Ns {
-    fn scale_values(&self, _typical: f64, _values: &mut [f64]) -> &'static str {
-        "ns (cpu)"
-    }
-    fn scale_throughputs(&self, _typical: f64, t: &Throughput, values: &mut [f64]) -> &'static str {
-        let n = match t {
-            Throughput::Bytes(n) | Throughput::BytesDecimal(n) | Throughput::Elements(n) => *n as f64,
-        };
-        for v in values {
-            *v = n * 1e9 / *v;
-        }
-        "elem/s (cpu)"
-    }
-    fn scale_for_machines(&self, _values: &mut [f64]) -> &'static str {
-        "ns"
-    }
-}
-
-impl Measurement for ThreadCpu {
-    type Intermediate = u64;
-    type Value = u64;
-    fn start(&self) -> u64 {
-        thread_cpu_ns()
-    }
-    fn end(&self, i: u64) -> u64 {
-        thread_cpu_ns().saturating_sub(i)
-    }
-    fn add(&self, a: &u64, b: &u64) -> u64 {
-        a + b
-    }
-    fn zero(&self) -> u64 {
-        0
-    }
-    fn to_f64(&self, v: &u64) -> f64 {
-        *v as f64
-    }
-    fn formatter(&self) -> &dyn ValueFormatter {
-        &Ns
-    }
 }
 
 fn wall(c: &mut Criterion<WallTime>) {
@@ -221,16 +167,6 @@ fn benches<M: Measurement + 'static>(c: &mut Criterion<M>, p: &str) {
         b.iter(|| route_header(black_box(&h_init), 1200, &t8, &mut pins, now))
     });
     g.finish();
-}
-
-fn config<M: Measurement>(m: M) -> Criterion<M> {
-    // Two shared, noisy cores: few, long samples (about 200 ms each, flat sampling)
-    // keep the run to about two and a half minutes.
-    Criterion::default()
-        .with_measurement(m)
-        .sample_size(30)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(6))
 }
 
 criterion_group! { name = wall_clock; config = config(WallTime); targets = wall }

@@ -23,10 +23,12 @@
 pub mod cid;
 pub mod decode_cache;
 pub mod header;
+pub mod host;
 pub mod initial;
 pub mod initial_protection;
 pub mod keyfile;
 pub mod limits;
+pub mod peer;
 pub mod pin;
 pub mod prf;
 pub mod rendezvous;

@@ -265,29 +265,16 @@ impl Admission for NoAdmission {
 impl<A: Admission + ?Sized> Admission for &mut A {
     type Refusal = A::Refusal;
     #[inline]
-    fn admit(
-        &mut self,
-        h: &LongHeader<'_>,
-        datagram_len: usize,
-        table: &Table,
-        target: usize,
-    ) -> Result<u32, Self::Refusal> {
-        (**self).admit(h, datagram_len, table, target)
+    fn admit(&mut self, h: &LongHeader<'_>, len: usize, t: &Table, target: usize) -> Result<u32, Self::Refusal> {
+        (**self).admit(h, len, t, target)
     }
     #[inline]
     fn release(&mut self, payload: u32) {
         (**self).release(payload)
     }
     #[inline]
-    fn owner_initial(
-        &mut self,
-        h: &LongHeader<'_>,
-        datagram: &[u8],
-        stride: usize,
-        table: &Table,
-        owner: usize,
-    ) -> bool {
-        (**self).owner_initial(h, datagram, stride, table, owner)
+    fn owner_initial(&mut self, h: &LongHeader<'_>, d: &[u8], stride: usize, t: &Table, owner: usize) -> bool {
+        (**self).owner_initial(h, d, stride, t, owner)
     }
 }
 

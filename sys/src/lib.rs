@@ -7,6 +7,7 @@
 //! - [`control`]: one request, one reply on a control socket, under [`control::REPLY_TIMEOUT`].
 //! - [`sockopt`]: socket options, O_NONBLOCK, SO_TYPE.
 //! - [`addr`]: `SocketAddr` ⇄ `sockaddr` conversions.
+//! - [`raw`]: a raw IPv4 socket that sends UDP with any source (forwarded datagrams).
 //! - [`ring`]: the memfd mapping of a forwarding ring (index arithmetic: `proto::ring`).
 //! - [`epoll`], [`signals`]: an epoll instance; blocked signals and signalfd.
 
@@ -16,6 +17,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 pub mod addr;
 pub mod control;
 pub mod epoll;
+pub mod raw;
 pub mod ring;
 pub mod seqpacket;
 pub mod signals;

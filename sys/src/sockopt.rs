@@ -123,3 +123,51 @@ pub fn peer_cred(fd: std::os::fd::RawFd) -> std::io::Result<libc::ucred> {
     }
     Ok(cred)
 }
+
+/// The datagrams the kernel dropped on this socket since it was created: its
+/// `sk_drops` (receive queue full, or no memory), from SO_MEMINFO (socket(7)).
+pub fn kernel_drops(fd: impl AsRawFd) -> io::Result<u32> {
+    /// SK_MEMINFO_VARS (linux/sock_diag.h): the length of the SO_MEMINFO array.
+    const VARS: usize = 9;
+    let mut info = [0u32; VARS];
+    let mut len = size_of::<[u32; VARS]>() as libc::socklen_t;
+    // SAFETY: getsockopt(2) writes at most `len` bytes into `info`, which is that long.
+    cvt(unsafe {
+        libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_MEMINFO, info.as_mut_ptr().cast(), &mut len)
+    })?;
+    let at = libc::SK_MEMINFO_DROPS as usize;
+    if (len as usize) < (at + 1) * size_of::<u32>() {
+        return Err(io::Error::new(io::ErrorKind::Unsupported, "SO_MEMINFO without a drop count"));
+    }
+    Ok(info[at])
+}
+
+#[cfg(test)]
+mod kernel_drops_tests {
+    use super::kernel_drops;
+    use std::net::UdpSocket;
+    use std::os::fd::AsRawFd;
+
+    /// A receiver with a small buffer that nobody reads: every datagram sent to it is
+    /// either queued (and read back afterwards) or dropped and counted, exactly.
+    #[test]
+    fn queued_plus_dropped_is_everything_sent() {
+        let rx = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        super::setsockopt_int(rx.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 4096).expect("SO_RCVBUF");
+        let tx = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        assert_eq!(kernel_drops(rx.as_raw_fd()).expect("SO_MEMINFO"), 0);
+        let sent = 200u32;
+        for _ in 0..sent {
+            tx.send_to(&[7u8; 1000], rx.local_addr().expect("addr")).expect("send");
+        }
+        rx.set_nonblocking(true).expect("nonblocking");
+        let mut got = 0u32;
+        let mut buf = [0u8; 2000];
+        while rx.recv(&mut buf).is_ok() {
+            got += 1;
+        }
+        let dropped = kernel_drops(rx.as_raw_fd()).expect("SO_MEMINFO");
+        assert!(got > 0 && dropped > 0, "a 4 KiB buffer queues some and drops most: got {got}, dropped {dropped}");
+        assert_eq!(got + dropped, sent);
+    }
+}

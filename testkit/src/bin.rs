@@ -78,3 +78,32 @@ pub fn kill_and_reap(child: &mut Child) {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// Runs `cmd` to completion, at most `within` (then kills it): whether it exited 0,
+/// and its stdout followed by its stderr.
+pub fn run_bounded(cmd: &mut Command, within: Duration) -> (bool, String) {
+    cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return (false, format!("spawn {cmd:?}: {e}")),
+    };
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(within) {
+        Ok(Ok(o)) => {
+            let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+            (o.status.success(), text)
+        }
+        Ok(Err(e)) => (false, format!("waiting for {cmd:?}: {e}")),
+        Err(_) => {
+            // SAFETY: kill(2) on the child this function started (not yet reaped:
+            // the waiting thread has not returned).
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            let _ = rx.recv_timeout(Duration::from_secs(5));
+            (false, format!("{cmd:?} timed out after {within:?}"))
+        }
+    }
+}

@@ -152,6 +152,13 @@ impl H3 {
         }
     }
 
+    /// Another handle to send requests on this connection while one is in flight
+    /// (h3's `SendRequest` is a cheap clone). After the server's GOAWAY
+    /// (RFC 9114 §5.2) its `send_request` fails with `RemoteClosing`.
+    pub fn sender(&self) -> h3::client::SendRequest<h3_quinn::OpenStreams, bytes::Bytes> {
+        self.send.clone()
+    }
+
     pub async fn get(&mut self, path: &str) -> Result<Resp, ReqError> {
         self.get_full(path, None, |_| {}).await
     }

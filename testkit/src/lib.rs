@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 pub mod bin;
+pub mod cpu_clock;
 pub mod h3client;
 pub mod packets;
 pub mod rng;
@@ -56,8 +57,48 @@ pub fn have_tool(ok: bool, tool: &str) -> bool {
     if std::env::var_os("CI").is_some_and(|v| !v.is_empty()) {
         panic!("{tool} is required when CI is set (tools/install-deps installs it)");
     }
-    eprintln!("SKIP: {tool} not installed (set CI=1 to make this a failure)");
+    skip(&format!("{tool} not installed (set CI=1 to make this a failure)"));
     false
+}
+
+/// The environment variable naming the file [`skip`] appends its lines to
+/// (`tools/test-all` sets it and prints the file at the end).
+pub const SKIP_LOG_ENV: &str = "QUICDEMUX_SKIP_LOG";
+
+/// Reports that the calling test skips (some or all of its checks) and why: prints
+/// `SKIPPED: <test>: <why>` to stderr (captured by libtest on success) and appends
+/// the same line to the file named by `QUICDEMUX_SKIP_LOG`, if set, so that CI
+/// can list every skip. The caller returns (or leaves out the checks) itself.
+pub fn skip(why: &str) {
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("?");
+    let line = skip_line(test, why);
+    eprintln!("{line}");
+    if let Some(path) = std::env::var_os(SKIP_LOG_ENV).filter(|p| !p.is_empty()) {
+        use std::io::Write;
+        // One write(2) of one line to an O_APPEND file: lines of parallel tests and
+        // test processes do not interleave. A log that cannot be written is reported,
+        // never fatal: the skip itself already printed.
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(format!("{line}\n").as_bytes()));
+        if let Err(e) = written {
+            eprintln!("{SKIP_LOG_ENV}={}: {e}", std::path::Path::new(&path).display());
+        }
+    }
+}
+
+/// `SKIPPED: <crate test binary> <test>: <why>` on one line (newlines in `why`
+/// become spaces).
+fn skip_line(test: &str, why: &str) -> String {
+    let exe = std::env::current_exe().ok();
+    let bin = exe.as_deref().and_then(|p| p.file_name()).and_then(|n| n.to_str()).unwrap_or("?");
+    // Cargo names test binaries NAME-HASH: keep NAME.
+    let bin = bin.rsplit_once('-').map_or(bin, |(name, _)| name);
+    let why = why.replace(['\n', '\r'], " ");
+    format!("SKIPPED: {bin} {test}: {why}")
 }
 
 /// The number after `"key":` in a one-line JSON object (panics when absent).
@@ -67,4 +108,31 @@ pub fn json_num(json: &str, key: &str) -> f64 {
     let rest = &json[i..];
     let end = rest.find([',', '}']).unwrap_or(rest.len());
     rest[..end].parse().unwrap_or_else(|_| panic!("{key} not a number in {json}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skip_lines_are_one_uniform_line() {
+        let l = skip_line("a_test", "needs 2 cores\nhas 1");
+        assert!(l.starts_with("SKIPPED: ") && l.ends_with(" a_test: needs 2 cores has 1"), "{l}");
+        assert!(!l.contains('\n'));
+    }
+
+    #[test]
+    fn skip_appends_to_the_log_named_by_the_env_var() {
+        let d = temp_dir("skiplog");
+        let log = d.join("skips");
+        std::env::set_var(SKIP_LOG_ENV, &log);
+        skip("first reason");
+        skip("second reason");
+        std::env::remove_var(SKIP_LOG_ENV);
+        let text = std::fs::read_to_string(&log).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(lines[0].starts_with("SKIPPED: ") && lines[0].ends_with("first reason"), "{text}");
+        assert!(lines[1].ends_with("second reason"), "{text}");
+    }
 }

@@ -43,43 +43,27 @@ fn demux_release_or_debug() -> PathBuf {
 struct Kill(Child);
 impl Drop for Kill {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        testkit::bin::kill_and_reap(&mut self.0);
     }
 }
 
 fn wait_for(path: &Path, child: &mut Child, log: &Path, what: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(t) = std::fs::read_to_string(path) {
-            return t;
-        }
-        if let Ok(Some(st)) = child.try_wait() {
-            panic!("{what} exited early ({st}): {}", std::fs::read_to_string(log).unwrap_or_default());
-        }
-        assert!(Instant::now() < deadline, "{what} not ready: {}", std::fs::read_to_string(log).unwrap_or_default());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    testkit::bin::wait_ready_file(path, child, log, what, Duration::from_secs(30))
 }
 
-/// The data plane's `reasons` (Placed, Owner, dropped…) and per-instance datagrams.
-fn demux_status(control: &Path) -> String {
+/// The data plane's status JSON (`reasons`: Placed, Owner, dropped…; per-instance
+/// datagrams), or Null when it does not answer.
+fn demux_status(control: &Path) -> serde_json::Value {
     use proto::wire::{decode_control, encode_control, Control};
     use std::os::fd::AsFd;
-    let Ok(fd) = worker::fdpass::seqpacket_connect(control) else { return "(no status)".into() };
+    let Ok(fd) = worker::fdpass::seqpacket_connect(control) else { return serde_json::Value::Null };
     if worker::fdpass::send_record(fd.as_fd(), &encode_control(&Control::StatusRequest), &[], 0).is_err() {
-        return "(no status)".into();
+        return serde_json::Value::Null;
     }
     let mut buf = vec![0u8; 128 * 1024];
-    match worker::fdpass::recv_record(fd.as_fd(), &mut buf, 0) {
-        Ok(r) => match decode_control(&buf[..r.len]) {
-            Ok(Control::Status { json }) => match serde_json::from_str::<serde_json::Value>(&json) {
-                Ok(v) => format!("reasons {} instances {}", v["reasons"], v["instances"]),
-                Err(_) => json,
-            },
-            other => format!("{other:?}"),
-        },
-        Err(e) => e.to_string(),
+    match worker::fdpass::recv_record(fd.as_fd(), &mut buf, 0).map(|r| decode_control(&buf[..r.len])) {
+        Ok(Ok(Control::Status { json })) => serde_json::from_str(&json).unwrap_or_default(),
+        _ => serde_json::Value::Null,
     }
 }
 
@@ -153,28 +137,10 @@ fn initial_flood_is_bounded_and_memory_returns() {
     assert!(Command::new(&demux).args(["gen-keys", "--out"]).arg(&keys).status().expect("gen-keys").success());
     let (data, control, ready, dlog) =
         (dir.join("d.sock"), dir.join("c.sock"), dir.join("ready"), dir.join("demux.log"));
-    let mut d = Command::new(&demux)
-        .args([
-            "dataplane",
-            "--listen",
-            "127.0.0.1:0",
-            "--cores",
-            "0",
-            "--io",
-            "mmsg",
-            "--retry",
-            "off",
-            "--limits",
-            "off",
-        ])
-        .arg("--keys")
-        .arg(&keys)
-        .arg("--data-socket")
-        .arg(&data)
-        .arg("--control-socket")
-        .arg(&control)
-        .arg("--ready-file")
-        .arg(&ready)
+    let mut cmd = Command::new(&demux);
+    cmd.args(["dataplane", "--listen", "127.0.0.1:0", "--cores", "0", "--io", "mmsg", "--retry", "off"]);
+    cmd.args(["--limits", "off"]);
+    let mut d = testkit::bin::dataplane_files(&mut cmd, &keys, &data, &control, &ready)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&dlog).expect("log"))
         .spawn()
@@ -338,7 +304,8 @@ fn initial_flood_is_bounded_and_memory_returns() {
         "flood: {sent} sent ({errors} errors) from {sources} sources × {per_source} in {took:?} ({rate}/s); \
          worker CPU during it {} ms\n\
          worker RSS: idle {} MiB, peak during flood {} MiB, peak overall {} MiB, back ≤ 2× idle after {:?} (last {} MiB)\n\
-         legit client: {} ok, {} failed, TTFB ms {:?} (max {max_ttfb})\n{exit}\ndemux: {status}",
+         legit client: {} ok, {} failed, TTFB ms {:?} (max {max_ttfb})\n{exit}\ndemux: reasons {} socket drops {} \
+         instances {}",
         cpu_flood * 10,
         idle / 1024,
         peak_during / 1024,
@@ -348,6 +315,9 @@ fn initial_flood_is_bounded_and_memory_returns() {
         l.ok,
         l.failed,
         l.ttfb_ms,
+        status["reasons"],
+        status["socket_drops"],
+        status["instances"],
     );
     if !l.errors.is_empty() {
         println!("legit errors: {:?}", &l.errors[..l.errors.len().min(5)]);
@@ -359,4 +329,50 @@ fn initial_flood_is_bounded_and_memory_returns() {
     assert!(back_after.is_some(), "RSS {} MiB 30 s after the flood, idle {} MiB", last / 1024, idle / 1024);
     assert!(l.ok > 0 && l.failed == 0, "legit client: {} ok, {} failed: {:?}", l.ok, l.failed, l.errors);
     assert!(max_ttfb <= 1000, "legit client TTFB up to {max_ttfb} ms (bound 1 s): {:?}", l.ttfb_ms);
+
+    // Every Initial is accounted for, by the data plane: each flood Initial (a fresh
+    // DCID) and each legitimate connection's first Initial (the warm-up and one per
+    // attempt; a retransmitted first Initial counts again, so at most three each) is
+    // Placed, refused by reason (`refused`: rate, handshakes, overloaded under worker
+    // pressure), answered with a Retry or counted as a Retry not sent (`retry`),
+    // dropped for want of an instance (`NoInstance`), or dropped by the kernel on the
+    // data plane's socket before a shard read it (`socket_drops`: the shard fell
+    // behind). Nothing else.
+    let n =
+        |p: &str| status.pointer(p).and_then(serde_json::Value::as_u64).unwrap_or_else(|| panic!("{p} in {status}"));
+    let legit_conns = 1 + l.ok + l.failed;
+    let by_reason = [
+        "/reasons/Placed",
+        "/reasons/Pinned",
+        "/reasons/NoInstance",
+        "/refused/RateLimited",
+        "/refused/HandshakeLimited",
+        "/refused/Overloaded",
+        "/retry/sent",
+        "/retry/dropped",
+        "/retry/send_errors",
+        "/socket_drops",
+    ];
+    let accounted: u64 = by_reason.iter().map(|p| n(p)).sum();
+    let shown: Vec<String> = by_reason.iter().map(|p| format!("{p}={}", n(p))).collect();
+    println!("accounted: {accounted} = {}", shown.join(" "));
+    assert!(
+        (sent + legit_conns..=sent + 3 * legit_conns).contains(&accounted),
+        "{accounted} Initials accounted for, {sent} flood Initials + {legit_conns} legitimate connections sent: {shown:?}"
+    );
+    for r in ["/reasons/NotQuic", "/reasons/VersionNegotiation"] {
+        assert_eq!(n(r), 0, "{r}: {}", status["reasons"]);
+    }
+    // The worker: each placed flood Initial became an `Incoming` that was retried
+    // (over --max-handshakes), refused or ignored, or accepted and then timed out
+    // (its client never answers); the legitimate ones completed.
+    let stat = |k: &str| exit_stat(&log, k).unwrap_or_else(|| panic!("{k} in {exit}"));
+    let answered = stat("overload_retries") + stat("overload_ignored") + stat("refused") + stat("handshake_timeouts");
+    let placed = n("/reasons/Placed");
+    assert!(answered + 3 * legit_conns >= placed, "the worker answered {answered} of {placed} placed Initials: {exit}");
+    assert_eq!(stat("connections"), legit_conns, "{exit}");
+}
+
+fn exit_stat(log: &str, key: &str) -> Option<u64> {
+    Worker::exit_stat(log, key)
 }

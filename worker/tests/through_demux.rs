@@ -84,24 +84,46 @@ fn download_and_200_requests(rings: bool) {
 }
 
 /// --retry: every connection gets a Retry, and the client's second Initial (DCID =
-/// the Retry's ADR 0001 SCID) routes back to the instance that issued it, so no
-/// worker accepts more connections than it sent Retries.
+/// the Retry's ADR 0001 SCID) routes back to the instance that issued it.
+///
+/// Proved per connection, one at a time on an idle appliance: the data plane's
+/// per-instance datagram counters change for exactly one instance — the one the
+/// first Initial was placed on, which sent the Retry — and that is the instance
+/// that served the request (x-server-id). If follow-up Initials were placed
+/// independently of the issuer (at random, or by their own DCID's hash), a
+/// connection would pass only when both land on the same of the 3 instances
+/// (p = 1/3), so all 13 pass by chance with p = 3^-13 ≈ 6.3e-7 < 1e-6.
 #[test]
 fn retry_routes_back_to_the_issuer() {
+    const WORKERS: u16 = 3;
+    const CONNECTIONS: usize = 13;
     let d = Demux::start("retry");
     let c = cert(&d.dir);
-    let mut ws: Vec<Worker> = (1..=2).map(|id| Worker::start(&d, &c, id, &["--retry"])).collect();
-    d.wait_instances("2 placeable", |i| i.iter().filter(|x| x.1).count() == 2);
-    rt().block_on(async {
-        let ep = client_endpoint(&c);
-        for _ in 0..8 {
+    let mut ws: Vec<Worker> = (1..=WORKERS).map(|id| Worker::start(&d, &c, id, &["--retry"])).collect();
+    d.wait_instances("3 placeable", |i| i.iter().filter(|x| x.1).count() == usize::from(WORKERS));
+    let counts = |d: &Demux| -> BTreeMap<u16, u64> { d.instances().iter().map(|i| (i.0, i.2)).collect() };
+    let mut served: BTreeMap<u16, u64> = BTreeMap::new();
+    let rt = rt();
+    for n in 0..CONNECTIONS {
+        let before = counts(&d);
+        let server_id = rt.block_on(async {
+            let ep = client_endpoint(&c);
             let mut h = H3::connect(&ep, d.addr).await.expect("connect after Retry");
             let r = h.get("/bytes/20000").await.expect("request");
             assert_eq!((r.status, r.len), (200, 20000));
             h.close();
-        }
-        ep.wait_idle().await;
-    });
+            ep.wait_idle().await;
+            r.server_id
+        });
+        let after = counts(&d);
+        let moved: Vec<u16> = after.iter().filter(|(id, v)| before.get(id) != Some(*v)).map(|(id, _)| *id).collect();
+        assert_eq!(
+            moved,
+            vec![server_id],
+            "connection {n}: only the Retry issuer saw datagrams ({before:?} → {after:?})"
+        );
+        *served.entry(server_id).or_default() += 1;
+    }
     let (mut retries, mut conns) = (0, 0);
     for w in ws.iter_mut() {
         w.signal(libc::SIGTERM);
@@ -109,15 +131,15 @@ fn retry_routes_back_to_the_issuer() {
         assert!(ok, "worker exit: {log}");
         let r = Worker::exit_stat(&log, "retries").expect("retries stat");
         let c = Worker::exit_stat(&log, "connections").expect("connections stat");
-        // A follow-up Initial routed elsewhere would make some worker accept more
-        // connections than it sent Retries (equal totals without loss); a lost
-        // Retry only adds Retries.
+        // Every connection a worker accepted followed a Retry from that worker; a
+        // lost Retry only adds Retries.
         assert!(c <= r, "worker {}: every connection here follows a Retry from here: {log}", w.id);
+        assert_eq!(c, served.get(&w.id).copied().unwrap_or(0), "worker {}: connections = requests it served", w.id);
         retries += r;
         conns += c;
     }
-    assert_eq!(conns, 8);
-    assert!(retries >= 8);
+    assert_eq!(conns, CONNECTIONS as u64);
+    assert!(retries >= CONNECTIONS as u64);
 }
 
 /// A client that changes its local port mid-download (quinn Endpoint::rebind) keeps
@@ -250,6 +272,95 @@ fn drain_under_load_loses_no_accepted_request() {
     assert_eq!(done.load(Ordering::Relaxed), 8 * 30);
     d.wait_instances("drained worker dead", |i| i.iter().all(|x| x.0 != 1));
     eprintln!("drain: accepted by drained worker {accepted}, client retries {}", retried.load(Ordering::Relaxed));
+}
+
+/// Drain seen by a real h3 client (RFC 9114 §5.2, §8.1): with a paced download in
+/// flight, SIGTERM makes the worker send GOAWAY — the client's next request on that
+/// connection fails locally with `RemoteClosing`, which h3 reports only after
+/// reading a GOAWAY — the download still completes, and the connection then
+/// closes with H3_NO_ERROR (0x100) as its application error code.
+#[test]
+fn draining_worker_sends_goaway_then_closes_with_h3_no_error() {
+    let d = Demux::start("goaway");
+    let c = cert(&d.dir);
+    let mut w = Worker::start(&d, &c, 1, &["--drain-timeout", "20"]);
+    d.wait_instances("1 placeable", |i| i.iter().filter(|x| x.1).count() == 1);
+    let rt = rt();
+    let ep = {
+        let _e = rt.enter();
+        client_endpoint(&c)
+    };
+    let mut h = rt.block_on(H3::connect(&ep, d.addr)).expect("connect");
+    assert_eq!(rt.block_on(h.get("/health")).expect("health").status, 200);
+    let (conn, mut sender) = (h.conn.clone(), h.sender());
+    // 1 MiB at 256 KiB/s: about 4 s in flight, well inside the drain timeout.
+    let download = rt.spawn(async move { h.get_paced("/bytes/1048576", Some(256 << 10)).await });
+    std::thread::sleep(Duration::from_millis(500));
+    w.signal(libc::SIGTERM);
+    let refused = rt.block_on(async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        loop {
+            assert!(tokio::time::Instant::now() < deadline, "no GOAWAY within 3 s of SIGTERM");
+            let req = http::Request::get("https://localhost/health").body(()).unwrap();
+            match sender.send_request(req).await {
+                Err(e) => break e,
+                Ok(mut s) => {
+                    // Sent before the GOAWAY arrived: answered or rejected, either is fine.
+                    let _ = s.finish().await;
+                    let _ = s.recv_response().await;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    // h3's `StreamError::RemoteClosing` (a private variant; its Display text).
+    assert_eq!(refused.to_string(), "Remote is closing the connection", "GOAWAY: {refused:?}");
+    let r = rt.block_on(download).expect("download task").expect("the accepted download completes during the drain");
+    assert_eq!((r.status, r.len, r.pattern_ok), (200, 1 << 20, true));
+    let closed = rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), conn.closed()).await });
+    match closed {
+        Ok(quinn::ConnectionError::ApplicationClosed(a)) => {
+            assert_eq!(a.error_code, quinn::VarInt::from_u32(0x100), "H3_NO_ERROR: {a:?}")
+        }
+        other => panic!("expected an application close with H3_NO_ERROR, got {other:?}"),
+    }
+    let (ok, log) = w.wait_exit(Duration::from_secs(30));
+    assert!(ok && log.contains("drained=true"), "drained worker exits cleanly: {log}");
+}
+
+/// RFC 9000 §6, §17.2.1: a client Initial of an unknown version reaches a worker
+/// through the demux (reason VersionNegotiation) and the client receives a Version
+/// Negotiation packet: version 0, the client's CIDs swapped, and a list that holds
+/// QUIC v1.
+#[test]
+fn unknown_version_gets_version_negotiation_listing_v1() {
+    let d = Demux::start("vn");
+    let c = cert(&d.dir);
+    let _w = Worker::start(&d, &c, 1, &[]);
+    d.wait_instances("1 placeable", |i| i.iter().filter(|x| x.1).count() == 1);
+    let mut rng = testkit::Rng(7);
+    let (dcid, scid_len) = (rng.bytes(8), 8usize);
+    let mut p = testkit::packets::long(testkit::packets::INITIAL, &dcid, 1200, &mut rng);
+    p[1..5].copy_from_slice(&0x1a2a_3a4au32.to_be_bytes());
+    let scid = p[6 + dcid.len() + 1..6 + dcid.len() + 1 + scid_len].to_vec();
+    let u = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    u.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    u.send_to(&p, d.addr).unwrap();
+    let mut buf = [0u8; 1500];
+    let (n, from) = u.recv_from(&mut buf).expect("a Version Negotiation packet within 5 s");
+    let vn = &buf[..n];
+    assert_eq!(from, d.addr, "answered from the shared address");
+    assert!(vn[0] & 0x80 != 0, "long header: {vn:02x?}");
+    assert_eq!(&vn[1..5], &[0, 0, 0, 0], "version 0 (Version Negotiation)");
+    // RFC 9000 §17.2.1: DCID = the client's SCID, SCID = the client's DCID.
+    let dl = usize::from(vn[5]);
+    assert_eq!(&vn[6..6 + dl], scid.as_slice());
+    let sl = usize::from(vn[6 + dl]);
+    assert_eq!(&vn[7 + dl..7 + dl + sl], dcid.as_slice());
+    let versions: Vec<u32> =
+        vn[7 + dl + sl..].chunks_exact(4).map(|v| u32::from_be_bytes([v[0], v[1], v[2], v[3]])).collect();
+    assert!(versions.contains(&1), "supported versions {versions:08x?} list QUIC v1");
+    assert_eq!(d.reason("VersionNegotiation"), 1);
 }
 
 /// Data-plane crash: SIGKILL the demux mid-download and start a new one on the same

@@ -5,7 +5,8 @@
 
 use super::Opts;
 use crate::dataplane::{
-    forwarded, g, sink, start_demux, status, wait_placeable, wait_ready_file, Demux, POLL, READY_TIMEOUT, SINK_RCVTIMEO,
+    forwarded, g, sink, start_demux_with, status, wait_placeable, wait_ready_file, Demux, POLL, READY_TIMEOUT,
+    SINK_RCVTIMEO,
 };
 use crate::load::LOOPBACK_ANY;
 use crate::servers::{Counters, FORWARDED, N_COUNTERS, RECEIVED};
@@ -76,7 +77,7 @@ impl Drop for ChildGuard {
     }
 }
 
-pub(super) struct DirGuard(pub(super) PathBuf);
+pub(crate) struct DirGuard(pub(crate) PathBuf);
 impl Drop for DirGuard {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
@@ -106,17 +107,30 @@ fn drain(fd: OwnedFd, core: usize, stop: Arc<AtomicBool>, count: Arc<AtomicU64>)
     })
 }
 
+/// Where a contender runs: its own process on `shard`; the sinks (and in the bench
+/// the sender) on `load`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Cores {
+    pub(crate) shard: usize,
+    pub(crate) load: usize,
+}
+
 /// A contender under test.
-pub(super) struct Running {
+pub(crate) struct Running {
     /// The process whose CPU time is measured.
-    pub(super) pid: u32,
-    pub(super) addr: SocketAddr,
-    pub(super) ks: KeySet,
+    pub(crate) pid: u32,
+    pub(crate) addr: SocketAddr,
+    pub(crate) ks: KeySet,
     /// Server ids whose CIDs the sender uses.
-    pub(super) ids: Vec<u16>,
+    pub(crate) ids: Vec<u16>,
     /// (received, handled) so far.
-    pub(super) counts: Box<dyn Fn() -> Result<(u64, u64)>>,
-    pub(super) _hold: Vec<Box<dyn Any>>,
+    pub(crate) counts: Box<dyn Fn() -> Result<(u64, u64)>>,
+    /// What has reached the far end so far (the floor: received; otherwise what the
+    /// sinks took, in records), read without a request to the contender.
+    pub(crate) progress: Box<dyn Fn() -> u64>,
+    /// The demux's receive batches so far (its `batches` counter); None for the others.
+    pub(crate) batches: Option<Box<dyn Fn() -> Result<u64>>>,
+    pub(crate) _hold: Vec<Box<dyn Any>>,
 }
 
 fn wait_ready(ready: &Path, child: &mut Child) -> Result<SocketAddr> {
@@ -138,7 +152,7 @@ fn fixed_keys() -> KeySet {
     KeySet::new((proto::cid::Generation::ZERO, FIXED_KEY), None).expect("one generation")
 }
 
-fn start_server(kind: &str, o: &Opts, dir: &Path, train: usize) -> Result<Running> {
+pub(crate) fn start_server(kind: &str, cores: Cores, dir: &Path, train: usize) -> Result<Running> {
     let me = std::env::current_exe()?;
     let (ready, counters) = (dir.join("ready"), dir.join("counters"));
     let mut cmd = Command::new(me);
@@ -162,7 +176,7 @@ fn start_server(kind: &str, o: &Opts, dir: &Path, train: usize) -> Result<Runnin
             cmd.arg("--worker").arg(format!("{id}={}", p.display()));
         }
         cmd.args(["--listen", LOOPBACK_ANY, "--ready-file"]).arg(&ready).arg("--counters").arg(&counters);
-        let mut child = pinned(&mut cmd, o.shard_core).stdout(Stdio::null()).spawn()?;
+        let mut child = pinned(&mut cmd, cores.shard).stdout(Stdio::null()).spawn()?;
         let mut threads = Vec::new();
         for l in listeners {
             // SAFETY: accept on a listening socket (SO_RCVTIMEO bounds the wait).
@@ -174,12 +188,13 @@ fn start_server(kind: &str, o: &Opts, dir: &Path, train: usize) -> Result<Runnin
                 bail!("baseline did not connect: {}", std::io::Error::last_os_error());
             }
             // SAFETY: a fresh fd we own.
-            threads.push(drain(unsafe { OwnedFd::from_raw_fd(fd) }, o.load_core, stop.clone(), count.clone()));
+            threads.push(drain(unsafe { OwnedFd::from_raw_fd(fd) }, cores.load, stop.clone(), count.clone()));
         }
         let addr = wait_ready(&ready, &mut child)?;
         let pid = child.id();
         let c = Rc::new(Counters::map(&counters, N_COUNTERS, false)?);
         let c2 = c.clone();
+        let delivered = count.clone();
         // Drop order: the server first, then the sinks.
         hold.push(Box::new(ChildGuard(child)));
         hold.push(Box::new(Sinks { stop, threads }));
@@ -189,16 +204,28 @@ fn start_server(kind: &str, o: &Opts, dir: &Path, train: usize) -> Result<Runnin
             ks,
             ids: WORKER_IDS.to_vec(),
             counts: Box::new(move || Ok((c2.get(RECEIVED), c2.get(FORWARDED)))),
+            progress: Box::new(move || delivered.load(Ordering::Relaxed)),
+            batches: None,
             _hold: hold,
         });
     };
     cmd.args(["--listen", LOOPBACK_ANY, "--ready-file"]).arg(&ready).arg("--counters").arg(&counters);
-    let mut child = pinned(&mut cmd, o.shard_core).stdout(Stdio::null()).spawn()?;
+    let mut child = pinned(&mut cmd, cores.shard).stdout(Stdio::null()).spawn()?;
     let addr = wait_ready(&ready, &mut child)?;
     let pid = child.id();
-    let c = Counters::map(&counters, N_COUNTERS, false)?;
+    let c = Rc::new(Counters::map(&counters, N_COUNTERS, false)?);
+    let c2 = c.clone();
     hold.push(Box::new(ChildGuard(child)));
-    Ok(Running { pid, addr, ks, ids, counts: Box::new(move || Ok((c.get(RECEIVED), c.get(RECEIVED)))), _hold: hold })
+    Ok(Running {
+        pid,
+        addr,
+        ks,
+        ids,
+        counts: Box::new(move || Ok((c.get(RECEIVED), c.get(RECEIVED)))),
+        progress: Box::new(move || c2.get(RECEIVED)),
+        batches: None,
+        _hold: hold,
+    })
 }
 
 /// Waits until the demux has `n` placeable workers.
@@ -206,15 +233,18 @@ pub(super) fn demux_ready(d: &Demux, n: usize) -> Result<()> {
     wait_placeable(d, n, READY_TIMEOUT, "workers not placeable")
 }
 
-fn start_demux_run(io: &str, o: &Opts, bins: &Path) -> Result<Running> {
-    let d = Rc::new(start_demux(&bins.join("demux"), io, o.shard_core)?);
+/// The release demux (`flags`: `--io`, `--forward`, …; `name` names its scratch
+/// directory) with a sink worker per server id of `WORKER_IDS` on the load core.
+pub(crate) fn start_demux_run(name: &str, flags: &[&str], cores: Cores, bins: &Path) -> Result<Running> {
+    let d = Rc::new(start_demux_with(&bins.join("demux"), name, cores.shard, flags)?);
     let stop = Arc::new(AtomicBool::new(false));
     let frames = Arc::new(AtomicU64::new(0));
     let threads =
-        WORKER_IDS.iter().map(|&id| sink(&d, id, o.load_core, stop.clone(), frames.clone())).collect::<Result<_>>()?;
+        WORKER_IDS.iter().map(|&id| sink(&d, id, cores.load, stop.clone(), frames.clone())).collect::<Result<_>>()?;
     demux_ready(&d, WORKER_IDS.len())?;
     let ks = d.keys.key_set().map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    let d2 = d.clone();
+    let (d2, d3) = (d.clone(), d.clone());
+    let delivered = frames.clone();
     Ok(Running {
         pid: d.child.id(),
         addr: d.udp,
@@ -224,6 +254,8 @@ fn start_demux_run(io: &str, o: &Opts, bins: &Path) -> Result<Running> {
             let s = status(&d2)?;
             Ok((g(&s, "/datagrams_in"), forwarded(&s)))
         }),
+        progress: Box::new(move || delivered.load(Ordering::Relaxed)),
+        batches: Some(Box::new(move || Ok(g(&status(&d3)?, "/batches")))),
         _hold: vec![Box::new(d), Box::new(Sinks { stop, threads })],
     })
 }
@@ -253,7 +285,7 @@ pub(super) fn ensure_nginx(install: bool) -> Result<()> {
     Ok(())
 }
 
-fn start_nginx(o: &Opts, dir: &Path) -> Result<Running> {
+fn start_nginx(cores: Cores, dir: &Path) -> Result<Running> {
     let stop = Arc::new(AtomicBool::new(false));
     let count = Arc::new(AtomicU64::new(0));
     let mut ups = Vec::new();
@@ -261,12 +293,12 @@ fn start_nginx(o: &Opts, dir: &Path) -> Result<Running> {
     for _ in WORKER_IDS {
         let s = UdpSocket::bind(LOOPBACK_ANY)?;
         ups.push(s.local_addr()?);
-        threads.push(drain(OwnedFd::from(s), o.load_core, stop.clone(), count.clone()));
+        threads.push(drain(OwnedFd::from(s), cores.load, stop.clone(), count.clone()));
     }
     let sinks = Sinks { stop, threads };
     let port = UdpSocket::bind(LOOPBACK_ANY)?.local_addr()?.port();
-    let ncpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(o.shard_core + 1);
-    let mask: String = (0..ncpu).rev().map(|c| if c == o.shard_core { '1' } else { '0' }).collect();
+    let ncpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(cores.shard + 1);
+    let mask: String = (0..ncpu).rev().map(|c| if c == cores.shard { '1' } else { '0' }).collect();
     let conf = format!(
         "load_module {NGINX_STREAM};\nworker_processes 1;\nworker_cpu_affinity {mask};\nworker_rlimit_nofile 65536;\n\
          daemon off;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\nevents {{ worker_connections 16384; }}\n\
@@ -306,7 +338,7 @@ fn start_nginx(o: &Opts, dir: &Path) -> Result<Running> {
         std::thread::sleep(POLL);
     };
     std::thread::sleep(NGINX_SETTLE);
-    let c = count.clone();
+    let (c, delivered) = (count.clone(), count.clone());
     Ok(Running {
         pid,
         addr: SocketAddr::from(([127, 0, 0, 1], port)),
@@ -316,6 +348,8 @@ fn start_nginx(o: &Opts, dir: &Path) -> Result<Running> {
             let n = c.load(Ordering::Relaxed);
             Ok((n, n))
         }),
+        progress: Box::new(move || delivered.load(Ordering::Relaxed)),
+        batches: None,
         _hold: vec![Box::new(ChildGuard(child)), Box::new(sinks)],
     })
 }
@@ -323,11 +357,12 @@ fn start_nginx(o: &Opts, dir: &Path) -> Result<Running> {
 /// Starts contender `kind` (one of `cli::CONTENDERS`) for a run with trains of `train`;
 /// `dir` is the run's scratch directory.
 pub(super) fn start(kind: &str, o: &Opts, bins: &Path, dir: &Path, train: usize) -> Result<Running> {
+    let cores = Cores { shard: o.shard_core, load: o.load_core };
     match kind {
-        "floor" | "baseline" => start_server(kind, o, dir, train),
-        "demux-uring" => start_demux_run("uring", o, bins),
-        "demux-mmsg" => start_demux_run("mmsg", o, bins),
-        "nginx" => start_nginx(o, dir),
+        "floor" | "baseline" => start_server(kind, cores, dir, train),
+        "demux-uring" => start_demux_run(kind, &["--io", "uring", "--forward", "seqpacket"], cores, bins),
+        "demux-mmsg" => start_demux_run(kind, &["--io", "mmsg", "--forward", "seqpacket"], cores, bins),
+        "nginx" => start_nginx(cores, dir),
         _ => bail!("unknown contender {kind}"),
     }
 }

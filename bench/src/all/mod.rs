@@ -14,13 +14,14 @@
 //! the latency runs; report.rs turns the results into the Markdown block, the SVG
 //! chart and the JSON; docs.rs puts the block into docs/benchmarks.md.
 
-mod contenders;
+pub(crate) mod contenders;
 mod docs;
 mod latency;
 mod report;
 mod run;
 
 use crate::cli::AllArgs;
+use crate::report::{command_output, loadavg, loadavg_now};
 use anyhow::{bail, Context, Result};
 use contenders::{ensure_nginx, DirGuard, NGINX};
 use latency::{run_latency, LOADS_PCT};
@@ -41,6 +42,8 @@ pub(super) struct Opts {
     pub(super) shard_core: usize,
     pub(super) load_core: usize,
     pub(super) latency: bool,
+    /// Also run `bench saturation` (its defaults, these rounds, trains and cores).
+    pub(super) saturation: bool,
     /// Measure latency with udpflood --latency and echo workers (round trips) instead
     /// of the in-bench one-way probe.
     pub(super) udpflood: bool,
@@ -68,13 +71,14 @@ impl From<AllArgs> for Opts {
         };
         Opts {
             seconds: a.seconds,
-            reps: a.reps,
+            reps: a.rounds.reps,
             contenders: a.contenders,
             trains: a.trains,
             rates: a.rate.map_or(a.rates, |r| vec![r]),
-            shard_core: a.shard_core,
-            load_core: a.load_core,
+            shard_core: a.rounds.shard_core,
+            load_core: a.rounds.load_core,
             latency: !a.no_latency,
+            saturation: !a.no_saturation,
             udpflood: a.udpflood,
             rt: !a.no_rt,
             lat_seconds: a.latency_seconds,
@@ -83,7 +87,7 @@ impl From<AllArgs> for Opts {
             svg,
             json: a.json,
             install_nginx: !a.no_install,
-            nice: a.nice,
+            nice: a.rounds.nice,
         }
     }
 }
@@ -116,28 +120,18 @@ fn bins(o: &Opts) -> Result<PathBuf> {
     Ok(dir)
 }
 
-fn cmd_out(c: &str, args: &[&str]) -> String {
-    Command::new(c)
-        .args(args)
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(if o.stdout.is_empty() { &o.stderr } else { &o.stdout }).trim().to_string())
-        .unwrap_or_else(|| "?".into())
-}
-
 /// The machine and its state, for the report's "Conditions" line.
 fn conditions(o: &Opts, load_start: &str) -> Conditions {
-    let loadavg = |s: &str| s.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
     Conditions {
-        date: cmd_out("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
-        kernel: cmd_out("uname", &["-r"]),
+        date: command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+        kernel: command_output("uname", &["-r"]),
         cpu: crate::sys::cpu_model(),
         ncpu: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         load_start: loadavg(load_start),
-        load_end: loadavg(&std::fs::read_to_string("/proc/loadavg").unwrap_or_default()),
-        rustc: cmd_out("rustc", &["--version"]),
+        load_end: loadavg_now(),
+        rustc: command_output("rustc", &["--version"]),
         nginx: if o.contenders.iter().any(|c| c == "nginx") {
-            cmd_out(NGINX, &["-v"]).trim_start_matches("nginx version: ").to_string()
+            command_output(NGINX, &["-v"]).trim_start_matches("nginx version: ").to_string()
         } else {
             "not run".into()
         },
@@ -247,6 +241,21 @@ pub fn main(args: AllArgs) -> Result<()> {
     if let Some(p) = &o.json {
         std::fs::write(p, serde_json::to_string_pretty(&report::json(&rows, &lat))?)?;
     }
+    if o.saturation {
+        // Capacity where the sender cannot limit it; needs root (SO_RCVBUFFORCE).
+        let s = crate::cli::SaturationArgs {
+            datagrams: crate::cli::SATURATION_DATAGRAMS,
+            queue: crate::cli::MAX_SATURATION_QUEUE,
+            rounds: crate::cli::Rounds { reps: o.reps, shard_core: o.shard_core, load_core: o.load_core, nice: o.nice },
+            contenders: crate::cli::SATURATION_CONTENDERS.map(String::from).to_vec(),
+            trains: o.trains.clone(),
+            doc: o.doc.clone(),
+            json: None,
+        };
+        if let Err(e) = crate::saturation::run(&s, command_output("uptime", &[])) {
+            eprintln!("bench: saturation runs failed (the rest is written): {e:#}");
+        }
+    }
     Ok(())
 }
 
@@ -268,11 +277,12 @@ mod tests {
         assert!(o.doc.as_ref().unwrap().ends_with("docs/benchmarks.md"));
         assert!(o.svg.as_ref().unwrap().ends_with("docs/benchmarks-cpu.svg"));
         assert_eq!(o.rates, [0.0, 100_000.0]);
-        assert!(o.latency && o.rt && o.install_nginx && !o.udpflood && o.json.is_none());
+        assert!(o.latency && o.saturation && o.rt && o.install_nginx && !o.udpflood && o.json.is_none());
         let o = opts("--no-doc --rate 5000 --no-latency --no-rt --no-install --udpflood");
         assert!(o.doc.is_none() && o.svg.is_none());
         assert_eq!(o.rates, [5000.0]);
         assert!(!o.latency && !o.rt && !o.install_nginx && o.udpflood);
+        assert!(!opts("--no-saturation").saturation);
         let o = opts("--doc /tmp/b.md");
         assert_eq!(o.doc.unwrap().to_str(), Some("/tmp/b.md"));
         assert!(o.svg.unwrap().ends_with("docs/benchmarks-cpu.svg"));

@@ -6,6 +6,8 @@ use super::latency::{LatRow, LOADS_PCT};
 use super::run::Row;
 use super::Opts;
 use crate::dataplane::DATAGRAM;
+pub(super) use crate::report::mode_name;
+use crate::report::{fixed, median, thousands};
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 
@@ -24,33 +26,11 @@ const GOAL_LATENCY_LOAD_PCT: u32 = 50;
 /// A missed goal is reported in % below this factor, as "N×" from it on.
 const MISSED_IN_PERCENT_BELOW: f64 = 2.0;
 
-pub(super) fn median(mut v: Vec<f64>) -> f64 {
-    v.retain(|x| x.is_finite());
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 pub(super) fn offered_name(offered: f64) -> String {
     if offered > 0.0 {
         format!("{}/s", thousands(offered))
     } else {
         "unpaced".into()
-    }
-}
-
-pub(super) fn mode_name(train: usize) -> String {
-    if train == 1 {
-        "uncoalesced".into()
-    } else {
-        format!("GRO trains of {train}")
     }
 }
 
@@ -110,29 +90,6 @@ pub(super) fn summarize(rows: &[Row], o: &Opts) -> Vec<Summary> {
     out
 }
 
-pub(super) fn fmt(x: f64, d: usize) -> String {
-    if x.is_finite() {
-        format!("{x:.d$}")
-    } else {
-        "–".into()
-    }
-}
-
-pub(super) fn thousands(x: f64) -> String {
-    if !x.is_finite() {
-        return "–".into();
-    }
-    let s = format!("{:.0}", x);
-    let mut out = String::new();
-    for (i, ch) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push('\u{202f}');
-        }
-        out.push(ch);
-    }
-    out
-}
-
 pub(super) struct Conditions {
     pub(super) date: String,
     pub(super) kernel: String,
@@ -149,14 +106,14 @@ pub(super) fn goal_line(name: &str, value: f64, goal: f64, le: bool) -> String {
     let by = if le { value / goal } else { goal / value };
     format!(
         "| {name} | {} | {} | {} |",
-        fmt(value, 2),
-        fmt(goal, 2),
+        fixed(value, 2),
+        fixed(goal, 2),
         if ok {
             "**met**".to_string()
         } else if by < MISSED_IN_PERCENT_BELOW {
             format!("**missed** by {:.0} %", (by - 1.0) * 100.0)
         } else {
-            format!("**missed** by {}×", fmt(by, 1))
+            format!("**missed** by {}×", fixed(by, 1))
         }
     )
 }
@@ -215,14 +172,14 @@ pub(super) fn report(
                 "| {} | {} | **{}** ({}–{}) | {} | {} | {} | {} % | {} % |",
                 m.contender,
                 mode_name(m.train),
-                fmt(m.us, 3),
-                fmt(m.us_min, 2),
-                fmt(m.us_max, 2),
+                fixed(m.us, 3),
+                fixed(m.us_min, 2),
+                fixed(m.us_max, 2),
                 thousands(m.rate),
-                fmt(m.x_base, 3),
-                fmt(m.x_floor, 2),
-                fmt(m.loss * 100.0, 1),
-                fmt(m.busy * 100.0, 0)
+                fixed(m.x_base, 3),
+                fixed(m.x_floor, 2),
+                fixed(m.loss * 100.0, 1),
+                fixed(m.busy * 100.0, 0)
             );
         }
         let _ = writeln!(s);
@@ -304,10 +261,10 @@ pub(super) fn report(
                 "| {} | {} | {} | {} | {} | {} | {} / {} |",
                 if pct == 0 { "probes only".to_string() } else { format!("{pct} %") },
                 thousands(mine[0].offered),
-                fmt(m("p50_us"), 1),
-                fmt(m("p99_us"), 1),
-                fmt(m("p999_us"), 1),
-                fmt(m("max_us"), 0),
+                fixed(m("p50_us"), 1),
+                fixed(m("p99_us"), 1),
+                fixed(m("p999_us"), 1),
+                fixed(m("max_us"), 0),
                 mine.iter().map(|l| l.v["lost"].as_u64().unwrap_or(0)).sum::<u64>(),
                 mine.iter().map(|l| l.v["sent"].as_u64().unwrap_or(0)).sum::<u64>()
             );
@@ -427,7 +384,7 @@ pub(super) fn svg(sums: &[Summary], o: &Opts) -> String {
                     COLORS[i % COLORS.len()],
                     LABEL_W + bw + 4.0,
                     y + ROW_H - 6.0,
-                    fmt(m.us, 2)
+                    fixed(m.us, 2)
                 );
             }
             y += ROW_H;

@@ -197,6 +197,12 @@ impl Ctl {
                 }
             },
         };
+        // The data plane admits this id's data hello from this pid only.
+        if let Err(e) = self.store_registrations(Some((server_id, pid))) {
+            tracing::error!(error = %format!("{e:#}"), "cannot record the registration");
+            self.refuse(token, &format!("cannot record the registration: {e:#}"));
+            return false;
+        }
         let assign = Control::Assign {
             server_id: proto::ServerId(server_id),
             keys: self.keys.keys.clone(),
@@ -225,6 +231,11 @@ impl Ctl {
         true
     }
 
+    pub(super) fn host_layout(&self) -> proto::host::HostLayout {
+        // Validated at start (controller::run).
+        self.host
+    }
+
     fn id_held(&self, id: u16) -> bool {
         self.conns.values().any(|c| matches!(c.kind, Kind::Worker { server_id, .. } if server_id == id))
     }
@@ -232,25 +243,28 @@ impl Ctl {
     /// The next server id, persisted before it is handed out; rotates the key
     /// generation every `--rotate-every` starts (ADR 0001).
     fn allocate_id(&mut self) -> anyhow::Result<u16> {
-        let mut id = self.counter.next;
-        // After a wrap, skip ids that are still registered (65 536 starts later).
-        for _ in 0..=u16::MAX {
+        // This host's ids only (ADR 0005; with no host bits, 1..=65535). A counter
+        // from another layout restarts in this host's range.
+        let host = self.host_layout();
+        let mut id =
+            if (host.first()..=host.last()).contains(&self.counter.next) { self.counter.next } else { host.first() };
+        // After a wrap, skip ids that are still registered (a range later).
+        for _ in 0..host.per_host() {
             if !self.id_held(id) {
                 break;
             }
-            id = id.wrapping_add(1);
+            id = host.next(id);
         }
         if self.counter.starts_in_generation >= self.opts.rotate_every {
             // Paced like an operator's rotation (deferred, not refused: the id is
             // still handed out), unless the id space itself needs the new generation.
-            let force = self.counter.starts_in_generation >= super::rotation::ID_SPACE_FORCE;
+            let force = self.counter.starts_in_generation >= host.per_host() / 2;
             let why = format!("{} instance starts in this generation", self.counter.starts_in_generation);
             if let Err(e) = self.rotate(&why, None, force) {
                 tracing::warn!(error = %format!("{e:#}"), "automatic key rotation deferred");
             }
         }
-        let c =
-            state::Counter { next: id.wrapping_add(1), starts_in_generation: self.counter.starts_in_generation + 1 };
+        let c = state::Counter { next: host.next(id), starts_in_generation: self.counter.starts_in_generation + 1 };
         state::store_counter(&self.paths, c)?;
         self.counter = c;
         self.issued_here.insert(id);
@@ -274,6 +288,9 @@ impl Ctl {
         let _ = self.epoll.delete(c.fd.as_raw_fd());
         if let Kind::Worker { server_id, pid, .. } = c.kind {
             tracing::info!(server_id, pid, why, "worker left the controller");
+            if let Err(e) = self.store_registrations(None) {
+                tracing::warn!(error = %format!("{e:#}"), "could not update the registrations file");
+            }
         }
     }
 }

@@ -170,6 +170,8 @@ pub(crate) struct Ctl {
     pending_cap: usize,
     /// `--worker-user`, resolved at start (docs/operations.md "Trust model").
     worker_user: Option<crate::trust::WorkerUser>,
+    /// `--host-bits`/`--host-id` (ADR 0005): the server ids this host issues.
+    host: proto::host::HostLayout,
 }
 
 /// Entry point: `demux --state-dir DIR …` / `demux controller …`.
@@ -196,9 +198,17 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
             bail!("--listen {l} given twice");
         }
     }
-    if opts.rotate_every == 0 || opts.rotate_every > 32_768 {
-        // Two live generations × rotate-every starts must stay below 65 536 ids.
-        bail!("--rotate-every must be 1..=32768 (two live key generations must not span 65 536 server ids)");
+    let host = proto::host::HostLayout::new(dp.host_bits, dp.host_id)?;
+    // Two live generations × rotate-every starts must stay below the host's ids.
+    let max_rotate_every = host.per_host() / 2;
+    let mut opts = opts;
+    opts.rotate_every = opts.rotate_every_arg.unwrap_or(DEFAULT_ROTATE_EVERY.min(max_rotate_every));
+    if opts.rotate_every == 0 || opts.rotate_every > max_rotate_every {
+        bail!(
+            "--rotate-every must be 1..={max_rotate_every} (two live key generations must not span the host's {} server \
+             ids)",
+            host.per_host()
+        );
     }
     let cores = cores::resolve(&dp.cores)?;
     if cores.len() * dp.listen.len() > proto::wire::MAX_SOCKETS {
@@ -226,7 +236,7 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
     );
 
     let mut dataplane_args = dataplane_args(&dp, &paths);
-    dataplane_args.extend(trust::dataplane_worker_args(worker_user.as_ref()));
+    dataplane_args.extend(trust::dataplane_trust_args(&paths, worker_user.as_ref()));
     // Adopt a running data plane (controller restart), else open the sockets.
     let (udp, udp_addrs, dp_state) = match adopt_dataplane(&paths, &dp, cores.len())? {
         Some((pid, fds, addrs)) => {
@@ -266,7 +276,6 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
         status::spawn_metrics(addr, Some(status_out.clone()), paths.dataplane_sock())?;
     }
 
-    let mut opts = opts;
     if opts.spawn_workers > 0 {
         add_cid_lifetime_arg(&mut opts);
     }
@@ -302,12 +311,16 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
         pending_cap: crate::accept_guard::pending_cap(),
         opts,
         worker_user,
+        host,
     };
     ctl.take_over_workers();
     let r = ctl.run();
     drop(lock);
     r
 }
+
+/// `--rotate-every` unless given (and the host has the ids for it).
+const DEFAULT_ROTATE_EVERY: u32 = 10_000;
 
 /// `--cid-lifetime` reaches spawned workers as `worker --cid-lifetime SECS` unless the
 /// operator passed one in the worker arguments. It is part of the worker's command-line
@@ -364,6 +377,10 @@ fn dataplane_args(dp: &DataPlaneArgs, p: &Paths) -> Vec<String> {
     ] {
         v.push(flag.into());
         v.push(value);
+    }
+    v.extend(["--host-bits".into(), dp.host_bits.to_string(), "--host-id".into(), dp.host_id.to_string()]);
+    if let (Some(peers), Some(listen)) = (&dp.peers, dp.peer_listen) {
+        v.extend(["--peers".into(), peers.display().to_string(), "--peer-listen".into(), listen.to_string()]);
     }
     for (f, n) in [
         ("--pin-capacity", dp.pin_capacity),
@@ -572,6 +589,14 @@ pub mod tests {
             "17",
             "--pressure-drop-above",
             "19",
+            "--host-bits",
+            "3",
+            "--host-id",
+            "5",
+            "--peers",
+            "/tmp/peers",
+            "--peer-listen",
+            "127.0.0.1:4434",
         ]);
         let paths = Paths::new(std::path::Path::new("/tmp/x"));
         let mut argv = vec!["demux".to_string(), "dataplane".to_string(), "--listen".into(), "127.0.0.1:4433".into()];
@@ -594,6 +619,9 @@ pub mod tests {
         assert_eq!((dp.pressure_retry_above, dp.pressure_drop_above), (17, 19));
         assert_eq!(dp.forward, ForwardKind::Ring);
         assert_eq!(dp.ring_bytes, 1 << 20);
+        assert_eq!((dp.host_bits, dp.host_id), (3, 5));
+        assert_eq!(dp.peers.as_deref(), Some(std::path::Path::new("/tmp/peers")));
+        assert_eq!(dp.peer_listen, Some("127.0.0.1:4434".parse().unwrap()));
         assert_eq!(dp.keys.as_deref(), Some(paths.keys().as_path()));
         assert_eq!(dp.orphan_timeout, Some(ORPHAN_TIMEOUT_DEFAULT), "a controller's data plane exits when orphaned");
         assert_eq!(dp.metrics, None, "the controller serves the metrics, not its data plane");

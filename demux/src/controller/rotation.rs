@@ -28,10 +28,6 @@ use proto::wire::{encode_control, Control};
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-/// Automatic rotation (every `--rotate-every` starts) ignores the pacing from this
-/// many starts in one generation: two generations must not span 65 536 server ids.
-pub(super) const ID_SPACE_FORCE: u32 = 32_768;
-
 impl Ctl {
     pub(super) fn cid_lifetime(&self) -> Duration {
         Duration::from_secs(self.opts.cid_lifetime)

@@ -70,6 +70,9 @@ impl Ctl {
             },
             "sockets": sockets,
             "next_server_id": self.counter.next,
+            "host": { "bits": self.host.bits(), "id": self.host.host() },
+            // control.sock refusals by reason (crate::trust::Refusal).
+            "peer_refused": crate::trust::refused_json(),
             "starts_in_generation": self.counter.starts_in_generation,
             "rotate_every": self.opts.rotate_every,
             "key_newest": k.newest.generation.get(),
@@ -322,6 +325,15 @@ fn prometheus(ctl: &Value, dp: &Value) -> String {
         "the server id the next instance start gets",
         "gauge",
         vec![(String::new(), u(&ctl["next_server_id"]))],
+    );
+    let refused = ctl["peer_refused"]
+        .as_object()
+        .map(|m| m.iter().map(|(k, v)| (format!("{{socket=\"control\",reason=\"{k}\"}}"), u(v))).collect::<Vec<_>>());
+    metric(
+        "quicdemux_controller_peer_refused_total",
+        "peers refused on control.sock by reason (SO_PEERCRED, registration checks)",
+        "counter",
+        refused.unwrap_or_default(),
     );
     metric(
         "quicdemux_key_generation",

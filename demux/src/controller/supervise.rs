@@ -350,6 +350,7 @@ impl Ctl {
             self.paths.dataplane_pid(),
             self.paths.dataplane_restarts(),
             self.paths.workers(),
+            super::trust::registrations_path(&self.paths),
             self.paths.controller_pid(),
             self.paths.control_sock(),
         ] {

@@ -13,7 +13,7 @@
 
 use super::{Ctl, Kind};
 use crate::cli::ControllerOpts;
-use crate::trust::{self as policy, PeerPolicy, WorkerUser};
+use crate::trust::{self as policy, PeerPolicy, Refusal, WorkerUser};
 use anyhow::{bail, Result};
 use proto::wire::{Control, Role};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -28,13 +28,21 @@ pub(super) fn resolve_worker_user(opts: &ControllerOpts) -> Result<Option<Worker
     Ok(Some(u))
 }
 
-/// `--worker-uid/--worker-gid` for the data plane: data.sock accepts that uid and is
-/// 0660 for that group.
-pub(super) fn dataplane_worker_args(user: Option<&WorkerUser>) -> Vec<String> {
-    match user {
-        Some(u) => vec!["--worker-uid".into(), u.uid.to_string(), "--worker-gid".into(), u.gid.to_string()],
-        None => Vec::new(),
+/// `DIR/registrations`: `SERVER_ID PID` per registered worker, read by the data plane
+/// on every data hello (`dataplane/registry/registrations.rs`).
+pub(super) fn registrations_path(paths: &super::state::Paths) -> std::path::PathBuf {
+    paths.dir.join("registrations")
+}
+
+/// The data plane's trust flags: `--registrations` (a data hello must come from the
+/// pid that registered its server id) and `--worker-uid/--worker-gid` (data.sock
+/// accepts that uid and is 0660 for that group).
+pub(super) fn dataplane_trust_args(paths: &super::state::Paths, user: Option<&WorkerUser>) -> Vec<String> {
+    let mut v = vec!["--registrations".to_string(), registrations_path(paths).display().to_string()];
+    if let Some(u) = user {
+        v.extend(["--worker-uid".into(), u.uid.to_string(), "--worker-gid".into(), u.gid.to_string()]);
     }
+    v
 }
 
 /// control.sock 0660 for the worker user's group (it stays 0600 without one).
@@ -46,6 +54,24 @@ pub(super) fn share_control_sock(paths: &super::state::Paths, user: Option<&Work
 }
 
 impl Ctl {
+    /// Rewrites `DIR/registrations` from the registered workers, plus `adding` (a
+    /// registration about to be answered: written before its `Assign`, so that the
+    /// worker's data hello finds it).
+    pub(super) fn store_registrations(&self, adding: Option<(u16, u32)>) -> Result<()> {
+        let mut lines: Vec<(u16, u32)> = self
+            .conns
+            .values()
+            .filter_map(|c| match c.kind {
+                Kind::Worker { server_id, pid, .. } => Some((server_id, pid)),
+                _ => None,
+            })
+            .chain(adding)
+            .collect();
+        lines.sort_unstable();
+        let text: String = lines.iter().map(|(id, pid)| format!("{id} {pid}\n")).collect();
+        super::state::write_atomic(&registrations_path(&self.paths), &text)
+    }
+
     fn worker_uid(&self) -> Option<u32> {
         self.worker_user.as_ref().map(|u| u.uid)
     }
@@ -60,46 +86,53 @@ impl Ctl {
     pub(super) fn authorize(&mut self, token: u64, m: &Control) -> bool {
         let Some(conn) = self.conns.get(&token) else { return false };
         let raw = conn.fd.as_raw_fd();
-        let (cred, reason) = match crate::sys::peer_cred(raw) {
+        let (cred, refusal) = match crate::sys::peer_cred(raw) {
             Ok(c) => (Some(c), self.refusal(&c, m)),
-            Err(e) => (None, Some(format!("no peer credentials ({e})"))),
+            Err(e) => (None, Some((Refusal::NoCredentials, format!("no peer credentials ({e})")))),
         };
-        let Some(reason) = reason else { return true };
+        let Some((why, reason)) = refusal else { return true };
         policy::send_error(raw, &reason);
-        policy::note_refusal("control.sock", cred.as_ref(), &reason);
+        policy::note_refusal("control.sock", cred.as_ref(), why, &reason);
         self.close(token, &reason);
         false
     }
 
     /// Why `cred` may not send `m` (None: it may).
-    fn refusal(&self, cred: &libc::ucred, m: &Control) -> Option<String> {
+    fn refusal(&self, cred: &libc::ucred, m: &Control) -> Option<(Refusal, String)> {
         let ours = cred.uid == policy::euid();
         match m {
             Control::Hello { role: Role::Worker, pid } | Control::Rejoin { pid, .. } => {
                 if !ours && Some(cred.uid) != self.worker_uid() {
-                    return Some(format!("uid {} may not register workers", cred.uid));
+                    return Some((Refusal::WrongUid, format!("uid {} may not register workers", cred.uid)));
                 }
                 if i64::from(*pid) != i64::from(cred.pid) {
-                    return Some(format!("the message says pid {pid} but pid {} sent it", cred.pid));
+                    return Some((
+                        Refusal::PidMismatch,
+                        format!("the message says pid {pid} but pid {} sent it", cred.pid),
+                    ));
                 }
                 if !ours {
                     // The worker uid is the one exposed to the internet: only processes
                     // we started may use it, each for one registration.
                     if !self.workers.iter().any(|w| w.proc.pid() == cred.pid) {
-                        return Some(format!("pid {} was not spawned by this controller", cred.pid));
+                        return Some((
+                            Refusal::NotSpawned,
+                            format!("pid {} was not spawned by this controller", cred.pid),
+                        ));
                     }
                     let held = self
                         .conns
                         .values()
                         .any(|c| matches!(c.kind, Kind::Worker { pid, .. } if i64::from(pid) == i64::from(cred.pid)));
                     if held {
-                        return Some(format!("pid {} is already registered", cred.pid));
+                        return Some((Refusal::AlreadyRegistered, format!("pid {} is already registered", cred.pid)));
                     }
                 }
                 None
             }
             Control::Hello { .. } | Control::StatusRequest | Control::RotateKeys { .. } if !ours => {
-                Some(format!("operator requests only from uid {} (not uid {})", policy::euid(), cred.uid))
+                let reason = format!("operator requests only from uid {} (not uid {})", policy::euid(), cred.uid);
+                Some((Refusal::OperatorOnly, reason))
             }
             _ => None,
         }

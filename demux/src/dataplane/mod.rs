@@ -11,6 +11,7 @@ pub mod handshakes;
 pub mod io_uring_backend;
 pub mod limits;
 pub mod mmsg_backend;
+pub mod peers;
 pub mod pressure;
 pub mod registry;
 pub mod retry;
@@ -155,6 +156,11 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
     // Before any other thread exists: signals are then blocked everywhere.
     signals::exit_on_signal(own_files.clone())?;
     let limits = Arc::new(limits::Limits::new(a.limits_config())?.with_retry(a.retry_mode(), keyfile.token_key));
+    let host = proto::host::HostLayout::new(a.host_bits, a.host_id)?;
+    let peers = match (&a.peers, a.peer_listen) {
+        (Some(file), Some(listen)) => Some(peers::Peers::start(host, &keyfile.reset_key, file.clone(), listen)?),
+        _ => None,
+    };
     let mut reg = registry::Registry::new(registry::RegistryConfig {
         keys: keyset,
         rendezvous_key: keyfile.rendezvous_key,
@@ -178,6 +184,8 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
         handshakes_done: limits.handshakes_done.clone(),
         pressure: a.pressure_config(),
         data_peers: crate::trust::PeerPolicy::us_and(a.worker_uid),
+        registrations: a.registrations.clone(),
+        peers: peers.clone(),
     })?;
 
     tracing::info!(
@@ -201,6 +209,7 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
             batch: a.batch,
             uring_buffers: a.uring_buffers,
             limits: limits.clone(),
+            peers: peers.clone(),
             started: started_tx.clone(),
         };
         std::thread::Builder::new()

@@ -78,15 +78,8 @@ impl<A: Admission<Refusal = Refusal>> Admission for PressureAdmission<'_, A> {
     /// The inner admission decides whether an Initial on a live DCID may go to its
     /// owner (token check): pressure must not make that check disappear.
     #[inline]
-    fn owner_initial(
-        &mut self,
-        h: &LongHeader<'_>,
-        datagram: &[u8],
-        stride: usize,
-        table: &Table,
-        owner: usize,
-    ) -> bool {
-        self.inner.owner_initial(h, datagram, stride, table, owner)
+    fn owner_initial(&mut self, h: &LongHeader<'_>, d: &[u8], stride: usize, t: &Table, owner: usize) -> bool {
+        self.inner.owner_initial(h, d, stride, t, owner)
     }
 }
 

@@ -30,6 +30,8 @@ pub struct ShardSetup {
     pub uring_buffers: u16,
     /// Per-source limits shared by every shard (and the data plane's clock origin).
     pub limits: Arc<Limits>,
+    /// Host-to-host forwarding of other hosts' ids (crate::dataplane::peers).
+    pub peers: Option<Arc<crate::dataplane::peers::Peers>>,
     /// Told the shard index once the shard is set up and about to receive.
     pub started: std::sync::mpsc::Sender<usize>,
 }
@@ -55,6 +57,7 @@ pub struct Router {
     unix: u64,
     /// `HandshakeDone` notices seen (crate::dataplane::handshakes).
     done_cursor: u64,
+    peers: Option<Arc<crate::dataplane::peers::Peers>>,
 }
 
 impl Drop for Router {
@@ -89,6 +92,7 @@ impl Router {
             ms: 0,
             unix: 0,
             done_cursor: setup.limits.handshakes_done.written(),
+            peers: setup.peers.clone(),
         })
     }
 
@@ -159,6 +163,7 @@ impl Router {
             None => None,
         };
         let fwd = &mut self.fwd;
+        let peers = self.peers.as_deref();
         // Only a new placement calls into the limits (proto::route::Admission); the
         // clock in ms for the rate sketch is the batch's, no extra clock read.
         let (gate, mut minter) = match &mut self.retry {
@@ -204,6 +209,23 @@ impl Router {
                     return;
                 }
                 None => {}
+            }
+            // ADR 0005: an orphan here may be another host's: forwarded there (each
+            // segment of a train in its own frame), not reset here.
+            if run.decision.reason == Reason::Orphan {
+                if let Some(p) = peers {
+                    let keys = snap.table.keys();
+                    let local = local.unwrap_or(sock.local);
+                    let bytes = payload.get(run.bytes.clone()).unwrap_or(&[]);
+                    let mut all = true;
+                    let seg_len = if run.segments > 1 { stride.max(1) } else { bytes.len().max(1) };
+                    for seg in bytes.chunks(seg_len) {
+                        all &= p.forward(keys, seg, client, local);
+                    }
+                    if all {
+                        return;
+                    }
+                }
             }
             bump(&c.reasons[run.decision.reason.index()], segs);
             match run.decision.target {

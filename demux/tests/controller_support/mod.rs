@@ -61,6 +61,8 @@ pub struct Controller {
     pub externals: Vec<Child>,
     /// `--listen` (default `127.0.0.1:0`: a free port).
     pub listen: String,
+    /// Run inside this network namespace (`ip netns exec NS demux …`).
+    pub netns: Option<String>,
     starts: usize,
 }
 
@@ -84,6 +86,48 @@ impl Controller {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             externals: Vec::new(),
             listen: listen.to_string(),
+            netns: None,
+            starts: 0,
+        };
+        let _ = c.child.wait();
+        c.launch();
+        c
+    }
+
+    /// A controller inside network namespace `netns`, listening on `listen`, whose
+    /// state directory starts with a copy of the key file `keys` and whose workers
+    /// serve `cert` (a cluster's hosts share both, docs/adr/0005).
+    pub fn start_in_netns(
+        tag: &str,
+        spawn: usize,
+        netns: &str,
+        listen: &str,
+        shared: Option<(&Path, &Cert)>,
+        extra: &[&str],
+    ) -> Controller {
+        let dir = temp_dir(tag);
+        let state = dir.join("state");
+        if let Some((k, _)) = shared {
+            use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+            std::fs::DirBuilder::new().mode(0o700).create(&state).expect("state dir");
+            std::fs::copy(k, state.join("keys")).expect("copy the key file");
+            std::fs::set_permissions(state.join("keys"), std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        }
+        let cert = match shared {
+            Some((_, c)) => Cert { cert: c.cert.clone(), key: c.key.clone(), der: c.der.clone() },
+            None => cert(&dir),
+        };
+        let mut c = Controller {
+            child: Command::new("true").spawn().expect("placeholder"),
+            log: dir.join("controller-0.log"),
+            dir,
+            state,
+            cert,
+            spawn,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            externals: Vec::new(),
+            listen: listen.to_string(),
+            netns: Some(netns.to_string()),
             starts: 0,
         };
         let _ = c.child.wait();
@@ -95,7 +139,14 @@ impl Controller {
     pub fn launch(&mut self) {
         self.log = self.dir.join(format!("controller-{}.log", self.starts));
         self.starts += 1;
-        let mut cmd = Command::new(DEMUX);
+        let mut cmd = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, DEMUX]);
+                c
+            }
+            None => Command::new(DEMUX),
+        };
         cmd.args(["--listen", &self.listen, "--cores", "0-1", "--drain-timeout", "10"]);
         cmd.arg("--state-dir").arg(&self.state);
         cmd.arg("--spawn-workers").arg(self.spawn.to_string());
@@ -265,7 +316,7 @@ impl Controller {
         }
     }
 
-    fn kill_everything(&mut self) {
+    pub fn kill_everything(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let read_pids = |p: PathBuf| -> Vec<i64> {
@@ -445,4 +496,18 @@ pub fn recv_raw(fd: &std::os::fd::OwnedFd) -> Vec<u8> {
     let n = sys::seqpacket::recv_record(fd.as_fd(), &mut b, 0).map(|r| r.len).unwrap_or(0);
     b.truncate(n);
     b
+}
+
+/// The inode of the socket `pid` holds as `fd` (`/proc/PID/fd/FD` → `socket:[INO]`).
+pub fn socket_inode(pid: i64, fd: i64) -> Option<u64> {
+    let link = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok()?;
+    link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+}
+
+/// The inodes of every socket `pid` holds open.
+pub fn socket_inodes(pid: i64) -> std::collections::BTreeSet<u64> {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("/proc/PID/fd");
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i64>().ok())
+        .filter_map(|fd| socket_inode(pid, fd))
+        .collect()
 }

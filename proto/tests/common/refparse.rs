@@ -98,17 +98,9 @@ pub fn ref_parse(d: &[u8], short_dcid_len: usize) -> Result<Header<'_>, HeaderEr
     let rest = d.len() - at;
     if ty == LongType::Retry {
         // RFC 9000 §17.2.5: Retry Token (the rest) then a 128-bit Retry Integrity Tag.
-        if rest < 16 {
-            return Err(HeaderError::LengthMismatch);
-        }
-        return Ok(Header::Long(LongHeader {
-            version,
-            ty,
-            dcid,
-            scid,
-            token: &d[at..d.len() - 16],
-            packet_len: d.len(),
-        }));
+        let Some(token_len) = rest.checked_sub(16) else { return Err(HeaderError::LengthMismatch) };
+        let token = &d[at..][..token_len];
+        return Ok(Header::Long(LongHeader { version, ty, dcid, scid, token, packet_len: d.len() }));
     }
     let mut token: &[u8] = &[];
     if ty == LongType::Initial {

@@ -70,7 +70,19 @@ fn sink(sock: UdpSocket, done: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<(
 }
 
 fn flood_into_sink(extra: &[&str]) -> (String, Vec<(u16, Vec<u8>)>) {
+    flood_into(UdpSocket::bind("127.0.0.1:0").unwrap(), extra)
+}
+
+/// The same into a socket with UDP_GRO (udp(7)): on loopback a GSO send reaches it
+/// whole, as one read of all its segments; separately sent datagrams stay separate
+/// reads (loopback does not coalesce). So each read is one of udpflood's sends.
+fn flood_into_gro_sink(extra: &[&str]) -> (String, Vec<(u16, Vec<u8>)>) {
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sys::sockopt::setsockopt_int(sock.as_raw_fd(), libc::SOL_UDP, libc::UDP_GRO, 1).expect("UDP_GRO");
+    flood_into(sock, extra)
+}
+
+fn flood_into(sock: UdpSocket, extra: &[&str]) -> (String, Vec<(u16, Vec<u8>)>) {
     rcvbuf(&sock, 4 << 20);
     let target = sock.local_addr().unwrap().to_string();
     let done = Arc::new(AtomicBool::new(false));
@@ -156,6 +168,44 @@ fn gso_trains_from_many_sources() {
         assert_eq!(d.len(), 100);
         let Ok(Header::Short { dcid }) = parse(d, CID_LEN) else { panic!() };
         assert_eq!(ks.decode(dcid).unwrap().server_id, ServerId(7));
+    }
+    // The same flood into a GRO socket: each read is one send. Paced at 10 000/s
+    // per thread, each sendmmsg call carries n >= 10 datagrams (except a thread's
+    // last) as floor(n / 8) trains of 8 and at most one shorter one: at most
+    // 2 x (500 / 8 + 1 + 500 / 10 + 1) = 230 sends, and full trains carry at least
+    // 8/15 of every call's datagrams (the worst n is 15). Plain sends would be 1000
+    // reads of 100 bytes, none of 800.
+    let (json, sends) = flood_into_gro_sink(&[
+        "--mode",
+        "short",
+        "--keys",
+        keys.to_str().unwrap(),
+        "--server-ids",
+        "7",
+        "--size",
+        "100",
+        "--gso",
+        "8",
+        "--threads",
+        "2",
+        "--sources",
+        "6",
+        "--count",
+        "1000",
+        "--rate",
+        "20000",
+    ]);
+    assert_eq!(json_num(&json, "sent"), 1000.0, "{json}");
+    let sizes: Vec<usize> = sends.iter().map(|(_, d)| d.len()).collect();
+    assert_eq!(sizes.iter().sum::<usize>(), 100_000, "every byte arrived: {sizes:?}");
+    assert!(sizes.iter().all(|n| n % 100 == 0 && *n <= 800), "whole segments, at most 8 per send: {sizes:?}");
+    let trains = sizes.iter().filter(|n| **n == 800).count();
+    assert!(sends.len() <= 230 && trains * 8 >= 500, "{} sends, {trains} of 8 segments: {sizes:?}", sends.len());
+    for (_, d) in &sends {
+        for seg in d.chunks(100) {
+            let Ok(Header::Short { dcid }) = parse(seg, CID_LEN) else { panic!("segment {seg:?}") };
+            assert_eq!(ks.decode(dcid).unwrap().server_id, ServerId(7));
+        }
     }
     let _ = std::fs::remove_file(keys);
 }

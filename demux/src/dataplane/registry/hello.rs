@@ -83,9 +83,7 @@ impl Registry {
     }
 
     pub(super) fn hello(&mut self, token: u64, server_id: ServerId, wants: Wants) -> bool {
-        let dup = self.conns.values().any(|c| matches!(c, Conn::Live { conn, .. } if conn.server_id == server_id.0));
-        if dup {
-            self.refuse(token, &format!("server id {} is already live on another data connection", server_id.0));
+        if !self.hello_allowed(token, server_id) {
             return false;
         }
         let Some(slot) = self.slots.take() else {

@@ -33,6 +33,9 @@ impl Registry {
         let mut info = [0u8; SIGNALFD_RECORD];
         // SAFETY: reads into a live buffer of its own length from our non-blocking signalfd.
         while unsafe { libc::read(fd.as_raw_fd(), info.as_mut_ptr().cast(), info.len()) } > 0 {}
+        if let Some(p) = &self.peers {
+            p.reload();
+        }
         let loaded = std::fs::read_to_string(&self.keys_path)
             .map_err(|e| e.to_string())
             .and_then(|t| proto::keyfile::KeyFile::parse(&t).map_err(|e| e.to_string()))

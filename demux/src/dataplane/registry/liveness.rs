@@ -9,6 +9,9 @@
 //! - it has sent at least one `Load` and its data connection or rings have been full
 //!   (its `drops_full` grew at every tick) for longer than [`FULL_BOUND`].
 //!
+//! When every ready instance is stalled, the registry keeps them all placeable (a
+//! slow instance still answers; none at all answers nobody).
+//!
 //! Workers that never send `Load` (older workers, test workers) are never stalled.
 //! A stalled instance is placeable again (if it said `Ready`) at the first tick with
 //! a fresh `Load` and no new `drops_full`.

@@ -25,6 +25,7 @@ mod hello;
 mod keys;
 pub mod liveness;
 mod orphan;
+mod registrations;
 mod slots;
 mod status;
 
@@ -133,6 +134,10 @@ pub struct Registry {
     /// SO_PEERCRED policy: data.sock (us and the worker uid), dataplane.sock (us).
     data_peers: crate::trust::PeerPolicy,
     control_peers: crate::trust::PeerPolicy,
+    /// `--registrations`: which pid registered which server id ([`registrations`]).
+    registrations: Option<std::path::PathBuf>,
+    /// Host-to-host forwarding (re-read on SIGHUP, shown in status).
+    peers: Option<Arc<crate::dataplane::peers::Peers>>,
 }
 
 pub struct RegistryConfig {
@@ -166,6 +171,9 @@ pub struct RegistryConfig {
     /// Who may open a data connection (docs/operations.md "Trust model");
     /// the control socket accepts only our own uid.
     pub data_peers: crate::trust::PeerPolicy,
+    /// The controller's registrations file (None: dataplane-only, uid rules only).
+    pub registrations: Option<std::path::PathBuf>,
+    pub peers: Option<Arc<crate::dataplane::peers::Peers>>,
 }
 
 /// The snapshot before any worker connected.
@@ -217,6 +225,8 @@ impl Registry {
             pending_cap: accept_guard::pending_cap(),
             data_peers: cfg.data_peers,
             control_peers: crate::trust::PeerPolicy::only_us(),
+            registrations: cfg.registrations,
+            peers: cfg.peers,
             buf: vec![0u8; CONTROL_BUF],
         })
     }
@@ -523,14 +533,21 @@ impl Registry {
 
     /// Builds and publishes a new snapshot of the live instances (sorted by id).
     fn publish(&mut self) {
-        // A stalled instance stays live (its connections are forwarded), not placeable.
+        // A stalled instance stays live (its connections are forwarded), not placeable
+        // — unless every ready instance is stalled: then they all stay placeable (a
+        // slow instance still answers; none at all answers nobody), as a load
+        // balancer's panic threshold does.
+        let healthy =
+            self.conns.values().any(|c| matches!(c, Conn::Live { placeable: true, live, .. } if !live.stalled()));
         let mut live: Vec<(Arc<DataConn>, bool, Pressure)> = self
             .conns
             .values()
             .filter_map(|c| match c {
-                Conn::Live { conn, placeable, live } => {
-                    Some((conn.clone(), *placeable && !live.stalled(), self.pressure.level(live.handshakes)))
-                }
+                Conn::Live { conn, placeable, live } => Some((
+                    conn.clone(),
+                    *placeable && (!live.stalled() || !healthy),
+                    self.pressure.level(live.handshakes),
+                )),
                 _ => None,
             })
             .collect();

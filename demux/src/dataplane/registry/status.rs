@@ -51,7 +51,13 @@ impl Registry {
             })
             .collect();
         let fast = fast_path::status_json(&self.fast_path, self.fast_path_mode);
+        // What never reached a shard: datagrams the kernel dropped on our sockets
+        // (receive queue full while the shard was behind).
+        let socket_drops: u64 =
+            self.all_udp_fds.iter().filter_map(|&fd| ::sys::sockopt::kernel_drops(fd).ok()).map(u64::from).sum();
         let extra = json!({
+            "socket_drops": socket_drops,
+            "peers": self.peers.as_ref().map(|p| p.status_json()),
             "liveness": {
                 "stalls": self.stalls_total,
                 "stalled": lives.values().filter(|l| l.stalled()).count(),
@@ -64,6 +70,9 @@ impl Registry {
                 "data": guard_json(&self.data_guard),
                 "control": guard_json(&self.control_guard),
             },
+            // SO_PEERCRED and data-hello refusals on data.sock and dataplane.sock,
+            // by reason (crate::trust::Refusal).
+            "peer_refused": crate::trust::refused_json(),
         });
         status::render(&self.info, snap.table.keys(), snap.version, &self.counters, &instances, fast, extra)
     }

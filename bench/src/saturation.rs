@@ -1,0 +1,645 @@
+//! `bench saturation`: what one core handles when no sender can hold it back.
+//!
+//! Every figure of `bench all` and `bench fastpath` is limited by the sender: one
+//! sender thread offers 0.15–0.4 M datagrams/s and the contender's core idles part of
+//! the time, waking for every one or two datagrams. Here the sender never races the
+//! contender. Per run:
+//!
+//! 1. The contender starts fresh on the shard core: `bench floor-server` (recvmmsg
+//!    and discard), `bench baseline-server` (one recvmsg and one send per datagram),
+//!    or the release demux with one shard (`--io uring --fast-path off --forward
+//!    seqpacket|ring`) and two sink workers on the load core.
+//! 2. Its UDP socket's receive queue is raised to `--queue` bytes from outside: the
+//!    bench takes a duplicate of the contender's own socket (pidfd_getfd) and sets
+//!    SO_RCVBUFFORCE on it (root), so the contender itself runs unchanged.
+//! 3. The contender is stopped (SIGSTOP: it cannot run), and the sender on the load
+//!    core queues `--datagrams` datagrams (64 flows, sendmmsg of 8), stopping early
+//!    at `FILL_LIMIT` of the queue (/proc/net/udp shows its bytes and drops).
+//! 4. SIGCONT: the contender drains the queue at its own pace. The bench polls what
+//!    has reached the far end (the floor: its receive counter; otherwise what the
+//!    sinks took) every `DRAIN_POLL` until it has not moved for `QUIET` and the queue
+//!    is empty.
+//!
+//! CPU: on-CPU time (schedstat) of all the contender's threads from the stop to the
+//! end (a stopped process runs nothing), split into user and system time by
+//! /proc/<pid>/stat. Wall: SIGCONT to the last change of the far end's count. So
+//! CPU µs per datagram is its CPU over the datagrams it handled, and datagrams/s per
+//! core is the inverse.
+
+use crate::all::contenders::{start_demux_run, start_server, Cores, Running};
+use crate::all::prioritize;
+use crate::cli::SaturationArgs;
+use crate::dataplane::{demux_bin, stat_user_system_s, DATAGRAM};
+use crate::load::{send_until, FLOWS};
+use crate::report::{command_output, fixed, loadavg, loadavg_now, median, mode_name, replace_block, thousands};
+use crate::sys::{all_threads_stopped, cpu_model, dup_from_process, schedstat_ns, socket_fd_of, udp_queue, Schedstat};
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+use std::fmt::Write as _;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The sender stops when the queue holds this share of `--queue` bytes.
+const FILL_LIMIT: f64 = 0.9;
+/// Datagrams between two looks at the queue while filling it.
+const FILL_CHECK_EVERY: u64 = 1024;
+/// The longest a fill may take.
+const FILL_TIMEOUT: Duration = Duration::from_secs(20);
+/// How often the drain's progress is read.
+const DRAIN_POLL: Duration = Duration::from_millis(1);
+/// The drain is over when nothing reached the far end for this long and the queue is empty.
+const QUIET: Duration = Duration::from_millis(200);
+/// The longest a drain may take.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long SIGSTOP may take to stop every thread.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Markers of the generated block in the doc.
+const BEGIN: &str = "<!-- bench saturation: begin";
+const END: &str = "<!-- bench saturation: end -->";
+
+// The issue's targets at saturation, for the demux with ring forwarding.
+/// CPU µs per uncoalesced datagram, at most.
+const TARGET_US_UNCOALESCED: f64 = 0.6;
+/// The demux's CPU per uncoalesced datagram over the floor's, at most.
+const TARGET_X_FLOOR: f64 = 1.5;
+/// CPU µs per datagram in GRO trains, at most.
+const TARGET_US_TRAINS: f64 = 0.15;
+
+/// The demux flags of a demux contender; None for the floor and the baseline.
+fn demux_flags(kind: &str) -> Option<[&'static str; 6]> {
+    let forward = match kind {
+        "seqpacket" => "seqpacket",
+        "ring" => "ring",
+        _ => return None,
+    };
+    Some(["--io", "uring", "--fast-path", "off", "--forward", forward])
+}
+
+/// One run's figures.
+#[derive(Clone, Debug)]
+pub(crate) struct Run {
+    pub(crate) kind: String,
+    pub(crate) train: usize,
+    pub(crate) rep: usize,
+    /// Datagrams the sender queued (sendmmsg accepted them).
+    pub(crate) sent: u64,
+    /// The queue's bytes when the contender was continued.
+    pub(crate) queued_bytes: u64,
+    /// Drops the socket counted while filling (a full queue).
+    pub(crate) fill_drops: u64,
+    /// Datagrams the contender received and handled (forwarded; the floor: received).
+    pub(crate) received: u64,
+    pub(crate) handled: u64,
+    pub(crate) cpu_s: f64,
+    pub(crate) user_s: f64,
+    pub(crate) system_s: f64,
+    /// Runnable but waiting for a CPU (the machine's other load).
+    pub(crate) waited_s: f64,
+    pub(crate) wall_s: f64,
+    /// The demux's receive batches (shard loop rounds) over the drain; None for the others.
+    pub(crate) batches: Option<u64>,
+}
+
+impl Run {
+    pub(crate) fn us(&self) -> f64 {
+        self.cpu_s * 1e6 / self.handled as f64
+    }
+    /// Datagrams per second of one core's CPU time.
+    pub(crate) fn per_core(&self) -> f64 {
+        self.handled as f64 / self.cpu_s
+    }
+    pub(crate) fn wall_rate(&self) -> f64 {
+        self.handled as f64 / self.wall_s
+    }
+    /// User time's share of the contender's CPU time (the rest: system calls, and the
+    /// softirq work of its sends).
+    /// Datagrams received per batch of the demux's shard (NaN for the others).
+    pub(crate) fn per_batch(&self) -> f64 {
+        self.batches.map_or(f64::NAN, |b| self.received as f64 / b as f64)
+    }
+    pub(crate) fn user_share(&self) -> f64 {
+        self.user_s / (self.user_s + self.system_s)
+    }
+    fn json(&self) -> Value {
+        json!({
+            "contender": self.kind, "train": self.train, "round": self.rep + 1, "sent": self.sent,
+            "queued_bytes": self.queued_bytes, "fill_drops": self.fill_drops, "received": self.received,
+            "handled": self.handled, "cpu_s": self.cpu_s, "user_s": self.user_s, "system_s": self.system_s,
+            "waited_s": self.waited_s, "wall_s": self.wall_s, "us_per_datagram": self.us(), "batches": self.batches,
+        })
+    }
+}
+
+/// The receive queue (SO_RCVBUF) of `fd`, in bytes.
+fn recv_buffer(fd: &OwnedFd) -> Result<u64> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes one c_int into `v`; `len` holds its size.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        bail!("getsockopt SO_RCVBUF: {}", std::io::Error::last_os_error());
+    }
+    Ok(v as u64)
+}
+
+/// Gives the contender's socket on `port` a receive queue of `bytes` (the kernel
+/// doubles what SO_RCVBUFFORCE asks for) through a duplicate of its own descriptor.
+fn raise_queue(pid: u32, port: u16, bytes: u64) -> Result<()> {
+    let q = udp_queue(port).with_context(|| format!("no UDP socket on port {port} in /proc/net/udp"))?;
+    let fd = socket_fd_of(pid, q.inode).with_context(|| format!("pid {pid} holds no socket:[{}]", q.inode))?;
+    let sock = dup_from_process(pid, fd)?;
+    ::sys::sockopt::set_recv_buffer(sock.as_raw_fd(), (bytes / 2) as usize);
+    let got = recv_buffer(&sock)?;
+    if got < bytes {
+        bail!("the receive queue is {got} bytes, not {bytes}: SO_RCVBUFFORCE needs CAP_NET_ADMIN (run as root)");
+    }
+    Ok(())
+}
+
+fn signal(pid: u32, sig: libc::c_int) -> Result<()> {
+    // SAFETY: a signal to our own child.
+    if unsafe { libc::kill(pid as libc::pid_t, sig) } != 0 {
+        bail!("kill({pid}, {sig}): {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// SIGSTOP, and wait until every thread of `pid` has stopped.
+fn stop(pid: u32) -> Result<()> {
+    signal(pid, libc::SIGSTOP)?;
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    while !all_threads_stopped(pid) {
+        if Instant::now() > deadline {
+            bail!("pid {pid} did not stop");
+        }
+        std::thread::sleep(DRAIN_POLL);
+    }
+    Ok(())
+}
+
+/// Continues the contender on drop, so an error never leaves it stopped.
+struct Stopped(u32);
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = signal(self.0, libc::SIGCONT);
+    }
+}
+
+fn start(kind: &str, train: usize, o: &SaturationArgs, bins: &Path, dir: &Path) -> Result<Running> {
+    let cores = Cores { shard: o.rounds.shard_core, load: o.rounds.load_core };
+    match demux_flags(kind) {
+        Some(flags) => start_demux_run(&format!("sat-{kind}"), &flags, cores, bins),
+        None => start_server(kind, cores, dir, train),
+    }
+}
+
+fn run_one(kind: &str, train: usize, rep: usize, o: &SaturationArgs, bins: &Path, tmp: &Path) -> Result<Run> {
+    let dir = tmp.join(format!("{kind}-{train}-{rep}"));
+    std::fs::create_dir_all(&dir)?;
+    let _dg = crate::all::contenders::DirGuard(dir.clone());
+    let r = start(kind, train, o, bins, &dir)?;
+    let port = r.addr.port();
+    raise_queue(r.pid, port, o.queue)?;
+    // Counters first: a stopped demux answers no status request.
+    let batches = |r: &Running| r.batches.as_ref().map(|b| b()).transpose();
+    let (c0, p0, b0) = ((r.counts)()?, (r.progress)(), batches(&r)?);
+    stop(r.pid)?;
+    let stopped = Stopped(r.pid);
+    // `BENCH_PERF`: attached while the contender is stopped, so it sees the whole drain.
+    let perf = crate::sys::Perf::start(r.pid, &format!("saturation-{kind}-{train}-{rep}"))?;
+    let (cpu0, wait0, (user0, sys0)) =
+        (schedstat_ns(r.pid, Schedstat::OnCpu), schedstat_ns(r.pid, Schedstat::Waiting), stat_user_system_s(r.pid));
+    let q0 = udp_queue(port).context("the socket left /proc/net/udp")?;
+    let limit = (o.queue as f64 * FILL_LIMIT) as u64;
+    let (target, mut next_check) = (o.datagrams, FILL_CHECK_EVERY);
+    let load = send_until(r.addr, &r.ks, &r.ids, train, 0.0, o.rounds.load_core, None, move |sent, elapsed| {
+        if sent >= target || elapsed > FILL_TIMEOUT {
+            return false;
+        }
+        if sent >= next_check {
+            next_check = sent + FILL_CHECK_EVERY;
+            return udp_queue(port).is_some_and(|q| q.rx_queue < limit);
+        }
+        true
+    })?;
+    let q1 = udp_queue(port).context("the socket left /proc/net/udp")?;
+    if (r.progress)() != p0 {
+        bail!("{kind} handled datagrams while stopped");
+    }
+    let t0 = Instant::now();
+    drop(stopped); // SIGCONT
+    let (mut last, mut t_last) = (p0, t0);
+    loop {
+        std::thread::sleep(DRAIN_POLL);
+        let (p, now) = ((r.progress)(), Instant::now());
+        if p != last {
+            (last, t_last) = (p, now);
+        } else if now - t_last >= QUIET && udp_queue(port).is_some_and(|q| q.rx_queue == 0) {
+            break;
+        }
+        if now - t0 > DRAIN_TIMEOUT {
+            bail!("{kind} did not drain its queue within {DRAIN_TIMEOUT:?}");
+        }
+    }
+    let (cpu1, wait1, (user1, sys1)) =
+        (schedstat_ns(r.pid, Schedstat::OnCpu), schedstat_ns(r.pid, Schedstat::Waiting), stat_user_system_s(r.pid));
+    if let Some(p) = perf {
+        p.stop();
+    }
+    let (c1, b1) = ((r.counts)()?, batches(&r)?);
+    let handled = c1.1 - c0.1;
+    if handled == 0 || cpu1 <= cpu0 {
+        bail!("{kind} handled {handled} datagrams in {} ns of CPU", cpu1.saturating_sub(cpu0));
+    }
+    Ok(Run {
+        kind: kind.to_string(),
+        train,
+        rep,
+        sent: load.sent,
+        queued_bytes: q1.rx_queue,
+        fill_drops: q1.drops - q0.drops,
+        received: c1.0 - c0.0,
+        handled,
+        cpu_s: (cpu1 - cpu0) as f64 / 1e9,
+        user_s: user1 - user0,
+        system_s: sys1 - sys0,
+        waited_s: wait1.saturating_sub(wait0) as f64 / 1e9,
+        wall_s: (t_last - t0).as_secs_f64(),
+        batches: b0.zip(b1).map(|(b0, b1)| b1 - b0),
+    })
+}
+
+/// Medians over the rounds of one contender in one mode.
+#[derive(Clone, Debug)]
+pub(crate) struct Sum {
+    pub(crate) kind: String,
+    pub(crate) train: usize,
+    pub(crate) received: f64,
+    pub(crate) handled_share: f64,
+    pub(crate) us: f64,
+    pub(crate) us_min: f64,
+    pub(crate) us_max: f64,
+    pub(crate) per_core: f64,
+    pub(crate) wall_rate: f64,
+    pub(crate) busy: f64,
+    pub(crate) user_share: f64,
+    pub(crate) waited_share: f64,
+    pub(crate) per_batch: f64,
+    /// CPU per datagram over the floor's and the baseline's in the same round and
+    /// mode, the median over the rounds.
+    pub(crate) x_floor: f64,
+    pub(crate) x_baseline: f64,
+}
+
+pub(crate) fn summarize(runs: &[Run], kinds: &[String], trains: &[usize]) -> Vec<Sum> {
+    let mut out = Vec::new();
+    for &train in trains {
+        for k in kinds {
+            let mine: Vec<&Run> = runs.iter().filter(|r| &r.kind == k && r.train == train).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let m = |f: &dyn Fn(&Run) -> f64| median(mine.iter().map(|r| f(r)).collect());
+            let ratio_to = |other: &str| {
+                median(
+                    mine.iter()
+                        .filter_map(|r| {
+                            runs.iter()
+                                .find(|x| x.kind == other && x.train == train && x.rep == r.rep)
+                                .map(|x| r.us() / x.us())
+                        })
+                        .collect(),
+                )
+            };
+            let us: Vec<f64> = mine.iter().map(|r| r.us()).collect();
+            out.push(Sum {
+                kind: k.clone(),
+                train,
+                received: m(&|r| r.received as f64),
+                handled_share: m(&|r| r.handled as f64 / r.received.max(1) as f64),
+                us: median(us.clone()),
+                us_min: us.iter().copied().fold(f64::INFINITY, f64::min),
+                us_max: us.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                per_core: m(&|r| r.per_core()),
+                wall_rate: m(&|r| r.wall_rate()),
+                busy: m(&|r| r.cpu_s / r.wall_s),
+                user_share: m(&|r| r.user_share()),
+                waited_share: m(&|r| r.waited_s / r.wall_s),
+                per_batch: m(&|r| r.per_batch()),
+                x_floor: ratio_to("floor"),
+                x_baseline: ratio_to("baseline"),
+            });
+        }
+    }
+    out
+}
+
+/// One target of the issue against a median.
+#[derive(Clone, Debug)]
+pub(crate) struct Target {
+    pub(crate) what: String,
+    pub(crate) measured: f64,
+    pub(crate) limit: f64,
+    /// What the contender's CPU went to (user/system split).
+    pub(crate) split: String,
+}
+
+impl Target {
+    pub(crate) fn met(&self) -> bool {
+        self.measured <= self.limit
+    }
+}
+
+/// The targets, for the ring contender, and the same limits for SEQPACKET (for
+/// comparison): uncoalesced ≤ 0.6 µs and ≤ 1.5× the floor, trains ≤ 0.15 µs.
+pub(crate) fn targets(sums: &[Sum]) -> Vec<Target> {
+    let mut t = Vec::new();
+    for kind in ["ring", "seqpacket"] {
+        for s in sums.iter().filter(|s| s.kind == kind) {
+            let what = |w: &str| {
+                let cmp = if kind == "seqpacket" { " (SEQPACKET, for comparison)" } else { "" };
+                format!("{kind}, {}: {w}{cmp}", mode_name(s.train))
+            };
+            let split = format!("user {:.0} %, system {:.0} %", s.user_share * 100.0, (1.0 - s.user_share) * 100.0);
+            if s.train == 1 {
+                t.push(Target {
+                    what: what("CPU µs / datagram"),
+                    measured: s.us,
+                    limit: TARGET_US_UNCOALESCED,
+                    split: split.clone(),
+                });
+                t.push(Target { what: what("× floor"), measured: s.x_floor, limit: TARGET_X_FLOOR, split });
+            } else {
+                t.push(Target { what: what("CPU µs / datagram"), measured: s.us, limit: TARGET_US_TRAINS, split });
+            }
+        }
+    }
+    t
+}
+
+/// The machine and the run, for the report's conditions line.
+struct Conditions {
+    uptime_start: String,
+    uptime_end: String,
+    load_start: String,
+    secs: f64,
+}
+
+fn report(runs: &[Run], sums: &[Sum], o: &SaturationArgs, c: &Conditions) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{BEGIN} (generated by `cargo run --release -p bench -- saturation --doc docs/benchmarks.md`; edits inside are overwritten) -->"
+    );
+    let _ = writeln!(s, "#### Run finished {}\n", command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]));
+    let _ = writeln!(
+        s,
+        "Conditions: Linux {}, {} ({} CPUs), {}; **shared machine**: load average at start {} (at end {}; `uptime` before: `{}`, after: `{}`); \
+         {} round(s) per contender and mode, contenders in rotating order; the contender on core {}, the sender ({} flows, sendmmsg of 8) and the sinks on core {}; \
+         up to {} {}-byte short-header datagrams queued per run into a receive queue of {} bytes (SO_RCVBUFFORCE on the contender's own socket) while the contender is stopped; \
+         demux: one shard, `--io uring --fast-path off --forward seqpacket|ring`, two sink workers; the bench and all it starts at nice {} in an autogroup of its own. \
+         Whole run: {:.0} s. Figures are medians over the rounds; ratios are taken within each round, then the median.\n",
+        command_output("uname", &["-r"]),
+        cpu_model(),
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        command_output("rustc", &["--version"]),
+        loadavg(&c.load_start),
+        loadavg_now(),
+        c.uptime_start,
+        c.uptime_end,
+        o.rounds.reps,
+        o.rounds.shard_core,
+        FLOWS,
+        o.rounds.load_core,
+        thousands(o.datagrams as f64),
+        DATAGRAM,
+        thousands(o.queue as f64),
+        o.rounds.nice,
+        c.secs,
+    );
+    let _ = writeln!(s, "| contender | datagrams | queued (median) | handled | **CPU µs / datagram** (min–max) | **datagrams/s per core** | drain datagrams/s (wall) | core busy while draining | × floor | × baseline | user / system | waited for a CPU | datagrams / shard batch |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for m in sums {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.1} % | **{}** ({}–{}) | **{}** | {} | {:.0} % | {} | {} | {:.0} / {:.0} % | {:.1} % | {} |",
+            m.kind,
+            mode_name(m.train),
+            thousands(m.received),
+            m.handled_share * 100.0,
+            fixed(m.us, 3),
+            fixed(m.us_min, 3),
+            fixed(m.us_max, 3),
+            thousands(m.per_core),
+            thousands(m.wall_rate),
+            m.busy * 100.0,
+            fixed(m.x_floor, 2),
+            fixed(m.x_baseline, 2),
+            m.user_share * 100.0,
+            (1.0 - m.user_share) * 100.0,
+            m.waited_share * 100.0,
+            fixed(m.per_batch, 1),
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\n\"CPU µs / datagram\": the contender's CPU time (schedstat, all threads) from its stop to the end of the drain over the datagrams it handled \
+         (forwarded to a worker; the floor: received). \"datagrams/s per core\": handled / CPU seconds. \"drain datagrams/s (wall)\": handled / (SIGCONT → \
+         the last datagram at the far end). \"user / system\": /proc/<pid>/stat, in clock ticks. \"waited for a CPU\": schedstat run-queue wait over the drain's wall time. \
+         \"datagrams / shard batch\": the demux's received datagrams over its `batches` counter (rounds of its loop: receive, route, forward, \
+         and with rings one eventfd write per sleeping worker).\n"
+    );
+    let _ = writeln!(s, "Targets (the issue), from the medians above:\n");
+    let _ = writeln!(s, "| target | measured | limit | | CPU split |");
+    let _ = writeln!(s, "|---|---|---|---|---|");
+    for t in targets(sums) {
+        let _ = writeln!(
+            s,
+            "| {} | {} | ≤ {} | {} | {} |",
+            t.what,
+            fixed(t.measured, 3),
+            t.limit,
+            if t.met() {
+                "**met**".to_string()
+            } else {
+                format!("**missed** ({:.2}× the limit)", t.measured / t.limit)
+            },
+            t.split
+        );
+    }
+    let _ = writeln!(s, "\n<details><summary>Every run</summary>\n");
+    let _ = writeln!(s, "| round | contender | datagrams | sent | queued bytes | fill drops | received | handled | CPU s | user s | system s | waited s | drain s | CPU µs / datagram | datagrams / batch |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in runs {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {:.2} | {:.2} | {:.3} | {:.3} | {:.3} | {} |",
+            r.rep + 1,
+            r.kind,
+            mode_name(r.train),
+            r.sent,
+            r.queued_bytes,
+            r.fill_drops,
+            r.received,
+            r.handled,
+            r.cpu_s,
+            r.user_s,
+            r.system_s,
+            r.waited_s,
+            r.wall_s,
+            r.us(),
+            fixed(r.per_batch(), 1)
+        );
+    }
+    let _ = writeln!(s, "\n</details>\n\n{END}");
+    s
+}
+
+pub fn main(o: SaturationArgs) -> Result<()> {
+    let uptime_start = command_output("uptime", &[]);
+    if o.rounds.nice != 0 {
+        prioritize(o.rounds.nice);
+    }
+    run(&o, uptime_start).map(|_| ())
+}
+
+/// Every round, then the report (printed, and written into `o.doc` when given) and
+/// `o.json`; `uptime_start` is `uptime` before anything started. Returns the report.
+pub(crate) fn run(o: &SaturationArgs, uptime_start: String) -> Result<String> {
+    let t0 = Instant::now();
+    let load_start = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let bins: PathBuf = if o.contenders.iter().any(|k| demux_flags(k).is_some()) {
+        demux_bin()?.parent().context("demux dir")?.to_path_buf()
+    } else {
+        std::env::current_exe()?.parent().context("exe dir")?.to_path_buf()
+    };
+    let tmp = std::env::temp_dir().join(format!("qdbench-sat-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp)?;
+    let _tg = crate::all::contenders::DirGuard(tmp.clone());
+    let n = o.contenders.len();
+    let mut runs = Vec::new();
+    for rep in 0..o.rounds.reps {
+        for &train in &o.trains {
+            for i in 0..n {
+                let k = &o.contenders[(i + rep) % n];
+                let r = run_one(k, train, rep, o, &bins, &tmp)
+                    .with_context(|| format!("{k}, {}, round {}", mode_name(train), rep + 1))?;
+                eprintln!(
+                    "saturation round {} {:<10} {:<16} {:>7.3} µs CPU/datagram, {:>10.0} datagrams/s per core, {:>10.0}/s wall ({} sent, {} queued bytes, {} fill drops, {} received, {} handled; CPU {:.3} s = user {:.2} + system {:.2}; waited {:.3} s; drain {:.3} s)",
+                    rep + 1, k, mode_name(train), r.us(), r.per_core(), r.wall_rate(), r.sent, r.queued_bytes,
+                    r.fill_drops, r.received, r.handled, r.cpu_s, r.user_s, r.system_s, r.waited_s, r.wall_s
+                );
+                runs.push(r);
+            }
+        }
+    }
+    let sums = summarize(&runs, &o.contenders, &o.trains);
+    let c = Conditions {
+        uptime_start,
+        uptime_end: command_output("uptime", &[]),
+        load_start,
+        secs: t0.elapsed().as_secs_f64(),
+    };
+    let text = report(&runs, &sums, o, &c);
+    println!("{text}");
+    if let Some(p) = &o.doc {
+        replace_block(p, BEGIN, END, &text)?;
+        eprintln!("wrote {}", p.display());
+    }
+    if let Some(p) = &o.json {
+        std::fs::write(p, serde_json::to_string_pretty(&Value::Array(runs.iter().map(Run::json).collect()))?)?;
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(kind: &str, train: usize, rep: usize, cpu_s: f64, handled: u64) -> Run {
+        Run {
+            kind: kind.into(),
+            train,
+            rep,
+            sent: handled,
+            queued_bytes: 0,
+            fill_drops: 0,
+            received: handled,
+            handled,
+            cpu_s,
+            user_s: cpu_s * 0.25,
+            system_s: cpu_s * 0.75,
+            waited_s: 0.0,
+            wall_s: cpu_s * 2.0,
+            batches: None,
+        }
+    }
+
+    /// Ratios are taken within a round, then the median: the floor of round 2 does not
+    /// divide the ring of round 1.
+    #[test]
+    fn figures_and_ratios_per_round() {
+        let runs = [
+            run("floor", 1, 0, 0.2, 1_000_000),
+            run("ring", 1, 0, 0.3, 1_000_000),
+            run("floor", 1, 1, 0.4, 1_000_000),
+            run("ring", 1, 1, 0.4, 1_000_000),
+            run("floor", 1, 2, 0.3, 1_000_000),
+            run("ring", 1, 2, 0.6, 1_000_000),
+        ];
+        let sums = summarize(&runs, &["floor".into(), "ring".into()], &[1]);
+        let ring = sums.iter().find(|s| s.kind == "ring").unwrap();
+        assert!((ring.us - 0.4).abs() < 1e-9, "{}", ring.us);
+        assert!((ring.us_min - 0.3).abs() < 1e-9 && (ring.us_max - 0.6).abs() < 1e-9);
+        // Per round 1.5, 1.0, 2.0 → 1.5 (the ratio of the medians would be 0.4/0.3).
+        assert!((ring.x_floor - 1.5).abs() < 1e-9, "{}", ring.x_floor);
+        assert!((ring.per_core - 2_500_000.0).abs() < 1e-3, "{}", ring.per_core);
+        assert!((ring.busy - 0.5).abs() < 1e-9 && (ring.user_share - 0.25).abs() < 1e-9);
+        assert!(ring.x_baseline.is_nan(), "no baseline ran");
+        assert!(ring.per_batch.is_nan(), "no batch counts");
+        let r = Run { batches: Some(40_000), ..run("ring", 1, 0, 0.3, 1_000_000) };
+        assert_eq!(r.per_batch(), 25.0, "received datagrams per batch");
+    }
+
+    #[test]
+    fn targets_are_the_issues() {
+        let runs = [
+            run("floor", 1, 0, 0.4, 1_000_000),
+            run("ring", 1, 0, 0.5, 1_000_000),
+            run("ring", 8, 0, 0.2, 1_000_000),
+            run("seqpacket", 1, 0, 1.0, 1_000_000),
+        ];
+        let sums = summarize(&runs, &["floor".into(), "ring".into(), "seqpacket".into()], &[1, 8]);
+        let t = targets(&sums);
+        let get = |w: &str| t.iter().find(|t| t.what == w).unwrap_or_else(|| panic!("{w}: {t:?}"));
+        let us = get("ring, uncoalesced: CPU µs / datagram");
+        assert!(us.met() && us.limit == 0.6 && (us.measured - 0.5).abs() < 1e-9);
+        let x = get("ring, uncoalesced: × floor");
+        assert!(x.met() && x.limit == 1.5 && (x.measured - 1.25).abs() < 1e-9);
+        let trains = get("ring, GRO trains of 8: CPU µs / datagram");
+        assert!(!trains.met() && trains.limit == 0.15 && (trains.measured - 0.2).abs() < 1e-9);
+        let seq = get("seqpacket, uncoalesced: × floor (SEQPACKET, for comparison)");
+        assert!(!seq.met() && (seq.measured - 2.5).abs() < 1e-9);
+        assert_eq!(us.split, "user 25 %, system 75 %");
+        assert!(t.iter().all(|t| !t.what.starts_with("floor")), "the floor has no target");
+    }
+
+    #[test]
+    fn only_the_demux_contenders_get_demux_flags() {
+        assert_eq!(demux_flags("ring").unwrap()[5], "ring");
+        assert_eq!(
+            demux_flags("seqpacket").unwrap(),
+            ["--io", "uring", "--fast-path", "off", "--forward", "seqpacket"]
+        );
+        assert!(demux_flags("floor").is_none() && demux_flags("baseline").is_none());
+    }
+}

@@ -1,0 +1,308 @@
+//! Host-to-host forwarding (docs/adr/0005-server-ids-across-hosts.md).
+//!
+//! - **Out:** a shard that routes a datagram as an orphan first asks
+//!   [`Peers::forward`]: if its DCID decodes to a server id of another host listed in
+//!   `--peers`, the datagram goes there in an authenticated frame (proto::peer) and is
+//!   not reset here.
+//! - **In:** one thread receives frames on `--peer-listen`, verifies the tag (the
+//!   cluster key file's forwarding key), drops replays (a window per sending host),
+//!   and hands the datagram to this host's own stack through a raw socket with the
+//!   client's address as source and the local address it was sent to as destination
+//!   — so it reaches the owning worker by the kernel fast path or a shard exactly as
+//!   if it had arrived here, and the worker answers the client directly.
+//!
+//! - **Liveness:** every [`HEARTBEAT`] each host sends every peer an empty frame; a
+//!   peer not heard from (heartbeat or forwarded datagram) for [`PEER_DEAD`] is dead:
+//!   its ids are no longer forwarded, so they are orphans here and get this host's
+//!   stateless reset (every host has the cluster's reset key), and the client
+//!   reconnects.
+//!
+//! IPv4 only for the injection (a raw IPv4 socket); an IPv6 frame is counted
+//! `inject_errors`.
+
+use proto::cid::KeySet;
+use proto::host::HostLayout;
+use proto::peer::{self, ForwardingKey, Frame, FrameError, ReplayWindow, Sequencer};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::net::{SocketAddr, UdpSocket};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How often a host tells each peer it is alive.
+pub const HEARTBEAT: Duration = Duration::from_millis(250);
+/// A peer silent this long is dead: its ids are reset here, not forwarded.
+pub const PEER_DEAD: Duration = Duration::from_secs(1);
+
+/// Counters (lb-status `peers`).
+#[derive(Default)]
+pub struct PeerCounters {
+    pub forwarded: AtomicU64,
+    pub forward_errors: AtomicU64,
+    pub received: AtomicU64,
+    pub injected: AtomicU64,
+    pub inject_errors: AtomicU64,
+    pub refused_not_a_frame: AtomicU64,
+    pub refused_malformed: AtomicU64,
+    pub refused_unauthenticated: AtomicU64,
+    pub refused_replayed: AtomicU64,
+    pub refused_unknown_peer: AtomicU64,
+    pub heartbeats_received: AtomicU64,
+    /// Orphans of a dead peer's ids (reset here).
+    pub dead_peer: AtomicU64,
+}
+
+/// This host's forwarding state, shared by the shards and the receiving thread.
+pub struct Peers {
+    layout: HostLayout,
+    key: ForwardingKey,
+    file: PathBuf,
+    /// host id → its forwarding address (re-read on SIGHUP).
+    table: arc_swap::ArcSwap<HashMap<u16, SocketAddr>>,
+    /// Forwarded datagrams per destination host.
+    per_host: Mutex<HashMap<u16, u64>>,
+    socket: UdpSocket,
+    seq: Mutex<Sequencer>,
+    /// When each peer was last heard from.
+    last_seen: Mutex<HashMap<u16, Instant>>,
+    pub counters: PeerCounters,
+}
+
+impl Peers {
+    /// Binds `listen` (frames in; also the source of frames out) and reads `file`.
+    pub fn start(
+        layout: HostLayout,
+        reset_key: &[u8; 32],
+        file: PathBuf,
+        listen: SocketAddr,
+    ) -> anyhow::Result<Arc<Peers>> {
+        use anyhow::Context;
+        let table = read_table(&file)?;
+        let socket = UdpSocket::bind(listen).with_context(|| format!("--peer-listen {listen}"))?;
+        let start = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs().min(u64::from(u32::MAX)) as u32);
+        let p = Arc::new(Peers {
+            layout,
+            key: ForwardingKey::derive(reset_key),
+            file,
+            table: arc_swap::ArcSwap::from_pointee(table),
+            per_host: Mutex::new(HashMap::new()),
+            socket,
+            seq: Mutex::new(Sequencer::new(start)),
+            last_seen: Mutex::new(HashMap::new()),
+            counters: PeerCounters::default(),
+        });
+        let raw = sys::raw::RawIpv4::open().context("a raw IPv4 socket for forwarded datagrams (needs CAP_NET_RAW)")?;
+        let rx = p.clone();
+        std::thread::Builder::new()
+            .name("peers".into())
+            .spawn(move || rx.receive_loop(&raw))
+            .context("starting the peer receiver")?;
+        tracing::info!(listen = %listen, peers = p.table.load().len(), host = layout.host(), "host-to-host forwarding on");
+        Ok(p)
+    }
+
+    /// SIGHUP: re-reads the peers file; a bad file keeps the old table.
+    pub fn reload(&self) {
+        match read_table(&self.file) {
+            Ok(t) => {
+                tracing::info!(peers = t.len(), "peers file re-read");
+                self.table.store(Arc::new(t));
+            }
+            Err(e) => tracing::error!(error = %format!("{e:#}"), "peers file not re-read; keeping the old one"),
+        }
+    }
+
+    /// An orphan datagram (its DCID names no live local instance): forwarded when the
+    /// DCID decodes to another host's server id with a known peer. `true`: it went.
+    pub fn forward(&self, keys: &KeySet, datagram: &[u8], client: SocketAddr, local: SocketAddr) -> bool {
+        let Some(dcid) = dcid(datagram) else { return false };
+        let Ok(d) = keys.decode(dcid) else { return false };
+        let host = self.layout.host_of(d.server_id);
+        if host == self.layout.host() {
+            return false;
+        }
+        let Some(&to) = self.table.load().get(&host) else { return false };
+        if !self.alive(host) {
+            self.counters.dead_peer.fetch_add(1, Relaxed);
+            return false;
+        }
+        match self.send_frame(to, client, local, datagram) {
+            Ok(_) => {
+                self.counters.forwarded.fetch_add(1, Relaxed);
+                if let Ok(mut m) = self.per_host.lock() {
+                    *m.entry(host).or_default() += 1;
+                }
+                true
+            }
+            Err(_) => {
+                self.counters.forward_errors.fetch_add(1, Relaxed);
+                false
+            }
+        }
+    }
+
+    fn alive(&self, host: u16) -> bool {
+        self.last_seen.lock().is_ok_and(|m| m.get(&host).is_some_and(|t| t.elapsed() < PEER_DEAD))
+    }
+
+    fn send_frame(
+        &self,
+        to: SocketAddr,
+        client: SocketAddr,
+        local: SocketAddr,
+        datagram: &[u8],
+    ) -> std::io::Result<usize> {
+        let seq = self.seq.lock().map_err(|_| std::io::Error::other("sequencer poisoned"))?.take();
+        let mut frame = Vec::with_capacity(datagram.len() + peer::MAX_OVERHEAD);
+        let f = Frame { from_host: self.layout.host(), seq, client, local, datagram };
+        peer::seal(&self.key, &f, &mut frame);
+        self.socket.send_to(&frame, to)
+    }
+
+    /// An empty frame to every peer (its addresses unused).
+    fn heartbeat(&self) {
+        let none: SocketAddr = SocketAddr::from(([0, 0, 0, 0], 0));
+        for (_, &to) in self.table.load().iter() {
+            let _ = self.send_frame(to, none, none, &[]);
+        }
+    }
+
+    fn receive_loop(&self, raw: &sys::raw::RawIpv4) {
+        let mut windows: HashMap<u16, ReplayWindow> = HashMap::new();
+        let mut buf = vec![0u8; 65536];
+        let mut packet = Vec::with_capacity(65536);
+        let _ = self.socket.set_read_timeout(Some(HEARTBEAT / 2));
+        let mut beat = Instant::now() - HEARTBEAT;
+        loop {
+            if beat.elapsed() >= HEARTBEAT {
+                self.heartbeat();
+                beat = Instant::now();
+            }
+            let (n, from) = match self.socket.recv_from(&mut buf) {
+                Ok(r) => r,
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "peer socket receive failed");
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    continue;
+                }
+            };
+            let c = &self.counters;
+            let frame = match peer::open(&self.key, &buf[..n]) {
+                Ok(f) => f,
+                Err(FrameError::NotAFrame) => {
+                    c.refused_not_a_frame.fetch_add(1, Relaxed);
+                    continue;
+                }
+                Err(FrameError::Malformed) => {
+                    c.refused_malformed.fetch_add(1, Relaxed);
+                    continue;
+                }
+                Err(FrameError::Unauthenticated) => {
+                    c.refused_unauthenticated.fetch_add(1, Relaxed);
+                    continue;
+                }
+            };
+            // Authentic, but from a host we do not list (or from another address
+            // than its listed one): refused, and its numbers do not move a window.
+            if self.table.load().get(&frame.from_host).is_none_or(|a| a.ip() != from.ip()) {
+                c.refused_unknown_peer.fetch_add(1, Relaxed);
+                continue;
+            }
+            if !windows.entry(frame.from_host).or_default().accept(frame.seq) {
+                c.refused_replayed.fetch_add(1, Relaxed);
+                continue;
+            }
+            if let Ok(mut m) = self.last_seen.lock() {
+                m.insert(frame.from_host, Instant::now());
+            }
+            if frame.datagram.is_empty() {
+                c.heartbeats_received.fetch_add(1, Relaxed);
+                continue;
+            }
+            c.received.fetch_add(1, Relaxed);
+            let sent = match (frame.client, frame.local) {
+                (SocketAddr::V4(src), SocketAddr::V4(dst)) => {
+                    sys::raw::ipv4_udp_packet(src, dst, frame.datagram, &mut packet).is_some()
+                        && raw.send(&packet, dst).is_ok()
+                }
+                _ => false,
+            };
+            if sent {
+                c.injected.fetch_add(1, Relaxed);
+            } else {
+                c.inject_errors.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    /// lb-status `peers`.
+    pub fn status_json(&self) -> Value {
+        let c = &self.counters;
+        let per: serde_json::Map<String, Value> = self
+            .per_host
+            .lock()
+            .map(|m| m.iter().map(|(h, n)| (h.to_string(), json!(n))).collect())
+            .unwrap_or_default();
+        let alive = self.table.load().keys().filter(|h| self.alive(**h)).count();
+        json!({
+            "host": self.layout.host(),
+            "peers": self.table.load().len(),
+            "peers_alive": alive,
+            "heartbeats_received": c.heartbeats_received.load(Relaxed),
+            "dead_peer": c.dead_peer.load(Relaxed),
+            "forwarded": c.forwarded.load(Relaxed),
+            "forwarded_to": per,
+            "forward_errors": c.forward_errors.load(Relaxed),
+            "received": c.received.load(Relaxed),
+            "injected": c.injected.load(Relaxed),
+            "inject_errors": c.inject_errors.load(Relaxed),
+            "refused": {
+                "not_a_frame": c.refused_not_a_frame.load(Relaxed),
+                "malformed": c.refused_malformed.load(Relaxed),
+                "unauthenticated": c.refused_unauthenticated.load(Relaxed),
+                "replayed": c.refused_replayed.load(Relaxed),
+                "unknown_peer": c.refused_unknown_peer.load(Relaxed),
+            },
+        })
+    }
+}
+
+fn read_table(file: &std::path::Path) -> anyhow::Result<HashMap<u16, SocketAddr>> {
+    let text = std::fs::read_to_string(file).map_err(|e| anyhow::anyhow!("--peers {}: {e}", file.display()))?;
+    let list = peer::parse_peers(&text).map_err(|e| anyhow::anyhow!("--peers {}: {e}", file.display()))?;
+    Ok(list.into_iter().collect())
+}
+
+/// The DCID of a QUIC datagram: 12 bytes after the first in a short header (ADR 0001
+/// fixes the length), the length-prefixed one of a long header (RFC 9000 §17.2).
+fn dcid(d: &[u8]) -> Option<&[u8]> {
+    let first = *d.first()?;
+    if first & 0x80 == 0 {
+        return d.get(1..1 + proto::cid::CID_LEN);
+    }
+    let len = usize::from(*d.get(5)?);
+    d.get(6..6 + len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dcid;
+
+    #[test]
+    fn dcids_of_both_header_forms() {
+        let mut short = vec![0x40];
+        short.extend(1..=12u8);
+        short.extend([0; 20]);
+        assert_eq!(dcid(&short), Some(&short[1..13]));
+        assert_eq!(dcid(&short[..10]), None, "too short for a 12-byte CID");
+        let long = [0xe0, 0, 0, 0, 1, 3, 7, 8, 9, 0];
+        assert_eq!(dcid(&long), Some(&[7u8, 8, 9][..]));
+        assert_eq!(dcid(&long[..7]), None);
+        assert_eq!(dcid(&[]), None);
+    }
+}

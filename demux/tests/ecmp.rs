@@ -1,0 +1,527 @@
+//! Several quicdemux hosts behind ECMP on one anycast address
+//! (docs/adr/0005-server-ids-across-hosts.md, docs/scaling.md), in network
+//! namespaces this test creates and removes, with addresses from 198.18.0.0/15 only:
+//!
+//! ```text
+//! client ns 198.18.1.2 ── 198.18.1.1 router ns ──┬── 198.18.2.2 host 1 (198.19.9.9 on lo)
+//!                       route 198.19.9.9:         └── 198.18.3.2 host 2 (198.19.9.9 on lo)
+//!                       ECMP over both, L4 hash (fib_multipath_hash_policy=1)
+//! ```
+//!
+//! Each host runs a whole appliance (controller, data plane, workers) with
+//! `--host-bits 2 --host-id N` and the same key file. Scenario (a): ngtcp2 and aioquic
+//! downloads from the client namespace spread over both hosts and all complete.
+//! Needs root and iproute2; skipped with a message otherwise.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
+
+#[path = "controller_support/mod.rs"]
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+use std::time::Instant;
+use support::*;
+
+const ANYCAST: &str = "198.19.9.9";
+const PORT: u16 = 4433;
+const MIB: u64 = 1 << 20;
+
+/// Runs `ip args…` (inside `ns` when given); panics with its output on failure.
+fn ip(ns: Option<&str>, args: &[&str]) {
+    let mut cmd = Command::new("ip");
+    if let Some(ns) = ns {
+        cmd.args(["netns", "exec", ns, "ip"]);
+    }
+    let out = cmd.args(args).output().expect("ip");
+    assert!(out.status.success(), "ip {args:?} in {ns:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn sysctl(ns: &str, kv: &str) {
+    let out = Command::new("ip").args(["netns", "exec", ns, "sysctl", "-q", "-w", kv]).output().expect("sysctl");
+    assert!(out.status.success(), "sysctl {kv} in {ns}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The namespaces; removed on drop (their processes are the controllers', which are
+/// dropped first).
+struct Topology {
+    client: String,
+    router: String,
+    hosts: Vec<String>,
+}
+
+impl Topology {
+    fn build(hosts: usize) -> Topology {
+        let id = std::process::id();
+        let t = Topology {
+            client: format!("qd-c-{id}"),
+            router: format!("qd-r-{id}"),
+            hosts: (1..=hosts).map(|h| format!("qd-h{h}-{id}")).collect(),
+        };
+        for ns in t.all() {
+            ip(None, &["netns", "add", ns]);
+            ip(Some(ns), &["link", "set", "lo", "up"]);
+            sysctl(ns, "net.ipv4.conf.all.rp_filter=0");
+            sysctl(ns, "net.ipv4.conf.default.rp_filter=0");
+        }
+        let (c, r) = (t.client.as_str(), t.router.as_str());
+        sysctl(r, "net.ipv4.ip_forward=1");
+        sysctl(r, "net.ipv4.fib_multipath_hash_policy=1");
+        ip(None, &["link", "add", "c0", "netns", c, "type", "veth", "peer", "name", "rc", "netns", r]);
+        ip(Some(c), &["addr", "add", "198.18.1.2/24", "dev", "c0"]);
+        ip(Some(c), &["link", "set", "c0", "up"]);
+        ip(Some(c), &["route", "add", "default", "via", "198.18.1.1"]);
+        ip(Some(r), &["addr", "add", "198.18.1.1/24", "dev", "rc"]);
+        ip(Some(r), &["link", "set", "rc", "up"]);
+        let mut nexthops = vec!["route", "add", ANYCAST];
+        let gateways: Vec<String> = (1..=hosts).map(|h| format!("198.18.{}.2", h + 1)).collect();
+        for (i, h) in t.hosts.iter().enumerate() {
+            let n = i + 1;
+            let (dev, rdev) = (format!("h{n}"), format!("r{n}"));
+            ip(None, &["link", "add", &dev, "netns", h, "type", "veth", "peer", "name", &rdev, "netns", r]);
+            ip(Some(h), &["addr", "add", &format!("198.18.{}.2/24", n + 1), "dev", &dev]);
+            ip(Some(h), &["link", "set", &dev, "up"]);
+            ip(Some(h), &["addr", "add", &format!("{ANYCAST}/32"), "dev", "lo"]);
+            ip(Some(h), &["route", "add", "default", "via", &format!("198.18.{}.1", n + 1)]);
+            ip(Some(r), &["addr", "add", &format!("198.18.{}.1/24", n + 1), "dev", &rdev]);
+            ip(Some(r), &["link", "set", &rdev, "up"]);
+        }
+        for g in &gateways {
+            nexthops.extend(["nexthop", "via", g.as_str()]);
+        }
+        ip(Some(r), &nexthops);
+        t
+    }
+
+    fn all(&self) -> impl Iterator<Item = &str> {
+        [self.client.as_str(), self.router.as_str()].into_iter().chain(self.hosts.iter().map(String::as_str))
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        for ns in self.all() {
+            let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        }
+    }
+}
+
+/// Whether this machine can build the topology (root, iproute2); otherwise skip.
+fn can_build() -> bool {
+    // SAFETY: geteuid(2) cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        testkit::skip("network namespaces need root");
+        return false;
+    }
+    let ok = Command::new("ip").arg("-V").output().is_ok_and(|o| o.status.success());
+    testkit::have_tool(ok, "iproute2 (ip)")
+}
+
+const PEER_PORT: u16 = 4434;
+
+/// Host `n`'s address on its link to the router (also its forwarding address).
+fn host_addr(n: usize) -> String {
+    format!("198.18.{}.2", n + 1)
+}
+
+/// The appliances: host 1 makes the cluster's key file and certificate, the others
+/// start with copies; each lists the others in its `--peers` file (`DIR/peers-N`,
+/// DIR returned).
+fn appliances(t: &Topology) -> (Vec<Controller>, std::path::PathBuf) {
+    let listen = format!("{ANYCAST}:{PORT}");
+    let dir = testkit::temp_dir("ecmp-peers");
+    let mut out: Vec<Controller> = Vec::new();
+    for (i, ns) in t.hosts.iter().enumerate() {
+        let n = i + 1;
+        let peers: String =
+            (1..=t.hosts.len()).filter(|&m| m != n).map(|m| format!("{m} {}:{PEER_PORT}\n", host_addr(m))).collect();
+        let file = dir.join(format!("peers-{n}"));
+        std::fs::write(&file, peers).expect("peers file");
+        let (host, file, peer_listen) =
+            (n.to_string(), file.display().to_string(), format!("{}:{PEER_PORT}", host_addr(n)));
+        let extra = ["--host-bits", "2", "--host-id", &host, "--peers", &file, "--peer-listen", &peer_listen];
+        let keys = out.first().map(|c| c.state.join("keys"));
+        let shared = out.first().map(|c| &c.cert).zip(keys.as_deref()).map(|(c, k)| (k, c));
+        let c = Controller::start_in_netns(&format!("ecmp-h{n}"), 1, ns, &listen, shared, &extra);
+        out.push(c);
+    }
+    (out, dir)
+}
+
+/// Runs `f` on a thread inside network namespace `ns` (sockets it opens live there).
+fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    use std::os::fd::AsRawFd;
+    let path = format!("/var/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let fd = std::fs::File::open(&path).expect("netns file");
+        // SAFETY: setns(2) on a namespace fd this thread opened; it moves only this
+        // thread, which then runs `f` and ends.
+        let r = unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
+        f()
+    })
+    .join()
+    .expect("netns thread")
+}
+
+fn peers_status(c: &Controller) -> serde_json::Value {
+    c.lb_wait()["peers"].clone()
+}
+
+/// (length, whether byte i == i mod 256 throughout): the workers' `/bytes/N` body.
+fn check_pattern(file: &Path) -> (u64, bool) {
+    let Ok(b) = std::fs::read(file) else { return (0, false) };
+    (b.len() as u64, b.iter().enumerate().all(|(i, &x)| x == i as u8))
+}
+
+/// Datagrams a host's one worker received (data plane and kernel fast path).
+fn received(c: &Controller) -> u64 {
+    let lb = c.lb_wait();
+    lb["instances"]
+        .as_array()
+        .map(|l| l.iter().map(|i| i["datagrams"].as_u64().unwrap_or(0) + i["fast_datagrams"].as_u64().unwrap_or(0)))
+        .into_iter()
+        .flatten()
+        .sum()
+}
+
+/// (a) 16 ngtcp2 and 8 aioquic downloads of 1 MiB from the client namespace, each a
+/// new UDP flow (a fresh source port), all complete; ECMP put flows on both hosts.
+/// With a fair L4 hash, all 24 flows on one host has probability 2 · 2^-24 ≈ 1.2e-7.
+#[test]
+fn downloads_spread_over_two_hosts() {
+    if !can_build() {
+        return;
+    }
+    let _s = serial();
+    let t = Topology::build(2);
+    let (hosts, _) = appliances(&t);
+    let have_gtls =
+        testkit::have_tool(Command::new("gtlsclient").arg("--help").output().is_ok(), "gtlsclient (ngtcp2-client)");
+    let have_aioquic =
+        Command::new("python3").args(["-c", "import aioquic"]).output().map(|o| o.status.success()).unwrap_or(false);
+    let have_aioquic = testkit::have_tool(have_aioquic, "aioquic (python3 -m pip install aioquic)");
+    let before: Vec<u64> = hosts.iter().map(received).collect();
+    let dl = testkit::temp_dir("ecmp-dl");
+    let url = format!("https://{ANYCAST}:{PORT}/bytes/{MIB}");
+    let mut flows = 0;
+    for i in 0..16 {
+        if !have_gtls {
+            break;
+        }
+        let dir = dl.join(format!("g{i}"));
+        std::fs::create_dir_all(&dir).expect("download dir");
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &t.client, "gtlsclient", "-q", "--exit-on-all-streams-close", "--timeout=15s"])
+            .arg(format!("--download={}", dir.display()))
+            .args([ANYCAST, &PORT.to_string(), &url]);
+        let (ok, out) = testkit::bin::run_bounded(&mut cmd, Duration::from_secs(40));
+        let (len, pattern) = check_pattern(&dir.join(MIB.to_string()));
+        assert!(ok && len == MIB && pattern, "gtlsclient flow {i}: ok={ok} len={len} pattern={pattern}: {out}");
+        flows += 1;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../worker/tests/aioquic_h3_get.py");
+    for i in 0..8 {
+        if !have_aioquic {
+            break;
+        }
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &t.client, "python3"]).arg(&script).args([
+            ANYCAST,
+            &PORT.to_string(),
+            &format!("/bytes/{MIB}"),
+        ]);
+        let (ok, out) = testkit::bin::run_bounded(&mut cmd, Duration::from_secs(40));
+        let want = format!("bytes={MIB}");
+        assert!(ok && out.contains("status=200") && out.contains(&want), "aioquic flow {i}: {out}");
+        flows += 1;
+    }
+    if flows == 0 {
+        return;
+    }
+    let after: Vec<u64> = hosts.iter().map(received).collect();
+    let per_host: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    eprintln!("{flows} flows; datagrams received per host: {per_host:?}");
+    // A 1 MiB download is hundreds of client datagrams (ACKs); a host that served
+    // no flow sees none of them.
+    assert!(per_host.iter().all(|&n| n > 100), "ECMP used only some hosts: {per_host:?}");
+}
+
+/// (b) and (c): eight paced 4 MiB downloads (each its own UDP flow) run while the
+/// router's next-hop set changes: every flow to host 1, then every flow to host 2,
+/// then both again. Flows that change host are forwarded to the host that owns their
+/// connection (its id is in the CID), so every download completes, and the
+/// forwarding counters show the traffic that crossed. (c) is the same event seen from
+/// one flow: its packets hash to another host mid-connection.
+#[test]
+fn downloads_survive_next_hop_changes() {
+    if !can_build() {
+        return;
+    }
+    let _s = serial();
+    let t = Topology::build(2);
+    let (hosts, _) = appliances(&t);
+    let cert = hosts[0].cert.der.clone();
+    let downloads = std::thread::spawn({
+        let ns = t.client.clone();
+        move || {
+            in_netns(&ns, move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+                rt.block_on(async move {
+                    let addr: std::net::SocketAddr = format!("{ANYCAST}:{PORT}").parse().unwrap();
+                    let mut tasks = Vec::new();
+                    for _ in 0..8 {
+                        let ep = testkit::h3client::endpoint(&cert, "198.18.1.2:0".parse().unwrap());
+                        tasks.push(tokio::spawn(async move {
+                            let mut h = H3::connect(&ep, addr).await.map_err(|e| format!("connect: {e:#}"))?;
+                            let r = h.get_paced(&format!("/bytes/{}", 4 * MIB), Some(MIB)).await;
+                            h.close();
+                            ep.wait_idle().await;
+                            r.map_err(|e| format!("GET: {e:?}"))
+                        }));
+                    }
+                    let mut out = Vec::new();
+                    for t in tasks {
+                        out.push(t.await.map_err(|e| e.to_string()).and_then(|r| r));
+                    }
+                    out
+                })
+            })
+        }
+    });
+    let router = Some(t.router.as_str());
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_millis(1200));
+    ip(router, &["route", "replace", ANYCAST, "via", &host_addr(1)]);
+    std::thread::sleep(Duration::from_millis(1200));
+    ip(router, &["route", "replace", ANYCAST, "via", &host_addr(2)]);
+    std::thread::sleep(Duration::from_millis(1200));
+    ip(router, &["route", "replace", ANYCAST, "nexthop", "via", &host_addr(1), "nexthop", "via", &host_addr(2)]);
+    let results = downloads.join().expect("downloads");
+    eprintln!("downloads done after {:?}", t0.elapsed());
+    for (n, h) in hosts.iter().enumerate() {
+        let lb = h.lb_wait();
+        eprintln!(
+            "host {}: peers {} reasons {} fast {}",
+            n + 1,
+            lb["peers"],
+            lb["reasons"],
+            lb["fast_path"]["to_demux"]
+        );
+    }
+    for (i, r) in results.iter().enumerate() {
+        let r = r.as_ref().unwrap_or_else(|e| panic!("download {i}: {e}"));
+        assert_eq!((r.status, r.len, r.pattern_ok), (200, 4 * MIB, true), "download {i}");
+    }
+    let p: Vec<serde_json::Value> = hosts.iter().map(peers_status).collect();
+    eprintln!("peers: {p:?}");
+    let sum = |k: &str| p.iter().map(|v| v[k].as_u64().unwrap_or(0)).sum::<u64>();
+    // Each host carried the other's flows for 1.2 s: at least one flow crossed
+    // each way.
+    for (n, v) in p.iter().enumerate() {
+        assert!(v["forwarded"].as_u64().unwrap_or(0) > 0, "host {} forwarded nothing: {v}", n + 1);
+        assert!(v["injected"].as_u64().unwrap_or(0) > 0, "host {} received nothing: {v}", n + 1);
+        for (why, count) in v["refused"].as_object().expect("refused").iter() {
+            assert_eq!(count.as_u64(), Some(0), "host {}: refused {why}: {v}", n + 1);
+        }
+    }
+    assert_eq!(sum("inject_errors"), 0, "{p:?}");
+    assert!(sum("received") <= sum("forwarded"), "more received than sent: {p:?}");
+}
+
+/// (e) Forged forwarding frames are refused and counted: garbage, a frame under
+/// another key, a valid frame from an address that is not the peer it claims to be,
+/// and a replay of a valid frame from the right peer (accepted once).
+#[test]
+fn forged_and_replayed_frames_are_refused() {
+    if !can_build() {
+        return;
+    }
+    let _s = serial();
+    let t = Topology::build(2);
+    let (hosts, peers_dir) = appliances(&t);
+    let text = std::fs::read_to_string(hosts[0].state.join("keys")).expect("key file");
+    let reset = proto::keyfile::KeyFile::parse(&text).expect("key file").reset_key;
+    let to: std::net::SocketAddr = format!("{}:{PEER_PORT}", host_addr(1)).parse().unwrap();
+    let frame = |key: &proto::peer::ForwardingKey, seq: u64| {
+        let f = proto::peer::Frame {
+            from_host: 3,
+            seq,
+            client: "198.18.1.2:40000".parse().unwrap(),
+            local: format!("{ANYCAST}:{PORT}").parse().unwrap(),
+            datagram: &[0x40; 40],
+        };
+        let mut out = Vec::new();
+        proto::peer::seal(key, &f, &mut out);
+        out
+    };
+    let good = frame(&proto::peer::ForwardingKey::derive(&reset), 7 << 32);
+    let forged = frame(&proto::peer::ForwardingKey::derive(&[0x11; 32]), 8 << 32);
+    // The frames claim host 3, a peer host 1 learns of on SIGHUP (re-read `--peers`)
+    // at host 2's address, so host 2's own frames (heartbeats) do not share its
+    // replay window. Before the SIGHUP a valid frame from "host 3" is an unknown peer.
+    let before = peers_status(&hosts[0]);
+    assert_eq!(before["peers"], 1, "{before}");
+    let send = |ns: &str, bind: String, frames: Vec<Vec<u8>>| {
+        in_netns(ns, move || {
+            let s = std::net::UdpSocket::bind(bind.as_str()).expect("bind");
+            for f in frames {
+                s.send_to(&f, to).expect("send");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    // From the client network: garbage, the other cluster's frame, and a valid frame
+    // from the wrong address.
+    send(&t.client, "198.18.1.2:0".into(), vec![b"not a frame at all, just bytes".to_vec(), forged, good.clone()]);
+    // Host 1 learns of host 3 (at host 2's address) on SIGHUP.
+    let peers_1 = peers_dir.join("peers-1");
+    let mut text = std::fs::read_to_string(&peers_1).expect("peers file");
+    text.push_str(&format!("3 {}:{}\n", host_addr(2), PEER_PORT + 1));
+    std::fs::write(&peers_1, text).expect("peers file");
+    kill(hosts[0].dataplane_pid(), libc::SIGHUP);
+    wait_until("host 1 re-read its peers file", Duration::from_secs(10), || {
+        (peers_status(&hosts[0])["peers"] == 2).then_some(())
+    });
+    // From host 2's address, as "host 3": the valid frame, then its replay.
+    send(&t.hosts[1], format!("{}:0", host_addr(2)), vec![good.clone(), good]);
+    let v = wait_until("the refusals counted", Duration::from_secs(10), || {
+        let v = peers_status(&hosts[0]);
+        (v["refused"]["replayed"].as_u64() == Some(1)).then_some(v)
+    });
+    assert_eq!(v["refused"]["not_a_frame"], 1, "{v}");
+    assert_eq!(v["refused"]["unauthenticated"], 1, "{v}");
+    assert_eq!(v["refused"]["unknown_peer"], 1, "{v}");
+    assert_eq!(v["received"], 1, "the one authentic frame from the peer, once: {v}");
+}
+
+/// The client side of the scenarios below, on one thread inside the client
+/// namespace: `clients` connections, each first learning its server id (GET
+/// /bytes/10), then `job(index, connection, endpoint)`.
+fn clients_in_netns<F, Fut, T>(
+    t: &Topology,
+    cert: &Controller,
+    clients: usize,
+    job: F,
+) -> std::thread::JoinHandle<Vec<T>>
+where
+    F: Fn(usize, H3, quinn::Endpoint, u16) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = T> + 'static,
+    T: Send + 'static,
+{
+    let (ns, cert) = (t.client.clone(), cert.cert.der.clone());
+    std::thread::spawn(move || {
+        in_netns(&ns, move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            let local = tokio::task::LocalSet::new();
+            local.block_on(&rt, async move {
+                let addr: std::net::SocketAddr = format!("{ANYCAST}:{PORT}").parse().unwrap();
+                let job = std::rc::Rc::new(job);
+                let mut tasks = Vec::new();
+                for i in 0..clients {
+                    let ep = testkit::h3client::endpoint(&cert, "198.18.1.2:0".parse().unwrap());
+                    let mut h = H3::connect(&ep, addr).await.expect("connect");
+                    let id = h.get("/bytes/10").await.expect("first GET").server_id;
+                    let job = job.clone();
+                    tasks.push(tokio::task::spawn_local(async move { job(i, h, ep, id).await }));
+                }
+                let mut out = Vec::new();
+                for t in tasks {
+                    out.push(t.await.expect("client task"));
+                }
+                out
+            })
+        })
+    })
+}
+
+/// (c) Clients change their UDP port twice mid-download (quinn `rebind`: NAT
+/// rebinding, or a migration): each new 5-tuple hashes anew, so some flows move to the
+/// other host and are forwarded to their owner. Every download completes. With 12
+/// clients × 2 rebinds, no flow changing host has probability 2^-24.
+#[test]
+fn rebinding_clients_that_hash_to_another_host_finish() {
+    if !can_build() {
+        return;
+    }
+    let _s = serial();
+    let t = Topology::build(2);
+    let (hosts, _) = appliances(&t);
+    let results = clients_in_netns(&t, &hosts[0], 12, |i, mut h, ep, _| async move {
+        let rebinder = {
+            let ep = ep.clone();
+            tokio::task::spawn_local(async move {
+                for _ in 0..2 {
+                    tokio::time::sleep(Duration::from_millis(900)).await;
+                    let s = std::net::UdpSocket::bind("198.18.1.2:0").expect("bind");
+                    ep.rebind(s).expect("rebind");
+                }
+            })
+        };
+        let r = h.get_paced(&format!("/bytes/{}", 3 * MIB), Some(MIB)).await;
+        let _ = rebinder.await;
+        h.close();
+        ep.wait_idle().await;
+        r.map_err(|e| format!("client {i}: {e:?}"))
+    })
+    .join()
+    .expect("clients");
+    for r in &results {
+        let r = r.as_ref().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((r.status, r.len, r.pattern_ok), (200, 3 * MIB, true));
+    }
+    let forwarded: u64 = hosts.iter().map(|h| peers_status(h)["forwarded"].as_u64().unwrap_or(0)).sum();
+    assert!(forwarded > 0, "no rebound flow crossed hosts: {:?}", hosts.iter().map(peers_status).collect::<Vec<_>>());
+}
+
+/// (d) Host 2's appliance is killed (all its processes) and the router stops
+/// sending to it. Its clients' packets now reach host 1, which stops forwarding to
+/// the silent peer within a second and answers them with a stateless reset (the
+/// cluster's reset key); each reconnects and is served by host 1. Host 1's clients
+/// are untouched. With 16 clients, none on host 2 has probability 2^-16.
+#[test]
+fn clients_of_a_lost_host_are_reset_and_reconnect() {
+    if !can_build() {
+        return;
+    }
+    let _s = serial();
+    let t = Topology::build(2);
+    let (mut hosts, _) = appliances(&t);
+    let addr: std::net::SocketAddr = format!("{ANYCAST}:{PORT}").parse().unwrap();
+    let clients = clients_in_netns(&t, &hosts[0], 16, move |i, mut h, ep, id| async move {
+        let first = h.get_paced(&format!("/bytes/{}", 6 * MIB), Some(MIB)).await.map(|r| r.len);
+        h.close();
+        // Reconnect (a new connection, placed wherever ECMP sends it now).
+        let again = async {
+            let mut h = H3::connect(&ep, addr).await.map_err(|e| format!("reconnect: {e:#}"))?;
+            let r = h.get("/bytes/1000").await.map_err(|e| format!("GET after reconnect: {e:?}"))?;
+            h.close();
+            Ok::<_, String>((r.len, r.server_id))
+        }
+        .await;
+        (i, id, first.map_err(|e| format!("{e:?}")), again)
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    hosts[1].kill_everything();
+    ip(Some(t.router.as_str()), &["route", "replace", ANYCAST, "via", &host_addr(1)]);
+    let results = clients.join().expect("clients");
+    let host_of = |id: u16| id >> 14;
+    let mut lost = 0;
+    for (i, id, first, again) in &results {
+        match host_of(*id) {
+            1 => assert_eq!(first, &Ok(6 * MIB), "client {i} of the surviving host"),
+            2 => {
+                lost += 1;
+                let e = first.as_ref().expect_err("a download from the lost host cannot finish");
+                assert!(e.contains("reset"), "client {i}: the lost host's connection ends in a stateless reset: {e}");
+            }
+            h => panic!("client {i}: server id {id} of unknown host {h}"),
+        }
+        let (len, sid) = again.as_ref().unwrap_or_else(|e| panic!("client {i}: {e}"));
+        assert_eq!((*len, host_of(*sid)), (1000, 1), "client {i} reconnected to the surviving host");
+    }
+    assert!(lost > 0, "no client was on host 2: {results:?}");
+    let v = peers_status(&hosts[0]);
+    assert!(v["dead_peer"].as_u64().unwrap_or(0) > 0, "host 1 reset the lost host's ids: {v}");
+    assert_eq!(v["peers_alive"], 0, "{v}");
+}
