@@ -8,12 +8,13 @@
 //! - [`decode_cache`]: a per-shard cache of CID decodes (skips the HMAC for repeat DCIDs).
 //! - [`header`]: the cleartext QUIC header (RFC 8999, RFC 9000 §17, RFC 9369).
 //! - [`initial`]: client Initials opened with their public keys (does a datagram start a connection?).
+//! - [`initial_protection`]: the checks on a first Initial before a Retry (header protection, reserved bits).
 //! - [`token`]: quinn 0.11 address-validation tokens checked (Retry and NEW_TOKEN).
 //! - [`route`]: the ADR 0001 routing table as a function of datagram and snapshot.
 //! - [`pin`]: the fixed-capacity 10 s placement pin table.
 //! - [`rendezvous`]: keyed highest-random-weight hashing.
 //! - [`limits`]: per-source limits in fixed memory (GCRA and count-min lanes sketches).
-//! - [`retry`]: Retry packets and their integrity tag (RFC 9000 §17.2.5, RFC 9001 §5.8).
+//! - [`retry`]: Retry packets and their integrity tag (RFC 9000 §17.2.5, RFC 9001 §5.8); the Retry minter.
 //! - [`keyfile`]: the shared-secrets file of the state directory.
 //! - [`wire`]: demux → worker data frames and control messages.
 //! - [`ring`]: layout and index arithmetic of the shared-memory forwarding ring.
@@ -24,6 +25,7 @@ pub mod decode_cache;
 pub mod header;
 pub mod host;
 pub mod initial;
+pub mod initial_protection;
 pub mod keyfile;
 pub mod limits;
 pub mod peer;

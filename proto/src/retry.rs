@@ -1,12 +1,13 @@
 //! QUIC Retry packets (RFC 9000 §17.2.5) and their integrity tag (RFC 9001 §5.8;
-//! RFC 9369 §3.3.3 for QUIC v2): parse, build and verify, sans-IO.
-//!
-//! The data plane mints its Retries with quinn (docs/adr/0003-demux-retry.md), so
-//! that the token is quinn's own; this module is the independent check the tests use
-//! on what goes out (and a way to build a Retry without quinn, e.g. for fuzzing).
+//! RFC 9369 §3.3.3 for QUIC v2): parse, build and verify, sans-IO; and
+//! [`RetryMinter`], which answers a client's first Initial with the Retry a quinn 0.11
+//! server would send (docs/adr/0003-demux-retry.md), without a quinn endpoint.
 
 use crate::header::{VERSION_1, VERSION_2};
+use crate::initial_protection::{InitialProtection, NotRetryable};
+use crate::token::{TokenCheck, TokenKey, MAX_RETRY_TOKEN, NONCE_LEN};
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM};
+use std::net::SocketAddr;
 
 /// Length of the Retry Integrity Tag (RFC 9001 §5.8: AEAD_AES_128_GCM's tag).
 pub const TAG_LEN: usize = 16;
@@ -170,5 +171,155 @@ mod tests {
         let mut out = Vec::new();
         assert_eq!(build(1, &[], &[1; 8], &[], &[2; 8], 0, &mut out), None, "empty token");
         assert_eq!(build(7, &[], &[1; 8], &[1], &[2; 8], 0, &mut out), None, "unknown version");
+    }
+}
+
+/// The longest Retry [`RetryMinter::mint`] writes: first byte, version, DCID and
+/// SCID (length + at most 20 bytes each), token, integrity tag.
+pub const MAX_RETRY: usize = 1 + 4 + 21 + 21 + MAX_RETRY_TOKEN + TAG_LEN;
+
+/// Mints Retries (RFC 9000 §17.2.5) bit for bit as quinn-proto 0.11.19's
+/// `Endpoint::handle` + `Endpoint::retry` would for the same Initial, nonce, issue
+/// time and SCID: the same checks before retrying (initial_protection), quinn's
+/// Retry token (token::TokenKey::seal_retry), first byte `0xf0` (quinn writes the
+/// unused bits as zero), the integrity tag (RFC 9001 §5.8).
+///
+/// Key schedules are made once: the v1 salt's HMAC key, the token PRK's HMAC key and
+/// the fixed integrity AEAD key. Per Retry: the Initial's header-protection key (three
+/// HMAC), the token's AEAD key (one HMAC, one AES-256-GCM key schedule), one GCM seal
+/// of the token and one GCM tag over the Retry pseudo-packet. No allocation.
+pub struct RetryMinter {
+    protection: InitialProtection,
+    token: TokenKey,
+    v1_integrity: LessSafeKey,
+}
+
+impl std::fmt::Debug for RetryMinter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RetryMinter(..)")
+    }
+}
+
+impl RetryMinter {
+    /// For the instances' token secret (the key file's `token`, as
+    /// token::TokenKey::new).
+    pub fn new(token_secret: &[u8; 32]) -> RetryMinter {
+        RetryMinter {
+            protection: InitialProtection::new(),
+            token: TokenKey::new(token_secret),
+            v1_integrity: integrity_key(&V1_KEY),
+        }
+    }
+
+    /// The token key Retries are sealed under.
+    pub fn token_key(&self) -> &TokenKey {
+        &self.token
+    }
+
+    /// Answers the client Initial `datagram` from `client` at `now_unix` with a Retry
+    /// whose SCID is `scid` and whose token carries `nonce` (which must be unique:
+    /// it picks the token's AES-256-GCM key, used with a zero nonce), written to
+    /// `out`; its length. Err when quinn would not retry it either: see
+    /// [`NotRetryable`]. A token that is not a Retry token valid for `client` is
+    /// ignored, as quinn ignores it (RFC 9000 §8.1.3).
+    pub fn mint(
+        &self,
+        datagram: &[u8],
+        client: SocketAddr,
+        scid: &[u8],
+        now_unix: u64,
+        nonce: [u8; NONCE_LEN],
+        out: &mut [u8; MAX_RETRY],
+    ) -> Result<usize, NotRetryable> {
+        let p = self.protection.check(datagram)?;
+        if !p.token.is_empty() && self.token.check(p.token, client, now_unix) == TokenCheck::Retry {
+            return Err(NotRetryable::Validated);
+        }
+        if scid.len() > 20 {
+            return Err(NotRetryable::Malformed);
+        }
+        // RFC 9000 §17.2.5: the Retry's DCID is the client's SCID.
+        let mut pos = 0;
+        let mut put = |out: &mut [u8; MAX_RETRY], b: &[u8]| {
+            out[pos..pos + b.len()].copy_from_slice(b);
+            pos += b.len();
+        };
+        put(out, &[0xf0]);
+        put(out, &p.version.to_be_bytes());
+        put(out, &[p.scid.len() as u8]);
+        put(out, p.scid);
+        put(out, &[scid.len() as u8]);
+        put(out, scid);
+        let token_len =
+            self.token.seal_retry(client, p.dcid, now_unix, nonce, &mut out[pos..]).ok_or(NotRetryable::Malformed)?;
+        pos += token_len;
+        let tag = tag_with(&self.v1_integrity, &V1_NONCE, p.dcid, &out[..pos]).ok_or(NotRetryable::Malformed)?;
+        out[pos..pos + TAG_LEN].copy_from_slice(&tag);
+        Ok(pos + TAG_LEN)
+    }
+}
+
+fn integrity_key(key: &[u8; 16]) -> LessSafeKey {
+    // A fixed 16-byte key is always a valid AES-128 key.
+    #[allow(clippy::expect_used)]
+    LessSafeKey::new(UnboundKey::new(&AES_128_GCM, key).expect("AES-128 takes a 16-byte key"))
+}
+
+/// RFC 9001 §5.8 under an already scheduled key, without allocating: the Retry
+/// Pseudo-Packet (ODCID length, ODCID, the Retry without its tag) is the AAD.
+fn tag_with(key: &LessSafeKey, nonce: &[u8; 12], odcid: &[u8], retry_without_tag: &[u8]) -> Option<[u8; TAG_LEN]> {
+    let mut pseudo = [0u8; 1 + 20 + MAX_RETRY];
+    let n = 1 + odcid.len() + retry_without_tag.len();
+    let pseudo = pseudo.get_mut(..n)?;
+    pseudo[0] = u8::try_from(odcid.len()).ok()?;
+    pseudo[1..1 + odcid.len()].copy_from_slice(odcid);
+    pseudo[1 + odcid.len()..].copy_from_slice(retry_without_tag);
+    let tag = key
+        .seal_in_place_separate_tag(Nonce::assume_unique_for_key(*nonce), Aad::from(&*pseudo), &mut [0u8; 0])
+        .ok()?;
+    tag.as_ref().try_into().ok()
+}
+
+#[cfg(test)]
+mod minter_tests {
+    use super::*;
+    use crate::initial::build_client_initial;
+
+    #[test]
+    fn mints_a_verifiable_retry_with_a_checkable_token() {
+        let m = RetryMinter::new(&[7; 32]);
+        let client: SocketAddr = "192.0.2.9:5555".parse().unwrap();
+        let (odcid, cscid, scid) = ([3u8; 16], [4u8; 5], [5u8; 12]);
+        let init = build_client_initial(VERSION_1, &odcid, &cscid, &[], 0, &[6, 0, 3, 1, 2, 3], 1200).unwrap();
+        let mut out = [0u8; MAX_RETRY];
+        let n = m.mint(&init, client, &scid, 1000, [9; 16], &mut out).unwrap();
+        let r = parse(&out[..n]).unwrap();
+        assert_eq!(out[0], 0xf0, "quinn's first byte");
+        assert_eq!((r.version, r.dcid, r.scid), (VERSION_1, &cscid[..], &scid[..]));
+        assert!(verify(&out[..n], &odcid));
+        assert!(!verify(&out[..n], &[3; 15]));
+        // The token is the one token::TokenKey::seal makes, and checks for this client.
+        assert_eq!(r.token, &m.token_key().seal(client, Some(&odcid), 1000, [9; 16]).unwrap()[..]);
+        assert_eq!(m.token_key().check(r.token, client, 1000), TokenCheck::Retry);
+        // The same bytes as the allocating builder with quinn's first byte.
+        let mut built = Vec::new();
+        build(VERSION_1, r.dcid, r.scid, r.token, &odcid, 0, &mut built).unwrap();
+        assert_eq!(built, &out[..n]);
+        // Its own token back (the client's second Initial): already validated.
+        let again = build_client_initial(VERSION_1, &scid, &cscid, r.token, 1, &[6, 0, 3, 1, 2, 3], 1200).unwrap();
+        assert_eq!(m.mint(&again, client, &scid, 1001, [8; 16], &mut out), Err(NotRetryable::Validated));
+        // ... from another port it is not valid, so that Initial gets a Retry.
+        let other: SocketAddr = "192.0.2.9:5556".parse().unwrap();
+        assert!(m.mint(&again, other, &scid, 1001, [8; 16], &mut out).is_ok());
+        // A 20-byte ODCID, IPv6 client, 20-byte CIDs: the longest Retry fits.
+        let v6: SocketAddr = "[2001:db8::1]:9".parse().unwrap();
+        let big = build_client_initial(VERSION_1, &[1; 20], &[2; 20], &[], 0, &[6, 0, 1, 0], 1200).unwrap();
+        let n = m.mint(&big, v6, &[6; 20], 5, [1; 16], &mut out).unwrap();
+        assert_eq!(n, MAX_RETRY);
+        assert!(verify(&out[..n], &[1; 20]));
+        // Not retryable: a reserved bit set under header protection.
+        let mut bad = init;
+        bad[0] ^= 0x08;
+        assert_eq!(m.mint(&bad, client, &scid, 1000, [9; 16], &mut out), Err(NotRetryable::ReservedBits));
     }
 }

@@ -18,11 +18,19 @@
 //! decide where a datagram goes and whether to drop rather than Retry it; the worker's
 //! quinn still makes its own decision.
 //!
-//! Pure: the time is passed in. Cost: one HKDF-Expand (two HMAC-SHA-256), one
-//! AES-256-GCM key schedule and the open of ≈ 40 bytes.
+//! [`TokenKey::seal_retry`] is the other side: it writes the Retry token quinn's
+//! `Endpoint::retry` would (same layout, same key derivation), into a caller's buffer,
+//! with the issue time and the nonce passed in. The data plane mints its Retries
+//! with it (proto::retry::RetryMinter); a quinn endpoint accepting these tokens is
+//! tested in demux/src/dataplane/retry.rs. The layout is quinn-proto 0.11.19's, and
+//! the workspace pins that exact version (Cargo.toml).
+//!
+//! Pure: time and nonce are passed in. Cost: one HKDF-Expand (one HMAC-SHA-256 under
+//! the cached key of the PRK: RFC 5869 §2.3 needs a single block for 32 bytes), one
+//! AES-256-GCM key schedule and the seal or open of ≈ 40 bytes.
 
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
-use aws_lc_rs::hkdf::{KeyType, Prk, Salt, HKDF_SHA256};
+use aws_lc_rs::hmac;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 /// quinn's default `ServerConfig::retry_token_lifetime`, in seconds.
@@ -49,15 +57,10 @@ impl TokenCheck {
     }
 }
 
-struct Len(usize);
-impl KeyType for Len {
-    fn len(&self) -> usize {
-        self.0
-    }
-}
-
-/// The instances' shared token key (HKDF-Extract of the key file's `token` secret).
-pub struct TokenKey(Prk);
+/// The instances' shared token key: the HMAC-SHA-256 key of the PRK that
+/// HKDF-Extract(salt = [`TOKEN_SALT`], the key file's `token` secret) gives
+/// (RFC 5869 §2.2), set up once so that each token's HKDF-Expand is one HMAC.
+pub struct TokenKey(hmac::Key);
 
 impl std::fmt::Debug for TokenKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -65,19 +68,28 @@ impl std::fmt::Debug for TokenKey {
     }
 }
 
-const NONCE_LEN: usize = 16;
+/// The random nonce appended to every token (quinn: a `u128`, little-endian).
+pub const NONCE_LEN: usize = 16;
 const TAG_LEN: usize = 16;
+/// The longest Retry token: type, IPv6 (tag + 16), port, ODCID (length + 20), issue
+/// time, AEAD tag, nonce.
+pub const MAX_RETRY_TOKEN: usize = 1 + 17 + 2 + 21 + 8 + TAG_LEN + NONCE_LEN;
 
 impl TokenKey {
     /// The key worker::secrets derives from the key file's `token` secret.
     pub fn new(secret: &[u8; 32]) -> TokenKey {
-        TokenKey(Salt::new(HKDF_SHA256, TOKEN_SALT).extract(secret))
+        let prk = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, TOKEN_SALT), secret);
+        TokenKey(hmac::Key::new(hmac::HMAC_SHA256, prk.as_ref()))
     }
 
+    /// quinn's `aead_from_hkdf`: AES-256-GCM under HKDF-Expand(prk, info = nonce, 32),
+    /// i.e. T(1) = HMAC(prk, nonce ‖ 0x01) (RFC 5869 §2.3).
     fn aead(&self, nonce: &[u8]) -> Option<LessSafeKey> {
-        let mut k = [0u8; 32];
-        self.0.expand(&[nonce], Len(32)).ok()?.fill(&mut k).ok()?;
-        Some(LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &k).ok()?))
+        let mut ctx = hmac::Context::with_key(&self.0);
+        ctx.update(nonce);
+        ctx.update(&[1]);
+        let k = ctx.sign();
+        Some(LessSafeKey::new(UnboundKey::new(&AES_256_GCM, k.as_ref()).ok()?))
     }
 
     /// Checks `token` from `client` at `now_unix` seconds (RFC 9000 §8.1.3–8.1.4).
@@ -128,11 +140,61 @@ impl TokenKey {
         Some(check)
     }
 
-    /// Seals a token in quinn's format (tests and tools; the data plane mints its
-    /// Retry tokens with quinn itself). `odcid: Some` makes a Retry token for
-    /// `client`, `None` a NEW_TOKEN token for its IP.
+    /// Writes the Retry token quinn-proto 0.11.19's `Endpoint::retry` makes
+    /// (`TokenPayload::Retry { address, orig_dst_cid, issued }`, `Token::encode`) for
+    /// `client` and original DCID `odcid` into `out`; its length. `None` for an ODCID
+    /// longer than 20 bytes (RFC 9000 §17.2) or an `out` shorter than needed. No
+    /// allocation.
+    pub fn seal_retry(
+        &self,
+        client: SocketAddr,
+        odcid: &[u8],
+        issued_unix: u64,
+        nonce: [u8; NONCE_LEN],
+        out: &mut [u8],
+    ) -> Option<usize> {
+        if odcid.len() > 20 {
+            return None;
+        }
+        let mut w = Writer { out, pos: 0 };
+        w.put(&[0])?;
+        match client.ip() {
+            IpAddr::V4(v4) => {
+                w.put(&[0])?;
+                w.put(&v4.octets())?;
+            }
+            IpAddr::V6(v6) => {
+                w.put(&[1])?;
+                w.put(&v6.octets())?;
+            }
+        }
+        w.put(&client.port().to_be_bytes())?;
+        w.put(&[odcid.len() as u8])?;
+        w.put(odcid)?;
+        w.put(&issued_unix.to_be_bytes())?;
+        let plain_len = w.pos;
+        let out = w.out;
+        let tag = self
+            .aead(&nonce)?
+            .seal_in_place_separate_tag(Nonce::assume_unique_for_key([0; 12]), Aad::empty(), &mut out[..plain_len])
+            .ok()?;
+        let end = plain_len + TAG_LEN + NONCE_LEN;
+        out.get_mut(plain_len..plain_len + TAG_LEN)?.copy_from_slice(tag.as_ref());
+        out.get_mut(plain_len + TAG_LEN..end)?.copy_from_slice(&nonce);
+        Some(end)
+    }
+
+    /// Seals a token in quinn's format, allocating (tests and tools). `odcid: Some`
+    /// makes a Retry token for `client` (as [`TokenKey::seal_retry`]), `None` a
+    /// NEW_TOKEN token for its IP.
     pub fn seal(&self, client: SocketAddr, odcid: Option<&[u8]>, issued_unix: u64, nonce: [u8; 16]) -> Option<Vec<u8>> {
-        let mut b = vec![if odcid.is_some() { 0 } else { 1 }];
+        if let Some(odcid) = odcid {
+            let mut b = [0u8; MAX_RETRY_TOKEN];
+            let n = self.seal_retry(client, odcid, issued_unix, nonce, &mut b)?;
+            return Some(b[..n].to_vec());
+        }
+        // Validation (type 1): IP, issue time.
+        let mut b = vec![1];
         match client.ip() {
             IpAddr::V4(v4) => {
                 b.push(0);
@@ -142,11 +204,6 @@ impl TokenKey {
                 b.push(1);
                 b.extend_from_slice(&v6.octets());
             }
-        }
-        if let Some(odcid) = odcid {
-            b.extend_from_slice(&client.port().to_be_bytes());
-            b.push(u8::try_from(odcid.len()).ok()?);
-            b.extend_from_slice(odcid);
         }
         b.extend_from_slice(&issued_unix.to_be_bytes());
         self.aead(&nonce)?
@@ -180,6 +237,20 @@ pub fn owner_initial_allowed(
     }
     let stride = if stride == 0 { datagram.len().max(1) } else { stride };
     !datagram.chunks(stride).any(|seg| crate::initial::starts_connection(seg) == Some(true))
+}
+
+/// Appends to a fixed buffer; `None` once it is full.
+struct Writer<'a> {
+    out: &'a mut [u8],
+    pos: usize,
+}
+
+impl Writer<'_> {
+    fn put(&mut self, b: &[u8]) -> Option<()> {
+        self.out.get_mut(self.pos..self.pos + b.len())?.copy_from_slice(b);
+        self.pos += b.len();
+        Some(())
+    }
 }
 
 fn take<'a>(r: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {

@@ -7,31 +7,31 @@
 //! - the Retry's SCID is an ADR 0001 CID of the instance the Initial would have been
 //!   placed on (rendezvous winner), so the client's next Initial — whose DCID is that
 //!   SCID — routes as `Owner` to that instance, statelessly;
-//! - the token is quinn's own: a `quinn_proto::Endpoint` per shard, configured with
-//!   the instances' shared token key (HKDF-SHA-256, the key file's `token` secret, as
-//!   worker::secrets), makes it with `Endpoint::retry`. quinn-proto does not export its
-//!   token type; driving a real endpoint is the narrowest honest way to get its exact
-//!   format (token bound to the client address and original DCID, RFC 9000 §8.1.4),
-//!   and quinn also computes the Retry integrity tag (RFC 9001 §5.8). Before that it
-//!   removes the Initial's header protection and drops it unless the reserved bits
-//!   are zero (RFC 9000 §17.2) — about 3 in 4 random-garbage Initials; it does not
-//!   decrypt the payload, so a well-formed spoofed Initial does get a Retry (smaller
-//!   than the Initial: no amplification, RFC 9000 §8.1);
+//! - the Retry is the one a quinn-proto 0.11.19 server would send, minted without an
+//!   endpoint by proto::retry::RetryMinter (pure; this module adds the clock, the
+//!   randomness and the socket): the same checks first — at least 1200 bytes, a DCID
+//!   of at least 8 bytes, header protection removed with the Initial keys of the DCID
+//!   (RFC 9001 §5.2, §5.4) and the reserved bits zero (RFC 9000 §17.2), about 3 in 4
+//!   random-garbage Initials fail that; the payload is not decrypted, so a well-formed
+//!   spoofed Initial does get a Retry (smaller than the Initial: no amplification,
+//!   RFC 9000 §8.1) — then quinn's Retry token under the instances' shared token key
+//!   (proto::token, bound to the client address and original DCID, RFC 9000 §8.1.4)
+//!   and the integrity tag (RFC 9001 §5.8);
 //! - the Retry leaves from the socket address the Initial arrived on (IP_PKTINFO /
 //!   IPV6_PKTINFO when the socket is bound to a wildcard address).
 //!
-//! The endpoint never accepts a connection: every `Incoming` is retried or ignored, so
-//! it holds no state between datagrams.
+//! Nothing is kept between datagrams but key schedules.
 
 use crate::dataplane::counters::{bump, ShardCounters};
-use aws_lc_rs::hkdf;
-use bytes::BytesMut;
 use proto::cid::{KeySet, ServerId, CID_RANDOM_LEN};
-use quinn_proto::{ConnectionId, ConnectionIdGenerator, DatagramEvent, Endpoint, EndpointConfig, ServerConfig};
+use proto::initial_protection::NotRetryable;
+use proto::retry::{RetryMinter, MAX_RETRY};
+use proto::token::NONCE_LEN;
+use rand::rngs::StdRng;
+use rand::{RngCore, SeedableRng};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::RawFd;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// `--retry`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,10 +57,6 @@ impl std::fmt::Debug for RetryConfig {
         f.debug_struct("RetryConfig").field("mode", &self.mode).finish_non_exhaustive()
     }
 }
-
-/// The same derivation as worker::secrets::Secrets::token_prk: any instance's quinn
-/// validates a token sealed with it.
-const TOKEN_SALT: &[u8] = b"quicdemux token v1";
 
 /// Decides per datagram whether Retry is on: `Always`, or `Auto` when this shard saw
 /// at least `above` token-less Initials to place in the current or the previous
@@ -98,70 +94,53 @@ impl RetryGate {
     }
 }
 
-/// The CID the next Retry carries as its SCID (set right before `Endpoint::handle`).
-type Next = Arc<Mutex<Option<(KeySet, ServerId)>>>;
-
-/// quinn's `ConnectionIdGenerator` handing out ADR 0001 CIDs of the chosen instance.
-struct AdrRetryCid(Next);
-
-impl ConnectionIdGenerator for AdrRetryCid {
-    fn generate_cid(&mut self) -> ConnectionId {
-        let mut rand = [0u8; CID_RANDOM_LEN];
-        if crate::sys::os_random(&mut rand).is_err() {
-            // Never reached on Linux ≥ 3.17; a zero nonce still decodes to the target.
-            rand = [0; CID_RANDOM_LEN];
-        }
-        let guard = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        match &*guard {
-            Some((keys, id)) => ConnectionId::new(&keys.encode(*id, &rand)),
-            // Unreachable: set before every handle(); a random CID would just route as
-            // a client-chosen DCID (placed anew).
-            None => ConnectionId::new(&rand),
-        }
-    }
-    fn cid_len(&self) -> usize {
-        proto::CID_LEN
-    }
-    fn cid_lifetime(&self) -> Option<Duration> {
-        None
-    }
-}
-
-/// One shard's Retry minter.
+/// One shard's Retry minter: the pure minter (its key schedules made once), a buffer
+/// for the Retry, and the shard's sockets to send it from.
 pub struct Minter {
-    endpoint: Endpoint,
-    next: Next,
-    buf: Vec<u8>,
+    minter: RetryMinter,
+    rng: StdRng,
+    out: [u8; MAX_RETRY],
     /// (local address, fd) of this shard's sockets.
     sockets: Vec<(SocketAddr, RawFd)>,
 }
 
 impl Minter {
     pub fn new(cfg: &RetryConfig, sockets: Vec<(SocketAddr, RawFd)>) -> anyhow::Result<Minter> {
-        let next: Next = Arc::new(Mutex::new(None));
-        let mut reset = [0u8; 32];
-        crate::sys::os_random(&mut reset)?;
-        let mut ec = EndpointConfig::new(Arc::new(aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, &reset)));
-        let n = next.clone();
-        ec.cid_generator(move || Box::new(AdrRetryCid(n.clone())) as Box<dyn ConnectionIdGenerator>);
-        // RFC 9287: never invite fixed-bit greasing (the demux drops such datagrams).
-        ec.grease_quic_bit(false);
-        // The TLS identity is never used: a Retry precedes TLS. quinn's ServerConfig
-        // requires one, so a throwaway self-signed certificate it is.
-        let ck = rcgen::generate_simple_self_signed(vec!["quicdemux-retry.invalid".to_string()])?;
-        let key = rustls::pki_types::PrivateKeyDer::try_from(ck.key_pair.serialize_der())
-            .map_err(|e| anyhow::anyhow!("retry key: {e}"))?;
-        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-        let mut tls = rustls::ServerConfig::builder_with_provider(provider)
-            .with_protocol_versions(&[&rustls::version::TLS13])?
-            .with_no_client_auth()
-            .with_single_cert(vec![ck.cert.der().clone()], key)?;
-        tls.alpn_protocols = vec![b"h3".to_vec()];
-        let crypto = quinn_proto::crypto::rustls::QuicServerConfig::try_from(tls)?;
-        let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, TOKEN_SALT).extract(&cfg.token_secret);
-        let sc = ServerConfig::new(Arc::new(crypto), Arc::new(prk));
-        let endpoint = Endpoint::new(Arc::new(ec), Some(Arc::new(sc)), false, None);
-        Ok(Minter { endpoint, next, buf: Vec::with_capacity(1500), sockets })
+        let mut seed = [0u8; 32];
+        crate::sys::os_random(&mut seed)?;
+        Ok(Minter {
+            minter: RetryMinter::new(&cfg.token_secret),
+            rng: StdRng::from_seed(seed),
+            out: [0; MAX_RETRY],
+            sockets,
+        })
+    }
+
+    /// Writes the Retry for the client Initial `datagram` from `client`, naming
+    /// instance `target` under `keys`, into this minter's buffer at `now_unix`; the
+    /// Retry. Fresh randomness per Retry: the token nonce (which must be unique, it
+    /// picks the token's AEAD key) and the random bits of the SCID, from this shard's
+    /// ChaCha12 generator (rand's StdRng, what quinn's endpoint draws its token nonces
+    /// from), seeded once from the kernel.
+    pub fn mint(
+        &mut self,
+        datagram: &[u8],
+        client: SocketAddr,
+        keys: &KeySet,
+        target: ServerId,
+        now_unix: u64,
+    ) -> Result<&[u8], NotRetryable> {
+        let mut rand = [0u8; NONCE_LEN + CID_RANDOM_LEN];
+        self.rng.fill_bytes(&mut rand);
+        let (nonce, cid_rand) = rand.split_at(NONCE_LEN);
+        let (Ok(nonce), Ok(cid_rand)) =
+            (<[u8; NONCE_LEN]>::try_from(nonce), <&[u8; CID_RANDOM_LEN]>::try_from(cid_rand))
+        else {
+            return Err(NotRetryable::Malformed);
+        };
+        let scid = keys.encode(target, cid_rand);
+        let n = self.minter.mint(datagram, client, &scid, now_unix, nonce, &mut self.out)?;
+        Ok(&self.out[..n])
     }
 
     /// Answers the token-less client Initial `datagram` from `client` (arrived on
@@ -178,28 +157,6 @@ impl Minter {
         target: ServerId,
         c: &ShardCounters,
     ) -> bool {
-        *self.next.lock().unwrap_or_else(|p| p.into_inner()) = Some((keys.clone(), target));
-        self.buf.clear();
-        let ev = self.endpoint.handle(Instant::now(), client, local_ip, None, BytesMut::from(datagram), &mut self.buf);
-        let incoming = match ev {
-            Some(DatagramEvent::NewConnection(i)) => i,
-            // Not taken as a client's first Initial (reserved bits set after header
-            // protection removal, DCID shorter than 8 bytes, …): dropped, nothing sent.
-            _ => {
-                bump(&c.retry_dropped, 1);
-                return false;
-            }
-        };
-        self.buf.clear();
-        let t = match self.endpoint.retry(incoming, &mut self.buf) {
-            Ok(t) => t,
-            Err(e) => {
-                // Carries a token after all: not ours to retry; drop (quinn would).
-                self.endpoint.ignore(e.into_incoming());
-                bump(&c.retry_dropped, 1);
-                return false;
-            }
-        };
         let Some(fd) = self
             .sockets
             .iter()
@@ -215,7 +172,18 @@ impl Minter {
         };
         let wildcard = self.sockets.iter().any(|(a, f)| *f == fd && a.ip().is_unspecified());
         let src = if wildcard { local_ip } else { None };
-        match send_from(fd, &self.buf[..t.size], t.destination, src) {
+        let now_unix = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let retry = match self.mint(datagram, client, keys, target, now_unix) {
+            Ok(r) => r,
+            // Not a first Initial quinn would retry (too short, DCID under 8 bytes,
+            // reserved bits set after header protection removal, already validated,
+            // not v1): dropped, nothing sent.
+            Err(_) => {
+                bump(&c.retry_dropped, 1);
+                return false;
+            }
+        };
+        match send_from(fd, retry, client, src) {
             Ok(()) => {
                 bump(&c.retries_sent, 1);
                 true
@@ -339,6 +307,7 @@ mod tests {
 mod token_format {
     use super::*;
     use std::os::fd::AsRawFd;
+    use std::time::Duration;
 
     #[test]
     fn proto_token_validates_a_quinn_minted_retry_token() {
@@ -379,5 +348,163 @@ mod token_format {
             proto::initial::build_client_initial(1, r.scid, &[5; 8], &[], 1, &[6, 0, 4, 1, 0, 0, 0], 1200).unwrap();
         let Ok(proto::Header::Long(h)) = proto::header::parse(&bare, 12) else { panic!() };
         assert!(!proto::token::owner_initial_allowed(&key, &h, &bare, 0, caddr, now));
+    }
+}
+
+/// The oracle: quinn-proto itself. A quinn client's first Initial gets a Retry from
+/// [`Minter::mint`]; the client checks its integrity tag and comes back with the
+/// token; a quinn server endpoint configured exactly as a worker (worker::secrets:
+/// the same token key, ADR 0001 CIDs) takes that token as a Retry token for this
+/// client (validated, may not retry again) and the handshake completes — which also
+/// has the client check the server's original_destination_connection_id and
+/// retry_source_connection_id transport parameters against the ODCID and the Retry
+/// SCID (RFC 9000 §7.3).
+#[cfg(test)]
+mod quinn_oracle {
+    use super::*;
+    use bytes::BytesMut;
+    use proptest::prelude::*;
+    use proto::keyfile::{KeyFile, RANDOM_LEN};
+    use quinn_proto::{
+        ClientConfig, Connection, ConnectionHandle, DatagramEvent, Endpoint, EndpointConfig, Event, ServerConfig,
+    };
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    struct Side {
+        ep: Endpoint,
+        conn: Option<(ConnectionHandle, Connection)>,
+        addr: SocketAddr,
+        connected: bool,
+    }
+
+    /// Delivers every datagram `from` has to send to `to`.
+    fn deliver(from: &mut Side, to: &mut Side) {
+        let now = Instant::now();
+        let mut buf = Vec::new();
+        let Some((ch, conn)) = from.conn.as_mut() else { return };
+        while let Some(ev) = conn.poll_endpoint_events() {
+            if let Some(back) = from.ep.handle_event(*ch, ev) {
+                conn.handle_event(back);
+            }
+        }
+        while let Some(e) = conn.poll() {
+            match e {
+                Event::Connected => from.connected = true,
+                Event::ConnectionLost { reason } => panic!("connection lost: {reason}"),
+                _ => {}
+            }
+        }
+        loop {
+            buf.clear();
+            let Some(t) = conn.poll_transmit(now, 10, &mut buf) else { break };
+            let seg = t.segment_size.unwrap_or(t.size);
+            for d in buf[..t.size].chunks(seg) {
+                let mut rbuf = Vec::new();
+                match to.ep.handle(now, from.addr, None, None, BytesMut::from(d), &mut rbuf) {
+                    Some(DatagramEvent::ConnectionEvent(_, ev)) => {
+                        to.conn.as_mut().expect("a connection").1.handle_event(ev)
+                    }
+                    Some(DatagramEvent::NewConnection(_)) => panic!("a second connection attempt"),
+                    Some(DatagramEvent::Response(_)) => panic!("a stateless response mid-handshake"),
+                    None => {}
+                }
+            }
+        }
+    }
+
+    /// One handshake through a demux-minted Retry from `client_addr`.
+    fn handshake_through_retry(client_addr: SocketAddr) {
+        let kf = KeyFile::generate(&[0x5a; RANDOM_LEN], proto::cid::Prf::SipHash24);
+        let keys = kf.keys.key_set().unwrap();
+        let secrets = worker::secrets::Secrets::from_key_file(&kf);
+        let target = ServerId(3);
+        let id = worker::tls::Identity::self_signed(&["localhost"]).unwrap();
+        let roots = id.certs.clone();
+        let mut sc = ServerConfig::with_crypto(worker::tls::server_crypto(id, &[b"h3"]).unwrap());
+        secrets.apply_token_key(&mut sc);
+        let server_ec = secrets.endpoint_config(&secrets.cid_keys().unwrap(), target);
+        let server_addr: SocketAddr = if client_addr.is_ipv4() {
+            "192.0.2.1:443".parse().unwrap()
+        } else {
+            "[2001:db8::443]:443".parse().unwrap()
+        };
+        let mut server = Side {
+            ep: Endpoint::new(Arc::new(server_ec), Some(Arc::new(sc)), false, None),
+            conn: None,
+            addr: server_addr,
+            connected: false,
+        };
+        let mut cep = Endpoint::new(Arc::new(EndpointConfig::default()), None, false, None);
+        let crypto = worker::tls::client_crypto(&roots, &[b"h3"]).unwrap();
+        let (ch, mut conn) =
+            cep.connect(Instant::now(), ClientConfig::new(Arc::new(crypto)), server_addr, "localhost").unwrap();
+        let mut buf = Vec::new();
+        let t = conn.poll_transmit(Instant::now(), 1, &mut buf).unwrap();
+        let first = buf[..t.size].to_vec();
+        let odcid = proto::initial_protection::parse(&first).unwrap().dcid.to_vec();
+
+        let mut m = Minter::new(&RetryConfig { mode: RetryMode::Always, token_secret: kf.token_key }, vec![]).unwrap();
+        let now_unix = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+        let retry = m.mint(&first, client_addr, &keys, target, now_unix).unwrap().to_vec();
+        assert!(proto::retry::verify(&retry, &odcid));
+        let scid = proto::retry::parse(&retry).unwrap().scid.to_vec();
+        assert_eq!(keys.decode(&scid).map(|d| d.server_id), Ok(target));
+
+        // The client takes the Retry (it drops one with a wrong tag: RFC 9001 §5.8).
+        let mut rbuf = Vec::new();
+        match cep.handle(Instant::now(), server_addr, None, None, BytesMut::from(&retry[..]), &mut rbuf) {
+            Some(DatagramEvent::ConnectionEvent(_, ev)) => conn.handle_event(ev),
+            _ => panic!("the client did not take the Retry"),
+        }
+        buf.clear();
+        let t = conn.poll_transmit(Instant::now(), 1, &mut buf).unwrap();
+        let second = buf[..t.size].to_vec();
+        let h = proto::initial_protection::parse(&second).unwrap();
+        assert_eq!(h.dcid, &scid[..], "the client's next DCID is the Retry SCID");
+        assert!(!h.token.is_empty());
+        let key = proto::token::TokenKey::new(&kf.token_key);
+        assert_eq!(key.check(h.token, client_addr, now_unix), proto::token::TokenCheck::Retry);
+
+        // The worker's quinn: the token is a valid Retry token for this client.
+        let mut sbuf = Vec::new();
+        let incoming =
+            match server.ep.handle(Instant::now(), client_addr, None, None, BytesMut::from(&second[..]), &mut sbuf) {
+                Some(DatagramEvent::NewConnection(i)) => i,
+                Some(DatagramEvent::Response(_)) => panic!("quinn refused the token (INVALID_TOKEN close)"),
+                _ => panic!("quinn ignored the post-Retry Initial"),
+            };
+        assert!(incoming.remote_address_validated(), "quinn validated the address with our token");
+        assert!(!incoming.may_retry(), "quinn read it as a Retry token");
+        let (sch, sconn) = server.ep.accept(incoming, Instant::now(), &mut sbuf, None).map_err(|e| e.cause).unwrap();
+        server.conn = Some((sch, sconn));
+        let mut client = Side { ep: cep, conn: Some((ch, conn)), addr: client_addr, connected: false };
+        for _ in 0..50 {
+            deliver(&mut client, &mut server);
+            deliver(&mut server, &mut client);
+            if client.connected && server.connected {
+                return;
+            }
+        }
+        panic!("no handshake after 50 rounds (client {}, server {})", client.connected, server.connected);
+    }
+
+    #[test]
+    fn quinn_completes_a_handshake_through_a_minted_retry() {
+        handshake_through_retry("198.51.100.7:40000".parse().unwrap());
+        handshake_through_retry("[2001:db8::7]:1".parse().unwrap());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+        #[test]
+        fn quinn_accepts_minted_tokens_for_any_client(v4 in any::<bool>(), ip in any::<u128>(), port in 1u16..) {
+            let addr = if v4 {
+                SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::from(ip as u32)), port)
+            } else {
+                SocketAddr::new(IpAddr::V6(std::net::Ipv6Addr::from(ip)), port)
+            };
+            handshake_through_retry(addr);
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! paced by a per-thread token bucket.
 
 use crate::packets::{Pool, Rng, Spec};
-use crate::sys::{self, MmsgSender};
+use crate::sys::{self, MmsgSender, SpoofSender};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -52,7 +52,16 @@ pub struct Config {
     pub cpus: Vec<usize>,
     /// Send the pool's Initials as built, instead of with a fresh DCID each time.
     pub reuse_dcids: bool,
+    /// Send every datagram from a random one of this many loopback source addresses
+    /// (127.1.0.0 + k, IP_PKTINFO; one unbound socket per thread) instead of from
+    /// `sources` sockets. IPv4 targets, no GSO.
+    pub spoof_sources: Option<u32>,
 }
+
+/// The first spoofed source address: 127.1.0.0 (127.0.0.0/16 is left to real clients).
+pub const SPOOF_BASE: u32 = 0x7f01_0000;
+/// The most spoofed sources: the rest of 127.0.0.0/8.
+pub const MAX_SPOOF_SOURCES: u32 = 0x00fe_0000;
 
 impl Config {
     pub fn validate(&self) -> Result<(), String> {
@@ -96,6 +105,14 @@ impl Config {
                 core_affinity::get_core_ids().unwrap_or_default().into_iter().map(|c| c.id).collect();
             if let Some(c) = self.cpus.iter().find(|c| !avail.contains(c)) {
                 return Err(format!("--cpus: CPU {c} is not available to this process (available: {avail:?})"));
+            }
+        }
+        if let Some(n) = self.spoof_sources {
+            if n == 0 || n > MAX_SPOOF_SOURCES {
+                return Err(format!("--spoof-sources must be in 1..={MAX_SPOOF_SOURCES}"));
+            }
+            if !self.target.is_ipv4() || self.gso.is_some() {
+                return Err("--spoof-sources needs an IPv4 target and no --gso".into());
             }
         }
         if self.count == Some(0) {
@@ -175,8 +192,17 @@ fn share(total: u64, parts: usize, i: usize) -> u64 {
     total / p + u64::from((i as u64) < total % p)
 }
 
+/// Per-thread state of `--spoof-sources`.
+struct Spoof {
+    sender: SpoofSender,
+    n: u32,
+    rng: Rng,
+    addrs: Vec<Ipv4Addr>,
+}
+
 struct Worker {
     socks: Vec<UdpSocket>,
+    spoof: Option<Spoof>,
     pool: Pool,
     sender: MmsgSender,
     seg: usize,
@@ -256,7 +282,17 @@ impl Worker {
             }
             let sock = &self.socks[sock_i];
             sock_i = (sock_i + 1) % self.socks.len();
-            let (ok, errs, e) = self.sender.send(sock, &self.pool.data, &msgs);
+            let (ok, errs, e) = match self.spoof.as_mut() {
+                Some(sp) => {
+                    sp.addrs.clear();
+                    for _ in 0..msgs.len() {
+                        let k = (sp.rng.next_u64() % u64::from(sp.n)) as u32;
+                        sp.addrs.push(Ipv4Addr::from(SPOOF_BASE + k));
+                    }
+                    sp.sender.send(sock, &self.pool.data, &msgs, &sp.addrs)
+                }
+                None => self.sender.send(sock, &self.pool.data, &msgs),
+            };
             // Messages map to `seg` datagrams each except possibly the last.
             let (mut okd, mut okb) = (0u64, 0u64);
             for &(_, len) in &msgs[..ok] {
@@ -288,17 +324,34 @@ pub fn run(cfg: &Config, stop: Arc<AtomicBool>) -> anyhow::Result<Summary> {
     let mut workers = Vec::with_capacity(cfg.threads);
     for t in 0..cfg.threads {
         let mut socks = Vec::new();
-        for _ in 0..share(cfg.sources as u64, cfg.threads, t) {
+        let mut rng = Rng::from_entropy(t as u64);
+        let spoof = match (cfg.spoof_sources, cfg.target) {
+            (Some(n), SocketAddr::V4(target)) => {
+                let s = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))
+                    .map_err(|e| anyhow::anyhow!("binding the spoofing socket: {e}"))?;
+                sys::set_send_buffer(&s, 4 << 20);
+                socks.push(s);
+                let cap = BATCH.max(1);
+                Some(Spoof {
+                    sender: SpoofSender::new(cap, target),
+                    n,
+                    rng: Rng::new(rng.next_u64()),
+                    addrs: Vec::with_capacity(cap),
+                })
+            }
+            _ => None,
+        };
+        for _ in 0..if spoof.is_some() { 0 } else { share(cfg.sources as u64, cfg.threads, t) } {
             let s = source_socket(cfg.target).map_err(|e| anyhow::anyhow!("binding a loopback source socket: {e}"))?;
             s.connect(cfg.target).map_err(|e| anyhow::anyhow!("connecting to {}: {e}", cfg.target))?;
             sys::set_send_buffer(&s, 4 << 20);
             socks.push(s);
         }
-        let mut rng = Rng::from_entropy(t as u64);
         let pool = Pool::build(&spec, pool_n, &mut rng).map_err(anyhow::Error::msg)?;
         let gso_size = cfg.gso.map(|_| spec.size as u16);
         workers.push(Worker {
             socks,
+            spoof,
             pool,
             sender: MmsgSender::new(BATCH.div_ceil(seg).max(1), gso_size),
             seg,
@@ -406,5 +459,53 @@ mod tests {
         assert!(is_loopback("::1".parse().unwrap()));
         assert!(!is_loopback("10.0.0.1".parse().unwrap()));
         assert!(!is_loopback("0.0.0.0".parse().unwrap()));
+    }
+
+    /// `--spoof-sources 3`: every datagram arrives from one of 127.1.0.0..=127.1.0.2,
+    /// all three are seen, nothing else.
+    #[test]
+    fn spoofed_sources_arrive_as_many_clients() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let target = rx.local_addr().unwrap();
+        let cfg = Config {
+            target,
+            spec: Spec {
+                mode: crate::packets::Mode::Initial,
+                size: 1200,
+                keys: None,
+                server_ids: vec![],
+                fixed_size: false,
+            },
+            rate: Rate::Max,
+            duration: Duration::from_secs(5),
+            threads: 1,
+            sources: 1,
+            gso: None,
+            count: Some(60),
+            progress: false,
+            label: "",
+            cpus: vec![],
+            reuse_dcids: false,
+            spoof_sources: Some(3),
+        };
+        let s = run(&cfg, Arc::new(AtomicBool::new(false))).unwrap();
+        assert_eq!((s.sent, s.errors), (60, 0));
+        let mut seen = std::collections::BTreeSet::new();
+        let mut buf = [0u8; 1500];
+        for _ in 0..60 {
+            let (n, from) = rx.recv_from(&mut buf).unwrap();
+            assert_eq!(n, 1200);
+            seen.insert(from.ip());
+        }
+        let want: std::collections::BTreeSet<IpAddr> =
+            (0..3).map(|k| IpAddr::V4(Ipv4Addr::from(SPOOF_BASE + k))).collect();
+        assert_eq!(seen, want);
+        let mut bad = cfg.clone();
+        bad.spoof_sources = Some(0);
+        assert!(bad.validate().is_err());
+        bad.spoof_sources = Some(3);
+        bad.gso = Some(2);
+        assert!(bad.validate().is_err());
     }
 }

@@ -179,6 +179,7 @@ pub fn run(cfg: &Config, stop: Arc<AtomicBool>) -> anyhow::Result<Report> {
                 label: "background ",
                 cpus: cfg.background_cpus.clone(),
                 reuse_dcids: false,
+                spoof_sources: None,
             };
             fc.validate().map_err(|e| anyhow::anyhow!("background load: {e}"))?;
             let s = bg_stop.clone();

@@ -2,6 +2,7 @@
 //!
 //! Load:    udpflood --target 127.0.0.1:4433 --mode short --keys keys --server-ids 1,2 \
 //!                   --size 1200 --rate max --duration 10 --threads 2 --sources 64 [--gso 8]
+//! Spoofed: udpflood --target 127.0.0.1:4433 --mode initial --spoof-sources 100000
 //! Latency: udpflood --latency --target 127.0.0.1:4433 --keys keys --server-ids 1,2 \
 //!                   --rate 1000 --duration 10 [--background-rate 200000] [--hgrm-out rtt.hgrm]
 //! HTTP/3:  udpflood --latency-h3 --url https://127.0.0.1:4433/bytes/0 --connections 8 --requests 1000
@@ -108,6 +109,11 @@ struct Args {
     /// DCIDs hit the demux's pin table) instead of with a fresh DCID each time.
     #[arg(long)]
     reuse_dcids: bool,
+    /// Send each datagram from a random one of N loopback source addresses (127.1.0.0
+    /// onwards, IP_PKTINFO; IPv4 target, no --gso) instead of from --sources sockets:
+    /// a flood from many clients, e.g. 100000.
+    #[arg(long)]
+    spoof_sources: Option<u32>,
     /// Stop after this many datagrams (or probes) in total.
     #[arg(long)]
     count: Option<u64>,
@@ -194,6 +200,7 @@ fn run_flood(a: &Args, keys: Option<KeySet>, ids: Vec<ServerId>) -> anyhow::Resu
         label: "",
         cpus: a.cpus.clone().map(|c| c.0).unwrap_or_default(),
         reuse_dcids: a.reuse_dcids,
+        spoof_sources: a.spoof_sources,
     };
     let s = flood::run(&cfg, Arc::new(AtomicBool::new(false)))?;
     if a.json {

@@ -1,5 +1,6 @@
 //! The few system calls std does not wrap: sendmmsg with an optional UDP_SEGMENT
-//! control message, socket buffer sizes, and CLOCK_MONOTONIC in nanoseconds.
+//! control message or with a per-datagram IP_PKTINFO source address, socket buffer
+//! sizes, and CLOCK_MONOTONIC in nanoseconds.
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -105,6 +106,118 @@ impl MmsgSender {
             // SAFETY: hdrs[off..n] are initialised above; each points at its own iovec,
             // which points into `data`, borrowed for the whole call, and at the
             // control buffer owned by self. The kernel only reads them (and writes msg_len).
+            let rc =
+                unsafe { libc::sendmmsg(fd.as_raw_fd(), self.hdrs[off..].as_mut_ptr(), (n - off) as libc::c_uint, 0) };
+            if rc < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                errors += 1;
+                off += 1;
+                last_err = Some(e);
+            } else {
+                done += rc as usize;
+                off += (rc as usize).max(1).min(n - off);
+                if rc == 0 {
+                    errors += 1;
+                }
+            }
+        }
+        (done, errors, last_err)
+    }
+}
+
+/// One control buffer big enough for CMSG_SPACE(sizeof in_pktinfo) (16 + 12), 8-byte
+/// aligned.
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+struct PktinfoBuf([u8; 32]);
+
+/// Reusable sendmmsg state for an unconnected IPv4 socket bound to 0.0.0.0 that sends
+/// every datagram to one target from a source address of the caller's choice
+/// (IP_PKTINFO `ipi_spec_dst`, ip(7)). Any 127.0.0.0/8 address is local on Linux
+/// (the `local 127.0.0.0/8 dev lo` route), so a loopback source needs no raw socket
+/// and no privilege: many clients as seen by the receiver, from one socket.
+pub struct SpoofSender {
+    hdrs: Vec<libc::mmsghdr>,
+    iovs: Vec<libc::iovec>,
+    cmsgs: Vec<PktinfoBuf>,
+    target: Box<libc::sockaddr_in>,
+}
+
+// SAFETY: as for MmsgSender: the raw pointers point into this struct's own heap
+// buffers and into slices borrowed for one `send` call only.
+unsafe impl Send for SpoofSender {}
+
+impl SpoofSender {
+    pub fn new(cap: usize, target: std::net::SocketAddrV4) -> SpoofSender {
+        let target = Box::new(libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: target.port().to_be(),
+            sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(target.ip().octets()) },
+            sin_zero: [0; 8],
+        });
+        // SAFETY: mmsghdr and iovec are plain C structs for which all-zero is valid.
+        let (hdrs, iovs) =
+            unsafe { (vec![std::mem::zeroed::<libc::mmsghdr>(); cap], vec![std::mem::zeroed::<libc::iovec>(); cap]) };
+        SpoofSender { hdrs, iovs, cmsgs: vec![PktinfoBuf([0; 32]); cap], target }
+    }
+
+    /// Sends each `data[start..start + len]` of `msgs` (at most the capacity) to the
+    /// target from `sources[i]`, the i-th message's source address. Returns as
+    /// [`MmsgSender::send`].
+    pub fn send(
+        &mut self,
+        fd: &impl AsRawFd,
+        data: &[u8],
+        msgs: &[(usize, usize)],
+        sources: &[std::net::Ipv4Addr],
+    ) -> (usize, usize, Option<io::Error>) {
+        let n = msgs.len().min(self.hdrs.len()).min(sources.len());
+        // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic on a constant size.
+        let (space, len) = unsafe {
+            let sz = std::mem::size_of::<libc::in_pktinfo>() as u32;
+            (libc::CMSG_SPACE(sz) as usize, libc::CMSG_LEN(sz) as usize)
+        };
+        for (i, &(start, dlen)) in msgs[..n].iter().enumerate() {
+            let m = &data[start..start + dlen];
+            self.iovs[i] = libc::iovec { iov_base: m.as_ptr() as *mut libc::c_void, iov_len: m.len() };
+            let cm = &mut self.cmsgs[i];
+            let pi = libc::in_pktinfo {
+                ipi_ifindex: 0,
+                ipi_spec_dst: libc::in_addr { s_addr: u32::from_ne_bytes(sources[i].octets()) },
+                ipi_addr: libc::in_addr { s_addr: 0 },
+            };
+            // SAFETY: the buffer is 8-byte aligned and 32 ≥ CMSG_SPACE(12) bytes long, so
+            // one cmsghdr and its in_pktinfo fit; the msghdr only lets CMSG_FIRSTHDR
+            // compute the first header's address.
+            unsafe {
+                let mut mh: libc::msghdr = std::mem::zeroed();
+                mh.msg_control = cm.0.as_mut_ptr().cast();
+                mh.msg_controllen = space as _;
+                let hdr = libc::CMSG_FIRSTHDR(&mh);
+                (*hdr).cmsg_level = libc::IPPROTO_IP;
+                (*hdr).cmsg_type = libc::IP_PKTINFO;
+                (*hdr).cmsg_len = len as _;
+                std::ptr::write_unaligned(libc::CMSG_DATA(hdr) as *mut libc::in_pktinfo, pi);
+            }
+            let h = &mut self.hdrs[i].msg_hdr;
+            h.msg_name = (&mut *self.target as *mut libc::sockaddr_in).cast();
+            h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            h.msg_iov = &mut self.iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_control = cm.0.as_mut_ptr().cast();
+            h.msg_controllen = space as _;
+            h.msg_flags = 0;
+            self.hdrs[i].msg_len = 0;
+        }
+        let (mut done, mut errors, mut last_err) = (0usize, 0usize, None);
+        let mut off = 0;
+        while off < n {
+            // SAFETY: hdrs[off..n] are initialised above; each points at its own iovec
+            // (into `data`, borrowed for the call), its own control buffer and the
+            // target address, all owned by self. The kernel only reads them.
             let rc =
                 unsafe { libc::sendmmsg(fd.as_raw_fd(), self.hdrs[off..].as_mut_ptr(), (n - off) as libc::c_uint, 0) };
             if rc < 0 {
