@@ -303,3 +303,145 @@ impl RingSet {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::wire::{encode_frame_header, MAX_PAYLOAD};
+    use std::net::SocketAddr;
+
+    const CAP: u64 = ring::MIN_CAPACITY as u64;
+
+    /// The data plane's side, by hand: a mapping with magic and capacity, and the
+    /// consumer opened on the same memfd.
+    fn pair() -> (Mapping, Consumer) {
+        let (map, memfd) = Mapping::create(CAP).unwrap();
+        map.word(OFF_CAPACITY).store(CAP, Ordering::Relaxed);
+        map.word(OFF_MAGIC).store(RING_MAGIC, Ordering::Release);
+        let c = Consumer::open(memfd, sys::ring::eventfd().unwrap(), CAP).unwrap();
+        (map, c)
+    }
+
+    /// Writes one record with body `body` the way the producer does and publishes it.
+    fn put(map: &Mapping, body: &[u8]) {
+        let tail = map.word(OFF_TAIL).load(Ordering::Relaxed);
+        let head = map.word(OFF_HEAD).load(Ordering::Relaxed);
+        let r = ring::reserve(head, tail, CAP, body.len()).unwrap();
+        if let Some(s) = r.skip_at {
+            map.write(s, &ring::SKIP.to_le_bytes());
+        }
+        map.write(r.at, &(body.len() as u32).to_le_bytes());
+        map.write(r.at + ring::LEN_WORD, body);
+        map.word(OFF_TAIL).store(r.new_tail, Ordering::Release);
+    }
+
+    fn frame(meta: &FrameMeta, payload: &[u8]) -> Vec<u8> {
+        let mut h = [0u8; FRAME_HEADER_LEN];
+        encode_frame_header(meta, &mut h);
+        [&h[..], payload].concat()
+    }
+
+    fn meta(segment_size: Option<u16>) -> FrameMeta {
+        let client: SocketAddr = "192.0.2.9:5555".parse().unwrap();
+        FrameMeta { client, local: Some("198.51.100.2:443".parse().unwrap()), ecn: 2, segment_size }
+    }
+
+    /// One copy: the payload lands at the front of the buffer and nothing else is
+    /// written to it (no header to move away afterwards), across a wrap-around.
+    #[test]
+    fn pop_frame_copies_only_the_payload_into_the_buffer() {
+        let (map, c) = pair();
+        let mut buf = vec![0xeeu8; 70_000];
+        for i in 0..300u32 {
+            let payload: Vec<u8> = (0..1200 + i).map(|b| (b ^ i) as u8).collect();
+            let m = meta(if i % 3 == 0 { Some(600) } else { None });
+            put(&map, &frame(&m, &payload));
+            buf.fill(0xee);
+            assert_eq!(c.pop_frame(&mut buf).unwrap(), Some(Popped::Frame { meta: m, len: payload.len() }));
+            assert_eq!(&buf[..payload.len()], &payload[..], "record {i}");
+            assert!(buf[payload.len()..].iter().all(|&b| b == 0xee), "record {i}: bytes past the payload written");
+        }
+        assert!(map.word(OFF_TAIL).load(Ordering::Relaxed) > 2 * CAP, "wrapped around");
+        assert_eq!(c.pop_frame(&mut buf).unwrap(), None);
+    }
+
+    /// Records that are not frames, or too long for the buffer, are consumed and
+    /// reported, and the next record is read normally.
+    #[test]
+    fn pop_frame_drops_bad_and_too_long_records() {
+        let (map, c) = pair();
+        let mut buf = vec![0u8; 1500];
+        put(&map, &[0xd7; 20]); // shorter than a frame header
+        put(&map, &frame(&meta(None), b"x")[..FRAME_HEADER_LEN]); // empty payload
+        let mut bad = frame(&meta(None), b"abc");
+        bad[3] = 7; // ECN > 3
+        put(&map, &bad);
+        put(&map, &frame(&meta(Some(1000)), &[1u8; 999])); // segment > payload
+        put(&map, &frame(&meta(None), &[2u8; 1501])); // longer than `buf`
+        put(&map, &frame(&meta(None), &[3u8; 1500]));
+        for _ in 0..4 {
+            assert_eq!(c.pop_frame(&mut buf).unwrap(), Some(Popped::Malformed));
+        }
+        assert_eq!(c.pop_frame(&mut buf).unwrap(), Some(Popped::TooLong));
+        assert_eq!(c.pop_frame(&mut buf).unwrap(), Some(Popped::Frame { meta: meta(None), len: 1500 }));
+        assert_eq!(buf, [3u8; 1500]);
+        assert_eq!(c.pop_frame(&mut buf).unwrap(), None);
+    }
+
+    /// A producer that writes nonsense (tails behind the head or beyond the capacity,
+    /// length words past the tail, the end of the area or any frame, a SKIP at
+    /// offset 0 or beyond the tail): every read stays in bounds and ends in an
+    /// error, never a panic or a loop.
+    #[test]
+    fn hostile_producer_words_are_errors_not_reads_out_of_bounds() {
+        let cases: [(u64, u64, Option<(u64, u32)>); 9] = [
+            (64, 8, None),                                    // tail behind head
+            (0, CAP + 8, None),                               // more than the capacity
+            (4, 20, None),                                    // unaligned head
+            (0, 64, Some((0, 0))),                            // empty record
+            (0, 64, Some((0, 100))),                          // past the tail
+            (0, CAP, Some((0, u32::MAX - 1))),                // huge length
+            (0, CAP, Some((0, (ring::MAX_BODY + 1) as u32))), // longer than any frame
+            (CAP - 8, CAP + 64, Some((CAP - 8, 44))),         // runs past the end
+            (CAP, 2 * CAP, Some((CAP, ring::SKIP))),          // SKIP at offset 0
+        ];
+        let mut buf = vec![0u8; MAX_PAYLOAD];
+        for (i, (head, tail, word)) in cases.into_iter().enumerate() {
+            let (map, c) = pair();
+            if let Some((at, w)) = word {
+                map.write(ring::word_at(at, CAP), &w.to_le_bytes());
+            }
+            map.word(OFF_HEAD).store(head, Ordering::Relaxed);
+            map.word(OFF_TAIL).store(tail, Ordering::Relaxed);
+            assert!(c.pop_frame(&mut buf).is_err(), "case {i}: pop_frame");
+            assert!(c.pop(&mut buf).is_err(), "case {i}: pop");
+            assert_eq!(map.word(OFF_HEAD).load(Ordering::Relaxed), head, "case {i}: head unchanged");
+        }
+    }
+
+    /// A ring whose producer wrote nonsense is given up (counted once) and never read
+    /// again; the other rings of the set keep delivering.
+    #[tokio::test]
+    async fn a_corrupt_ring_is_given_up_and_the_others_keep_delivering() {
+        let (bad_map, bad) = pair();
+        let (good_map, good) = pair();
+        let set = RingSet::new(vec![bad, good]).unwrap();
+        let stats = DataStats::default();
+        bad_map.word(OFF_TAIL).store(CAP * 4, Ordering::Release); // beyond the capacity
+        put(&good_map, &frame(&meta(None), &[7u8; 100]));
+        let mut store = vec![0u8; 2 * 2000];
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            let mut bufs: Vec<IoSliceMut<'_>> = store.chunks_mut(2000).map(IoSliceMut::new).collect();
+            let n = std::future::poll_fn(|cx| {
+                Poll::Ready(set.poll_frames(cx, &mut bufs, &stats, |i, m, len| got.push((i, *m, len))))
+            })
+            .await;
+            assert!(n <= 1);
+        }
+        assert_eq!(got, vec![(0, meta(None), 100)]);
+        assert_eq!((set.len(), set.dead()), (2, 1));
+        assert_eq!(stats.malformed.load(Ordering::Relaxed), 1, "counted once, not on every poll");
+        assert_eq!(stats.ring_frames.load(Ordering::Relaxed), 1);
+    }
+}
