@@ -34,11 +34,18 @@ fn secrets() -> worker::Secrets {
     worker::Secrets::from_key_file(&proto::keyfile::KeyFile::generate(&random, proto::cid::Prf::SipHash24))
 }
 
+/// The next control message other than the `Load` heartbeat (sent at once and every
+/// 250 ms from the start, so it races with `Ready`).
 fn read_control(conn: &OwnedFd) -> Control {
     let mut buf = vec![0u8; 4096];
-    let r = fdpass::recv_record(conn.as_fd(), &mut buf, 0).expect("recv");
-    assert!(r.len > 0, "worker closed the data connection");
-    decode_control(&buf[..r.len]).expect("decode")
+    loop {
+        let r = fdpass::recv_record(conn.as_fd(), &mut buf, 0).expect("recv");
+        assert!(r.len > 0, "worker closed the data connection");
+        match decode_control(&buf[..r.len]).expect("decode") {
+            Control::Load { .. } => continue,
+            m => return m,
+        }
+    }
 }
 
 fn send(conn: &OwnedFd, m: &Control, fds: &[&UdpSocket]) {
