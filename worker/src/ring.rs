@@ -394,7 +394,9 @@ mod tests {
     /// error, never a panic or a loop.
     #[test]
     fn hostile_producer_words_are_errors_not_reads_out_of_bounds() {
-        let cases: [(u64, u64, Option<(u64, u32)>); 9] = [
+        /// (head, tail, a length word written at that position).
+        type Case = (u64, u64, Option<(u64, u32)>);
+        let cases: [Case; 9] = [
             (64, 8, None),                                    // tail behind head
             (0, CAP + 8, None),                               // more than the capacity
             (4, 20, None),                                    // unaligned head
