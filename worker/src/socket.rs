@@ -9,6 +9,11 @@
 //! `len`; never 0). Control records (0xc7) are handled here and never reach quinn;
 //! malformed or truncated records are counted and dropped.
 //!
+//! Forwarding rings (`Rings`, the default): read before the data connection, one
+//! datagram per buffer, each payload copied once from the ring into quinn's buffer
+//! ([`crate::ring::RingSet::poll_frames`]); a restarted data plane's rings replace the
+//! old ones ([`DemuxSocket::replace_rings`]).
+//!
 //! Kernel fast path: the worker's own sockets from `FastSockets`
 //! ([`crate::fast_udp::FastUdp`]) are read too, with quinn-udp straight into quinn's
 //! buffers (GRO, ECN, IP_PKTINFO `dst_ip`). Each `poll_recv` alternates which source
