@@ -18,6 +18,10 @@
 //! - `shard/ring_push`: `ring::Producer::push` of one frame (44 + 1200 bytes) into a
 //!   1 MiB forwarding ring (`--forward ring`); a worker's `Consumer` empties it
 //!   untimed between chunks of 512.
+//! - `shard/ring_pop_frame`: the worker's `Consumer::pop_frame` of one such frame into
+//!   a quinn-sized buffer (payload copied once); `shard/ring_pop_copy_move`: the same
+//!   frame popped whole, decoded in the buffer and its payload moved to the front (the
+//!   two copies the worker made before). Refilled untimed between chunks of 512.
 //!
 //! Every benchmark runs twice: wall clock, and (prefix `cpu/`) thread CPU time.
 #![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
@@ -261,8 +265,55 @@ fn benches<M: Clock>(c: &mut Criterion<M>, p: &str) {
             chunked::<M, _>(iters, 512, &mut full, routine, |_| while let Ok(Some(_)) = consumer.pop(&mut out) {})
         })
     });
+    // The worker's side: one frame (44 + 1200 bytes) out of the ring into a
+    // quinn-sized buffer. `ring_pop_frame`: header decoded from a stack copy, payload
+    // copied once into the buffer (what the worker does). `ring_pop_copy_move`: the
+    // whole record copied into the buffer, decoded there and the payload moved to the
+    // front (the two copies it did before). The producer refills 512 frames untimed.
+    while consumer.pop(&mut out).unwrap().is_some() {}
+    let mut fh = [0u8; proto::wire::FRAME_HEADER_LEN];
+    let client = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)), 4433);
+    let meta = proto::wire::FrameMeta { client, local: None, ecn: 0, segment_size: None };
+    proto::wire::encode_frame_header(&meta, &mut fh);
+    let mut drain = vec![0u8; 1 << 16];
+    let mut refill = |_: &mut u64| {
+        while consumer.pop(&mut drain).unwrap().is_some() {}
+        for _ in 0..512 {
+            assert!(ring.push(&fh, &short));
+        }
+    };
+    let mut quinn_buf = vec![0u8; 1200 * 64];
+    let mut popped = 0u64;
+    g.bench_function("ring_pop_frame", |b| {
+        b.iter_custom(|iters| {
+            refill(&mut popped);
+            let routine = |n: &mut u64| {
+                if let Ok(Some(worker::ring::Popped::Frame { len, .. })) = consumer.pop_frame(&mut quinn_buf) {
+                    *n += black_box(len) as u64;
+                }
+            };
+            chunked::<M, _>(iters, 512, &mut popped, routine, &mut refill)
+        })
+    });
+    let mut moved = 0u64;
+    g.bench_function("ring_pop_copy_move", |b| {
+        b.iter_custom(|iters| {
+            refill(&mut moved);
+            let routine = |n: &mut u64| {
+                if let Ok(Some(len)) = consumer.pop(&mut quinn_buf) {
+                    if let Ok((_, p)) = proto::wire::decode_frame(&quinn_buf[..len]) {
+                        let plen = p.len();
+                        quinn_buf.copy_within(proto::wire::FRAME_HEADER_LEN..len, 0);
+                        *n += black_box(plen) as u64;
+                    }
+                }
+            };
+            chunked::<M, _>(iters, 512, &mut moved, routine, &mut refill)
+        })
+    });
     g.finish();
     assert_eq!(full, 0, "the ring never filled");
+    assert!(popped > 0 && moved > 0 && popped.is_multiple_of(1200) && moved.is_multiple_of(1200), "{popped} {moved}");
 }
 
 testkit::criterion_main_both_clocks!(benches);

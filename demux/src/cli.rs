@@ -216,10 +216,11 @@ pub struct DataPlaneArgs {
     /// Receive backend.
     #[arg(long, value_enum, default_value = "auto")]
     pub io: IoKind,
-    /// How frames reach the workers: `seqpacket` (one record per frame on the data
-    /// connection) or `ring` (a shared-memory ring per shard and worker, for workers
-    /// that ask for it with `DataHelloV2`; others keep SEQPACKET).
-    #[arg(long, value_enum, default_value = "seqpacket")]
+    /// How frames reach the workers: `ring` (a shared-memory ring per shard and
+    /// worker, for workers that ask for it with `DataHelloV2 { CAP_RINGS }`, as the
+    /// `worker` binary does unless `--rings off`; others keep SEQPACKET) or
+    /// `seqpacket` (one record per frame on the data connection, for every worker).
+    #[arg(long, value_enum, default_value = "ring")]
     pub forward: ForwardKind,
     /// `--forward ring`: data bytes per ring (a power of two, 128 KiB..=1 GiB).
     #[arg(long, value_name = "BYTES", default_value_t = 4 << 20)]

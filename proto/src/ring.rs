@@ -107,7 +107,10 @@ pub fn next(head: u64, tail: u64, capacity: u64, word: u32) -> Next {
     let pos = head % capacity;
     let to_end = capacity - pos;
     if word == SKIP {
-        if to_end > tail - head {
+        // A producer writes SKIP only where a record does not fit before the end, so
+        // never at offset 0 (the whole area): one there would be corrupt (and could
+        // make a consumer chase SKIPs for as long as a hostile producer writes them).
+        if pos == 0 || to_end > tail - head {
             return Next::Corrupt;
         }
         return Next::Skip { new_head: head + to_end };
@@ -145,5 +148,21 @@ mod tests {
         assert!(reserve(0, cap - 16, cap, 8).is_some());
         assert_eq!(reserve(0, 0, cap, 0), None);
         assert_eq!(reserve(0, 0, cap, MAX_BODY + 1), None);
+    }
+
+    /// What a consumer accepts from a producer it does not trust: a length word is
+    /// only a record or a SKIP when it stays inside both the published bytes and the
+    /// data area; anything else is `Corrupt` (the consumer stops using the ring).
+    #[test]
+    fn next_refuses_impossible_length_words() {
+        let cap = MIN_CAPACITY as u64;
+        assert_eq!(next(0, 16, cap, 12), Next::Record { at: 4, len: 12, new_head: 16 });
+        assert_eq!(next(0, 16, cap, 13), Next::Corrupt, "past the published tail");
+        assert_eq!(next(0, 16, cap, 0), Next::Corrupt, "empty record");
+        assert_eq!(next(0, cap, cap, (MAX_BODY + 1) as u32), Next::Corrupt, "longer than any frame");
+        assert_eq!(next(cap - 8, cap + 64, cap, 12), Next::Corrupt, "would run past the end of the area");
+        assert_eq!(next(cap - 8, cap, cap, SKIP), Next::Skip { new_head: cap });
+        assert_eq!(next(cap - 16, cap - 8, cap, SKIP), Next::Corrupt, "SKIP beyond the tail");
+        assert_eq!(next(cap, 2 * cap, cap, SKIP), Next::Corrupt, "SKIP at offset 0");
     }
 }

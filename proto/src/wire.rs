@@ -147,6 +147,16 @@ pub fn decode_frame(rec: &[u8]) -> Result<(FrameMeta, &[u8]), WireError> {
     if rec.len() < FRAME_HEADER_LEN {
         return Err(WireError::Truncated);
     }
+    let (hdr, payload) = rec.split_at(FRAME_HEADER_LEN);
+    let mut h = [0u8; FRAME_HEADER_LEN];
+    h.copy_from_slice(hdr);
+    Ok((decode_frame_header(&h, payload.len())?, payload))
+}
+
+/// Decodes a frame header whose payload (not needed here) is `payload_len` bytes
+/// long: the checks of [`decode_frame`] without the payload in the same buffer, for
+/// a reader that copies the payload straight to where it is used (the worker's ring).
+pub fn decode_frame_header(rec: &[u8; FRAME_HEADER_LEN], payload_len: usize) -> Result<FrameMeta, WireError> {
     if rec[0] != FRAME_MAGIC {
         return Err(WireError::BadMagic);
     }
@@ -163,17 +173,16 @@ pub fn decode_frame(rec: &[u8]) -> Result<(FrameMeta, &[u8]), WireError> {
     if rec[42] != 0 || rec[43] != 0 {
         return Err(WireError::ReservedBits);
     }
-    let payload = &rec[FRAME_HEADER_LEN..];
-    if payload.is_empty() {
+    if payload_len == 0 {
         return Err(WireError::EmptyPayload);
     }
-    if payload.len() > MAX_PAYLOAD {
+    if payload_len > MAX_PAYLOAD {
         return Err(WireError::PayloadTooLarge);
     }
     let seg = u16::from_be_bytes([rec[4], rec[5]]);
     let segment_size = match seg {
         0 => None,
-        s if usize::from(s) <= payload.len() => Some(s),
+        s if usize::from(s) <= payload_len => Some(s),
         _ => return Err(WireError::BadSegmentSize),
     };
     let client =
@@ -189,7 +198,7 @@ pub fn decode_frame(rec: &[u8]) -> Result<(FrameMeta, &[u8]), WireError> {
         }
         None
     };
-    Ok((FrameMeta { client, local, ecn: rec[3], segment_size }, payload))
+    Ok(FrameMeta { client, local, ecn: rec[3], segment_size })
 }
 
 // ---------------------------------------------------------------------------------

@@ -39,18 +39,25 @@ fn invalid(why: &str) -> io::Error {
 }
 
 impl Mapping {
-    /// A new memfd of `HEADER_LEN + capacity` bytes (all zero), mapped.
+    /// A new memfd of `HEADER_LEN + capacity` bytes (all zero), mapped. Its size is
+    /// sealed (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL): the other process cannot
+    /// truncate it, which would turn our accesses into SIGBUS.
     pub fn create(capacity: u64) -> io::Result<(Mapping, OwnedFd)> {
         let map_len = HEADER_LEN + capacity as usize;
         // SAFETY: memfd_create with a NUL-terminated name; the fd is owned at once.
-        let memfd = owned(unsafe { libc::memfd_create(c"quicdemux-ring".as_ptr(), libc::MFD_CLOEXEC) })?;
+        let memfd = owned(unsafe {
+            libc::memfd_create(c"quicdemux-ring".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        })?;
         // SAFETY: plain syscall on an fd we own.
         cvt(unsafe { libc::ftruncate(memfd.as_raw_fd(), map_len as libc::off_t) })?;
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: fcntl(2) F_ADD_SEALS with an int argument on an fd we own.
+        cvt(unsafe { libc::fcntl(memfd.as_raw_fd(), libc::F_ADD_SEALS, seals) })?;
         Ok((Mapping::map(memfd.as_raw_fd(), map_len, capacity)?, memfd))
     }
 
     /// Maps a memfd another process created: it must hold at least
-    /// `HEADER_LEN + capacity` bytes.
+    /// `HEADER_LEN + capacity` bytes and be sealed against shrinking.
     pub fn open(memfd: BorrowedFd<'_>, capacity: u64) -> io::Result<Mapping> {
         let map_len = HEADER_LEN + capacity as usize;
         // SAFETY: stat is plain old data; all-zero is valid.
@@ -59,6 +66,12 @@ impl Mapping {
         cvt(unsafe { libc::fstat(memfd.as_raw_fd(), &mut st) })?;
         if (st.st_size as u64) < map_len as u64 {
             return Err(invalid("memfd smaller than announced"));
+        }
+        // SAFETY: fcntl(2) F_GET_SEALS on a live descriptor.
+        let seals = cvt(unsafe { libc::fcntl(memfd.as_raw_fd(), libc::F_GET_SEALS) })?;
+        if seals & libc::F_SEAL_SHRINK == 0 {
+            // Whoever made it could shrink it under us (SIGBUS on access).
+            return Err(invalid("memfd size not sealed (F_SEAL_SHRINK)"));
         }
         Mapping::map(memfd.as_raw_fd(), map_len, capacity)
     }

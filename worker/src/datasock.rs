@@ -47,39 +47,30 @@ pub struct Handshake {
     /// [`DataOptions::fast_path`]): one per listen address, this worker's own, to be
     /// read as well as the data connection. Empty when the fast path is not active.
     pub fast: Vec<SharedSocketFd>,
-    /// `--forward ring` data planes, when asked (`want_rings`): one ring per shard.
+    /// The forwarding rings (asked with [`DataOptions::rings`], granted by
+    /// `--forward ring` data planes, the default): one ring per shard. Empty: frames
+    /// come on the data connection (SEQPACKET).
     pub rings: Vec<crate::ring::Consumer>,
-}
-
-/// Whether this worker asks the data plane for forwarding rings: the environment
-/// variable `QUICDEMUX_RINGS=1` (docs/wire.md "Ring"). The data plane grants them
-/// only with `--forward ring`; otherwise frames stay on the data connection.
-pub fn rings_wanted() -> bool {
-    std::env::var_os("QUICDEMUX_RINGS").is_some_and(|v| v == "1")
 }
 
 /// What a worker asks the data plane for in its hello.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DataOptions {
-    /// Forwarding rings (`CAP_RINGS`), granted by `--forward ring` data planes.
+    /// Forwarding rings (`CAP_RINGS`, `worker --rings on`), granted by `--forward
+    /// ring` data planes (the default); on every (re)connection.
     pub rings: bool,
     /// Kernel fast-path sockets (`CAP_FAST_PATH`, docs/adr/0004-kernel-fast-path.md).
     pub fast_path: bool,
 }
 
 impl Default for DataOptions {
-    /// Fast path on, rings off.
+    /// Fast path on, rings on.
     fn default() -> Self {
-        DataOptions { rings: false, fast_path: true }
+        DataOptions { rings: true, fast_path: true }
     }
 }
 
 impl DataOptions {
-    /// Fast path on; rings as [`rings_wanted`] says (`QUICDEMUX_RINGS=1`).
-    pub fn from_env() -> Self {
-        DataOptions { rings: rings_wanted(), fast_path: true }
-    }
-
     /// The `DataHelloV2` capability bits; 0 means the plain `DataHello`.
     pub fn caps(&self) -> u32 {
         let mut caps = 0;
@@ -295,6 +286,8 @@ pub fn handshake(path: &Path, server_id: ServerId, timeout: Duration) -> Result<
 pub struct DataStats {
     /// Data frames handed to quinn.
     pub frames: AtomicU64,
+    /// Of `frames`, those read from forwarding rings.
+    pub ring_frames: AtomicU64,
     /// Payload bytes handed to quinn.
     pub bytes: AtomicU64,
     /// Records that failed `decode_frame` / `decode_control` (dropped).
@@ -318,12 +311,14 @@ pub struct DataStats {
     pub fast_errors: AtomicU64,
 }
 
-/// The UDP sockets a (repeated) handshake handed over: the shared ones (`Sockets`)
-/// and the fast path's (`FastSockets`, possibly none).
+/// What a repeated handshake handed over: the shared UDP sockets (`Sockets`), the
+/// fast path's (`FastSockets`, possibly none) and the new data plane's forwarding
+/// rings (`Rings`, possibly none).
 #[derive(Debug)]
 pub struct NewSockets {
     pub shared: Vec<SharedSocketFd>,
     pub fast: Vec<SharedSocketFd>,
+    pub rings: Vec<crate::ring::Consumer>,
 }
 
 #[derive(Debug, Default)]
@@ -337,7 +332,7 @@ struct Lifecycle {
 pub struct DataConn {
     server_id: ServerId,
     path: Option<PathBuf>,
-    /// What reconnections ask for (rings never: the socket's rings are fixed).
+    /// What reconnections ask for (the same as the first handshake).
     opts: DataOptions,
     /// `None` while disconnected.
     fd: RwLock<Option<Arc<AsyncFd<OwnedFd>>>>,
@@ -356,12 +351,12 @@ fn poisoned() -> io::Error {
 
 impl DataConn {
     /// Wraps a handshaken connection. `path` enables reconnection (which asks for the
-    /// fast path, [`DataOptions::default`]); call from within a tokio runtime.
+    /// fast path and rings, [`DataOptions::default`]); call from within a tokio runtime.
     pub fn new(conn: OwnedFd, server_id: ServerId, path: Option<PathBuf>) -> io::Result<Arc<DataConn>> {
         DataConn::with_options(conn, server_id, path, DataOptions::default())
     }
 
-    /// [`DataConn::new`]; reconnections ask for `opts` (without rings).
+    /// [`DataConn::new`]; reconnections ask for `opts`.
     pub fn with_options(
         conn: OwnedFd,
         server_id: ServerId,
@@ -373,7 +368,7 @@ impl DataConn {
         Ok(Arc::new(DataConn {
             server_id,
             path,
-            opts: DataOptions { rings: false, ..opts },
+            opts,
             fd: RwLock::new(Some(Arc::new(fd))),
             lifecycle: Mutex::new(Lifecycle::default()),
             waker: Mutex::new(None),
@@ -494,8 +489,8 @@ impl DataConn {
     }
 
     /// Reconnects whenever the connection is lost, until [`DataConn::close`]. New UDP
-    /// socket fds from the repeated handshake (shared and fast path) go to
-    /// `on_sockets`. `Ready` is resent if it was sent before and the instance is not
+    /// socket fds from the repeated handshake (shared and fast path) and the new
+    /// forwarding rings go to `on_sockets`. `Ready` is resent if it was sent before and the instance is not
     /// draining.
     pub fn spawn_reconnector(
         self: &Arc<Self>,
@@ -521,7 +516,7 @@ impl DataConn {
                     match res {
                         Ok(Ok(h)) => match me.install(h.conn) {
                             Ok(()) => {
-                                on_sockets(NewSockets { shared: h.sockets, fast: h.fast });
+                                on_sockets(NewSockets { shared: h.sockets, fast: h.fast, rings: h.rings });
                                 break;
                             }
                             Err(e) => {

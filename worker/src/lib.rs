@@ -106,10 +106,10 @@ pub struct Attached {
 
 /// Connects to the data plane at `data_socket` as `server_id`: runs the handshake,
 /// builds the [`DemuxSocket`] (reconnecting if the data plane restarts) and returns
-/// a socket ready for quinn. Asks for the kernel fast path, and for rings when
-/// `QUICDEMUX_RINGS=1` ([`DataOptions::from_env`]). Call inside tokio.
+/// a socket ready for quinn. Asks for the kernel fast path and for forwarding rings
+/// ([`DataOptions::default`]). Call inside tokio.
 pub async fn connect_socket(data_socket: &Path, server_id: ServerId) -> anyhow::Result<Arc<DemuxSocket>> {
-    connect_socket_with(data_socket, server_id, DataOptions::from_env()).await
+    connect_socket_with(data_socket, server_id, DataOptions::default()).await
 }
 
 /// [`connect_socket`] asking for `opts` (e.g. `fast_path: false`).
@@ -127,8 +127,8 @@ pub async fn connect_socket_with(
         tracing::info!(addrs = ?h.fast.iter().map(|s| s.addr).collect::<Vec<_>>(), "kernel fast path active");
     }
     let data = DataConn::with_options(h.conn, server_id, Some(path), opts)?;
-    // A reconnection (data plane restart) handshakes without rings: frames then come
-    // on the new data connection; these rings go quiet. Its fast sockets replace these.
+    // A reconnection (data plane restart) repeats this handshake with the same
+    // options: the new data plane's rings and fast sockets replace these.
     // The heartbeat and handshake-pressure report (docs/wire.md `Load`).
     load_report::spawn(&data);
     let sock = DemuxSocket::with_fast(data, h.sockets, h.fast, h.rings)?;
@@ -174,7 +174,7 @@ pub async fn attach(
     secrets: &Secrets,
     server_config: quinn::ServerConfig,
 ) -> anyhow::Result<Attached> {
-    attach_with(data_socket, server_id, secrets, server_config, DataOptions::from_env()).await
+    attach_with(data_socket, server_id, secrets, server_config, DataOptions::default()).await
 }
 
 /// [`attach`] asking the data plane for `opts`.

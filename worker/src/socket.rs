@@ -9,6 +9,11 @@
 //! `len`; never 0). Control records (0xc7) are handled here and never reach quinn;
 //! malformed or truncated records are counted and dropped.
 //!
+//! Forwarding rings (`Rings`, the default): read before the data connection, one
+//! datagram per buffer, each payload copied once from the ring into quinn's buffer
+//! ([`crate::ring::RingSet::poll_frames`]); a restarted data plane's rings replace the
+//! old ones ([`DemuxSocket::replace_rings`]).
+//!
 //! Kernel fast path: the worker's own sockets from `FastSockets`
 //! ([`crate::fast_udp::FastUdp`]) are read too, with quinn-udp straight into quinn's
 //! buffers (GRO, ECN, IP_PKTINFO `dst_ip`). Each `poll_recv` alternates which source
@@ -21,9 +26,9 @@
 use crate::datasock::{DataConn, NewSockets, SharedSocketFd};
 use crate::fast_udp::FastUdp;
 use crate::fdpass::{self, MAX_BATCH};
-use crate::ring::Consumer;
+use crate::ring::{Consumer, RingSet};
 use crate::udp_send::SharedUdp;
-use proto::wire::{decode_frame, CONTROL_MAGIC, FRAME_HEADER_LEN, FRAME_MAGIC};
+use proto::wire::{decode_frame, FrameMeta, CONTROL_MAGIC, FRAME_HEADER_LEN, FRAME_MAGIC};
 use quinn::udp::{EcnCodepoint, RecvMeta, Transmit};
 use quinn::{AsyncUdpSocket, UdpPoller};
 use std::fmt;
@@ -35,7 +40,6 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::task::{ready, Context, Poll};
-use tokio::io::unix::AsyncFd;
 
 /// Datagrams one `RecvMeta` may describe: quinn sizes each receive buffer as
 /// `max_udp_payload_size × max_receive_segments`, and a GRO train from the data
@@ -57,17 +61,12 @@ pub struct DemuxSocket {
     /// Alternates the first receive source (fairness).
     turn: AtomicUsize,
     local: SocketAddr,
-    /// `--forward ring`: one ring per data-plane shard, read before the connection.
-    rings: Vec<RingReader>,
+    /// Forwarding rings: one per data-plane shard, read before the connection;
+    /// replaced when a restarted data plane offers new ones.
+    rings: RwLock<Arc<RingSet>>,
 }
 
 const BLOCKED_SHARED: usize = usize::MAX;
-
-/// A forwarding ring and (a duplicate of) its eventfd registered with tokio.
-struct RingReader {
-    wake: AsyncFd<std::os::fd::OwnedFd>,
-    ring: Consumer,
-}
 
 impl fmt::Debug for DemuxSocket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -103,13 +102,7 @@ impl DemuxSocket {
         let udp = SharedUdp::new(sockets)?;
         let fast = FastUdp::new(fast)?;
         let local = udp.addrs().next().ok_or_else(|| io::Error::other("no shared UDP socket"))?;
-        let rings = rings
-            .into_iter()
-            .map(|ring| {
-                let wake = fdpass::async_fd(ring.eventfd_owned()?, tokio::io::Interest::READABLE)?;
-                Ok(RingReader { wake, ring })
-            })
-            .collect::<io::Result<Vec<_>>>()?;
+        let rings = RingSet::new(rings)?;
         Ok(Arc::new(DemuxSocket {
             data,
             udp: RwLock::new(Arc::new(udp)),
@@ -118,51 +111,30 @@ impl DemuxSocket {
             blocked: AtomicUsize::new(BLOCKED_SHARED),
             turn: AtomicUsize::new(0),
             local,
-            rings,
+            rings: RwLock::new(Arc::new(rings)),
         }))
     }
 
-    /// Reads up to `n` records from the rings into `bufs` (one record per buffer,
-    /// `lens`), the way `recv_batch` reads the connection. When every ring is empty,
-    /// follows the sleep protocol (docs/wire.md "Ring") and registers the eventfds
-    /// with `cx`. Returns the records read; 0 with the wakers registered.
-    fn read_rings(&self, cx: &mut Context<'_>, bufs: &mut [IoSliceMut<'_>], lens: &mut [usize]) -> usize {
-        'again: loop {
-            let mut got = 0;
-            for r in &self.rings {
-                while got < bufs.len() {
-                    match r.ring.pop(&mut bufs[got]) {
-                        Ok(Some(len)) => {
-                            lens[got] = len;
-                            got += 1;
-                        }
-                        Ok(None) => break,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "forwarding ring unusable");
-                            self.data.stats.malformed.fetch_add(1, Ordering::Relaxed);
-                            break;
-                        }
-                    }
-                }
-                r.ring.awake();
-            }
-            if got > 0 {
-                return got;
-            }
-            for r in &self.rings {
-                if !r.ring.prepare_sleep() {
-                    continue 'again;
-                }
-            }
-            for r in &self.rings {
-                if let Poll::Ready(Ok(mut g)) = r.wake.poll_read_ready(cx) {
-                    g.clear_ready();
-                    r.ring.woke();
-                    continue 'again;
-                }
-            }
-            return 0;
+    /// The current forwarding rings (empty: frames come on the data connection).
+    pub fn rings(&self) -> Arc<RingSet> {
+        match self.rings.read() {
+            Ok(g) => Arc::clone(&g),
+            Err(p) => Arc::clone(&p.into_inner()),
         }
+    }
+
+    /// Replaces the forwarding rings (a restarted data plane's `Rings`; empty: SEQPACKET
+    /// from now on). The old rings are unmapped once the last receive using them returns.
+    pub fn replace_rings(&self, rings: Vec<Consumer>) -> io::Result<()> {
+        let (new, res) = match RingSet::new(rings) {
+            Ok(r) => (r, Ok(())),
+            Err(e) => (RingSet::default(), Err(e)),
+        };
+        match self.rings.write() {
+            Ok(mut g) => *g = Arc::new(new),
+            Err(p) => *p.into_inner() = Arc::new(new),
+        }
+        res
     }
 
     /// The data connection (lifecycle messages, counters).
@@ -229,6 +201,11 @@ impl DemuxSocket {
                 if let Err(e) = me.replace_sockets(socks.shared) {
                     tracing::warn!(error = %e, "keeping the previous UDP sockets");
                 }
+                let rings = socks.rings.len();
+                match me.replace_rings(socks.rings) {
+                    Ok(()) => tracing::info!(rings, "forwarding rings replaced"),
+                    Err(e) => tracing::warn!(error = %e, "new forwarding rings unusable: SEQPACKET frames"),
+                }
                 let n = socks.fast.len();
                 match me.replace_fast_sockets(socks.fast) {
                     Ok(()) => tracing::info!(fast_sockets = n, "fast-path sockets replaced"),
@@ -254,19 +231,20 @@ impl DemuxSocket {
         }
     }
 
-    /// [`DemuxSocket::process`] for ring records (a 0 length is a dropped record, not EOF).
-    fn process_ring(
-        &self,
-        bufs: &mut [IoSliceMut<'_>],
-        meta: &mut [RecvMeta],
-        lens: &[usize],
-        trunc: &[bool],
-    ) -> (usize, bool) {
-        let mut fixed = [0usize; MAX_BATCH];
-        for (f, &l) in fixed.iter_mut().zip(lens) {
-            *f = l.max(1);
-        }
-        self.process(bufs, meta, &fixed[..lens.len()], trunc)
+    /// Describes one received frame to quinn: `addr` = client, `dst_ip` = the address
+    /// the client sent to, `ecn`, `len`, `stride` = GRO segment size (else `len`).
+    fn deliver(&self, udp: &SharedUdp, m: &mut RecvMeta, fm: &FrameMeta, payload_len: usize) {
+        udp.learn(fm.client, fm.local);
+        m.addr = fm.client;
+        m.len = payload_len;
+        // RFC 9000 §14.1 datagrams are at least 1 byte; a GRO train is cut every
+        // `segment_size` bytes (decode_frame guarantees 0 < segment ≤ payload).
+        m.stride = fm.segment_size.map_or(payload_len, usize::from).max(1);
+        m.ecn = EcnCodepoint::from_bits(fm.ecn);
+        m.dst_ip = fm.local.map(|l| l.ip());
+        let stats = &self.data.stats;
+        stats.frames.fetch_add(1, Ordering::Relaxed);
+        stats.bytes.fetch_add(payload_len as u64, Ordering::Relaxed);
     }
 
     /// Turns the records `lens[..got]` in `bufs` into quinn datagrams, compacted to
@@ -325,17 +303,7 @@ impl DemuxSocket {
                 let (head, tail) = bufs.split_at_mut(i);
                 head[out][..payload_len].copy_from_slice(&tail[0][FRAME_HEADER_LEN..len]);
             }
-            udp.learn(fm.client, fm.local);
-            let m = &mut meta[out];
-            m.addr = fm.client;
-            m.len = payload_len;
-            // RFC 9000 §14.1 datagrams are at least 1 byte; a GRO train is cut every
-            // `segment_size` bytes (decode_frame guarantees 0 < segment ≤ payload).
-            m.stride = fm.segment_size.map_or(payload_len, usize::from).max(1);
-            m.ecn = EcnCodepoint::from_bits(fm.ecn);
-            m.dst_ip = fm.local.map(|l| l.ip());
-            stats.frames.fetch_add(1, Ordering::Relaxed);
-            stats.bytes.fetch_add(payload_len as u64, Ordering::Relaxed);
+            self.deliver(&udp, &mut meta[out], &fm, payload_len);
             out += 1;
         }
         (out, eof)
@@ -440,20 +408,16 @@ impl DemuxSocket {
         }
         let mut lens = [0usize; MAX_BATCH];
         let mut trunc = [false; MAX_BATCH];
+        let rings = self.rings();
         loop {
-            if !self.rings.is_empty() {
-                let got = self.read_rings(cx, &mut bufs[..n], &mut lens[..n]);
+            if !rings.is_empty() {
+                // One copy per datagram: ring → quinn's buffer (Consumer::pop_frame).
+                let udp = self.udp();
+                let got = rings.poll_frames(cx, &mut bufs[..n], &self.data.stats, |i, fm, len| {
+                    self.deliver(&udp, &mut meta[i], fm, len)
+                });
                 if got > 0 {
-                    // A record too long for its buffer was dropped by pop (len 0):
-                    // count it as truncated, like the connection's MSG_TRUNC.
-                    for i in 0..got {
-                        trunc[i] = lens[i] == 0;
-                    }
-                    let (out, _) = self.process_ring(&mut bufs[..got], &mut meta[..got], &lens[..got], &trunc[..got]);
-                    if out > 0 {
-                        return Poll::Ready(Ok(out));
-                    }
-                    continue;
+                    return Poll::Ready(Ok(got));
                 }
             }
             let Some(fd) = self.data.current().or_else(|| self.data.park(cx.waker())) else {

@@ -34,11 +34,18 @@ fn secrets() -> worker::Secrets {
     worker::Secrets::from_key_file(&proto::keyfile::KeyFile::generate(&random, proto::cid::Prf::SipHash24))
 }
 
+/// The next control message other than the `Load` heartbeat (sent at once and every
+/// 250 ms from the start, so it races with `Ready`).
 fn read_control(conn: &OwnedFd) -> Control {
     let mut buf = vec![0u8; 4096];
-    let r = fdpass::recv_record(conn.as_fd(), &mut buf, 0).expect("recv");
-    assert!(r.len > 0, "worker closed the data connection");
-    decode_control(&buf[..r.len]).expect("decode")
+    loop {
+        let r = fdpass::recv_record(conn.as_fd(), &mut buf, 0).expect("recv");
+        assert!(r.len > 0, "worker closed the data connection");
+        match decode_control(&buf[..r.len]).expect("decode") {
+            Control::Load { .. } => continue,
+            m => return m,
+        }
+    }
 }
 
 fn send(conn: &OwnedFd, m: &Control, fds: &[&UdpSocket]) {
@@ -133,14 +140,14 @@ fn serves_over_the_fast_socket_and_swaps_it_on_reconnect() {
         let id = worker::tls::Identity::load_pem(&c.cert, &c.key).expect("identity");
         let sc = quinn::ServerConfig::with_crypto(worker::tls::server_crypto(id, &[b"h3"]).expect("crypto"));
         let opts = DataOptions::default();
-        assert!(opts.fast_path && !opts.rings);
+        assert!(opts.fast_path && opts.rings, "both asked by default");
         let att = worker::attach_with(&path, ServerId(9), &secrets(), sc, opts).await.expect("attach");
         let hello = hello_rx.recv().expect("hello");
         match hello {
             Control::DataHelloV2 { server_id, caps } => {
                 assert_eq!(server_id, ServerId(9));
                 assert_ne!(caps & CAP_FAST_PATH, 0, "CAP_FAST_PATH asked");
-                assert_eq!(caps & CAP_RINGS, 0);
+                assert_ne!(caps & CAP_RINGS, 0, "CAP_RINGS asked (this plane grants none)");
             }
             other => panic!("expected DataHelloV2, got {other:?}"),
         }
@@ -211,12 +218,13 @@ fn serves_over_the_fast_socket_and_swaps_it_on_reconnect() {
 }
 
 /// Runs the `worker` binary against a listener that only reads the hello.
-fn binary_hello(dir: &Path, extra: &[&str], rings_env: &str) -> Control {
+fn binary_hello(dir: &Path, extra: &[&str]) -> Control {
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let keys = dir.join("keys");
     let random = [5u8; 3 * 32 + 16];
     std::fs::write(&keys, proto::keyfile::KeyFile::generate(&random, proto::cid::Prf::SipHash24).to_text())
         .expect("key file");
-    let path = dir.join(format!("d{}.sock", extra.len() * 10 + rings_env.len()));
+    let path = dir.join(format!("d{}.sock", CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
     let _ = std::fs::remove_file(&path);
     let listener = fdpass::seqpacket_listen(&path).expect("listen");
     let log = dir.join("w.log");
@@ -226,7 +234,6 @@ fn binary_hello(dir: &Path, extra: &[&str], rings_env: &str) -> Control {
         .arg("--data-socket")
         .arg(&path)
         .args(extra)
-        .env("QUICDEMUX_RINGS", rings_env)
         .stderr(std::fs::File::create(&log).expect("log"))
         .spawn()
         .expect("spawn worker");
@@ -238,27 +245,30 @@ fn binary_hello(dir: &Path, extra: &[&str], rings_env: &str) -> Control {
     hello.unwrap_or_else(|e| panic!("no hello ({e}): {}", std::fs::read_to_string(&log).unwrap_or_default()))
 }
 
-/// `--fast-path off` leaves CAP_FAST_PATH out (plain `DataHello` without rings, the
-/// rings bit alone with them); the default asks for it.
+/// `--fast-path off` leaves CAP_FAST_PATH out and `--rings off` CAP_RINGS (both off:
+/// the plain `DataHello`); by default the worker asks for both. No environment
+/// variable changes that.
 #[test]
-fn fast_path_flag_sets_the_capability() {
+fn fast_path_and_rings_flags_set_the_capabilities() {
     let dir = temp_dir("fastflag");
-    assert_eq!(binary_hello(&dir, &["--fast-path", "off"], "0"), Control::DataHello { server_id: ServerId(5) });
+    let hello = |caps| Control::DataHelloV2 { server_id: ServerId(5), caps };
+    assert_eq!(binary_hello(&dir, &[]), hello(CAP_FAST_PATH | CAP_RINGS), "both by default");
     assert_eq!(
-        binary_hello(&dir, &["--fast-path", "off"], "1"),
-        Control::DataHelloV2 { server_id: ServerId(5), caps: CAP_RINGS }
+        binary_hello(&dir, &["--fast-path", "off", "--rings", "off"]),
+        Control::DataHello { server_id: ServerId(5) }
     );
-    assert_eq!(binary_hello(&dir, &[], "0"), Control::DataHelloV2 { server_id: ServerId(5), caps: CAP_FAST_PATH });
-    assert_eq!(
-        binary_hello(&dir, &["--fast-path", "on"], "1"),
-        Control::DataHelloV2 { server_id: ServerId(5), caps: CAP_FAST_PATH | CAP_RINGS }
-    );
-    let st = std::process::Command::new(WORKER)
-        .args(["--fast-path", "maybe", "--server-id", "5"])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("run worker");
-    assert!(!st.success(), "--fast-path takes on|off only");
+    assert_eq!(binary_hello(&dir, &["--fast-path", "off"]), hello(CAP_RINGS));
+    assert_eq!(binary_hello(&dir, &["--rings", "off"]), hello(CAP_FAST_PATH));
+    assert_eq!(binary_hello(&dir, &["--fast-path", "on", "--rings", "on"]), hello(CAP_FAST_PATH | CAP_RINGS));
+    for bad in [["--fast-path", "maybe"], ["--rings", "1"]] {
+        let st = std::process::Command::new(WORKER)
+            .args(bad)
+            .args(["--server-id", "5"])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("run worker");
+        assert!(!st.success(), "{bad:?}: on|off only");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -165,7 +165,6 @@ fn initial_flood_is_bounded_and_memory_returns() {
         .arg(&wready)
         .args(extra.split_whitespace())
         .env("RUST_LOG", "warn")
-        .env("QUICDEMUX_RINGS", "0")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&wlog).expect("log"))
         .spawn()

@@ -278,6 +278,7 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
 
     if opts.spawn_workers > 0 {
         add_cid_lifetime_arg(&mut opts);
+        add_rings_arg(&mut opts, dp.forward);
     }
     let mut ctl = Ctl {
         paths,
@@ -333,6 +334,18 @@ fn add_cid_lifetime_arg(opts: &mut ControllerOpts) {
     }
     opts.worker_args.push("--cid-lifetime".into());
     opts.worker_args.push(opts.cid_lifetime.to_string());
+}
+
+/// Spawned workers ask for forwarding rings when the data plane offers them:
+/// `worker --rings on` with `--forward ring` (the default), `--rings off` with
+/// `--forward seqpacket`, unless the operator passed `--rings` in the worker arguments.
+/// Part of the worker's command-line contract, like `--cid-lifetime`.
+fn add_rings_arg(opts: &mut ControllerOpts, forward: crate::cli::ForwardKind) {
+    if opts.worker_args.iter().any(|a| a.starts_with("--rings")) {
+        return;
+    }
+    opts.worker_args.push("--rings".into());
+    opts.worker_args.push(if forward == crate::cli::ForwardKind::Ring { "on" } else { "off" }.into());
 }
 
 impl DataPlane {
@@ -550,7 +563,7 @@ pub mod tests {
             "--cores",
             "0",
             "--forward",
-            "ring",
+            "seqpacket",
             "--ring-bytes",
             "1048576",
             "--state-dir",
@@ -617,7 +630,7 @@ pub mod tests {
         assert_eq!(dp.retry, RetryArg::Always);
         assert_eq!(dp.retry_above, 123);
         assert_eq!((dp.pressure_retry_above, dp.pressure_drop_above), (17, 19));
-        assert_eq!(dp.forward, ForwardKind::Ring);
+        assert_eq!(dp.forward, ForwardKind::Seqpacket, "seqpacket differs from the default ring");
         assert_eq!(dp.ring_bytes, 1 << 20);
         assert_eq!((dp.host_bits, dp.host_id), (3, 5));
         assert_eq!(dp.peers.as_deref(), Some(std::path::Path::new("/tmp/peers")));
@@ -625,6 +638,24 @@ pub mod tests {
         assert_eq!(dp.keys.as_deref(), Some(paths.keys().as_path()));
         assert_eq!(dp.orphan_timeout, Some(ORPHAN_TIMEOUT_DEFAULT), "a controller's data plane exits when orphaned");
         assert_eq!(dp.metrics, None, "the controller serves the metrics, not its data plane");
+    }
+
+    /// Spawned workers ask for rings exactly when the data plane offers them, and an
+    /// operator's own `--rings` in the worker arguments wins.
+    #[test]
+    fn spawned_workers_get_rings_on_unless_seqpacket_or_told_otherwise() {
+        let base = ["demux", "--listen", "127.0.0.1:4433", "--cores", "0", "--state-dir", "/tmp/x"];
+        let rings_args = |extra: &[&str]| {
+            let argv: Vec<&str> = base.iter().chain(extra).copied().collect();
+            let cli = parse(&argv);
+            let mut opts = cli.controller.clone();
+            add_rings_arg(&mut opts, cli.dataplane.forward);
+            opts.worker_args
+        };
+        assert_eq!(rings_args(&[]), ["--rings", "on"], "rings are the default");
+        assert_eq!(rings_args(&["--forward", "seqpacket"]), ["--rings", "off"]);
+        assert_eq!(rings_args(&["--forward", "ring"]), ["--rings", "on"]);
+        assert_eq!(rings_args(&["--worker-arg=--rings=off"]), ["--rings=off"], "the operator's choice stays");
     }
 
     /// The status JSON's `workers[].state` (docs/operations.md, `demux status`).

@@ -5,8 +5,12 @@
 //!
 //! Only the owning shard calls [`Producer::push`] / [`Producer::wake`] (single
 //! producer); the tail is the producer's own word, the head the consumer's.
-//! The consumer is another process and is not trusted: a head it writes that makes
-//! no sense makes every push fail (counted as full), never an out-of-bounds write.
+//! The consumer is another process and is not trusted. Nothing it can write changes
+//! where the producer writes: the producer keeps its own copy of the tail (the shared
+//! tail word is only published, never read back), its own capacity, and checks the
+//! head it reads; a head that makes no sense makes every push fail (counted as full).
+//! The memfd's size is sealed (`sys::ring::Mapping::create`), so the consumer cannot
+//! truncate it under us either.
 
 use proto::ring::{self, OFF_CAPACITY, OFF_HEAD, OFF_MAGIC, OFF_TAIL, RING_MAGIC, SKIP};
 use std::io;
@@ -20,6 +24,10 @@ use sys::ring::Mapping;
 pub struct Producer {
     map: Mapping,
     capacity: u64,
+    /// The tail as this producer last published it (the shared word is the
+    /// consumer's to read, and a hostile consumer may overwrite it). Only the owning
+    /// shard touches it (Relaxed).
+    tail: AtomicU64,
     memfd: OwnedFd,
     eventfd: OwnedFd,
 }
@@ -39,7 +47,7 @@ impl Producer {
         }
         let (map, memfd) = Mapping::create(capacity)?;
         let eventfd = sys::ring::eventfd()?;
-        let p = Producer { map, capacity, memfd, eventfd };
+        let p = Producer { map, capacity, tail: AtomicU64::new(0), memfd, eventfd };
         p.word(OFF_CAPACITY).store(capacity, Ordering::Relaxed);
         p.word(OFF_MAGIC).store(RING_MAGIC, Ordering::Release);
         Ok(p)
@@ -74,7 +82,7 @@ impl Producer {
     /// Appends one record (`hdr` then `payload`) and publishes it. `false`: the ring
     /// is full (the caller drops and counts the frame). Only the owning shard calls this.
     pub fn push(&self, hdr: &[u8], payload: &[u8]) -> bool {
-        let tail = self.word(OFF_TAIL).load(Ordering::Relaxed);
+        let tail = self.tail.load(Ordering::Relaxed);
         let head = self.word(OFF_HEAD).load(Ordering::Acquire);
         if head > tail || tail - head > self.capacity || !head.is_multiple_of(ring::ALIGN as u64) {
             return false; // a consumer that wrote nonsense: never write out of bounds
@@ -88,6 +96,7 @@ impl Producer {
         self.write(r.at, &((hdr.len() + payload.len()) as u32).to_le_bytes());
         self.write(r.at + ring::LEN_WORD, hdr);
         self.write(r.at + ring::LEN_WORD + hdr.len(), payload);
+        self.tail.store(r.new_tail, Ordering::Relaxed);
         self.word(OFF_TAIL).store(r.new_tail, Ordering::Release);
         true
     }
@@ -228,6 +237,33 @@ mod tests {
         let mut out = vec![0u8; 70_000];
         assert_eq!(c.pop(&mut out).unwrap(), Some(1244));
         assert!(p.push(&[1u8; 44], &payload));
+    }
+
+    /// A hostile consumer overwrites the producer's tail word (and the magic and
+    /// capacity) with values that would put a record, or the SKIP word, past the end of
+    /// the data area: the producer ignores them (its own tail, its own capacity), every
+    /// push stays in bounds, and an honest reader of the same mapping still gets
+    /// intact records.
+    #[test]
+    fn garbage_tail_written_by_the_consumer_is_ignored() {
+        let p = Producer::create(1 << 17).unwrap();
+        let c = consumer(&p);
+        let payload = vec![9u8; 1200];
+        let mut out = vec![0u8; 70_000];
+        for (i, garbage) in
+            [(1u64 << 17) - 2, (1 << 17) - 1, 3, u64::MAX, u64::MAX - 5, (1 << 40) + 7].into_iter().enumerate()
+        {
+            let before = p.tail.load(Ordering::Relaxed);
+            p.word(OFF_TAIL).store(garbage, Ordering::Relaxed);
+            p.word(OFF_CAPACITY).store(u64::MAX, Ordering::Relaxed);
+            p.word(OFF_MAGIC).store(0, Ordering::Relaxed);
+            // The head is still sane (the honest reader's): the push succeeds, from our tail.
+            p.word(OFF_HEAD).store(before, Ordering::Relaxed);
+            assert!(p.push(&[i as u8; 44], &payload), "push {i} after a garbage tail {garbage:#x}");
+            assert_eq!(p.word(OFF_TAIL).load(Ordering::Relaxed), before + proto::ring::slot_len(1244) as u64);
+            assert_eq!(c.pop(&mut out).unwrap(), Some(1244));
+            assert_eq!((&out[..44], &out[44..1244]), (&[i as u8; 44][..], &payload[..]));
+        }
     }
 
     #[test]

@@ -21,6 +21,8 @@ pub struct StatusInfo {
 pub struct InstanceStatus {
     pub server_id: u16,
     pub placeable: bool,
+    /// How its frames travel: `"ring"` (shared-memory rings) or `"seqpacket"`.
+    pub forward: &'static str,
     pub counts: SlotCounts,
     /// Liveness and pressure (crate::dataplane::registry::liveness).
     pub live: Option<LiveStatus>,
@@ -121,6 +123,7 @@ pub fn render(
             json!({
                 "server_id": i.server_id,
                 "placeable": i.placeable,
+                "forward": i.forward,
                 "datagrams": i.counts.datagrams,
                 "bytes": i.counts.bytes,
                 "drops_full": i.counts.drops_full,

@@ -68,6 +68,11 @@ struct Args {
     /// SK_REUSEPORT program steers established datagrams to): on or off.
     #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
     fast_path: bool,
+    /// Ask the data plane for shared-memory forwarding rings (granted by `demux
+    /// --forward ring`, its default; otherwise frames come on the data connection):
+    /// on or off. Asked again after every data-plane restart.
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
+    rings: bool,
     /// Most TLS handshakes in progress at once; beyond it token-less Initials get a
     /// stateless Retry and the rest are ignored (0: no limit).
     #[arg(long, value_name = "N", default_value_t = h3_server::DEFAULT_MAX_HANDSHAKES)]
@@ -167,7 +172,7 @@ async fn run(a: Args) -> anyhow::Result<()> {
     let patience = if control.is_some() { Duration::from_secs(30) } else { Duration::ZERO };
     let deadline = tokio::time::Instant::now() + patience;
     let socket = loop {
-        let opts = worker::DataOptions { fast_path: a.fast_path, ..worker::DataOptions::from_env() };
+        let opts = worker::DataOptions { fast_path: a.fast_path, rings: a.rings };
         match worker::connect_socket_with(data_socket, server_id, opts).await {
             Ok(s) => break s,
             Err(e) if tokio::time::Instant::now() < deadline => {
@@ -287,7 +292,7 @@ async fn run(a: Args) -> anyhow::Result<()> {
         "worker exit: server_id={} connections={} requests={} ok={} retries={} refused={} overload_retries={} \
          overload_ignored={} handshake_timeouts={} frames={} malformed={} \
          udp_sends={} udp_bytes={} udp_errors={} gso_max={} fast_sockets={} fast_datagrams={} fast_bytes={} \
-         fast_sends={} fast_errors={} drained={}",
+         fast_sends={} fast_errors={} rings={} ring_frames={} drained={}",
         server_id,
         s.connections.load(Ordering::Relaxed),
         s.requests.load(Ordering::Relaxed),
@@ -308,6 +313,8 @@ async fn run(a: Args) -> anyhow::Result<()> {
         d.fast_bytes.load(Ordering::Relaxed),
         d.fast_transmits.load(Ordering::Relaxed),
         d.fast_errors.load(Ordering::Relaxed),
+        socket.rings().len(),
+        d.ring_frames.load(Ordering::Relaxed),
         finished,
     );
     Ok(())

@@ -18,6 +18,15 @@ pub fn demux_bin() -> PathBuf {
     testkit::bin::workspace_bin("demux", "demux")
 }
 
+/// The data plane's `--forward`: nothing for rings (its default), else seqpacket.
+fn forward_args(rings: bool) -> &'static [&'static str] {
+    if rings {
+        &[]
+    } else {
+        &["--forward", "seqpacket"]
+    }
+}
+
 fn wait_file(path: &Path, child: &mut Child, log: &Path, what: &str) -> String {
     testkit::bin::wait_ready_file(path, child, log, what, Duration::from_secs(30))
 }
@@ -33,7 +42,8 @@ pub struct Demux {
     pub control: PathBuf,
     pub keys_path: PathBuf,
     pub keys: KeyFile,
-    /// `--forward ring`: workers are started with `QUICDEMUX_RINGS=1`.
+    /// Forwarding over rings (the default on both sides); `false`: the data plane runs
+    /// `--forward seqpacket` and workers `--rings off`.
     pub rings: bool,
 }
 
@@ -42,14 +52,21 @@ impl Demux {
         Demux::start_on(tag, &["127.0.0.1:0"])
     }
 
-    /// [`Demux::start`] with `--forward ring` when `rings` (workers then read rings).
+    /// [`Demux::start`] with rings (the default) or, without `rings`, `--forward
+    /// seqpacket` (workers then get every frame on the data connection).
     pub fn start_forward(tag: &str, rings: bool) -> Demux {
         Demux::start_opts(tag, &["127.0.0.1:0"], rings)
     }
 
-    /// A data plane listening on each of `listen` (port 0: a free port).
+    /// A data plane listening on each of `listen` (port 0: a free port), forwarding
+    /// over rings (the default).
     pub fn start_on(tag: &str, listen: &[&str]) -> Demux {
-        Demux::start_opts(tag, listen, false)
+        Demux::start_opts(tag, listen, true)
+    }
+
+    /// `--forward` as this data plane was started with.
+    fn forward_args(&self) -> &'static [&'static str] {
+        forward_args(self.rings)
     }
 
     fn start_opts(tag: &str, listen: &[&str], rings: bool) -> Demux {
@@ -64,7 +81,7 @@ impl Demux {
         let mut cmd = Command::new(&bin);
         cmd.arg("dataplane").args(listen.iter().flat_map(|l| ["--listen", l])).args(["--cores", "0", "--io", "mmsg"]);
         let mut child = testkit::bin::dataplane_files(&mut cmd, &keys_path, &data, &control, &ready)
-            .args(if rings { &["--forward", "ring"][..] } else { &[] })
+            .args(forward_args(rings))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log"))
             .spawn()
@@ -93,6 +110,7 @@ impl Demux {
             &self.control,
             &self.dir.join("ready"),
         )
+        .args(self.forward_args())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).expect("log"))
         .spawn()
@@ -189,7 +207,7 @@ impl Worker {
             .arg(&ready)
             .args(extra)
             .env("RUST_LOG", std::env::var("WORKER_LOG").unwrap_or_else(|_| "info".into()))
-            .env("QUICDEMUX_RINGS", if d.rings { "1" } else { "0" })
+            .args(if d.rings { &[][..] } else { &["--rings", "off"] })
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log"))
             .spawn()

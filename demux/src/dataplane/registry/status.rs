@@ -39,6 +39,7 @@ impl Registry {
             .map(|(c, info)| InstanceStatus {
                 server_id: c.server_id,
                 placeable: info.placeable,
+                forward: if c.rings.is_empty() { "seqpacket" } else { "ring" },
                 counts: self.slots.since_baseline(c.slot, self.slot_counts(c.slot)),
                 live: lives.get(&c.server_id).map(|l| LiveStatus {
                     stalled: l.stalled(),
