@@ -38,6 +38,37 @@ pub fn recv(fd: RawFd, buf: &mut [u8], flags: libc::c_int, truncated: &mut bool)
     Ok(r.len)
 }
 
+/// A server of control connections (the controller's control.sock, the data
+/// plane's sockets): what [`serve_ready`] calls for each record or end of one.
+pub trait ControlServer {
+    /// Handles one message; false when it closed the connection.
+    fn on_message(&mut self, token: u64, m: proto::wire::Control) -> bool;
+    /// Closes the connection (peer gone, socket error).
+    fn close(&mut self, token: u64, why: &str);
+    /// Answers `Error{why}` and closes (a bad record).
+    fn refuse(&mut self, token: u64, why: &str);
+    /// The receive buffer, lent to [`serve_ready`] while it drains.
+    fn recv_buf(&mut self) -> &mut Vec<u8>;
+}
+
+/// A readable control connection `token` (`raw`, epoll events `ev`): every record
+/// waiting is handed to `s` ([`drain_control`]); EOF or an error closes it.
+pub fn serve_ready<S: ControlServer>(s: &mut S, token: u64, raw: RawFd, ev: u32) {
+    let mut buf = std::mem::take(s.recv_buf());
+    drain_control(raw, &mut buf, ev, |inbound| match inbound {
+        Inbound::Message(m) => s.on_message(token, m),
+        Inbound::Closed(why) => {
+            s.close(token, &why);
+            false
+        }
+        Inbound::Invalid(why) => {
+            s.refuse(token, &why);
+            false
+        }
+    });
+    *s.recv_buf() = buf;
+}
+
 /// What reading a control connection produced (see [`drain_control`]).
 pub enum Inbound {
     /// One well-formed control message.

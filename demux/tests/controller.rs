@@ -471,16 +471,7 @@ fn key_rotation_mid_connection_old_cids_still_route() {
     let mut c = Controller::start("rotate", 2, &[]);
     let addr = c.addr();
     let load = Load::start(&rt, addr, &c.cert, 2, "/bytes/262144");
-    let ep = {
-        let _g = rt.enter();
-        client_endpoint(&c.cert)
-    };
-    let mut conns = Vec::new();
-    for _ in 0..4 {
-        let mut h = rt.block_on(H3::connect(&ep, addr)).expect("connect");
-        let id = rt.block_on(h.get("/bytes/1000")).expect("GET").server_id;
-        conns.push((id, h));
-    }
+    let (ep, mut conns) = connections(&rt, &c, 4);
     assert_eq!(c.status_wait()["key_newest"], 0);
     // Established datagrams reach their owner by the user path (Owner) or, for a
     // generation the kernel decodes, by the fast path: count both.

@@ -35,20 +35,17 @@ fn scrape(addr: SocketAddr) -> String {
 /// array elements labelled by `shard` / `server_id` (else `index`); booleans 0/1.
 fn expected(v: &Value) -> BTreeMap<String, f64> {
     fn snake(k: &str) -> String {
-        let mut o = String::new();
-        for c in k.chars() {
-            if c.is_ascii_uppercase() {
-                if !o.is_empty() && !o.ends_with('_') {
-                    o.push('_');
-                }
-                o.push(c.to_ascii_lowercase());
-            } else if c.is_ascii_alphanumeric() {
-                o.push(c);
-            } else {
-                o.push('_');
+        // Each capital starts a word (unless one just started); anything not
+        // alphanumeric becomes `_`.
+        k.chars().fold(String::new(), |mut o, c| {
+            match c {
+                'A'..='Z' if o.is_empty() || o.ends_with('_') => o.push(c.to_ascii_lowercase()),
+                'A'..='Z' => o.extend(['_', c.to_ascii_lowercase()]),
+                c if c.is_ascii_alphanumeric() => o.push(c),
+                _ => o.push('_'),
             }
-        }
-        o
+            o
+        })
     }
     fn walk(v: &Value, name: &str, labels: &[String], skip: Option<&str>, out: &mut BTreeMap<String, f64>) {
         match v {

@@ -213,17 +213,7 @@ fn offline_rotation_then_controller_start_nothing_splits() {
     let _s = serial();
     let rt = runtime();
     let mut c = Controller::start("rotoff", 2, &["--limits", "off"]);
-    let addr = c.addr();
-    let ep = {
-        let _g = rt.enter();
-        client_endpoint(&c.cert)
-    };
-    let mut old = Vec::new();
-    for _ in 0..4 {
-        let mut h = rt.block_on(H3::connect(&ep, addr)).expect("connect");
-        let id = rt.block_on(h.get("/bytes/1000")).expect("GET").server_id;
-        old.push((id, h));
-    }
+    let (_ep, mut old) = connections(&rt, &c, 4);
     let dp = c.dataplane_pid();
     kill(c.child.id() as i64, libc::SIGKILL);
     let _ = c.child.wait();

@@ -120,18 +120,7 @@ const CONTROL_BUF: usize = 16 + MAX_TEXT;
 /// sends `DataHello`, waits up to `timeout` for `Sockets` and its fds. Data frames
 /// that arrive before it (none should) are skipped.
 pub fn handshake_on(conn: OwnedFd, server_id: ServerId, timeout: Duration) -> Result<Handshake, HandshakeError> {
-    handshake_on_with(conn, server_id, timeout, false)
-}
-
-/// [`handshake_on`]; with `want_rings`, sends `DataHelloV2 { caps: CAP_RINGS }` and
-/// also waits for the `Rings` answer that follows `Sockets`. No fast path.
-pub fn handshake_on_with(
-    conn: OwnedFd,
-    server_id: ServerId,
-    timeout: Duration,
-    want_rings: bool,
-) -> Result<Handshake, HandshakeError> {
-    handshake_on_opts(conn, server_id, timeout, DataOptions { rings: want_rings, fast_path: false })
+    handshake_on_opts(conn, server_id, timeout, DataOptions { rings: false, fast_path: false })
 }
 
 /// Takes the UDP fds of a `Sockets` / `FastSockets` record: one per address, each a
@@ -262,23 +251,6 @@ pub fn handshake_opts(
 ) -> Result<Handshake, HandshakeError> {
     let conn = fdpass::seqpacket_connect(path)?;
     handshake_on_opts(conn, server_id, timeout, opts)
-}
-
-/// Connects to the data plane at `path` and runs [`handshake_on_with`] (no fast path).
-pub fn handshake_with(
-    path: &Path,
-    server_id: ServerId,
-    timeout: Duration,
-    want_rings: bool,
-) -> Result<Handshake, HandshakeError> {
-    let conn = fdpass::seqpacket_connect(path)?;
-    handshake_on_with(conn, server_id, timeout, want_rings)
-}
-
-/// Connects to the data plane at `path` and runs [`handshake_on`] (`DataHello`).
-pub fn handshake(path: &Path, server_id: ServerId, timeout: Duration) -> Result<Handshake, HandshakeError> {
-    let conn = fdpass::seqpacket_connect(path)?;
-    handshake_on(conn, server_id, timeout)
 }
 
 /// Counters of the data connection, readable at any time.

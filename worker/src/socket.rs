@@ -50,9 +50,9 @@ pub const RECEIVE_SEGMENTS: usize = 64;
 /// quinn `AsyncUdpSocket` over the demux data connection.
 pub struct DemuxSocket {
     data: Arc<DataConn>,
-    udp: RwLock<Arc<SharedUdp>>,
+    udp: Swap<SharedUdp>,
     /// The kernel fast path's sockets; replaced (old ones closed) on reconnection.
-    fast: RwLock<Arc<FastUdp>>,
+    fast: Swap<FastUdp>,
     /// Wakes a writability wait on fast sockets that were just replaced.
     fast_replaced: tokio::sync::Notify,
     /// Which socket last reported `WouldBlock`: a fast socket's index, or
@@ -63,7 +63,7 @@ pub struct DemuxSocket {
     local: SocketAddr,
     /// Forwarding rings: one per data-plane shard, read before the connection;
     /// replaced when a restarted data plane offers new ones.
-    rings: RwLock<Arc<RingSet>>,
+    rings: Swap<RingSet>,
 }
 
 const BLOCKED_SHARED: usize = usize::MAX;
@@ -71,6 +71,32 @@ const BLOCKED_SHARED: usize = usize::MAX;
 impl fmt::Debug for DemuxSocket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DemuxSocket").field("server_id", &self.data.server_id()).field("local", &self.local).finish()
+    }
+}
+
+/// A value the receive and send paths read while a reconnect may replace it: readers
+/// take an `Arc` and keep using what they took; a poisoned lock still yields the value.
+struct Swap<T>(RwLock<Arc<T>>);
+
+impl<T> Swap<T> {
+    fn new(v: T) -> Swap<T> {
+        Swap(RwLock::new(Arc::new(v)))
+    }
+
+    fn get(&self) -> Arc<T> {
+        match self.0.read() {
+            Ok(g) => Arc::clone(&g),
+            Err(p) => Arc::clone(&p.into_inner()),
+        }
+    }
+
+    /// Installs `v`; returns the old value (freed when its last reader is done).
+    fn set(&self, v: T) -> Arc<T> {
+        let mut g = match self.0.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        std::mem::replace(&mut *g, Arc::new(v))
     }
 }
 
@@ -105,22 +131,19 @@ impl DemuxSocket {
         let rings = RingSet::new(rings)?;
         Ok(Arc::new(DemuxSocket {
             data,
-            udp: RwLock::new(Arc::new(udp)),
-            fast: RwLock::new(Arc::new(fast)),
+            udp: Swap::new(udp),
+            fast: Swap::new(fast),
             fast_replaced: tokio::sync::Notify::new(),
             blocked: AtomicUsize::new(BLOCKED_SHARED),
             turn: AtomicUsize::new(0),
             local,
-            rings: RwLock::new(Arc::new(rings)),
+            rings: Swap::new(rings),
         }))
     }
 
     /// The current forwarding rings (empty: frames come on the data connection).
     pub fn rings(&self) -> Arc<RingSet> {
-        match self.rings.read() {
-            Ok(g) => Arc::clone(&g),
-            Err(p) => Arc::clone(&p.into_inner()),
-        }
+        self.rings.get()
     }
 
     /// Replaces the forwarding rings (a restarted data plane's `Rings`; empty: SEQPACKET
@@ -130,10 +153,7 @@ impl DemuxSocket {
             Ok(r) => (r, Ok(())),
             Err(e) => (RingSet::default(), Err(e)),
         };
-        match self.rings.write() {
-            Ok(mut g) => *g = Arc::new(new),
-            Err(p) => *p.into_inner() = Arc::new(new),
-        }
+        drop(self.rings.set(new));
         res
     }
 
@@ -144,18 +164,12 @@ impl DemuxSocket {
 
     /// The send side (counters).
     pub fn udp(&self) -> Arc<SharedUdp> {
-        match self.udp.read() {
-            Ok(g) => Arc::clone(&g),
-            Err(p) => Arc::clone(&p.into_inner()),
-        }
+        self.udp.get()
     }
 
     /// The kernel fast path's current sockets (empty when not active).
     pub fn fast(&self) -> Arc<FastUdp> {
-        match self.fast.read() {
-            Ok(g) => Arc::clone(&g),
-            Err(p) => Arc::clone(&p.into_inner()),
-        }
+        self.fast.get()
     }
 
     /// Replaces the fast-path sockets with `fast` (a new data plane's `FastSockets`;
@@ -168,13 +182,7 @@ impl DemuxSocket {
             Ok(f) => (f, Ok(())),
             Err(e) => (FastUdp::empty(), Err(e)),
         };
-        let old = {
-            let mut g = match self.fast.write() {
-                Ok(g) => g,
-                Err(p) => p.into_inner(),
-            };
-            std::mem::replace(&mut *g, Arc::new(new))
-        };
+        let old = self.fast.set(new);
         self.blocked.store(BLOCKED_SHARED, Ordering::Relaxed);
         self.fast_replaced.notify_waiters();
         drop(old);
@@ -183,11 +191,7 @@ impl DemuxSocket {
 
     /// Replaces the shared UDP sockets (after a data-plane restart handed new fds).
     pub fn replace_sockets(&self, sockets: Vec<SharedSocketFd>) -> io::Result<()> {
-        let udp = Arc::new(SharedUdp::new(sockets)?);
-        match self.udp.write() {
-            Ok(mut g) => *g = udp,
-            Err(p) => *p.into_inner() = udp,
-        }
+        drop(self.udp.set(SharedUdp::new(sockets)?));
         Ok(())
     }
 

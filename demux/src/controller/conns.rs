@@ -15,7 +15,7 @@
 //!   connections are kept, a new one beyond that evicts the oldest.
 
 use super::{state, Conn, Ctl, Kind, WorkerState};
-use crate::seqpacket::{self, Inbound};
+use crate::seqpacket;
 use proto::wire::{encode_control, Control, Role};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Instant;
@@ -88,20 +88,7 @@ impl Ctl {
         let Some(raw) = self.conns.get(&token).map(|c| c.fd.as_raw_fd()) else {
             return;
         };
-        // Drain every record waiting; stop at EAGAIN, close on EOF or error.
-        let mut buf = std::mem::take(&mut self.buf);
-        seqpacket::drain_control(raw, &mut buf, ev, |inbound| match inbound {
-            Inbound::Message(m) => self.on_message(token, m),
-            Inbound::Closed(why) => {
-                self.close(token, &why);
-                false
-            }
-            Inbound::Invalid(why) => {
-                self.refuse(token, &why);
-                false
-            }
-        });
-        self.buf = buf;
+        seqpacket::serve_ready(self, token, raw, ev);
     }
 
     /// Handles one message; false when the connection was closed.
@@ -314,5 +301,20 @@ pub(crate) fn tell_dataplane(path: &std::path::Path, m: &Control) -> anyhow::Res
         Control::Status { .. } => Ok(()),
         Control::Error { reason } => anyhow::bail!("data plane refused: {reason}"),
         _ => anyhow::bail!("unexpected answer from the data plane"),
+    }
+}
+
+impl seqpacket::ControlServer for Ctl {
+    fn on_message(&mut self, token: u64, m: Control) -> bool {
+        Ctl::on_message(self, token, m)
+    }
+    fn close(&mut self, token: u64, why: &str) {
+        Ctl::close(self, token, why)
+    }
+    fn refuse(&mut self, token: u64, why: &str) {
+        Ctl::refuse(self, token, why)
+    }
+    fn recv_buf(&mut self) -> &mut Vec<u8> {
+        &mut self.buf
     }
 }

@@ -66,6 +66,24 @@ pub struct Controller {
     starts: usize,
 }
 
+/// `n` HTTP/3 connections on one new endpoint, each after one `GET /bytes/1000`:
+/// (the server id that answered, the connection).
+pub fn connections(rt: &tokio::runtime::Runtime, c: &Controller, n: usize) -> (quinn::Endpoint, Vec<(u16, H3)>) {
+    let addr = c.addr();
+    let ep = {
+        let _g = rt.enter();
+        client_endpoint(&c.cert)
+    };
+    let conns = (0..n)
+        .map(|_| {
+            let mut h = rt.block_on(H3::connect(&ep, addr)).expect("connect");
+            let id = rt.block_on(h.get("/bytes/1000")).expect("GET").server_id;
+            (id, h)
+        })
+        .collect();
+    (ep, conns)
+}
+
 impl Controller {
     pub fn start(tag: &str, spawn: usize, extra: &[&str]) -> Controller {
         Controller::start_on(tag, spawn, "127.0.0.1:0", extra)
@@ -73,25 +91,7 @@ impl Controller {
 
     /// `start` on a given `--listen` address.
     pub fn start_on(tag: &str, spawn: usize, listen: &str, extra: &[&str]) -> Controller {
-        let dir = temp_dir(tag);
-        let state = dir.join("state");
-        let cert = cert(&dir);
-        let mut c = Controller {
-            child: Command::new("true").spawn().expect("placeholder"),
-            log: dir.join("controller-0.log"),
-            dir,
-            state,
-            cert,
-            spawn,
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-            externals: Vec::new(),
-            listen: listen.to_string(),
-            netns: None,
-            starts: 0,
-        };
-        let _ = c.child.wait();
-        c.launch();
-        c
+        Controller::launched(tag, spawn, listen, extra, None, None)
     }
 
     /// A controller inside network namespace `netns`, listening on `listen`, whose
@@ -104,6 +104,17 @@ impl Controller {
         listen: &str,
         shared: Option<(&Path, &Cert)>,
         extra: &[&str],
+    ) -> Controller {
+        Controller::launched(tag, spawn, listen, extra, Some(netns), shared)
+    }
+
+    fn launched(
+        tag: &str,
+        spawn: usize,
+        listen: &str,
+        extra: &[&str],
+        netns: Option<&str>,
+        shared: Option<(&Path, &Cert)>,
     ) -> Controller {
         let dir = temp_dir(tag);
         let state = dir.join("state");
@@ -127,7 +138,7 @@ impl Controller {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             externals: Vec::new(),
             listen: listen.to_string(),
-            netns: Some(netns.to_string()),
+            netns: netns.map(str::to_string),
             starts: 0,
         };
         let _ = c.child.wait();

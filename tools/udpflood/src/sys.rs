@@ -100,31 +100,10 @@ impl MmsgSender {
             h.msg_flags = 0;
             self.hdrs[i].msg_len = 0;
         }
-        let (mut done, mut errors, mut last_err) = (0usize, 0usize, None);
-        let mut off = 0;
-        while off < n {
-            // SAFETY: hdrs[off..n] are initialised above; each points at its own iovec,
-            // which points into `data`, borrowed for the whole call, and at the
-            // control buffer owned by self. The kernel only reads them (and writes msg_len).
-            let rc =
-                unsafe { libc::sendmmsg(fd.as_raw_fd(), self.hdrs[off..].as_mut_ptr(), (n - off) as libc::c_uint, 0) };
-            if rc < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                errors += 1;
-                off += 1;
-                last_err = Some(e);
-            } else {
-                done += rc as usize;
-                off += (rc as usize).max(1).min(n - off);
-                if rc == 0 {
-                    errors += 1;
-                }
-            }
-        }
-        (done, errors, last_err)
+        // SAFETY: hdrs[..n] are initialised above; each points at its own iovec, which
+        // points into `data`, borrowed for the whole call, and at the control buffer
+        // owned by self.
+        unsafe { sendmmsg_all(fd.as_raw_fd(), &mut self.hdrs[..n]) }
     }
 }
 
@@ -212,30 +191,41 @@ impl SpoofSender {
             h.msg_flags = 0;
             self.hdrs[i].msg_len = 0;
         }
-        let (mut done, mut errors, mut last_err) = (0usize, 0usize, None);
-        let mut off = 0;
-        while off < n {
-            // SAFETY: hdrs[off..n] are initialised above; each points at its own iovec
-            // (into `data`, borrowed for the call), its own control buffer and the
-            // target address, all owned by self. The kernel only reads them.
-            let rc =
-                unsafe { libc::sendmmsg(fd.as_raw_fd(), self.hdrs[off..].as_mut_ptr(), (n - off) as libc::c_uint, 0) };
-            if rc < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
+        // SAFETY: hdrs[..n] are initialised above; each points at its own iovec (into
+        // `data`, borrowed for the call), its own control buffer and the target
+        // address, all owned by self.
+        unsafe { sendmmsg_all(fd.as_raw_fd(), &mut self.hdrs[..n]) }
+    }
+}
+
+/// sendmmsg(2) until every header was tried: a failing message is counted and
+/// skipped, EINTR retried. (sent, errors, the last error).
+///
+/// # Safety
+/// Every header's name, iovec and control pointers must be valid for the call.
+unsafe fn sendmmsg_all(fd: std::os::fd::RawFd, hdrs: &mut [libc::mmsghdr]) -> (usize, usize, Option<io::Error>) {
+    let n = hdrs.len();
+    let (mut done, mut errors, mut last_err) = (0usize, 0usize, None);
+    let mut off = 0;
+    while off < n {
+        // SAFETY: the caller vouches for every header; the kernel only reads them
+        // (and writes msg_len), at most n − off from `off`.
+        let rc = unsafe { libc::sendmmsg(fd, hdrs[off..].as_mut_ptr(), (n - off) as libc::c_uint, 0) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            errors += 1;
+            off += 1;
+            last_err = Some(e);
+        } else {
+            done += rc as usize;
+            off += (rc as usize).max(1).min(n - off);
+            if rc == 0 {
                 errors += 1;
-                off += 1;
-                last_err = Some(e);
-            } else {
-                done += rc as usize;
-                off += (rc as usize).max(1).min(n - off);
-                if rc == 0 {
-                    errors += 1;
-                }
             }
         }
-        (done, errors, last_err)
     }
+    (done, errors, last_err)
 }

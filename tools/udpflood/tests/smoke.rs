@@ -140,26 +140,12 @@ fn paced_mix_arrives_complete_and_in_ratio() {
 fn gso_trains_from_many_sources() {
     let (keys, kf) = key_file();
     let ks = kf.key_set().unwrap();
-    let (json, got) = flood_into_sink(&[
-        "--mode",
-        "short",
-        "--keys",
-        keys.to_str().unwrap(),
-        "--server-ids",
-        "7",
-        "--size",
-        "100",
-        "--gso",
-        "8",
-        "--threads",
-        "2",
-        "--sources",
-        "6",
-        "--count",
-        "1000",
-        "--rate",
-        "20000",
-    ]);
+    let keys_arg = keys.to_str().unwrap();
+    // 1000 short headers of 100 bytes for server id 7, GSO trains of 8, two threads
+    // of six sources each, 20 000/s in all.
+    let flood: &[&str] = &["--mode", "short", "--keys", keys_arg, "--server-ids", "7", "--size", "100", "--gso", "8"];
+    let flood = [flood, &["--threads", "2", "--sources", "6", "--count", "1000", "--rate", "20000"]].concat();
+    let (json, got) = flood_into_sink(&flood);
     assert_eq!(json_num(&json, "sent"), 1000.0, "{json}");
     assert_eq!(got.len(), 1000, "GSO trains are split into single datagrams");
     let ports: HashSet<u16> = got.iter().map(|(p, _)| *p).collect();
@@ -175,26 +161,7 @@ fn gso_trains_from_many_sources() {
     // 2 x (500 / 8 + 1 + 500 / 10 + 1) = 230 sends, and full trains carry at least
     // 8/15 of every call's datagrams (the worst n is 15). Plain sends would be 1000
     // reads of 100 bytes, none of 800.
-    let (json, sends) = flood_into_gro_sink(&[
-        "--mode",
-        "short",
-        "--keys",
-        keys.to_str().unwrap(),
-        "--server-ids",
-        "7",
-        "--size",
-        "100",
-        "--gso",
-        "8",
-        "--threads",
-        "2",
-        "--sources",
-        "6",
-        "--count",
-        "1000",
-        "--rate",
-        "20000",
-    ]);
+    let (json, sends) = flood_into_gro_sink(&flood);
     assert_eq!(json_num(&json, "sent"), 1000.0, "{json}");
     let sizes: Vec<usize> = sends.iter().map(|(_, d)| d.len()).collect();
     assert_eq!(sizes.iter().sum::<usize>(), 100_000, "every byte arrived: {sizes:?}");

@@ -36,7 +36,7 @@ use crate::dataplane::fast_path::FastPathState;
 use crate::dataplane::pressure::{Pressure, PressureConfig};
 use crate::dataplane::snapshot::{DataConn, Shared, Snapshot};
 use crate::dataplane::status::StatusInfo;
-use crate::seqpacket::{self, Inbound};
+use crate::seqpacket;
 use crate::sys::Epoll;
 use anyhow::{Context, Result};
 use proto::wire::{encode_control, Control};
@@ -395,20 +395,7 @@ impl Registry {
 
     fn on_conn(&mut self, token: u64, ev: u32) {
         let Some(raw) = self.conns.get(&token).map(Conn::raw) else { return };
-        // Drain every record waiting; stop at EAGAIN, close on EOF or error.
-        let mut buf = std::mem::take(&mut self.buf);
-        seqpacket::drain_control(raw, &mut buf, ev, |inbound| match inbound {
-            Inbound::Message(m) => self.on_message(token, m),
-            Inbound::Closed(why) => {
-                self.close(token, &why);
-                false
-            }
-            Inbound::Invalid(why) => {
-                self.refuse(token, &why);
-                false
-            }
-        });
-        self.buf = buf;
+        seqpacket::serve_ready(self, token, raw, ev);
     }
 
     /// Handles one message; false when the connection was closed.
@@ -566,5 +553,19 @@ impl Registry {
         let pressure = live.iter().map(|(_, _, p)| *p).collect();
         let conns = live.into_iter().map(|(c, ..)| c).collect();
         self.shared.store(Arc::new(Snapshot { table, conns, pressure, version: self.version }));
+    }
+}
+impl seqpacket::ControlServer for Registry {
+    fn on_message(&mut self, token: u64, m: Control) -> bool {
+        Registry::on_message(self, token, m)
+    }
+    fn close(&mut self, token: u64, why: &str) {
+        Registry::close(self, token, why)
+    }
+    fn refuse(&mut self, token: u64, why: &str) {
+        Registry::refuse(self, token, why)
+    }
+    fn recv_buf(&mut self) -> &mut Vec<u8> {
+        &mut self.buf
     }
 }
