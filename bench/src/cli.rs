@@ -51,6 +51,9 @@ pub enum Command {
     /// 25/50/75 % of its saturation. Rewrites the generated block of docs/benchmarks.md
     /// and docs/benchmarks-cpu.svg (`--no-doc`: neither).
     All(AllArgs),
+    /// Host-to-host forwarding (ADR 0005): CPU per datagram forwarded between two
+    /// data planes on this machine, against the same load sent straight to its owner.
+    Forward(ForwardArgs),
     /// Data plane: one demux shard's CPU time per forwarded datagram.
     ///
     /// One data-plane shard on one core, a sender and sink workers on the other; the
@@ -165,6 +168,26 @@ pub struct DataplaneArgs {
     #[arg(long, value_name = "C", default_value_t = 0)]
     pub shard_core: usize,
     /// Core of the sender and the sink workers.
+    #[arg(long, value_name = "L", default_value_t = 1)]
+    pub load_core: usize,
+}
+
+/// `bench forward`.
+#[derive(Debug, Args)]
+pub struct ForwardArgs {
+    /// Seconds of load per run.
+    #[arg(long, value_name = "S", default_value_t = 3.0, value_parser = positive_f64)]
+    pub seconds: f64,
+    /// Datagrams per second offered (paced).
+    #[arg(long, value_name = "DATAGRAMS_PER_S", default_value_t = 20_000.0, value_parser = positive_f64)]
+    pub rate: f64,
+    /// Repetitions (medians are reported).
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub reps: usize,
+    /// Core of both data planes' one shard.
+    #[arg(long, value_name = "C", default_value_t = 0)]
+    pub shard_core: usize,
+    /// Core of the sender and the sink.
     #[arg(long, value_name = "L", default_value_t = 1)]
     pub load_core: usize,
 }

@@ -87,17 +87,47 @@ pub(crate) fn start_demux(bin: &Path, io: &str, core: usize) -> Result<Demux> {
 /// sockets in a scratch directory named after `name`, and `flags` (`--io`,
 /// `--forward`, `--fast-path`, …); `--forward ring` makes the sinks read rings.
 pub(crate) fn start_demux_with(bin: &Path, name: &str, core: usize, flags: &[&str]) -> Result<Demux> {
+    start_demux_at(bin, name, core, LOOPBACK_ANY, None, None, flags)
+}
+
+/// [`start_demux_with`] listening on `listen`, with a copy of the key file `keys`
+/// (`None`: a new one).
+pub(crate) fn start_demux_at(
+    bin: &Path,
+    name: &str,
+    core: usize,
+    listen: &str,
+    keys: Option<&Path>,
+    netns: Option<&str>,
+    flags: &[&str],
+) -> Result<Demux> {
     let dir = PathBuf::from(format!("/tmp/qdbench-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     let keys_path = dir.join("keys");
-    if !Command::new(bin).args(["gen-keys", "--out"]).arg(&keys_path).stdout(Stdio::null()).status()?.success() {
-        bail!("gen-keys failed");
+    match keys {
+        Some(k) => {
+            std::fs::copy(k, &keys_path)?;
+        }
+        None => {
+            if !Command::new(bin).args(["gen-keys", "--out"]).arg(&keys_path).stdout(Stdio::null()).status()?.success()
+            {
+                bail!("gen-keys failed");
+            }
+        }
     }
     let keys = KeyFile::parse(&std::fs::read_to_string(&keys_path)?)?;
     let (data, control, ready) = (dir.join("d.sock"), dir.join("c.sock"), dir.join("ready"));
-    let child = with_parent(&mut Command::new(bin))
-        .args(["dataplane", "--listen", LOOPBACK_ANY, "--cores", &core.to_string(), "--keys"])
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    };
+    let child = with_parent(&mut cmd)
+        .args(["dataplane", "--listen", listen, "--cores", &core.to_string(), "--keys"])
         .arg(&keys_path)
         .arg("--data-socket")
         .arg(&data)

@@ -33,6 +33,7 @@ mod all;
 mod cli;
 mod dataplane;
 mod fastpath;
+mod forward;
 mod load;
 mod report;
 mod saturation;
@@ -46,6 +47,7 @@ fn main() {
     let r = match Cli::parse().command {
         Command::All(a) => all::main(a),
         Command::Dataplane(a) => dataplane::main(a),
+        Command::Forward(a) => forward::main(a),
         Command::Fastpath(a) => fastpath::main(a),
         Command::Saturation(a) => saturation::main(a),
         Command::FloorServer(a) => servers::floor(a),

@@ -158,7 +158,9 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
     let limits = Arc::new(limits::Limits::new(a.limits_config())?.with_retry(a.retry_mode(), keyfile.token_key));
     let host = proto::host::HostLayout::new(a.host_bits, a.host_id)?;
     let peers = match (&a.peers, a.peer_listen) {
-        (Some(file), Some(listen)) => Some(peers::Peers::start(host, &keyfile.reset_key, file.clone(), listen)?),
+        (Some(file), Some(listen)) => {
+            Some(peers::Peers::start(host, &keyfile.reset_key, file.clone(), listen, bound.clone())?)
+        }
         _ => None,
     };
     let mut reg = registry::Registry::new(registry::RegistryConfig {

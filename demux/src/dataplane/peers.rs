@@ -44,6 +44,9 @@ pub struct PeerCounters {
     pub received: AtomicU64,
     pub injected: AtomicU64,
     pub inject_errors: AtomicU64,
+    /// Forwarded to an address this host does not serve (peers disagree on the
+    /// anycast address): dropped.
+    pub inject_not_served: AtomicU64,
     pub refused_not_a_frame: AtomicU64,
     pub refused_malformed: AtomicU64,
     pub refused_unauthenticated: AtomicU64,
@@ -65,6 +68,10 @@ pub struct Peers {
     per_host: Mutex<HashMap<u16, u64>>,
     socket: UdpSocket,
     seq: Mutex<Sequencer>,
+    /// The addresses this host serves: a forwarded datagram is injected only towards
+    /// one of them (anycast: every host serves the same), so a misconfigured peer
+    /// cannot make two hosts bounce a datagram between them.
+    serves: Vec<SocketAddr>,
     /// When each peer was last heard from.
     last_seen: Mutex<HashMap<u16, Instant>>,
     pub counters: PeerCounters,
@@ -77,6 +84,7 @@ impl Peers {
         reset_key: &[u8; 32],
         file: PathBuf,
         listen: SocketAddr,
+        serves: Vec<SocketAddr>,
     ) -> anyhow::Result<Arc<Peers>> {
         use anyhow::Context;
         let table = read_table(&file)?;
@@ -92,6 +100,7 @@ impl Peers {
             per_host: Mutex::new(HashMap::new()),
             socket,
             seq: Mutex::new(Sequencer::new(start)),
+            serves,
             last_seen: Mutex::new(HashMap::new()),
             counters: PeerCounters::default(),
         });
@@ -119,6 +128,11 @@ impl Peers {
     /// An orphan datagram (its DCID names no live local instance): forwarded when the
     /// DCID decodes to another host's server id with a known peer. `true`: it went.
     pub fn forward(&self, keys: &KeySet, datagram: &[u8], client: SocketAddr, local: SocketAddr) -> bool {
+        // A client's Initial or 0-RTT carries a DCID it chose (RFC 9000 §7.2): any
+        // host it decodes to is chance. New connections are placed locally.
+        if client_chosen_dcid(datagram) {
+            return false;
+        }
         let Some(dcid) = dcid(datagram) else { return false };
         let Ok(d) = keys.decode(dcid) else { return false };
         let host = self.layout.host_of(d.server_id);
@@ -143,6 +157,14 @@ impl Peers {
                 false
             }
         }
+    }
+
+    /// Whether `a` is one of our listen addresses (a wildcard one serves every IP of
+    /// its family on its port).
+    fn serves_addr(&self, a: SocketAddr) -> bool {
+        self.serves.iter().any(|s| {
+            s.port() == a.port() && (s.ip() == a.ip() || (s.ip().is_unspecified() && s.is_ipv4() == a.is_ipv4()))
+        })
     }
 
     fn alive(&self, host: u16) -> bool {
@@ -225,6 +247,10 @@ impl Peers {
                 continue;
             }
             c.received.fetch_add(1, Relaxed);
+            if !self.serves_addr(frame.local) {
+                c.inject_not_served.fetch_add(1, Relaxed);
+                continue;
+            }
             let sent = match (frame.client, frame.local) {
                 (SocketAddr::V4(src), SocketAddr::V4(dst)) => {
                     sys::raw::ipv4_udp_packet(src, dst, frame.datagram, &mut packet).is_some()
@@ -261,6 +287,7 @@ impl Peers {
             "received": c.received.load(Relaxed),
             "injected": c.injected.load(Relaxed),
             "inject_errors": c.inject_errors.load(Relaxed),
+            "inject_not_served": c.inject_not_served.load(Relaxed),
             "refused": {
                 "not_a_frame": c.refused_not_a_frame.load(Relaxed),
                 "malformed": c.refused_malformed.load(Relaxed),
@@ -278,6 +305,11 @@ fn read_table(file: &std::path::Path) -> anyhow::Result<HashMap<u16, SocketAddr>
     Ok(list.into_iter().collect())
 }
 
+/// A v1 long header of type Initial or 0-RTT (RFC 9000 §17.2: type bits 0b00, 0b01).
+fn client_chosen_dcid(d: &[u8]) -> bool {
+    matches!(d.first(), Some(b) if b & 0x80 != 0 && (b >> 4) & 0x03 <= 1)
+}
+
 /// The DCID of a QUIC datagram: 12 bytes after the first in a short header (ADR 0001
 /// fixes the length), the length-prefixed one of a long header (RFC 9000 §17.2).
 fn dcid(d: &[u8]) -> Option<&[u8]> {
@@ -292,6 +324,16 @@ fn dcid(d: &[u8]) -> Option<&[u8]> {
 #[cfg(test)]
 mod tests {
     use super::dcid;
+
+    #[test]
+    fn only_server_chosen_dcids_are_forwarded() {
+        use super::client_chosen_dcid;
+        assert!(client_chosen_dcid(&[0xc3]), "Initial");
+        assert!(client_chosen_dcid(&[0xd3]), "0-RTT");
+        assert!(!client_chosen_dcid(&[0xe3]), "Handshake");
+        assert!(!client_chosen_dcid(&[0x43]), "short header");
+        assert!(!client_chosen_dcid(&[]));
+    }
 
     #[test]
     fn dcids_of_both_header_forms() {

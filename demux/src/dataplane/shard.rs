@@ -210,9 +210,10 @@ impl Router {
                 }
                 None => {}
             }
-            // ADR 0005: an orphan here may be another host's: forwarded there (each
-            // segment of a train in its own frame), not reset here.
-            if run.decision.reason == Reason::Orphan {
+            // ADR 0005: an orphan here (or, with no local instance at all, a datagram
+            // for nobody) may be another host's: forwarded there (each segment of a
+            // train in its own frame), not reset or dropped here.
+            if matches!(run.decision.reason, Reason::Orphan | Reason::NoInstance) {
                 if let Some(p) = peers {
                     let keys = snap.table.keys();
                     let local = local.unwrap_or(sock.local);
