@@ -159,12 +159,8 @@ impl Peers {
         }
     }
 
-    /// Whether `a` is one of our listen addresses (a wildcard one serves every IP of
-    /// its family on its port).
     fn serves_addr(&self, a: SocketAddr) -> bool {
-        self.serves.iter().any(|s| {
-            s.port() == a.port() && (s.ip() == a.ip() || (s.ip().is_unspecified() && s.is_ipv4() == a.is_ipv4()))
-        })
+        serves(&self.serves, a)
     }
 
     fn alive(&self, host: u16) -> bool {
@@ -305,6 +301,13 @@ fn read_table(file: &std::path::Path) -> anyhow::Result<HashMap<u16, SocketAddr>
     Ok(list.into_iter().collect())
 }
 
+/// Whether `a` is one of the listen addresses `list` (a wildcard one serves every IP
+/// of its family on its port).
+fn serves(list: &[SocketAddr], a: SocketAddr) -> bool {
+    list.iter()
+        .any(|s| s.port() == a.port() && (s.ip() == a.ip() || (s.ip().is_unspecified() && s.is_ipv4() == a.is_ipv4())))
+}
+
 /// A v1 long header of type Initial or 0-RTT (RFC 9000 §17.2: type bits 0b00, 0b01).
 fn client_chosen_dcid(d: &[u8]) -> bool {
     matches!(d.first(), Some(b) if b & 0x80 != 0 && (b >> 4) & 0x03 <= 1)
@@ -324,6 +327,19 @@ fn dcid(d: &[u8]) -> Option<&[u8]> {
 #[cfg(test)]
 mod tests {
     use super::dcid;
+
+    #[test]
+    fn injection_only_towards_served_addresses() {
+        use super::serves;
+        let a = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
+        let list = [a("198.19.9.9:443"), a("0.0.0.0:8443")];
+        assert!(serves(&list, a("198.19.9.9:443")));
+        assert!(!serves(&list, a("198.19.9.8:443")), "another IP");
+        assert!(!serves(&list, a("198.19.9.9:444")), "another port");
+        assert!(serves(&list, a("10.1.2.3:8443")), "a wildcard serves every IPv4 address on its port");
+        assert!(!serves(&list, a("[2001:db8::1]:8443")), "but not IPv6");
+        assert!(!serves(&[], a("198.19.9.9:443")));
+    }
 
     #[test]
     fn only_server_chosen_dcids_are_forwarded() {
