@@ -187,6 +187,51 @@ pub fn render(
 }
 
 /// Human-readable rendering of a status JSON text.
+/// `name value` for every non-zero numeric leaf of `v` (nested keys joined by `.`),
+/// or `none`.
+fn nonzero_leaves(v: &Value) -> String {
+    fn walk(v: &Value, name: &str, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                for (k, x) in m {
+                    walk(x, &if name.is_empty() { k.clone() } else { format!("{name}.{k}") }, out);
+                }
+            }
+            Value::Number(n) if n.as_u64() != Some(0) => out.push(format!("{name} {n}")),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(v, "", &mut out);
+    if out.is_empty() {
+        "none".into()
+    } else {
+        out.join("  ")
+    }
+}
+
+/// Host-to-host forwarding (ADR 0005), when configured.
+fn pretty_peers(p: &Value) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    let g = |k: &str| p.pointer(k).and_then(Value::as_u64).unwrap_or(0);
+    format!(
+        "peers: host {}  alive {}/{}  forwarded {} (errors {})  received {}  injected {} (errors {}, not served {})  dead-peer resets {}  refused: {}\n",
+        g("/host"),
+        g("/peers_alive"),
+        g("/peers"),
+        g("/forwarded"),
+        g("/forward_errors"),
+        g("/received"),
+        g("/injected"),
+        g("/inject_errors"),
+        g("/inject_not_served"),
+        g("/dead_peer"),
+        nonzero_leaves(&p["refused"])
+    )
+}
+
 pub fn pretty(json_text: &str) -> Result<String, serde_json::Error> {
     let v: Value = serde_json::from_str(json_text)?;
     let g = |p: &str| v.pointer(p).and_then(Value::as_u64).unwrap_or(0);
@@ -222,7 +267,10 @@ pub fn pretty(json_text: &str) -> Result<String, serde_json::Error> {
         g("/retry/dropped"),
         g("/retry/send_errors")
     );
+    s += &format!("socket drops (kernel, before a shard read them) {}\n", g("/socket_drops"));
     s += &pretty_fast_path(&v["fast_path"]);
+    s += &pretty_peers(&v["peers"]);
+    s += &format!("trust refusals: {}\n", nonzero_leaves(&v["peer_refused"]));
     s += &format!(
         "liveness: stalls {}  stalled now {}  pressure retry above {}  drop above {}\n",
         g("/liveness/stalls"),
@@ -242,9 +290,10 @@ pub fn pretty(json_text: &str) -> Result<String, serde_json::Error> {
         g("/accept/control/hello_timeouts")
     );
     s += &format!(
-        "{:>9} {:>9} {:>14} {:>16} {:>10} {:>14} {:>7} {:>6} {:>10} {:>8} {:>8}\n",
+        "{:>9} {:>9} {:>9} {:>14} {:>16} {:>10} {:>14} {:>7} {:>6} {:>10} {:>8} {:>8}\n",
         "server_id",
         "placeable",
+        "forward",
         "datagrams",
         "bytes",
         "drops_full",
@@ -258,9 +307,10 @@ pub fn pretty(json_text: &str) -> Result<String, serde_json::Error> {
     if let Some(list) = v["instances"].as_array() {
         for i in list {
             s += &format!(
-                "{:>9} {:>9} {:>14} {:>16} {:>10} {:>14} {:>7} {:>6} {:>10} {:>8} {:>8}\n",
+                "{:>9} {:>9} {:>9} {:>14} {:>16} {:>10} {:>14} {:>7} {:>6} {:>10} {:>8} {:>8}\n",
                 i["server_id"].as_u64().unwrap_or(0),
                 if i["placeable"].as_bool().unwrap_or(false) { "yes" } else { "no" },
+                i["forward"].as_str().unwrap_or("-"),
                 i["datagrams"].as_u64().unwrap_or(0),
                 i["bytes"].as_u64().unwrap_or(0),
                 i["drops_full"].as_u64().unwrap_or(0),
@@ -297,4 +347,36 @@ fn pretty_fast_path(f: &Value) -> String {
         }
     }
     s + "\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pretty;
+
+    /// The readable `lb-status` shows what the JSON has for forwarding, kernel socket
+    /// drops, trust refusals and each instance's forwarding mode.
+    #[test]
+    fn readable_status_shows_peers_socket_drops_refusals_and_forward() {
+        let json = serde_json::json!({
+            "pid": 7, "io": "uring", "steer": "hash", "shards": 1, "cores": [0], "listen": ["198.19.9.9:443"],
+            "socket_drops": 12,
+            "peer_refused": { "data": { "wrong_pid": 2, "wrong_uid": 0 } },
+            "peers": { "host": 1, "peers": 2, "peers_alive": 1, "forwarded": 30, "received": 4, "injected": 4,
+                       "dead_peer": 5, "refused": { "replayed": 3, "unauthenticated": 0 } },
+            "instances": [ { "server_id": 16384, "placeable": true, "forward": "ring" } ],
+        });
+        let text = pretty(&json.to_string()).expect("valid JSON");
+        for want in [
+            "socket drops (kernel, before a shard read them) 12",
+            "peers: host 1  alive 1/2  forwarded 30",
+            "dead-peer resets 5  refused: replayed 3\n",
+            "trust refusals: data.wrong_pid 2\n",
+            "ring",
+        ] {
+            assert!(text.contains(want), "{want:?} missing from:\n{text}");
+        }
+        // Without forwarding and refusals: no peers line, refusals "none".
+        let plain = pretty(&serde_json::json!({ "instances": [] }).to_string()).expect("valid JSON");
+        assert!(!plain.contains("peers:") && plain.contains("trust refusals: none"), "{plain}");
+    }
 }
