@@ -28,13 +28,15 @@ use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How often a host tells each peer it is alive.
 pub const HEARTBEAT: Duration = Duration::from_millis(250);
 /// A peer silent this long is dead: its ids are reset here, not forwarded.
 pub const PEER_DEAD: Duration = Duration::from_secs(1);
+/// Host ids are below this (ADR 0005: at most 8 host bits).
+const HOSTS: usize = 1 << proto::host::MAX_HOST_BITS;
 
 /// Counters (lb-status `peers`).
 #[derive(Default)]
@@ -64,16 +66,19 @@ pub struct Peers {
     file: PathBuf,
     /// host id → its forwarding address (re-read on SIGHUP).
     table: arc_swap::ArcSwap<HashMap<u16, SocketAddr>>,
-    /// Forwarded datagrams per destination host.
-    per_host: Mutex<HashMap<u16, u64>>,
+    /// Forwarded datagrams per destination host (host ids are below 2^MAX_HOST_BITS).
+    per_host: Box<[AtomicU64; HOSTS]>,
     socket: UdpSocket,
-    seq: Mutex<Sequencer>,
+    /// The next frame's sequence number (proto::peer::Sequencer's numbering).
+    seq: AtomicU64,
     /// The addresses this host serves: a forwarded datagram is injected only towards
     /// one of them (anycast: every host serves the same), so a misconfigured peer
     /// cannot make two hosts bounce a datagram between them.
     serves: Vec<SocketAddr>,
-    /// When each peer was last heard from.
-    last_seen: Mutex<HashMap<u16, Instant>>,
+    /// When each peer was last heard from: milliseconds since `epoch`, plus one (0:
+    /// never), per host id.
+    last_seen: Box<[AtomicU64; HOSTS]>,
+    epoch: Instant,
     pub counters: PeerCounters,
 }
 
@@ -97,11 +102,12 @@ impl Peers {
             key: ForwardingKey::derive(reset_key),
             file,
             table: arc_swap::ArcSwap::from_pointee(table),
-            per_host: Mutex::new(HashMap::new()),
+            per_host: Box::new(std::array::from_fn(|_| AtomicU64::new(0))),
             socket,
-            seq: Mutex::new(Sequencer::new(start)),
+            seq: AtomicU64::new(Sequencer::new(start).take()),
             serves,
-            last_seen: Mutex::new(HashMap::new()),
+            last_seen: Box::new(std::array::from_fn(|_| AtomicU64::new(0))),
+            epoch: Instant::now(),
             counters: PeerCounters::default(),
         });
         let raw = sys::raw::RawIpv4::open().context("a raw IPv4 socket for forwarded datagrams (needs CAP_NET_RAW)")?;
@@ -147,8 +153,8 @@ impl Peers {
         match self.send_frame(to, client, local, datagram) {
             Ok(_) => {
                 self.counters.forwarded.fetch_add(1, Relaxed);
-                if let Ok(mut m) = self.per_host.lock() {
-                    *m.entry(host).or_default() += 1;
+                if let Some(n) = self.per_host.get(usize::from(host)) {
+                    n.fetch_add(1, Relaxed);
                 }
                 true
             }
@@ -164,7 +170,12 @@ impl Peers {
     }
 
     fn alive(&self, host: u16) -> bool {
-        self.last_seen.lock().is_ok_and(|m| m.get(&host).is_some_and(|t| t.elapsed() < PEER_DEAD))
+        let Some(seen) = self.last_seen.get(usize::from(host)).map(|t| t.load(Relaxed)) else { return false };
+        seen != 0 && self.now_ms().saturating_sub(seen - 1) < PEER_DEAD.as_millis() as u64
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
     }
 
     fn send_frame(
@@ -174,11 +185,16 @@ impl Peers {
         local: SocketAddr,
         datagram: &[u8],
     ) -> std::io::Result<usize> {
-        let seq = self.seq.lock().map_err(|_| std::io::Error::other("sequencer poisoned"))?.take();
-        let mut frame = Vec::with_capacity(datagram.len() + peer::MAX_OVERHEAD);
+        thread_local! {
+            // One frame buffer per shard thread (and the receiving thread's heartbeats).
+            static FRAME: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(65_536));
+        }
+        let seq = self.seq.fetch_add(1, Relaxed);
         let f = Frame { from_host: self.layout.host(), seq, client, local, datagram };
-        peer::seal(&self.key, &f, &mut frame);
-        self.socket.send_to(&frame, to)
+        FRAME.with_borrow_mut(|frame| {
+            peer::seal(&self.key, &f, frame);
+            self.socket.send_to(frame, to)
+        })
     }
 
     /// An empty frame to every peer (its addresses unused).
@@ -235,8 +251,8 @@ impl Peers {
                 c.refused_replayed.fetch_add(1, Relaxed);
                 continue;
             }
-            if let Ok(mut m) = self.last_seen.lock() {
-                m.insert(frame.from_host, Instant::now());
+            if let Some(t) = self.last_seen.get(usize::from(frame.from_host)) {
+                t.store(self.now_ms() + 1, Relaxed);
             }
             if frame.datagram.is_empty() {
                 c.heartbeats_received.fetch_add(1, Relaxed);
@@ -267,9 +283,10 @@ impl Peers {
         let c = &self.counters;
         let per: serde_json::Map<String, Value> = self
             .per_host
-            .lock()
-            .map(|m| m.iter().map(|(h, n)| (h.to_string(), json!(n))).collect())
-            .unwrap_or_default();
+            .iter()
+            .enumerate()
+            .filter_map(|(h, n)| Some(n.load(Relaxed)).filter(|n| *n > 0).map(|n| (h.to_string(), json!(n))))
+            .collect();
         let alive = self.table.load().keys().filter(|h| self.alive(**h)).count();
         json!({
             "host": self.layout.host(),
