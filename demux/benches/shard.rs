@@ -262,7 +262,10 @@ fn benches<M: Clock>(c: &mut Criterion<M>, p: &str) {
     g.bench_function("ring_push", |b| {
         b.iter_custom(|iters| {
             let routine = |full: &mut u64| *full += u64::from(!ring.push(&hdr, black_box(&short)));
-            chunked::<M, _>(iters, 512, &mut full, routine, |_| while let Ok(Some(_)) = consumer.pop(&mut out) {})
+            chunked::<M, _>(iters, 512, &mut full, routine, |_| {
+                ring.publish();
+                while let Ok(Some(_)) = consumer.pop(&mut out) {}
+            })
         })
     });
     // The worker's side: one frame (44 + 1200 bytes) out of the ring into a
@@ -281,6 +284,7 @@ fn benches<M: Clock>(c: &mut Criterion<M>, p: &str) {
         for _ in 0..512 {
             assert!(ring.push(&fh, &short));
         }
+        ring.publish();
     };
     let mut quinn_buf = vec![0u8; 1200 * 64];
     let mut popped = 0u64;

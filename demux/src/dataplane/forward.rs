@@ -103,7 +103,7 @@ impl Forwarder {
     }
 
     /// `--forward ring`: copies the group's frames into this shard's ring for the
-    /// worker, then wakes it once if it sleeps. A full ring drops and counts exactly
+    /// worker, then publishes them at once and wakes it once if it sleeps. A full ring drops and counts exactly
     /// as a full data connection does.
     fn push_group(
         &self,
@@ -135,7 +135,7 @@ impl Forwarder {
             }
         }
         if pushed {
-            bump(&counters.ring_wakes, u64::from(ring.wake()));
+            bump(&counters.ring_wakes, u64::from(ring.publish()));
         }
     }
 

@@ -32,11 +32,28 @@ pub const BUF_LEN: usize = 65_536 + HEADROOM;
 const RING_ENTRIES: u32 = 64;
 const CQ_ENTRIES: u32 = 4096;
 
-/// Builds a ring with the single-issuer + deferred-taskrun flags, or without them
-/// when the kernel refuses (they need 6.1). Returns the ring and whether they took.
+/// Receives one round of the shard loop may take before it routes and forwards them:
+/// at saturation the kernel hands a multishot recvmsg at most 32 datagrams per task
+/// run (MULTISHOT_MAX_RETRY), and every per-round cost (io_uring_enter, one sendmmsg
+/// or ring flush per worker, a sleeping worker's eventfd write) is shared by the
+/// receives of a round. The round only grows with completions the kernel already has
+/// pending (IORING_SQ_TASKRUN): it never waits for more.
+const ROUND_RECEIVES: usize = 224;
+/// Receives one task run of one multishot may post (the kernel's MULTISHOT_MAX_RETRY
+/// plus the first): a round asks for more only while this many buffers per socket are free.
+const RECEIVES_PER_TASK_RUN: usize = 33;
+
+/// Builds a ring with the single-issuer + deferred-taskrun flags (and
+/// IORING_SETUP_TASKRUN_FLAG, so that pending receives are visible without a system
+/// call), or without them when the kernel refuses (they need 6.1). Returns the ring
+/// and whether they took.
 fn build_ring() -> std::io::Result<(IoUring, bool)> {
-    let fast =
-        IoUring::builder().setup_single_issuer().setup_defer_taskrun().setup_cqsize(CQ_ENTRIES).build(RING_ENTRIES);
+    let fast = IoUring::builder()
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .setup_taskrun_flag()
+        .setup_cqsize(CQ_ENTRIES)
+        .build(RING_ENTRIES);
     match fast {
         Ok(r) => Ok((r, true)),
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
@@ -243,6 +260,66 @@ pub fn run(setup: ShardSetup) -> Result<()> {
         }
         router.begin();
         let snap: &Arc<Snapshot> = cache.load();
+        loop {
+            let before = used.len();
+            take_completions(
+                &mut ring,
+                &mut socks,
+                &mut rearm,
+                &mut used,
+                &mut failures,
+                nbuf,
+                base,
+                &mut router,
+                snap,
+            )
+            .with_context(|| format!("shard {}", setup.index))?;
+            // A fuller round (ROUND_RECEIVES): run the receives the kernel has queued
+            // as task work, without waiting, while buffers last.
+            let room = usize::from(nbuf).saturating_sub(used.len());
+            if !fast
+                || used.len() == before
+                || used.len() >= ROUND_RECEIVES
+                || room < RECEIVES_PER_TASK_RUN * socks.len()
+                || !ring.submission().taskrun()
+            {
+                break;
+            }
+            match ring.submitter().submit_and_wait(0) {
+                Ok(_) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)) => break,
+                Err(e) => return Err(e).context("io_uring_enter"),
+            }
+        }
+        router.flush(snap);
+        for &bid in &used {
+            // SAFETY: bid < nbuf, checked when the completion was taken.
+            let p = unsafe { base.add(usize::from(bid) * BUF_LEN) };
+            br.add(p, BUF_LEN as u32, bid);
+        }
+        if !used.is_empty() {
+            br.publish();
+            used.clear();
+        }
+    }
+}
+
+/// Routes every completion in the queue: each one datagram or GRO train in a provided
+/// buffer, whose id goes to `used` (given back to the kernel after the round's flush).
+/// A multishot that ended goes to `rearm`.
+#[allow(clippy::too_many_arguments)]
+fn take_completions(
+    ring: &mut IoUring,
+    socks: &mut [Socket],
+    rearm: &mut Vec<usize>,
+    used: &mut Vec<u16>,
+    failures: &mut u32,
+    nbuf: u16,
+    base: *mut u8,
+    router: &mut Router,
+    snap: &Snapshot,
+) -> Result<()> {
+    {
         for cqe in ring.completion() {
             let i = cqe.user_data() as usize;
             let res = cqe.result();
@@ -260,12 +337,12 @@ pub fn run(setup: ShardSetup) -> Result<()> {
                     crate::dataplane::counters::bump(&router.counters.recv_no_buffers, 1);
                 } else if res < 0 {
                     let err = std::io::Error::from_raw_os_error(-res);
-                    failures += 1;
+                    *failures += 1;
                     // A multishot the kernel refuses outright would otherwise spin.
-                    if failures > 1000 {
+                    if *failures > 1000 {
                         bail!("multishot recvmsg keeps failing: {err}");
                     }
-                    tracing::debug!(shard = setup.index, error = %err, "multishot recvmsg ended");
+                    tracing::debug!(error = %err, "multishot recvmsg ended");
                 }
                 continue;
             };
@@ -273,7 +350,7 @@ pub fn run(setup: ShardSetup) -> Result<()> {
                 continue; // not one of ours: cannot happen, never indexes out of range
             }
             used.push(bid);
-            failures = 0;
+            *failures = 0;
             let Some(sock) = socks.get(i) else { continue };
             if res <= 0 {
                 continue;
@@ -300,15 +377,6 @@ pub fn run(setup: ShardSetup) -> Result<()> {
             // back to the kernel only after the flush below.
             unsafe { router.datagram(snap, &sock.info, client, &meta, out.payload_data()) };
         }
-        router.flush(snap);
-        for &bid in &used {
-            // SAFETY: bid < nbuf, checked when the completion was taken.
-            let p = unsafe { base.add(usize::from(bid) * BUF_LEN) };
-            br.add(p, BUF_LEN as u32, bid);
-        }
-        if !used.is_empty() {
-            br.publish();
-            used.clear();
-        }
     }
+    Ok(())
 }

@@ -3,8 +3,13 @@
 //! too. Layout and index arithmetic are `proto::ring` (pure, tested against a model);
 //! this module only owns the mapping and the few raw accesses into it.
 //!
-//! Only the owning shard calls [`Producer::push`] / [`Producer::wake`] (single
+//! Only the owning shard calls [`Producer::push`] / [`Producer::publish`] (single
 //! producer); the tail is the producer's own word, the head the consumer's.
+//! Pushes of one round are published together (one store of the tail, one look at
+//! the sleeping flag), and the head is read at a round's first push and again only
+//! when the head read then leaves too little room: the words the other process writes
+//! or reads are touched about once per round, not once per record (each touch moves a
+//! cache line between the cores).
 //! The consumer is another process and is not trusted. Nothing it can write changes
 //! where the producer writes: the producer keeps its own copy of the tail (the shared
 //! tail word is only published, never read back), its own capacity, and checks the
@@ -15,11 +20,11 @@
 use proto::ring::{self, OFF_CAPACITY, OFF_HEAD, OFF_MAGIC, OFF_TAIL, RING_MAGIC, SKIP};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use sys::ring::Mapping;
 
 /// Record bytes are written only by the single producer thread (the contract of
-/// `push`), in the free part of the ring; `&Producer` exposes only push/wake, which
+/// `push`), in the free part of the ring; `&Producer` exposes only push/publish, which
 /// the owning shard alone calls.
 pub struct Producer {
     map: Mapping,
@@ -28,6 +33,12 @@ pub struct Producer {
     /// consumer's to read, and a hostile consumer may overwrite it). Only the owning
     /// shard touches it (Relaxed).
     tail: AtomicU64,
+    /// The consumer's head as last read and checked, in this round (`head_read`; a
+    /// publish ends the round). The real head only moves forward from it (an honest
+    /// consumer), so room computed against it is never too much; a hostile
+    /// consumer's head is checked whenever it is read again.
+    head_seen: AtomicU64,
+    head_read: AtomicBool,
     memfd: OwnedFd,
     eventfd: OwnedFd,
 }
@@ -47,7 +58,15 @@ impl Producer {
         }
         let (map, memfd) = Mapping::create(capacity)?;
         let eventfd = sys::ring::eventfd()?;
-        let p = Producer { map, capacity, tail: AtomicU64::new(0), memfd, eventfd };
+        let p = Producer {
+            map,
+            capacity,
+            tail: AtomicU64::new(0),
+            head_seen: AtomicU64::new(0),
+            head_read: AtomicBool::new(false),
+            memfd,
+            eventfd,
+        };
         p.word(OFF_CAPACITY).store(capacity, Ordering::Relaxed);
         p.word(OFF_MAGIC).store(RING_MAGIC, Ordering::Release);
         Ok(p)
@@ -79,16 +98,29 @@ impl Producer {
         self.map.write(at, data)
     }
 
-    /// Appends one record (`hdr` then `payload`) and publishes it. `false`: the ring
-    /// is full (the caller drops and counts the frame). Only the owning shard calls this.
+    /// Appends one record (`hdr` then `payload`), visible to the consumer at the next
+    /// [`Producer::publish`]. `false`: the ring is full (the caller drops and counts
+    /// the frame). Only the owning shard calls this.
     pub fn push(&self, hdr: &[u8], payload: &[u8]) -> bool {
         let tail = self.tail.load(Ordering::Relaxed);
-        let head = self.word(OFF_HEAD).load(Ordering::Acquire);
-        if head > tail || tail - head > self.capacity || !head.is_multiple_of(ring::ALIGN as u64) {
-            return false; // a consumer that wrote nonsense: never write out of bounds
-        }
-        let Some(r) = ring::reserve(head, tail, self.capacity, hdr.len() + payload.len()) else {
-            return false;
+        let len = hdr.len() + payload.len();
+        let seen = self.head_read.load(Ordering::Relaxed).then(|| self.head_seen.load(Ordering::Relaxed));
+        let r = match seen.and_then(|head| ring::reserve(head, tail, self.capacity, len)) {
+            Some(r) => r,
+            None => {
+                // The round's first push, or too little room against the head read
+                // earlier in it: read the consumer's.
+                let head = self.word(OFF_HEAD).load(Ordering::Acquire);
+                if head > tail || tail - head > self.capacity || !head.is_multiple_of(ring::ALIGN as u64) {
+                    return false; // a consumer that wrote nonsense: never write out of bounds
+                }
+                self.head_seen.store(head, Ordering::Relaxed);
+                self.head_read.store(true, Ordering::Relaxed);
+                let Some(r) = ring::reserve(head, tail, self.capacity, len) else {
+                    return false;
+                };
+                r
+            }
         };
         if let Some(s) = r.skip_at {
             self.write(s, &SKIP.to_le_bytes());
@@ -97,13 +129,14 @@ impl Producer {
         self.write(r.at + ring::LEN_WORD, hdr);
         self.write(r.at + ring::LEN_WORD + hdr.len(), payload);
         self.tail.store(r.new_tail, Ordering::Relaxed);
-        self.word(OFF_TAIL).store(r.new_tail, Ordering::Release);
         true
     }
 
-    /// After a batch of pushes: wakes the consumer if it said it sleeps. Returns
-    /// whether the eventfd was written.
-    pub fn wake(&self) -> bool {
+    /// After a batch of pushes: makes them visible (Release store of the tail) and
+    /// wakes the consumer if it said it sleeps. Returns whether the eventfd was written.
+    pub fn publish(&self) -> bool {
+        self.word(OFF_TAIL).store(self.tail.load(Ordering::Relaxed), Ordering::Release);
+        self.head_read.store(false, Ordering::Relaxed);
         // Pairs with the consumer's fence between setting `sleeping` and re-reading
         // the tail: either it sees our tail, or we see its flag.
         fence(Ordering::SeqCst);
@@ -171,15 +204,15 @@ mod tests {
                 } else {
                     full += 1;
                 }
-                // Batches of 1..8 records, then one wake check.
+                // Batches of 1..8 records, then one publish and wake check.
                 if i % (1 + i % 8) == 0 {
-                    wakes += u64::from(p.wake());
+                    wakes += u64::from(p.publish());
                     if i % 64 == 0 {
                         std::thread::yield_now();
                     }
                 }
             }
-            p.wake();
+            p.publish();
             *acc2.lock().unwrap() = ok;
             done2.store(true, Ordering::Release);
             // Keep the producer's mapping alive until the consumer is done.
@@ -235,8 +268,12 @@ mod tests {
         assert_eq!(n, (1 << 17) / proto::ring::slot_len(1244));
         assert!(!p.push(&[1u8; 44], &payload));
         let mut out = vec![0u8; 70_000];
+        assert_eq!(c.pop(&mut out).unwrap(), None, "nothing is visible before publish");
+        p.publish();
         assert_eq!(c.pop(&mut out).unwrap(), Some(1244));
+        // The room the consumer freed is seen when the producer looks again.
         assert!(p.push(&[1u8; 44], &payload));
+        assert!(!p.push(&[1u8; 44], &payload));
     }
 
     /// A hostile consumer overwrites the producer's tail word (and the magic and
@@ -260,18 +297,37 @@ mod tests {
             // The head is still sane (the honest reader's): the push succeeds, from our tail.
             p.word(OFF_HEAD).store(before, Ordering::Relaxed);
             assert!(p.push(&[i as u8; 44], &payload), "push {i} after a garbage tail {garbage:#x}");
+            p.publish();
             assert_eq!(p.word(OFF_TAIL).load(Ordering::Relaxed), before + proto::ring::slot_len(1244) as u64);
             assert_eq!(c.pop(&mut out).unwrap(), Some(1244));
             assert_eq!((&out[..44], &out[44..1244]), (&[i as u8; 44][..], &payload[..]));
         }
     }
 
+    /// The head is read when the head seen last leaves too little room: then a head
+    /// past the tail, further behind it than the capacity, or misaligned refuses the
+    /// push; the consumer's real progress is taken.
     #[test]
     fn nonsense_head_refuses_pushes() {
         let p = Producer::create(1 << 17).unwrap();
-        p.word(OFF_HEAD).store(1 << 40, Ordering::Relaxed);
-        assert!(!p.push(&[0u8; 44], &[1u8; 10]));
-        p.word(OFF_HEAD).store(0, Ordering::Relaxed);
-        assert!(p.push(&[0u8; 44], &[1u8; 10]));
+        let payload = [1u8; 1200];
+        let fill = || while p.push(&[0u8; 44], &payload) {};
+        fill();
+        // The consumer took it all; the producer fills the ring once more (it reads the
+        // head again when it runs out of room), so its tail is past the capacity.
+        p.word(OFF_HEAD).store(p.tail.load(Ordering::Relaxed), Ordering::Relaxed);
+        fill();
+        p.publish();
+        let tail = p.tail.load(Ordering::Relaxed);
+        assert!(tail > 1 << 17);
+        // Past the tail, misaligned, further behind than the capacity.
+        for nonsense in [1 << 40, tail + 8, tail - 1, 0] {
+            p.word(OFF_HEAD).store(nonsense, Ordering::Relaxed);
+            assert!(!p.push(&[0u8; 44], &payload), "head {nonsense:#x}, tail {tail:#x}");
+            assert_eq!(p.tail.load(Ordering::Relaxed), tail, "nothing written");
+        }
+        // The consumer took everything: room again.
+        p.word(OFF_HEAD).store(tail, Ordering::Relaxed);
+        assert!(p.push(&[0u8; 44], &payload));
     }
 }

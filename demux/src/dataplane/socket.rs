@@ -34,13 +34,22 @@ pub fn bind_udp(addr: SocketAddr, listen_index: usize) -> Result<UdpSock> {
     // Linux udp(7): UDP_GRO — the kernel may coalesce a flow's datagrams into one
     // train; the segment size arrives as a (SOL_UDP, UDP_GRO) control message.
     opt(libc::SOL_UDP, libc::UDP_GRO, 1, "UDP_GRO")?;
+    // The destination address per datagram only where the bound one does not say it:
+    // a socket bound to one address receives only datagrams to that address, so its
+    // shard uses the bound address (shard::Router::datagram) and the kernel is spared
+    // a control message per receive (as nginx asks for it only on wildcard listeners).
+    let wildcard = addr.ip().is_unspecified();
     if addr.is_ipv6() {
         opt(libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1, "IPV6_V6ONLY")?;
         // RFC 3542 §6.1 / §6.5: destination address and traffic class per datagram.
-        opt(libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1, "IPV6_RECVPKTINFO")?;
+        if wildcard {
+            opt(libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1, "IPV6_RECVPKTINFO")?;
+        }
         opt(libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1, "IPV6_RECVTCLASS")?;
     } else {
-        opt(libc::IPPROTO_IP, libc::IP_PKTINFO, 1, "IP_PKTINFO")?;
+        if wildcard {
+            opt(libc::IPPROTO_IP, libc::IP_PKTINFO, 1, "IP_PKTINFO")?;
+        }
         opt(libc::IPPROTO_IP, libc::IP_RECVTOS, 1, "IP_RECVTOS")?;
     }
     if setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, RCVBUF).is_err() {
