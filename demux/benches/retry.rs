@@ -5,12 +5,16 @@
 //!   the checks quinn makes first (Initial keys' header protection, reserved bits),
 //!   quinn's Retry token, the integrity tag, the ADR 0001 SCID, the randomness. No
 //!   socket.
-//! - `retry/answer`: `Minter::answer`, i.e. that plus one sendmsg of the Retry to a
-//!   UDP socket on loopback (never read: the kernel drops what does not fit).
+//! - `retry/answer`: `Minter::answer` and `Minter::flush`, i.e. that plus one sendmmsg
+//!   of the Retry to a UDP socket on loopback (never read: the kernel drops what does
+//!   not fit).
+//! - `retry/answer_batched`: `Minter::answer` alone; every `RETRY_BATCH`-th call
+//!   flushes the queue with one sendmmsg, as a shard's round does.
 //! - `retry/recv_answer`: what one shard core does per Retry under a flood, with the
 //!   receive included: per chunk of 256, the Initials (256 different DCIDs, from
 //!   another socket) are queued on the shard's socket untimed; then each is received
-//!   (`recvfrom`, one syscall per datagram: the uncoalesced worst case) and answered.
+//!   (`recvfrom`, one syscall per datagram: the uncoalesced worst case) and answered,
+//!   the Retries sent in batches of `RETRY_BATCH` (and the chunk's rest at its end).
 //!   Its CPU median is the CPU per Retry of one core; 1 s / that is Retries per
 //!   CPU-second.
 //!
@@ -78,6 +82,9 @@ impl Drain {
         let (n, from) = self.srv.recv_from(&mut self.buf).unwrap();
         self.queued -= 1;
         self.m.answer(&self.buf[..n], from, self.local, None, &self.keys, ServerId(1), &self.counters);
+        if self.queued == 0 {
+            self.m.flush(&self.counters);
+        }
     }
 }
 
@@ -92,6 +99,7 @@ fn benches<M: Measurement + Clock + 'static>(c: &mut Criterion<M>, p: &str) {
     let counters = ShardCounters::new(1);
     let client = sink.local_addr().unwrap();
     m.answer(&initial, client, local, None, &keys, ServerId(1), &counters);
+    m.flush(&counters);
     assert_eq!(counters.retries_sent.load(Ordering::Relaxed), 1, "one Retry sent");
 
     let mut g = c.benchmark_group(format!("{p}retry"));
@@ -101,8 +109,16 @@ fn benches<M: Measurement + Clock + 'static>(c: &mut Criterion<M>, p: &str) {
         b.iter(|| m.mint(black_box(&initial), client, &keys, ServerId(1), 1_800_000_000).map(|r| r.len()).unwrap())
     });
     g.bench_function("answer", |b| {
+        b.iter(|| {
+            m.answer(black_box(&initial), client, local, None, &keys, ServerId(1), &counters);
+            m.flush(&counters)
+        })
+    });
+    // A full queue is flushed by the next answer: one sendmmsg per RETRY_BATCH Retries.
+    g.bench_function("answer_batched", |b| {
         b.iter(|| m.answer(black_box(&initial), client, local, None, &keys, ServerId(1), &counters))
     });
+    m.flush(&counters);
     let sent = counters.retries_sent.load(Ordering::Relaxed);
     let other = counters.retry_dropped.load(Ordering::Relaxed) + counters.retry_send_errors.load(Ordering::Relaxed);
     assert_eq!(other, 0, "every Initial answered with a Retry ({sent} sent)");

@@ -94,26 +94,65 @@ impl RetryGate {
     }
 }
 
+/// Retries queued before they are sent (one sendmmsg(2) per socket): a round of the
+/// shard loop flushes them at its end ([`Minter::flush`]), a full queue sooner.
+pub const RETRY_BATCH: usize = 64;
+
+/// A queue slot's address before it holds a Retry.
+const UNSPECIFIED: SocketAddr = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 0);
+
+/// One queued Retry: its bytes, where it goes, the source address to send it from.
+struct Queued {
+    fd: RawFd,
+    len: usize,
+    dst: (libc::sockaddr_storage, libc::socklen_t),
+    src: Option<IpAddr>,
+    bytes: [u8; MAX_RETRY],
+}
+
 /// One shard's Retry minter: the pure minter (its key schedules made once), a buffer
-/// for the Retry, and the shard's sockets to send it from.
+/// for the Retry, the Retries queued for the end of the round, and the shard's
+/// sockets to send them from.
 pub struct Minter {
     minter: RetryMinter,
     rng: StdRng,
     out: [u8; MAX_RETRY],
     /// (local address, fd) of this shard's sockets.
     sockets: Vec<(SocketAddr, RawFd)>,
+    /// `RETRY_BATCH` slots, the first `queued` of them filled: a Retry is minted in
+    /// place, never moved.
+    queue: Vec<Queued>,
+    queued: usize,
+    /// sendmmsg's arrays, built at flush over `queue` (allocated once).
+    iovs: Vec<libc::iovec>,
+    controls: Vec<[u64; 8]>,
+    msgs: Vec<libc::mmsghdr>,
 }
 
 impl Minter {
     pub fn new(cfg: &RetryConfig, sockets: Vec<(SocketAddr, RawFd)>) -> anyhow::Result<Minter> {
         let mut seed = [0u8; 32];
         crate::sys::os_random(&mut seed)?;
+        let empty_iov = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
         Ok(Minter {
             minter: RetryMinter::new(&cfg.token_secret),
             rng: StdRng::from_seed(seed),
             out: [0; MAX_RETRY],
             sockets,
+            queue: (0..RETRY_BATCH)
+                .map(|_| Queued { fd: -1, len: 0, dst: sockaddr(UNSPECIFIED), src: None, bytes: [0; MAX_RETRY] })
+                .collect(),
+            queued: 0,
+            iovs: vec![empty_iov; RETRY_BATCH],
+            controls: vec![[0u64; 8]; RETRY_BATCH],
+            // SAFETY: mmsghdr is plain old data; all-zero is a valid (empty) value.
+            msgs: (0..RETRY_BATCH).map(|_| unsafe { std::mem::zeroed::<libc::mmsghdr>() }).collect(),
         })
+    }
+
+    /// Retries queued and not yet sent.
+    pub fn queued(&self) -> usize {
+        self.queued
     }
 
     /// Writes the Retry for the client Initial `datagram` from `client`, naming
@@ -130,22 +169,14 @@ impl Minter {
         target: ServerId,
         now_unix: u64,
     ) -> Result<&[u8], NotRetryable> {
-        let mut rand = [0u8; NONCE_LEN + CID_RANDOM_LEN];
-        self.rng.fill_bytes(&mut rand);
-        let (nonce, cid_rand) = rand.split_at(NONCE_LEN);
-        let (Ok(nonce), Ok(cid_rand)) =
-            (<[u8; NONCE_LEN]>::try_from(nonce), <&[u8; CID_RANDOM_LEN]>::try_from(cid_rand))
-        else {
-            return Err(NotRetryable::Malformed);
-        };
-        let scid = keys.encode(target, cid_rand);
-        let n = self.minter.mint(datagram, client, &scid, now_unix, nonce, &mut self.out)?;
+        let n = mint_into(&self.minter, &mut self.rng, datagram, client, keys, target, now_unix, &mut self.out)?;
         Ok(&self.out[..n])
     }
 
     /// Answers the token-less client Initial `datagram` from `client` (arrived on
     /// `local`, destination `local_ip`) with a Retry naming instance `target` under
-    /// `keys`. Counts what happened; `true` when a Retry went out.
+    /// `keys`, queued for [`Minter::flush`] (a full queue is flushed first). Counts
+    /// what happened; `true` when a Retry was queued.
     #[allow(clippy::too_many_arguments)] // the datagram's facts, flat: one hot call site
     pub fn answer(
         &mut self,
@@ -173,8 +204,20 @@ impl Minter {
         let wildcard = self.sockets.iter().any(|(a, f)| *f == fd && a.ip().is_unspecified());
         let src = if wildcard { local_ip } else { None };
         let now_unix = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-        let retry = match self.mint(datagram, client, keys, target, now_unix) {
-            Ok(r) => r,
+        if self.queued >= RETRY_BATCH {
+            self.flush(c);
+        }
+        let Some(q) = self.queue.get_mut(self.queued) else {
+            bump(&c.retry_dropped, 1);
+            return false;
+        };
+        match mint_into(&self.minter, &mut self.rng, datagram, client, keys, target, now_unix, &mut q.bytes) {
+            Ok(n) => {
+                q.len = n;
+                q.fd = fd;
+                q.dst = sockaddr(client);
+                q.src = src;
+            }
             // Not a first Initial quinn would retry (too short, DCID under 8 bytes,
             // reserved bits set after header protection removal, already validated,
             // not v1): dropped, nothing sent.
@@ -182,72 +225,131 @@ impl Minter {
                 bump(&c.retry_dropped, 1);
                 return false;
             }
-        };
-        match send_from(fd, retry, client, src) {
-            Ok(()) => {
-                bump(&c.retries_sent, 1);
-                true
-            }
-            Err(_) => {
-                bump(&c.retry_send_errors, 1);
-                false
-            }
         }
+        self.queued += 1;
+        true
+    }
+
+    /// Sends every queued Retry: one sendmmsg(2) per run of Retries on the same
+    /// socket, MSG_DONTWAIT. Counts `retries_sent` and, for what the kernel refused,
+    /// `retry_send_errors` (a Retry is never retried: the client resends its Initial).
+    pub fn flush(&mut self, c: &ShardCounters) {
+        let n = self.queued;
+        if n == 0 {
+            return;
+        }
+        for (k, q) in self.queue[..n].iter_mut().enumerate() {
+            self.iovs[k] = libc::iovec { iov_base: q.bytes.as_mut_ptr().cast(), iov_len: q.len };
+            let h = &mut self.msgs[k].msg_hdr;
+            h.msg_name = (&mut q.dst.0 as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = q.dst.1;
+            h.msg_iov = &mut self.iovs[k];
+            h.msg_iovlen = 1;
+            h.msg_flags = 0;
+            set_source(h, &mut self.controls[k], q.src);
+            self.msgs[k].msg_len = 0;
+        }
+        let mut start = 0;
+        while start < n {
+            let fd = self.queue[start].fd;
+            let mut end = start;
+            while end < n && self.queue[end].fd == fd {
+                end += 1;
+            }
+            let sent = sendmmsg_all(fd, &mut self.msgs[start..end]);
+            bump(&c.retries_sent, sent as u64);
+            bump(&c.retry_send_errors, (end - start - sent) as u64);
+            start = end;
+        }
+        self.queued = 0;
     }
 }
 
-/// sendmsg(2) of one datagram to `dst`, from source address `src` (IP_PKTINFO /
-/// IPV6_PKTINFO) when given.
-fn send_from(fd: RawFd, payload: &[u8], dst: SocketAddr, src: Option<IpAddr>) -> std::io::Result<()> {
-    let (mut sa, salen) = sockaddr(dst);
-    let mut iov = libc::iovec { iov_base: payload.as_ptr() as *mut libc::c_void, iov_len: payload.len() };
-    // u64 backing store: cmsg buffers must be aligned for cmsghdr.
-    let mut control = [0u64; 8];
-    // SAFETY: msghdr is plain old data; all-zero is a valid empty value.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_name = &mut sa as *mut libc::sockaddr_storage as *mut libc::c_void;
-    msg.msg_namelen = salen;
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if let Some(ip) = src {
-        msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
-        msg.msg_controllen = std::mem::size_of_val(&control) as _;
-        // SAFETY: msg_control points at `control` (64 bytes, 8-aligned), enough for one
-        // cmsghdr with an in6_pktinfo (16 + 20 bytes, aligned: 40); CMSG_FIRSTHDR is
-        // non-null for a buffer that large, and we write within CMSG_SPACE(len).
-        unsafe {
-            let cm = libc::CMSG_FIRSTHDR(&msg);
-            match ip {
-                IpAddr::V4(v4) => {
-                    (*cm).cmsg_level = libc::IPPROTO_IP;
-                    (*cm).cmsg_type = libc::IP_PKTINFO;
-                    (*cm).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::in_pktinfo>() as u32) as _;
-                    let pi = libc::in_pktinfo {
-                        ipi_ifindex: 0,
-                        ipi_spec_dst: libc::in_addr { s_addr: u32::from_ne_bytes(v4.octets()) },
-                        ipi_addr: libc::in_addr { s_addr: 0 },
-                    };
-                    std::ptr::write_unaligned(libc::CMSG_DATA(cm) as *mut libc::in_pktinfo, pi);
-                    msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<libc::in_pktinfo>() as u32) as _;
-                }
-                IpAddr::V6(v6) => {
-                    (*cm).cmsg_level = libc::IPPROTO_IPV6;
-                    (*cm).cmsg_type = libc::IPV6_PKTINFO;
-                    (*cm).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::in6_pktinfo>() as u32) as _;
-                    let pi = libc::in6_pktinfo { ipi6_addr: libc::in6_addr { s6_addr: v6.octets() }, ipi6_ifindex: 0 };
-                    std::ptr::write_unaligned(libc::CMSG_DATA(cm) as *mut libc::in6_pktinfo, pi);
-                    msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<libc::in6_pktinfo>() as u32) as _;
-                }
+/// RFC 9000 §17.2.5 via [`RetryMinter::mint`], with this shard's randomness: the token
+/// nonce (which must be unique, it picks the token's AEAD key) and the SCID's random
+/// bits. The Retry's length.
+#[allow(clippy::too_many_arguments)]
+fn mint_into(
+    minter: &RetryMinter,
+    rng: &mut StdRng,
+    datagram: &[u8],
+    client: SocketAddr,
+    keys: &KeySet,
+    target: ServerId,
+    now_unix: u64,
+    out: &mut [u8; MAX_RETRY],
+) -> Result<usize, NotRetryable> {
+    let mut rand = [0u8; NONCE_LEN + CID_RANDOM_LEN];
+    rng.fill_bytes(&mut rand);
+    let (nonce, cid_rand) = rand.split_at(NONCE_LEN);
+    let (Ok(nonce), Ok(cid_rand)) = (<[u8; NONCE_LEN]>::try_from(nonce), <&[u8; CID_RANDOM_LEN]>::try_from(cid_rand))
+    else {
+        return Err(NotRetryable::Malformed);
+    };
+    let scid = keys.encode(target, cid_rand);
+    minter.mint(datagram, client, &scid, now_unix, nonce, out)
+}
+
+/// sendmmsg(2) of `msgs` on `fd`; how many the kernel took. A message it refuses (a
+/// full socket buffer, an unreachable address) is skipped and the rest still go;
+/// EINTR is retried. At most one call per message.
+fn sendmmsg_all(fd: RawFd, msgs: &mut [libc::mmsghdr]) -> usize {
+    let (mut next, mut ok) = (0, 0);
+    while next < msgs.len() {
+        // SAFETY: msgs[next..] are initialised by flush and point into the minter's
+        // queue, iovecs and control buffers, which live and stay put for the call.
+        let r = unsafe {
+            libc::sendmmsg(fd, msgs[next..].as_mut_ptr(), (msgs.len() - next) as libc::c_uint, libc::MSG_DONTWAIT)
+        };
+        if r > 0 {
+            next += r as usize;
+            ok += r as usize;
+        } else if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        } else {
+            next += 1; // msgs[next] was refused
+        }
+    }
+    ok
+}
+
+/// Points `msg`'s control data at `control` with the source address `src` (IP_PKTINFO
+/// / IPV6_PKTINFO) when given, or at nothing.
+fn set_source(msg: &mut libc::msghdr, control: &mut [u64; 8], src: Option<IpAddr>) {
+    msg.msg_control = std::ptr::null_mut();
+    msg.msg_controllen = 0;
+    let Some(ip) = src else { return };
+    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = std::mem::size_of_val(control) as _;
+    // SAFETY: msg_control points at `control` (64 bytes, 8-aligned: u64 backing store),
+    // enough for one cmsghdr with an in6_pktinfo (16 + 20 bytes, aligned: 40);
+    // CMSG_FIRSTHDR is non-null for a buffer that large, and we write within
+    // CMSG_SPACE(len).
+    unsafe {
+        let cm = libc::CMSG_FIRSTHDR(msg);
+        match ip {
+            IpAddr::V4(v4) => {
+                (*cm).cmsg_level = libc::IPPROTO_IP;
+                (*cm).cmsg_type = libc::IP_PKTINFO;
+                (*cm).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::in_pktinfo>() as u32) as _;
+                let pi = libc::in_pktinfo {
+                    ipi_ifindex: 0,
+                    ipi_spec_dst: libc::in_addr { s_addr: u32::from_ne_bytes(v4.octets()) },
+                    ipi_addr: libc::in_addr { s_addr: 0 },
+                };
+                std::ptr::write_unaligned(libc::CMSG_DATA(cm) as *mut libc::in_pktinfo, pi);
+                msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<libc::in_pktinfo>() as u32) as _;
+            }
+            IpAddr::V6(v6) => {
+                (*cm).cmsg_level = libc::IPPROTO_IPV6;
+                (*cm).cmsg_type = libc::IPV6_PKTINFO;
+                (*cm).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::in6_pktinfo>() as u32) as _;
+                let pi = libc::in6_pktinfo { ipi6_addr: libc::in6_addr { s6_addr: v6.octets() }, ipi6_ifindex: 0 };
+                std::ptr::write_unaligned(libc::CMSG_DATA(cm) as *mut libc::in6_pktinfo, pi);
+                msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<libc::in6_pktinfo>() as u32) as _;
             }
         }
     }
-    // SAFETY: `msg` points at live locals (address, iovec over `payload`, control)
-    // for the duration of the call; `fd` is a socket this shard owns.
-    let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT) };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 fn sockaddr(a: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
@@ -324,6 +426,9 @@ mod token_format {
             proto::initial::build_client_initial(1, &odcid, &[5; 8], &[], 0, &[6, 0, 4, 1, 0, 0, 0], 1200).unwrap();
         let c = ShardCounters::new(1);
         assert!(m.answer(&init, caddr, local, None, &keys, ServerId(3), &c));
+        assert_eq!((m.queued(), c.retries_sent.load(std::sync::atomic::Ordering::Relaxed)), (1, 0), "queued, not sent");
+        m.flush(&c);
+        assert_eq!((m.queued(), c.retries_sent.load(std::sync::atomic::Ordering::Relaxed)), (0, 1));
         let mut buf = [0u8; 1500];
         let n = client.recv(&mut buf).unwrap();
         let r = proto::retry::parse(&buf[..n]).expect("a Retry");
@@ -348,6 +453,65 @@ mod token_format {
             proto::initial::build_client_initial(1, r.scid, &[5; 8], &[], 1, &[6, 0, 4, 1, 0, 0, 0], 1200).unwrap();
         let Ok(proto::Header::Long(h)) = proto::header::parse(&bare, 12) else { panic!() };
         assert!(!proto::token::owner_initial_allowed(&key, &h, &bare, 0, caddr, now));
+    }
+}
+
+/// Retries are queued and sent in batches: a full queue is flushed by the next
+/// answer, one the kernel refuses (port 0: EINVAL) is counted and skipped, and every
+/// other Retry of the batch still arrives, in order.
+#[cfg(test)]
+mod batching {
+    use super::*;
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::Ordering::Relaxed;
+    use std::time::Duration;
+
+    #[test]
+    fn queued_retries_go_out_in_batches_and_refusals_are_skipped() {
+        let cfg = RetryConfig { mode: RetryMode::Always, token_secret: [3; 32] };
+        let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        sys::sockopt::set_recv_buffer(client.as_raw_fd(), 4 << 20);
+        client.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let (local, caddr) = (server.local_addr().unwrap(), client.local_addr().unwrap());
+        let nowhere: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let mut m = Minter::new(&cfg, vec![(local, server.as_raw_fd())]).unwrap();
+        let keys = KeySet::new((proto::Generation::new(0).unwrap(), [1; 32]), None).unwrap();
+        let c = ShardCounters::new(1);
+        let dcid = |i: usize| {
+            let mut d = [0u8; 8];
+            d[..4].copy_from_slice(&(i as u32).to_le_bytes());
+            d
+        };
+        // 150 Retries; every 7th to port 0, which the kernel refuses.
+        let total = 150;
+        let mut want = Vec::new();
+        for i in 0..total {
+            let init = proto::initial::build_client_initial(1, &dcid(i), &[5; 8], &[], 0, &[6, 0, 1, 0], 1200).unwrap();
+            let to = if i % 7 == 3 { nowhere } else { caddr };
+            assert!(m.answer(&init, to, local, None, &keys, ServerId(3), &c));
+            if to == caddr {
+                want.push(i);
+            }
+            // Flushed by the answer after each full queue: 64 and 128 in.
+            let flushed = (i / RETRY_BATCH) * RETRY_BATCH;
+            assert_eq!(m.queued(), i + 1 - flushed, "after answer {i}");
+        }
+        let refused = (0..total).filter(|i| i % 7 == 3).count() as u64;
+        m.flush(&c);
+        assert_eq!(m.queued(), 0);
+        assert_eq!(
+            (c.retries_sent.load(Relaxed), c.retry_send_errors.load(Relaxed)),
+            (total as u64 - refused, refused),
+            "each refusal counted once, the rest sent"
+        );
+        let mut buf = [0u8; 1500];
+        for i in want {
+            let n = client.recv(&mut buf).unwrap();
+            assert!(proto::retry::verify(&buf[..n], &dcid(i)), "Retry {i}, in order");
+        }
+        client.set_nonblocking(true).unwrap();
+        assert!(client.recv(&mut buf).is_err(), "nothing more");
     }
 }
 

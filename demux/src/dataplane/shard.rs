@@ -257,10 +257,14 @@ impl Router {
         }
     }
 
-    /// End of a batch: one sendmmsg per destination.
+    /// End of a batch: one sendmmsg per destination, and one per socket for the
+    /// batch's Retries.
     #[inline]
     pub fn flush(&mut self, snap: &Snapshot) {
         self.fwd.flush(snap, &self.counters);
+        if let Some((_, m)) = &mut self.retry {
+            m.flush(&self.counters);
+        }
     }
 }
 
