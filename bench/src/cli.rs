@@ -16,8 +16,11 @@ pub const FASTPATH_CONTENDERS: [&str; 4] = ["floor", "fast", "seqpacket", "ring"
 
 /// The contenders of `bench saturation`, in their default order: the recv-and-drop
 /// floor, the per-datagram baseline, the demux's user path (io_uring, `--fast-path
-/// off`) with `--forward seqpacket` and with `--forward ring`.
-pub const SATURATION_CONTENDERS: [&str; 4] = ["floor", "baseline", "seqpacket", "ring"];
+/// off`) with `--forward seqpacket` and with `--forward ring`, and the demux answering
+/// a flood of token-less Initials with Retries (`--retry always`; uncoalesced only):
+/// `retry` sends them through a dummy device in a namespace of its own (as towards a
+/// NIC), `retry-loopback` back over loopback to the sender's full sockets.
+pub const SATURATION_CONTENDERS: [&str; 6] = ["floor", "baseline", "seqpacket", "ring", "retry", "retry-loopback"];
 
 /// Datagrams `bench saturation` queues per run by default (≈ 0.9 GiB of queue uncoalesced).
 pub const SATURATION_DATAGRAMS: u64 = 400_000;
@@ -237,7 +240,7 @@ pub struct SaturationArgs {
     pub queue: u64,
     /// Contenders to run, comma-separated.
     #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
-          value_parser = SATURATION_CONTENDERS, default_value = "floor,baseline,seqpacket,ring")]
+          value_parser = SATURATION_CONTENDERS, default_value = "floor,baseline,seqpacket,ring,retry,retry-loopback")]
     pub contenders: Vec<String>,
     /// Datagrams per message, comma-separated: 1 = uncoalesced, N > 1 = UDP_SEGMENT trains of N.
     #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,

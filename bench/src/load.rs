@@ -23,7 +23,7 @@ fn thread_cpu_ns() -> u64 {
 /// Flows (source sockets) of a sender: the kernel's reuseport and GRO see many 4-tuples.
 pub(crate) const FLOWS: usize = 64;
 /// Messages per sendmmsg call of `send_load` (all on one flow).
-const MSGS_PER_CALL: usize = 8;
+pub(crate) const MSGS_PER_CALL: usize = 8;
 /// A short header's first byte (RFC 9000 §17.3.1): the fixed bit set, the rest
 /// (spin, key phase, packet number length) random or zero.
 pub(crate) const SHORT_HEADER_FORM: u8 = 0x40;
@@ -130,10 +130,49 @@ pub(crate) fn send_until(
     rate: f64,
     core: usize,
     nice: Option<i32>,
-    mut more: impl FnMut(u64, Duration) -> bool + Send,
+    more: impl FnMut(u64, Duration) -> bool + Send,
 ) -> Result<Load> {
     let payloads = flow_payloads(ks, ids, train);
     let socks = flow_sockets(addr, train)?;
+    send_messages_until(&socks, rate, core, nice, |call, _| &payloads[call % FLOWS], more)
+}
+
+/// Distinct token-less QUIC v1 client Initials (1200 bytes, header protection applied
+/// with each DCID's Initial keys, RFC 9001 §5; DCID = 8 bytes of `i`): what a flood of
+/// fresh connection attempts looks like to a demux minting Retries. Their payloads are
+/// not valid TLS, which the demux does not look at.
+pub(crate) fn initials(n: usize) -> Result<Vec<Vec<u8>>> {
+    (0..n)
+        .map(|i| {
+            let dcid = (i as u64 + 1).to_be_bytes();
+            proto::initial::build_client_initial(
+                proto::header::VERSION_1,
+                &dcid,
+                &[7; 8],
+                &[],
+                0,
+                &[6, 0, 1, 0],
+                DATAGRAM,
+            )
+            .ok_or_else(|| anyhow::anyhow!("Initial {i} could not be built"))
+        })
+        .collect()
+}
+
+/// Sends datagrams on the connected `socks` (`flow_sockets`), `MSGS_PER_CALL`
+/// messages per sendmmsg on one flow, flows in turn: message `j` of call `k` is
+/// `payload(k, j)`, while `more(datagrams sent, time since the first send)` says so
+/// (asked before every sendmmsg). A message that is a UDP_SEGMENT train counts as
+/// its segments.
+pub(crate) fn send_messages_until<'p>(
+    socks: &[UdpSocket],
+    rate: f64,
+    core: usize,
+    nice: Option<i32>,
+    payload: impl Fn(usize, usize) -> &'p [u8] + Send + Sync,
+    mut more: impl FnMut(u64, Duration) -> bool + Send,
+) -> Result<Load> {
+    let train = payload(0, 0).len().div_ceil(DATAGRAM).max(1);
     std::thread::scope(|sc| {
         sc.spawn(|| {
             pin(core);
@@ -163,9 +202,10 @@ pub(crate) fn send_until(
                 }
                 let f = k % FLOWS;
                 k += 1;
-                for (m, iov) in msgs.iter_mut().zip(iovs.iter_mut()) {
-                    iov.iov_base = payloads[f].as_ptr() as *mut _;
-                    iov.iov_len = payloads[f].len();
+                for (j, (m, iov)) in msgs.iter_mut().zip(iovs.iter_mut()).enumerate() {
+                    let p = payload(k - 1, j);
+                    iov.iov_base = p.as_ptr() as *mut _;
+                    iov.iov_len = p.len();
                     m.msg_hdr.msg_iov = iov;
                     m.msg_hdr.msg_iovlen = 1;
                 }

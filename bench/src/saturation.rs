@@ -26,17 +26,20 @@
 //! CPU µs per datagram is its CPU over the datagrams it handled, and datagrams/s per
 //! core is the inverse.
 
-use crate::all::contenders::{start_demux_run, start_server, Cores, Running};
+use crate::all::contenders::{start_demux_run, start_demux_run_counting, start_server, Cores, Running};
 use crate::all::prioritize;
 use crate::cli::SaturationArgs;
 use crate::dataplane::{demux_bin, stat_user_system_s, DATAGRAM};
-use crate::load::{send_until, FLOWS};
+use crate::load::{flow_sockets, initials, send_messages_until, send_until, FLOWS, MSGS_PER_CALL};
 use crate::report::{command_output, fixed, loadavg, loadavg_now, median, mode_name, replace_block, thousands};
-use crate::sys::{all_threads_stopped, cpu_model, dup_from_process, schedstat_ns, socket_fd_of, udp_queue, Schedstat};
+use crate::sys::{
+    all_threads_stopped, cpu_model, dev_counter, dup_from_process, schedstat_ns, socket_fd_of, udp_queue_of,
+    udp_rcvbuf_errors, Schedstat,
+};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use std::fmt::Write as _;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -63,17 +66,128 @@ const END: &str = "<!-- bench saturation: end -->";
 const TARGET_US_UNCOALESCED: f64 = 0.6;
 /// The demux's CPU per uncoalesced datagram over the floor's, at most.
 const TARGET_X_FLOOR: f64 = 1.5;
+/// Retries one core mints per second, at least (as CPU µs per Retry: at most 4).
+const TARGET_RETRIES_PER_CORE_S: f64 = 250_000.0;
+/// Distinct Initials (DCIDs) the retry contender's sender cycles through.
+const RETRY_INITIALS: usize = 4096;
+/// SO_RCVBUF of the retry contender's flow sockets (the kernel doubles it).
+const RETRY_SINK_RCVBUF: usize = 4096;
 /// CPU µs per datagram in GRO trains, at most.
 const TARGET_US_TRAINS: f64 = 0.15;
 
 /// The demux flags of a demux contender; None for the floor and the baseline.
-fn demux_flags(kind: &str) -> Option<[&'static str; 6]> {
-    let forward = match kind {
-        "seqpacket" => "seqpacket",
-        "ring" => "ring",
-        _ => return None,
-    };
-    Some(["--io", "uring", "--fast-path", "off", "--forward", forward])
+fn demux_flags(kind: &str) -> Option<&'static [&'static str]> {
+    match kind {
+        "seqpacket" => Some(&["--io", "uring", "--fast-path", "off", "--forward", "seqpacket"]),
+        "ring" => Some(&["--io", "uring", "--fast-path", "off", "--forward", "ring"]),
+        "retry" | "retry-loopback" => {
+            Some(&["--io", "uring", "--fast-path", "off", "--forward", "ring", "--retry", "always"])
+        }
+        _ => None,
+    }
+}
+
+/// Whether `kind` runs in this mode: the retry contenders' Initials are never trains.
+fn runs_in(kind: &str, train: usize) -> bool {
+    !is_retry(kind) || train == 1
+}
+
+fn is_retry(kind: &str) -> bool {
+    kind.starts_with("retry")
+}
+
+/// The retry contender's network namespace (`ip netns`, removed on drop): `lo` holds
+/// the demux's address [`EGRESS_DEMUX`], and the flood's sources (198.18.0.0/16) are
+/// routed to an ifb device, which drops what it is given (no tc redirect brought it:
+/// counted as its rx_dropped). So a Retry's send costs what it costs towards a NIC —
+/// route, IP output, a qdisc (pfifo_fast), the device's transmit — and not the
+/// receiving side of a loopback delivery as well. (This kernel has no dummy driver.)
+struct EgressNetns(String);
+
+/// The retry contender's listen address inside its namespace (RFC 2544's 198.18.0.0/15).
+const EGRESS_DEMUX: &str = "198.19.0.1";
+/// The ifb device the Retries leave through, and its drop counter in /proc/net/dev
+/// (the rx `drop` field: ifb counts a packet it drops on transmit there).
+const EGRESS_DEV: &str = "qdx-egress";
+const EGRESS_DROPS_FIELD: usize = 3;
+
+impl EgressNetns {
+    fn build() -> Result<EgressNetns> {
+        let ns = EgressNetns(format!("qds-{}", std::process::id()));
+        let ip = |args: &[&str]| -> Result<()> {
+            let out = std::process::Command::new("ip").args(args).output().context("ip")?;
+            if !out.status.success() {
+                bail!("ip {args:?}: {}", String::from_utf8_lossy(&out.stderr).trim());
+            }
+            Ok(())
+        };
+        let _ = std::process::Command::new("ip").args(["netns", "del", &ns.0]).output();
+        ip(&["netns", "add", &ns.0])?;
+        let demux = format!("{EGRESS_DEMUX}/32");
+        ip(&["-n", &ns.0, "link", "set", "lo", "up"])?;
+        ip(&["-n", &ns.0, "addr", "add", &demux, "dev", "lo"])?;
+        ip(&["-n", &ns.0, "link", "add", EGRESS_DEV, "type", "ifb"])?;
+        ip(&["-n", &ns.0, "link", "set", EGRESS_DEV, "up"])?;
+        ip(&["-n", &ns.0, "route", "add", "198.18.0.0/16", "dev", EGRESS_DEV])?;
+        Ok(ns)
+    }
+
+    /// Runs `f` with the calling thread in this namespace (sockets made there stay there).
+    fn within<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        use std::os::fd::AsRawFd;
+        let home = std::fs::File::open("/proc/thread-self/ns/net").context("own netns")?;
+        let there = std::fs::File::open(format!("/var/run/netns/{}", self.0)).context("netns")?;
+        // SAFETY: setns(2) on namespace fds we opened; it moves only this thread.
+        if unsafe { libc::setns(there.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            bail!("setns {}: {}", self.0, std::io::Error::last_os_error());
+        }
+        let r = f();
+        // SAFETY: as above, back to where the thread was.
+        if unsafe { libc::setns(home.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            bail!("setns back: {}", std::io::Error::last_os_error());
+        }
+        r
+    }
+}
+
+impl Drop for EgressNetns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
+/// `FLOWS` sockets in `ns`, flow `k` from its own source 198.18.0.(k + 1) (IP_TRANSPARENT:
+/// an address the namespace does not have), connected to `to`.
+fn spoofed_flow_sockets(ns: &EgressNetns, to: std::net::SocketAddr) -> Result<Vec<std::net::UdpSocket>> {
+    ns.within(|| {
+        (0..FLOWS)
+            .map(|k| {
+                use std::os::fd::FromRawFd;
+                let src = std::net::SocketAddr::from(([198, 18, (k / 250) as u8, (k % 250 + 1) as u8], 0));
+                // SAFETY: socket(2); the descriptor is owned by the UdpSocket right away.
+                let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+                if fd < 0 {
+                    bail!("socket: {}", std::io::Error::last_os_error());
+                }
+                // SAFETY: a fresh descriptor we own.
+                let s = unsafe { std::net::UdpSocket::from_raw_fd(fd) };
+                ::sys::sockopt::setsockopt_int(fd, libc::SOL_IP, libc::IP_TRANSPARENT, 1)
+                    .context("IP_TRANSPARENT (needs CAP_NET_ADMIN)")?;
+                let (ss, len) = ::sys::addr::to_sockaddr(&src);
+                // SAFETY: ss/len describe a sockaddr_in.
+                if unsafe { libc::bind(fd, (&ss as *const libc::sockaddr_storage).cast(), len) } != 0 {
+                    bail!("bind {src}: {}", std::io::Error::last_os_error());
+                }
+                s.connect(to)?;
+                Ok(s)
+            })
+            .collect()
+    })
+}
+
+/// The Retries a demux sent (its status).
+fn retries_sent(s: &Value) -> u64 {
+    crate::dataplane::g(s, "/retry/sent")
 }
 
 /// One run's figures.
@@ -99,6 +213,8 @@ pub(crate) struct Run {
     pub(crate) wall_s: f64,
     /// The demux's receive batches (shard loop rounds) over the drain; None for the others.
     pub(crate) batches: Option<u64>,
+    /// The demux's eventfd writes to sleeping ring consumers over the drain.
+    pub(crate) ring_wakes: Option<u64>,
 }
 
 impl Run {
@@ -118,6 +234,10 @@ impl Run {
     pub(crate) fn per_batch(&self) -> f64 {
         self.batches.map_or(f64::NAN, |b| self.received as f64 / b as f64)
     }
+    /// Eventfd wake-ups of ring consumers per batch of the demux's shard (NaN for the others).
+    pub(crate) fn wakes_per_batch(&self) -> f64 {
+        self.batches.zip(self.ring_wakes).map_or(f64::NAN, |(b, w)| w as f64 / b.max(1) as f64)
+    }
     pub(crate) fn user_share(&self) -> f64 {
         self.user_s / (self.user_s + self.system_s)
     }
@@ -127,6 +247,7 @@ impl Run {
             "queued_bytes": self.queued_bytes, "fill_drops": self.fill_drops, "received": self.received,
             "handled": self.handled, "cpu_s": self.cpu_s, "user_s": self.user_s, "system_s": self.system_s,
             "waited_s": self.waited_s, "wall_s": self.wall_s, "us_per_datagram": self.us(), "batches": self.batches,
+            "ring_wakes": self.ring_wakes,
         })
     }
 }
@@ -154,7 +275,7 @@ fn recv_buffer(fd: &OwnedFd) -> Result<u64> {
 /// Gives the contender's socket on `port` a receive queue of `bytes` (the kernel
 /// doubles what SO_RCVBUFFORCE asks for) through a duplicate of its own descriptor.
 fn raise_queue(pid: u32, port: u16, bytes: u64) -> Result<()> {
-    let q = udp_queue(port).with_context(|| format!("no UDP socket on port {port} in /proc/net/udp"))?;
+    let q = udp_queue_of(pid, port).with_context(|| format!("no UDP socket on port {port} in /proc/{pid}/net/udp"))?;
     let fd = socket_fd_of(pid, q.inode).with_context(|| format!("pid {pid} holds no socket:[{}]", q.inode))?;
     let sock = dup_from_process(pid, fd)?;
     ::sys::sockopt::set_recv_buffer(sock.as_raw_fd(), (bytes / 2) as usize);
@@ -197,7 +318,26 @@ impl Drop for Stopped {
 fn start(kind: &str, train: usize, o: &SaturationArgs, bins: &Path, dir: &Path) -> Result<Running> {
     let cores = Cores { shard: o.rounds.shard_core, load: o.rounds.load_core };
     match demux_flags(kind) {
-        Some(flags) => start_demux_run(&format!("sat-{kind}"), &flags, cores, bins),
+        Some(flags) if kind == "retry-loopback" => {
+            // Handled: Retries sent; what reached the far end: the Retries dropped at
+            // the sender's full sockets (run_one).
+            let mut r = start_demux_run_counting(&format!("sat-{kind}"), flags, cores, bins, None, retries_sent)?;
+            r.progress = Box::new(|| udp_rcvbuf_errors().unwrap_or(0));
+            Ok(r)
+        }
+        Some(flags) if kind == "retry" => {
+            // In a namespace of its own; what reached the far end: the Retries the ifb
+            // device dropped.
+            let ns = EgressNetns::build()?;
+            let at = Some((format!("{EGRESS_DEMUX}:0"), ns.0.clone()));
+            let at = at.as_ref().map(|(l, n)| (l.as_str(), n.as_str()));
+            let mut r = start_demux_run_counting(&format!("sat-{kind}"), flags, cores, bins, at, retries_sent)?;
+            let pid = r.pid;
+            r.progress = Box::new(move || dev_counter(pid, EGRESS_DEV, EGRESS_DROPS_FIELD).unwrap_or(0));
+            r._hold.push(Box::new(ns));
+            Ok(r)
+        }
+        Some(flags) => start_demux_run(&format!("sat-{kind}"), flags, cores, bins),
         None => start_server(kind, cores, dir, train),
     }
 }
@@ -207,8 +347,8 @@ fn run_one(kind: &str, train: usize, rep: usize, o: &SaturationArgs, bins: &Path
     std::fs::create_dir_all(&dir)?;
     let _dg = crate::all::contenders::DirGuard(dir.clone());
     let r = start(kind, train, o, bins, &dir)?;
-    let port = r.addr.port();
-    raise_queue(r.pid, port, o.queue)?;
+    let (pid, port) = (r.pid, r.addr.port());
+    raise_queue(pid, port, o.queue)?;
     // Counters first: a stopped demux answers no status request.
     let batches = |r: &Running| r.batches.as_ref().map(|b| b()).transpose();
     let (c0, p0, b0) = ((r.counts)()?, (r.progress)(), batches(&r)?);
@@ -218,20 +358,46 @@ fn run_one(kind: &str, train: usize, rep: usize, o: &SaturationArgs, bins: &Path
     let perf = crate::sys::Perf::start(r.pid, &format!("saturation-{kind}-{train}-{rep}"))?;
     let (cpu0, wait0, (user0, sys0)) =
         (schedstat_ns(r.pid, Schedstat::OnCpu), schedstat_ns(r.pid, Schedstat::Waiting), stat_user_system_s(r.pid));
-    let q0 = udp_queue(port).context("the socket left /proc/net/udp")?;
+    let q0 = udp_queue_of(pid, port).context("the socket left /proc/net/udp")?;
     let limit = (o.queue as f64 * FILL_LIMIT) as u64;
     let (target, mut next_check) = (o.datagrams, FILL_CHECK_EVERY);
-    let load = send_until(r.addr, &r.ks, &r.ids, train, 0.0, o.rounds.load_core, None, move |sent, elapsed| {
+    let more = move |sent, elapsed| {
         if sent >= target || elapsed > FILL_TIMEOUT {
             return false;
         }
         if sent >= next_check {
             next_check = sent + FILL_CHECK_EVERY;
-            return udp_queue(port).is_some_and(|q| q.rx_queue < limit);
+            return udp_queue_of(pid, port).is_some_and(|q| q.rx_queue < limit);
         }
         true
-    })?;
-    let q1 = udp_queue(port).context("the socket left /proc/net/udp")?;
+    };
+    // The retry contender's Retries come back to the flow sockets, which stay open
+    // (until the run ends) with a small receive queue nobody reads: each Retry ends
+    // in the kernel's UDP receive as a counted drop (RcvbufErrors), the closest
+    // loopback has to a Retry leaving through a NIC (a closed port would cost an ICMP
+    // unreachable per Retry, which Linux does not rate-limit on loopback).
+    let retry_socks = match kind {
+        "retry-loopback" => {
+            let socks = flow_sockets(r.addr, 1)?;
+            for s in &socks {
+                sys::sockopt::set_recv_buffer(s.as_fd(), RETRY_SINK_RCVBUF);
+            }
+            socks
+        }
+        "retry" => {
+            let ns = r._hold.iter().find_map(|h| h.downcast_ref::<EgressNetns>()).context("the egress namespace")?;
+            spoofed_flow_sockets(ns, r.addr)?
+        }
+        _ => Vec::new(),
+    };
+    let load = if is_retry(kind) {
+        let initials = initials(RETRY_INITIALS)?;
+        let pick = |call: usize, j: usize| &initials[(call * MSGS_PER_CALL + j) % initials.len()][..];
+        send_messages_until(&retry_socks, 0.0, o.rounds.load_core, None, pick, more)?
+    } else {
+        send_until(r.addr, &r.ks, &r.ids, train, 0.0, o.rounds.load_core, None, more)?
+    };
+    let q1 = udp_queue_of(pid, port).context("the socket left /proc/net/udp")?;
     if (r.progress)() != p0 {
         bail!("{kind} handled datagrams while stopped");
     }
@@ -243,7 +409,7 @@ fn run_one(kind: &str, train: usize, rep: usize, o: &SaturationArgs, bins: &Path
         let (p, now) = ((r.progress)(), Instant::now());
         if p != last {
             (last, t_last) = (p, now);
-        } else if now - t_last >= QUIET && udp_queue(port).is_some_and(|q| q.rx_queue == 0) {
+        } else if now - t_last >= QUIET && udp_queue_of(pid, port).is_some_and(|q| q.rx_queue == 0) {
             break;
         }
         if now - t0 > DRAIN_TIMEOUT {
@@ -274,7 +440,8 @@ fn run_one(kind: &str, train: usize, rep: usize, o: &SaturationArgs, bins: &Path
         system_s: sys1 - sys0,
         waited_s: wait1.saturating_sub(wait0) as f64 / 1e9,
         wall_s: (t_last - t0).as_secs_f64(),
-        batches: b0.zip(b1).map(|(b0, b1)| b1 - b0),
+        batches: b0.zip(b1).map(|(b0, b1)| b1.batches - b0.batches),
+        ring_wakes: b0.zip(b1).map(|(b0, b1)| b1.ring_wakes - b0.ring_wakes),
     })
 }
 
@@ -294,6 +461,7 @@ pub(crate) struct Sum {
     pub(crate) user_share: f64,
     pub(crate) waited_share: f64,
     pub(crate) per_batch: f64,
+    pub(crate) wakes_per_batch: f64,
     /// CPU per datagram over the floor's and the baseline's in the same round and
     /// mode, the median over the rounds.
     pub(crate) x_floor: f64,
@@ -335,6 +503,7 @@ pub(crate) fn summarize(runs: &[Run], kinds: &[String], trains: &[usize]) -> Vec
                 user_share: m(&|r| r.user_share()),
                 waited_share: m(&|r| r.waited_s / r.wall_s),
                 per_batch: m(&|r| r.per_batch()),
+                wakes_per_batch: m(&|r| r.wakes_per_batch()),
                 x_floor: ratio_to("floor"),
                 x_baseline: ratio_to("baseline"),
             });
@@ -383,6 +552,18 @@ pub(crate) fn targets(sums: &[Sum]) -> Vec<Target> {
             }
         }
     }
+    for s in sums.iter().filter(|s| is_retry(&s.kind)) {
+        t.push(Target {
+            what: format!(
+                "{}, uncoalesced: CPU µs / Retry (≥ {} Retries/s per core)",
+                s.kind,
+                thousands(TARGET_RETRIES_PER_CORE_S)
+            ),
+            measured: s.us,
+            limit: 1e6 / TARGET_RETRIES_PER_CORE_S,
+            split: format!("user {:.0} %, system {:.0} %", s.user_share * 100.0, (1.0 - s.user_share) * 100.0),
+        });
+    }
     t
 }
 
@@ -426,12 +607,12 @@ fn report(runs: &[Run], sums: &[Sum], o: &SaturationArgs, c: &Conditions) -> Str
         o.rounds.nice,
         c.secs,
     );
-    let _ = writeln!(s, "| contender | datagrams | queued (median) | handled | **CPU µs / datagram** (min–max) | **datagrams/s per core** | drain datagrams/s (wall) | core busy while draining | × floor | × baseline | user / system | waited for a CPU | datagrams / shard batch |");
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "| contender | datagrams | queued (median) | handled | **CPU µs / datagram** (min–max) | **datagrams/s per core** | drain datagrams/s (wall) | core busy while draining | × floor | × baseline | user / system | waited for a CPU | datagrams / shard batch | eventfd wakes / batch |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for m in sums {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.1} % | **{}** ({}–{}) | **{}** | {} | {:.0} % | {} | {} | {:.0} / {:.0} % | {:.1} % | {} |",
+            "| {} | {} | {} | {:.1} % | **{}** ({}–{}) | **{}** | {} | {:.0} % | {} | {} | {:.0} / {:.0} % | {:.1} % | {} | {} |",
             m.kind,
             mode_name(m.train),
             thousands(m.received),
@@ -448,6 +629,7 @@ fn report(runs: &[Run], sums: &[Sum], o: &SaturationArgs, c: &Conditions) -> Str
             (1.0 - m.user_share) * 100.0,
             m.waited_share * 100.0,
             fixed(m.per_batch, 1),
+            fixed(m.wakes_per_batch, 2),
         );
     }
     let _ = writeln!(
@@ -456,7 +638,8 @@ fn report(runs: &[Run], sums: &[Sum], o: &SaturationArgs, c: &Conditions) -> Str
          (forwarded to a worker; the floor: received). \"datagrams/s per core\": handled / CPU seconds. \"drain datagrams/s (wall)\": handled / (SIGCONT → \
          the last datagram at the far end). \"user / system\": /proc/<pid>/stat, in clock ticks. \"waited for a CPU\": schedstat run-queue wait over the drain's wall time. \
          \"datagrams / shard batch\": the demux's received datagrams over its `batches` counter (rounds of its loop: receive, route, forward, \
-         and with rings one eventfd write per sleeping worker).\n"
+         and with rings one eventfd write per sleeping worker). \"eventfd wakes / batch\": its `ring_wakes` counter over `batches`: \
+         how often a round found a worker asleep on its ring and wrote the worker's eventfd.\n"
     );
     let _ = writeln!(s, "Targets (the issue), from the medians above:\n");
     let _ = writeln!(s, "| target | measured | limit | | CPU split |");
@@ -531,6 +714,9 @@ pub(crate) fn run(o: &SaturationArgs, uptime_start: String) -> Result<String> {
         for &train in &o.trains {
             for i in 0..n {
                 let k = &o.contenders[(i + rep) % n];
+                if !runs_in(k, train) {
+                    continue;
+                }
                 let r = run_one(k, train, rep, o, &bins, &tmp)
                     .with_context(|| format!("{k}, {}, round {}", mode_name(train), rep + 1))?;
                 eprintln!(
@@ -581,6 +767,7 @@ mod tests {
             waited_s: 0.0,
             wall_s: cpu_s * 2.0,
             batches: None,
+            ring_wakes: None,
         }
     }
 
@@ -606,8 +793,9 @@ mod tests {
         assert!((ring.busy - 0.5).abs() < 1e-9 && (ring.user_share - 0.25).abs() < 1e-9);
         assert!(ring.x_baseline.is_nan(), "no baseline ran");
         assert!(ring.per_batch.is_nan(), "no batch counts");
-        let r = Run { batches: Some(40_000), ..run("ring", 1, 0, 0.3, 1_000_000) };
+        let r = Run { batches: Some(40_000), ring_wakes: Some(10_000), ..run("ring", 1, 0, 0.3, 1_000_000) };
         assert_eq!(r.per_batch(), 25.0, "received datagrams per batch");
+        assert_eq!(r.wakes_per_batch(), 0.25, "wakes per batch");
     }
 
     #[test]
@@ -631,6 +819,12 @@ mod tests {
         assert!(!seq.met() && (seq.measured - 2.5).abs() < 1e-9);
         assert_eq!(us.split, "user 25 %, system 75 %");
         assert!(t.iter().all(|t| !t.what.starts_with("floor")), "the floor has no target");
+        let runs = [run("retry", 1, 0, 1.0, 200_000), run("retry", 1, 1, 1.0, 300_000)];
+        let t = targets(&summarize(&runs, &["retry".into()], &[1]));
+        let r = &t[0];
+        assert!(r.what.starts_with("retry, uncoalesced: CPU µs / Retry") && r.limit == 4.0, "{r:?}");
+        assert!((r.measured - (5.0 + 10.0 / 3.0) / 2.0).abs() < 1e-9 && !r.met(), "median of 5 and 3.33 µs: {r:?}");
+        assert!(!runs_in("retry", 8) && runs_in("retry", 1) && runs_in("ring", 8));
     }
 
     #[test]
@@ -641,5 +835,6 @@ mod tests {
             ["--io", "uring", "--fast-path", "off", "--forward", "seqpacket"]
         );
         assert!(demux_flags("floor").is_none() && demux_flags("baseline").is_none());
+        assert_eq!(demux_flags("retry").unwrap()[6..], ["--retry", "always"]);
     }
 }

@@ -147,9 +147,39 @@ pub(crate) fn parse_proc_net_udp(text: &str, port: u16) -> Option<UdpQueue> {
     })
 }
 
-/// The IPv4 UDP socket bound to `port` on this host, as /proc/net/udp shows it now.
-pub(crate) fn udp_queue(port: u16) -> Option<UdpQueue> {
-    parse_proc_net_udp(&std::fs::read_to_string("/proc/net/udp").ok()?, port)
+/// The host's UDP `RcvbufErrors` counter (/proc/net/snmp): datagrams dropped at a
+/// full receive queue. The saturation bench's Retries end there, so this counts them
+/// at the far end without asking the demux.
+pub(crate) fn udp_rcvbuf_errors() -> Option<u64> {
+    parse_snmp_udp(&std::fs::read_to_string("/proc/net/snmp").ok()?, "RcvbufErrors")
+}
+
+/// Field `name` of the `Udp:` lines of /proc/net/snmp (a header line, then values).
+pub(crate) fn parse_snmp_udp(text: &str, name: &str) -> Option<u64> {
+    let mut udp = text.lines().filter(|l| l.starts_with("Udp:"));
+    let (names, values) = (udp.next()?, udp.next()?);
+    let i = names.split_whitespace().position(|n| n == name)?;
+    values.split_whitespace().nth(i)?.parse().ok()
+}
+
+/// The IPv4 UDP socket bound to `port` in the network namespace of process `pid`, as
+/// /proc/PID/net/udp shows it now.
+pub(crate) fn udp_queue_of(pid: u32, port: u16) -> Option<UdpQueue> {
+    parse_proc_net_udp(&std::fs::read_to_string(format!("/proc/{pid}/net/udp")).ok()?, port)
+}
+
+/// Field `field` (0-based after the colon: rx bytes, packets, errs, drop, …, then tx
+/// from 8) of device `dev` in the network namespace of process `pid` (/proc/PID/net/dev).
+pub(crate) fn dev_counter(pid: u32, dev: &str, field: usize) -> Option<u64> {
+    parse_proc_net_dev(&std::fs::read_to_string(format!("/proc/{pid}/net/dev")).ok()?, dev, field)
+}
+
+/// Field `field` of `dev` in /proc/net/dev's format (`name: rx × 8, tx × 8`).
+pub(crate) fn parse_proc_net_dev(text: &str, dev: &str, field: usize) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let (name, rest) = l.split_once(':')?;
+        (name.trim() == dev).then(|| rest.split_whitespace().nth(field)?.parse().ok())?
+    })
 }
 
 /// The descriptor number under which process `pid` holds the socket with `inode`.
@@ -195,6 +225,26 @@ pub(crate) fn all_threads_stopped(pid: u32) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn proc_net_dev_fields() {
+        let t = "Inter-|   Receive                                                |  Transmit\n face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n    lo:  100  2    0    0    0     0          0         0      300  4    0    0    0     0       0          0\nqdx-egress:    0       0    0    0    0     0          0         0  123456  789    0    0    0     0       0          0\n";
+        assert_eq!(parse_proc_net_dev(t, "lo", 9), Some(4), "tx packets");
+        assert_eq!(parse_proc_net_dev(t, "lo", 1), Some(2), "rx packets");
+        assert_eq!(parse_proc_net_dev(t, "qdx-egress", 9), Some(789));
+        assert_eq!(parse_proc_net_dev(t, "qdx-egress", 3), Some(0), "rx drop");
+        assert_eq!(parse_proc_net_dev(t, "eth0", 9), None);
+        assert_eq!(parse_proc_net_dev(t, "lo", 16), None, "no such field");
+    }
+
+    #[test]
+    fn snmp_udp_fields() {
+        let t = "Ip: Forwarding DefaultTTL\nIp: 1 64\nUdp: InDatagrams NoPorts InErrors\nUdp: 10 42 3\nUdpLite: InDatagrams NoPorts\nUdpLite: 0 7\n";
+        assert_eq!(parse_snmp_udp(t, "NoPorts"), Some(42));
+        assert_eq!(parse_snmp_udp(t, "InErrors"), Some(3));
+        assert_eq!(parse_snmp_udp(t, "Missing"), None);
+        assert_eq!(parse_snmp_udp("Udp: NoPorts\n", "NoPorts"), None, "no value line");
+    }
+
     use super::*;
 
     #[test]
@@ -212,8 +262,8 @@ mod tests {
     fn this_processs_socket_is_found_and_duplicated() {
         let u = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let port = u.local_addr().unwrap().port();
-        let q = udp_queue(port).expect("in /proc/net/udp");
         let me = std::process::id();
+        let q = udp_queue_of(me, port).expect("in /proc/net/udp");
         assert_eq!(socket_fd_of(me, q.inode), Some(u.as_raw_fd()));
         let dup = dup_from_process(me, u.as_raw_fd()).unwrap();
         assert_eq!(sys::addr::local_addr(&dup).unwrap().port(), port);

@@ -5,8 +5,8 @@
 
 use super::Opts;
 use crate::dataplane::{
-    forwarded, g, sink, start_demux_with, status, wait_placeable, wait_ready_file, Demux, POLL, READY_TIMEOUT,
-    SINK_RCVTIMEO,
+    forwarded, g, sink, start_demux_at, start_demux_with, status, wait_placeable, wait_ready_file, Demux, POLL,
+    READY_TIMEOUT, SINK_RCVTIMEO,
 };
 use crate::load::LOOPBACK_ANY;
 use crate::servers::{Counters, FORWARDED, N_COUNTERS, RECEIVED};
@@ -116,6 +116,14 @@ pub(crate) struct Cores {
 }
 
 /// A contender under test.
+/// The demux's `batches` (rounds of its shard loop) and `ring_wakes` (eventfd writes
+/// to sleeping ring consumers) counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LoopCounts {
+    pub(crate) batches: u64,
+    pub(crate) ring_wakes: u64,
+}
+
 pub(crate) struct Running {
     /// The process whose CPU time is measured.
     pub(crate) pid: u32,
@@ -128,8 +136,8 @@ pub(crate) struct Running {
     /// What has reached the far end so far (the floor: received; otherwise what the
     /// sinks took, in records), read without a request to the contender.
     pub(crate) progress: Box<dyn Fn() -> u64>,
-    /// The demux's receive batches so far (its `batches` counter); None for the others.
-    pub(crate) batches: Option<Box<dyn Fn() -> Result<u64>>>,
+    /// The demux's shard-loop counters so far; None for the others.
+    pub(crate) batches: Option<Box<dyn Fn() -> Result<LoopCounts>>>,
     pub(crate) _hold: Vec<Box<dyn Any>>,
 }
 
@@ -236,7 +244,25 @@ pub(super) fn demux_ready(d: &Demux, n: usize) -> Result<()> {
 /// The release demux (`flags`: `--io`, `--forward`, …; `name` names its scratch
 /// directory) with a sink worker per server id of `WORKER_IDS` on the load core.
 pub(crate) fn start_demux_run(name: &str, flags: &[&str], cores: Cores, bins: &Path) -> Result<Running> {
-    let d = Rc::new(start_demux_with(&bins.join("demux"), name, cores.shard, flags)?);
+    start_demux_run_counting(name, flags, cores, bins, None, forwarded)
+}
+
+/// As [`start_demux_run`], listening on `at`'s address inside `at`'s network namespace
+/// (`ip netns`) when given, with `handled(status)` as what the demux handled (e.g. the
+/// Retries it sent instead of the datagrams it forwarded).
+pub(crate) fn start_demux_run_counting(
+    name: &str,
+    flags: &[&str],
+    cores: Cores,
+    bins: &Path,
+    at: Option<(&str, &str)>,
+    handled: fn(&serde_json::Value) -> u64,
+) -> Result<Running> {
+    let bin = bins.join("demux");
+    let d = Rc::new(match at {
+        Some((listen, netns)) => start_demux_at(&bin, name, cores.shard, listen, None, Some(netns), flags)?,
+        None => start_demux_with(&bin, name, cores.shard, flags)?,
+    });
     let stop = Arc::new(AtomicBool::new(false));
     let frames = Arc::new(AtomicU64::new(0));
     let threads =
@@ -252,10 +278,13 @@ pub(crate) fn start_demux_run(name: &str, flags: &[&str], cores: Cores, bins: &P
         ids: WORKER_IDS.to_vec(),
         counts: Box::new(move || {
             let s = status(&d2)?;
-            Ok((g(&s, "/datagrams_in"), forwarded(&s)))
+            Ok((g(&s, "/datagrams_in"), handled(&s)))
         }),
         progress: Box::new(move || delivered.load(Ordering::Relaxed)),
-        batches: Some(Box::new(move || Ok(g(&status(&d3)?, "/batches")))),
+        batches: Some(Box::new(move || {
+            let s = status(&d3)?;
+            Ok(LoopCounts { batches: g(&s, "/batches"), ring_wakes: g(&s, "/ring_wakes") })
+        })),
         _hold: vec![Box::new(d), Box::new(Sinks { stop, threads })],
     })
 }
