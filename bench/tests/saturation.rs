@@ -1,6 +1,7 @@
 //! `bench saturation` on a small queue: the floor and the baseline (and the demux
-//! with SEQPACKET and rings, when a demux binary has been built next to the bench
-//! binary) each drain a queue that was filled while they were stopped.
+//! with SEQPACKET and rings, and minting Retries for a queue of Initials, when a demux
+//! binary has been built next to the bench binary) each drain a queue that was
+//! filled while they were stopped.
 #![allow(clippy::unwrap_used)] // tests may panic on their own setup
 
 use std::path::Path;
@@ -25,7 +26,7 @@ fn every_contender_drains_a_queue_filled_while_it_was_stopped() {
     let bench = Path::new(env!("CARGO_BIN_EXE_bench"));
     let mut contenders = vec!["floor", "baseline"];
     if bench.with_file_name("demux").exists() {
-        contenders.extend(["seqpacket", "ring"]);
+        contenders.extend(["seqpacket", "ring", "retry", "retry-loopback"]);
     } else {
         testkit::skip(&format!("no {}: the demux contenders", bench.with_file_name("demux").display()));
     }
@@ -43,7 +44,12 @@ fn every_contender_drains_a_queue_filled_while_it_was_stopped() {
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let _ = std::fs::remove_file(&json);
     let runs = v.as_array().unwrap();
-    assert_eq!(runs.len(), contenders.len() * 2, "one run per contender and mode");
+    // The retry contenders' Initials are never trains: one run each.
+    let want = contenders.iter().map(|k| if k.starts_with("retry") { 1 } else { 2 }).sum::<usize>();
+    assert_eq!(runs.len(), want, "one run per contender and mode");
+    for k in &contenders {
+        assert!(runs.iter().any(|r| r["contender"] == *k), "{k} ran");
+    }
     for r in runs {
         let u = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("{k} in {r}"));
         let f = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k} in {r}"));
