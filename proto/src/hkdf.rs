@@ -65,7 +65,7 @@ impl Sha256 {
 
     /// FIPS 180-4 §5.1.1: 0x80, zeros, the length in bits as a 64-bit big-endian
     /// integer, to a whole number of blocks.
-    fn finish(mut self) -> [u8; OUT_LEN] {
+    fn finish(mut self) -> [u32; 8] {
         let bits = self.len.wrapping_mul(8);
         self.block[self.fill] = 0x80;
         self.block[self.fill + 1..].fill(0);
@@ -75,19 +75,24 @@ impl Sha256 {
         }
         self.block[BLOCK - 8..].copy_from_slice(&bits.to_be_bytes());
         compress(&mut self.state, &self.block);
-        let mut out = [0u8; OUT_LEN];
-        for (o, w) in out.chunks_exact_mut(4).zip(self.state) {
-            o.copy_from_slice(&w.to_be_bytes());
-        }
-        out
+        self.state
     }
+}
+
+/// FIPS 180-4 §6.2.2 step 4: the digest is the final chaining value, big-endian.
+fn digest_bytes(state: [u32; 8]) -> [u8; OUT_LEN] {
+    let mut out = [0u8; OUT_LEN];
+    for (o, w) in out.chunks_exact_mut(4).zip(state) {
+        o.copy_from_slice(&w.to_be_bytes());
+    }
+    out
 }
 
 /// SHA-256 of `data` (FIPS 180-4 §6.2): the digest of an HMAC key longer than a block.
 pub fn sha256(data: &[u8]) -> [u8; OUT_LEN] {
     let mut h = Sha256::resume(IV, 0);
     h.update(data);
-    h.finish()
+    digest_bytes(h.finish())
 }
 
 /// An HMAC-SHA-256 key (RFC 2104 §2) with its pad blocks already compressed.
@@ -129,14 +134,39 @@ impl HmacSha256 {
     /// RFC 2104 §2: H(K ⊕ opad, H(K ⊕ ipad, text)) of `text` = the concatenation of
     /// `parts`.
     pub fn sign_parts(&self, parts: &[&[u8]]) -> [u8; OUT_LEN] {
-        let mut h = Sha256::resume(self.inner, 1);
-        for p in parts {
-            h.update(p);
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let inner = if len <= BLOCK - 9 {
+            // The whole inner message after the pad block fits one block with its
+            // padding (FIPS 180-4 §5.1.1): text ‖ 0x80 ‖ zeros ‖ (64 + len) · 8.
+            let mut b = [0u8; BLOCK];
+            let mut at = 0;
+            for p in parts {
+                b[at..at + p.len()].copy_from_slice(p);
+                at += p.len();
+            }
+            b[at] = 0x80;
+            b[BLOCK - 8..].copy_from_slice(&(((BLOCK + len) as u64) * 8).to_be_bytes());
+            let mut state = self.inner;
+            compress(&mut state, &b);
+            state
+        } else {
+            let mut h = Sha256::resume(self.inner, 1);
+            for p in parts {
+                h.update(p);
+            }
+            h.finish()
+        };
+        // The outer message, K ⊕ opad ‖ the inner digest, is one block after the pad
+        // block: digest ‖ 0x80 ‖ zeros ‖ (64 + 32) · 8.
+        let mut b = [0u8; BLOCK];
+        for (o, w) in b.chunks_exact_mut(4).zip(inner) {
+            o.copy_from_slice(&w.to_be_bytes());
         }
-        let inner = h.finish();
-        let mut h = Sha256::resume(self.outer, 1);
-        h.update(&inner);
-        h.finish()
+        b[OUT_LEN] = 0x80;
+        b[BLOCK - 8..].copy_from_slice(&(((BLOCK + OUT_LEN) as u64) * 8).to_be_bytes());
+        let mut state = self.outer;
+        compress(&mut state, &b);
+        digest_bytes(state)
     }
 
     /// RFC 2104 §2: HMAC-SHA-256 of `text`.
