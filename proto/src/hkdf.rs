@@ -290,7 +290,9 @@ mod tests {
         let a2_ikm: Vec<u8> = (0x00..=0x4f).collect();
         let a2_salt: Vec<u8> = (0x60..=0xaf).collect();
         let a2_info: Vec<u8> = (0xb0..=0xff).collect();
-        let cases: [(&[u8], &[u8], &[u8], &str, &str); 3] = [
+        /// IKM, salt, info, PRK, OKM.
+        type Case<'a> = (&'a [u8], &'a [u8], &'a [u8], &'a str, &'a str);
+        let cases: [Case; 3] = [
             (
                 &[0x0b; 22],
                 &hex("000102030405060708090a0b0c"),

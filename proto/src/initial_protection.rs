@@ -182,7 +182,7 @@ fn hp_mask(hp_key: &[u8; 16], sample: &[u8; SAMPLE_LEN]) -> [u8; 16] {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::initial::{build_client_initial, client_initial_keys};
     use aws_lc_rs::aead::quic::{HeaderProtectionKey, AES_128};

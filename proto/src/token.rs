@@ -26,8 +26,9 @@
 //! the workspace pins that exact version (Cargo.toml).
 //!
 //! Pure: time and nonce are passed in. Cost: one HKDF-Expand (one HMAC-SHA-256 under
-//! the cached key of the PRK: RFC 5869 §2.3 needs a single block for 32 bytes), one
-//! AES-256-GCM key schedule and the seal or open of ≈ 40 bytes.
+//! the PRK's precomputed pads, proto::hkdf: RFC 5869 §2.3 needs a single block for 32
+//! bytes, so two SHA-256 compressions), one AES-256-GCM key schedule and the seal or
+//! open of ≈ 40 bytes (aws-lc-rs).
 
 use crate::hkdf::{self, HmacSha256};
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
@@ -270,16 +271,16 @@ pub(crate) mod tests {
     /// The aws-lc-rs implementation this module had before proto::hkdf: the slow,
     /// obviously right model of the token key and of `seal_retry`.
     pub(crate) mod model {
-        use super::super::Writer;
+        use super::super::{take, TokenCheck, Writer, RETRY_LIFETIME, TOKEN_SALT, VALIDATION_LIFETIME};
         use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
         use aws_lc_rs::hmac;
-        use std::net::{IpAddr, SocketAddr};
+        use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
         pub struct TokenKey(hmac::Key);
 
         impl TokenKey {
             pub fn new(secret: &[u8; 32]) -> TokenKey {
-                let prk = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, super::TOKEN_SALT), secret);
+                let prk = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, TOKEN_SALT), secret);
                 TokenKey(hmac::Key::new(hmac::HMAC_SHA256, prk.as_ref()))
             }
 
@@ -292,6 +293,54 @@ pub(crate) mod tests {
 
             fn aead(&self, nonce: &[u8]) -> Option<LessSafeKey> {
                 Some(LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &self.key_bytes(nonce)).ok()?))
+            }
+
+            pub fn check(&self, token: &[u8], client: SocketAddr, now_unix: u64) -> TokenCheck {
+                self.check_inner(token, client, now_unix).unwrap_or(TokenCheck::Invalid)
+            }
+
+            pub fn check_inner(&self, token: &[u8], client: SocketAddr, now_unix: u64) -> Option<TokenCheck> {
+                // Shortest: type, IPv4, time, tag, nonce.
+                if token.len() < 1 + 5 + 8 + 16 + 16 || token.len() > 256 {
+                    return None;
+                }
+                let (sealed, nonce) = token.split_at(token.len() - 16);
+                let mut buf = [0u8; 256];
+                let buf = &mut buf[..sealed.len()];
+                buf.copy_from_slice(sealed);
+                let plain =
+                    self.aead(nonce)?.open_in_place(Nonce::assume_unique_for_key([0; 12]), Aad::empty(), buf).ok()?;
+                let mut r = &plain[..];
+                let ty = take(&mut r, 1)?[0];
+                let ip = match take(&mut r, 1)?[0] {
+                    0 => IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(take(&mut r, 4)?).ok()?)),
+                    1 => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(take(&mut r, 16)?).ok()?)),
+                    _ => return None,
+                };
+                let (check, lifetime) = match ty {
+                    0 => {
+                        let port = u16::from_be_bytes(take(&mut r, 2)?.try_into().ok()?);
+                        let odcid_len = usize::from(take(&mut r, 1)?[0]);
+                        take(&mut r, odcid_len)?;
+                        if SocketAddr::new(ip, port) != client {
+                            return None;
+                        }
+                        (TokenCheck::Retry, RETRY_LIFETIME)
+                    }
+                    1 => {
+                        if ip != client.ip() {
+                            return None;
+                        }
+                        (TokenCheck::Validation, VALIDATION_LIFETIME)
+                    }
+                    _ => return None,
+                };
+                let issued = u64::from_be_bytes(take(&mut r, 8)?.try_into().ok()?);
+                // quinn: invalid once `issued + lifetime < now`.
+                if !r.is_empty() || issued.saturating_add(lifetime) < now_unix {
+                    return None;
+                }
+                Some(check)
             }
 
             pub fn seal_retry(
@@ -352,6 +401,32 @@ pub(crate) mod tests {
         #[test]
         fn token_key_is_the_model(secret in any::<[u8; 32]>(), nonce in any::<[u8; 16]>()) {
             prop_assert_eq!(TokenKey::new(&secret).token_key(&nonce), model::TokenKey::new(&secret).key_bytes(&nonce));
+        }
+
+        /// `check` answers as the model for Retry and NEW_TOKEN tokens of any client,
+        /// checked from that client or a neighbour, at any time around their
+        /// lifetimes, intact or with one bit flipped, and for random bytes.
+        #[test]
+        fn check_is_the_model(secret in any::<[u8; 32]>(),
+                              client in any_client(),
+                              retry in any::<bool>(),
+                              odcid in proptest::collection::vec(any::<u8>(), 0..=20),
+                              issued in 0u64..1 << 40,
+                              nonce in any::<[u8; 16]>(),
+                              other_port in any::<bool>(),
+                              age in 0u64..=2 * VALIDATION_LIFETIME,
+                              flip in proptest::option::of(0usize..80 * 8),
+                              junk in proptest::collection::vec(any::<u8>(), 0..=80)) {
+            let key = TokenKey::new(&secret);
+            let model = model::TokenKey::new(&secret);
+            let mut t = key.seal(client, retry.then_some(&odcid[..]), issued, nonce).unwrap();
+            if let Some(bit) = flip.filter(|b| b / 8 < t.len()) {
+                t[bit / 8] ^= 1 << (bit % 8);
+            }
+            let from = if other_port { SocketAddr::new(client.ip(), client.port() ^ 1) } else { client };
+            let now = issued + age % if retry { 3 * RETRY_LIFETIME } else { 2 * VALIDATION_LIFETIME };
+            prop_assert_eq!(key.check(&t, from, now), model.check(&t, from, now));
+            prop_assert_eq!(key.check(&junk, from, now), model.check(&junk, from, now));
         }
 
         /// `seal_retry` writes the model's bytes (quinn's format) for any client, ODCID
