@@ -26,11 +26,12 @@
 //! the workspace pins that exact version (Cargo.toml).
 //!
 //! Pure: time and nonce are passed in. Cost: one HKDF-Expand (one HMAC-SHA-256 under
-//! the cached key of the PRK: RFC 5869 §2.3 needs a single block for 32 bytes), one
-//! AES-256-GCM key schedule and the seal or open of ≈ 40 bytes.
+//! the PRK's precomputed pads, proto::hkdf: RFC 5869 §2.3 needs a single block for 32
+//! bytes, so two SHA-256 compressions), one AES-256-GCM key schedule and the seal or
+//! open of ≈ 40 bytes (aws-lc-rs).
 
+use crate::hkdf::{self, HmacSha256};
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
-use aws_lc_rs::hmac;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 /// quinn's default `ServerConfig::retry_token_lifetime`, in seconds.
@@ -59,8 +60,9 @@ impl TokenCheck {
 
 /// The instances' shared token key: the HMAC-SHA-256 key of the PRK that
 /// HKDF-Extract(salt = [`TOKEN_SALT`], the key file's `token` secret) gives
-/// (RFC 5869 §2.2), set up once so that each token's HKDF-Expand is one HMAC.
-pub struct TokenKey(hmac::Key);
+/// (RFC 5869 §2.2), its pads compressed once (proto::hkdf) so that each token's
+/// HKDF-Expand is one HMAC of one block: two SHA-256 compressions.
+pub struct TokenKey(HmacSha256);
 
 impl std::fmt::Debug for TokenKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -78,18 +80,20 @@ pub const MAX_RETRY_TOKEN: usize = 1 + 17 + 2 + 21 + 8 + TAG_LEN + NONCE_LEN;
 impl TokenKey {
     /// The key worker::secrets derives from the key file's `token` secret.
     pub fn new(secret: &[u8; 32]) -> TokenKey {
-        let prk = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, TOKEN_SALT), secret);
-        TokenKey(hmac::Key::new(hmac::HMAC_SHA256, prk.as_ref()))
+        // RFC 5869 §2.2: PRK = HKDF-Extract(salt, secret).
+        let prk = hkdf::extract(&HmacSha256::new(TOKEN_SALT), secret);
+        TokenKey(HmacSha256::new(&prk))
     }
 
-    /// quinn's `aead_from_hkdf`: AES-256-GCM under HKDF-Expand(prk, info = nonce, 32),
-    /// i.e. T(1) = HMAC(prk, nonce ‖ 0x01) (RFC 5869 §2.3).
+    /// quinn's `aead_from_hkdf`: the AES-256-GCM key HKDF-Expand(prk, info = nonce,
+    /// 32), i.e. T(1) = HMAC(prk, nonce ‖ 0x01) (RFC 5869 §2.3).
+    fn token_key(&self, nonce: &[u8]) -> [u8; 32] {
+        self.0.sign_parts(&[nonce, &[1]])
+    }
+
+    /// The AES-256-GCM key of `nonce`'s token, scheduled by aws-lc-rs.
     fn aead(&self, nonce: &[u8]) -> Option<LessSafeKey> {
-        let mut ctx = hmac::Context::with_key(&self.0);
-        ctx.update(nonce);
-        ctx.update(&[1]);
-        let k = ctx.sign();
-        Some(LessSafeKey::new(UnboundKey::new(&AES_256_GCM, k.as_ref()).ok()?))
+        Some(LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &self.token_key(nonce)).ok()?))
     }
 
     /// Checks `token` from `client` at `now_unix` seconds (RFC 9000 §8.1.3–8.1.4).
@@ -260,8 +264,191 @@ fn take<'a>(r: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// The aws-lc-rs implementation this module had before proto::hkdf: the slow,
+    /// obviously right model of the token key and of `seal_retry`.
+    pub(crate) mod model {
+        use super::super::{take, TokenCheck, Writer, RETRY_LIFETIME, TOKEN_SALT, VALIDATION_LIFETIME};
+        use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
+        use aws_lc_rs::hmac;
+        use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+        pub struct TokenKey(hmac::Key);
+
+        impl TokenKey {
+            pub fn new(secret: &[u8; 32]) -> TokenKey {
+                let prk = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, TOKEN_SALT), secret);
+                TokenKey(hmac::Key::new(hmac::HMAC_SHA256, prk.as_ref()))
+            }
+
+            pub fn key_bytes(&self, nonce: &[u8]) -> [u8; 32] {
+                let mut ctx = hmac::Context::with_key(&self.0);
+                ctx.update(nonce);
+                ctx.update(&[1]);
+                ctx.sign().as_ref().try_into().unwrap()
+            }
+
+            fn aead(&self, nonce: &[u8]) -> Option<LessSafeKey> {
+                Some(LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &self.key_bytes(nonce)).ok()?))
+            }
+
+            pub fn check(&self, token: &[u8], client: SocketAddr, now_unix: u64) -> TokenCheck {
+                self.check_inner(token, client, now_unix).unwrap_or(TokenCheck::Invalid)
+            }
+
+            pub fn check_inner(&self, token: &[u8], client: SocketAddr, now_unix: u64) -> Option<TokenCheck> {
+                // Shortest: type, IPv4, time, tag, nonce.
+                if token.len() < 1 + 5 + 8 + 16 + 16 || token.len() > 256 {
+                    return None;
+                }
+                let (sealed, nonce) = token.split_at(token.len() - 16);
+                let mut buf = [0u8; 256];
+                let buf = &mut buf[..sealed.len()];
+                buf.copy_from_slice(sealed);
+                let plain =
+                    self.aead(nonce)?.open_in_place(Nonce::assume_unique_for_key([0; 12]), Aad::empty(), buf).ok()?;
+                let mut r = &plain[..];
+                let ty = take(&mut r, 1)?[0];
+                let ip = match take(&mut r, 1)?[0] {
+                    0 => IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(take(&mut r, 4)?).ok()?)),
+                    1 => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(take(&mut r, 16)?).ok()?)),
+                    _ => return None,
+                };
+                let (check, lifetime) = match ty {
+                    0 => {
+                        let port = u16::from_be_bytes(take(&mut r, 2)?.try_into().ok()?);
+                        let odcid_len = usize::from(take(&mut r, 1)?[0]);
+                        take(&mut r, odcid_len)?;
+                        if SocketAddr::new(ip, port) != client {
+                            return None;
+                        }
+                        (TokenCheck::Retry, RETRY_LIFETIME)
+                    }
+                    1 => {
+                        if ip != client.ip() {
+                            return None;
+                        }
+                        (TokenCheck::Validation, VALIDATION_LIFETIME)
+                    }
+                    _ => return None,
+                };
+                let issued = u64::from_be_bytes(take(&mut r, 8)?.try_into().ok()?);
+                // quinn: invalid once `issued + lifetime < now`.
+                if !r.is_empty() || issued.saturating_add(lifetime) < now_unix {
+                    return None;
+                }
+                Some(check)
+            }
+
+            pub fn seal_retry(
+                &self,
+                client: SocketAddr,
+                odcid: &[u8],
+                issued_unix: u64,
+                nonce: [u8; 16],
+                out: &mut [u8],
+            ) -> Option<usize> {
+                if odcid.len() > 20 {
+                    return None;
+                }
+                let mut w = Writer { out, pos: 0 };
+                w.put(&[0])?;
+                match client.ip() {
+                    IpAddr::V4(v4) => {
+                        w.put(&[0])?;
+                        w.put(&v4.octets())?;
+                    }
+                    IpAddr::V6(v6) => {
+                        w.put(&[1])?;
+                        w.put(&v6.octets())?;
+                    }
+                }
+                w.put(&client.port().to_be_bytes())?;
+                w.put(&[odcid.len() as u8])?;
+                w.put(odcid)?;
+                w.put(&issued_unix.to_be_bytes())?;
+                let plain_len = w.pos;
+                let out = w.out;
+                let tag = self
+                    .aead(&nonce)?
+                    .seal_in_place_separate_tag(
+                        Nonce::assume_unique_for_key([0; 12]),
+                        Aad::empty(),
+                        &mut out[..plain_len],
+                    )
+                    .ok()?;
+                let end = plain_len + 16 + 16;
+                out.get_mut(plain_len..plain_len + 16)?.copy_from_slice(tag.as_ref());
+                out.get_mut(plain_len + 16..end)?.copy_from_slice(&nonce);
+                Some(end)
+            }
+        }
+    }
+
+    pub(crate) fn any_client() -> impl Strategy<Value = SocketAddr> {
+        prop_oneof![
+            (any::<[u8; 4]>(), any::<u16>()).prop_map(|(ip, port)| SocketAddr::new(Ipv4Addr::from(ip).into(), port)),
+            (any::<[u8; 16]>(), any::<u16>()).prop_map(|(ip, port)| SocketAddr::new(Ipv6Addr::from(ip).into(), port)),
+        ]
+    }
+
+    proptest! {
+        /// RFC 5869 §2.2–2.3 as quinn derives it: the same PRK and per-token key as
+        /// the model, for any secret and nonce.
+        #[test]
+        fn token_key_is_the_model(secret in any::<[u8; 32]>(), nonce in any::<[u8; 16]>()) {
+            prop_assert_eq!(TokenKey::new(&secret).token_key(&nonce), model::TokenKey::new(&secret).key_bytes(&nonce));
+        }
+
+        /// `check` answers as the model for Retry and NEW_TOKEN tokens of any client,
+        /// checked from that client or a neighbour, at any time around their
+        /// lifetimes, intact or with one bit flipped, and for random bytes.
+        #[test]
+        fn check_is_the_model(secret in any::<[u8; 32]>(),
+                              client in any_client(),
+                              retry in any::<bool>(),
+                              odcid in proptest::collection::vec(any::<u8>(), 0..=20),
+                              issued in 0u64..1 << 40,
+                              nonce in any::<[u8; 16]>(),
+                              other_port in any::<bool>(),
+                              age in 0u64..=2 * VALIDATION_LIFETIME,
+                              flip in proptest::option::of(0usize..80 * 8),
+                              junk in proptest::collection::vec(any::<u8>(), 0..=80)) {
+            let key = TokenKey::new(&secret);
+            let model = model::TokenKey::new(&secret);
+            let mut t = key.seal(client, retry.then_some(&odcid[..]), issued, nonce).unwrap();
+            if let Some(bit) = flip.filter(|b| b / 8 < t.len()) {
+                t[bit / 8] ^= 1 << (bit % 8);
+            }
+            let from = if other_port { SocketAddr::new(client.ip(), client.port() ^ 1) } else { client };
+            let now = issued + age % if retry { 3 * RETRY_LIFETIME } else { 2 * VALIDATION_LIFETIME };
+            prop_assert_eq!(key.check(&t, from, now), model.check(&t, from, now));
+            prop_assert_eq!(key.check(&junk, from, now), model.check(&junk, from, now));
+        }
+
+        /// `seal_retry` writes the model's bytes (quinn's format) for any client, ODCID
+        /// of 0..=21 bytes, issue time, nonce and output room; the token checks.
+        #[test]
+        fn seal_retry_is_the_model(secret in any::<[u8; 32]>(),
+                                   client in any_client(),
+                                   odcid in proptest::collection::vec(any::<u8>(), 0..=21),
+                                   issued in any::<u64>(),
+                                   nonce in any::<[u8; 16]>(),
+                                   room in 0usize..=MAX_RETRY_TOKEN + 2) {
+            let (mut got, mut want) = ([0u8; MAX_RETRY_TOKEN + 2], [0u8; MAX_RETRY_TOKEN + 2]);
+            let n = TokenKey::new(&secret).seal_retry(client, &odcid, issued, nonce, &mut got[..room]);
+            let m = model::TokenKey::new(&secret).seal_retry(client, &odcid, issued, nonce, &mut want[..room]);
+            prop_assert_eq!(n, m);
+            if let Some(n) = n {
+                prop_assert_eq!(&got[..n], &want[..n]);
+                let t = TokenKey::new(&secret).check(&got[..n], client, issued.saturating_sub(1));
+                prop_assert_eq!(t, TokenCheck::Retry);
+            }
+        }
+    }
 
     #[test]
     fn retry_and_validation_tokens() {
