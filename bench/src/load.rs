@@ -134,7 +134,29 @@ pub(crate) fn send_until(
 ) -> Result<Load> {
     let payloads = flow_payloads(ks, ids, train);
     let socks = flow_sockets(addr, train)?;
-    send_messages_until(&socks, rate, core, nice, |call, _| &payloads[call % FLOWS], more)
+    send_messages_until(&socks, None, rate, core, nice, |call, _| (&payloads[call % FLOWS][..], None), more)
+}
+
+/// Points `msg`'s control data at `control`, holding one IP_PKTINFO that sends the
+/// message from `src`.
+fn set_pktinfo_source(msg: &mut libc::msghdr, control: &mut [u64; 8], src: std::net::Ipv4Addr) {
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(control) as _;
+    // SAFETY: msg_control points at `control` (64 bytes, 8-aligned), room for one
+    // cmsghdr with an in_pktinfo; CMSG_FIRSTHDR is non-null for a buffer that large.
+    unsafe {
+        let cm = libc::CMSG_FIRSTHDR(msg);
+        (*cm).cmsg_level = libc::IPPROTO_IP;
+        (*cm).cmsg_type = libc::IP_PKTINFO;
+        (*cm).cmsg_len = libc::CMSG_LEN(size_of::<libc::in_pktinfo>() as u32) as _;
+        let pi = libc::in_pktinfo {
+            ipi_ifindex: 0,
+            ipi_spec_dst: libc::in_addr { s_addr: u32::from_ne_bytes(src.octets()) },
+            ipi_addr: libc::in_addr { s_addr: 0 },
+        };
+        std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<libc::in_pktinfo>(), pi);
+        msg.msg_controllen = libc::CMSG_SPACE(size_of::<libc::in_pktinfo>() as u32) as _;
+    }
 }
 
 /// Distinct token-less QUIC v1 client Initials (1200 bytes, header protection applied
@@ -159,20 +181,23 @@ pub(crate) fn initials(n: usize) -> Result<Vec<Vec<u8>>> {
         .collect()
 }
 
-/// Sends datagrams on the connected `socks` (`flow_sockets`), `MSGS_PER_CALL`
-/// messages per sendmmsg on one flow, flows in turn: message `j` of call `k` is
-/// `payload(k, j)`, while `more(datagrams sent, time since the first send)` says so
-/// (asked before every sendmmsg). A message that is a UDP_SEGMENT train counts as
-/// its segments.
+/// Sends datagrams on `socks` (connected: `flow_sockets`; unconnected: to `to`),
+/// `MSGS_PER_CALL` messages per sendmmsg on one socket, sockets in turn: message `j`
+/// of call `k` is `payload(k, j)` = (bytes, source address to send it from with
+/// IP_PKTINFO, e.g. a spoofed one on an IP_TRANSPARENT socket), while `more(datagrams
+/// sent, time since the first send)` says so (asked before every sendmmsg). A message
+/// that is a UDP_SEGMENT train counts as its segments.
 pub(crate) fn send_messages_until<'p>(
     socks: &[UdpSocket],
+    to: Option<SocketAddr>,
     rate: f64,
     core: usize,
     nice: Option<i32>,
-    payload: impl Fn(usize, usize) -> &'p [u8] + Send + Sync,
+    payload: impl Fn(usize, usize) -> (&'p [u8], Option<std::net::Ipv4Addr>) + Send + Sync,
     mut more: impl FnMut(u64, Duration) -> bool + Send,
 ) -> Result<Load> {
-    let train = payload(0, 0).len().div_ceil(DATAGRAM).max(1);
+    let train = payload(0, 0).0.len().div_ceil(DATAGRAM).max(1);
+    let name = to.map(|a| ::sys::addr::to_sockaddr(&a));
     std::thread::scope(|sc| {
         sc.spawn(|| {
             pin(core);
@@ -189,6 +214,8 @@ pub(crate) fn send_messages_until<'p>(
                 vec![libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MSGS_PER_CALL];
             // SAFETY: plain old data.
             let mut msgs: Vec<libc::mmsghdr> = (0..MSGS_PER_CALL).map(|_| unsafe { zeroed() }).collect();
+            // u64 backing store: cmsg buffers must be aligned for cmsghdr.
+            let mut controls = vec![[0u64; 8]; MSGS_PER_CALL];
             loop {
                 let now = Instant::now();
                 if !more(sent, now - start) {
@@ -200,14 +227,24 @@ pub(crate) fn send_messages_until<'p>(
                         std::thread::sleep(due - now);
                     }
                 }
-                let f = k % FLOWS;
+                let f = k % socks.len();
                 k += 1;
-                for (j, (m, iov)) in msgs.iter_mut().zip(iovs.iter_mut()).enumerate() {
-                    let p = payload(k - 1, j);
+                for (j, ((m, iov), control)) in
+                    msgs.iter_mut().zip(iovs.iter_mut()).zip(controls.iter_mut()).enumerate()
+                {
+                    let (p, src) = payload(k - 1, j);
                     iov.iov_base = p.as_ptr() as *mut _;
                     iov.iov_len = p.len();
                     m.msg_hdr.msg_iov = iov;
                     m.msg_hdr.msg_iovlen = 1;
+                    if let Some((ss, len)) = &name {
+                        m.msg_hdr.msg_name = ss as *const libc::sockaddr_storage as *mut libc::c_void;
+                        m.msg_hdr.msg_namelen = *len;
+                    }
+                    m.msg_hdr.msg_controllen = 0;
+                    if let Some(ip) = src {
+                        set_pktinfo_source(&mut m.msg_hdr, control, ip);
+                    }
                 }
                 // SAFETY: msgs point at live buffers (read only by the kernel).
                 let r = unsafe { libc::sendmmsg(socks[f].as_raw_fd(), msgs.as_mut_ptr(), MSGS_PER_CALL as u32, 0) };

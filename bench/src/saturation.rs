@@ -70,6 +70,9 @@ const TARGET_X_FLOOR: f64 = 1.5;
 const TARGET_RETRIES_PER_CORE_S: f64 = 250_000.0;
 /// Distinct Initials (DCIDs) the retry contender's sender cycles through.
 const RETRY_INITIALS: usize = 4096;
+/// Distinct spoofed client addresses of the retry contender's flood (each Retry goes
+/// to a different address than the one before, as under a flood from random sources).
+const RETRY_SOURCES: usize = 60_000;
 /// SO_RCVBUF of the retry contender's flow sockets (the kernel doubles it).
 const RETRY_SINK_RCVBUF: usize = 4096;
 /// CPU µs per datagram in GRO trains, at most.
@@ -98,14 +101,17 @@ fn is_retry(kind: &str) -> bool {
 
 /// The retry contender's network namespace (`ip netns`, removed on drop): `lo` holds
 /// the demux's address [`EGRESS_DEMUX`], and the flood's sources (198.18.0.0/16) are
-/// routed to an ifb device, which drops what it is given (no tc redirect brought it:
-/// counted as its rx_dropped). So a Retry's send costs what it costs towards a NIC —
-/// route, IP output, a qdisc (pfifo_fast), the device's transmit — and not the
-/// receiving side of a loopback delivery as well. (This kernel has no dummy driver.)
+/// routed through a gateway on an ifb device, which drops what it is given (no tc
+/// redirect brought it: counted as its rx_dropped). So a Retry's send costs what it
+/// costs towards a NIC — route, IP output, the gateway's neighbour entry, a qdisc
+/// (pfifo_fast), the device's transmit — and not the receiving side of a loopback
+/// delivery as well. (This kernel has no dummy driver.)
 struct EgressNetns(String);
 
 /// The retry contender's listen address inside its namespace (RFC 2544's 198.18.0.0/15).
 const EGRESS_DEMUX: &str = "198.19.0.1";
+/// The gateway the flood's sources are routed through.
+const EGRESS_GATEWAY: &str = "198.19.0.2";
 /// The ifb device the Retries leave through, and its drop counter in /proc/net/dev
 /// (the rx `drop` field: ifb counts a packet it drops on transmit there).
 const EGRESS_DEV: &str = "qdx-egress";
@@ -128,7 +134,10 @@ impl EgressNetns {
         ip(&["-n", &ns.0, "addr", "add", &demux, "dev", "lo"])?;
         ip(&["-n", &ns.0, "link", "add", EGRESS_DEV, "type", "ifb"])?;
         ip(&["-n", &ns.0, "link", "set", EGRESS_DEV, "up"])?;
-        ip(&["-n", &ns.0, "route", "add", "198.18.0.0/16", "dev", EGRESS_DEV])?;
+        // A gateway, as a host's default route has: one neighbour entry for every
+        // client (an on-link /16 would make one per client address).
+        ip(&["-n", &ns.0, "route", "add", &format!("{EGRESS_GATEWAY}/32"), "dev", EGRESS_DEV])?;
+        ip(&["-n", &ns.0, "route", "add", "198.18.0.0/16", "via", EGRESS_GATEWAY, "dev", EGRESS_DEV])?;
         Ok(ns)
     }
 
@@ -156,33 +165,28 @@ impl Drop for EgressNetns {
     }
 }
 
-/// `FLOWS` sockets in `ns`, flow `k` from its own source 198.18.0.(k + 1) (IP_TRANSPARENT:
-/// an address the namespace does not have), connected to `to`.
-fn spoofed_flow_sockets(ns: &EgressNetns, to: std::net::SocketAddr) -> Result<Vec<std::net::UdpSocket>> {
+/// An unconnected IP_TRANSPARENT socket in `ns`: with IP_PKTINFO, each message leaves
+/// from any source address (the flood's spoofed clients, [`spoofed_source`]).
+fn spoofed_socket(ns: &EgressNetns) -> Result<std::net::UdpSocket> {
     ns.within(|| {
-        (0..FLOWS)
-            .map(|k| {
-                use std::os::fd::FromRawFd;
-                let src = std::net::SocketAddr::from(([198, 18, (k / 250) as u8, (k % 250 + 1) as u8], 0));
-                // SAFETY: socket(2); the descriptor is owned by the UdpSocket right away.
-                let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-                if fd < 0 {
-                    bail!("socket: {}", std::io::Error::last_os_error());
-                }
-                // SAFETY: a fresh descriptor we own.
-                let s = unsafe { std::net::UdpSocket::from_raw_fd(fd) };
-                ::sys::sockopt::setsockopt_int(fd, libc::SOL_IP, libc::IP_TRANSPARENT, 1)
-                    .context("IP_TRANSPARENT (needs CAP_NET_ADMIN)")?;
-                let (ss, len) = ::sys::addr::to_sockaddr(&src);
-                // SAFETY: ss/len describe a sockaddr_in.
-                if unsafe { libc::bind(fd, (&ss as *const libc::sockaddr_storage).cast(), len) } != 0 {
-                    bail!("bind {src}: {}", std::io::Error::last_os_error());
-                }
-                s.connect(to)?;
-                Ok(s)
-            })
-            .collect()
+        use std::os::fd::FromRawFd;
+        // SAFETY: socket(2); the descriptor is owned by the UdpSocket right away.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            bail!("socket: {}", std::io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor we own.
+        let s = unsafe { std::net::UdpSocket::from_raw_fd(fd) };
+        ::sys::sockopt::setsockopt_int(fd, libc::SOL_IP, libc::IP_TRANSPARENT, 1)
+            .context("IP_TRANSPARENT (needs CAP_NET_ADMIN)")?;
+        Ok(s)
     })
+}
+
+/// Client `i` of the spoofed flood: 198.18.(i / 250).(i % 250 + 1), for i below
+/// [`RETRY_SOURCES`] (inside 198.18.0.0/16, which the namespace routes to its ifb).
+fn spoofed_source(i: usize) -> std::net::Ipv4Addr {
+    std::net::Ipv4Addr::new(198, 18, (i / 250) as u8, (i % 250 + 1) as u8)
 }
 
 /// The Retries a demux sent (its status).
@@ -315,9 +319,19 @@ impl Drop for Stopped {
     }
 }
 
+/// `BENCH_DEMUX_FLAGS`: extra flags for every demux contender, space-separated (an
+/// experiment's knob, e.g. `--uring-buffers 256`; the report's conditions name them).
+fn extra_demux_flags() -> Vec<String> {
+    std::env::var("BENCH_DEMUX_FLAGS").unwrap_or_default().split_whitespace().map(String::from).collect()
+}
+
 fn start(kind: &str, train: usize, o: &SaturationArgs, bins: &Path, dir: &Path) -> Result<Running> {
     let cores = Cores { shard: o.rounds.shard_core, load: o.rounds.load_core };
-    match demux_flags(kind) {
+    let extra = extra_demux_flags();
+    let flags: Option<Vec<&str>> =
+        demux_flags(kind).map(|f| f.iter().copied().chain(extra.iter().map(String::as_str)).collect());
+    let flags = flags.as_deref();
+    match flags {
         Some(flags) if kind == "retry-loopback" => {
             // Handled: Retries sent; what reached the far end: the Retries dropped at
             // the sender's full sockets (run_one).
@@ -371,11 +385,12 @@ fn run_one(kind: &str, train: usize, rep: usize, o: &SaturationArgs, bins: &Path
         }
         true
     };
-    // The retry contender's Retries come back to the flow sockets, which stay open
-    // (until the run ends) with a small receive queue nobody reads: each Retry ends
-    // in the kernel's UDP receive as a counted drop (RcvbufErrors), the closest
-    // loopback has to a Retry leaving through a NIC (a closed port would cost an ICMP
-    // unreachable per Retry, which Linux does not rate-limit on loopback).
+    // `retry`: Initials from RETRY_SOURCES spoofed clients, one socket; their Retries
+    // leave through the namespace's ifb. `retry-loopback`: the Retries come back to
+    // the flow sockets, which stay open (until the run ends) with a small receive
+    // queue nobody reads, so each ends in the kernel's UDP receive as a counted drop
+    // (RcvbufErrors); a closed port would cost an ICMP unreachable per Retry, which
+    // Linux does not rate-limit on loopback.
     let retry_socks = match kind {
         "retry-loopback" => {
             let socks = flow_sockets(r.addr, 1)?;
@@ -386,14 +401,19 @@ fn run_one(kind: &str, train: usize, rep: usize, o: &SaturationArgs, bins: &Path
         }
         "retry" => {
             let ns = r._hold.iter().find_map(|h| h.downcast_ref::<EgressNetns>()).context("the egress namespace")?;
-            spoofed_flow_sockets(ns, r.addr)?
+            vec![spoofed_socket(ns)?]
         }
         _ => Vec::new(),
     };
     let load = if is_retry(kind) {
         let initials = initials(RETRY_INITIALS)?;
-        let pick = |call: usize, j: usize| &initials[(call * MSGS_PER_CALL + j) % initials.len()][..];
-        send_messages_until(&retry_socks, 0.0, o.rounds.load_core, None, pick, more)?
+        let spoofed = kind == "retry";
+        let pick = |call: usize, j: usize| {
+            let i = call * MSGS_PER_CALL + j;
+            (&initials[i % initials.len()][..], spoofed.then(|| spoofed_source(i % RETRY_SOURCES)))
+        };
+        let to = spoofed.then_some(r.addr);
+        send_messages_until(&retry_socks, to, 0.0, o.rounds.load_core, None, pick, more)?
     } else {
         send_until(r.addr, &r.ks, &r.ids, train, 0.0, o.rounds.load_core, None, more)?
     };
@@ -587,7 +607,8 @@ fn report(runs: &[Run], sums: &[Sum], o: &SaturationArgs, c: &Conditions) -> Str
         "Conditions: Linux {}, {} ({} CPUs), {}; **shared machine**: load average at start {} (at end {}; `uptime` before: `{}`, after: `{}`); \
          {} round(s) per contender and mode, contenders in rotating order; the contender on core {}, the sender ({} flows, sendmmsg of 8) and the sinks on core {}; \
          up to {} {}-byte short-header datagrams queued per run into a receive queue of {} bytes (SO_RCVBUFFORCE on the contender's own socket) while the contender is stopped; \
-         demux: one shard, `--io uring --fast-path off --forward seqpacket|ring`, two sink workers; the bench and all it starts at nice {} in an autogroup of its own. \
+         demux: one shard, `--io uring --fast-path off --forward seqpacket|ring` (retry: `--forward ring --retry always`){}, two sink workers; \
+         the retry contenders get token-less v1 Initials ({} DCIDs): `retry` from {} spoofed sources (one IP_TRANSPARENT socket, IP_PKTINFO) in a network namespace of its own whose Retries leave via a gateway through an ifb device (dropped there, like a NIC's transmit), `retry-loopback` from the 64 flows, its Retries back over loopback to them (unread, dropped at their full queues); the bench and all it starts at nice {} in an autogroup of its own. \
          Whole run: {:.0} s. Figures are medians over the rounds; ratios are taken within each round, then the median.\n",
         command_output("uname", &["-r"]),
         cpu_model(),
@@ -604,6 +625,12 @@ fn report(runs: &[Run], sums: &[Sum], o: &SaturationArgs, c: &Conditions) -> Str
         thousands(o.datagrams as f64),
         DATAGRAM,
         thousands(o.queue as f64),
+        match extra_demux_flags() {
+            f if f.is_empty() => String::new(),
+            f => format!(" plus `{}` (BENCH_DEMUX_FLAGS)", f.join(" ")),
+        },
+        thousands(RETRY_INITIALS as f64),
+        thousands(RETRY_SOURCES as f64),
         o.rounds.nice,
         c.secs,
     );

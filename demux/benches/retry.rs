@@ -29,7 +29,7 @@ mod support;
 use criterion::measurement::Measurement;
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
 use demux::dataplane::counters::ShardCounters;
-use demux::dataplane::retry::{Minter, RetryConfig, RetryMode};
+use demux::dataplane::retry::{unix_now, Minter, RetryConfig, RetryMode};
 use proto::cid::{Generation, KeySet, ServerId};
 use quinn_proto::{ClientConfig, Endpoint, EndpointConfig};
 use std::hint::black_box;
@@ -81,7 +81,7 @@ impl Drain {
         }
         let (n, from) = self.srv.recv_from(&mut self.buf).unwrap();
         self.queued -= 1;
-        self.m.answer(&self.buf[..n], from, self.local, None, &self.keys, ServerId(1), &self.counters);
+        self.m.answer(&self.buf[..n], from, self.local, None, &self.keys, ServerId(1), unix_now(), &self.counters);
         if self.queued == 0 {
             self.m.flush(&self.counters);
         }
@@ -98,7 +98,7 @@ fn benches<M: Measurement + Clock + 'static>(c: &mut Criterion<M>, p: &str) {
     let keys = KeySet::new((Generation::new(0).unwrap(), [1; 32]), None).unwrap();
     let counters = ShardCounters::new(1);
     let client = sink.local_addr().unwrap();
-    m.answer(&initial, client, local, None, &keys, ServerId(1), &counters);
+    m.answer(&initial, client, local, None, &keys, ServerId(1), unix_now(), &counters);
     m.flush(&counters);
     assert_eq!(counters.retries_sent.load(Ordering::Relaxed), 1, "one Retry sent");
 
@@ -110,13 +110,13 @@ fn benches<M: Measurement + Clock + 'static>(c: &mut Criterion<M>, p: &str) {
     });
     g.bench_function("answer", |b| {
         b.iter(|| {
-            m.answer(black_box(&initial), client, local, None, &keys, ServerId(1), &counters);
+            m.answer(black_box(&initial), client, local, None, &keys, ServerId(1), unix_now(), &counters);
             m.flush(&counters)
         })
     });
     // A full queue is flushed by the next answer: one sendmmsg per RETRY_BATCH Retries.
     g.bench_function("answer_batched", |b| {
-        b.iter(|| m.answer(black_box(&initial), client, local, None, &keys, ServerId(1), &counters))
+        b.iter(|| m.answer(black_box(&initial), client, local, None, &keys, ServerId(1), unix_now(), &counters))
     });
     m.flush(&counters);
     let sent = counters.retries_sent.load(Ordering::Relaxed);

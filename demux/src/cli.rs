@@ -280,7 +280,7 @@ pub struct DataPlaneArgs {
     pub max_instances: usize,
     /// io_uring: provided buffers per shard (power of two, 1..=32768), each one
     /// 64 KiB GRO train plus 512 bytes of headers.
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u16).range(1..=32768))]
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u16).range(1..=32768))]
     pub uring_buffers: u16,
     /// Datagrams (or GRO trains) received per batch (recvmmsg backend).
     #[arg(long, default_value_t = 32)]

@@ -38,7 +38,7 @@ const CQ_ENTRIES: u32 = 4096;
 /// or ring flush per worker, a sleeping worker's eventfd write) is shared by the
 /// receives of a round. The round only grows with completions the kernel already has
 /// pending (IORING_SQ_TASKRUN): it never waits for more.
-const ROUND_RECEIVES: usize = 224;
+const ROUND_RECEIVES: usize = 448;
 /// Receives one task run of one multishot may post (the kernel's MULTISHOT_MAX_RETRY
 /// plus the first): a round asks for more only while this many buffers per socket are free.
 const RECEIVES_PER_TASK_RUN: usize = 33;

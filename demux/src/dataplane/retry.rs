@@ -33,6 +33,11 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::RawFd;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+/// Wall-clock Unix seconds, as Retry tokens carry them (0 before 1970).
+pub fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
 /// `--retry`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RetryMode {
@@ -175,7 +180,8 @@ impl Minter {
 
     /// Answers the token-less client Initial `datagram` from `client` (arrived on
     /// `local`, destination `local_ip`) with a Retry naming instance `target` under
-    /// `keys`, queued for [`Minter::flush`] (a full queue is flushed first). Counts
+    /// `keys`, its token issued at `now_unix` (the shard reads the clock once per
+    /// round), queued for [`Minter::flush`] (a full queue is flushed first). Counts
     /// what happened; `true` when a Retry was queued.
     #[allow(clippy::too_many_arguments)] // the datagram's facts, flat: one hot call site
     pub fn answer(
@@ -186,6 +192,7 @@ impl Minter {
         local_ip: Option<IpAddr>,
         keys: &KeySet,
         target: ServerId,
+        now_unix: u64,
         c: &ShardCounters,
     ) -> bool {
         let Some(fd) = self
@@ -203,7 +210,6 @@ impl Minter {
         };
         let wildcard = self.sockets.iter().any(|(a, f)| *f == fd && a.ip().is_unspecified());
         let src = if wildcard { local_ip } else { None };
-        let now_unix = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         if self.queued >= RETRY_BATCH {
             self.flush(c);
         }
@@ -425,7 +431,7 @@ mod token_format {
         let init =
             proto::initial::build_client_initial(1, &odcid, &[5; 8], &[], 0, &[6, 0, 4, 1, 0, 0, 0], 1200).unwrap();
         let c = ShardCounters::new(1);
-        assert!(m.answer(&init, caddr, local, None, &keys, ServerId(3), &c));
+        assert!(m.answer(&init, caddr, local, None, &keys, ServerId(3), unix_now(), &c));
         assert_eq!((m.queued(), c.retries_sent.load(std::sync::atomic::Ordering::Relaxed)), (1, 0), "queued, not sent");
         m.flush(&c);
         assert_eq!((m.queued(), c.retries_sent.load(std::sync::atomic::Ordering::Relaxed)), (0, 1));
@@ -489,7 +495,7 @@ mod batching {
         for i in 0..total {
             let init = proto::initial::build_client_initial(1, &dcid(i), &[5; 8], &[], 0, &[6, 0, 1, 0], 1200).unwrap();
             let to = if i % 7 == 3 { nowhere } else { caddr };
-            assert!(m.answer(&init, to, local, None, &keys, ServerId(3), &c));
+            assert!(m.answer(&init, to, local, None, &keys, ServerId(3), unix_now(), &c));
             if to == caddr {
                 want.push(i);
             }

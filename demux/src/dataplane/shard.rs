@@ -101,7 +101,7 @@ impl Router {
     pub fn begin(&mut self) {
         self.now = self.limits.epoch.elapsed();
         self.ms = self.now.as_millis() as u64;
-        self.unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        self.unix = crate::dataplane::retry::unix_now();
         bump(&self.counters.batches, 1);
         if self.limits.handshakes_done.written() != self.done_cursor {
             self.handshakes_done();
@@ -162,7 +162,7 @@ impl Router {
             None if !sock.local.ip().is_unspecified() => Some(sock.local),
             None => None,
         };
-        let fwd = &mut self.fwd;
+        let (fwd, unix) = (&mut self.fwd, self.unix);
         let peers = self.peers.as_deref();
         // Only a new placement calls into the limits (proto::route::Admission); the
         // clock in ms for the rate sketch is the batch's, no extra clock read.
@@ -202,7 +202,8 @@ impl Router {
                     let end = if run.segments > 1 { run.bytes.start + stride } else { run.bytes.end };
                     let first = payload.get(run.bytes.start..end).unwrap_or(&[]);
                     let local = local.unwrap_or(sock.local);
-                    let sent = m.answer(first, client, local, meta.local_ip, snap.table.keys(), info.server_id, c);
+                    let keys = snap.table.keys();
+                    let sent = m.answer(first, client, local, meta.local_ip, keys, info.server_id, unix, c);
                     if sent && matches!(r, Refusal::RetryOverLimit { .. }) {
                         bump(&c.retries_sent_over_limit, 1);
                     }

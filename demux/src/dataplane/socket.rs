@@ -52,6 +52,15 @@ pub fn bind_udp(addr: SocketAddr, listen_index: usize) -> Result<UdpSock> {
         }
         opt(libc::IPPROTO_IP, libc::IP_RECVTOS, 1, "IP_RECVTOS")?;
     }
+    // RFC 9000 §14: QUIC datagrams must not be fragmented; in IPv4 the DF bit is set.
+    // PROBE: DF set, but sends are not limited by a cached path MTU (what the demux
+    // sends — Retries, resets, Version Negotiation — is small). It also spares the
+    // kernel choosing an IP ID per datagram.
+    if addr.is_ipv6() {
+        opt(libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, libc::IPV6_PMTUDISC_PROBE, "IPV6_MTU_DISCOVER")?;
+    } else {
+        opt(libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_PROBE, "IP_MTU_DISCOVER")?;
+    }
     if setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, RCVBUF).is_err() {
         let _ = setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_RCVBUF, RCVBUF);
     }
@@ -134,4 +143,37 @@ pub fn from_inherited(fds: &[i32], shards: usize) -> Result<Vec<Vec<UdpSock>>> {
         out.push(v);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn int_opt(fd: &OwnedFd, level: libc::c_int, name: libc::c_int) -> libc::c_int {
+        let mut v: libc::c_int = -1;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt(2) into a live c_int of the size passed.
+        let r = unsafe { libc::getsockopt(fd.as_raw_fd(), level, name, (&mut v as *mut libc::c_int).cast(), &mut len) };
+        assert_eq!(r, 0, "getsockopt {level}/{name}: {}", std::io::Error::last_os_error());
+        v
+    }
+
+    /// DF on every socket (RFC 9000 §14); the destination address per datagram only
+    /// where the bound address does not give it (a wildcard).
+    #[test]
+    fn df_everywhere_pktinfo_only_on_wildcards() {
+        let specific = bind_udp("127.0.0.1:0".parse().unwrap(), 0).unwrap();
+        let wildcard = bind_udp("0.0.0.0:0".parse().unwrap(), 0).unwrap();
+        for s in [&specific, &wildcard] {
+            assert_eq!(int_opt(&s.fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER), libc::IP_PMTUDISC_PROBE);
+            assert_eq!(int_opt(&s.fd, libc::IPPROTO_IP, libc::IP_RECVTOS), 1, "ECN on both");
+        }
+        assert_eq!(int_opt(&specific.fd, libc::IPPROTO_IP, libc::IP_PKTINFO), 0);
+        assert_eq!(int_opt(&wildcard.fd, libc::IPPROTO_IP, libc::IP_PKTINFO), 1);
+        let v6 = bind_udp("[::1]:0".parse().unwrap(), 0).unwrap();
+        assert_eq!(int_opt(&v6.fd, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER), libc::IPV6_PMTUDISC_PROBE);
+        assert_eq!(int_opt(&v6.fd, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO), 0);
+        let v6any = bind_udp("[::]:0".parse().unwrap(), 0).unwrap();
+        assert_eq!(int_opt(&v6any.fd, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO), 1);
+    }
 }
