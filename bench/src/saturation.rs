@@ -34,7 +34,7 @@ use crate::load::{flow_sockets, initials, send_messages_until, send_until, FLOWS
 use crate::report::{command_output, fixed, loadavg, loadavg_now, median, mode_name, replace_block, thousands};
 use crate::sys::{
     all_threads_stopped, cpu_model, dev_counter, dup_from_process, schedstat_ns, socket_fd_of, udp_queue_of,
-    udp_rcvbuf_errors, Schedstat,
+    udp_rcvbuf_errors, wait_quiet, Schedstat,
 };
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
@@ -55,6 +55,8 @@ const DRAIN_POLL: Duration = Duration::from_millis(1);
 const QUIET: Duration = Duration::from_millis(200);
 /// The longest a drain may take.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest the bench waits for the machine to be quiet before a run.
+const QUIET_LIMIT: Duration = Duration::from_secs(3);
 /// How long SIGSTOP may take to stop every thread.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Markers of the generated block in the doc.
@@ -743,6 +745,11 @@ pub(crate) fn run(o: &SaturationArgs, uptime_start: String) -> Result<String> {
                 let k = &o.contenders[(i + rep) % n];
                 if !runs_in(k, train) {
                     continue;
+                }
+                // What the last run left behind (its processes' exit, a namespace's
+                // cleanup) finishes before this one starts.
+                if !wait_quiet(QUIET_LIMIT) {
+                    eprintln!("saturation: the machine did not get quiet within {QUIET_LIMIT:?}; running anyway");
                 }
                 let r = run_one(k, train, rep, o, &bins, &tmp)
                     .with_context(|| format!("{k}, {}, round {}", mode_name(train), rep + 1))?;

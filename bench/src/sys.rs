@@ -147,6 +147,40 @@ pub(crate) fn parse_proc_net_udp(text: &str, port: u16) -> Option<UdpQueue> {
     })
 }
 
+/// (busy, total) jiffies of all CPUs so far (/proc/stat's `cpu` line; idle and
+/// iowait are not busy).
+pub(crate) fn cpu_jiffies() -> Option<(u64, u64)> {
+    parse_proc_stat_cpu(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+pub(crate) fn parse_proc_stat_cpu(text: &str) -> Option<(u64, u64)> {
+    let line = text.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line.split_whitespace().skip(1).map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3)? + v.get(4)?;
+    Some((total - idle, total))
+}
+
+/// Waits (at most `limit`) until the machine has been nearly idle (< 10 % busy over
+/// all CPUs) for a tenth of a second: what the previous run left behind (a process's
+/// exit, a network namespace's cleanup in a kernel worker) should not run during the
+/// next one. Returns whether it got quiet.
+pub(crate) fn wait_quiet(limit: Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    let mut last = cpu_jiffies();
+    while std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = cpu_jiffies();
+        if let (Some((b0, t0)), Some((b1, t1))) = (last, now) {
+            if t1 > t0 && (b1 - b0) * 10 < t1 - t0 {
+                return true;
+            }
+        }
+        last = now;
+    }
+    false
+}
+
 /// The host's UDP `RcvbufErrors` counter (/proc/net/snmp): datagrams dropped at a
 /// full receive queue. The saturation bench's Retries end there, so this counts them
 /// at the far end without asking the demux.
@@ -234,6 +268,14 @@ mod tests {
         assert_eq!(parse_proc_net_dev(t, "qdx-egress", 3), Some(0), "rx drop");
         assert_eq!(parse_proc_net_dev(t, "eth0", 9), None);
         assert_eq!(parse_proc_net_dev(t, "lo", 16), None, "no such field");
+    }
+
+    #[test]
+    fn proc_stat_busy_and_total() {
+        let t = "cpu  100 5 50 800 20 3 2 0 0 0\ncpu0 50 2 25 400 10 1 1 0 0 0\n";
+        // busy = user + nice + system + irq + softirq + steal = 160; idle + iowait = 820.
+        assert_eq!(parse_proc_stat_cpu(t), Some((160, 980)));
+        assert_eq!(parse_proc_stat_cpu("cpu0 1 2 3\n"), None, "no aggregate line");
     }
 
     #[test]
