@@ -61,6 +61,12 @@ fn every_contender_drains_a_queue_filled_while_it_was_stopped() {
         // And then it took every datagram out.
         assert_eq!(u("received"), u("sent"), "{r}");
         assert!(u("handled") <= u("received") && u("handled") as f64 >= 0.95 * u("sent") as f64, "{r}");
+        // The demux's rounds take more than one task run's receives (the kernel's 32
+        // per multishot): the shard enters again while receives are pending.
+        if r["batches"].is_u64() && r["train"] == 1 {
+            let per_round = u("received") as f64 / u("batches").max(1) as f64;
+            assert!(per_round > 64.0, "{r}: {per_round:.1} receives per round");
+        }
         let (cpu, wall, us) = (f("cpu_s"), f("wall_s"), f("us_per_datagram"));
         assert!(cpu > 0.0 && wall > 0.0 && us.is_finite() && us > 0.0, "{r}");
         assert!((us - cpu * 1e6 / u("handled") as f64).abs() < 1e-6, "{r}: µs = CPU / handled");
