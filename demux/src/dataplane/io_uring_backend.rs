@@ -176,52 +176,6 @@ impl Drop for BufRing {
     }
 }
 
-/// The receive buffers: one anonymous mapping, 2 MiB aligned and marked
-/// MADV_HUGEPAGE, so that datagrams spread over 512 buffers of 64 KiB cost the kernel's
-/// copy and the shard's reads a few TLB entries, not one per 4 KiB page (transparent
-/// huge pages in `madvise` mode; a refusal leaves small pages).
-struct Buffers {
-    base: *mut u8,
-    map: *mut libc::c_void,
-    map_len: usize,
-}
-
-const HUGE_PAGE: usize = 2 << 20;
-
-impl Buffers {
-    fn new(len: usize) -> std::io::Result<Buffers> {
-        let map_len = len + HUGE_PAGE;
-        // SAFETY: anonymous private mapping; checked for MAP_FAILED below. Zeroed.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_ANONYMOUS | libc::MAP_PRIVATE,
-                -1,
-                0,
-            )
-        };
-        if map == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        let pad = (HUGE_PAGE - (map as usize) % HUGE_PAGE) % HUGE_PAGE;
-        // SAFETY: pad < HUGE_PAGE, so base..base + len lies inside the mapping.
-        let base = unsafe { map.cast::<u8>().add(pad) };
-        // SAFETY: advice on a range of our own mapping; failure only means small pages.
-        unsafe { libc::madvise(base.cast(), len, libc::MADV_HUGEPAGE) };
-        Ok(Buffers { base, map, map_len })
-    }
-}
-
-impl Drop for Buffers {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in new(); the ring that wrote into it
-        // is dropped first (declared after it in `run`).
-        unsafe { libc::munmap(self.map, self.map_len) };
-    }
-}
-
 struct Socket {
     info: SockInfo,
     fd: i32,
@@ -248,10 +202,10 @@ pub fn run(setup: ShardSetup) -> Result<()> {
         })
         .collect();
     let mut br = BufRing::new(nbuf).context("mmap buffer ring")?;
-    let bufs = Buffers::new(usize::from(nbuf) * BUF_LEN).context("mmap receive buffers")?;
+    let mut bufs = vec![0u8; usize::from(nbuf) * BUF_LEN];
     // Every access goes through this one raw pointer: the kernel writes buffers we
-    // do not currently hold, so no reference to the whole area is ever formed.
-    let base: *mut u8 = bufs.base;
+    // do not currently hold, so no reference to the whole Vec is ever formed again.
+    let base: *mut u8 = bufs.as_mut_ptr();
     // Declared after `socks`, `br` and `bufs`, so dropped before them: nothing the
     // kernel may still reference is freed while the ring lives.
     let (mut ring, fast) = build_ring().map_err(|e| anyhow::anyhow!(explain(&e)))?;
@@ -260,7 +214,7 @@ pub fn run(setup: ShardSetup) -> Result<()> {
     unsafe { ring.submitter().register_buf_ring_with_flags(br.addr(), nbuf, BGID, 0) }
         .context("io_uring_register_buf_ring")?;
     for bid in 0..nbuf {
-        // SAFETY: bid * BUF_LEN + BUF_LEN <= nbuf * BUF_LEN: inside the buffers.
+        // SAFETY: bid * BUF_LEN + BUF_LEN <= bufs.len(): inside the allocation.
         let p = unsafe { base.add(usize::from(bid) * BUF_LEN) };
         br.add(p, BUF_LEN as u32, bid);
     }
