@@ -81,7 +81,17 @@ impl Drain {
         }
         let (n, from) = self.srv.recv_from(&mut self.buf).unwrap();
         self.queued -= 1;
-        self.m.answer(&self.buf[..n], from, self.local, None, &self.keys, ServerId(1), unix_now(), &self.counters);
+        self.m.answer(
+            &self.buf[..n],
+            from,
+            self.local,
+            None,
+            &self.keys,
+            ServerId(1),
+            unix_now(),
+            false,
+            &self.counters,
+        );
         if self.queued == 0 {
             self.m.flush(&self.counters);
         }
@@ -98,7 +108,7 @@ fn benches<M: Measurement + Clock + 'static>(c: &mut Criterion<M>, p: &str) {
     let keys = KeySet::new((Generation::new(0).unwrap(), [1; 32]), None).unwrap();
     let counters = ShardCounters::new(1);
     let client = sink.local_addr().unwrap();
-    m.answer(&initial, client, local, None, &keys, ServerId(1), unix_now(), &counters);
+    m.answer(&initial, client, local, None, &keys, ServerId(1), unix_now(), false, &counters);
     m.flush(&counters);
     assert_eq!(counters.retries_sent.load(Ordering::Relaxed), 1, "one Retry sent");
 
@@ -110,13 +120,13 @@ fn benches<M: Measurement + Clock + 'static>(c: &mut Criterion<M>, p: &str) {
     });
     g.bench_function("answer", |b| {
         b.iter(|| {
-            m.answer(black_box(&initial), client, local, None, &keys, ServerId(1), unix_now(), &counters);
+            m.answer(black_box(&initial), client, local, None, &keys, ServerId(1), unix_now(), false, &counters);
             m.flush(&counters)
         })
     });
     // A full queue is flushed by the next answer: one sendmmsg per RETRY_BATCH Retries.
     g.bench_function("answer_batched", |b| {
-        b.iter(|| m.answer(black_box(&initial), client, local, None, &keys, ServerId(1), unix_now(), &counters))
+        b.iter(|| m.answer(black_box(&initial), client, local, None, &keys, ServerId(1), unix_now(), false, &counters))
     });
     m.flush(&counters);
     let sent = counters.retries_sent.load(Ordering::Relaxed);

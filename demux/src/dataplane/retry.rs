@@ -109,6 +109,8 @@ const UNSPECIFIED: SocketAddr = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::U
 /// One queued Retry: its bytes, where it goes, the source address to send it from.
 struct Queued {
     fd: RawFd,
+    /// Sent because its client was over its limits (counted as retry.sent_over_limit).
+    over_limit: bool,
     len: usize,
     dst: (libc::sockaddr_storage, libc::socklen_t),
     src: Option<IpAddr>,
@@ -145,7 +147,14 @@ impl Minter {
             out: [0; MAX_RETRY],
             sockets,
             queue: (0..RETRY_BATCH)
-                .map(|_| Queued { fd: -1, len: 0, dst: sockaddr(UNSPECIFIED), src: None, bytes: [0; MAX_RETRY] })
+                .map(|_| Queued {
+                    fd: -1,
+                    over_limit: false,
+                    len: 0,
+                    dst: sockaddr(UNSPECIFIED),
+                    src: None,
+                    bytes: [0; MAX_RETRY],
+                })
                 .collect(),
             queued: 0,
             iovs: vec![empty_iov; RETRY_BATCH],
@@ -181,8 +190,9 @@ impl Minter {
     /// Answers the token-less client Initial `datagram` from `client` (arrived on
     /// `local`, destination `local_ip`) with a Retry naming instance `target` under
     /// `keys`, its token issued at `now_unix` (the shard reads the clock once per
-    /// round), queued for [`Minter::flush`] (a full queue is flushed first). Counts
-    /// what happened; `true` when a Retry was queued.
+    /// round), queued for [`Minter::flush`] (a full queue is flushed first);
+    /// `over_limit`: its client is over its limits (limits::Refusal::RetryOverLimit).
+    /// Counts what happened (a Retry when it has gone out); `true` when one was queued.
     #[allow(clippy::too_many_arguments)] // the datagram's facts, flat: one hot call site
     pub fn answer(
         &mut self,
@@ -193,6 +203,7 @@ impl Minter {
         keys: &KeySet,
         target: ServerId,
         now_unix: u64,
+        over_limit: bool,
         c: &ShardCounters,
     ) -> bool {
         let Some(fd) = self
@@ -221,6 +232,7 @@ impl Minter {
             Ok(n) => {
                 q.len = n;
                 q.fd = fd;
+                q.over_limit = over_limit;
                 q.dst = sockaddr(client);
                 q.src = src;
             }
@@ -237,8 +249,9 @@ impl Minter {
     }
 
     /// Sends every queued Retry: one sendmmsg(2) per run of Retries on the same
-    /// socket, MSG_DONTWAIT. Counts `retries_sent` and, for what the kernel refused,
-    /// `retry_send_errors` (a Retry is never retried: the client resends its Initial).
+    /// socket, MSG_DONTWAIT. Counts `retries_sent` (and `retries_sent_over_limit`) and,
+    /// for what the kernel refused, `retry_send_errors` (a Retry is never retried: the
+    /// client resends its Initial).
     pub fn flush(&mut self, c: &ShardCounters) {
         let n = self.queued;
         if n == 0 {
@@ -262,8 +275,14 @@ impl Minter {
             while end < n && self.queue[end].fd == fd {
                 end += 1;
             }
-            let sent = sendmmsg_all(fd, &mut self.msgs[start..end]);
+            let queue = &self.queue;
+            let mut refused_over_limit = 0;
+            let sent = sendmmsg_all(fd, &mut self.msgs[start..end], |k| {
+                refused_over_limit += u64::from(queue[start + k].over_limit);
+            });
+            let over_limit = queue[start..end].iter().filter(|q| q.over_limit).count() as u64;
             bump(&c.retries_sent, sent as u64);
+            bump(&c.retries_sent_over_limit, over_limit - refused_over_limit);
             bump(&c.retry_send_errors, (end - start - sent) as u64);
             start = end;
         }
@@ -297,9 +316,9 @@ fn mint_into(
 }
 
 /// sendmmsg(2) of `msgs` on `fd`; how many the kernel took. A message it refuses (a
-/// full socket buffer, an unreachable address) is skipped and the rest still go;
-/// EINTR is retried. At most one call per message.
-fn sendmmsg_all(fd: RawFd, msgs: &mut [libc::mmsghdr]) -> usize {
+/// full socket buffer, an unreachable address) is skipped, told to `refused(index)`,
+/// and the rest still go; EINTR is retried. At most one call per message.
+fn sendmmsg_all(fd: RawFd, msgs: &mut [libc::mmsghdr], mut refused: impl FnMut(usize)) -> usize {
     let (mut next, mut ok) = (0, 0);
     while next < msgs.len() {
         // SAFETY: msgs[next..] are initialised by flush and point into the minter's
@@ -313,7 +332,8 @@ fn sendmmsg_all(fd: RawFd, msgs: &mut [libc::mmsghdr]) -> usize {
         } else if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
             continue;
         } else {
-            next += 1; // msgs[next] was refused
+            refused(next);
+            next += 1;
         }
     }
     ok
@@ -431,7 +451,7 @@ mod token_format {
         let init =
             proto::initial::build_client_initial(1, &odcid, &[5; 8], &[], 0, &[6, 0, 4, 1, 0, 0, 0], 1200).unwrap();
         let c = ShardCounters::new(1);
-        assert!(m.answer(&init, caddr, local, None, &keys, ServerId(3), unix_now(), &c));
+        assert!(m.answer(&init, caddr, local, None, &keys, ServerId(3), unix_now(), false, &c));
         assert_eq!((m.queued(), c.retries_sent.load(std::sync::atomic::Ordering::Relaxed)), (1, 0), "queued, not sent");
         m.flush(&c);
         assert_eq!((m.queued(), c.retries_sent.load(std::sync::atomic::Ordering::Relaxed)), (0, 1));
@@ -489,13 +509,14 @@ mod batching {
             d[..4].copy_from_slice(&(i as u32).to_le_bytes());
             d
         };
-        // 150 Retries; every 7th to port 0, which the kernel refuses.
+        // 150 Retries; every 7th to port 0, which the kernel refuses; every 3rd over
+        // its client's limits.
         let total = 150;
         let mut want = Vec::new();
         for i in 0..total {
             let init = proto::initial::build_client_initial(1, &dcid(i), &[5; 8], &[], 0, &[6, 0, 1, 0], 1200).unwrap();
             let to = if i % 7 == 3 { nowhere } else { caddr };
-            assert!(m.answer(&init, to, local, None, &keys, ServerId(3), unix_now(), &c));
+            assert!(m.answer(&init, to, local, None, &keys, ServerId(3), unix_now(), i % 3 == 0, &c));
             if to == caddr {
                 want.push(i);
             }
@@ -511,6 +532,9 @@ mod batching {
             (total as u64 - refused, refused),
             "each refusal counted once, the rest sent"
         );
+        // Over-limit Retries count when they have gone out, not when queued.
+        let over_limit_sent = (0..total).filter(|i| i % 3 == 0 && i % 7 != 3).count() as u64;
+        assert_eq!(c.retries_sent_over_limit.load(Relaxed), over_limit_sent);
         let mut buf = [0u8; 1500];
         for i in want {
             let n = client.recv(&mut buf).unwrap();

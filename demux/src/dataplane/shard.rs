@@ -203,10 +203,8 @@ impl Router {
                     let first = payload.get(run.bytes.start..end).unwrap_or(&[]);
                     let local = local.unwrap_or(sock.local);
                     let keys = snap.table.keys();
-                    let sent = m.answer(first, client, local, meta.local_ip, keys, info.server_id, unix, c);
-                    if sent && matches!(r, Refusal::RetryOverLimit { .. }) {
-                        bump(&c.retries_sent_over_limit, 1);
-                    }
+                    let over_limit = matches!(r, Refusal::RetryOverLimit { .. });
+                    m.answer(first, client, local, meta.local_ip, keys, info.server_id, unix, over_limit, c);
                     return;
                 }
                 None => {}
