@@ -137,28 +137,6 @@ pub(crate) fn send_until(
     send_messages_until(&socks, None, rate, core, nice, |call, _| (&payloads[call % FLOWS][..], None), more)
 }
 
-/// Points `msg`'s control data at `control`, holding one IP_PKTINFO that sends the
-/// message from `src`.
-fn set_pktinfo_source(msg: &mut libc::msghdr, control: &mut [u64; 8], src: std::net::Ipv4Addr) {
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(control) as _;
-    // SAFETY: msg_control points at `control` (64 bytes, 8-aligned), room for one
-    // cmsghdr with an in_pktinfo; CMSG_FIRSTHDR is non-null for a buffer that large.
-    unsafe {
-        let cm = libc::CMSG_FIRSTHDR(msg);
-        (*cm).cmsg_level = libc::IPPROTO_IP;
-        (*cm).cmsg_type = libc::IP_PKTINFO;
-        (*cm).cmsg_len = libc::CMSG_LEN(size_of::<libc::in_pktinfo>() as u32) as _;
-        let pi = libc::in_pktinfo {
-            ipi_ifindex: 0,
-            ipi_spec_dst: libc::in_addr { s_addr: u32::from_ne_bytes(src.octets()) },
-            ipi_addr: libc::in_addr { s_addr: 0 },
-        };
-        std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<libc::in_pktinfo>(), pi);
-        msg.msg_controllen = libc::CMSG_SPACE(size_of::<libc::in_pktinfo>() as u32) as _;
-    }
-}
-
 /// Distinct token-less QUIC v1 client Initials (1200 bytes, header protection applied
 /// with each DCID's Initial keys, RFC 9001 §5; DCID = 8 bytes of `i`): what a flood of
 /// fresh connection attempts looks like to a demux minting Retries. Their payloads are
@@ -215,7 +193,7 @@ pub(crate) fn send_messages_until<'p>(
             // SAFETY: plain old data.
             let mut msgs: Vec<libc::mmsghdr> = (0..MSGS_PER_CALL).map(|_| unsafe { zeroed() }).collect();
             // u64 backing store: cmsg buffers must be aligned for cmsghdr.
-            let mut controls = vec![[0u64; 8]; MSGS_PER_CALL];
+            let mut controls: Vec<::sys::pktinfo::SourceControl> = vec![[0; 8]; MSGS_PER_CALL];
             loop {
                 let now = Instant::now();
                 if !more(sent, now - start) {
@@ -243,7 +221,7 @@ pub(crate) fn send_messages_until<'p>(
                     }
                     m.msg_hdr.msg_controllen = 0;
                     if let Some(ip) = src {
-                        set_pktinfo_source(&mut m.msg_hdr, control, ip);
+                        ::sys::pktinfo::set_source(&mut m.msg_hdr, control, ip.into());
                     }
                 }
                 // SAFETY: msgs point at live buffers (read only by the kernel).

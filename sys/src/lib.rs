@@ -17,6 +17,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 pub mod addr;
 pub mod control;
 pub mod epoll;
+pub mod pktinfo;
 pub mod raw;
 pub mod ring;
 pub mod seqpacket;

@@ -132,7 +132,7 @@ pub struct Minter {
     queued: usize,
     /// sendmmsg's arrays, built at flush over `queue` (allocated once).
     iovs: Vec<libc::iovec>,
-    controls: Vec<[u64; 8]>,
+    controls: Vec<sys::pktinfo::SourceControl>,
     msgs: Vec<libc::mmsghdr>,
 }
 
@@ -341,40 +341,11 @@ fn sendmmsg_all(fd: RawFd, msgs: &mut [libc::mmsghdr], mut refused: impl FnMut(u
 
 /// Points `msg`'s control data at `control` with the source address `src` (IP_PKTINFO
 /// / IPV6_PKTINFO) when given, or at nothing.
-fn set_source(msg: &mut libc::msghdr, control: &mut [u64; 8], src: Option<IpAddr>) {
+fn set_source(msg: &mut libc::msghdr, control: &mut sys::pktinfo::SourceControl, src: Option<IpAddr>) {
     msg.msg_control = std::ptr::null_mut();
     msg.msg_controllen = 0;
-    let Some(ip) = src else { return };
-    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
-    msg.msg_controllen = std::mem::size_of_val(control) as _;
-    // SAFETY: msg_control points at `control` (64 bytes, 8-aligned: u64 backing store),
-    // enough for one cmsghdr with an in6_pktinfo (16 + 20 bytes, aligned: 40);
-    // CMSG_FIRSTHDR is non-null for a buffer that large, and we write within
-    // CMSG_SPACE(len).
-    unsafe {
-        let cm = libc::CMSG_FIRSTHDR(msg);
-        match ip {
-            IpAddr::V4(v4) => {
-                (*cm).cmsg_level = libc::IPPROTO_IP;
-                (*cm).cmsg_type = libc::IP_PKTINFO;
-                (*cm).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::in_pktinfo>() as u32) as _;
-                let pi = libc::in_pktinfo {
-                    ipi_ifindex: 0,
-                    ipi_spec_dst: libc::in_addr { s_addr: u32::from_ne_bytes(v4.octets()) },
-                    ipi_addr: libc::in_addr { s_addr: 0 },
-                };
-                std::ptr::write_unaligned(libc::CMSG_DATA(cm) as *mut libc::in_pktinfo, pi);
-                msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<libc::in_pktinfo>() as u32) as _;
-            }
-            IpAddr::V6(v6) => {
-                (*cm).cmsg_level = libc::IPPROTO_IPV6;
-                (*cm).cmsg_type = libc::IPV6_PKTINFO;
-                (*cm).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::in6_pktinfo>() as u32) as _;
-                let pi = libc::in6_pktinfo { ipi6_addr: libc::in6_addr { s6_addr: v6.octets() }, ipi6_ifindex: 0 };
-                std::ptr::write_unaligned(libc::CMSG_DATA(cm) as *mut libc::in6_pktinfo, pi);
-                msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<libc::in6_pktinfo>() as u32) as _;
-            }
-        }
+    if let Some(ip) = src {
+        sys::pktinfo::set_source(msg, control, ip);
     }
 }
 

@@ -107,12 +107,6 @@ impl MmsgSender {
     }
 }
 
-/// One control buffer big enough for CMSG_SPACE(sizeof in_pktinfo) (16 + 12), 8-byte
-/// aligned.
-#[repr(C, align(8))]
-#[derive(Clone, Copy)]
-struct PktinfoBuf([u8; 32]);
-
 /// Reusable sendmmsg state for an unconnected IPv4 socket bound to 0.0.0.0 that sends
 /// every datagram to one target from a source address of the caller's choice
 /// (IP_PKTINFO `ipi_spec_dst`, ip(7)). Any 127.0.0.0/8 address is local on Linux
@@ -121,7 +115,7 @@ struct PktinfoBuf([u8; 32]);
 pub struct SpoofSender {
     hdrs: Vec<libc::mmsghdr>,
     iovs: Vec<libc::iovec>,
-    cmsgs: Vec<PktinfoBuf>,
+    cmsgs: Vec<::sys::pktinfo::SourceControl>,
     target: Box<libc::sockaddr_in>,
 }
 
@@ -140,7 +134,7 @@ impl SpoofSender {
         // SAFETY: mmsghdr and iovec are plain C structs for which all-zero is valid.
         let (hdrs, iovs) =
             unsafe { (vec![std::mem::zeroed::<libc::mmsghdr>(); cap], vec![std::mem::zeroed::<libc::iovec>(); cap]) };
-        SpoofSender { hdrs, iovs, cmsgs: vec![PktinfoBuf([0; 32]); cap], target }
+        SpoofSender { hdrs, iovs, cmsgs: vec![[0; 8]; cap], target }
     }
 
     /// Sends each `data[start..start + len]` of `msgs` (at most the capacity) to the
@@ -154,40 +148,15 @@ impl SpoofSender {
         sources: &[std::net::Ipv4Addr],
     ) -> (usize, usize, Option<io::Error>) {
         let n = msgs.len().min(self.hdrs.len()).min(sources.len());
-        // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic on a constant size.
-        let (space, len) = unsafe {
-            let sz = std::mem::size_of::<libc::in_pktinfo>() as u32;
-            (libc::CMSG_SPACE(sz) as usize, libc::CMSG_LEN(sz) as usize)
-        };
         for (i, &(start, dlen)) in msgs[..n].iter().enumerate() {
             let m = &data[start..start + dlen];
             self.iovs[i] = libc::iovec { iov_base: m.as_ptr() as *mut libc::c_void, iov_len: m.len() };
-            let cm = &mut self.cmsgs[i];
-            let pi = libc::in_pktinfo {
-                ipi_ifindex: 0,
-                ipi_spec_dst: libc::in_addr { s_addr: u32::from_ne_bytes(sources[i].octets()) },
-                ipi_addr: libc::in_addr { s_addr: 0 },
-            };
-            // SAFETY: the buffer is 8-byte aligned and 32 ≥ CMSG_SPACE(12) bytes long, so
-            // one cmsghdr and its in_pktinfo fit; the msghdr only lets CMSG_FIRSTHDR
-            // compute the first header's address.
-            unsafe {
-                let mut mh: libc::msghdr = std::mem::zeroed();
-                mh.msg_control = cm.0.as_mut_ptr().cast();
-                mh.msg_controllen = space as _;
-                let hdr = libc::CMSG_FIRSTHDR(&mh);
-                (*hdr).cmsg_level = libc::IPPROTO_IP;
-                (*hdr).cmsg_type = libc::IP_PKTINFO;
-                (*hdr).cmsg_len = len as _;
-                std::ptr::write_unaligned(libc::CMSG_DATA(hdr) as *mut libc::in_pktinfo, pi);
-            }
             let h = &mut self.hdrs[i].msg_hdr;
             h.msg_name = (&mut *self.target as *mut libc::sockaddr_in).cast();
             h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
             h.msg_iov = &mut self.iovs[i];
             h.msg_iovlen = 1;
-            h.msg_control = cm.0.as_mut_ptr().cast();
-            h.msg_controllen = space as _;
+            ::sys::pktinfo::set_source(h, &mut self.cmsgs[i], sources[i].into());
             h.msg_flags = 0;
             self.hdrs[i].msg_len = 0;
         }
