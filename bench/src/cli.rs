@@ -20,7 +20,8 @@ pub const FASTPATH_CONTENDERS: [&str; 4] = ["floor", "fast", "seqpacket", "ring"
 /// a flood of token-less Initials with Retries (`--retry always`; uncoalesced only):
 /// `retry` sends them through a dummy device in a namespace of its own (as towards a
 /// NIC), `retry-loopback` back over loopback to the sender's full sockets.
-pub const SATURATION_CONTENDERS: [&str; 6] = ["floor", "baseline", "seqpacket", "ring", "retry", "retry-loopback"];
+pub const SATURATION_CONTENDERS: [&str; 7] =
+    ["floor", "baseline", "seqpacket", "ring", "retry-floor", "retry", "retry-loopback"];
 
 /// Datagrams `bench saturation` queues per run by default (≈ 0.9 GiB of queue uncoalesced).
 pub const SATURATION_DATAGRAMS: u64 = 400_000;
@@ -88,6 +89,11 @@ pub enum Command {
     /// The per-datagram design being replaced: recvmsg, CID decode, one send() of a
     /// frame to that server id's SEQPACKET socket.
     BaselineServer(BaselineArgs),
+    /// Contender started by `bench saturation`: recvmmsg, then one reply per datagram.
+    ///
+    /// What the kernel alone costs a Retry: each received datagram's first
+    /// `--reply-len` bytes go back to its source (sendmmsg), with no parsing or crypto.
+    RetryFloorServer(RetryFloorArgs),
 }
 
 /// `bench all`. A list flag given twice: the last one wins; `--rate` and `--rates`
@@ -240,12 +246,19 @@ pub struct SaturationArgs {
     pub queue: u64,
     /// Contenders to run, comma-separated.
     #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
-          value_parser = SATURATION_CONTENDERS, default_value = "floor,baseline,seqpacket,ring,retry,retry-loopback")]
+          value_parser = SATURATION_CONTENDERS, default_value = "floor,baseline,seqpacket,ring,retry-floor,retry,retry-loopback")]
     pub contenders: Vec<String>,
     /// Datagrams per message, comma-separated: 1 = uncoalesced, N > 1 = UDP_SEGMENT trains of N.
     #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
           value_parser = positive_usize, default_value = "1,8")]
     pub trains: Vec<usize>,
+    /// Core the sender fills the queue from. `shard`: every skb is allocated on the
+    /// core that drains it, as when a NIC queue's interrupts are on the shard's core
+    /// (RSS with steering by CPU). `load`: on the other core, so the drain also pays
+    /// the kernel's cross-core skb free (skb_attempt_defer_free and its IPIs), which
+    /// loopback alone causes.
+    #[arg(long, value_enum, default_value = "shard")]
+    pub fill_core: FillCore,
     #[command(flatten)]
     pub rounds: Rounds,
     /// Rewrite the generated `bench saturation` block of FILE (e.g. docs/benchmarks.md).
@@ -254,6 +267,13 @@ pub struct SaturationArgs {
     /// Also write every run as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+}
+
+/// `bench saturation --fill-core`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FillCore {
+    Shard,
+    Load,
 }
 
 /// What `bench all`, `bench fastpath` and `bench saturation` share: rounds, where the
@@ -296,6 +316,15 @@ pub struct FloorArgs {
     /// Receive with UDP_GRO and count the datagrams inside each train.
     #[arg(long)]
     pub gro: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RetryFloorArgs {
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// Bytes of each received datagram to send back (a Retry's length; at most 2048).
+    #[arg(long, value_name = "N")]
+    pub reply_len: usize,
 }
 
 #[derive(Debug, Args)]
@@ -488,6 +517,10 @@ mod tests {
         assert_eq!((s.datagrams, s.queue, r.reps, r.nice, r.shard_core, r.load_core), (400_000, 1 << 30, 3, -20, 0, 1));
         assert_eq!((s.contenders, s.trains), (SATURATION_CONTENDERS.map(String::from).to_vec(), vec![1, 8]));
         assert!(s.doc.is_none() && s.json.is_none());
+        assert_eq!(s.fill_core, FillCore::Shard);
+        let Command::Saturation(s) = parse("saturation --fill-core load").unwrap().command else { panic!() };
+        assert_eq!(s.fill_core, FillCore::Load);
+        assert!(parse("saturation --fill-core 1").is_err());
     }
 
     /// As with the hand-written parser: a flag given again, and `--rate` against

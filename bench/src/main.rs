@@ -52,6 +52,7 @@ fn main() {
         Command::Saturation(a) => saturation::main(a),
         Command::FloorServer(a) => servers::floor(a),
         Command::BaselineServer(a) => servers::baseline(a),
+        Command::RetryFloorServer(a) => servers::retry_floor(a),
     };
     if let Err(e) = r {
         eprintln!("bench: error: {e:#}");

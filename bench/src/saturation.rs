@@ -12,9 +12,14 @@
 //! 2. Its UDP socket's receive queue is raised to `--queue` bytes from outside: the
 //!    bench takes a duplicate of the contender's own socket (pidfd_getfd) and sets
 //!    SO_RCVBUFFORCE on it (root), so the contender itself runs unchanged.
-//! 3. The contender is stopped (SIGSTOP: it cannot run), and the sender on the load
-//!    core queues `--datagrams` datagrams (64 flows, sendmmsg of 8), stopping early
-//!    at `FILL_LIMIT` of the queue (/proc/net/udp shows its bytes and drops).
+//! 3. The contender is stopped (SIGSTOP: it cannot run), and the sender queues
+//!    `--datagrams` datagrams (64 flows, sendmmsg of 8), stopping early at
+//!    `FILL_LIMIT` of the queue (/proc/net/udp shows its bytes and drops). It runs
+//!    on the shard core by default (`--fill-core shard`): each skb is then allocated
+//!    on the core that frees it, as when the NIC queue feeding a shard interrupts
+//!    that shard's core. From the load core (`--fill-core load`) the kernel frees
+//!    every skb across cores (skb_attempt_defer_free), with an IPI per few dozen of
+//!    them; that cost exists only because loopback allocates on the sender's core.
 //! 4. SIGCONT: the contender drains the queue at its own pace. The bench polls what
 //!    has reached the far end (the floor: its receive counter; otherwise what the
 //!    sinks took) every `DRAIN_POLL` until it has not moved for `QUIET` and the queue
@@ -26,9 +31,11 @@
 //! CPU µs per datagram is its CPU over the datagrams it handled, and datagrams/s per
 //! core is the inverse.
 
-use crate::all::contenders::{start_demux_run, start_demux_run_counting, start_server, Cores, Running};
+use crate::all::contenders::{
+    start_demux_run, start_demux_run_counting, start_retry_floor, start_server, Cores, Running,
+};
 use crate::all::prioritize;
-use crate::cli::SaturationArgs;
+use crate::cli::{FillCore, SaturationArgs};
 use crate::dataplane::{demux_bin, stat_user_system_s, DATAGRAM};
 use crate::load::{flow_sockets, initials, send_messages_until, send_until, FLOWS, MSGS_PER_CALL};
 use crate::report::{command_output, fixed, loadavg, loadavg_now, median, mode_name, replace_block, thousands};
@@ -189,6 +196,17 @@ fn spoofed_socket(ns: &EgressNetns) -> Result<std::net::UdpSocket> {
 /// [`RETRY_SOURCES`] (inside 198.18.0.0/16, which the namespace routes to its ifb).
 fn spoofed_source(i: usize) -> std::net::Ipv4Addr {
     std::net::Ipv4Addr::new(198, 18, (i / 250) as u8, (i % 250 + 1) as u8)
+}
+
+/// The length of the demux's Retry to the flood's Initials (its SCIDs are
+/// [`proto::CID_LEN`] bytes): what `retry-floor` sends back.
+fn retry_len() -> Result<usize> {
+    let initial = initials(1)?.pop().context("an Initial")?;
+    let client = std::net::SocketAddr::from((spoofed_source(0), 4433));
+    let mut out = [0u8; proto::retry::MAX_RETRY];
+    proto::retry::RetryMinter::new(&[1; 32])
+        .mint(&initial, client, &[0; proto::CID_LEN], 0, [0; proto::token::NONCE_LEN], &mut out)
+        .map_err(|e| anyhow::anyhow!("the flood's Initial is not retryable: {e:?}"))
 }
 
 /// The Retries a demux sent (its status).
@@ -354,7 +372,25 @@ fn start(kind: &str, train: usize, o: &SaturationArgs, bins: &Path, dir: &Path) 
             Ok(r)
         }
         Some(flags) => start_demux_run(&format!("sat-{kind}"), flags, cores, bins),
+        None if kind == "retry-floor" => {
+            // The retry contender's namespace and flood, answered by the kernel alone.
+            let ns = EgressNetns::build()?;
+            let mut r = start_retry_floor(cores.shard, dir, &format!("{EGRESS_DEMUX}:0"), &ns.0, retry_len()?)?;
+            let pid = r.pid;
+            r.progress = Box::new(move || dev_counter(pid, EGRESS_DEV, EGRESS_DROPS_FIELD).unwrap_or(0));
+            r._hold.push(Box::new(ns));
+            Ok(r)
+        }
         None => start_server(kind, cores, dir, train),
+    }
+}
+
+/// The core the sender fills from (`--fill-core`). The contender is stopped
+/// meanwhile, so the shard core is free.
+fn fill_core(o: &SaturationArgs) -> usize {
+    match o.fill_core {
+        FillCore::Shard => o.rounds.shard_core,
+        FillCore::Load => o.rounds.load_core,
     }
 }
 
@@ -394,6 +430,10 @@ fn run_one(kind: &str, train: usize, rep: usize, o: &SaturationArgs, bins: &Path
     // (RcvbufErrors); a closed port would cost an ICMP unreachable per Retry, which
     // Linux does not rate-limit on loopback.
     let retry_socks = match kind {
+        "retry-floor" => {
+            let ns = r._hold.iter().find_map(|h| h.downcast_ref::<EgressNetns>()).context("the egress namespace")?;
+            vec![spoofed_socket(ns)?]
+        }
         "retry-loopback" => {
             let socks = flow_sockets(r.addr, 1)?;
             for s in &socks {
@@ -409,15 +449,15 @@ fn run_one(kind: &str, train: usize, rep: usize, o: &SaturationArgs, bins: &Path
     };
     let load = if is_retry(kind) {
         let initials = initials(RETRY_INITIALS)?;
-        let spoofed = kind == "retry";
+        let spoofed = kind == "retry" || kind == "retry-floor";
         let pick = |call: usize, j: usize| {
             let i = call * MSGS_PER_CALL + j;
             (&initials[i % initials.len()][..], spoofed.then(|| spoofed_source(i % RETRY_SOURCES)))
         };
         let to = spoofed.then_some(r.addr);
-        send_messages_until(&retry_socks, to, 0.0, o.rounds.load_core, None, pick, more)?
+        send_messages_until(&retry_socks, to, 0.0, fill_core(o), None, pick, more)?
     } else {
-        send_until(r.addr, &r.ks, &r.ids, train, 0.0, o.rounds.load_core, None, more)?
+        send_until(r.addr, &r.ks, &r.ids, train, 0.0, fill_core(o), None, more)?
     };
     let q1 = udp_queue_of(pid, port).context("the socket left /proc/net/udp")?;
     if (r.progress)() != p0 {
@@ -526,12 +566,23 @@ pub(crate) fn summarize(runs: &[Run], kinds: &[String], trains: &[usize]) -> Vec
                 waited_share: m(&|r| r.waited_s / r.wall_s),
                 per_batch: m(&|r| r.per_batch()),
                 wakes_per_batch: m(&|r| r.wakes_per_batch()),
-                x_floor: ratio_to("floor"),
+                x_floor: ratio_to(floor_of(k)),
                 x_baseline: ratio_to("baseline"),
             });
         }
     }
     out
+}
+
+/// The floor a contender's CPU is compared with: the kernel's own work for the same
+/// job. `retry` (the demux answering the flood): `retry-floor`, the kernel receiving
+/// the same flood and sending a Retry-sized reply each; everything else: `floor`.
+fn floor_of(kind: &str) -> &'static str {
+    if kind == "retry" {
+        "retry-floor"
+    } else {
+        "floor"
+    }
 }
 
 /// One target of the issue against a median.
@@ -574,7 +625,12 @@ pub(crate) fn targets(sums: &[Sum]) -> Vec<Target> {
             }
         }
     }
-    for s in sums.iter().filter(|s| is_retry(&s.kind)) {
+    let retry_floor = sums.iter().find(|s| s.kind == "retry-floor");
+    for s in sums.iter().filter(|s| is_retry(&s.kind) && s.kind != "retry-floor") {
+        let mut split = format!("user {:.0} %, system {:.0} %", s.user_share * 100.0, (1.0 - s.user_share) * 100.0);
+        if let Some(f) = retry_floor.filter(|_| s.kind == "retry") {
+            let _ = write!(split, "; the kernel alone (retry-floor): {:.3} µs, this {:.2}× that", f.us, s.x_floor);
+        }
         t.push(Target {
             what: format!(
                 "{}, uncoalesced: CPU µs / Retry (≥ {} Retries/s per core)",
@@ -583,7 +639,7 @@ pub(crate) fn targets(sums: &[Sum]) -> Vec<Target> {
             ),
             measured: s.us,
             limit: 1e6 / TARGET_RETRIES_PER_CORE_S,
-            split: format!("user {:.0} %, system {:.0} %", s.user_share * 100.0, (1.0 - s.user_share) * 100.0),
+            split,
         });
     }
     t
@@ -607,10 +663,10 @@ fn report(runs: &[Run], sums: &[Sum], o: &SaturationArgs, c: &Conditions) -> Str
     let _ = writeln!(
         s,
         "Conditions: Linux {}, {} ({} CPUs), {}; **shared machine**: load average at start {} (at end {}; `uptime` before: `{}`, after: `{}`); \
-         {} round(s) per contender and mode, contenders in rotating order; the contender on core {}, the sender ({} flows, sendmmsg of 8) and the sinks on core {}; \
+         {} round(s) per contender and mode, contenders in rotating order; the contender on core {}, the sinks on core {}, the sender ({} flows, sendmmsg of 8) on core {} ({}); \
          up to {} {}-byte short-header datagrams queued per run into a receive queue of {} bytes (SO_RCVBUFFORCE on the contender's own socket) while the contender is stopped; \
          demux: one shard, `--io uring --fast-path off --forward seqpacket|ring` (retry: `--forward ring --retry always`){}, two sink workers; \
-         the retry contenders get token-less v1 Initials ({} DCIDs): `retry` from {} spoofed sources (one IP_TRANSPARENT socket, IP_PKTINFO) in a network namespace of its own whose Retries leave via a gateway through an ifb device (dropped there, like a NIC's transmit), `retry-loopback` from the 64 flows, its Retries back over loopback to them (unread, dropped at their full queues); the bench and all it starts at nice {} in an autogroup of its own. \
+         the retry contenders get token-less v1 Initials ({} DCIDs): `retry` and `retry-floor` from {} spoofed sources (one IP_TRANSPARENT socket, IP_PKTINFO) in a network namespace of its own whose Retries leave via a gateway through an ifb device (dropped there, like a NIC's transmit), `retry-loopback` from the 64 flows, its Retries back over loopback to them (unread, dropped at their full queues); the bench and all it starts at nice {} in an autogroup of its own. \
          Whole run: {:.0} s. Figures are medians over the rounds; ratios are taken within each round, then the median.\n",
         command_output("uname", &["-r"]),
         cpu_model(),
@@ -622,8 +678,13 @@ fn report(runs: &[Run], sums: &[Sum], o: &SaturationArgs, c: &Conditions) -> Str
         c.uptime_end,
         o.rounds.reps,
         o.rounds.shard_core,
-        FLOWS,
         o.rounds.load_core,
+        FLOWS,
+        fill_core(o),
+        match o.fill_core {
+            FillCore::Shard => "`--fill-core shard`: every skb is allocated on the core that drains it, as with a NIC queue steered to the shard's core",
+            FillCore::Load => "`--fill-core load`: the drain also frees skbs allocated on the other core, with the kernel's deferred-free IPIs",
+        },
         thousands(o.datagrams as f64),
         DATAGRAM,
         thousands(o.queue as f64),
@@ -664,7 +725,9 @@ fn report(runs: &[Run], sums: &[Sum], o: &SaturationArgs, c: &Conditions) -> Str
     let _ = writeln!(
         s,
         "\n\"CPU µs / datagram\": the contender's CPU time (schedstat, all threads) from its stop to the end of the drain over the datagrams it handled \
-         (forwarded to a worker; the floor: received). \"datagrams/s per core\": handled / CPU seconds. \"drain datagrams/s (wall)\": handled / (SIGCONT → \
+         (forwarded to a worker; the floor: received; retry: Retries sent; retry-floor: replies sent). \"× floor\": over the floor's CPU per datagram in the same round, \
+         the median over the rounds; for `retry`, over `retry-floor`'s (the kernel's share of a Retry: the same flood received and a Retry-sized reply sent to each source, \
+         with no parsing or cryptography). \"datagrams/s per core\": handled / CPU seconds. \"drain datagrams/s (wall)\": handled / (SIGCONT → \
          the last datagram at the far end). \"user / system\": /proc/<pid>/stat, in clock ticks. \"waited for a CPU\": schedstat run-queue wait over the drain's wall time. \
          \"datagrams / shard batch\": the demux's received datagrams over its `batches` counter (rounds of its loop: receive, route, forward, \
          and with rings one eventfd write per sleeping worker). \"eventfd wakes / batch\": its `ring_wakes` counter over `batches`: \
@@ -859,6 +922,45 @@ mod tests {
         assert!(r.what.starts_with("retry, uncoalesced: CPU µs / Retry") && r.limit == 4.0, "{r:?}");
         assert!((r.measured - (5.0 + 10.0 / 3.0) / 2.0).abs() < 1e-9 && !r.met(), "median of 5 and 3.33 µs: {r:?}");
         assert!(!runs_in("retry", 8) && runs_in("retry", 1) && runs_in("ring", 8));
+        // The retry contender is compared with the kernel's own share, retry-floor,
+        // round by round; the retry floor itself has no target.
+        let runs = [
+            run("floor", 1, 0, 0.1, 200_000),
+            run("retry-floor", 1, 0, 0.6, 200_000),
+            run("retry", 1, 0, 0.9, 200_000),
+            run("retry-floor", 1, 1, 0.5, 200_000),
+            run("retry", 1, 1, 1.0, 200_000),
+        ];
+        let kinds = ["floor".into(), "retry-floor".into(), "retry".into()];
+        let sums = summarize(&runs, &kinds, &[1]);
+        let retry = sums.iter().find(|s| s.kind == "retry").unwrap();
+        assert!((retry.x_floor - 1.75).abs() < 1e-9, "per round 1.5 and 2.0: {}", retry.x_floor);
+        let rf = sums.iter().find(|s| s.kind == "retry-floor").unwrap();
+        assert!((rf.x_floor - 6.0).abs() < 1e-9, "the retry floor over the receive floor: {}", rf.x_floor);
+        let t = targets(&sums);
+        assert_eq!(t.len(), 1, "{t:?}");
+        assert!(
+            t[0].what.starts_with("retry,") && t[0].split.ends_with("retry-floor): 2.750 µs, this 1.75× that"),
+            "{t:?}"
+        );
+    }
+
+    /// What retry-floor sends back is as long as the demux's Retry: a real one, whose
+    /// integrity tag verifies for the Initial's DCID, with a demux-length SCID.
+    #[test]
+    fn retry_floor_replies_are_retry_sized() {
+        let n = retry_len().unwrap();
+        let initial = initials(1).unwrap().pop().unwrap();
+        let client = std::net::SocketAddr::from((spoofed_source(0), 4433));
+        let mut out = [0u8; proto::retry::MAX_RETRY];
+        let keys = proto::KeySet::new((proto::Generation::ZERO, [9; 32]), None).unwrap();
+        let scid = keys.encode(proto::ServerId(1), &[5; proto::cid::CID_RANDOM_LEN]);
+        let m = proto::retry::RetryMinter::new(&[2; 32])
+            .mint(&initial, client, &scid, 1_700_000_000, [3; proto::token::NONCE_LEN], &mut out)
+            .unwrap();
+        assert_eq!(n, m, "the same length for another key, SCID, time and nonce");
+        assert!(proto::retry::verify(&out[..m], &initial[6..14]), "a Retry for DCID 1");
+        assert!(n > 40 && n < 200, "{n}");
     }
 
     #[test]

@@ -7,11 +7,15 @@
 //!   the design being replaced — one thread, per datagram one recvmsg, one ADR 0001
 //!   CID decode (`KeySet::decode`) and one `send()` of a frame (proto::wire header +
 //!   payload) to that server id's SEQPACKET socket.
+//! - `bench retry-floor-server --listen ADDR --reply-len N --ready-file R --counters F`:
+//!   what the kernel alone costs a Retry — one thread, recvmmsg of 64 Initials and one
+//!   sendmmsg of a reply per Initial (its first N bytes, a Retry's length) to its
+//!   source, DF set as the demux sets it; no parsing and no cryptography.
 //!
-//! Both publish their counters in a small shared file (`Counters`): the bench maps
+//! They publish their counters in a small shared file (`Counters`): the bench maps
 //! it and reads them while they run; they are simply killed at the end.
 
-use crate::cli::{BaselineArgs, FloorArgs, ServerArgs};
+use crate::cli::{BaselineArgs, FloorArgs, RetryFloorArgs, ServerArgs};
 use crate::sys::seqpacket_connect;
 use anyhow::{bail, Context, Result};
 use proto::keyfile::KeyFile;
@@ -162,6 +166,67 @@ pub fn floor(a: FloorArgs) -> Result<()> {
             }
         }
         c.add(RECEIVED, n);
+    }
+}
+
+/// The kernel's share of a Retry: receive each Initial, send `reply_len` bytes of it
+/// back to its source, batched as the demux batches (recvmmsg of 64, one sendmmsg).
+/// A refused reply is counted as dropped and skipped, as the demux's Minter::flush
+/// skips it.
+pub fn retry_floor(a: RetryFloorArgs) -> Result<()> {
+    let c = Counters::map(&a.server.counters, N_COUNTERS, true)?;
+    let s = bind(&a.server, false)?;
+    // DF, as on every data-plane socket (RFC 9000 §14; demux dataplane::socket).
+    let (level, opt, v) = match a.server.listen {
+        SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_PROBE),
+        SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, libc::IPV6_PMTUDISC_PROBE),
+    };
+    setsockopt_int(s.as_raw_fd(), level, opt, v)?;
+    ready(&a.server, &s)?;
+    const N: usize = 64;
+    const LEN: usize = 2048;
+    let reply_len = a.reply_len.min(LEN);
+    let mut data = vec![0u8; N * LEN];
+    // SAFETY: plain old data, all-zero is valid.
+    let mut names: Vec<libc::sockaddr_storage> = (0..N).map(|_| unsafe { zeroed() }).collect();
+    let mut iovs: Vec<libc::iovec> =
+        (0..N).map(|i| libc::iovec { iov_base: data[i * LEN..].as_mut_ptr().cast(), iov_len: LEN }).collect();
+    // SAFETY: plain old data.
+    let mut msgs: Vec<libc::mmsghdr> = (0..N).map(|_| unsafe { zeroed() }).collect();
+    loop {
+        for ((m, iov), name) in msgs.iter_mut().zip(iovs.iter_mut()).zip(names.iter_mut()) {
+            iov.iov_len = LEN;
+            m.msg_hdr.msg_iov = iov;
+            m.msg_hdr.msg_iovlen = 1;
+            m.msg_hdr.msg_name = (name as *mut libc::sockaddr_storage).cast();
+            m.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as u32;
+        }
+        // SAFETY: msgs point at live buffers and names.
+        let r = unsafe {
+            libc::recvmmsg(s.as_raw_fd(), msgs.as_mut_ptr(), N as u32, libc::MSG_WAITFORONE, std::ptr::null_mut())
+        };
+        if r <= 0 {
+            continue;
+        }
+        let n = r as usize;
+        c.add(RECEIVED, n as u64);
+        for (m, iov) in msgs[..n].iter_mut().zip(iovs.iter_mut()) {
+            iov.iov_len = reply_len.min(m.msg_len as usize);
+        }
+        let mut sent = 0;
+        while sent < n {
+            // SAFETY: the first n messages name live buffers and the addresses recvmmsg wrote.
+            let k = unsafe {
+                libc::sendmmsg(s.as_raw_fd(), msgs[sent..n].as_mut_ptr(), (n - sent) as u32, libc::MSG_DONTWAIT)
+            };
+            if k > 0 {
+                c.add(FORWARDED, k as u64);
+                sent += k as usize;
+            } else {
+                c.add(DROPPED, 1);
+                sent += 1;
+            }
+        }
     }
 }
 

@@ -1,4 +1,5 @@
-//! `bench saturation` on a small queue: the floor and the baseline (and the demux
+//! `bench saturation` on a small queue: the floor, the baseline and the Retry floor
+//! (and the demux
 //! with SEQPACKET and rings, and minting Retries for a queue of Initials, when a demux
 //! binary has been built next to the bench binary) each drain a queue that was
 //! filled while they were stopped.
@@ -24,7 +25,7 @@ fn every_contender_drains_a_queue_filled_while_it_was_stopped() {
         return;
     }
     let bench = Path::new(env!("CARGO_BIN_EXE_bench"));
-    let mut contenders = vec!["floor", "baseline"];
+    let mut contenders = vec!["floor", "baseline", "retry-floor"];
     if bench.with_file_name("demux").exists() {
         contenders.extend(["seqpacket", "ring", "retry", "retry-loopback"]);
     } else {

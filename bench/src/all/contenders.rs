@@ -236,6 +236,38 @@ pub(crate) fn start_server(kind: &str, cores: Cores, dir: &Path, train: usize) -
     })
 }
 
+/// `bench retry-floor-server` on `core`, listening on `listen` inside the network
+/// namespace `netns` (`ip netns exec`: the same pid), replying `reply_len` bytes to
+/// each datagram. Handled: the replies sent.
+pub(crate) fn start_retry_floor(
+    core: usize,
+    dir: &Path,
+    listen: &str,
+    netns: &str,
+    reply_len: usize,
+) -> Result<Running> {
+    let (ready, counters) = (dir.join("ready"), dir.join("counters"));
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", netns]).arg(std::env::current_exe()?).arg("retry-floor-server");
+    cmd.args(["--listen", listen, "--reply-len", &reply_len.to_string(), "--ready-file"]).arg(&ready);
+    cmd.arg("--counters").arg(&counters);
+    let mut child = pinned(&mut cmd, core).stdout(Stdio::null()).spawn()?;
+    let addr = wait_ready(&ready, &mut child)?;
+    let pid = child.id();
+    let c = Rc::new(Counters::map(&counters, N_COUNTERS, false)?);
+    Ok(Running {
+        pid,
+        addr,
+        ks: fixed_keys(),
+        ids: WORKER_IDS.to_vec(),
+        counts: Box::new(move || Ok((c.get(RECEIVED), c.get(FORWARDED)))),
+        // The caller counts what reached the far end.
+        progress: Box::new(|| 0),
+        batches: None,
+        _hold: vec![Box::new(ChildGuard(child))],
+    })
+}
+
 /// Waits until the demux has `n` placeable workers.
 pub(super) fn demux_ready(d: &Demux, n: usize) -> Result<()> {
     wait_placeable(d, n, READY_TIMEOUT, "workers not placeable")

@@ -249,6 +249,7 @@ pub fn main(args: AllArgs) -> Result<()> {
             rounds: crate::cli::Rounds { reps: o.reps, shard_core: o.shard_core, load_core: o.load_core, nice: o.nice },
             contenders: crate::cli::SATURATION_CONTENDERS.map(String::from).to_vec(),
             trains: o.trains.clone(),
+            fill_core: crate::cli::FillCore::Shard,
             doc: o.doc.clone(),
             json: None,
         };
