@@ -129,6 +129,12 @@ impl PinTable {
     /// Index position holding `key`, if present.
     #[inline]
     fn find(&self, key: &[u8], hash: u64) -> Option<usize> {
+        // An empty table holds nothing: no probe into its (cold) index. Under a flood
+        // answered with Retry nothing gets pinned, and each probe would cost one cache
+        // miss per Initial.
+        if self.len == 0 {
+            return None;
+        }
         let mut pos = hash as usize & self.mask;
         loop {
             let s = self.index[pos];
