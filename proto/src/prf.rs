@@ -9,7 +9,7 @@
 //!
 //! Either way the server id is `u16::from_be_bytes([cid[9] ^ mask[0], cid[10] ^ mask[1]])`.
 
-use aws_lc_rs::hmac;
+use crate::hkdf::HmacSha256;
 use std::hash::Hasher;
 
 /// The PRF a key generation masks server ids with (ADR 0004).
@@ -84,8 +84,7 @@ pub const SIPHASH_KEY_LABEL: &[u8] = b"quicdemux cid prf siphash-2-4 v1";
 /// `k1 = u64::from_le_bytes(t[8..16])`. The data plane writes `[k0, k1]` into the
 /// eBPF map.
 pub fn siphash_key(secret: &[u8; 32]) -> [u64; 2] {
-    let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, secret), SIPHASH_KEY_LABEL);
-    let t = tag.as_ref();
+    let t = HmacSha256::new(secret).sign(SIPHASH_KEY_LABEL);
     let mut k0 = [0u8; 8];
     let mut k1 = [0u8; 8];
     k0.copy_from_slice(&t[0..8]);
@@ -102,20 +101,19 @@ pub fn siphash24(key: [u64; 2], msg: &[u8]) -> u64 {
     h.finish()
 }
 
-/// A generation's PRF with its key prepared once (the hot path never derives keys).
-/// Kept inline like the `hmac::Key`s the key set held before: boxing the large HMAC
-/// variant would add a pointer chase to every HMAC decode.
+/// A generation's PRF with its key prepared once (the hot path never derives keys):
+/// for HMAC-SHA-256 the chaining values after the key's two pad blocks
+/// (proto::hkdf), so a mask costs two SHA-256 compressions and no context copy.
 #[derive(Clone)]
-#[allow(clippy::large_enum_variant)]
 pub(crate) enum PreparedPrf {
-    Hmac(hmac::Key),
+    Hmac(HmacSha256),
     SipHash([u64; 2]),
 }
 
 impl PreparedPrf {
     pub(crate) fn new(prf: Prf, secret: &[u8; 32]) -> PreparedPrf {
         match prf {
-            Prf::HmacSha256 => PreparedPrf::Hmac(hmac::Key::new(hmac::HMAC_SHA256, secret)),
+            Prf::HmacSha256 => PreparedPrf::Hmac(HmacSha256::new(secret)),
             Prf::SipHash24 => PreparedPrf::SipHash(siphash_key(secret)),
         }
     }
@@ -126,8 +124,7 @@ impl PreparedPrf {
         match self {
             // ADR 0001: the first two bytes of the tag.
             PreparedPrf::Hmac(key) => {
-                let tag = hmac::sign(key, prefix);
-                let t = tag.as_ref();
+                let t = key.sign(prefix);
                 [t[0], t[1]]
             }
             // ADR 0004: the low two bytes of h, i.e. the first two output bytes.
@@ -142,6 +139,20 @@ impl PreparedPrf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    // The slow, obviously right model of the HMAC PRF (what the key set used before
+    // proto::hkdf).
+    use aws_lc_rs::hmac;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// ADR 0001's mask under any secret, for any CID prefix: the first two bytes
+        /// of aws-lc-rs's HMAC-SHA-256.
+        #[test]
+        fn hmac_mask_is_the_model(secret in any::<[u8; 32]>(), prefix in any::<[u8; 9]>()) {
+            let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, &secret), &prefix);
+            prop_assert_eq!(PreparedPrf::new(Prf::HmacSha256, &secret).mask(&prefix), [tag.as_ref()[0], tag.as_ref()[1]]);
+        }
+    }
 
     /// The 64 SipHash-2-4 outputs of the reference `vectors.h` (veorq/SipHash,
     /// `vectors_sip64`), read as little-endian u64: key = 00 01 .. 0f, message =
