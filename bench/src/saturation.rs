@@ -585,6 +585,36 @@ fn floor_of(kind: &str) -> &'static str {
     }
 }
 
+/// The contenders with a ratio target and the floor that ratio is taken against:
+/// they run back to back in every round, so that both meet the same state of the
+/// machine (this VM's speed drifts by up to 40 % within a minute).
+const PAIRS: [(&str, &str); 2] = [("floor", "ring"), ("retry-floor", "retry")];
+
+/// Round `rep`'s order: the contenders rotated by one place per round, each pair of
+/// [`PAIRS`] (when both run) kept together as one place, its order swapped every
+/// other round.
+fn round_order(contenders: &[String], rep: usize) -> Vec<String> {
+    let has = |k: &str| contenders.iter().any(|c| c == k);
+    let mut places: Vec<Vec<String>> = Vec::new();
+    for k in contenders {
+        match PAIRS.iter().find(|(f, c)| (k == f || k == c) && has(f) && has(c)) {
+            Some((f, c)) if k == f => places.push(vec![f.to_string(), c.to_string()]),
+            Some(_) => {} // the pair's second member: placed with its first
+            None => places.push(vec![k.clone()]),
+        }
+    }
+    let n = places.len().max(1);
+    let mut out = Vec::with_capacity(contenders.len());
+    for i in 0..places.len() {
+        let mut place = places[(i + rep) % n].clone();
+        if rep % 2 == 1 {
+            place.reverse();
+        }
+        out.extend(place);
+    }
+    out
+}
+
 /// One target of the issue against a median.
 #[derive(Clone, Debug)]
 pub(crate) struct Target {
@@ -663,7 +693,7 @@ fn report(runs: &[Run], sums: &[Sum], o: &SaturationArgs, c: &Conditions) -> Str
     let _ = writeln!(
         s,
         "Conditions: Linux {}, {} ({} CPUs), {}; **shared machine**: load average at start {} (at end {}; `uptime` before: `{}`, after: `{}`); \
-         {} round(s) per contender and mode, contenders in rotating order; the contender on core {}, the sinks on core {}, the sender ({} flows, sendmmsg of 8) on core {} ({}); \
+         {} round(s) per contender and mode, contenders in rotating order with floor and ring, and retry-floor and retry, back to back (their order swapped every other round); the contender on core {}, the sinks on core {}, the sender ({} flows, sendmmsg of 8) on core {} ({}); \
          up to {} {}-byte short-header datagrams queued per run into a receive queue of {} bytes (SO_RCVBUFFORCE on the contender's own socket) while the contender is stopped; \
          demux: one shard, `--io uring --fast-path off --forward seqpacket|ring` (retry: `--forward ring --retry always`){}, two sink workers; \
          the retry contenders get token-less v1 Initials ({} DCIDs): `retry` and `retry-floor` from {} spoofed sources (one IP_TRANSPARENT socket, IP_PKTINFO) in a network namespace of its own whose Retries leave via a gateway through an ifb device (dropped there, like a NIC's transmit), `retry-loopback` from the 64 flows, its Retries back over loopback to them (unread, dropped at their full queues); the bench and all it starts at nice {} in an autogroup of its own. \
@@ -800,12 +830,10 @@ pub(crate) fn run(o: &SaturationArgs, uptime_start: String) -> Result<String> {
     let tmp = std::env::temp_dir().join(format!("qdbench-sat-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
     let _tg = crate::all::contenders::DirGuard(tmp.clone());
-    let n = o.contenders.len();
     let mut runs = Vec::new();
     for rep in 0..o.rounds.reps {
         for &train in &o.trains {
-            for i in 0..n {
-                let k = &o.contenders[(i + rep) % n];
+            for k in &round_order(&o.contenders, rep) {
                 if !runs_in(k, train) {
                     continue;
                 }
@@ -943,6 +971,32 @@ mod tests {
             t[0].what.starts_with("retry,") && t[0].split.ends_with("retry-floor): 2.750 µs, this 1.75× that"),
             "{t:?}"
         );
+    }
+
+    /// Every round runs every contender once; a pair runs back to back, in both
+    /// orders over two rounds; the first place rotates.
+    #[test]
+    fn pairs_run_back_to_back() {
+        let all: Vec<String> = crate::cli::SATURATION_CONTENDERS.map(String::from).to_vec();
+        let mut firsts = std::collections::HashSet::new();
+        for rep in 0..6 {
+            let o = round_order(&all, rep);
+            let mut sorted = o.clone();
+            sorted.sort();
+            let mut want = all.clone();
+            want.sort();
+            assert_eq!(sorted, want, "round {rep}: {o:?}");
+            let at = |k: &str| o.iter().position(|x| x == k).unwrap();
+            for (f, c) in PAIRS {
+                assert_eq!(at(f).abs_diff(at(c)), 1, "round {rep}: {o:?}");
+                assert_eq!(at(f) < at(c), rep % 2 == 0, "round {rep}: {o:?}");
+            }
+            firsts.insert(o[0].clone());
+        }
+        assert!(firsts.len() >= 3, "the first place rotates: {firsts:?}");
+        // Without its partner a pair member is an ordinary place.
+        let some: Vec<String> = ["ring", "baseline", "retry"].map(String::from).to_vec();
+        assert_eq!(round_order(&some, 1), ["baseline", "retry", "ring"]);
     }
 
     /// What retry-floor sends back is as long as the demux's Retry: a real one, whose
