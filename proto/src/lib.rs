@@ -7,6 +7,7 @@
 //! - [`prf`]: the per-generation PRF that masks server ids (ADR 0004).
 //! - [`decode_cache`]: a per-shard cache of CID decodes (skips the HMAC for repeat DCIDs).
 //! - [`header`]: the cleartext QUIC header (RFC 8999, RFC 9000 §17, RFC 9369).
+//! - [`gcm`]: AES-GCM (NIST SP 800-38D, 96-bit IVs) on `aes` and `ghash`: the Retry token and integrity tag.
 //! - [`hkdf`]: HMAC-SHA-256 and HKDF-SHA-256 with precomputed pads (the Retry path's key derivations).
 //! - [`initial`]: client Initials opened with their public keys (does a datagram start a connection?).
 //! - [`initial_protection`]: the checks on a first Initial before a Retry (header protection, reserved bits).
@@ -23,6 +24,7 @@
 
 pub mod cid;
 pub mod decode_cache;
+pub mod gcm;
 pub mod header;
 pub mod hkdf;
 pub mod host;

@@ -3,10 +3,10 @@
 //! [`RetryMinter`], which answers a client's first Initial with the Retry a quinn 0.11
 //! server would send (docs/adr/0003-demux-retry.md), without a quinn endpoint.
 
+use crate::gcm::{self, FixedIvTagKey};
 use crate::header::{VERSION_1, VERSION_2};
 use crate::initial_protection::{InitialProtection, NotRetryable};
 use crate::token::{TokenCheck, TokenKey, MAX_RETRY_TOKEN, NONCE_LEN};
-use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM};
 use std::net::SocketAddr;
 
 /// Length of the Retry Integrity Tag (RFC 9001 §5.8: AEAD_AES_128_GCM's tag).
@@ -80,11 +80,8 @@ pub fn integrity_tag(version: u32, odcid: &[u8], retry_without_tag: &[u8]) -> Op
     pseudo.push(u8::try_from(odcid.len()).ok()?);
     pseudo.extend_from_slice(odcid);
     pseudo.extend_from_slice(retry_without_tag);
-    let k = LessSafeKey::new(UnboundKey::new(&AES_128_GCM, &key).ok()?);
-    let tag = k
-        .seal_in_place_separate_tag(Nonce::assume_unique_for_key(nonce), Aad::from(&pseudo[..]), &mut [0u8; 0])
-        .ok()?;
-    tag.as_ref().try_into().ok()
+    // NIST SP 800-38D §7.1 with an empty P: the tag is E_K(J0) ⊕ GHASH_H(A).
+    gcm::seal_128(&key, &nonce, &pseudo, &mut [])
 }
 
 /// Whether `packet` is a Retry whose integrity tag is right for original DCID
@@ -189,12 +186,11 @@ pub const MAX_RETRY: usize = 1 + 4 + 21 + 21 + MAX_RETRY_TOKEN + TAG_LEN;
 /// header-protection key (RFC 9001 §5.2: ten SHA-256 compressions) and one AES-128
 /// block for its mask, the token's AEAD key (RFC 5869 §2.3: one HMAC, two
 /// compressions; one AES-256-GCM key schedule), one GCM seal of the token and one
-/// GCM tag over the Retry pseudo-packet (aws-lc-rs). No allocation in proto (aws-lc-rs
-/// allocates its AEAD context).
+/// GCM tag over the Retry pseudo-packet (proto::gcm). No allocation.
 pub struct RetryMinter {
     protection: InitialProtection,
     token: TokenKey,
-    v1_integrity: LessSafeKey,
+    v1_integrity: FixedIvTagKey,
 }
 
 impl std::fmt::Debug for RetryMinter {
@@ -210,7 +206,7 @@ impl RetryMinter {
         RetryMinter {
             protection: InitialProtection::new(),
             token: TokenKey::new(token_secret),
-            v1_integrity: integrity_key(&V1_KEY),
+            v1_integrity: integrity_key(&V1_KEY, &V1_NONCE),
         }
     }
 
@@ -256,31 +252,29 @@ impl RetryMinter {
         let token_len =
             self.token.seal_retry(client, p.dcid, now_unix, nonce, &mut out[pos..]).ok_or(NotRetryable::Malformed)?;
         pos += token_len;
-        let tag = tag_with(&self.v1_integrity, &V1_NONCE, p.dcid, &out[..pos]).ok_or(NotRetryable::Malformed)?;
+        let tag = tag_with(&self.v1_integrity, p.dcid, &out[..pos]).ok_or(NotRetryable::Malformed)?;
         out[pos..pos + TAG_LEN].copy_from_slice(&tag);
         Ok(pos + TAG_LEN)
     }
 }
 
-fn integrity_key(key: &[u8; 16]) -> LessSafeKey {
-    // A fixed 16-byte key is always a valid AES-128 key.
-    #[allow(clippy::expect_used)]
-    LessSafeKey::new(UnboundKey::new(&AES_128_GCM, key).expect("AES-128 takes a 16-byte key"))
+/// RFC 9001 §5.8: the fixed integrity key and nonce, expanded once: GHASH's H and
+/// E_K(J0) (NIST SP 800-38D §7.1), so that each tag is GHASH alone.
+fn integrity_key(key: &[u8; 16], nonce: &[u8; 12]) -> FixedIvTagKey {
+    FixedIvTagKey::new_128(key, nonce)
 }
 
 /// RFC 9001 §5.8 under an already scheduled key, without allocating: the Retry
 /// Pseudo-Packet (ODCID length, ODCID, the Retry without its tag) is the AAD.
-fn tag_with(key: &LessSafeKey, nonce: &[u8; 12], odcid: &[u8], retry_without_tag: &[u8]) -> Option<[u8; TAG_LEN]> {
+fn tag_with(key: &FixedIvTagKey, odcid: &[u8], retry_without_tag: &[u8]) -> Option<[u8; TAG_LEN]> {
     let mut pseudo = [0u8; 1 + 20 + MAX_RETRY];
     let n = 1 + odcid.len() + retry_without_tag.len();
     let pseudo = pseudo.get_mut(..n)?;
     pseudo[0] = u8::try_from(odcid.len()).ok()?;
     pseudo[1..1 + odcid.len()].copy_from_slice(odcid);
     pseudo[1 + odcid.len()..].copy_from_slice(retry_without_tag);
-    let tag = key
-        .seal_in_place_separate_tag(Nonce::assume_unique_for_key(*nonce), Aad::from(&*pseudo), &mut [0u8; 0])
-        .ok()?;
-    tag.as_ref().try_into().ok()
+    // NIST SP 800-38D §7.1 with an empty P.
+    Some(key.tag(pseudo))
 }
 
 #[cfg(test)]
@@ -289,7 +283,24 @@ mod minter_tests {
     use crate::initial::build_client_initial;
     use crate::initial_protection::tests::model as protection_model;
     use crate::token::tests::{any_client, model as token_model};
+    use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM};
     use proptest::prelude::*;
+
+    /// The aws-lc-rs integrity key and tag this module had before proto::gcm: the
+    /// slow, obviously right model of `integrity_key` and `tag_with` (RFC 9001 §5.8).
+    fn model_integrity_key(key: &[u8; 16]) -> LessSafeKey {
+        LessSafeKey::new(UnboundKey::new(&AES_128_GCM, key).unwrap())
+    }
+
+    fn model_tag_with(key: &LessSafeKey, nonce: &[u8; 12], odcid: &[u8], retry_without_tag: &[u8]) -> [u8; TAG_LEN] {
+        let mut pseudo = vec![u8::try_from(odcid.len()).unwrap()];
+        pseudo.extend_from_slice(odcid);
+        pseudo.extend_from_slice(retry_without_tag);
+        let tag = key
+            .seal_in_place_separate_tag(Nonce::assume_unique_for_key(*nonce), Aad::from(&pseudo[..]), &mut [0u8; 0])
+            .unwrap();
+        tag.as_ref().try_into().unwrap()
+    }
 
     /// `RetryMinter::mint` as it was before proto::hkdf (aws-lc-rs HMAC contexts and
     /// header-protection keys), from the models of initial_protection and token: the
@@ -304,7 +315,7 @@ mod minter_tests {
         out: &mut [u8; MAX_RETRY],
     ) -> Result<usize, NotRetryable> {
         let token = token_model::TokenKey::new(token_secret);
-        let v1_integrity = integrity_key(&V1_KEY);
+        let v1_integrity = model_integrity_key(&V1_KEY);
         let p = protection_model::check(datagram)?;
         if !p.token.is_empty() && token.check(p.token, client, now_unix) == TokenCheck::Retry {
             return Err(NotRetryable::Validated);
@@ -326,7 +337,7 @@ mod minter_tests {
         let token_len =
             token.seal_retry(client, p.dcid, now_unix, nonce, &mut out[pos..]).ok_or(NotRetryable::Malformed)?;
         pos += token_len;
-        let tag = tag_with(&v1_integrity, &V1_NONCE, p.dcid, &out[..pos]).ok_or(NotRetryable::Malformed)?;
+        let tag = model_tag_with(&v1_integrity, &V1_NONCE, p.dcid, &out[..pos]);
         out[pos..pos + TAG_LEN].copy_from_slice(&tag);
         Ok(pos + TAG_LEN)
     }
@@ -355,6 +366,21 @@ mod minter_tests {
     }
 
     proptest! {
+        /// `integrity_tag` (v1 and v2) and `tag_with` give the model's tag for any
+        /// ODCID (0..=20 bytes) and Retry (0..=200 bytes; `tag_with`: up to
+        /// [`MAX_RETRY`]).
+        #[test]
+        fn integrity_tag_is_the_model(v2 in any::<bool>(),
+                                      odcid in proptest::collection::vec(any::<u8>(), 0..=20),
+                                      retry in proptest::collection::vec(any::<u8>(), 0..=200)) {
+            let (version, key, nonce) = if v2 { (VERSION_2, V2_KEY, V2_NONCE) } else { (VERSION_1, V1_KEY, V1_NONCE) };
+            let want = model_tag_with(&model_integrity_key(&key), &nonce, &odcid, &retry);
+            prop_assert_eq!(integrity_tag(version, &odcid, &retry), Some(want));
+            // tag_with's buffer holds the pseudo-packet of a minted Retry only.
+            let fits = odcid.len() + retry.len() <= 20 + MAX_RETRY;
+            prop_assert_eq!(tag_with(&integrity_key(&key, &nonce), &odcid, &retry), fits.then_some(want));
+        }
+
         /// The minter writes the model's bytes (or fails as it does) for Initials of
         /// any DCID (0..=20 bytes), SCID and token, any length around 1200 bytes, any
         /// reserved bits, any client, server SCID (0..=21 bytes), time and nonce.

@@ -27,11 +27,12 @@
 //!
 //! Pure: time and nonce are passed in. Cost: one HKDF-Expand (one HMAC-SHA-256 under
 //! the PRK's precomputed pads, proto::hkdf: RFC 5869 §2.3 needs a single block for 32
-//! bytes, so two SHA-256 compressions), one AES-256-GCM key schedule and the seal or
-//! open of ≈ 40 bytes (aws-lc-rs).
+//! bytes, so two SHA-256 compressions), one AES-256 key expansion and the GCM seal or
+//! open of ≈ 40 bytes (proto::gcm: H, E_K(J0) and the key stream in one batch of
+//! AES blocks).
 
+use crate::gcm;
 use crate::hkdf::{self, HmacSha256};
-use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 /// quinn's default `ServerConfig::retry_token_lifetime`, in seconds.
@@ -72,7 +73,9 @@ impl std::fmt::Debug for TokenKey {
 
 /// The random nonce appended to every token (quinn: a `u128`, little-endian).
 pub const NONCE_LEN: usize = 16;
-const TAG_LEN: usize = 16;
+const TAG_LEN: usize = gcm::TAG_LEN;
+/// quinn seals every token with a zero nonce: each token has its own key.
+const ZERO_IV: [u8; gcm::IV_LEN] = [0; gcm::IV_LEN];
 /// The longest Retry token: type, IPv6 (tag + 16), port, ODCID (length + 20), issue
 /// time, AEAD tag, nonce.
 pub const MAX_RETRY_TOKEN: usize = 1 + 17 + 2 + 21 + 8 + TAG_LEN + NONCE_LEN;
@@ -91,11 +94,6 @@ impl TokenKey {
         self.0.sign_parts(&[nonce, &[1]])
     }
 
-    /// The AES-256-GCM key of `nonce`'s token, scheduled by aws-lc-rs.
-    fn aead(&self, nonce: &[u8]) -> Option<LessSafeKey> {
-        Some(LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &self.token_key(nonce)).ok()?))
-    }
-
     /// Checks `token` from `client` at `now_unix` seconds (RFC 9000 §8.1.3–8.1.4).
     pub fn check(&self, token: &[u8], client: SocketAddr, now_unix: u64) -> TokenCheck {
         self.check_inner(token, client, now_unix).unwrap_or(TokenCheck::Invalid)
@@ -107,10 +105,12 @@ impl TokenKey {
             return None;
         }
         let (sealed, nonce) = token.split_at(token.len() - NONCE_LEN);
+        let (ct, tag) = sealed.split_at(sealed.len() - TAG_LEN);
         let mut buf = [0u8; 256];
-        let buf = &mut buf[..sealed.len()];
-        buf.copy_from_slice(sealed);
-        let plain = self.aead(nonce)?.open_in_place(Nonce::assume_unique_for_key([0; 12]), Aad::empty(), buf).ok()?;
+        let plain = &mut buf[..ct.len()];
+        plain.copy_from_slice(ct);
+        // quinn: AES-256-GCM, zero nonce, no AAD (NIST SP 800-38D §7.2).
+        gcm::open_256(&self.token_key(nonce), &ZERO_IV, &[], plain, tag.try_into().ok()?).ok()?;
         let mut r = &plain[..];
         let ty = take(&mut r, 1)?[0];
         let ip = match take(&mut r, 1)?[0] {
@@ -178,12 +178,10 @@ impl TokenKey {
         w.put(&issued_unix.to_be_bytes())?;
         let plain_len = w.pos;
         let out = w.out;
-        let tag = self
-            .aead(&nonce)?
-            .seal_in_place_separate_tag(Nonce::assume_unique_for_key([0; 12]), Aad::empty(), &mut out[..plain_len])
-            .ok()?;
+        // quinn: AES-256-GCM, zero nonce, no AAD (NIST SP 800-38D §7.1).
+        let tag = gcm::seal_256(&self.token_key(&nonce), &ZERO_IV, &[], out.get_mut(..plain_len)?)?;
         let end = plain_len + TAG_LEN + NONCE_LEN;
-        out.get_mut(plain_len..plain_len + TAG_LEN)?.copy_from_slice(tag.as_ref());
+        out.get_mut(plain_len..plain_len + TAG_LEN)?.copy_from_slice(&tag);
         out.get_mut(plain_len + TAG_LEN..end)?.copy_from_slice(&nonce);
         Some(end)
     }
@@ -210,9 +208,8 @@ impl TokenKey {
             }
         }
         b.extend_from_slice(&issued_unix.to_be_bytes());
-        self.aead(&nonce)?
-            .seal_in_place_append_tag(Nonce::assume_unique_for_key([0; 12]), Aad::empty(), &mut b)
-            .ok()?;
+        let tag = gcm::seal_256(&self.token_key(&nonce), &ZERO_IV, &[], &mut b)?;
+        b.extend_from_slice(&tag);
         b.extend_from_slice(&nonce);
         Some(b)
     }
