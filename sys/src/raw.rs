@@ -24,12 +24,18 @@ pub fn ipv4_udp_packet(src: SocketAddrV4, dst: SocketAddrV4, payload: &[u8], out
     out[2..4].copy_from_slice(&total.to_be_bytes());
     out.extend_from_slice(&src.ip().octets());
     out.extend_from_slice(&dst.ip().octets());
-    out.extend_from_slice(&src.port().to_be_bytes());
-    out.extend_from_slice(&dst.port().to_be_bytes());
+    put_udp(out, src.port(), dst.port(), udp_len, payload);
+    Some(())
+}
+
+/// RFC 768: the UDP header (checksum 0, to be filled by the caller where needed)
+/// and the payload, appended to `out`.
+fn put_udp(out: &mut Vec<u8>, src_port: u16, dst_port: u16, udp_len: u16, payload: &[u8]) {
+    out.extend_from_slice(&src_port.to_be_bytes());
+    out.extend_from_slice(&dst_port.to_be_bytes());
     out.extend_from_slice(&udp_len.to_be_bytes());
     out.extend_from_slice(&[0, 0]);
     out.extend_from_slice(payload);
-    Some(())
 }
 
 /// IPv6 (40 bytes, no extension headers) and UDP (8 bytes) headers.
@@ -48,11 +54,7 @@ pub fn ipv6_udp_packet(src: SocketAddrV6, dst: SocketAddrV6, payload: &[u8], out
     out.extend_from_slice(&[libc::IPPROTO_UDP as u8, 64]);
     out.extend_from_slice(&src.ip().octets());
     out.extend_from_slice(&dst.ip().octets());
-    out.extend_from_slice(&src.port().to_be_bytes());
-    out.extend_from_slice(&dst.port().to_be_bytes());
-    out.extend_from_slice(&udp_len.to_be_bytes());
-    out.extend_from_slice(&[0, 0]);
-    out.extend_from_slice(payload);
+    put_udp(out, src.port(), dst.port(), udp_len, payload);
     // RFC 8200 §8.1: source, destination, upper-layer length (32 bits), three zero
     // bytes and the next header, then the UDP header and data.
     let mut sum = ones_complement_sum(0, &out[8..40]);
