@@ -173,6 +173,9 @@ pub enum Steer {
     Cpu,
 }
 
+/// The longest `--busy-poll-us` (10 ms): a shard still sleeps between bursts.
+pub const MAX_BUSY_POLL_US: u32 = 10_000;
+
 #[derive(Clone, Debug, Args)]
 pub struct DataPlaneArgs {
     /// Several hosts behind one anycast address (ADR 0005): this many top bits of
@@ -282,6 +285,13 @@ pub struct DataPlaneArgs {
     /// 64 KiB GRO train plus 512 bytes of headers.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u16).range(1..=32768))]
     pub uring_buffers: u16,
+    /// io_uring: before a shard sleeps it spins up to this many µs watching for
+    /// receives, so a datagram that arrives meanwhile is taken without a wake-up.
+    /// Trades the shard core's idle time for latency: for shards on cores of their
+    /// own (docs/operations.md "Busy polling"). 0 = off.
+    #[arg(long, value_name = "MICROSECONDS", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=MAX_BUSY_POLL_US as i64))]
+    pub busy_poll_us: u32,
     /// Datagrams (or GRO trains) received per batch (recvmmsg backend).
     #[arg(long, default_value_t = 32)]
     pub batch: usize,

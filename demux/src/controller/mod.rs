@@ -401,6 +401,7 @@ fn dataplane_args(dp: &DataPlaneArgs, p: &Paths) -> Vec<String> {
         ("--max-instances", dp.max_instances),
         ("--batch", dp.batch),
         ("--uring-buffers", usize::from(dp.uring_buffers)),
+        ("--busy-poll-us", dp.busy_poll_us as usize),
         ("--limit-rate", dp.limit_rate as usize),
         ("--limit-burst", dp.limit_burst as usize),
         ("--limit-handshakes", usize::from(dp.limit_handshakes)),
@@ -584,6 +585,8 @@ pub mod tests {
             "5",
             "--uring-buffers",
             "8",
+            "--busy-poll-us",
+            "40",
             "--limits",
             "off",
             "--limit-rate",
@@ -625,6 +628,7 @@ pub mod tests {
         assert_eq!(dp.max_instances, 9);
         assert_eq!(dp.batch, 5);
         assert_eq!(dp.uring_buffers, 8);
+        assert_eq!(dp.busy_poll_us, 40);
         assert_eq!(dp.limits, OnOff::Off);
         assert_eq!((dp.limit_rate, dp.limit_burst, dp.limit_handshakes, dp.limit_table_words), (3, 4, 6, 1024));
         assert_eq!(dp.retry, RetryArg::Always);

@@ -106,6 +106,9 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
     let cores = cores::resolve(&a.cores)?;
 
     let backend = Backend::select(a.io)?;
+    if a.busy_poll_us > 0 && backend != Backend::Uring {
+        bail!("--busy-poll-us needs the io_uring backend (--io uring): the recvmmsg backend sleeps in epoll_wait");
+    }
 
     let sockets = if a.inherit_fds.is_empty() {
         socket::bind_all(&a.listen, cores.len())?
@@ -210,6 +213,7 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
             decode_cache: a.decode_cache,
             batch: a.batch,
             uring_buffers: a.uring_buffers,
+            busy_poll: std::time::Duration::from_micros(u64::from(a.busy_poll_us)),
             limits: limits.clone(),
             peers: peers.clone(),
             started: started_tx.clone(),

@@ -28,6 +28,8 @@ pub struct ShardSetup {
     pub decode_cache: usize,
     pub batch: usize,
     pub uring_buffers: u16,
+    /// io_uring: how long a shard spins for receives before it sleeps (zero: never).
+    pub busy_poll: Duration,
     /// Per-source limits shared by every shard (and the data plane's clock origin).
     pub limits: Arc<Limits>,
     /// Host-to-host forwarding of other hosts' ids (crate::dataplane::peers).

@@ -82,6 +82,10 @@ fn shard_json(c: &ShardCounters) -> Map<String, Value> {
     m.insert("batches".into(), json!(c.batches.load(Relaxed)));
     m.insert("sendmmsg_calls".into(), json!(c.sendmmsg_calls.load(Relaxed)));
     m.insert("ring_wakes".into(), json!(c.ring_wakes.load(Relaxed)));
+    m.insert(
+        "busy_poll".into(),
+        json!({ "spins": c.busy_polls.load(Relaxed), "found": c.busy_poll_found.load(Relaxed) }),
+    );
     m
 }
 
