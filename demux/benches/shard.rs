@@ -111,6 +111,7 @@ impl Shard {
             decode_cache: proto::decode_cache::DEFAULT_ENTRIES,
             batch: 32,
             uring_buffers: 256,
+            busy_poll: std::time::Duration::ZERO,
             limits: Arc::new(Limits::new(LimitsConfig::default()).unwrap()),
             peers: None,
             started: std::sync::mpsc::channel().0,
