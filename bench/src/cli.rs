@@ -136,6 +136,11 @@ pub struct AllArgs {
     /// value instead of SCHED_FIFO.
     #[arg(long)]
     pub no_rt: bool,
+    /// Latency runs: also run each load with the demux at `--busy-poll-us N`, and
+    /// with the probes sent straight to the probe thread's own UDP socket (the
+    /// direct-socket floor, the demux still taking the background load). 0 = neither.
+    #[arg(long, value_name = "MICROSECONDS", default_value_t = 0, conflicts_with = "udpflood")]
+    pub busy_poll_us: u32,
     /// Seconds of probes per latency run.
     #[arg(long, value_name = "S", default_value_t = 3.0)]
     pub latency_seconds: f64,

@@ -4,7 +4,7 @@
 
 use super::contenders::{demux_ready, pinned, ChildGuard, Sinks};
 use super::Opts;
-use crate::dataplane::{data_hello, send_rec, sink, start_demux, Demux, DATAGRAM, SINK_RCVTIMEO};
+use crate::dataplane::{data_hello, send_rec, sink, start_demux, start_demux_with, stat_cpu_s, Demux, DATAGRAM, SINK_RCVTIMEO};
 use crate::load::{send_load, Load, DCID, LOOPBACK_ANY, SHORT_HEADER_FORM};
 use crate::sys::{pin, set_rcvtimeo};
 use anyhow::{bail, Context, Result};
@@ -23,19 +23,54 @@ use std::time::{Duration, Instant};
 /// The loads of the latency runs, in % of the demux's saturation (0: probes only).
 pub(super) const LOADS_PCT: [u32; 4] = [0, 25, 50, 75];
 
+/// Where a latency run's probes go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum LatPath {
+    /// Through the io_uring demux to a probe worker (the default, and the goal's).
+    Demux,
+    /// The same with the demux at `--busy-poll-us` (the run's `Opts::busy_poll_us`).
+    BusyPoll,
+    /// Straight to the probe thread's own UDP socket: the direct-socket floor (the
+    /// demux still runs and takes the background load).
+    Direct,
+}
+
+impl LatPath {
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            LatPath::Demux => "demux",
+            LatPath::BusyPoll => "demux, busy poll",
+            LatPath::Direct => "direct socket",
+        }
+    }
+}
+
+/// The paths of one round's latency runs at each load: the demux alone, or with
+/// `--busy-poll-us` also the busy-polling demux and the direct floor, their order
+/// rotating from round to round (this VM's speed drifts).
+pub(super) fn latency_paths(o: &Opts, rep: usize) -> Vec<LatPath> {
+    if o.busy_poll_us == 0 || o.udpflood {
+        return vec![LatPath::Demux];
+    }
+    let mut v = vec![LatPath::Direct, LatPath::Demux, LatPath::BusyPoll];
+    v.rotate_left(rep % 3);
+    v
+}
+
 #[derive(Clone, Debug)]
 pub(super) struct LatRow {
     pub(super) pct: u32,
     pub(super) rep: usize,
+    pub(super) path: LatPath,
     pub(super) offered: f64,
     pub(super) v: Value,
 }
 
-pub(super) fn run_latency(pct: u32, rep: usize, sat: f64, o: &Opts, bins: &Path) -> Result<LatRow> {
+pub(super) fn run_latency(pct: u32, rep: usize, sat: f64, path: LatPath, o: &Opts, bins: &Path) -> Result<LatRow> {
     if o.udpflood {
         run_latency_udpflood(pct, rep, sat, o, bins)
     } else {
-        run_latency_probe(pct, rep, sat, o, bins)
+        run_latency_probe(pct, rep, sat, path, o, bins)
     }
 }
 
@@ -113,14 +148,49 @@ fn probe_sink(
             if n <= 0 {
                 continue;
             }
-            let p = &buf[FRAME_HEADER_LEN.min(n as usize)..n as usize];
-            if p.len() >= PROBE_TIME_AT.end && &p[PROBE_MAGIC_AT] == PROBE_MAGIC {
-                let sent = u64::from_be_bytes(p[PROBE_TIME_AT].try_into().expect("8 bytes"));
-                let _ = h.record(t.saturating_sub(sent).max(1));
-            }
+            record_probe(&mut h, &buf[FRAME_HEADER_LEN.min(n as usize)..n as usize], t);
         }
         h
     }))
+}
+
+/// Records a probe's one-way time (`arrival` − its send time) when `p` is one.
+fn record_probe(h: &mut hdrhistogram::Histogram<u64>, p: &[u8], arrival: u64) {
+    if p.len() >= PROBE_TIME_AT.end && &p[PROBE_MAGIC_AT] == PROBE_MAGIC {
+        let sent = u64::from_be_bytes(p[PROBE_TIME_AT].try_into().expect("8 bytes"));
+        let _ = h.record(arrival.saturating_sub(sent).max(1));
+    }
+}
+
+/// The direct-socket floor's probe receiver: a UDP socket of its own on loopback,
+/// read by a thread on `core` exactly as the probe worker reads its data connection
+/// (one blocking recv per probe). Returns the socket's address.
+#[allow(clippy::type_complexity)]
+fn direct_probe_sink(
+    core: usize,
+    stop: Arc<AtomicBool>,
+    rt: bool,
+) -> Result<(std::net::SocketAddr, std::thread::JoinHandle<hdrhistogram::Histogram<u64>>)> {
+    let sock = UdpSocket::bind("127.0.0.1:0")?;
+    sock.set_read_timeout(Some(SINK_RCVTIMEO))?;
+    let addr = sock.local_addr()?;
+    Ok((
+        addr,
+        std::thread::spawn(move || {
+            pin(core);
+            if rt {
+                fifo(0, FIFO_PRIO);
+            }
+            let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 10_000_000_000, 3).expect("bounds");
+            let mut buf = vec![0u8; PROBE_BUF];
+            while !stop.load(Ordering::Relaxed) {
+                let Ok(n) = sock.recv(&mut buf) else { continue };
+                let t = now_ns();
+                record_probe(&mut h, &buf[..n], t);
+            }
+            h
+        }),
+    ))
 }
 
 /// The background load of a latency run: a nice-0 sender thread (the rest runs at
@@ -161,22 +231,37 @@ impl Background {
 /// The demux hop alone: probes from this process (load core) to the io_uring demux
 /// (shard core) to a probe worker back in this process; one-way times in an HDR
 /// histogram. Background load from a nice-0 thread to a sink-only worker.
-fn run_latency_probe(pct: u32, rep: usize, sat: f64, o: &Opts, bins: &Path) -> Result<LatRow> {
-    let d = start_demux(&bins.join("demux"), "uring", o.shard_core)?;
+fn run_latency_probe(pct: u32, rep: usize, sat: f64, path: LatPath, o: &Opts, bins: &Path) -> Result<LatRow> {
+    let d = match path {
+        LatPath::BusyPoll => {
+            let us = o.busy_poll_us.to_string();
+            let flags = ["--io", "uring", "--forward", "seqpacket", "--busy-poll-us", &us];
+            start_demux_with(&bins.join("demux"), "uring-busy-poll", o.shard_core, &flags)?
+        }
+        LatPath::Demux | LatPath::Direct => start_demux(&bins.join("demux"), "uring", o.shard_core)?,
+    };
     let bg_sink = background_sink(&d, o)?;
     let pstop = Arc::new(AtomicBool::new(false));
-    let probe = probe_sink(&d, PROBE_ID, o.load_core, pstop.clone(), o.rt)?;
-    demux_ready(&d, 2)?; // the probe worker and the background sink
-    if o.rt {
-        // The demux as it would run on a core of its own: SCHED_FIFO, so the shared
-        // machine's other processes do not delay its wake-ups.
+    let (target, probe) = match path {
+        LatPath::Direct => direct_probe_sink(o.load_core, pstop.clone(), o.rt)?,
+        LatPath::Demux | LatPath::BusyPoll => (d.udp, probe_sink(&d, PROBE_ID, o.load_core, pstop.clone(), o.rt)?),
+    };
+    // The background sink, and the probe worker unless the probes bypass the demux.
+    demux_ready(&d, if path == LatPath::Direct { 1 } else { 2 })?;
+    // The demux as it would run on a core of its own: SCHED_FIFO, so the shared
+    // machine's other processes do not delay its wake-ups. Not when it busy-polls: a
+    // shard that never sleeps would be held by the kernel's real-time throttling
+    // (sched_rt_runtime_us: 95 % of each second, then 50 ms off the CPU), and a
+    // spinning shard has no wake-ups to speed up.
+    if o.rt && path != LatPath::BusyPoll {
         fifo(d.child.id(), FIFO_PRIO);
     }
     let ks = d.keys.key_set().map_err(|e| anyhow::anyhow!("{e:?}"))?;
     let bg = Background::start(&d, &ks, pct, sat, o);
     // Probes: 1200-byte short headers for server id 1, paced, from one socket.
     let sock = UdpSocket::bind(LOOPBACK_ANY)?;
-    sock.connect(d.udp)?;
+    sock.connect(target)?;
+    let (cpu0, t0) = (stat_cpu_s(d.child.id()), Instant::now());
     let mut r = [0u8; CID_RANDOM_LEN];
     std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut r))?;
     let cid = ks.encode(ServerId(PROBE_ID), &r);
@@ -214,6 +299,8 @@ fn run_latency_probe(pct: u32, rep: usize, sat: f64, o: &Opts, bins: &Path) -> R
         .unwrap_or(0)
     });
     let (offered, background) = (bg.offered, bg.finish()?);
+    // The demux's CPU over the probes and the background's tail (clock ticks of 10 ms).
+    let demux_cpu_share = (stat_cpu_s(d.child.id()) - cpu0) / t0.elapsed().as_secs_f64();
     std::thread::sleep(PROBE_DRAIN);
     pstop.store(true, Ordering::Relaxed);
     let h = probe.join().map_err(|_| anyhow::anyhow!("probe sink panicked"))?;
@@ -223,10 +310,10 @@ fn run_latency_probe(pct: u32, rep: usize, sat: f64, o: &Opts, bins: &Path) -> R
     let mut v = json!({
         "sent": sent, "received": h.len(), "lost": sent.saturating_sub(h.len()),
         "p50_us": us(0.5), "p90_us": us(0.9), "p99_us": us(0.99), "p999_us": us(0.999), "max_us": h.max() as f64 / 1000.0,
-        "mean_us": h.mean() / 1000.0,
+        "mean_us": h.mean() / 1000.0, "path": path.name(), "demux_cpu_share": demux_cpu_share,
     });
     add_background(&mut v, background);
-    Ok(LatRow { pct, rep, offered, v })
+    Ok(LatRow { pct, rep, path, offered, v })
 }
 
 /// The sink-only worker (`BACKGROUND_ID`) that takes the background load.
@@ -283,5 +370,5 @@ fn run_latency_udpflood(pct: u32, rep: usize, sat: f64, o: &Opts, bins: &Path) -
     let mut v: Value = serde_json::from_str(text.lines().rev().find(|l| l.starts_with('{')).unwrap_or("{}"))
         .context("udpflood --latency --json output")?;
     add_background(&mut v, background);
-    Ok(LatRow { pct, rep, offered, v })
+    Ok(LatRow { pct, rep, path: LatPath::Demux, offered, v })
 }

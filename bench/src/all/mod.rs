@@ -24,7 +24,7 @@ use crate::cli::AllArgs;
 use crate::report::{command_output, loadavg, loadavg_now};
 use anyhow::{bail, Context, Result};
 use contenders::{ensure_nginx, DirGuard, NGINX};
-use latency::{run_latency, LOADS_PCT};
+use latency::{latency_paths, run_latency, LOADS_PCT};
 use report::{mode_name, offered_name, report, summarize, svg, Conditions};
 use run::run_once;
 use std::path::{Path, PathBuf};
@@ -50,6 +50,9 @@ pub(super) struct Opts {
     /// Latency runs: SCHED_FIFO for the demux and the probe threads.
     pub(super) rt: bool,
     pub(super) lat_seconds: f64,
+    /// Latency runs: also the demux with `--busy-poll-us` this many µs, and the
+    /// direct-socket floor (0: neither).
+    pub(super) busy_poll_us: u32,
     pub(super) probe_rate: f64,
     pub(super) doc: Option<PathBuf>,
     pub(super) svg: Option<PathBuf>,
@@ -82,6 +85,7 @@ impl From<AllArgs> for Opts {
             udpflood: a.udpflood,
             rt: !a.no_rt,
             lat_seconds: a.latency_seconds,
+            busy_poll_us: a.busy_poll_us,
             probe_rate: a.probe_rate,
             doc,
             svg,
@@ -212,10 +216,12 @@ pub fn main(args: AllArgs) -> Result<()> {
         .unwrap_or(f64::NAN);
     if o.latency && sat.is_finite() {
         for rep in 0..o.reps {
-            for pct in LOADS_PCT {
-                let l = run_latency(pct, rep, sat, &o, &bins).with_context(|| format!("latency {pct} %"))?;
+            for (pct, path) in LOADS_PCT.into_iter().flat_map(|p| latency_paths(&o, rep).into_iter().map(move |v| (p, v))) {
+                let l = run_latency(pct, rep, sat, path, &o, &bins)
+                    .with_context(|| format!("latency {pct} %, {}", path.name()))?;
                 eprintln!(
-                    "latency {pct} % ({:.0}/s) round {}: p50 {} µs, p99 {} µs, p99.9 {} µs, lost {}",
+                    "latency {pct} % {} ({:.0}/s) round {}: p50 {} µs, p99 {} µs, p99.9 {} µs, lost {}",
+                    l.path.name(),
                     l.offered,
                     rep + 1,
                     l.v["p50_us"],
@@ -287,5 +293,24 @@ mod tests {
         let o = opts("--doc /tmp/b.md");
         assert_eq!(o.doc.unwrap().to_str(), Some("/tmp/b.md"));
         assert!(o.svg.unwrap().ends_with("docs/benchmarks-cpu.svg"));
+    }
+
+    /// Without `--busy-poll-us` only the demux's own latency runs; with it, each
+    /// round runs the three paths once each, starting with a different one.
+    #[test]
+    fn latency_paths_rotate_with_busy_poll() {
+        use super::latency::{latency_paths, LatPath};
+        assert_eq!(latency_paths(&opts(""), 0), [LatPath::Demux]);
+        let o = opts("--busy-poll-us 50");
+        assert_eq!(o.busy_poll_us, 50);
+        let rounds: Vec<Vec<LatPath>> = (0..3).map(|r| latency_paths(&o, r)).collect();
+        for r in &rounds {
+            let mut names: Vec<&str> = r.iter().map(|p| p.name()).collect();
+            names.sort_unstable();
+            assert_eq!(names, ["demux", "demux, busy poll", "direct socket"]);
+        }
+        let firsts: std::collections::HashSet<LatPath> = rounds.iter().map(|r| r[0]).collect();
+        assert_eq!(firsts.len(), 3, "each round starts with another path: {rounds:?}");
+        assert!(Cli::try_parse_from(["bench", "all", "--busy-poll-us", "5", "--udpflood"]).is_err());
     }
 }

@@ -2,7 +2,7 @@
 //! every run), the SVG chart of CPU µs per datagram, and JSON.
 
 use super::docs::{BEGIN, END};
-use super::latency::{LatRow, LOADS_PCT};
+use super::latency::{LatPath, LatRow, LOADS_PCT};
 use super::run::Row;
 use super::Opts;
 use crate::dataplane::DATAGRAM;
@@ -248,29 +248,42 @@ pub(super) fn report(
                 if o.rt { "the demux's threads, the probe sender and the probe worker run SCHED_FIFO (as on cores of their own; `--no-rt`: at the bench's nice value, sharing the cores with the machine's other processes)" } else { "everything at the bench's nice value (`--no-rt`)" },
                 o.lat_seconds, o.reps);
         }
-        let _ = writeln!(s, "| load | offered datagrams/s | p50 µs | p99 µs | p99.9 µs | max µs | probes lost |");
-        let _ = writeln!(s, "|---|---|---|---|---|---|---|");
-        for pct in LOADS_PCT {
-            let mine: Vec<&LatRow> = lat.iter().filter(|l| l.pct == pct).collect();
+        let paths: Vec<LatPath> = [LatPath::Direct, LatPath::Demux, LatPath::BusyPoll]
+            .into_iter()
+            .filter(|p| lat.iter().any(|l| l.path == *p))
+            .collect();
+        if paths.len() > 1 {
+            let _ = writeln!(s, "With `--busy-poll-us {}`, every load also runs with the demux at `--busy-poll-us {}` (its shard spins that long for receives before it sleeps) and with the probes sent straight to the probe thread's own UDP socket (\"direct socket\": the same sender, core and blocking receive, no demux in between; the demux still takes the background load); the three run back to back at each load, their order rotating from round to round. The busy-polling demux runs at the bench's nice value, not SCHED_FIFO: a shard that never sleeps would be held off its core for 50 ms a second by the kernel's real-time throttling (sched_rt_runtime_us). \"demux CPU\": the demux's CPU time over the run's wall time (clock ticks of 10 ms).\n", o.busy_poll_us, o.busy_poll_us);
+        }
+        let _ = writeln!(s, "| load | path | offered datagrams/s | p50 µs | p99 µs | p99.9 µs | max µs | probes lost | demux CPU |");
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
+        for (pct, path) in LOADS_PCT.into_iter().flat_map(|p| paths.iter().map(move |v| (p, *v))) {
+            let mine: Vec<&LatRow> = lat.iter().filter(|l| l.pct == pct && l.path == path).collect();
             if mine.is_empty() {
                 continue;
             }
             let m = |k: &str| median(mine.iter().filter_map(|l| l.v[k].as_f64()).collect());
+            let cpu = m("demux_cpu_share");
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} | {} | {} / {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} / {} | {} |",
                 if pct == 0 { "probes only".to_string() } else { format!("{pct} %") },
+                path.name(),
                 thousands(mine[0].offered),
                 fixed(m("p50_us"), 1),
                 fixed(m("p99_us"), 1),
                 fixed(m("p999_us"), 1),
                 fixed(m("max_us"), 0),
                 mine.iter().map(|l| l.v["lost"].as_u64().unwrap_or(0)).sum::<u64>(),
-                mine.iter().map(|l| l.v["sent"].as_u64().unwrap_or(0)).sum::<u64>()
+                mine.iter().map(|l| l.v["sent"].as_u64().unwrap_or(0)).sum::<u64>(),
+                if cpu.is_finite() { format!("{:.0} %", cpu * 100.0) } else { "–".into() }
             );
         }
         let p99_50 = median(
-            lat.iter().filter(|l| l.pct == GOAL_LATENCY_LOAD_PCT).filter_map(|l| l.v["p99_us"].as_f64()).collect(),
+            lat.iter()
+                .filter(|l| l.pct == GOAL_LATENCY_LOAD_PCT && l.path == LatPath::Demux)
+                .filter_map(|l| l.v["p99_us"].as_f64())
+                .collect(),
         );
         let _ = writeln!(
             goals,
@@ -313,7 +326,7 @@ pub(super) fn report(
         );
     }
     for l in lat {
-        let _ = writeln!(s, "\nlatency {} % round {}: `{}`", l.pct, l.rep + 1, l.v);
+        let _ = writeln!(s, "\nlatency {} % {} round {}: `{}`", l.pct, l.path.name(), l.rep + 1, l.v);
     }
     let _ = writeln!(s, "\n</details>\n{END}");
     s
@@ -408,6 +421,6 @@ pub(super) fn json(rows: &[Row], lat: &[LatRow]) -> Value {
             "contender": r.contender, "train": r.train, "rep": r.rep, "sent": r.sent, "received": r.received,
             "handled": r.handled, "cpu_s": r.cpu_s, "secs": r.secs, "us_per_datagram": r.us(),
             "sender_cpu_s": r.sender_cpu_s})).collect::<Vec<_>>(),
-        "latency": lat.iter().map(|l| json!({"pct": l.pct, "rep": l.rep, "offered": l.offered, "udpflood": l.v})).collect::<Vec<_>>(),
+        "latency": lat.iter().map(|l| json!({"pct": l.pct, "rep": l.rep, "path": l.path.name(), "offered": l.offered, "udpflood": l.v})).collect::<Vec<_>>(),
     })
 }
