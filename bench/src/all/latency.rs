@@ -4,7 +4,9 @@
 
 use super::contenders::{demux_ready, pinned, ChildGuard, Sinks};
 use super::Opts;
-use crate::dataplane::{data_hello, send_rec, sink, start_demux, start_demux_with, stat_cpu_s, Demux, DATAGRAM, SINK_RCVTIMEO};
+use crate::dataplane::{
+    data_hello, send_rec, sink, start_demux, start_demux_with, stat_cpu_s, Demux, DATAGRAM, SINK_RCVTIMEO,
+};
 use crate::load::{send_load, Load, DCID, LOOPBACK_ANY, SHORT_HEADER_FORM};
 use crate::sys::{pin, set_rcvtimeo};
 use anyhow::{bail, Context, Result};
@@ -136,11 +138,7 @@ fn probe_sink(
     send_rec(fd.as_raw_fd(), &Control::Ready)?;
     set_rcvtimeo(fd.as_raw_fd(), SINK_RCVTIMEO);
     Ok(std::thread::spawn(move || {
-        pin(core);
-        if rt {
-            fifo(0, FIFO_PRIO);
-        }
-        let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 10_000_000_000, 3).expect("bounds");
+        let mut h = probe_thread(core, rt);
         while !stop.load(Ordering::Relaxed) {
             // SAFETY: receives into a live buffer.
             let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
@@ -152,6 +150,16 @@ fn probe_sink(
         }
         h
     }))
+}
+
+/// A probe receiving thread's set-up: pinned to `core`, SCHED_FIFO with `rt`; its
+/// empty histogram of one-way times in ns.
+fn probe_thread(core: usize, rt: bool) -> hdrhistogram::Histogram<u64> {
+    pin(core);
+    if rt {
+        fifo(0, FIFO_PRIO);
+    }
+    hdrhistogram::Histogram::<u64>::new_with_bounds(1, 10_000_000_000, 3).expect("bounds")
 }
 
 /// Records a probe's one-way time (`arrival` − its send time) when `p` is one.
@@ -177,11 +185,7 @@ fn direct_probe_sink(
     Ok((
         addr,
         std::thread::spawn(move || {
-            pin(core);
-            if rt {
-                fifo(0, FIFO_PRIO);
-            }
-            let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 10_000_000_000, 3).expect("bounds");
+            let mut h = probe_thread(core, rt);
             let mut buf = vec![0u8; PROBE_BUF];
             while !stop.load(Ordering::Relaxed) {
                 let Ok(n) = sock.recv(&mut buf) else { continue };

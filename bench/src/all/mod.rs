@@ -216,7 +216,9 @@ pub fn main(args: AllArgs) -> Result<()> {
         .unwrap_or(f64::NAN);
     if o.latency && sat.is_finite() {
         for rep in 0..o.reps {
-            for (pct, path) in LOADS_PCT.into_iter().flat_map(|p| latency_paths(&o, rep).into_iter().map(move |v| (p, v))) {
+            for (pct, path) in
+                LOADS_PCT.into_iter().flat_map(|p| latency_paths(&o, rep).into_iter().map(move |v| (p, v)))
+            {
                 let l = run_latency(pct, rep, sat, path, &o, &bins)
                     .with_context(|| format!("latency {pct} %, {}", path.name()))?;
                 eprintln!(

@@ -255,7 +255,10 @@ pub(super) fn report(
         if paths.len() > 1 {
             let _ = writeln!(s, "With `--busy-poll-us {}`, every load also runs with the demux at `--busy-poll-us {}` (its shard spins that long for receives before it sleeps) and with the probes sent straight to the probe thread's own UDP socket (\"direct socket\": the same sender, core and blocking receive, no demux in between; the demux still takes the background load); the three run back to back at each load, their order rotating from round to round. The busy-polling demux runs at the bench's nice value, not SCHED_FIFO: a shard that never sleeps would be held off its core for 50 ms a second by the kernel's real-time throttling (sched_rt_runtime_us). \"demux CPU\": the demux's CPU time over the run's wall time (clock ticks of 10 ms).\n", o.busy_poll_us, o.busy_poll_us);
         }
-        let _ = writeln!(s, "| load | path | offered datagrams/s | p50 µs | p99 µs | p99.9 µs | max µs | probes lost | demux CPU |");
+        let _ = writeln!(
+            s,
+            "| load | path | offered datagrams/s | p50 µs | p99 µs | p99.9 µs | max µs | probes lost | demux CPU |"
+        );
         let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
         for (pct, path) in LOADS_PCT.into_iter().flat_map(|p| paths.iter().map(move |v| (p, *v))) {
             let mine: Vec<&LatRow> = lat.iter().filter(|l| l.pct == pct && l.path == path).collect();
