@@ -795,6 +795,7 @@ fn busy_poll_takes_receives_while_spinning() {
         }
         wait_for("all forwarded", || w.datagrams() == N as usize);
         let s = d.status();
+        assert_eq!(s["busy_poll_us"], if spins { 5000 } else { 0 }, "the setting is in the status");
         let (polls, found) = (u64_at(&s, "/busy_poll/spins"), u64_at(&s, "/busy_poll/found"));
         if spins {
             // Each datagram after the first can end a spin; the VM may deschedule the

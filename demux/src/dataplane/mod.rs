@@ -153,6 +153,7 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
         cores: cores.iter().map(|c| c.id).collect(),
         listen: bound.iter().map(|a| a.to_string()).collect(),
         pid: std::process::id(),
+        busy_poll_us: a.busy_poll_us,
     };
     let own_files: Vec<std::path::PathBuf> =
         [Some(data_path.to_path_buf()), a.control_socket.clone(), a.ready_file.clone()].into_iter().flatten().collect();

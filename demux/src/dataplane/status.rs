@@ -16,6 +16,8 @@ pub struct StatusInfo {
     pub cores: Vec<usize>,
     pub listen: Vec<String>,
     pub pid: u32,
+    /// `--busy-poll-us` (0: off).
+    pub busy_poll_us: u32,
 }
 
 pub struct InstanceStatus {
@@ -145,6 +147,7 @@ pub fn render(
     top.insert("pid".into(), json!(info.pid));
     top.insert("io".into(), json!(info.io));
     top.insert("steer".into(), json!(info.steer));
+    top.insert("busy_poll_us".into(), json!(info.busy_poll_us));
     top.insert("shards".into(), json!(shards.len()));
     top.insert("cores".into(), json!(info.cores));
     top.insert("listen".into(), json!(info.listen));
