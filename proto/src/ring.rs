@@ -85,6 +85,21 @@ pub fn reserve(head: u64, tail: u64, capacity: u64, body: usize) -> Option<Reser
     Some(Reserve { skip_at, at: at as usize, new_tail: tail + skip + need })
 }
 
+/// The most bytes of the next record's place that the producer prefetches (a GRO
+/// train's record is long enough for the CPU's own stream prefetcher).
+pub const PREFETCH_MAX: usize = 2048;
+
+/// Where the next record goes when it has a `body`-byte body too and the producer's
+/// tail is `tail`: the data-area bytes the producer asks the CPU to fetch for writing
+/// while it copies the current record (docs/benchmarks.md "Fifth pass"). At most
+/// [`PREFETCH_MAX`] bytes, always inside the data area; a record that would not fit
+/// before the end starts at offset 0, and so does this. `None`: no such record.
+pub fn next_span(tail: u64, capacity: u64, body: usize) -> Option<std::ops::Range<usize>> {
+    // An empty ring at `tail`: only the place matters here, not whether it is free.
+    let r = reserve(tail, tail, capacity, body)?;
+    Some(r.at..r.at + slot_len(body).min(PREFETCH_MAX))
+}
+
 /// What the consumer finds at `head`, given the length word `word` it read there
 /// (only read when `tail > head`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

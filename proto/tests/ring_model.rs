@@ -101,6 +101,30 @@ proptest! {
         prop_assert_eq!(ring.head, ring.tail);
     }
 
+    /// The span prefetched for the next record is where that record lands when it has
+    /// the same length (wrapping to offset 0 included), never past the data area.
+    #[test]
+    fn next_span_is_where_the_next_record_goes(cap_shift in 8u32..14, tail in 0u64..4096, lens in prop::collection::vec(1usize..5000, 1..40)) {
+        let cap = 1u64 << cap_shift;
+        let mut tail = tail * 8;
+        for len in lens {
+            // The model: a record goes where the tail points, or to offset 0 when it
+            // does not fit before the end; nowhere when even an empty ring has no room
+            // for it and the padding before it.
+            let need = slot_len(len) as u64;
+            let pos = tail % cap;
+            let wraps = need > cap - pos;
+            let span = next_span(tail, cap, len);
+            if if wraps { cap - pos + need > cap } else { need > cap } {
+                prop_assert_eq!(span, None);
+                continue;
+            }
+            let at = if wraps { 0 } else { pos as usize };
+            prop_assert_eq!(span, Some(at..at + (need as usize).min(PREFETCH_MAX)));
+            tail += if wraps { cap - pos } else { 0 } + need;
+        }
+    }
+
     #[test]
     fn corrupt_words_are_refused(cap_shift in 8u32..12, head in 0u64..1000, avail in 8u64..4096, word in any::<u32>()) {
         let cap = 1u64 << cap_shift;

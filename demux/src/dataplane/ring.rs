@@ -122,6 +122,11 @@ impl Producer {
                 r
             }
         };
+        // The next record's place is fetched while this one is copied (a record's
+        // lines in the ring are cold: the consumer's core read them last).
+        if let Some(next) = ring::next_span(r.new_tail, self.capacity, len) {
+            self.map.prefetch_for_write(next);
+        }
         if let Some(s) = r.skip_at {
             self.write(s, &SKIP.to_le_bytes());
         }
