@@ -82,7 +82,7 @@ pub struct ShardCounters {
     pub ring_wakes: AtomicU64,
     /// `--busy-poll-us`: spins before sleeping, and those that saw receives arrive
     /// (a round begun without a wake-up).
-    pub busy_polls: AtomicU64,
+    pub busy_poll_spins: AtomicU64,
     pub busy_poll_found: AtomicU64,
     pub instances: Box<[InstanceCounters]>,
 }
@@ -111,7 +111,7 @@ impl ShardCounters {
             batches: AtomicU64::new(0),
             sendmmsg_calls: AtomicU64::new(0),
             ring_wakes: AtomicU64::new(0),
-            busy_polls: AtomicU64::new(0),
+            busy_poll_spins: AtomicU64::new(0),
             busy_poll_found: AtomicU64::new(0),
             instances: (0..max_instances).map(|_| InstanceCounters::default()).collect(),
         }

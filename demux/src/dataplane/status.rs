@@ -86,7 +86,7 @@ fn shard_json(c: &ShardCounters) -> Map<String, Value> {
     m.insert("ring_wakes".into(), json!(c.ring_wakes.load(Relaxed)));
     m.insert(
         "busy_poll".into(),
-        json!({ "spins": c.busy_polls.load(Relaxed), "found": c.busy_poll_found.load(Relaxed) }),
+        json!({ "spins": c.busy_poll_spins.load(Relaxed), "found": c.busy_poll_found.load(Relaxed) }),
     );
     m
 }
