@@ -38,7 +38,10 @@ use crate::all::prioritize;
 use crate::cli::{FillCore, SaturationArgs};
 use crate::dataplane::{demux_bin, stat_user_system_s, DATAGRAM};
 use crate::load::{flow_sockets, initials, send_messages_until, send_until, FLOWS, MSGS_PER_CALL};
-use crate::report::{command_output, fixed, loadavg, loadavg_now, median, mode_name, replace_block, thousands};
+use crate::report::{
+    command_output, fixed, loadavg, loadavg_now, median, median_interval, mode_name, replace_block, thousands,
+    MedianInterval,
+};
 use crate::sys::{
     all_threads_stopped, cpu_model, dev_counter, dup_from_process, schedstat_ns, socket_fd_of, udp_queue_of,
     udp_rcvbuf_errors, wait_quiet, Schedstat,
@@ -528,7 +531,13 @@ pub(crate) struct Sum {
     /// mode, the median over the rounds.
     pub(crate) x_floor: f64,
     pub(crate) x_baseline: f64,
+    /// The 95 % intervals of the medians `us` and `x_floor` (crate::report::median_interval).
+    pub(crate) us_interval: Option<MedianInterval>,
+    pub(crate) x_floor_interval: Option<MedianInterval>,
 }
+
+/// The confidence the targets' intervals ask for.
+const TARGET_LEVEL: f64 = 0.95;
 
 pub(crate) fn summarize(runs: &[Run], kinds: &[String], trains: &[usize]) -> Vec<Sum> {
     let mut out = Vec::new();
@@ -539,17 +548,16 @@ pub(crate) fn summarize(runs: &[Run], kinds: &[String], trains: &[usize]) -> Vec
                 continue;
             }
             let m = |f: &dyn Fn(&Run) -> f64| median(mine.iter().map(|r| f(r)).collect());
-            let ratio_to = |other: &str| {
-                median(
-                    mine.iter()
-                        .filter_map(|r| {
-                            runs.iter()
-                                .find(|x| x.kind == other && x.train == train && x.rep == r.rep)
-                                .map(|x| r.us() / x.us())
-                        })
-                        .collect(),
-                )
+            let ratios_to = |other: &str| -> Vec<f64> {
+                mine.iter()
+                    .filter_map(|r| {
+                        runs.iter()
+                            .find(|x| x.kind == other && x.train == train && x.rep == r.rep)
+                            .map(|x| r.us() / x.us())
+                    })
+                    .collect()
             };
+            let ratio_to = |other: &str| median(ratios_to(other));
             let us: Vec<f64> = mine.iter().map(|r| r.us()).collect();
             out.push(Sum {
                 kind: k.clone(),
@@ -568,6 +576,8 @@ pub(crate) fn summarize(runs: &[Run], kinds: &[String], trains: &[usize]) -> Vec
                 wakes_per_batch: m(&|r| r.wakes_per_batch()),
                 x_floor: ratio_to(floor_of(k)),
                 x_baseline: ratio_to("baseline"),
+                us_interval: median_interval(us.clone(), TARGET_LEVEL),
+                x_floor_interval: median_interval(ratios_to(floor_of(k)), TARGET_LEVEL),
             });
         }
     }
@@ -621,13 +631,47 @@ pub(crate) struct Target {
     pub(crate) what: String,
     pub(crate) measured: f64,
     pub(crate) limit: f64,
+    /// The median's interval over the rounds (none with one round).
+    pub(crate) interval: Option<MedianInterval>,
     /// What the contender's CPU went to (user/system split).
     pub(crate) split: String,
 }
 
+/// A target against its median and that median's interval.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// The whole interval is within the limit (one round: the median is).
+    Met,
+    /// The whole interval is over the limit.
+    Missed,
+    /// The interval holds the limit: these rounds cannot tell.
+    Undecided,
+}
+
 impl Target {
-    pub(crate) fn met(&self) -> bool {
-        self.measured <= self.limit
+    pub(crate) fn verdict(&self) -> Verdict {
+        match self.interval {
+            Some(i) if i.hi <= self.limit => Verdict::Met,
+            Some(i) if i.lo > self.limit => Verdict::Missed,
+            Some(_) => Verdict::Undecided,
+            None if self.measured <= self.limit => Verdict::Met,
+            None => Verdict::Missed,
+        }
+    }
+
+    /// The report's verdict cell.
+    fn verdict_text(&self) -> String {
+        match (self.verdict(), self.interval) {
+            (Verdict::Met, _) => "**met**".to_string(),
+            (Verdict::Missed, _) => format!("**missed** ({:.2}× the limit)", self.measured / self.limit),
+            (Verdict::Undecided, Some(i)) => format!(
+                "**undecided**: the median's {:.0} % interval, {}–{}, holds the limit (more rounds narrow it)",
+                i.coverage * 100.0,
+                fixed(i.lo, 3),
+                fixed(i.hi, 3)
+            ),
+            (Verdict::Undecided, None) => "**undecided**".to_string(),
+        }
     }
 }
 
@@ -647,11 +691,24 @@ pub(crate) fn targets(sums: &[Sum]) -> Vec<Target> {
                     what: what("CPU µs / datagram"),
                     measured: s.us,
                     limit: TARGET_US_UNCOALESCED,
+                    interval: s.us_interval,
                     split: split.clone(),
                 });
-                t.push(Target { what: what("× floor"), measured: s.x_floor, limit: TARGET_X_FLOOR, split });
+                t.push(Target {
+                    what: what("× floor"),
+                    measured: s.x_floor,
+                    limit: TARGET_X_FLOOR,
+                    interval: s.x_floor_interval,
+                    split,
+                });
             } else {
-                t.push(Target { what: what("CPU µs / datagram"), measured: s.us, limit: TARGET_US_TRAINS, split });
+                t.push(Target {
+                    what: what("CPU µs / datagram"),
+                    measured: s.us,
+                    limit: TARGET_US_TRAINS,
+                    interval: s.us_interval,
+                    split,
+                });
             }
         }
     }
@@ -669,6 +726,7 @@ pub(crate) fn targets(sums: &[Sum]) -> Vec<Target> {
             ),
             measured: s.us,
             limit: 1e6 / TARGET_RETRIES_PER_CORE_S,
+            interval: s.us_interval,
             split,
         });
     }
@@ -763,21 +821,28 @@ fn report(runs: &[Run], sums: &[Sum], o: &SaturationArgs, c: &Conditions) -> Str
          and with rings one eventfd write per sleeping worker). \"eventfd wakes / batch\": its `ring_wakes` counter over `batches`: \
          how often a round found a worker asleep on its ring and wrote the worker's eventfd.\n"
     );
-    let _ = writeln!(s, "Targets (the issue), from the medians above:\n");
-    let _ = writeln!(s, "| target | measured | limit | | CPU split |");
-    let _ = writeln!(s, "|---|---|---|---|---|");
+    let _ = writeln!(
+        s,
+        "Targets (the issue), from the medians above. A target is met when the whole interval of its median is within \
+         the limit, missed when the whole interval is over it, and undecided otherwise (the interval: the sign test's, \
+         x(k) … x(n+1−k) of the n rounds with the largest k for 95 %, or the least and the greatest round when there are \
+         too few rounds for 95 %):\n"
+    );
+    let _ = writeln!(s, "| target | measured (median) | its interval | limit | | CPU split |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|");
     for t in targets(sums) {
+        let interval = match t.interval {
+            Some(i) => format!("{}–{} ({:.0} %)", fixed(i.lo, 3), fixed(i.hi, 3), i.coverage * 100.0),
+            None => "– (one round)".to_string(),
+        };
         let _ = writeln!(
             s,
-            "| {} | {} | ≤ {} | {} | {} |",
+            "| {} | {} | {} | ≤ {} | {} | {} |",
             t.what,
             fixed(t.measured, 3),
+            interval,
             t.limit,
-            if t.met() {
-                "**met**".to_string()
-            } else {
-                format!("**missed** ({:.2}× the limit)", t.measured / t.limit)
-            },
+            t.verdict_text(),
             t.split
         );
     }
@@ -935,20 +1000,24 @@ mod tests {
         let t = targets(&sums);
         let get = |w: &str| t.iter().find(|t| t.what == w).unwrap_or_else(|| panic!("{w}: {t:?}"));
         let us = get("ring, uncoalesced: CPU µs / datagram");
-        assert!(us.met() && us.limit == 0.6 && (us.measured - 0.5).abs() < 1e-9);
+        assert!(us.verdict() == Verdict::Met && us.limit == 0.6 && (us.measured - 0.5).abs() < 1e-9);
         let x = get("ring, uncoalesced: × floor");
-        assert!(x.met() && x.limit == 1.5 && (x.measured - 1.25).abs() < 1e-9);
+        assert!(x.verdict() == Verdict::Met && x.limit == 1.5 && (x.measured - 1.25).abs() < 1e-9);
         let trains = get("ring, GRO trains of 8: CPU µs / datagram");
-        assert!(!trains.met() && trains.limit == 0.15 && (trains.measured - 0.2).abs() < 1e-9);
+        assert!(trains.verdict() == Verdict::Missed && trains.limit == 0.15 && (trains.measured - 0.2).abs() < 1e-9);
         let seq = get("seqpacket, uncoalesced: × floor (SEQPACKET, for comparison)");
-        assert!(!seq.met() && (seq.measured - 2.5).abs() < 1e-9);
+        assert!(seq.verdict() == Verdict::Missed && (seq.measured - 2.5).abs() < 1e-9);
         assert_eq!(us.split, "user 25 %, system 75 %");
         assert!(t.iter().all(|t| !t.what.starts_with("floor")), "the floor has no target");
         let runs = [run("retry", 1, 0, 1.0, 200_000), run("retry", 1, 1, 1.0, 300_000)];
         let t = targets(&summarize(&runs, &["retry".into()], &[1]));
         let r = &t[0];
         assert!(r.what.starts_with("retry, uncoalesced: CPU µs / Retry") && r.limit == 4.0, "{r:?}");
-        assert!((r.measured - (5.0 + 10.0 / 3.0) / 2.0).abs() < 1e-9 && !r.met(), "median of 5 and 3.33 µs: {r:?}");
+        // Over the limit by the median, but one of the two rounds is within it.
+        assert!(
+            (r.measured - (5.0 + 10.0 / 3.0) / 2.0).abs() < 1e-9 && r.verdict() == Verdict::Undecided,
+            "median of 5 and 3.33 µs: {r:?}"
+        );
         assert!(!runs_in("retry", 8) && runs_in("retry", 1) && runs_in("ring", 8));
         // The retry contender is compared with the kernel's own share, retry-floor,
         // round by round; the retry floor itself has no target.
@@ -971,6 +1040,40 @@ mod tests {
             t[0].what.starts_with("retry,") && t[0].split.ends_with("retry-floor): 2.750 µs, this 1.75× that"),
             "{t:?}"
         );
+    }
+
+    /// With rounds, the verdict is the interval's: wholly within the limit, wholly over
+    /// it, or holding it.
+    #[test]
+    fn verdicts_follow_the_interval() {
+        // Six rounds: ring ÷ floor per round.
+        let rounds = |ratios: &[f64]| -> Vec<Run> {
+            ratios
+                .iter()
+                .enumerate()
+                .flat_map(|(rep, x)| [run("floor", 1, rep, 0.4, 1_000_000), run("ring", 1, rep, 0.4 * x, 1_000_000)])
+                .collect()
+        };
+        let verdict = |ratios: &[f64]| {
+            let sums = summarize(&rounds(ratios), &["floor".into(), "ring".into()], &[1]);
+            let t = targets(&sums);
+            let x = t.iter().find(|t| t.what == "ring, uncoalesced: × floor").unwrap().clone();
+            (x.verdict(), x.interval.unwrap(), x)
+        };
+        let (v, i, _) = verdict(&[1.2, 1.3, 1.4, 1.45, 1.35, 1.25]);
+        assert_eq!(v, Verdict::Met);
+        // Six values: k = 1 (96.9 %), the least and the greatest.
+        assert!((i.lo - 1.2).abs() < 1e-9 && (i.hi - 1.45).abs() < 1e-9 && (i.coverage - 0.96875).abs() < 1e-9);
+        // One round over the limit makes the interval hold it, though the median is 1.375.
+        let (v, _, x) = verdict(&[1.2, 1.3, 1.4, 1.6, 1.35, 1.25]);
+        assert_eq!(v, Verdict::Undecided, "{x:?}");
+        assert!(
+            x.measured < x.limit
+                && x.verdict_text().starts_with("**undecided**: the median's 97 % interval, 1.200–1.600")
+        );
+        let (v, _, x) = verdict(&[1.6, 1.7, 1.55, 1.8, 1.65, 1.51]);
+        assert_eq!(v, Verdict::Missed);
+        assert!(x.verdict_text().starts_with("**missed**"));
     }
 
     /// Every round runs every contender once; a pair runs back to back, in both
