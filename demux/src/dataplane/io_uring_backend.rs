@@ -337,6 +337,25 @@ fn busy_poll(ring: &mut IoUring, limit: std::time::Duration, counters: &crate::d
     }
 }
 
+/// One multishot receive's buffer, `io_uring_recvmsg_out | name | control | payload`
+/// (io_uring_prep_recvmsg_multishot(3)), taken apart: the client's address, what the
+/// control data says, the payload. `None` (a `drops_truncated`) when the kernel cut
+/// the payload, the control data or the name short, or the name is no address.
+#[inline]
+fn take_apart<'b>(buf: &'b [u8], msghdr: &libc::msghdr) -> Option<(std::net::SocketAddr, cmsg::RecvMeta, &'b [u8])> {
+    let out = RecvMsgOut::parse(buf, msghdr).ok()?;
+    if out.is_payload_truncated() || out.is_control_data_truncated() || out.is_name_data_truncated() {
+        return None;
+    }
+    let client = sys::sockaddr_from_bytes(out.name_data())?;
+    // The payload as a slice of `buf` itself (RecvMsgOut lends it only for its own
+    // lifetime): where it starts in `buf`, and how long it is.
+    let p = out.payload_data();
+    let start = (p.as_ptr() as usize).checked_sub(buf.as_ptr() as usize)?;
+    let payload = buf.get(start..start + p.len())?;
+    Some((client, cmsg::parse(out.control_data()), payload))
+}
+
 /// Routes every completion in the queue: each one datagram or GRO train in a provided
 /// buffer, whose id goes to `used` (given back to the kernel after the round's flush).
 /// A multishot that ended goes to `rearm`.
@@ -393,23 +412,85 @@ fn take_completions(
             // SAFETY: start + len <= nbuf * BUF_LEN (bid < nbuf, len <= BUF_LEN); the
             // kernel filled this buffer and hands it to us until we give it back.
             let buf: &[u8] = unsafe { std::slice::from_raw_parts(base.add(start), len) };
-            let Ok(out) = RecvMsgOut::parse(buf, &sock.msghdr) else {
+            let Some((client, meta, payload)) = take_apart(buf, &sock.msghdr) else {
                 router.truncated();
                 continue;
             };
-            if out.is_payload_truncated() || out.is_control_data_truncated() || out.is_name_data_truncated() {
-                router.truncated();
-                continue;
-            }
-            let Some(client) = sys::sockaddr_from_bytes(out.name_data()) else {
-                router.truncated();
-                continue;
-            };
-            let meta = cmsg::parse(out.control_data());
             // SAFETY: the payload lives in `bufs`; its buffer id is in `used` and goes
             // back to the kernel only after the flush below.
-            unsafe { router.datagram(snap, &sock.info, client, &meta, out.payload_data()) };
+            unsafe { router.datagram(snap, &sock.info, client, &meta, payload) };
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests may panic on their own setup
+mod tests {
+    use super::*;
+
+    /// The msghdr template the shard arms its multishots with.
+    fn template() -> libc::msghdr {
+        // SAFETY: plain old data; all-zero is valid.
+        let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+        h.msg_namelen = NAME_LEN as libc::socklen_t;
+        h.msg_controllen = CTRL_LEN;
+        h
+    }
+
+    /// A buffer as the kernel lays it out: the io_uring_recvmsg_out header (namelen,
+    /// controllen, payloadlen, flags), the name field, the control field, the payload.
+    fn received(namelen: u32, name: &[u8], control: &[u8], payload: &[u8], flags: i32) -> Vec<u8> {
+        let mut b = Vec::new();
+        for w in [namelen, control.len() as u32, payload.len() as u32, flags as u32] {
+            b.extend_from_slice(&w.to_ne_bytes());
+        }
+        let mut field = name.to_vec();
+        field.resize(NAME_LEN, 0);
+        b.extend_from_slice(&field);
+        let mut field = control.to_vec();
+        field.resize(CTRL_LEN, 0);
+        b.extend_from_slice(&field);
+        b.extend_from_slice(payload);
+        b
+    }
+
+    fn sockaddr_v4(ip: [u8; 4], port: u16) -> Vec<u8> {
+        // SAFETY: plain old data; all-zero is valid.
+        let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        sa.sin_family = libc::AF_INET as libc::sa_family_t;
+        sa.sin_port = port.to_be();
+        sa.sin_addr.s_addr = u32::from_ne_bytes(ip);
+        // SAFETY: reads the bytes of a live plain-old-data value.
+        unsafe {
+            std::slice::from_raw_parts((&sa as *const libc::sockaddr_in).cast::<u8>(), size_of::<libc::sockaddr_in>())
+        }
+        .to_vec()
+    }
+
+    /// A whole receive is taken apart; every kind of cut (payload, control data, name),
+    /// a name that is no address and a buffer too short for its fields are refused:
+    /// the shard counts them as `drops_truncated` and routes nothing.
+    #[test]
+    fn receives_are_taken_apart_and_cut_ones_refused() {
+        let h = template();
+        let name = sockaddr_v4([127, 0, 0, 9], 4433);
+        let namelen = name.len() as u32;
+        let payload = [0x40u8; 1200];
+        let buf = received(namelen, &name, &[], &payload, 0);
+        let (client, meta, got) = take_apart(&buf, &h).unwrap();
+        assert_eq!(client, "127.0.0.9:4433".parse().unwrap());
+        assert_eq!(got, &payload[..]);
+        assert_eq!((meta.ecn, meta.gro_size, meta.local_ip), (0, None, None));
+
+        assert!(take_apart(&received(namelen, &name, &[], &payload, libc::MSG_TRUNC), &h).is_none(), "payload cut");
+        assert!(take_apart(&received(namelen, &name, &[], &payload, libc::MSG_CTRUNC), &h).is_none(), "control cut");
+        let long_name = (NAME_LEN + 4) as u32;
+        assert!(take_apart(&received(long_name, &name, &[], &payload, 0), &h).is_none(), "name cut");
+        let mut not_inet = name.clone();
+        not_inet[..2].copy_from_slice(&(libc::AF_UNIX as libc::sa_family_t).to_ne_bytes());
+        assert!(take_apart(&received(namelen, &not_inet, &[], &payload, 0), &h).is_none(), "no address");
+        assert!(take_apart(&received(0, &[], &[], &payload, 0), &h).is_none(), "no name at all");
+        assert!(take_apart(&buf[..16 + NAME_LEN + CTRL_LEN - 1], &h).is_none(), "shorter than its fields");
+    }
 }
