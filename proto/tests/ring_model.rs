@@ -114,8 +114,9 @@ proptest! {
             let need = slot_len(len) as u64;
             let pos = tail % cap;
             let wraps = need > cap - pos;
+            let placeable = if wraps { cap - pos + need <= cap } else { need <= cap };
             let span = next_span(tail, cap, len);
-            if if wraps { cap - pos + need > cap } else { need > cap } {
+            if !placeable {
                 prop_assert_eq!(span, None);
                 continue;
             }
