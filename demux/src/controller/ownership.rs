@@ -89,9 +89,42 @@ fn cmdline(pid: i32) -> String {
     s.join(" ").chars().take(200).collect()
 }
 
+/// How long a socket that no visible process holds may take to go away before it
+/// counts as held. The kernel releases a socket after its last process has exited
+/// when something of the kernel's still refers to it: a torn-down io_uring's
+/// in-flight receives (io_uring's exit work runs in a kernel worker) or a freed
+/// SK_REUSEPORT socket array. An orphaned data plane that just exited leaves its
+/// sockets for a few milliseconds that way.
+const RELEASE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Refuses when another process holds a UDP socket on one of `listen` (port 0 is
-/// never checked: the kernel picks a free port).
+/// never checked: the kernel picks a free port). A socket no visible process holds
+/// is waited for, up to [`RELEASE_GRACE`], before it is refused: it may be one the
+/// kernel is still releasing; one held from another PID namespace stays.
 pub fn refuse_if_held(listen: &[SocketAddr], p: &Paths) -> Result<()> {
+    let since = std::time::Instant::now();
+    loop {
+        match held(listen, p) {
+            Held::No => return Ok(()),
+            Held::Invisibly(why) if since.elapsed() < RELEASE_GRACE => {
+                tracing::debug!(why = %why, "a socket on the port has no visible holder: waiting for its release");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Held::Invisibly(why) | Held::By(why) => bail!(why),
+        }
+    }
+}
+
+/// What holds the port, with the message to refuse with.
+enum Held {
+    No,
+    /// By a process this one sees (another appliance, an orphaned data plane).
+    By(String),
+    /// By a socket no visible process has an fd on.
+    Invisibly(String),
+}
+
+fn held(listen: &[SocketAddr], p: &Paths) -> Held {
     let mut sockets = Vec::new();
     for f in ["/proc/net/udp", "/proc/net/udp6"] {
         if let Ok(t) = std::fs::read_to_string(f) {
@@ -108,24 +141,28 @@ pub fn refuse_if_held(listen: &[SocketAddr], p: &Paths) -> Result<()> {
             let foreign: Vec<i32> =
                 pids.iter().copied().filter(|pid| !procs::is_our_worker(*pid, &p.control_sock())).collect();
             if pids.is_empty() {
-                bail!(
-                    "{want} is already in use: a UDP socket on {} (inode {}, uid {}) whose process is not visible to us; \
-                     a second server on this port would take part of its datagrams. Stop it, or listen elsewhere",
-                    s.local, s.inode, s.uid
-                );
+                return Held::Invisibly(format!(
+                    "{want} is already in use: a UDP socket on {} (inode {}, uid {}) whose process is not visible to us \
+                     (it stayed for {} s); a second server on this port would take part of its datagrams. Stop it, or \
+                     listen elsewhere",
+                    s.local,
+                    s.inode,
+                    s.uid,
+                    RELEASE_GRACE.as_secs()
+                ));
             }
             if let Some(pid) = foreign.first() {
-                bail!(
+                return Held::By(format!(
                     "{want} is already in use by pid {pid} ({}; socket {}); a second appliance on this port would take \
                      part of its datagrams. Stop it (an orphaned data plane exits by itself after its --orphan-timeout), \
                      or listen elsewhere",
                     cmdline(*pid),
                     s.local
-                );
+                ));
             }
         }
     }
-    Ok(())
+    Held::No
 }
 
 #[cfg(test)]
@@ -155,6 +192,51 @@ mod tests {
         assert!(overlaps(a("127.0.0.1:4433"), a("[::ffff:127.0.0.1]:4433")));
         assert!(!overlaps(a("127.0.0.1:4433"), a("127.0.0.1:4434")));
         assert!(!overlaps(a("127.0.0.1:4433"), a("127.0.0.2:4433")));
+    }
+
+    /// A UDP socket on `addr` that no process has an fd on: an io_uring receive holds
+    /// it after its fd is closed, as an exited data plane's ring does until the kernel
+    /// tears it down. Dropping the returned ring releases it.
+    fn socket_only_the_kernel_holds() -> (io_uring::IoUring, SocketAddr) {
+        use std::os::fd::AsRawFd;
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = s.local_addr().unwrap();
+        let mut ring = io_uring::IoUring::new(4).unwrap();
+        let buf = Box::leak(vec![0u8; 2048].into_boxed_slice());
+        let recv =
+            io_uring::opcode::Recv::new(io_uring::types::Fd(s.as_raw_fd()), buf.as_mut_ptr(), buf.len() as u32).build();
+        // SAFETY: the buffer is leaked (lives forever); the fd is live at submission.
+        unsafe { ring.submission().push(&recv).unwrap() };
+        ring.submit().unwrap();
+        drop(s);
+        (ring, addr)
+    }
+
+    /// A socket the kernel is still releasing is waited for; one that stays past the
+    /// grace is refused, with a message that says why.
+    #[test]
+    fn a_socket_being_released_is_waited_for_and_one_that_stays_is_refused() {
+        let dir = std::env::temp_dir().join(format!("qd-ownership-{}", std::process::id()));
+        let p = Paths::new(&dir);
+        let (ring, addr) = socket_only_the_kernel_holds();
+        let t = std::fs::read_to_string("/proc/net/udp").unwrap();
+        let s = parse_proc_net_udp(&t).into_iter().find(|x| x.local == addr).expect("still listed");
+        assert!(holders(s.inode).is_empty(), "no process has an fd on it");
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            drop(ring);
+        });
+        let t0 = std::time::Instant::now();
+        refuse_if_held(&[addr], &p).expect("released within the grace");
+        assert!(t0.elapsed() >= std::time::Duration::from_millis(250), "it did not wait: {:?}", t0.elapsed());
+        release.join().unwrap();
+
+        let (ring, addr) = socket_only_the_kernel_holds();
+        let t0 = std::time::Instant::now();
+        let err = refuse_if_held(&[addr], &p).expect_err("held past the grace").to_string();
+        assert!(t0.elapsed() >= RELEASE_GRACE, "refused before the grace ran out: {:?}", t0.elapsed());
+        assert!(err.contains("whose process is not visible to us"), "{err}");
+        drop(ring);
     }
 
     /// A socket of this process is found, and refused when it is not ours to skip.
