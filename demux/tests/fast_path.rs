@@ -98,7 +98,12 @@ fn closed_worker_socket_falls_back_to_the_user_path() {
     let c = client();
     c.send_to(&short(&d.cid(31, &mut rng), 100, &mut rng), d.addr()).unwrap();
     fast_received(&a, 1);
+    let inode = socket_inode(&a.fast[0].1);
+    assert!(udp_socket_exists(inode), "the kernel lists worker 31's fast socket");
     a.fast.clear(); // closes worker 31's fast socket: the kernel drops it from the map
+                    // ... once the last copy of its fd is gone. A child another test thread is forking
+                    // holds a copy until its exec, and datagrams steered meanwhile would be lost.
+    wait_for("worker 31's fast socket released", || !udp_socket_exists(inode));
     for _ in 0..20 {
         c.send_to(&short(&d.cid(31, &mut rng), 100, &mut rng), d.addr()).unwrap();
     }
@@ -145,18 +150,24 @@ fn hmac_generation_takes_the_user_path() {
     let mut rng = Rng(43);
     let c = client();
     let probe = short(&ks.encode(proto::ServerId(41), &[7; 10]), 100, &mut rng);
-    wait_for("v1 keys loaded", || {
+    // Until the SIGHUP is handled the probe decodes to a random id; either way it
+    // takes the user path and reaches the only serving instance, 41.
+    let probes = std::cell::Cell::new(0);
+    wait_for("v1 keys loaded in the kernel", || {
         c.send_to(&probe, d.addr()).unwrap();
+        probes.set(probes.get() + 1);
         std::thread::sleep(Duration::from_millis(5));
-        a.datagrams() > 0
+        u64_at(&d.status(), "/fast_path/to_demux/unknown_generation") > 0
     });
+    // Probes still in flight would land after `n0` below: wait for every one.
+    wait_for("every probe delivered", || a.datagrams() == probes.get());
     let before = u64_at(&d.status(), "/fast_path/to_demux/unknown_generation");
+    let n0 = a.datagrams();
     for _ in 0..10 {
         let mut r = [0u8; 10];
         rng.fill(&mut r);
         c.send_to(&short(&ks.encode(proto::ServerId(41), &r), 100, &mut rng), d.addr()).unwrap();
     }
-    let n0 = a.datagrams();
     wait_for("user path", || a.datagrams() == n0 + 10);
     assert!(a.fast_datagrams().is_empty(), "an hmac generation is never steered in the kernel");
     assert_eq!(u64_at(&d.status(), "/fast_path/to_demux/unknown_generation"), before + 10);

@@ -454,6 +454,22 @@ impl Drop for Worker {
     }
 }
 
+/// The inode a socket is listed by in /proc/net/udp.
+pub fn socket_inode(s: &UdpSocket) -> u64 {
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", s.as_raw_fd())).unwrap();
+    let link = link.to_string_lossy();
+    link.strip_prefix("socket:[").and_then(|l| l.strip_suffix(']')).and_then(|i| i.parse().ok()).unwrap()
+}
+
+/// Whether the kernel still has the UDP socket `inode` (IPv4 or IPv6): it leaves the
+/// table, its reuseport group and any socket array when its last fd closes.
+pub fn udp_socket_exists(inode: u64) -> bool {
+    ["/proc/net/udp", "/proc/net/udp6"].iter().any(|p| {
+        let text = std::fs::read_to_string(p).unwrap_or_default();
+        demux::controller::ownership::parse_proc_net_udp(&text).iter().any(|s| s.inode == inode)
+    })
+}
+
 /// Waits until `f()` holds (at most 20 s: `testkit::wait_until`), panicking with
 /// `what` otherwise.
 pub fn wait_for(what: &str, f: impl Fn() -> bool) {
