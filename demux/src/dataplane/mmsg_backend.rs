@@ -6,6 +6,7 @@ use crate::dataplane::shard::{pin_thread, Router, ShardSetup, SockInfo};
 use crate::dataplane::snapshot::Snapshot;
 use crate::sys::{self, Epoll};
 use anyhow::{Context, Result};
+use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
@@ -62,6 +63,25 @@ impl Bufs {
     }
 }
 
+/// One message recvmmsg(2) filled, taken apart into its client, its control data
+/// (parsed) and its payload, a view of `data`. None when anything was cut: MSG_TRUNC
+/// (a payload longer than `data`), MSG_CTRUNC (control data longer than `ctrl`), or a
+/// name that is not an address. The caller counts those as truncated.
+fn take_apart<'b>(
+    m: &libc::mmsghdr,
+    name: &libc::sockaddr_storage,
+    ctrl: &[u8],
+    data: &'b [u8],
+) -> Option<(SocketAddr, cmsg::RecvMeta, &'b [u8])> {
+    if m.msg_hdr.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
+        return None;
+    }
+    let client = sys::sockaddr_from_bytes(sys::storage_bytes(name, m.msg_hdr.msg_namelen))?;
+    let control = ctrl.get(..m.msg_hdr.msg_controllen)?;
+    let payload = data.get(..m.msg_len as usize)?;
+    Some((client, cmsg::parse(control), payload))
+}
+
 pub fn run(setup: ShardSetup) -> Result<()> {
     pin_thread(&setup);
     let batch = setup.batch.clamp(1, 1024);
@@ -113,21 +133,12 @@ pub fn run(setup: ShardSetup) -> Result<()> {
                 router.begin();
                 let snap: &Arc<Snapshot> = cache.load();
                 for k in 0..got {
-                    let m = &bufs.msgs[k];
-                    let flags = m.msg_hdr.msg_flags;
-                    if flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
-                        router.truncated();
-                        continue;
-                    }
-                    let len = (m.msg_len as usize).min(BUF_LEN);
-                    let ctrl_len = m.msg_hdr.msg_controllen.min(CTRL_LEN);
-                    let namelen = m.msg_hdr.msg_namelen;
-                    let Some(client) = sys::sockaddr_from_bytes(sys::storage_bytes(&bufs.names[k], namelen)) else {
+                    let ctrl = &bufs.ctrl[k * CTRL_LEN..(k + 1) * CTRL_LEN];
+                    let data = &bufs.data[k * BUF_LEN..(k + 1) * BUF_LEN];
+                    let Some((client, meta, payload)) = take_apart(&bufs.msgs[k], &bufs.names[k], ctrl, data) else {
                         router.truncated();
                         continue;
                     };
-                    let meta = cmsg::parse(&bufs.ctrl[k * CTRL_LEN..k * CTRL_LEN + ctrl_len]);
-                    let payload = &bufs.data[k * BUF_LEN..k * BUF_LEN + len];
                     // SAFETY: `payload` lives in `bufs`, untouched until the flush below.
                     unsafe { router.datagram(snap, info, client, &meta, payload) };
                 }
@@ -137,5 +148,104 @@ pub fn run(setup: ShardSetup) -> Result<()> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::net::UdpSocket;
+
+    /// What one real recvmmsg(2) of one message left: the header and its buffers.
+    struct Received {
+        msg: libc::mmsghdr,
+        name: Box<libc::sockaddr_storage>,
+        ctrl: Vec<u8>,
+        data: Vec<u8>,
+    }
+
+    impl Received {
+        fn take_apart(&self) -> Option<(SocketAddr, cmsg::RecvMeta, &[u8])> {
+            take_apart(&self.msg, &self.name, &self.ctrl, &self.data)
+        }
+    }
+
+    /// Receives one waiting datagram on `s` with a `data_len`-byte payload buffer and a
+    /// `ctrl_len`-byte control buffer.
+    fn recv_one(s: &UdpSocket, data_len: usize, ctrl_len: usize) -> Received {
+        // SAFETY: plain old data; all-zero is valid.
+        let mut r = Received {
+            msg: unsafe { std::mem::zeroed() },
+            name: Box::new(unsafe { std::mem::zeroed() }),
+            ctrl: vec![0; ctrl_len],
+            data: vec![0; data_len],
+        };
+        let mut iov = libc::iovec { iov_base: r.data.as_mut_ptr().cast(), iov_len: data_len };
+        let h = &mut r.msg.msg_hdr;
+        h.msg_name = (&mut *r.name as *mut libc::sockaddr_storage).cast();
+        h.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        h.msg_iov = &mut iov;
+        h.msg_iovlen = 1;
+        h.msg_control = r.ctrl.as_mut_ptr().cast();
+        h.msg_controllen = ctrl_len;
+        // SAFETY: one armed message whose pointers are live for the call; no timeout.
+        let n = unsafe { libc::recvmmsg(s.as_raw_fd(), &mut r.msg, 1, 0, std::ptr::null_mut()) };
+        assert_eq!(n, 1, "{}", std::io::Error::last_os_error());
+        r.msg.msg_hdr.msg_iov = std::ptr::null_mut(); // `iov` dies here
+        r
+    }
+
+    fn set_ip_option(s: &UdpSocket, option: libc::c_int, value: libc::c_int) {
+        // SAFETY: setsockopt on our own socket with a live c_int.
+        let r = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::IPPROTO_IP,
+                option,
+                (&value as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    }
+
+    /// A loopback pair: the sender marks ECT(0) (RFC 3168), the receiver asks for the
+    /// TOS byte as the shard does, so every datagram carries control data.
+    fn pair() -> (UdpSocket, UdpSocket) {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        set_ip_option(&rx, libc::IP_RECVTOS, 1);
+        let tx = UdpSocket::bind("127.0.0.2:0").unwrap();
+        set_ip_option(&tx, libc::IP_TOS, 0b10);
+        (rx, tx)
+    }
+
+    /// Real kernel output: a whole datagram is taken apart (client, payload, control
+    /// data); a payload cut by a short buffer, control data cut by a short control
+    /// buffer, and a name that is not an address are refused.
+    #[test]
+    fn received_messages_are_taken_apart_and_cut_ones_refused() {
+        let (rx, tx) = pair();
+        let payload: Vec<u8> = (0..=199).collect();
+        tx.send_to(&payload, rx.local_addr().unwrap()).unwrap();
+        let whole = recv_one(&rx, 256, CTRL_LEN);
+        let (client, meta, got) = whole.take_apart().expect("a whole datagram");
+        assert_eq!(client, tx.local_addr().unwrap());
+        assert_eq!(got, &payload[..], "exactly the payload, not the whole buffer");
+        assert_eq!(meta.ecn, 0b10, "ECT(0) read from the control data");
+
+        tx.send_to(&payload, rx.local_addr().unwrap()).unwrap();
+        let cut = recv_one(&rx, 199, CTRL_LEN);
+        assert_ne!(cut.msg.msg_hdr.msg_flags & libc::MSG_TRUNC, 0, "the kernel cut the payload");
+        assert!(cut.take_apart().is_none(), "a cut payload is refused");
+
+        tx.send_to(&payload, rx.local_addr().unwrap()).unwrap();
+        let cut = recv_one(&rx, 256, 8);
+        assert_ne!(cut.msg.msg_hdr.msg_flags & libc::MSG_CTRUNC, 0, "the kernel cut the control data");
+        assert!(cut.take_apart().is_none(), "cut control data is refused");
+
+        let mut no_name = whole;
+        no_name.msg.msg_hdr.msg_namelen = 0;
+        assert!(no_name.take_apart().is_none(), "a name that is not an address is refused");
     }
 }
