@@ -174,9 +174,10 @@ mod tests {
     /// Receives one waiting datagram on `s` with a `data_len`-byte payload buffer and a
     /// `ctrl_len`-byte control buffer.
     fn recv_one(s: &UdpSocket, data_len: usize, ctrl_len: usize) -> Received {
-        // SAFETY: plain old data; all-zero is valid.
         let mut r = Received {
+            // SAFETY: plain old data; all-zero is valid.
             msg: unsafe { std::mem::zeroed() },
+            // SAFETY: plain old data; all-zero is valid.
             name: Box::new(unsafe { std::mem::zeroed() }),
             ctrl: vec![0; ctrl_len],
             data: vec![0; data_len],
