@@ -17,6 +17,7 @@
 //! - [`rendezvous`]: keyed highest-random-weight hashing.
 //! - [`limits`]: per-source limits in fixed memory (GCRA and count-min lanes sketches).
 //! - [`retry`]: Retry packets and their integrity tag (RFC 9000 §17.2.5, RFC 9001 §5.8); the Retry minter.
+//! - [`version_negotiation`]: Version Negotiation packets (RFC 9000 §17.2.1) for versions the workers do not speak.
 //! - [`keyfile`]: the shared-secrets file of the state directory.
 //! - [`wire`]: demux → worker data frames and control messages.
 //! - [`ring`]: layout and index arithmetic of the shared-memory forwarding ring.
@@ -40,6 +41,7 @@ pub mod retry;
 pub mod ring;
 pub mod route;
 pub mod token;
+pub mod version_negotiation;
 pub mod wire;
 
 pub use cid::{Decoded, Generation, KeySet, Prf, ServerId, Unroutable, CID_LEN};

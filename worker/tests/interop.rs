@@ -165,31 +165,68 @@ fn gtlsclient_nat_rebinding() {
     assert_fast_path_carried(&d, "gtlsclient rebinding");
 }
 
-#[test]
-fn aioquic_gets_1_mib() {
+/// Whether aioquic is installed (prints why a test skips when it is not).
+fn have_aioquic() -> bool {
     let have = Command::new("python3")
         .args(["-c", "import aioquic"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    if !have_tool(have, "aioquic (pip install aioquic)") {
-        return;
-    }
-    let (d, _w) = setup("aioquic");
+    have_tool(have, "aioquic (pip install aioquic)")
+}
+
+/// Runs the aioquic client for `/bytes/1048576` (with `extra` flags, at most 40 s):
+/// whether it exited successfully (a whole response), its output line and the end of
+/// its log.
+fn aioquic_get(d: &Demux, extra: &[&str]) -> (bool, String, String) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/aioquic_h3_get.py");
+    let out_path = d.dir.join(format!("aioquic{}.out", extra.join("")));
     let mut cmd = Command::new("python3");
     cmd.arg(&script)
         .args(["127.0.0.1", &d.addr.port().to_string(), &format!("/bytes/{MIB}")])
-        .stdout(Stdio::piped())
+        .args(extra)
+        .stdout(std::fs::File::create(&out_path).expect("aioquic output file"))
         .stderr(Stdio::piped());
-    let child = cmd.spawn().expect("spawn python3");
-    let out = child.wait_with_output().expect("aioquic client");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (ok, log) = run_with_timeout(cmd, Duration::from_secs(40));
+    (ok, std::fs::read_to_string(&out_path).unwrap_or_default(), log)
+}
+
+#[test]
+fn aioquic_gets_1_mib() {
+    if !have_aioquic() {
+        return;
+    }
+    let (d, _w) = setup("aioquic");
+    let (ok, line, log) = aioquic_get(&d, &[]);
     assert!(
-        out.status.success() && stdout.contains(&format!("status=200 bytes={MIB} ")) && stdout.contains("ok=True"),
-        "aioquic: {stdout} {}",
-        String::from_utf8_lossy(&out.stderr)
+        ok && line.contains(&format!("status=200 bytes={MIB} ")) && line.contains("ok=True"),
+        "aioquic: {line} {log}"
     );
     assert_fast_path_carried(&d, "aioquic");
+}
+
+/// A client offering QUIC v2 first (aioquic, RFC 9369) meets a data plane that
+/// answers every new connection statelessly (`--retry always`). Its v2 Initial gets
+/// the demux's Version Negotiation listing v1, the workers' version (the demux does
+/// not mint a v2 Retry for workers that cannot serve v2, nor drop it); the client
+/// starts again in v1 (RFC 9368 §2.2), gets a demux-minted Retry and fetches 1 MiB.
+#[test]
+fn aioquic_offering_v2_first_is_moved_to_v1_then_retried() {
+    if !have_aioquic() {
+        return;
+    }
+    let d = Demux::start_with("aioquic-v2", &["--retry", "always"]);
+    let _w: Vec<Worker> = (1..=2).map(|id| Worker::start_self_signed(&d, id, &[])).collect();
+    d.wait_instances("2 placeable", |i| i.iter().filter(|x| x.1).count() == 2);
+    let (ok, line, log) = aioquic_get(&d, &["--v2-first"]);
+    assert!(
+        ok && line.contains(&format!("status=200 bytes={MIB} ")) && line.contains("ok=True"),
+        "aioquic: {line} {log}"
+    );
+    assert!(line.contains("version=0x1"), "moved to v1: {line}");
+    let s = d.status();
+    let at = |p: &str| s.pointer(p).and_then(serde_json::Value::as_u64).unwrap_or(0);
+    assert!(at("/retry/version_negotiations") >= 1, "the v2 Initial got a Version Negotiation: {s}");
+    assert!(at("/retry/sent") >= 1, "the v1 Initial got a Retry: {s}");
 }

@@ -60,6 +60,9 @@ pub struct ShardCounters {
     /// Of `retries_sent`, those answering an Initial over its client's limits
     /// (crate::dataplane::limits::Refusal::RetryOverLimit).
     pub retries_sent_over_limit: AtomicU64,
+    /// Version Negotiations sent instead of a Retry: the Initial's version (QUIC v2)
+    /// is not one the workers speak (crate::dataplane::retry::SPOKEN).
+    pub version_negotiations_sent: AtomicU64,
     /// Client Initials whose DCID decodes to a live id that were placed and admitted
     /// instead of routed as Owner: no valid token, and they start a connection
     /// (proto::token::owner_initial_allowed). Not a datagram count of its own: each
@@ -104,6 +107,7 @@ impl ShardCounters {
             refused_overloaded: AtomicU64::new(0),
             retries_sent: AtomicU64::new(0),
             retries_sent_over_limit: AtomicU64::new(0),
+            version_negotiations_sent: AtomicU64::new(0),
             owner_unvalidated: AtomicU64::new(0),
             tickets_released_done: AtomicU64::new(0),
             retry_dropped: AtomicU64::new(0),

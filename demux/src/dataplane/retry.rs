@@ -20,13 +20,21 @@
 //! - the Retry leaves from the socket address the Initial arrived on (IP_PKTINFO /
 //!   IPV6_PKTINFO when the socket is bound to a wildcard address).
 //!
+//! - a first Initial of a version the workers do not speak (QUIC v2, RFC 9369: the
+//!   demux parses it, quinn 0.11 does not serve it) gets a Version Negotiation listing
+//!   [`SPOKEN`] instead (RFC 9000 §6.1, §17.2.1; proto::version_negotiation), as a
+//!   worker would answer it; the client starts again in v1 (RFC 9368 §2.2) and then
+//!   meets the Retry. Dropping it would leave a v2-first client with silence.
+//!
 //! Nothing is kept between datagrams but key schedules.
 
 use crate::dataplane::counters::{bump, ShardCounters};
 use proto::cid::{KeySet, ServerId, CID_RANDOM_LEN};
+use proto::header::VERSION_1;
 use proto::initial_protection::NotRetryable;
 use proto::retry::{RetryMinter, MAX_RETRY};
 use proto::token::NONCE_LEN;
+use proto::version_negotiation;
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 use std::net::{IpAddr, SocketAddr};
@@ -99,6 +107,11 @@ impl RetryGate {
     }
 }
 
+/// The QUIC versions the workers serve: quinn-proto 0.11.19 speaks v1 (its draft
+/// versions are of no use here: the demux parses only v1 and v2). Listed in the
+/// Version Negotiation answering any other first Initial.
+pub const SPOKEN: [u32; 1] = [VERSION_1];
+
 /// Retries queued before they are sent (one sendmmsg(2) per socket): a round of the
 /// shard loop flushes them at its end ([`Minter::flush`]), a full queue sooner.
 pub const RETRY_BATCH: usize = 64;
@@ -111,6 +124,8 @@ struct Queued {
     fd: RawFd,
     /// Sent because its client was over its limits (counted as retry.sent_over_limit).
     over_limit: bool,
+    /// A Version Negotiation, not a Retry (counted as retry.version_negotiations).
+    negotiation: bool,
     len: usize,
     dst: (libc::sockaddr_storage, libc::socklen_t),
     src: Option<IpAddr>,
@@ -150,6 +165,7 @@ impl Minter {
                 .map(|_| Queued {
                     fd: -1,
                     over_limit: false,
+                    negotiation: false,
                     len: 0,
                     dst: sockaddr(UNSPECIFIED),
                     src: None,
@@ -228,18 +244,28 @@ impl Minter {
             bump(&c.retry_dropped, 1);
             return false;
         };
-        match mint_into(&self.minter, &mut self.rng, datagram, client, keys, target, now_unix, &mut q.bytes) {
-            Ok(n) => {
+        // RFC 9000 §6.1: a version the workers do not speak gets Version
+        // Negotiation, not a Retry of that version.
+        let negotiation = datagram.get(1..5) != Some(&VERSION_1.to_be_bytes()[..]);
+        let made = if negotiation {
+            let random = (self.rng.next_u32() & 0x7f) as u8;
+            version_negotiation::answer(datagram, &SPOKEN, random, &mut q.bytes).ok()
+        } else {
+            mint_into(&self.minter, &mut self.rng, datagram, client, keys, target, now_unix, &mut q.bytes).ok()
+        };
+        match made {
+            Some(n) => {
                 q.len = n;
                 q.fd = fd;
                 q.over_limit = over_limit;
+                q.negotiation = negotiation;
                 q.dst = sockaddr(client);
                 q.src = src;
             }
             // Not a first Initial quinn would retry (too short, DCID under 8 bytes,
-            // reserved bits set after header protection removal, already validated,
-            // not v1): dropped, nothing sent.
-            Err(_) => {
+            // reserved bits set after header protection removal, already validated),
+            // nor one to negotiate: dropped, nothing sent.
+            None => {
                 bump(&c.retry_dropped, 1);
                 return false;
             }
@@ -248,10 +274,11 @@ impl Minter {
         true
     }
 
-    /// Sends every queued Retry: one sendmmsg(2) per run of Retries on the same
-    /// socket, MSG_DONTWAIT. Counts `retries_sent` (and `retries_sent_over_limit`) and,
-    /// for what the kernel refused, `retry_send_errors` (a Retry is never retried: the
-    /// client resends its Initial).
+    /// Sends every queued Retry (and Version Negotiation): one sendmmsg(2) per run on
+    /// the same socket, MSG_DONTWAIT. Counts `retries_sent` (and
+    /// `retries_sent_over_limit`), `version_negotiations_sent` and, for what the kernel
+    /// refused, `retry_send_errors` (nothing is sent twice: the client resends its
+    /// Initial).
     pub fn flush(&mut self, c: &ShardCounters) {
         let n = self.queued;
         if n == 0 {
@@ -276,13 +303,17 @@ impl Minter {
                 end += 1;
             }
             let queue = &self.queue;
-            let mut refused_over_limit = 0;
+            let (mut refused_over_limit, mut refused_negotiations) = (0, 0);
             let sent = sendmmsg_all(fd, &mut self.msgs[start..end], |k| {
-                refused_over_limit += u64::from(queue[start + k].over_limit);
+                let q = &queue[start + k];
+                refused_over_limit += u64::from(q.over_limit && !q.negotiation);
+                refused_negotiations += u64::from(q.negotiation);
             });
-            let over_limit = queue[start..end].iter().filter(|q| q.over_limit).count() as u64;
-            bump(&c.retries_sent, sent as u64);
-            bump(&c.retries_sent_over_limit, over_limit - refused_over_limit);
+            let count = |f: fn(&Queued) -> bool| queue[start..end].iter().filter(|q| f(q)).count() as u64;
+            let negotiations = count(|q| q.negotiation) - refused_negotiations;
+            bump(&c.retries_sent, sent as u64 - negotiations);
+            bump(&c.version_negotiations_sent, negotiations);
+            bump(&c.retries_sent_over_limit, count(|q| q.over_limit && !q.negotiation) - refused_over_limit);
             bump(&c.retry_send_errors, (end - start - sent) as u64);
             start = end;
         }
@@ -480,12 +511,16 @@ mod batching {
             d[..4].copy_from_slice(&(i as u32).to_le_bytes());
             d
         };
-        // 150 Retries; every 7th to port 0, which the kernel refuses; every 3rd over
-        // its client's limits.
+        // 150 answers; every 7th to port 0, which the kernel refuses; every 3rd over
+        // its client's limits; every 5th a QUIC v2 Initial, answered with a Version
+        // Negotiation (counted apart, never as over the limits).
         let total = 150;
+        let v2 = |i: usize| i % 5 == 1;
         let mut want = Vec::new();
         for i in 0..total {
-            let init = proto::initial::build_client_initial(1, &dcid(i), &[5; 8], &[], 0, &[6, 0, 1, 0], 1200).unwrap();
+            let version = if v2(i) { proto::header::VERSION_2 } else { VERSION_1 };
+            let init =
+                proto::initial::build_client_initial(version, &dcid(i), &[5; 8], &[], 0, &[6, 0, 1, 0], 1200).unwrap();
             let to = if i % 7 == 3 { nowhere } else { caddr };
             assert!(m.answer(&init, to, local, None, &keys, ServerId(3), unix_now(), i % 3 == 0, &c));
             if to == caddr {
@@ -496,20 +531,32 @@ mod batching {
             assert_eq!(m.queued(), i + 1 - flushed, "after answer {i}");
         }
         let refused = (0..total).filter(|i| i % 7 == 3).count() as u64;
+        let negotiations = (0..total).filter(|&i| v2(i) && i % 7 != 3).count() as u64;
         m.flush(&c);
         assert_eq!(m.queued(), 0);
         assert_eq!(
-            (c.retries_sent.load(Relaxed), c.retry_send_errors.load(Relaxed)),
-            (total as u64 - refused, refused),
-            "each refusal counted once, the rest sent"
+            (
+                c.retries_sent.load(Relaxed),
+                c.version_negotiations_sent.load(Relaxed),
+                c.retry_send_errors.load(Relaxed)
+            ),
+            (total as u64 - refused - negotiations, negotiations, refused),
+            "each refusal counted once, the rest sent, each under its kind"
         );
         // Over-limit Retries count when they have gone out, not when queued.
-        let over_limit_sent = (0..total).filter(|i| i % 3 == 0 && i % 7 != 3).count() as u64;
+        let over_limit_sent = (0..total).filter(|&i| i % 3 == 0 && i % 7 != 3 && !v2(i)).count() as u64;
         assert_eq!(c.retries_sent_over_limit.load(Relaxed), over_limit_sent);
         let mut buf = [0u8; 1500];
         for i in want {
             let n = client.recv(&mut buf).unwrap();
-            assert!(proto::retry::verify(&buf[..n], &dcid(i)), "Retry {i}, in order");
+            if v2(i) {
+                let vn = proto::header::parse(&buf[..n], 12);
+                let want_vn = proto::header::Header::VersionNegotiation { dcid: &[5; 8], scid: &dcid(i) };
+                assert_eq!(vn, Ok(want_vn), "Version Negotiation {i}, in order");
+                assert_eq!(&buf[n - 4..n], &VERSION_1.to_be_bytes(), "listing v1");
+            } else {
+                assert!(proto::retry::verify(&buf[..n], &dcid(i)), "Retry {i}, in order");
+            }
         }
         client.set_nonblocking(true).unwrap();
         assert!(client.recv(&mut buf).is_err(), "nothing more");

@@ -76,6 +76,7 @@ fn shard_json(c: &ShardCounters) -> Map<String, Value> {
         json!({
             "sent": c.retries_sent.load(Relaxed),
             "sent_over_limit": c.retries_sent_over_limit.load(Relaxed),
+            "version_negotiations": c.version_negotiations_sent.load(Relaxed),
             "dropped": c.retry_dropped.load(Relaxed),
             "send_errors": c.retry_send_errors.load(Relaxed),
         }),

@@ -3,13 +3,18 @@
 //! data plane would hand them under `--retry always`. Must never panic; a parsed
 //! Initial only borrows bytes inside the datagram; a minted Retry parses as a v1
 //! Retry, verifies for the Initial's DCID, echoes its SCID, fits `MAX_RETRY`, and its
-//! token checks as a Retry token for that client.
+//! token checks as a Retry token for that client. The same datagram through
+//! `proto::version_negotiation::answer` (what a v2 Initial gets instead): an answer
+//! is shorter than the datagram, parses as a Version Negotiation with the CIDs
+//! swapped, and ends with the versions listed.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use proto::initial_protection::{parse, InitialProtection};
 use proto::retry::{self, RetryMinter, MAX_RETRY};
+use proto::header::{self, Header};
 use proto::token::TokenCheck;
+use proto::version_negotiation;
 use std::net::SocketAddr;
 use std::sync::OnceLock;
 
@@ -42,5 +47,13 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(m.token_key().check(r.token, client, 1_000), TokenCheck::Retry);
         }
         Err(_) => {}
+    }
+    let mut vn = [0u8; version_negotiation::max_len(1)];
+    if let Ok(n) = version_negotiation::answer(dgram, &[1], head[0] & 0x7f, &mut vn) {
+        assert!(n < dgram.len(), "no amplification");
+        let (dl, sl) = (usize::from(dgram[5]), usize::from(dgram[6 + dgram[5] as usize]));
+        let (dcid, scid) = (&dgram[6..6 + dl], &dgram[7 + dl..7 + dl + sl]);
+        assert_eq!(header::parse(&vn[..n], 12), Ok(Header::VersionNegotiation { dcid: scid, scid: dcid }));
+        assert_eq!(&vn[n - 4..n], &1u32.to_be_bytes());
     }
 });

@@ -55,13 +55,18 @@ impl Demux {
     /// [`Demux::start`] with rings (the default) or, without `rings`, `--forward
     /// seqpacket` (workers then get every frame on the data connection).
     pub fn start_forward(tag: &str, rings: bool) -> Demux {
-        Demux::start_opts(tag, &["127.0.0.1:0"], rings)
+        Demux::start_opts(tag, &["127.0.0.1:0"], rings, &[])
+    }
+
+    /// [`Demux::start`] with `extra` data-plane flags.
+    pub fn start_with(tag: &str, extra: &[&str]) -> Demux {
+        Demux::start_opts(tag, &["127.0.0.1:0"], true, extra)
     }
 
     /// A data plane listening on each of `listen` (port 0: a free port), forwarding
     /// over rings (the default).
     pub fn start_on(tag: &str, listen: &[&str]) -> Demux {
-        Demux::start_opts(tag, listen, true)
+        Demux::start_opts(tag, listen, true, &[])
     }
 
     /// `--forward` as this data plane was started with.
@@ -69,7 +74,7 @@ impl Demux {
         forward_args(self.rings)
     }
 
-    fn start_opts(tag: &str, listen: &[&str], rings: bool) -> Demux {
+    fn start_opts(tag: &str, listen: &[&str], rings: bool, extra: &[&str]) -> Demux {
         let bin = demux_bin();
         let dir = temp_dir(tag);
         let keys_path = dir.join("keys");
@@ -82,6 +87,7 @@ impl Demux {
         cmd.arg("dataplane").args(listen.iter().flat_map(|l| ["--listen", l])).args(["--cores", "0", "--io", "mmsg"]);
         let mut child = testkit::bin::dataplane_files(&mut cmd, &keys_path, &data, &control, &ready)
             .args(forward_args(rings))
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log"))
             .spawn()
