@@ -112,6 +112,7 @@ impl Shard {
             batch: 32,
             uring_buffers: 256,
             busy_poll: std::time::Duration::ZERO,
+            rejoin_grace: std::time::Duration::ZERO,
             limits: Arc::new(Limits::new(LimitsConfig::default()).unwrap()),
             peers: None,
             started: std::sync::mpsc::channel().0,

@@ -292,6 +292,14 @@ pub struct DataPlaneArgs {
     #[arg(long, value_name = "MICROSECONDS", default_value_t = 0,
           value_parser = clap::value_parser!(u32).range(0..=MAX_BUSY_POLL_US as i64))]
     pub busy_poll_us: u32,
+    /// After a data-plane restart the instances rejoin one by one: for this many ms
+    /// after start, a datagram whose DCID decodes to an id that is not live is
+    /// dropped (counted `held_for_rejoin`) instead of going to another instance for a
+    /// stateless reset, so an established connection survives until its instance
+    /// is back. Data plane: default 0 (off). Controller: what it gives each data
+    /// plane it restarts (default 3000).
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u32).range(0..=60_000))]
+    pub rejoin_grace_ms: Option<u32>,
     /// Datagrams (or GRO trains) received per batch (recvmmsg backend).
     #[arg(long, default_value_t = 32)]
     pub batch: usize,

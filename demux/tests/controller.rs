@@ -239,6 +239,10 @@ fn dataplane_sigkill_is_restarted_on_the_same_sockets_and_downloads_finish() {
         ));
     }
     std::thread::sleep(Duration::from_millis(1500));
+    let cmdline = |pid: i64| std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let grace = |c: &[u8]| c.split(|b| *b == 0).any(|a| a == b"--rejoin-grace-ms");
+    let first_cmdline = cmdline(dp);
+    assert!(!first_cmdline.is_empty(), "the data plane's command line");
     kill(dp, libc::SIGKILL);
     let s = wait_until("the data plane to be restarted", Duration::from_secs(30), || {
         let s = c.status()?;
@@ -262,6 +266,8 @@ fn dataplane_sigkill_is_restarted_on_the_same_sockets_and_downloads_finish() {
         "old data plane {old_dp_inodes:?} vs the controller's {ctl_inodes:?}"
     );
     let new_dp = s["dataplane"]["pid"].as_i64().unwrap();
+    assert!(!grace(&first_cmdline), "a first data plane has nobody to wait for");
+    assert!(grace(&cmdline(new_dp)), "a restarted data plane holds orphans while the workers rejoin");
     let new_dp_inodes = socket_inodes(new_dp);
     assert!(
         ctl_inodes.is_subset(&new_dp_inodes),

@@ -7,7 +7,7 @@
 mod common;
 use common::*;
 use proto::wire::Control;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A short header for a live server id reaches its owner; after the client's source
 /// port changes (NAT rebinding) it still does (ADR 0001 routing rule 1).
@@ -118,6 +118,40 @@ fn orphan_reaches_serving_instance(io: &str) {
     assert_eq!(reason(&d.status(), "Orphan"), 2);
 }
 both_backends!(orphan_reaches_serving_instance, rings);
+
+/// `--rejoin-grace-ms` (what the controller gives a restarted data plane): until it
+/// has passed, a short header whose DCID decodes to an id that is not live (yet) is
+/// held, dropped and counted `held_for_rejoin`, not handed to a serving instance for a
+/// stateless reset; one whose DCID does not decode (cr = 3) is an Orphan as always;
+/// after the grace the not-live id's datagrams are Orphans again.
+fn orphans_of_decodable_ids_are_held_while_instances_rejoin(io: &str) {
+    let grace = Duration::from_secs(4);
+    let t0 = Instant::now();
+    let d = Demux::start_with(io, "0", &["--rejoin-grace-ms", &grace.as_millis().to_string()]);
+    let mut rng = Rng(4);
+    let w = Worker::connect(&d, 72, true);
+    d.wait_instances(&[(72, true)]);
+    let c = client();
+    for _ in 0..10 {
+        c.send_to(&short(&d.cid(71, &mut rng), 80, &mut rng), d.addr()).unwrap();
+    }
+    let mut unroutable = short(&d.cid(71, &mut rng), 80, &mut rng);
+    unroutable[1] |= 0xc0; // cr = 3 (ADR 0001)
+    c.send_to(&unroutable, d.addr()).unwrap();
+    wait_for("the undecodable one, as an Orphan", || w.datagrams() == 1);
+    wait_for("the 10 of id 71 held", || u64_at(&d.status(), "/held_for_rejoin") == 10);
+    assert!(t0.elapsed() < grace, "sent within the grace (the test took too long to tell)");
+    assert_eq!(w.frames()[0].dcid(), unroutable[1..13].to_vec());
+    assert_eq!(reason(&d.status(), "Orphan"), 1);
+    std::thread::sleep((t0 + grace + Duration::from_millis(100)).saturating_duration_since(Instant::now()));
+    for _ in 0..5 {
+        c.send_to(&short(&d.cid(71, &mut rng), 80, &mut rng), d.addr()).unwrap();
+    }
+    wait_for("after the grace, Orphans again", || w.datagrams() == 6);
+    let s = d.status();
+    assert_eq!((reason(&s, "Orphan"), u64_at(&s, "/held_for_rejoin")), (6, 10));
+}
+both_backends!(orphans_of_decodable_ids_are_held_while_instances_rejoin);
 
 /// Non-QUIC datagrams are dropped and counted under NotQuic; nothing reaches workers.
 fn non_quic_dropped_and_counted(io: &str) {

@@ -144,6 +144,9 @@ pub(crate) struct Ctl {
     udp_addrs: Vec<SocketAddr>,
     per_shard: usize,
     dataplane_args: Vec<String>,
+    /// `--rejoin-grace-ms` for the data planes it restarts (supervise::REJOIN_GRACE_MS
+    /// unless the operator gave one).
+    rejoin_grace_ms: u32,
     dp: DataPlane,
     workers: Vec<Managed>,
     conns: HashMap<u64, Conn>,
@@ -290,6 +293,7 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
         udp_addrs,
         per_shard: dp.listen.len(),
         dataplane_args,
+        rejoin_grace_ms: dp.rejoin_grace_ms.unwrap_or(supervise::REJOIN_GRACE_MS),
         dp: dp_state,
         workers: Vec::new(),
         conns: HashMap::new(),

@@ -15,6 +15,9 @@ const RELOAD_STEP_TIMEOUT: Duration = Duration::from_secs(120);
 pub(super) const DP_BACKOFF_MIN: Duration = Duration::from_millis(200);
 const DP_BACKOFF_MAX: Duration = Duration::from_secs(5);
 const DP_STABLE: Duration = Duration::from_secs(10);
+/// `--rejoin-grace-ms` of a restarted data plane: workers retry their data connection
+/// with a backoff capped at 1 s (worker::datasock), so all are back well within 3 s.
+pub const REJOIN_GRACE_MS: u32 = 3000;
 /// Worker replacement backoff (a worker that dies within WORKER_STABLE doubles it,
 /// one that lived longer resets it).
 pub(super) const WORKER_BACKOFF_MIN: Duration = Duration::from_millis(500);
@@ -72,7 +75,15 @@ impl Ctl {
         let fds: Vec<RawFd> = self.udp.iter().map(|f| f.as_raw_fd()).collect();
         let _ = std::fs::remove_file(self.paths.dataplane_ready());
         let first = self.dp.restart_at.is_none();
-        match procs::spawn_dataplane(&self.exe, &fds, &self.dataplane_args) {
+        // A restarted data plane (or a first one while adopted workers run) holds the
+        // orphans of ids that are not live yet while the workers rejoin, one by one
+        // after their reconnect backoff (at most 1 s apart): no stateless resets of
+        // their established connections meanwhile.
+        let mut args = self.dataplane_args.clone();
+        if !first || !self.workers.is_empty() {
+            args.extend(["--rejoin-grace-ms".into(), self.rejoin_grace_ms.to_string()]);
+        }
+        match procs::spawn_dataplane(&self.exe, &fds, &args) {
             Ok(child) => {
                 let pid = child.id();
                 if let Err(e) = state::write_atomic(&self.paths.dataplane_pid(), &format!("{pid}\n")) {

@@ -74,6 +74,9 @@ pub struct ShardCounters {
     /// Token-less Initials that were to get a Retry but were dropped instead: quinn
     /// did not take them as a client's first Initial (did not decrypt, …).
     pub retry_dropped: AtomicU64,
+    /// Orphans of decodable ids dropped during `--rejoin-grace-ms` after start
+    /// (their instance may be about to rejoin), not reset.
+    pub held_for_rejoin: AtomicU64,
     /// Retries whose sendmsg failed (EAGAIN: the socket's send buffer was full).
     pub retry_send_errors: AtomicU64,
     /// Receive batches processed.
@@ -111,6 +114,7 @@ impl ShardCounters {
             owner_unvalidated: AtomicU64::new(0),
             tickets_released_done: AtomicU64::new(0),
             retry_dropped: AtomicU64::new(0),
+            held_for_rejoin: AtomicU64::new(0),
             retry_send_errors: AtomicU64::new(0),
             batches: AtomicU64::new(0),
             sendmmsg_calls: AtomicU64::new(0),

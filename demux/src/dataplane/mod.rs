@@ -215,6 +215,7 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
             batch: a.batch,
             uring_buffers: a.uring_buffers,
             busy_poll: std::time::Duration::from_micros(u64::from(a.busy_poll_us)),
+            rejoin_grace: std::time::Duration::from_millis(u64::from(a.rejoin_grace_ms.unwrap_or(0))),
             limits: limits.clone(),
             peers: peers.clone(),
             started: started_tx.clone(),

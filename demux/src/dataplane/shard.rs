@@ -30,6 +30,9 @@ pub struct ShardSetup {
     pub uring_buffers: u16,
     /// io_uring: how long a shard spins for receives before it sleeps (zero: never).
     pub busy_poll: Duration,
+    /// `--rejoin-grace-ms`: how long after start orphans of decodable ids are held
+    /// (dropped, not reset) while instances rejoin.
+    pub rejoin_grace: Duration,
     /// Per-source limits shared by every shard (and the data plane's clock origin).
     pub limits: Arc<Limits>,
     /// Host-to-host forwarding of other hosts' ids (crate::dataplane::peers).
@@ -57,6 +60,9 @@ pub struct Router {
     ms: u64,
     /// Wall-clock Unix seconds (token expiry), once per batch.
     unix: u64,
+    /// Until this `ms` (since the data plane started), orphans of decodable ids are
+    /// held for their instance to rejoin ([`ShardSetup::rejoin_grace`]).
+    rejoin_grace_ms: u64,
     /// `HandshakeDone` notices seen (crate::dataplane::handshakes).
     done_cursor: u64,
     peers: Option<Arc<crate::dataplane::peers::Peers>>,
@@ -93,6 +99,7 @@ impl Router {
             now: Duration::ZERO,
             ms: 0,
             unix: 0,
+            rejoin_grace_ms: setup.rejoin_grace.as_millis() as u64,
             done_cursor: setup.limits.handshakes_done.written(),
             peers: setup.peers.clone(),
         })
@@ -165,6 +172,7 @@ impl Router {
             None => None,
         };
         let (fwd, unix) = (&mut self.fwd, self.unix);
+        let rejoining = self.ms < self.rejoin_grace_ms;
         let peers = self.peers.as_deref();
         // Only a new placement calls into the limits (proto::route::Admission); the
         // clock in ms for the rate sketch is the batch's, no extra clock read.
@@ -229,6 +237,16 @@ impl Router {
                     }
                 }
             }
+            // Just after a restart an id that is not live may be one whose instance
+            // has not rejoined yet: its datagrams are dropped (QUIC retransmits), not
+            // handed to another instance whose stateless reset would end the
+            // connection (docs/operations.md "data-plane crash").
+            if rejoining && run.decision.reason == Reason::Orphan {
+                let first = payload.get(run.bytes.start..).unwrap_or(&[]);
+                if decodes_to_an_id(snap.table.keys(), first) {
+                    return bump(&c.held_for_rejoin, segs);
+                }
+            }
             bump(&c.reasons[run.decision.reason.index()], segs);
             match run.decision.target {
                 Some(t) => {
@@ -267,6 +285,13 @@ impl Router {
             m.flush(&self.counters);
         }
     }
+}
+
+/// Whether the DCID of the packet at the start of `datagram` decodes to a server id
+/// under `keys` (ADR 0001: a generation we hold, routable `cr`, the right length).
+#[cold]
+fn decodes_to_an_id(keys: &proto::KeySet, datagram: &[u8]) -> bool {
+    proto::header::parse(datagram, proto::cid::CID_LEN).is_ok_and(|h| keys.decode(h.dcid()).is_ok())
 }
 
 /// Pins the calling thread to its core (logs, does not fail, when refused).

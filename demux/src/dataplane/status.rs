@@ -71,6 +71,7 @@ fn shard_json(c: &ShardCounters) -> Map<String, Value> {
     );
     m.insert("owner_unvalidated".into(), json!(c.owner_unvalidated.load(Relaxed)));
     m.insert("tickets_released_done".into(), json!(c.tickets_released_done.load(Relaxed)));
+    m.insert("held_for_rejoin".into(), json!(c.held_for_rejoin.load(Relaxed)));
     m.insert(
         "retry".into(),
         json!({

@@ -108,7 +108,9 @@ impl Demux {
         }
         let log = self.dir.join("demux2.log");
         let mut cmd = Command::new(demux_bin());
+        // As the controller restarts a data plane: holding orphans while workers rejoin.
         cmd.args(["dataplane", "--listen", &self.addr.to_string(), "--cores", "0", "--io", "mmsg"]);
+        cmd.args(["--rejoin-grace-ms", "3000"]);
         self.child = testkit::bin::dataplane_files(
             &mut cmd,
             &self.keys_path,
