@@ -18,8 +18,7 @@
 //!   (proto::token, bound to the client address and original DCID, RFC 9000 §8.1.4)
 //!   and the integrity tag (RFC 9001 §5.8);
 //! - the Retry leaves from the socket address the Initial arrived on (IP_PKTINFO /
-//!   IPV6_PKTINFO when the socket is bound to a wildcard address).
-//!
+//!   IPV6_PKTINFO when the socket is bound to a wildcard address);
 //! - a first Initial of a version the workers do not speak (QUIC v2, RFC 9369: the
 //!   demux parses it, quinn 0.11 does not serve it) gets a Version Negotiation listing
 //!   [`SPOKEN`] instead (RFC 9000 §6.1, §17.2.1; proto::version_negotiation), as a
