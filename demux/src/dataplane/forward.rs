@@ -6,6 +6,11 @@
 //!
 //! A full data connection (EAGAIN / ENOBUFS) drops the rest of that destination's
 //! frames in this batch, counted for the instance: a shard never blocks on a worker.
+//!
+//! `--forward ring`: a frame for a worker with a ring is copied into that ring at
+//! once, while the payload the kernel just wrote is still in this core's cache, and
+//! the rings written in the batch are published (and their workers woken) at its
+//! flush. Nothing of it is queued, sorted or kept until the flush.
 
 use crate::dataplane::counters::{bump, ShardCounters};
 use crate::dataplane::snapshot::Snapshot;
@@ -30,6 +35,10 @@ pub struct Forwarder {
     msgs: Vec<libc::mmsghdr>,
     /// This shard's index: its ring in `DataConn::rings` (`--forward ring`).
     shard: usize,
+    /// The targets (indexes of `Snapshot::conns`) whose rings were pushed to since
+    /// the last flush, and the same as a bit set (one look per push).
+    rings_written: Vec<u32>,
+    rings_written_bits: Vec<u64>,
 }
 
 impl Forwarder {
@@ -43,6 +52,8 @@ impl Forwarder {
             // SAFETY: mmsghdr is plain old data; all-zero is a valid (empty) value.
             msgs: (0..MAX_PENDING).map(|_| unsafe { std::mem::zeroed::<libc::mmsghdr>() }).collect(),
             shard,
+            rings_written: Vec::new(),
+            rings_written_bits: Vec::new(),
         }
     }
 
@@ -50,25 +61,35 @@ impl Forwarder {
         self.pending.len() >= MAX_PENDING
     }
 
-    /// Queues `payload` for `target` (an index of `snap.conns`).
+    /// Forwards `payload` to `target` (an index of `snap.conns`): into its ring at
+    /// once, or queued for the flush's sendmmsg.
     ///
     /// # Safety
     /// `payload` must stay valid and unchanged until the next [`Forwarder::flush`]:
     /// only its address is kept. The caller must flush before the queue is full
-    /// ([`Forwarder::is_full`]); an overfull push is dropped and counted.
+    /// ([`Forwarder::is_full`]), with the same `snap`; an overfull push is dropped
+    /// and counted.
     pub unsafe fn push(
         &mut self,
+        snap: &Snapshot,
         target: usize,
         meta: &FrameMeta,
         payload: &[u8],
         segments: u32,
         counters: &ShardCounters,
     ) {
+        let mut hdr = [0u8; FRAME_HEADER_LEN];
+        if let Some(conn) = snap.conns.get(target) {
+            if let Some(ring) = conn.rings.get(self.shard) {
+                encode_frame_header(meta, &mut hdr);
+                self.push_ring(ring, conn.slot, target, &hdr, payload, segments, counters);
+                return;
+            }
+        }
         if self.pending.len() >= MAX_PENDING {
             bump(&counters.drops_full, u64::from(segments));
             return;
         }
-        let mut hdr = [0u8; FRAME_HEADER_LEN];
         encode_frame_header(meta, &mut hdr);
         self.pending.push(Pending {
             hdr,
@@ -79,8 +100,62 @@ impl Forwarder {
         });
     }
 
+    /// Copies one frame into `target`'s ring (published at the flush). A full ring
+    /// drops and counts exactly as a full data connection does.
+    #[allow(clippy::too_many_arguments)]
+    fn push_ring(
+        &mut self,
+        ring: &crate::dataplane::ring::Producer,
+        slot: usize,
+        target: usize,
+        hdr: &[u8; FRAME_HEADER_LEN],
+        payload: &[u8],
+        segments: u32,
+        counters: &ShardCounters,
+    ) {
+        let inst = counters.instances.get(slot);
+        let segs = u64::from(segments);
+        if !ring.push(hdr, payload) {
+            bump(&counters.drops_full, segs);
+            if let Some(c) = inst {
+                bump(&c.drops_full, segs);
+            }
+            return;
+        }
+        if let Some(c) = inst {
+            bump(&c.datagrams, segs);
+            bump(&c.bytes, payload.len() as u64);
+        }
+        let (word, bit) = (target / 64, 1u64 << (target % 64));
+        if self.rings_written_bits.len() <= word {
+            self.rings_written_bits.resize(word + 1, 0);
+        }
+        if self.rings_written_bits[word] & bit == 0 {
+            self.rings_written_bits[word] |= bit;
+            self.rings_written.push(target as u32);
+        }
+    }
+
+    /// Publishes every ring written since the last flush, waking each worker that
+    /// sleeps once.
+    fn publish_rings(&mut self, snap: &Snapshot, counters: &ShardCounters) {
+        for &target in &self.rings_written {
+            let t = target as usize;
+            if let Some(ring) = snap.conns.get(t).and_then(|c| c.rings.get(self.shard)) {
+                bump(&counters.ring_wakes, u64::from(ring.publish()));
+            }
+            if let Some(w) = self.rings_written_bits.get_mut(t / 64) {
+                *w = 0;
+            }
+        }
+        self.rings_written.clear();
+    }
+
     /// Sends everything queued, one sendmmsg per destination, and counts the outcome.
     pub fn flush(&mut self, snap: &Snapshot, counters: &ShardCounters) {
+        if !self.rings_written.is_empty() {
+            self.publish_rings(snap, counters);
+        }
         if self.pending.is_empty() {
             return;
         }
@@ -102,43 +177,6 @@ impl Forwarder {
         self.pending.clear();
     }
 
-    /// `--forward ring`: copies the group's frames into this shard's ring for the
-    /// worker, then publishes them at once and wakes it once if it sleeps. A full ring drops and counts exactly
-    /// as a full data connection does.
-    fn push_group(
-        &self,
-        ring: &crate::dataplane::ring::Producer,
-        slot: usize,
-        start: usize,
-        end: usize,
-        counters: &ShardCounters,
-    ) {
-        let inst = counters.instances.get(slot);
-        let mut pushed = false;
-        for &(_, i) in &self.order[start..end] {
-            let p = &self.pending[i as usize];
-            // SAFETY: `p.payload` / `p.len` come from a slice the caller keeps alive and
-            // unchanged until flush returns (Forwarder::push contract).
-            let payload = unsafe { std::slice::from_raw_parts(p.payload, p.len) };
-            let segs = u64::from(p.segments);
-            if ring.push(&p.hdr, payload) {
-                pushed = true;
-                if let Some(c) = inst {
-                    bump(&c.datagrams, segs);
-                    bump(&c.bytes, p.len as u64);
-                }
-            } else {
-                bump(&counters.drops_full, segs);
-                if let Some(c) = inst {
-                    bump(&c.drops_full, segs);
-                }
-            }
-        }
-        if pushed {
-            bump(&counters.ring_wakes, u64::from(ring.publish()));
-        }
-    }
-
     fn send_group(&mut self, snap: &Snapshot, target: usize, start: usize, end: usize, counters: &ShardCounters) {
         let n = end - start;
         let Some(conn) = snap.conns.get(target) else {
@@ -148,10 +186,6 @@ impl Forwarder {
             bump(&counters.drops_send_error, segs);
             return;
         };
-        if let Some(ring) = conn.rings.get(self.shard) {
-            self.push_group(ring, conn.slot, start, end, counters);
-            return;
-        }
         for (k, &(_, i)) in self.order[start..end].iter().enumerate() {
             let p = &self.pending[i as usize];
             self.iovs[k] = [

@@ -262,7 +262,7 @@ impl Router {
                     let bytes = payload.get(run.bytes.clone()).unwrap_or(&[]);
                     // SAFETY: `bytes` lies within `payload`, which the caller keeps
                     // valid until flush (this function's contract).
-                    unsafe { fwd.push(t, &frame, bytes, run.segments as u32, c) };
+                    unsafe { fwd.push(snap, t, &frame, bytes, run.segments as u32, c) };
                 }
                 None => {
                     if run.decision.reason == Reason::NoInstance {
