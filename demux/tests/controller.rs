@@ -433,7 +433,7 @@ fn worker_sigkill_gives_stateless_reset_and_reconnect_succeeds() {
     let mut h = rt.block_on(H3::connect(&ep, addr)).expect("connect");
     let victim = rt.block_on(h.get("/bytes/10")).expect("GET").server_id;
     let pid = c.workers().iter().find(|w| w.0 == u64::from(victim)).expect("victim registered").1;
-    let orphans = c.reason("Orphan");
+    let departed = c.reason("Departed");
     kill(pid, libc::SIGKILL);
     std::thread::sleep(Duration::from_millis(300));
     let reason = rt.block_on(async {
@@ -445,7 +445,7 @@ fn worker_sigkill_gives_stateless_reset_and_reconnect_succeeds() {
         "expected a stateless reset, got {reason:?}{}",
         c.logs()
     );
-    assert!(c.reason("Orphan") > orphans, "the dead instance's packets are routed as orphans");
+    assert!(c.reason("Departed") > departed, "the dead instance's packets are routed as Departed");
     let mut h2 = rt.block_on(H3::connect(&ep, addr)).expect("reconnect");
     let r = rt.block_on(h2.get("/bytes/100000")).expect("GET after reconnect");
     assert_eq!((r.status, r.len), (200, 100_000));

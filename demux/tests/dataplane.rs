@@ -95,8 +95,9 @@ fn initials_spread_and_stick(io: &str) {
 }
 both_backends!(initials_spread_and_stick, rings);
 
-/// A datagram for a dead server id (an orphan) reaches a serving instance; after a
-/// worker disconnects, its id is dead at once and its datagrams become orphans.
+/// A datagram for a server id that is not live (`Departed`) reaches a serving
+/// instance; after a worker disconnects, its id is dead at once and its datagrams are
+/// `Departed` too. One whose DCID does not decode is an `Orphan`, and goes there too.
 fn orphan_reaches_serving_instance(io: &str) {
     let d = Demux::start(io, "0");
     let mut rng = Rng(3);
@@ -106,8 +107,13 @@ fn orphan_reaches_serving_instance(io: &str) {
     let c = client();
     c.send_to(&short(&d.cid(999, &mut rng), 80, &mut rng), d.addr()).unwrap();
     wait_for("orphan delivered", || w1.datagrams() + w2.datagrams() == 1);
-    assert_eq!(reason(&d.status(), "Orphan"), 1);
-    // Kill 32: its CIDs now go to 31 as orphans.
+    assert_eq!((reason(&d.status(), "Departed"), reason(&d.status(), "Orphan")), (1, 0));
+    let mut undecodable = short(&d.cid(31, &mut rng), 80, &mut rng);
+    undecodable[1] |= 0xc0; // cr = 3 (ADR 0001)
+    c.send_to(&undecodable, d.addr()).unwrap();
+    wait_for("undecodable delivered", || w1.datagrams() + w2.datagrams() == 2);
+    assert_eq!((reason(&d.status(), "Departed"), reason(&d.status(), "Orphan")), (1, 1));
+    // Kill 32: its CIDs now go to 31 as Departed.
     let cid32 = d.cid(32, &mut rng);
     w2.close();
     d.wait_instances(&[(31, true)]);
@@ -115,7 +121,7 @@ fn orphan_reaches_serving_instance(io: &str) {
     c.send_to(&short(&cid32, 80, &mut rng), d.addr()).unwrap();
     wait_for("orphan of dead id delivered", || w1.datagrams() == 1);
     assert_eq!(w1.frames()[0].dcid(), cid32.to_vec());
-    assert_eq!(reason(&d.status(), "Orphan"), 2);
+    assert_eq!((reason(&d.status(), "Departed"), reason(&d.status(), "Orphan")), (2, 1));
 }
 both_backends!(orphan_reaches_serving_instance, rings);
 
@@ -123,8 +129,8 @@ both_backends!(orphan_reaches_serving_instance, rings);
 /// has passed, a short header whose DCID decodes to an id that is not live (yet) is
 /// held, dropped and counted `held_for_rejoin`, not handed to a serving instance for a
 /// stateless reset; one whose DCID does not decode (cr = 3) is an Orphan as always;
-/// after the grace the not-live id's datagrams are Orphans again.
-fn orphans_of_decodable_ids_are_held_while_instances_rejoin(io: &str) {
+/// after the grace the not-live id's datagrams are `Departed`, and handed over.
+fn departed_ids_are_held_while_instances_rejoin(io: &str) {
     let grace = Duration::from_secs(4);
     let t0 = Instant::now();
     let d = Demux::start_with(io, "0", &["--rejoin-grace-ms", &grace.as_millis().to_string()]);
@@ -142,16 +148,16 @@ fn orphans_of_decodable_ids_are_held_while_instances_rejoin(io: &str) {
     wait_for("the 10 of id 71 held", || u64_at(&d.status(), "/held_for_rejoin") == 10);
     assert!(t0.elapsed() < grace, "sent within the grace (the test took too long to tell)");
     assert_eq!(w.frames()[0].dcid(), unroutable[1..13].to_vec());
-    assert_eq!(reason(&d.status(), "Orphan"), 1);
+    assert_eq!((reason(&d.status(), "Orphan"), reason(&d.status(), "Departed")), (1, 0));
     std::thread::sleep((t0 + grace + Duration::from_millis(100)).saturating_duration_since(Instant::now()));
     for _ in 0..5 {
         c.send_to(&short(&d.cid(71, &mut rng), 80, &mut rng), d.addr()).unwrap();
     }
-    wait_for("after the grace, Orphans again", || w.datagrams() == 6);
+    wait_for("after the grace, handed over", || w.datagrams() == 6);
     let s = d.status();
-    assert_eq!((reason(&s, "Orphan"), u64_at(&s, "/held_for_rejoin")), (6, 10));
+    assert_eq!((reason(&s, "Orphan"), reason(&s, "Departed"), u64_at(&s, "/held_for_rejoin")), (1, 5, 10));
 }
-both_backends!(orphans_of_decodable_ids_are_held_while_instances_rejoin);
+both_backends!(departed_ids_are_held_while_instances_rejoin);
 
 /// Non-QUIC datagrams are dropped and counted under NotQuic; nothing reaches workers.
 fn non_quic_dropped_and_counted(io: &str) {

@@ -83,7 +83,7 @@ fn short_headers_reach_the_owners_socket() {
 
 /// A worker whose own socket is gone (crashed, or closed it) keeps its established
 /// traffic through the user path; once its data connection closes too, its
-/// datagrams are Orphans for a serving instance (which answers with a stateless
+/// datagrams are `Departed` for a serving instance (which answers with a stateless
 /// reset), as ADR 0001's routing rules say.
 #[test]
 fn closed_worker_socket_falls_back_to_the_user_path() {
@@ -118,7 +118,7 @@ fn closed_worker_socket_falls_back_to_the_user_path() {
     }
     wait_for("orphans at the serving instance", || b.datagrams() == 10);
     let s = d.status();
-    assert_eq!(reason(&s, "Orphan"), 10);
+    assert_eq!((reason(&s, "Departed"), reason(&s, "Orphan")), (10, 0));
     assert_eq!(u64_at(&s, "/fast_path/to_demux/not_live"), 10, "a dead id is out of the map");
 }
 

@@ -98,7 +98,7 @@ fn ten_rotations_at_the_fastest_allowed_pace_under_live_downloads() {
     let _s = serial();
     let rt = runtime();
     let mut c = Controller::start("rotpace", 2, &["--cid-lifetime", "2", "--limits", "off"]);
-    let orphan_before = c.reason("Orphan");
+    let lost_before = c.reason("Orphan") + c.reason("Departed");
     // Long-lived connections survive many rotations only when the workers move
     // them to newest-generation CIDs (`worker --cid-lifetime`); without that flag,
     // each download is a fresh connection that lives far less than two lifetimes.
@@ -148,7 +148,8 @@ fn ten_rotations_at_the_fastest_allowed_pace_under_live_downloads() {
         let (ok, failed, f) = load.finish(&rt);
         assert!(failed == 0 && f.is_empty(), "long downloads: {failed} failed ({ok} ok): {f:?}{}", c.logs());
     }
-    assert_eq!(c.reason("Orphan") - orphan_before, 0, "connections were orphaned{}", c.logs());
+    let lost = c.reason("Orphan") + c.reason("Departed") - lost_before;
+    assert_eq!(lost, 0, "connections were orphaned{}", c.logs());
     // --force: allowed at once, and said so.
     let out = rotate(&c, true);
     assert!(out.status.success(), "forced rotation: {}", String::from_utf8_lossy(&out.stderr));
@@ -201,7 +202,7 @@ fn a_data_plane_that_does_not_confirm_rolls_the_rotation_back() {
     std::thread::sleep(Duration::from_secs(2));
     let (ok, failures) = d.finish(&rt);
     assert!(failures.is_empty() && ok > 10, "{} failed ({ok} ok): {failures:?}{}", failures.len(), c.logs());
-    assert_eq!(c.reason("Orphan"), 0, "{}", c.logs());
+    assert_eq!((c.reason("Orphan"), c.reason("Departed")), (0, 0), "{}", c.logs());
 }
 
 /// The controller dies (SIGKILL; data plane and workers keep running), the key file
@@ -238,7 +239,7 @@ fn offline_rotation_then_controller_start_nothing_splits() {
     std::thread::sleep(Duration::from_secs(3));
     let (ok, failures) = d.finish(&rt);
     assert!(failures.is_empty() && ok > 10, "{} failed ({ok} ok): {failures:?}{}", failures.len(), c.logs());
-    assert_eq!(c.reason("Orphan"), 0, "{}", c.logs());
+    assert_eq!((c.reason("Orphan"), c.reason("Departed")), (0, 0), "{}", c.logs());
     for (_, h) in old {
         h.close();
     }

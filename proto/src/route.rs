@@ -6,7 +6,8 @@
 //! | any header whose DCID decodes to a live server id         | `Owner`              |
 //! | client Initial / 0-RTT, client-chosen DCID, pinned        | `Pinned`             |
 //! | client Initial / 0-RTT, client-chosen DCID, not pinned    | `Placed` (+ pin 10 s)|
-//! | decodes to a dead id, `cr` = 3, unknown generation        | `Orphan`             |
+//! | decodes to a server id that is not live (short, Handshake) | `Departed`           |
+//! | does not decode: `cr` = 3, unknown generation, wrong length | `Orphan`             |
 //! | long header of an unsupported version, ≥ 1200 bytes       | `VersionNegotiation` |
 //! | too short, fixed bit clear, inconsistent lengths, …       | `NotQuic` (drop)     |
 //! | a reason above, but no instance to send it to             | `NoInstance` (drop)  |
@@ -44,10 +45,13 @@ pub enum Reason {
     VersionNegotiation = 4,
     NotQuic = 5,
     NoInstance = 6,
+    /// Like `Orphan`, but the DCID does decode, to a server id that is not live: its
+    /// instance exited, or has not rejoined a restarted data plane yet.
+    Departed = 7,
 }
 
 impl Reason {
-    pub const COUNT: usize = 7;
+    pub const COUNT: usize = 8;
     pub const ALL: [Reason; Reason::COUNT] = [
         Reason::Owner,
         Reason::Placed,
@@ -56,6 +60,7 @@ impl Reason {
         Reason::VersionNegotiation,
         Reason::NotQuic,
         Reason::NoInstance,
+        Reason::Departed,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -66,6 +71,7 @@ impl Reason {
             Reason::VersionNegotiation => "VersionNegotiation",
             Reason::NotQuic => "NotQuic",
             Reason::NoInstance => "NoInstance",
+            Reason::Departed => "Departed",
         }
     }
     pub fn index(self) -> usize {
@@ -186,17 +192,35 @@ impl Table {
     }
 
     #[inline]
-    fn owner<D: Decoder>(&self, dcid: &[u8], decoder: &mut D) -> Option<usize> {
+    fn owner<D: Decoder>(&self, dcid: &[u8], decoder: &mut D) -> Owner {
         // ADR 0001: only a 12-byte CID with a live `cr` can name an owner.
-        decoder.decode(&self.keys, dcid).ok().and_then(|d| self.index_of(d.server_id))
+        match decoder.decode(&self.keys, dcid) {
+            Ok(d) => self.index_of(d.server_id).map_or(Owner::NotLive, Owner::Live),
+            Err(_) => Owner::Undecodable,
+        }
     }
 
-    fn orphan(&self, dcid: &[u8]) -> Decision {
+    /// A datagram with no live owner goes to any serving instance (which answers with
+    /// a stateless reset, RFC 9000 §10.3), counted as `Departed` when its DCID names
+    /// an id that is not live and as `Orphan` when it names none.
+    fn orphan(&self, dcid: &[u8], owner: Owner) -> Decision {
+        let reason = if owner == Owner::NotLive { Reason::Departed } else { Reason::Orphan };
         match self.any_serving(dcid) {
-            Some(i) => Decision { reason: Reason::Orphan, target: Some(i) },
+            Some(i) => Decision { reason, target: Some(i) },
             None => Decision::drop(Reason::NoInstance),
         }
     }
+}
+
+/// What a DCID says about its owner under a table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Owner {
+    /// Decodes to the live instance at this index.
+    Live(usize),
+    /// Decodes to a server id no live instance has.
+    NotLive,
+    /// Does not decode under the table's keys.
+    Undecodable,
 }
 
 /// Admission control at the one point where a datagram makes new state: a client
@@ -375,11 +399,12 @@ impl<'r, A: Admission, D: Decoder> Router<'r, A, D> {
                 }
             }
             Header::Short { dcid } => match table.owner(dcid, decoder) {
-                Some(i) => Decision { reason: Reason::Owner, target: Some(i) },
-                None => table.orphan(dcid),
+                Owner::Live(i) => Decision { reason: Reason::Owner, target: Some(i) },
+                other => table.orphan(dcid, other),
             },
             Header::Long(ref l) => {
-                if let Some(i) = table.owner(l.dcid, decoder) {
+                let owner = table.owner(l.dcid, decoder);
+                if let Owner::Live(i) = owner {
                     // An Initial's DCID proves nothing by itself (it may be copied):
                     // the admission decides whether it goes to its owner or is placed
                     // like a client-chosen DCID (Admission::owner_initial).
@@ -395,7 +420,7 @@ impl<'r, A: Admission, D: Decoder> Router<'r, A, D> {
                         }
                         return place(l, datagram_len, table, pins, now, admission);
                     }
-                    LongType::Handshake => table.orphan(l.dcid),
+                    LongType::Handshake => table.orphan(l.dcid, owner),
                     // RFC 9000 §17.2.5: only servers send Retry.
                     LongType::Retry => Decision::drop(Reason::NotQuic),
                 }

@@ -7,7 +7,8 @@
 //! | v1/v2 long or short header whose DCID decodes to a live id | Owner               |
 //! | client Initial (≥ 1200 B) / 0-RTT, pinned to a live id     | Pinned              |
 //! | the same, not pinned                                       | Placed (+ pin 10 s) |
-//! | short / Handshake: dead id, cr = 3, unknown gen, wrong len | Orphan              |
+//! | short / Handshake: decodes to an id that is not live       | Departed            |
+//! | short / Handshake: cr = 3, unknown gen, wrong len          | Orphan              |
 //! | unsupported version, datagram ≥ 1200 bytes                | VersionNegotiation  |
 //! | unparsable, Initial < 1200 B, VN or Retry sent to a server | NotQuic             |
 //! | a target is needed but there is none                       | NoInstance          |
@@ -97,6 +98,16 @@ impl Model {
         self.decode(dcid).and_then(|id| self.index_of(id))
     }
 
+    /// The reason of a datagram without a live owner: its DCID names a server id (not
+    /// live), or none.
+    fn ownerless(&self, dcid: &[u8]) -> Reason {
+        if self.decode(dcid).is_some() {
+            Reason::Departed
+        } else {
+            Reason::Orphan
+        }
+    }
+
     /// Highest weight among the candidates; the first one listed wins a tie.
     fn argmax(&self, dcid: &[u8], only_placeable: bool) -> Option<usize> {
         let h = self.rendezvous.key_hash(dcid);
@@ -163,7 +174,7 @@ impl Model {
             }
             Header::Short { dcid } => match self.owner(dcid) {
                 Some(i) => to(Reason::Owner, i),
-                None => self.serve(Reason::Orphan, dcid),
+                None => self.serve(self.ownerless(dcid), dcid),
             },
             Header::Long(l) => {
                 if let Some(i) = self.owner(l.dcid) {
@@ -172,7 +183,7 @@ impl Model {
                 match l.ty {
                     LongType::Initial if d.len() < MIN_INITIAL => dropped(Reason::NotQuic),
                     LongType::Initial | LongType::ZeroRtt => self.place(l.dcid, now),
-                    LongType::Handshake => self.serve(Reason::Orphan, l.dcid),
+                    LongType::Handshake => self.serve(self.ownerless(l.dcid), l.dcid),
                     LongType::Retry => dropped(Reason::NotQuic),
                 }
             }
@@ -752,17 +763,20 @@ fn short_headers_owner_orphan_and_no_instance() {
         let cid = ks.encode_with(Generation::new(g).unwrap(), ServerId(10), &[g; 10]).unwrap();
         assert_eq!(route(&short(&cid), &t, &mut pins, now), to(Reason::Owner, 0));
     }
-    // A dead id, cr = 3, a rotated-away generation: Orphan to a placeable instance.
+    // A dead id: Departed; cr = 3 or a rotated-away generation: Orphan.
+    // Both go to a placeable instance.
     let dead = ks.encode(ServerId(99), &[5; 10]);
+    assert_eq!(route(&short(&dead), &t, &mut pins, now), to(Reason::Departed, 1));
     let mut marked = ks.encode(ServerId(10), &[6; 10]);
     marked[0] |= 0xc0;
     let old = KeySet::new((Generation::new(2).unwrap(), [3; 32]), None).unwrap().encode(ServerId(10), &[7; 10]);
-    for cid in [dead, marked, old] {
+    for cid in [marked, old] {
         assert_eq!(route(&short(&cid), &t, &mut pins, now), to(Reason::Orphan, 1));
     }
     // Nobody placeable: orphans still go to a live instance (ADR-0002).
     let t = table(&ks, &[(10, false)]);
-    assert_eq!(route(&short(&dead), &t, &mut pins, now), to(Reason::Orphan, 0));
+    assert_eq!(route(&short(&dead), &t, &mut pins, now), to(Reason::Departed, 0));
+    assert_eq!(route(&short(&old), &t, &mut pins, now), to(Reason::Orphan, 0));
     // Nobody at all.
     let t = table(&ks, &[]);
     assert_eq!(route(&short(&dead), &t, &mut pins, now), dropped(Reason::NoInstance));
@@ -796,11 +810,16 @@ fn long_header_rules() {
         d.resize(len, 0);
         d
     };
-    // Handshake with our CID → Owner; with a dead one → Orphan.
+    // Handshake with our CID → Owner; with a dead one → Departed; with one that does
+    // not decode → Orphan.
     assert_eq!(route(&long(0xe0, V1, &ours, 100), &t, &mut pins, now), to(Reason::Owner, 1));
     assert_eq!(route(&long(0xf0, V2, &ours, 100), &t, &mut pins, now), to(Reason::Owner, 1));
     let dead = ks.encode(ServerId(12), &[9; 10]);
-    assert_eq!(route(&long(0xe0, V1, &dead, 100), &t, &mut pins, now).reason, Reason::Orphan);
+    assert_eq!(route(&long(0xe0, V1, &dead, 100), &t, &mut pins, now).reason, Reason::Departed);
+    let mut undecodable = ours;
+    undecodable[0] |= 0xc0; // cr = 3
+    assert_eq!(route(&long(0xe0, V1, &undecodable, 100), &t, &mut pins, now).reason, Reason::Orphan);
+    assert_eq!(route(&long(0xe0, V1, &ours[..8], 100), &t, &mut pins, now).reason, Reason::Orphan, "8-byte DCID");
     // The Initial after a Retry carries our CID → Owner, whatever its size.
     assert_eq!(route(&long(0xc0, V1, &ours, 1200), &t, &mut pins, now), to(Reason::Owner, 1));
     // A 0-RTT packet below 1200 bytes is still placed (only Initials have a minimum).

@@ -74,7 +74,7 @@ pub struct ShardCounters {
     /// Token-less Initials that were to get a Retry but were dropped instead: quinn
     /// did not take them as a client's first Initial (did not decrypt, …).
     pub retry_dropped: AtomicU64,
-    /// Orphans of decodable ids dropped during `--rejoin-grace-ms` after start
+    /// `Departed` datagrams (ids not live) dropped during `--rejoin-grace-ms` after start
     /// (their instance may be about to rejoin), not reset.
     pub held_for_rejoin: AtomicU64,
     /// Retries whose sendmsg failed (EAGAIN: the socket's send buffer was full).

@@ -30,7 +30,7 @@ pub struct ShardSetup {
     pub uring_buffers: u16,
     /// io_uring: how long a shard spins for receives before it sleeps (zero: never).
     pub busy_poll: Duration,
-    /// `--rejoin-grace-ms`: how long after start orphans of decodable ids are held
+    /// `--rejoin-grace-ms`: how long after start `Departed` datagrams are held
     /// (dropped, not reset) while instances rejoin.
     pub rejoin_grace: Duration,
     /// Per-source limits shared by every shard (and the data plane's clock origin).
@@ -222,7 +222,7 @@ impl Router {
             // ADR 0005: an orphan here (or, with no local instance at all, a datagram
             // for nobody) may be another host's: forwarded there (each segment of a
             // train in its own frame), not reset or dropped here.
-            if matches!(run.decision.reason, Reason::Orphan | Reason::NoInstance) {
+            if matches!(run.decision.reason, Reason::Orphan | Reason::Departed | Reason::NoInstance) {
                 if let Some(p) = peers {
                     let keys = snap.table.keys();
                     let local = local.unwrap_or(sock.local);
@@ -241,11 +241,8 @@ impl Router {
             // has not rejoined yet: its datagrams are dropped (QUIC retransmits), not
             // handed to another instance whose stateless reset would end the
             // connection (docs/operations.md "data-plane crash").
-            if rejoining && run.decision.reason == Reason::Orphan {
-                let first = payload.get(run.bytes.start..).unwrap_or(&[]);
-                if decodes_to_an_id(snap.table.keys(), first) {
-                    return bump(&c.held_for_rejoin, segs);
-                }
+            if rejoining && run.decision.reason == Reason::Departed {
+                return bump(&c.held_for_rejoin, segs);
             }
             bump(&c.reasons[run.decision.reason.index()], segs);
             match run.decision.target {
@@ -285,13 +282,6 @@ impl Router {
             m.flush(&self.counters);
         }
     }
-}
-
-/// Whether the DCID of the packet at the start of `datagram` decodes to a server id
-/// under `keys` (ADR 0001: a generation we hold, routable `cr`, the right length).
-#[cold]
-fn decodes_to_an_id(keys: &proto::KeySet, datagram: &[u8]) -> bool {
-    proto::header::parse(datagram, proto::cid::CID_LEN).is_ok_and(|h| keys.decode(h.dcid()).is_ok())
 }
 
 /// Pins the calling thread to its core (logs, does not fail, when refused).

@@ -269,8 +269,11 @@ impl Controller {
             .unwrap_or_default()
     }
 
+    /// The data plane's count for routing reason `r` (a name of `proto::Reason`; one
+    /// the status does not list fails the test rather than reading as 0).
     pub fn reason(&self, r: &str) -> u64 {
-        self.lb_wait()["reasons"][r].as_u64().unwrap_or(0)
+        let s = self.lb_wait();
+        s["reasons"][r].as_u64().unwrap_or_else(|| panic!("no reason {r}: {s}"))
     }
 
     /// Starts a worker outside the controller's supervision (scale-out by hand);

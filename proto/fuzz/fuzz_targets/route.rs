@@ -37,7 +37,12 @@ fn table(prfs: u8) -> &'static Table {
 
 fn check(d: Decision, t: &Table) {
     match d.reason {
-        Reason::Owner | Reason::Placed | Reason::Pinned | Reason::Orphan | Reason::VersionNegotiation => {
+        Reason::Owner
+        | Reason::Placed
+        | Reason::Pinned
+        | Reason::Orphan
+        | Reason::Departed
+        | Reason::VersionNegotiation => {
             let i = d.target.expect("a forwarding reason has a target");
             assert!(i < t.len());
         }

@@ -153,8 +153,11 @@ impl Demux {
             .unwrap_or_default()
     }
 
+    /// The data plane's count for routing reason `r` (a name of `proto::Reason`; one
+    /// the status does not list fails the test rather than reading as 0).
     pub fn reason(&self, r: &str) -> u64 {
-        self.status().pointer(&format!("/reasons/{r}")).and_then(|v| v.as_u64()).unwrap_or(0)
+        let s = self.status();
+        s.pointer(&format!("/reasons/{r}")).and_then(|v| v.as_u64()).unwrap_or_else(|| panic!("no reason {r}: {s}"))
     }
 
     /// Waits until `pred(instances)` holds.
