@@ -94,12 +94,13 @@ impl Shard {
             conns.push(Arc::new(DataConn { fd: ours, server_id: info.server_id.0, slot, rings: Vec::new() }));
             workers.push(theirs);
         }
-        let snap = Snapshot { table, conns, pressure: Vec::new(), version: 1 };
+        let snap = Snapshot { table, conns, pressure: Vec::new(), version: 1, awaited: Default::default() };
         let empty = Snapshot {
             table: Table::new(keys.clone(), [0x42; 16], &[]).unwrap(),
             conns: Vec::new(),
             pressure: Vec::new(),
             version: 0,
+            awaited: Default::default(),
         };
         let setup = ShardSetup {
             index: 0,

@@ -159,6 +159,55 @@ fn departed_ids_are_held_while_instances_rejoin(io: &str) {
 }
 both_backends!(departed_ids_are_held_while_instances_rejoin);
 
+/// Under a controller (`--registrations`) a restarted data plane holds only the
+/// datagrams of ids it waits for: registered by a process that still runs, and not
+/// live yet. An id whose registering process is gone, or one nobody registered, is
+/// `Departed` at once, inside the grace, so its clients get their stateless resets.
+fn only_registered_running_ids_are_held(io: &str) {
+    let grace = Duration::from_secs(30);
+    let t0 = Instant::now();
+    let dead_pid = {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        pid
+    };
+    let me = std::process::id();
+    let reg = std::env::temp_dir().join(format!("qd-registrations-{io}-{me}"));
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let _ = std::fs::remove_file(&reg);
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&reg).unwrap();
+        write!(f, "71 {me}\n72 {me}\n73 {dead_pid}\n").unwrap();
+    }
+    let grace_ms = grace.as_millis().to_string();
+    let d = Demux::start_with(io, "0", &["--rejoin-grace-ms", &grace_ms, "--registrations", reg.to_str().unwrap()]);
+    let mut rng = Rng(5);
+    let w = Worker::connect(&d, 72, true);
+    d.wait_instances(&[(72, true)]);
+    let c = client();
+    for _ in 0..10 {
+        c.send_to(&short(&d.cid(71, &mut rng), 80, &mut rng), d.addr()).unwrap();
+    }
+    wait_for("the 10 of id 71 held", || u64_at(&d.status(), "/held_for_rejoin") == 10);
+    for id in [73, 74] {
+        for _ in 0..5 {
+            c.send_to(&short(&d.cid(id, &mut rng), 80, &mut rng), d.addr()).unwrap();
+        }
+    }
+    wait_for("73's and 74's handed over", || w.datagrams() == 10);
+    let s = d.status();
+    assert_eq!((reason(&s, "Departed"), u64_at(&s, "/held_for_rejoin")), (10, 10));
+    let keys = d.key_set();
+    let mut ids: Vec<u16> = w.frames().iter().map(|f| keys.decode(&f.dcid()).unwrap().server_id.0).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, [[73u16; 5], [74; 5]].concat());
+    assert!(t0.elapsed() < grace, "all inside the grace (the test took too long to tell)");
+    let _ = std::fs::remove_file(&reg);
+}
+both_backends!(only_registered_running_ids_are_held);
+
 /// Non-QUIC datagrams are dropped and counted under NotQuic; nothing reaches workers.
 fn non_quic_dropped_and_counted(io: &str) {
     let d = Demux::start(io, "0");

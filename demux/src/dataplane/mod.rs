@@ -192,6 +192,7 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
         data_peers: crate::trust::PeerPolicy::us_and(a.worker_uid),
         registrations: a.registrations.clone(),
         peers: peers.clone(),
+        rejoin_grace: std::time::Duration::from_millis(u64::from(a.rejoin_grace_ms.unwrap_or(0))),
     })?;
 
     tracing::info!(

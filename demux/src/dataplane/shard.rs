@@ -172,7 +172,7 @@ impl Router {
             None => None,
         };
         let (fwd, unix) = (&mut self.fwd, self.unix);
-        let rejoining = self.ms < self.rejoin_grace_ms;
+        let rejoining = self.ms < self.rejoin_grace_ms && !snap.awaited.is_empty();
         let peers = self.peers.as_deref();
         // Only a new placement calls into the limits (proto::route::Admission); the
         // clock in ms for the rate sketch is the batch's, no extra clock read.
@@ -241,7 +241,10 @@ impl Router {
             // has not rejoined yet: its datagrams are dropped (QUIC retransmits), not
             // handed to another instance whose stateless reset would end the
             // connection (docs/operations.md "data-plane crash").
-            if rejoining && run.decision.reason == Reason::Departed {
+            if rejoining
+                && run.decision.reason == Reason::Departed
+                && snap.awaited.holds(snap.table.keys(), payload.get(run.bytes.start..).unwrap_or(&[]))
+            {
                 return bump(&c.held_for_rejoin, segs);
             }
             bump(&c.reasons[run.decision.reason.index()], segs);

@@ -34,7 +34,7 @@ use crate::cli::FastPathMode;
 use crate::dataplane::counters::ShardCounters;
 use crate::dataplane::fast_path::FastPathState;
 use crate::dataplane::pressure::{Pressure, PressureConfig};
-use crate::dataplane::snapshot::{DataConn, Shared, Snapshot};
+use crate::dataplane::snapshot::{Awaited, DataConn, Shared, Snapshot};
 use crate::dataplane::status::StatusInfo;
 use crate::seqpacket;
 use crate::sys::Epoll;
@@ -136,6 +136,9 @@ pub struct Registry {
     control_peers: crate::trust::PeerPolicy,
     /// `--registrations`: which pid registered which server id ([`registrations`]).
     registrations: Option<std::path::PathBuf>,
+    /// The end of `--rejoin-grace-ms`: until then each snapshot says which ids the
+    /// shards wait for ([`Snapshot::awaited`]).
+    rejoin_until: Instant,
     /// Host-to-host forwarding (re-read on SIGHUP, shown in status).
     peers: Option<Arc<crate::dataplane::peers::Peers>>,
 }
@@ -174,12 +177,14 @@ pub struct RegistryConfig {
     /// The controller's registrations file (None: dataplane-only, uid rules only).
     pub registrations: Option<std::path::PathBuf>,
     pub peers: Option<Arc<crate::dataplane::peers::Peers>>,
+    /// `--rejoin-grace-ms` (zero: off).
+    pub rejoin_grace: std::time::Duration,
 }
 
 /// The snapshot before any worker connected.
 pub fn empty_snapshot(keys: &KeySet, rendezvous_key: [u8; 16]) -> Result<Snapshot> {
     let table = Table::new(keys.clone(), rendezvous_key, &[]).map_err(|e| anyhow::anyhow!("{e}"))?;
-    Ok(Snapshot { table, conns: Vec::new(), pressure: Vec::new(), version: 0 })
+    Ok(Snapshot { table, conns: Vec::new(), pressure: Vec::new(), version: 0, awaited: Default::default() })
 }
 
 impl Registry {
@@ -227,6 +232,7 @@ impl Registry {
             control_peers: crate::trust::PeerPolicy::only_us(),
             registrations: cfg.registrations,
             peers: cfg.peers,
+            rejoin_until: Instant::now() + cfg.rejoin_grace,
             buf: vec![0u8; CONTROL_BUF],
         })
     }
@@ -550,9 +556,32 @@ impl Registry {
             }
         };
         self.version += 1;
+        let awaited = self.awaited(&instances);
         let pressure = live.iter().map(|(_, _, p)| *p).collect();
         let conns = live.into_iter().map(|(c, ..)| c).collect();
-        self.shared.store(Arc::new(Snapshot { table, conns, pressure, version: self.version }));
+        self.shared.store(Arc::new(Snapshot { table, conns, pressure, version: self.version, awaited }));
+    }
+
+    /// Which not-live ids the shards hold `Departed` datagrams for
+    /// (`--rejoin-grace-ms`): under a controller, the registered instances that still
+    /// run and are not live yet; without one, any; after the grace, none (the shards
+    /// stop holding then by their own clock too).
+    fn awaited(&self, live: &[InstanceInfo]) -> Awaited {
+        if Instant::now() >= self.rejoin_until {
+            return Awaited::Ids(Vec::new());
+        }
+        let Some(path) = &self.registrations else { return Awaited::Any };
+        match crate::controller::state::read_private(path) {
+            Ok(text) => {
+                let live: Vec<u16> = live.iter().map(|i| i.server_id.0).collect();
+                let text = text.unwrap_or_default();
+                Awaited::Ids(registrations::awaited_ids(&text, &live, registrations::process_exists))
+            }
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "registrations unreadable: holding every not-live id");
+                Awaited::Any
+            }
+        }
     }
 }
 impl seqpacket::ControlServer for Registry {

@@ -12,15 +12,39 @@ use crate::trust::{self, Refusal};
 use proto::ServerId;
 use std::path::Path;
 
+/// One whole `SERVER_ID PID` line, or None.
+fn parse_line(l: &str) -> Option<(u16, i32)> {
+    let mut it = l.split_whitespace();
+    let id = it.next()?.parse::<u16>().ok()?;
+    let pid = it.next()?.parse::<i32>().ok()?;
+    it.next().is_none().then_some((id, pid))
+}
+
 /// The pid that registered `server_id` in the registrations text, if any. Lines
 /// that do not parse are ignored (their id counts as not registered).
 pub(super) fn registered_pid(text: &str, server_id: u16) -> Option<i32> {
-    text.lines().find_map(|l| {
-        let mut it = l.split_whitespace();
-        let id = it.next()?.parse::<u16>().ok()?;
-        let pid = it.next()?.parse::<i32>().ok()?;
-        (id == server_id && it.next().is_none()).then_some(pid)
-    })
+    text.lines().filter_map(parse_line).find_map(|(id, pid)| (id == server_id).then_some(pid))
+}
+
+/// The server ids a restarted data plane waits for (`--rejoin-grace-ms`): registered
+/// in `text` by a process `alive` says still runs, and not in `live`. Sorted, each
+/// once. A worker that died, or was never more than a line in the file, is not
+/// waited for: its clients get their stateless resets at once.
+pub(super) fn awaited_ids(text: &str, live: &[u16], alive: impl Fn(i32) -> bool) -> Vec<u16> {
+    let mut ids: Vec<u16> = text
+        .lines()
+        .filter_map(parse_line)
+        .filter(|&(id, pid)| pid > 0 && !live.contains(&id) && alive(pid))
+        .map(|(id, _)| id)
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// Whether process `pid` exists (a zombie still does, until it is reaped).
+pub(super) fn process_exists(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// Why a hello for `server_id` from `peer_pid` is refused under `path` (None: allowed).
@@ -78,5 +102,26 @@ mod tests {
         assert_eq!(registered_pid(text, 40), Some(400));
         assert_eq!(registered_pid(text, 0), None);
         assert_eq!(registered_pid("", 3), None);
+    }
+
+    #[test]
+    fn awaited_ids_are_the_registered_running_not_live_ones() {
+        let text = "7 100\n3 200\nbad line\n5 300 extra\n9 400\n3 201\n11 0\n12 -4\n13 500\n";
+        let alive = |pid: i32| pid != 400;
+        // 9's process is gone, 13 is live already, 5's line is not whole, 11 and
+        // 12 have no real pid; 3 is listed twice.
+        assert_eq!(awaited_ids(text, &[13], alive), vec![3, 7]);
+        assert_eq!(awaited_ids(text, &[3, 7, 13], alive), Vec::<u16>::new());
+        assert_eq!(awaited_ids(text, &[], |_| true), vec![3, 7, 9, 13]);
+        assert_eq!(awaited_ids("", &[], |_| true), Vec::<u16>::new());
+    }
+
+    #[test]
+    fn process_exists_sees_us_and_not_a_reaped_child() {
+        assert!(process_exists(std::process::id() as i32));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        child.wait().unwrap();
+        assert!(!process_exists(pid));
     }
 }
