@@ -162,7 +162,8 @@ both_backends!(departed_ids_are_held_while_instances_rejoin);
 /// Under a controller (`--registrations`) a restarted data plane holds only the
 /// datagrams of ids it waits for: registered by a process that still runs, and not
 /// live yet. An id whose registering process is gone, or one nobody registered, is
-/// `Departed` at once, inside the grace, so its clients get their stateless resets.
+/// `Departed` at once, inside the grace, so its clients get their stateless resets;
+/// so is an awaited id once its process exits.
 fn only_registered_running_ids_are_held(io: &str) {
     let grace = Duration::from_secs(30);
     let t0 = Instant::now();
@@ -173,13 +174,14 @@ fn only_registered_running_ids_are_held(io: &str) {
         pid
     };
     let me = std::process::id();
+    let mut sleeper = std::process::Command::new("sleep").arg("60").spawn().unwrap();
     let reg = std::env::temp_dir().join(format!("qd-registrations-{io}-{me}"));
     {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
         let _ = std::fs::remove_file(&reg);
         let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&reg).unwrap();
-        write!(f, "71 {me}\n72 {me}\n73 {dead_pid}\n").unwrap();
+        write!(f, "71 {me}\n72 {me}\n73 {dead_pid}\n75 {}\n", sleeper.id()).unwrap();
     }
     let grace_ms = grace.as_millis().to_string();
     let d = Demux::start_with(io, "0", &["--rejoin-grace-ms", &grace_ms, "--registrations", reg.to_str().unwrap()]);
@@ -203,6 +205,23 @@ fn only_registered_running_ids_are_held(io: &str) {
     let mut ids: Vec<u16> = w.frames().iter().map(|f| keys.decode(&f.dcid()).unwrap().server_id.0).collect();
     ids.sort_unstable();
     assert_eq!(ids, [[73u16; 5], [74; 5]].concat());
+    // 75's process runs: held; once it exits, handed over (the registry looks again
+    // every liveness tick while it waits).
+    for _ in 0..4 {
+        c.send_to(&short(&d.cid(75, &mut rng), 80, &mut rng), d.addr()).unwrap();
+    }
+    wait_for("the 4 of id 75 held", || u64_at(&d.status(), "/held_for_rejoin") == 14);
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+    let probe = short(&d.cid(75, &mut rng), 80, &mut rng);
+    wait_for("75 handed over once its process is gone", || {
+        c.send_to(&probe, d.addr()).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        w.datagrams() > 10
+    });
+    let s = d.status();
+    assert!(u64_at(&s, "/held_for_rejoin") >= 14);
+    assert!(reason(&s, "Departed") > 10);
     assert!(t0.elapsed() < grace, "all inside the grace (the test took too long to tell)");
     let _ = std::fs::remove_file(&reg);
 }

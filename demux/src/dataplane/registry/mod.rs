@@ -335,6 +335,15 @@ impl Registry {
                 }
             }
         }
+        if !changed && self.registrations.is_some() && now < self.rejoin_until {
+            // A registered worker whose process exited while awaited: not waited for
+            // any longer (its clients get their resets from the next snapshot on).
+            let snap = self.shared.load();
+            if !snap.awaited.is_empty() {
+                let live: Vec<InstanceInfo> = snap.table.instances().collect();
+                changed = self.awaited(&live) != snap.awaited;
+            }
+        }
         if changed {
             self.publish();
         }
