@@ -11,11 +11,11 @@
 //! - `shard/datagram_train`: the same for a GRO train of 16 segments of one DCID
 //!   (routed once, queued as one frame). Chunks of 64.
 //! - `shard/flush_32`: `Forwarder::flush` of 32 queued frames for one worker: one
-//!   sendmmsg of 32 records (44-byte header + payload, 2 iovecs each) into the
+//!   sendmmsg of 32 records (48-byte header + payload, 2 iovecs each) into the
 //!   socketpair. Queueing and draining untimed.
 //! - `shard/cmsg_parse`: `cmsg::parse` of the control data of an IPv4 GRO train
 //!   (UDP_GRO, IP_PKTINFO, IP_TOS: what a shard socket receives).
-//! - `shard/ring_push`: `ring::Producer::push` of one frame (44 + 1200 bytes) into a
+//! - `shard/ring_push`: `ring::Producer::push` of one frame (48 + 1200 bytes) into a
 //!   1 MiB forwarding ring (`--forward ring`); a worker's `Consumer` empties it
 //!   untimed between chunks of 512.
 //! - `shard/ring_pop_frame`: the worker's `Consumer::pop_frame` of one such frame into
@@ -271,7 +271,7 @@ fn benches<M: Clock>(c: &mut Criterion<M>, p: &str) {
             })
         })
     });
-    // The worker's side: one frame (44 + 1200 bytes) out of the ring into a
+    // The worker's side: one frame (48 + 1200 bytes) out of the ring into a
     // quinn-sized buffer. `ring_pop_frame`: header decoded from a stack copy, payload
     // copied once into the buffer (what the worker does). `ring_pop_copy_move`: the
     // whole record copied into the buffer, decoded there and the payload moved to the

@@ -21,26 +21,12 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 use std::time::Instant;
+use support::netns::{can_build, in_netns, ip, sysctl};
 use support::*;
 
 const ANYCAST: &str = "198.19.9.9";
 const PORT: u16 = 4433;
 const MIB: u64 = 1 << 20;
-
-/// Runs `ip args…` (inside `ns` when given); panics with its output on failure.
-fn ip(ns: Option<&str>, args: &[&str]) {
-    let mut cmd = Command::new("ip");
-    if let Some(ns) = ns {
-        cmd.args(["netns", "exec", ns, "ip"]);
-    }
-    let out = cmd.args(args).output().expect("ip");
-    assert!(out.status.success(), "ip {args:?} in {ns:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
-
-fn sysctl(ns: &str, kv: &str) {
-    let out = Command::new("ip").args(["netns", "exec", ns, "sysctl", "-q", "-w", kv]).output().expect("sysctl");
-    assert!(out.status.success(), "sysctl {kv} in {ns}: {}", String::from_utf8_lossy(&out.stderr));
-}
 
 /// The namespaces; removed on drop (their processes are the controllers', which are
 /// dropped first).
@@ -106,17 +92,6 @@ impl Drop for Topology {
     }
 }
 
-/// Whether this machine can build the topology (root, iproute2); otherwise skip.
-fn can_build() -> bool {
-    // SAFETY: geteuid(2) cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        testkit::skip("network namespaces need root");
-        return false;
-    }
-    let ok = Command::new("ip").arg("-V").output().is_ok_and(|o| o.status.success());
-    testkit::have_tool(ok, "iproute2 (ip)")
-}
-
 const PEER_PORT: u16 = 4434;
 
 /// Host `n`'s address on its link to the router (also its forwarding address).
@@ -146,22 +121,6 @@ fn appliances(t: &Topology) -> (Vec<Controller>, std::path::PathBuf) {
         out.push(c);
     }
     (out, dir)
-}
-
-/// Runs `f` on a thread inside network namespace `ns` (sockets it opens live there).
-fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    use std::os::fd::AsRawFd;
-    let path = format!("/var/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let fd = std::fs::File::open(&path).expect("netns file");
-        // SAFETY: setns(2) on a namespace fd this thread opened; it moves only this
-        // thread, which then runs `f` and ends.
-        let r = unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
-        f()
-    })
-    .join()
-    .expect("netns thread")
 }
 
 fn peers_status(c: &Controller) -> serde_json::Value {

@@ -26,11 +26,11 @@ fn cpu_ticks(pid: u32) -> u64 {
     f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
 }
 
-/// The tail a producer publishes after `n` records of 44 + 1200 bytes from `tail`
+/// The tail a producer publishes after `n` records of FRAME_HEADER_LEN + 1200 bytes from `tail`
 /// into a ring that is never full (`proto::ring::reserve`, SKIPs included).
 fn tail_after_pushes(capacity: u64, mut tail: u64, n: usize) -> u64 {
     for _ in 0..n {
-        tail = proto::ring::reserve(tail, tail, capacity, 44 + 1200).unwrap().new_tail;
+        tail = proto::ring::reserve(tail, tail, capacity, proto::wire::FRAME_HEADER_LEN + 1200).unwrap().new_tail;
     }
     tail
 }

@@ -16,7 +16,7 @@
 //! `head` and `tail` are free-running byte counters (never wrapped): the used space
 //! is `tail - head`, a position in the data area is `counter % capacity`.
 //! A record is a u32 length word (little endian: the ring never leaves the host)
-//! followed by the record body (the 44-byte frame header and the payload), padded to
+//! followed by the record body (the 48-byte frame header and the payload), padded to
 //! 8 bytes. A record never wraps: when it does not fit before the end of the data
 //! area, the producer writes a [`SKIP`] length word there (positions are 8-aligned
 //! and the capacity a multiple of 8, so at least 8 bytes remain) and the record
@@ -41,7 +41,7 @@ pub const SKIP: u32 = u32::MAX;
 /// The smallest and largest data area a ring may have.
 pub const MIN_CAPACITY: usize = 1 << 17;
 pub const MAX_CAPACITY: usize = 1 << 30;
-/// The largest record body: a 44-byte frame header and a 65 535-byte payload.
+/// The largest record body: a 48-byte frame header and a 65 535-byte payload.
 pub const MAX_BODY: usize = crate::wire::FRAME_HEADER_LEN + crate::wire::MAX_PAYLOAD;
 
 /// Bytes a record with a `body`-byte body occupies (length word + body, padded).

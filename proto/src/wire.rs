@@ -11,14 +11,14 @@
 //! never a panic.
 
 use crate::cid::{Generation, Prf, ServerId, KEY_LEN};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 
 /// First byte of a data frame.
 pub const FRAME_MAGIC: u8 = 0xd7;
-/// Data-frame layout version.
-pub const FRAME_VERSION: u8 = 1;
+/// Data-frame layout version (2: the client's IPv6 scope id, bytes 44..48).
+pub const FRAME_VERSION: u8 = 2;
 /// Fixed data-frame header length.
-pub const FRAME_HEADER_LEN: usize = 44;
+pub const FRAME_HEADER_LEN: usize = 48;
 /// Largest UDP payload (and so largest GRO train) a frame can carry.
 pub const MAX_PAYLOAD: usize = 65_535;
 
@@ -72,7 +72,9 @@ impl std::error::Error for WireError {}
 /// Metadata of one forwarded datagram or GRO train.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FrameMeta {
-    /// The client's address and port (the datagram's source).
+    /// The client's address and port (the datagram's source). An IPv6 one keeps its
+    /// scope id (the receiving interface, for a link-local client: the worker cannot
+    /// answer `fe80::…` without it); its flow label is not carried (zero).
     pub client: SocketAddr,
     /// The address the client sent to (IP_PKTINFO / IPV6_PKTINFO), when known; the
     /// worker answers from it.
@@ -129,6 +131,11 @@ pub fn encode_frame_header(meta: &FrameMeta, out: &mut [u8; FRAME_HEADER_LEN]) {
         None => out[24..42].fill(0),
     }
     out[42..44].fill(0);
+    let scope = match meta.client {
+        SocketAddr::V6(c) => c.scope_id(),
+        SocketAddr::V4(_) => 0,
+    };
+    out[44..48].copy_from_slice(&scope.to_be_bytes());
     out[2] = flags;
 }
 
@@ -185,8 +192,13 @@ pub fn decode_frame_header(rec: &[u8; FRAME_HEADER_LEN], payload_len: usize) -> 
         s if usize::from(s) <= payload_len => Some(s),
         _ => return Err(WireError::BadSegmentSize),
     };
-    let client =
-        SocketAddr::new(get_addr(&rec[8..24], flags & FLAG_CLIENT_V6 != 0)?, u16::from_be_bytes([rec[6], rec[7]]));
+    let port = u16::from_be_bytes([rec[6], rec[7]]);
+    let scope = u32::from_be_bytes([rec[44], rec[45], rec[46], rec[47]]);
+    let client = match get_addr(&rec[8..24], flags & FLAG_CLIENT_V6 != 0)? {
+        IpAddr::V6(ip) => SocketAddr::V6(SocketAddrV6::new(ip, port, 0, scope)),
+        IpAddr::V4(_) if scope != 0 => return Err(WireError::ReservedBits),
+        ip => SocketAddr::new(ip, port),
+    };
     let local = if flags & FLAG_LOCAL != 0 {
         Some(SocketAddr::new(
             get_addr(&rec[24..40], flags & FLAG_LOCAL_V6 != 0)?,

@@ -8,15 +8,29 @@ use common::rng::Rng;
 use proptest::prelude::*;
 use proto::cid::{Generation, Prf, ServerId};
 use proto::wire::*;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 
 // ---------------------------------------------------------------------------------
 // Strategies
 // ---------------------------------------------------------------------------------
 
+/// A client address: an IPv6 one with any scope id (the frame carries it; the flow
+/// label it does not, so that stays zero).
+fn client_addr() -> impl Strategy<Value = SocketAddr> {
+    prop_oneof![
+        addr(),
+        (any::<[u8; 16]>(), any::<u16>(), any::<u32>()).prop_map(|(a, p, scope)| SocketAddr::V6(SocketAddrV6::new(
+            Ipv6Addr::from(a),
+            p,
+            0,
+            scope
+        ))),
+    ]
+}
+
 fn addr() -> impl Strategy<Value = SocketAddr> {
-    // flowinfo and scope_id are not carried by the frame (see the report on
-    // link-local clients): generate them as zero, as SocketAddr::new does.
+    // flowinfo and scope_id are not carried for the local address (the worker sends
+    // from the address alone): generate them as zero, as SocketAddr::new does.
     prop_oneof![
         (any::<[u8; 4]>(), any::<u16>()).prop_map(|(a, p)| SocketAddr::new(IpAddr::V4(Ipv4Addr::from(a)), p)),
         (any::<[u8; 16]>(), any::<u16>()).prop_map(|(a, p)| SocketAddr::new(IpAddr::V6(Ipv6Addr::from(a)), p)),
@@ -28,7 +42,7 @@ fn addr() -> impl Strategy<Value = SocketAddr> {
 
 fn frame() -> impl Strategy<Value = (FrameMeta, Vec<u8>)> {
     (
-        addr(),
+        client_addr(),
         proptest::option::of(addr()),
         0u8..=3,
         prop_oneof![1usize..=1500, Just(MAX_PAYLOAD)],
@@ -155,7 +169,7 @@ proptest! {
 
     /// Records are SOCK_SEQPACKET-framed: the frame has no payload length, so a cut
     /// inside the payload is not detectable by the decoder (the socket reports
-    /// MSG_TRUNC). Every cut inside the 44-byte header is an error; a cut inside the
+    /// MSG_TRUNC). Every cut inside the 48-byte header is an error; a cut inside the
     /// payload decodes to the same metadata with the shorter payload, or is rejected
     /// when the segment size no longer fits / nothing is left.
     #[test]
@@ -314,7 +328,8 @@ fn frame_reserved_bits() {
         decode_frame(&r).map(|_| ())
     };
     assert_eq!(with(0, 0xd6), Err(WireError::BadMagic));
-    assert_eq!(with(1, 2), Err(WireError::UnsupportedVersion(2)));
+    assert_eq!(with(1, 1), Err(WireError::UnsupportedVersion(1)), "the layout before the scope id");
+    assert_eq!(with(1, 3), Err(WireError::UnsupportedVersion(3)));
     assert_eq!(with(1, 0), Err(WireError::UnsupportedVersion(0)));
     // Flags: only 0x01 (client v6), 0x02 (local), 0x04 (local v6, needs local).
     for bit in [0x08u8, 0x10, 0x20, 0x40, 0x80] {
@@ -342,6 +357,14 @@ fn frame_reserved_bits() {
     // Trailing reserved bytes.
     assert_eq!(with(42, 1), Err(WireError::ReservedBits));
     assert_eq!(with(43, 0x80), Err(WireError::ReservedBits));
+    // A scope id belongs to an IPv6 client only.
+    for i in 44..48 {
+        assert_eq!(with(i, 1), Err(WireError::ReservedBits), "scope id byte {i} of a v4 client");
+    }
+    let link_local: SocketAddr = "[fe80::1%7]:443".parse().unwrap();
+    let r = encode_frame(&FrameMeta { client: link_local, local: None, ecn: 0, segment_size: None }, &[1; 8]);
+    assert_eq!(&r[44..48], &[0, 0, 0, 7]);
+    assert_eq!(decode_frame(&r).unwrap().0.client, link_local);
     // A v4 local address has its own padding.
     let mut r = sample_frame(Some(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 443)));
     assert!(decode_frame(&r).is_ok());

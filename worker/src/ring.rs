@@ -141,7 +141,7 @@ impl Consumer {
         Ok(Some(n))
     }
 
-    /// Takes the next record as a data frame: its 44-byte header is decoded from a
+    /// Takes the next record as a data frame: its 48-byte header is decoded from a
     /// copy on the stack, and its payload is copied once, straight from the ring to
     /// `payload[..len]` (quinn's receive buffer: no intermediate buffer, no move of
     /// the payload afterwards). Consumes the record whatever it holds. `Ok(None)`:

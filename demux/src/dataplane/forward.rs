@@ -1,6 +1,6 @@
 //! Forwarding to workers: frames collected during one receive batch are grouped by
 //! destination and sent with one sendmmsg(2) per destination, MSG_DONTWAIT. Each
-//! message is two iovecs — the 44-byte frame header (proto::wire, docs/wire.md) and
+//! message is two iovecs — the 48-byte frame header (proto::wire, docs/wire.md) and
 //! the payload where it was received — so payloads are never copied. All arrays are
 //! allocated once per shard; nothing is allocated per datagram.
 //!
