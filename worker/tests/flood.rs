@@ -7,9 +7,11 @@
 //!
 //! Asserts (the bounds): the worker's RSS stays under 300 MB; it comes back
 //! within 2× its idle RSS within 30 s after the flood; a legitimate quinn client from
-//! 127.0.0.1, connecting anew every 250 ms during the flood, completes every request
-//! with time to first byte (connect + request + response head) ≤ 1 s. The measured
-//! figures are printed (`--nocapture`). `FLOOD_WORKER_ARGS` adds worker flags.
+//! 127.0.0.1, connecting anew every 50 ms during the flood, completes every request,
+//! ≥ 95 % of them with time to first byte (connect + request + response head) ≤ 1 s
+//! (the words; with ≥ 40 requests one lost Initial, which costs quinn's 1 s
+//! first PTO, does not decide it). The measured figures are printed (`--nocapture`).
+//! `FLOOD_WORKER_ARGS` adds worker flags.
 #![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 mod common;
@@ -261,7 +263,7 @@ fn initial_flood_is_bounded_and_memory_returns() {
                     }
                 }
             }
-            tokio::time::sleep(Duration::from_millis(250)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     });
     let (sent, errors, took) = flood.join().expect("flood thread");
@@ -327,7 +329,14 @@ fn initial_flood_is_bounded_and_memory_returns() {
     assert!(peak_all < 300 * 1024, "worker RSS peaked at {} MiB (bound 300 MiB)", peak_all / 1024);
     assert!(back_after.is_some(), "RSS {} MiB 30 s after the flood, idle {} MiB", last / 1024, idle / 1024);
     assert!(l.ok > 0 && l.failed == 0, "legit client: {} ok, {} failed: {:?}", l.ok, l.failed, l.errors);
-    assert!(max_ttfb <= 1000, "legit client TTFB up to {max_ttfb} ms (bound 1 s): {:?}", l.ttfb_ms);
+    let within = l.ttfb_ms.iter().filter(|&&t| t <= 1000).count();
+    assert!(l.ttfb_ms.len() >= 20, "too few legitimate requests to judge: {:?}", l.ttfb_ms);
+    assert!(
+        within * 100 >= 95 * l.ttfb_ms.len(),
+        "legit client: {within} of {} requests with TTFB ≤ 1 s (bound 95 %; max {max_ttfb} ms): {:?}",
+        l.ttfb_ms.len(),
+        l.ttfb_ms
+    );
 
     // Every Initial is accounted for, by the data plane: each flood Initial (a fresh
     // DCID) and each legitimate connection's first Initial (the warm-up and one per
