@@ -369,23 +369,12 @@ fn burst_is_forwarded_in_sendmmsg_batches(io: &str) {
     let before = d.status();
     let calls_before = u64_at(&before, "/sendmmsg_calls");
     let burst = 96;
-    let pid = d.child.id() as i32;
-    // SAFETY: kill(2) on the data plane this test started.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
-    // kill(2) returns before every thread has stopped: wait until each one is in
-    // state T (/proc/PID/task/TID/stat), or the shards would still read the burst.
-    wait_for("every data-plane thread stopped", || {
-        std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().all(|t| {
-            let stat = std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap_or_default();
-            stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
-        })
-    });
+    stop(&d);
     let c = client();
     for _ in 0..burst {
         c.send_to(&short(&cid, 200, &mut rng), d.addr()).unwrap();
     }
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    resume(&d);
     wait_for("the burst forwarded", || w.datagrams() == burst);
     let s = d.wait_status("the burst counted", |s| u64_at(instance(s, 131), "/datagrams") == burst as u64);
     let calls = u64_at(&s, "/sendmmsg_calls") - calls_before;
@@ -393,6 +382,75 @@ fn burst_is_forwarded_in_sendmmsg_batches(io: &str) {
     assert!(calls >= 1 && calls * 8 <= burst as u64, "{calls} sendmmsg calls for {burst} datagrams: {s}");
 }
 both_backends!(burst_is_forwarded_in_sendmmsg_batches);
+
+/// SIGSTOPs the data plane and waits until every thread of it has stopped: kill(2)
+/// returns before they have, and a shard still running would read what the test
+/// means to queue (state T in /proc/PID/task/TID/stat).
+fn stop(d: &Demux) {
+    let pid = d.child.id() as i32;
+    // SAFETY: kill(2) on the data plane this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    wait_for("every data-plane thread stopped", || {
+        std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().all(|t| {
+            let stat = std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap_or_default();
+            stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
+        })
+    });
+}
+
+fn resume(d: &Demux) {
+    // SAFETY: kill(2) on the data plane this test started.
+    assert_eq!(unsafe { libc::kill(d.child.id() as i32, libc::SIGCONT) }, 0);
+}
+
+/// A receive buffer goes back to the kernel as soon as its datagram is copied into a
+/// ring, but one a queued SEQPACKET frame points into only after the flush
+/// (crate::dataplane::buffer_stock). 600 datagrams queue while the data plane is
+/// stopped, alternately for a worker on a ring and one on SEQPACKET, each numbered;
+/// resumed, the shard takes them in rounds of ≈ 450 from 128 offered buffers, so the
+/// kernel refills buffers mid-round. Each worker must get exactly its own numbers,
+/// each once: a held buffer given back early would be overwritten by a later
+/// datagram before its frame is sent (a repeated or foreign number).
+fn buffers_pointed_into_are_not_reused_before_the_flush(io: &str) {
+    let mut d = Demux::start(io, "0"); // `--forward ring`, the data plane's default
+    let mut rng = Rng(22);
+    let seq = Worker::connect(&d, 141, true); // asks for no rings: SEQPACKET
+    d.rings = true;
+    let ring = Worker::connect(&d, 142, true);
+    d.wait_instances(&[(141, true), (142, true)]);
+    let s = d.status();
+    assert_eq!(
+        (instance(&s, 141)["forward"].as_str(), instance(&s, 142)["forward"].as_str()),
+        (Some("seqpacket"), Some("ring"))
+    );
+    let cids = [d.cid(141, &mut rng), d.cid(142, &mut rng)];
+    let total = 600u64;
+    stop(&d);
+    let c = client();
+    for n in 0..total {
+        let mut p = short(&cids[(n % 2) as usize], 300, &mut rng);
+        p[13..21].copy_from_slice(&n.to_be_bytes());
+        c.send_to(&p, d.addr()).unwrap();
+    }
+    resume(&d);
+    wait_for("the burst forwarded", || seq.datagrams() + ring.datagrams() >= total as usize);
+    for (w, parity) in [(&seq, 0), (&ring, 1)] {
+        let mut got: Vec<u64> = w
+            .frames()
+            .iter()
+            .map(|f| {
+                assert_eq!(f.dcid(), cids[parity as usize], "instance {}: a foreign datagram", w.server_id);
+                u64::from_be_bytes(f.head[13..21].try_into().unwrap())
+            })
+            .collect();
+        got.sort_unstable();
+        let want: Vec<u64> = (0..total).filter(|n| n % 2 == parity).collect();
+        assert_eq!(got, want, "instance {}: each of its datagrams once", w.server_id);
+    }
+    let s = d.status();
+    assert_eq!(u64_at(&s, "/drops/full") + u64_at(&s, "/drops/send_error"), 0, "{s}");
+}
+both_backends!(buffers_pointed_into_are_not_reused_before_the_flush);
 
 /// `--cores 0-1`: each shard thread (`shard-<k>`) is pinned to its core: the
 /// kernel's `Cpus_allowed_list` of that thread (/proc/PID/task/TID/status) is

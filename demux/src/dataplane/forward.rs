@@ -39,6 +39,7 @@ pub struct Forwarder {
     /// the last flush, and the same as a bit set (one look per push).
     rings_written: Vec<u32>,
     rings_written_bits: Vec<u64>,
+    queued_total: u64,
 }
 
 impl Forwarder {
@@ -54,7 +55,14 @@ impl Forwarder {
             shard,
             rings_written: Vec::new(),
             rings_written_bits: Vec::new(),
+            queued_total: 0,
         }
+    }
+
+    /// How many payloads were ever queued for a flush's sendmmsg (wrapping): when a
+    /// push leaves it unchanged, the push kept no pointer to its payload.
+    pub fn queued_total(&self) -> u64 {
+        self.queued_total
     }
 
     pub fn is_full(&self) -> bool {
@@ -91,6 +99,7 @@ impl Forwarder {
             return;
         }
         encode_frame_header(meta, &mut hdr);
+        self.queued_total = self.queued_total.wrapping_add(1);
         self.pending.push(Pending {
             hdr,
             target: target as u32,

@@ -4,9 +4,12 @@
 //! multishot RecvMsg per UDP socket (kernel ≥ 6.0). Every completion carries one
 //! datagram or GRO train in a buffer the kernel picked from the ring, laid out as
 //! `io_uring_recvmsg_out | name | control | payload` (io_uring_prep_recvmsg_multishot(3)).
-//! Buffers go back to the ring after the batch's sendmmsg calls; forwarding is the
-//! same as the mmsg backend's (crate::dataplane::forward).
+//! A buffer goes back to the ring as soon as its datagram is routed, or, when a
+//! SEQPACKET frame points into it, after the batch's sendmmsg calls; which buffers the
+//! kernel is offered is crate::dataplane::buffer_stock's. Forwarding is the same as
+//! the mmsg backend's (crate::dataplane::forward).
 
+use crate::dataplane::buffer_stock::Stock;
 use crate::dataplane::cmsg;
 use crate::dataplane::shard::{pin_thread, Router, ShardSetup, SockInfo};
 use crate::dataplane::snapshot::Snapshot;
@@ -213,12 +216,21 @@ pub fn run(setup: ShardSetup) -> Result<()> {
     // (declared before it, so dropped after it): valid while registered.
     unsafe { ring.submitter().register_buf_ring_with_flags(br.addr(), nbuf, BGID, 0) }
         .context("io_uring_register_buf_ring")?;
-    for bid in 0..nbuf {
-        // SAFETY: bid * BUF_LEN + BUF_LEN <= bufs.len(): inside the allocation.
-        let p = unsafe { base.add(usize::from(bid) * BUF_LEN) };
-        br.add(p, BUF_LEN as u32, bid);
-    }
-    br.publish();
+    // Which buffers the kernel is offered (crate::dataplane::buffer_stock): a few at a
+    // time, the most recently given back first, so that the same ones stay in cache.
+    let mut stock = Stock::new(nbuf, RECEIVES_PER_TASK_RUN * socks.len());
+    let refill = |br: &mut BufRing, stock: &mut Stock| {
+        let offered = stock.refill(|bid| {
+            // SAFETY: bid < nbuf (Stock hands out 0..nbuf): bid * BUF_LEN + BUF_LEN
+            // <= bufs.len(), inside the allocation.
+            let p = unsafe { base.add(usize::from(bid) * BUF_LEN) };
+            br.add(p, BUF_LEN as u32, bid);
+        });
+        if offered {
+            br.publish();
+        }
+    };
+    refill(&mut br, &mut stock);
 
     tracing::info!(
         shard = setup.index,
@@ -229,7 +241,11 @@ pub fn run(setup: ShardSetup) -> Result<()> {
         "shard running"
     );
     let _ = setup.started.send(setup.index);
-    let mut used: Vec<u16> = Vec::with_capacity(usize::from(nbuf));
+    // This round's receive buffers that a queued SEQPACKET frame points into (given
+    // back after the flush), and the ones already free (given back before the next
+    // io_uring_enter).
+    let mut held: Vec<u16> = Vec::with_capacity(usize::from(nbuf));
+    let mut done: Vec<u16> = Vec::with_capacity(usize::from(nbuf));
     let mut rearm: Vec<usize> = (0..socks.len()).collect();
     let mut failures = 0u32;
     let idle = Timespec::new().sec(1);
@@ -265,13 +281,14 @@ pub fn run(setup: ShardSetup) -> Result<()> {
         }
         router.begin();
         let snap: &Arc<Snapshot> = cache.load();
+        let mut taken = 0usize;
         loop {
-            let before = used.len();
+            let before = taken;
             take_completions(
                 &mut ring,
                 &mut socks,
                 &mut rearm,
-                &mut used,
+                Buffers { held: &mut held, done: &mut done, taken: &mut taken },
                 &mut failures,
                 nbuf,
                 base,
@@ -281,11 +298,13 @@ pub fn run(setup: ShardSetup) -> Result<()> {
             .with_context(|| format!("shard {}", setup.index))?;
             // A fuller round (ROUND_RECEIVES): run the receives the kernel has queued
             // as task work, without waiting, while buffers last.
-            let room = usize::from(nbuf).saturating_sub(used.len());
+            stock.taken(taken - before);
+            done.drain(..).for_each(|bid| stock.give_back(bid));
+            refill(&mut br, &mut stock);
             if !fast
-                || used.len() == before
-                || used.len() >= ROUND_RECEIVES
-                || room < RECEIVES_PER_TASK_RUN * socks.len()
+                || taken == before
+                || taken >= ROUND_RECEIVES
+                || stock.offered() < RECEIVES_PER_TASK_RUN * socks.len()
                 || !ring.submission().taskrun()
             {
                 break;
@@ -297,15 +316,8 @@ pub fn run(setup: ShardSetup) -> Result<()> {
             }
         }
         router.flush(snap);
-        for &bid in &used {
-            // SAFETY: bid < nbuf, checked when the completion was taken.
-            let p = unsafe { base.add(usize::from(bid) * BUF_LEN) };
-            br.add(p, BUF_LEN as u32, bid);
-        }
-        if !used.is_empty() {
-            br.publish();
-            used.clear();
-        }
+        held.drain(..).for_each(|bid| stock.give_back(bid));
+        refill(&mut br, &mut stock);
     }
 }
 
@@ -364,7 +376,7 @@ fn take_completions(
     ring: &mut IoUring,
     socks: &mut [Socket],
     rearm: &mut Vec<usize>,
-    used: &mut Vec<u16>,
+    bufs: Buffers<'_>,
     failures: &mut u32,
     nbuf: u16,
     base: *mut u8,
@@ -384,7 +396,7 @@ fn take_completions(
             }
             let Some(bid) = cqueue::buffer_select(flags) else {
                 if res == -libc::ENOBUFS {
-                    // The buffer ring ran empty: buffers come back after this batch's
+                    // The buffer ring ran empty: held buffers come back after this batch's
                     // flush; the multishot is re-armed above.
                     crate::dataplane::counters::bump(&router.counters.recv_no_buffers, 1);
                 } else if res < 0 {
@@ -401,10 +413,14 @@ fn take_completions(
             if bid >= nbuf {
                 continue; // not one of ours: cannot happen, never indexes out of range
             }
-            used.push(bid);
+            *bufs.taken += 1;
             *failures = 0;
-            let Some(sock) = socks.get(i) else { continue };
+            let Some(sock) = socks.get(i) else {
+                bufs.done.push(bid);
+                continue;
+            };
             if res <= 0 {
+                bufs.done.push(bid);
                 continue;
             }
             let start = usize::from(bid) * BUF_LEN;
@@ -414,14 +430,31 @@ fn take_completions(
             let buf: &[u8] = unsafe { std::slice::from_raw_parts(base.add(start), len) };
             let Some((client, meta, payload)) = take_apart(buf, &sock.msghdr) else {
                 router.truncated();
+                bufs.done.push(bid);
                 continue;
             };
+            let queued_before = router.payloads_queued();
             // SAFETY: the payload lives in `bufs`; its buffer id is in `used` and goes
             // back to the kernel only after the flush below.
             unsafe { router.datagram(snap, &sock.info, client, &meta, payload) };
+            if router.payloads_queued() == queued_before {
+                bufs.done.push(bid); // copied into a ring, answered or dropped
+            } else {
+                bufs.held.push(bid); // a SEQPACKET frame points into it until the flush
+            }
         }
     }
     Ok(())
+}
+
+/// Where `take_completions` puts each receive buffer it takes.
+struct Buffers<'a> {
+    /// Pointed into by a frame queued for the flush: given back after it.
+    held: &'a mut Vec<u16>,
+    /// Nothing points into it any more: given back before the next receives.
+    done: &'a mut Vec<u16>,
+    /// Buffers the kernel filled this round.
+    taken: &'a mut usize,
 }
 
 #[cfg(test)]

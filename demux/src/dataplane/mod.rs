@@ -2,6 +2,7 @@
 //! threads that receive, route and forward datagrams, and the registry that owns the
 //! data connections and publishes routing snapshots.
 
+pub mod buffer_stock;
 pub mod cmsg;
 pub mod cores;
 pub mod counters;

@@ -132,6 +132,13 @@ impl Router {
         bump(&self.counters.tickets_released_done, released);
     }
 
+    /// How many payloads were ever queued for a flush (SEQPACKET frames, wrapping):
+    /// a receive buffer whose datagram left it unchanged is free once routed.
+    #[inline]
+    pub fn payloads_queued(&self) -> u64 {
+        self.fwd.queued_total()
+    }
+
     /// A receive the kernel flagged MSG_TRUNC / MSG_CTRUNC: counted, not routed.
     #[inline]
     pub fn truncated(&self) {
