@@ -242,10 +242,9 @@ pub fn run(setup: ShardSetup) -> Result<()> {
     );
     let _ = setup.started.send(setup.index);
     // This round's receive buffers that a queued SEQPACKET frame points into (given
-    // back after the flush), and the ones already free (given back before the next
-    // io_uring_enter).
+    // back after the flush; every other one goes back to `stock` as soon as it is
+    // routed, and is offered again before the next io_uring_enter).
     let mut held: Vec<u16> = Vec::with_capacity(usize::from(nbuf));
-    let mut done: Vec<u16> = Vec::with_capacity(usize::from(nbuf));
     let mut rearm: Vec<usize> = (0..socks.len()).collect();
     let mut failures = 0u32;
     let idle = Timespec::new().sec(1);
@@ -288,7 +287,7 @@ pub fn run(setup: ShardSetup) -> Result<()> {
                 &mut ring,
                 &mut socks,
                 &mut rearm,
-                Buffers { held: &mut held, done: &mut done, taken: &mut taken },
+                Buffers { held: &mut held, stock: &mut stock, taken: &mut taken },
                 &mut failures,
                 nbuf,
                 base,
@@ -298,8 +297,6 @@ pub fn run(setup: ShardSetup) -> Result<()> {
             .with_context(|| format!("shard {}", setup.index))?;
             // A fuller round (ROUND_RECEIVES): run the receives the kernel has queued
             // as task work, without waiting, while buffers last.
-            stock.taken(taken - before);
-            done.drain(..).for_each(|bid| stock.give_back(bid));
             refill(&mut br, &mut stock);
             if !fast
                 || taken == before
@@ -414,13 +411,14 @@ fn take_completions(
                 continue; // not one of ours: cannot happen, never indexes out of range
             }
             *bufs.taken += 1;
+            bufs.stock.taken(1);
             *failures = 0;
             let Some(sock) = socks.get(i) else {
-                bufs.done.push(bid);
+                bufs.stock.give_back(bid);
                 continue;
             };
             if res <= 0 {
-                bufs.done.push(bid);
+                bufs.stock.give_back(bid);
                 continue;
             }
             let start = usize::from(bid) * BUF_LEN;
@@ -430,7 +428,7 @@ fn take_completions(
             let buf: &[u8] = unsafe { std::slice::from_raw_parts(base.add(start), len) };
             let Some((client, meta, payload)) = take_apart(buf, &sock.msghdr) else {
                 router.truncated();
-                bufs.done.push(bid);
+                bufs.stock.give_back(bid);
                 continue;
             };
             let queued_before = router.payloads_queued();
@@ -438,7 +436,7 @@ fn take_completions(
             // back to the kernel only after the flush below.
             unsafe { router.datagram(snap, &sock.info, client, &meta, payload) };
             if router.payloads_queued() == queued_before {
-                bufs.done.push(bid); // copied into a ring, answered or dropped
+                bufs.stock.give_back(bid); // copied into a ring, answered or dropped
             } else {
                 bufs.held.push(bid); // a SEQPACKET frame points into it until the flush
             }
@@ -451,8 +449,9 @@ fn take_completions(
 struct Buffers<'a> {
     /// Pointed into by a frame queued for the flush: given back after it.
     held: &'a mut Vec<u16>,
-    /// Nothing points into it any more: given back before the next receives.
-    done: &'a mut Vec<u16>,
+    /// Every buffer's owner: told of each one the kernel filled, and given back each
+    /// one nothing points into any more (offered again before the next receives).
+    stock: &'a mut Stock,
     /// Buffers the kernel filled this round.
     taken: &'a mut usize,
 }
