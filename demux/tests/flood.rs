@@ -386,7 +386,7 @@ fn retry_packet_is_well_formed(listen: &str) {
 #[test]
 fn demux_retry_over_ipv6_wildcard() {
     if UdpSocket::bind("[::1]:0").is_err() {
-        testkit::skip("no IPv6 loopback");
+        testkit::skip_optional("ipv6-loopback", "no IPv6 loopback");
         return;
     }
     let s = start_on("v6", "[::]:0", &["--retry", "always"], 1, &[]);

@@ -90,6 +90,13 @@ pub fn skip(why: &str) {
     }
 }
 
+/// Skips because the machine lacks a capability the README lists under "Optional
+/// capabilities" (by its `name`): the line says `optional capability 'NAME'`, and
+/// `CI=true tools/test-all` accepts it. Any other skip fails a CI run.
+pub fn skip_optional(capability: &str, why: &str) {
+    skip(&format!("optional capability '{capability}': {why}"));
+}
+
 /// `SKIPPED: <crate test binary> <test>: <why>` on one line (newlines in `why`
 /// become spaces).
 fn skip_line(test: &str, why: &str) -> String {
