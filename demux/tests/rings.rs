@@ -29,7 +29,7 @@ fn cpu_ticks(pid: u32) -> u64 {
 /// docs/wire.md "Ring": a record is a 4-byte length word, the 48-byte data-frame
 /// header and the payload, padded to 8 bytes; a record that does not fit before the
 /// end of the data area goes to offset 0, the bytes before the end skipped.
-const RECORD_OF_1200: u64 = (4 + 48 + 1200 + 7) / 8 * 8;
+const RECORD_OF_1200: u64 = (4 + 48 + 1200u64).next_multiple_of(8);
 
 /// The tail a producer publishes after `n` records of 1200-byte datagrams from `tail`
 /// into a ring of `capacity` data bytes that is never full: the layout above, written
