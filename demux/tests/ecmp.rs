@@ -191,8 +191,9 @@ fn downloads_spread_over_two_hosts() {
             &format!("/bytes/{MIB}"),
         ]);
         let (ok, out) = testkit::bin::run_bounded(&mut cmd, Duration::from_secs(40));
-        let want = format!("bytes={MIB}");
-        assert!(ok && out.contains("status=200") && out.contains(&want), "aioquic flow {i}: {out}");
+        // The script checks every body byte against the `/bytes/N` pattern (`ok=`).
+        let want = format!("status=200 bytes={MIB} ");
+        assert!(ok && out.contains(&want) && out.contains(" ok=True "), "aioquic flow {i}: {out}");
         flows += 1;
     }
     if flows == 0 {
@@ -454,17 +455,17 @@ fn clients_of_a_lost_host_are_reset_and_reconnect() {
     let (mut hosts, _) = appliances(&t);
     let addr: std::net::SocketAddr = format!("{ANYCAST}:{PORT}").parse().unwrap();
     let clients = clients_in_netns(&t, &hosts[0], 16, move |i, mut h, ep, id| async move {
-        let first = h.get_paced(&format!("/bytes/{}", 6 * MIB), Some(MIB)).await.map(|r| r.len);
+        let first = outcome(h.get_paced(&format!("/bytes/{}", 6 * MIB), Some(MIB)).await, format!("client {i}"));
         h.close();
         // Reconnect (a new connection, placed wherever ECMP sends it now).
         let again = async {
             let mut h = H3::connect(&ep, addr).await.map_err(|e| format!("reconnect: {e:#}"))?;
             let r = h.get("/bytes/1000").await.map_err(|e| format!("GET after reconnect: {e:?}"))?;
             h.close();
-            Ok::<_, String>((r.len, r.server_id))
+            Ok::<_, String>((r.status, r.len, r.pattern_ok, r.server_id))
         }
         .await;
-        (i, id, first.map_err(|e| format!("{e:?}")), again)
+        (i, id, first, again)
     });
     std::thread::sleep(Duration::from_millis(1500));
     hosts[1].kill_everything();
@@ -474,7 +475,7 @@ fn clients_of_a_lost_host_are_reset_and_reconnect() {
     let mut lost = 0;
     for (i, id, first, again) in &results {
         match host_of(*id) {
-            1 => assert_eq!(first, &Ok(6 * MIB), "client {i} of the surviving host"),
+            1 => assert_eq!(first, &complete(6 * MIB), "client {i} of the surviving host"),
             2 => {
                 lost += 1;
                 let e = first.as_ref().expect_err("a download from the lost host cannot finish");
@@ -482,8 +483,12 @@ fn clients_of_a_lost_host_are_reset_and_reconnect() {
             }
             h => panic!("client {i}: server id {id} of unknown host {h}"),
         }
-        let (len, sid) = again.as_ref().unwrap_or_else(|e| panic!("client {i}: {e}"));
-        assert_eq!((*len, host_of(*sid)), (1000, 1), "client {i} reconnected to the surviving host");
+        let (status, len, pattern_ok, sid) = again.as_ref().unwrap_or_else(|e| panic!("client {i}: {e}"));
+        assert_eq!(
+            (*status, *len, *pattern_ok, host_of(*sid)),
+            (200, 1000, true, 1),
+            "client {i} reconnected to the surviving host"
+        );
     }
     assert!(lost > 0, "no client was on host 2: {results:?}");
     let v = peers_status(&hosts[0]);
@@ -504,8 +509,19 @@ fn rotate(c: &Controller, args: &[&str]) {
 /// generation: the connections made after host 1's activation are reset when their
 /// packets reach host 2 (ADR 0005 §3: what breaks when a step is skipped), while the
 /// older ones still cross.
-/// Each client's body length, or why it failed.
-type Outcomes = Vec<Result<u64, String>>;
+/// Each client's (status, body length, body is the `/bytes/N` pattern byte for byte),
+/// or why it failed.
+type Outcomes = Vec<Result<(u16, u64, bool), String>>;
+
+/// A download's outcome as `Outcomes` holds it.
+fn outcome(r: Result<Resp, ReqError>, who: String) -> Result<(u16, u64, bool), String> {
+    r.map(|r| (r.status, r.len, r.pattern_ok)).map_err(|e| format!("{who}: {e:?}"))
+}
+
+/// What a complete `/bytes/N` download of `n` bytes is.
+fn complete(n: u64) -> Result<(u16, u64, bool), String> {
+    Ok((200, n, true))
+}
 
 fn rotation_across_hosts(skip_stage_on_2: bool) -> (Outcomes, Outcomes) {
     let t = Topology::build(2);
@@ -518,7 +534,7 @@ fn rotation_across_hosts(skip_stage_on_2: bool) -> (Outcomes, Outcomes) {
         let r = h.get_paced(&format!("/bytes/{}", 5 * MIB), Some(MIB)).await;
         h.close();
         ep.wait_idle().await;
-        r.map(|r| r.len).map_err(|e| format!("old client {i}: {e:?}"))
+        outcome(r, format!("old client {i}"))
     });
     let new = {
         let (ns, cert) = (t.client.clone(), hosts[0].cert.der.clone());
@@ -534,7 +550,7 @@ fn rotation_across_hosts(skip_stage_on_2: bool) -> (Outcomes, Outcomes) {
                             let mut h = H3::connect(&ep, addr).await.map_err(|e| format!("new client {i}: {e:#}"))?;
                             let r = h.get_paced(&format!("/bytes/{}", 3 * MIB), Some(MIB)).await;
                             h.close();
-                            r.map(|r| r.len).map_err(|e| format!("new client {i}: {e:?}"))
+                            outcome(r, format!("new client {i}"))
                         }));
                     }
                     let mut out = Vec::new();
@@ -590,8 +606,11 @@ fn two_phase_rotation_across_hosts_keeps_every_download() {
     }
     let _s = serial();
     let (old, new) = rotation_across_hosts(false);
-    for r in old.iter().chain(&new) {
-        assert!(r.as_ref().is_ok_and(|n| *n == 5 * MIB || *n == 3 * MIB), "{r:?}");
+    for (i, r) in old.iter().enumerate() {
+        assert_eq!(r, &complete(5 * MIB), "old client {i} (5 MiB)");
+    }
+    for (i, r) in new.iter().enumerate() {
+        assert_eq!(r, &complete(3 * MIB), "new client {i} (3 MiB)");
     }
 }
 
@@ -602,8 +621,8 @@ fn a_host_that_skipped_the_stage_resets_the_new_generation() {
     }
     let _s = serial();
     let (old, new) = rotation_across_hosts(true);
-    for r in &old {
-        assert_eq!(r, &Ok(5 * MIB), "connections of the old generation still cross");
+    for (i, r) in old.iter().enumerate() {
+        assert_eq!(r, &complete(5 * MIB), "old client {i}: connections of the old generation still cross");
     }
     for r in &new {
         let e = r.as_ref().expect_err("a new-generation connection reaching the unstaged host");

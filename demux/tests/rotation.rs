@@ -25,13 +25,6 @@ fn gens(v: &serde_json::Value) -> (Option<u64>, Option<u64>) {
     (v["key_newest"].as_u64(), v["key_previous"].as_u64())
 }
 
-fn worker_has_cid_lifetime() -> bool {
-    Command::new(worker_bin())
-        .arg("--help")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("--cid-lifetime"))
-}
-
 /// Downloads on fresh connections, each checked; (ok, failures). (Many new
 /// connections a second from one address: the controllers run `--limits off`.)
 struct Downloads {
@@ -92,18 +85,20 @@ impl Downloads {
 /// `--cid-lifetime 2`: a second rotation right after the first is refused with a
 /// clear message; 10 rotations at the fastest allowed pace (retrying until allowed)
 /// under live downloads: 0 failed downloads, 0 Orphan, data plane and controller on
-/// the same generations after every one; `--force` overrides the pacing.
+/// the same generations after every one, and 8 long-lived connections each keep
+/// their one connection through all of them; `--force` overrides the pacing.
 #[test]
 fn ten_rotations_at_the_fastest_allowed_pace_under_live_downloads() {
     let _s = serial();
     let rt = runtime();
     let mut c = Controller::start("rotpace", 2, &["--cid-lifetime", "2", "--limits", "off"]);
     let lost_before = c.reason("Orphan") + c.reason("Departed");
-    // Long-lived connections survive many rotations only when the workers move
-    // them to newest-generation CIDs (`worker --cid-lifetime`); without that flag,
-    // each download is a fresh connection that lives far less than two lifetimes.
-    let long_lived = worker_has_cid_lifetime();
-    let load = long_lived.then(|| Load::start(&rt, c.addr(), &c.cert, 8, "/bytes/4194304"));
+    // Long-lived connections: 8 clients, each on one connection for the whole run
+    // (10 rotations, ≥ 36 s: 18 CID lifetimes), downloading 4 MiB after 4 MiB. They
+    // survive only because the workers move them to newest-generation CIDs
+    // (`worker --cid-lifetime`, which the controller passes).
+    const LONG: usize = 8;
+    let load = Load::start(&rt, c.addr(), &c.cert, LONG, "/bytes/4194304");
     let fresh = Downloads::start(&rt, &c, 4, 1 << 20);
     let started = Instant::now();
     let mut times = Vec::new();
@@ -141,13 +136,21 @@ fn ten_rotations_at_the_fastest_allowed_pace_under_live_downloads() {
         let gap = w[1] - w[0];
         assert!(gap >= Duration::from_millis(3_900) && gap < Duration::from_secs(8), "rotations {gap:?} apart");
     }
+    // The long-lived connections still download after the tenth rotation.
+    load.wait_progress(LONG as u64, Duration::from_secs(60));
     let (ok, failures) = fresh.finish(&rt);
     assert!(failures.is_empty(), "{} failed downloads ({ok} ok): {failures:?}{}", failures.len(), c.logs());
     assert!(ok >= 20, "only {ok} downloads in {:?}", started.elapsed());
-    if let Some(load) = load {
-        let (ok, failed, f) = load.finish(&rt);
-        assert!(failed == 0 && f.is_empty(), "long downloads: {failed} failed ({ok} ok): {f:?}{}", c.logs());
-    }
+    let (connections, retried) =
+        (load.stats.connections.load(Ordering::Relaxed), load.stats.retried.load(Ordering::Relaxed));
+    let (ok, failed, f) = load.finish(&rt);
+    assert!(failed == 0 && f.is_empty(), "long downloads: {failed} failed ({ok} ok): {f:?}{}", c.logs());
+    assert_eq!(
+        (connections, retried),
+        (LONG as u64, 0),
+        "the long-lived clients had to reconnect ({ok} downloads ok){}",
+        c.logs()
+    );
     let lost = c.reason("Orphan") + c.reason("Departed") - lost_before;
     assert_eq!(lost, 0, "connections were orphaned{}", c.logs());
     // --force: allowed at once, and said so.

@@ -2,16 +2,29 @@
 //! `worker` (the overload issue): real ClientHello Initials (quinn-proto clients, one
 //! unique DCID each) from `FLOOD_SOURCES` loopback addresses (127.1.x.y, one socket,
 //! the source address set per datagram with IP_PKTINFO), `FLOOD_PER_SOURCE` each, at
-//! `FLOOD_RATE`/s; the demux runs `--retry off --limits off`, so every Initial is
-//! placed on the worker.
+//! `FLOOD_RATE`/s. The demux runs `--retry off --limits off --pressure-retry-above 0
+//! --pressure-drop-above 0`, so every Initial is placed on the worker, and the
+//! worker's own overload path (a Retry over `--max-handshakes`) answers the flood.
 //!
-//! Asserts (the issue's bounds): the worker's RSS stays under 300 MB; it comes back
-//! within 2× its idle RSS within 30 s after the flood; a legitimate quinn client from
-//! 127.0.0.1, connecting anew every 50 ms during the flood, completes every request,
-//! ≥ 95 % of them with time to first byte (connect + request + response head) ≤ 1 s
-//! (the issue's words; with ≥ 40 requests one lost Initial, which costs quinn's 1 s
-//! first PTO, does not decide it). The measured figures are printed (`--nocapture`).
+//! Asserts: the worker's RSS stays under 300 MB and comes back within 2× its idle RSS
+//! within 30 s after the flood; nothing on the path drops a datagram (the legitimate
+//! client's socket, the data plane's socket, the ring, the worker's sends), the data
+//! plane places every Initial (counted exactly) and the worker receives every datagram
+//! it forwards; a legitimate quinn client from 127.0.0.1, connecting anew every 50 ms
+//! during the flood, completes every request, none of its connections waits for
+//! quinn's Initial probe timeout (PTO, 1 s before any RTT sample: what a lost first
+//! flight costs), and so every time to first byte (connect + request + response head)
+//! is within 1 s. The measured figures are printed (`--nocapture`).
 //! `FLOOD_WORKER_ARGS` adds worker flags.
+//!
+//! Why the pressure thresholds are off: at its handshake cap (256, which the flood
+//! keeps full) the worker admits a Retry-validated client beyond the cap, so its next
+//! `Load` report says 257, above the default `--pressure-retry-above 256`. For that
+//! 250 ms report interval the data plane answers every token-less Initial for the
+//! worker with a Retry, and under `--retry off`, which cannot mint one, drops it
+//! (`retry.dropped`, docs/operations.md "Liveness and pressure"): the legitimate
+//! client's next connection lost its first Initial and waited the 1 s PTO (the ≈ 1 in
+//! 70 slow handshakes of earlier runs of this test, each one in such a window).
 #![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 mod common;
@@ -118,6 +131,67 @@ fn initials(n: usize, server: SocketAddr) -> Vec<Vec<u8>> {
     out
 }
 
+/// quinn-proto's `PTO fired` trace events in this process, by packet-number space
+/// (`Initial`, `Handshake`, `Data`): every quinn connection in it is the legitimate
+/// client's (the flood's Initials come from quinn-proto endpoints that are never
+/// driven).
+#[derive(Clone, Default)]
+struct Ptos(Arc<Mutex<Vec<String>>>);
+
+impl Ptos {
+    fn count(&self, space: &str) -> usize {
+        self.0.lock().expect("lock").iter().filter(|s| *s == space).count()
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Ptos {
+    fn register_callsite(&self, m: &'static tracing::Metadata<'static>) -> tracing::subscriber::Interest {
+        // quinn-proto 0.11 `Connection::on_loss_detection_timeout`:
+        // trace!(in_flight, count, ?space, "PTO fired").
+        let pto = m.is_event() && m.target() == "quinn_proto::connection" && m.fields().field("in_flight").is_some();
+        if pto {
+            tracing::subscriber::Interest::always()
+        } else {
+            tracing::subscriber::Interest::never()
+        }
+    }
+
+    fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        #[derive(Default)]
+        struct Fields {
+            space: String,
+            message: String,
+        }
+        impl tracing::field::Visit for Fields {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                match f.name() {
+                    "space" => self.space = format!("{v:?}"),
+                    "message" => self.message = format!("{v:?}"),
+                    _ => {}
+                }
+            }
+        }
+        let mut f = Fields::default();
+        e.record(&mut f);
+        if f.message == "PTO fired" {
+            self.0.lock().expect("lock").push(f.space);
+        }
+    }
+}
+
+/// Datagrams the kernel dropped on the UDP socket bound to 127.0.0.1:`port` (`ss -m`,
+/// skmem `d`: receive-queue overflows and other receive drops).
+fn socket_drops(port: u16) -> u64 {
+    let out = Command::new("ss")
+        .args(["-u", "-a", "-n", "-m", "-H", &format!("sport = :{port}")])
+        .output()
+        .expect("ss (iproute2) to read the client socket's drop counter");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let d = text.split(['(', ')', ',']).filter_map(|f| f.strip_prefix('d')?.parse::<u64>().ok()).collect::<Vec<_>>();
+    assert_eq!(d.len(), 1, "one socket on port {port}: {text}");
+    d[0]
+}
+
 #[derive(Debug, Default)]
 struct Legit {
     ok: u64,
@@ -141,7 +215,7 @@ fn initial_flood_is_bounded_and_memory_returns() {
         (dir.join("d.sock"), dir.join("c.sock"), dir.join("ready"), dir.join("demux.log"));
     let mut cmd = Command::new(&demux);
     cmd.args(["dataplane", "--listen", "127.0.0.1:0", "--cores", "0", "--io", "mmsg", "--retry", "off"]);
-    cmd.args(["--limits", "off"]);
+    cmd.args(["--limits", "off", "--pressure-retry-above", "0", "--pressure-drop-above", "0"]);
     let mut d = testkit::bin::dataplane_files(&mut cmd, &keys, &data, &control, &ready)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&dlog).expect("log"))
@@ -175,6 +249,12 @@ fn initial_flood_is_bounded_and_memory_returns() {
     let wpid = w.id();
     let mut w = Kill(w);
 
+    let ptos = Ptos::default();
+    {
+        use tracing_subscriber::layer::SubscriberExt;
+        let subscriber = tracing_subscriber::registry().with(ptos.clone());
+        tracing::subscriber::set_global_default(subscriber).expect("the PTO counter is the only subscriber");
+    }
     let t0 = Instant::now();
     let dgrams = Arc::new(initials(sources * per_source, addr));
     println!("generated {} Initials ({} bytes each) in {:?}", dgrams.len(), dgrams[0].len(), t0.elapsed());
@@ -239,8 +319,14 @@ fn initial_flood_is_bounded_and_memory_returns() {
 
     // The legitimate client during the flood.
     let legit = Arc::new(Mutex::new(Legit::default()));
+    let ep = {
+        let _g = rt.enter();
+        client_endpoint(&c)
+    };
+    let client_port = ep.local_addr().expect("client address").port();
+    let client_drops_before = socket_drops(client_port);
+    let ptos_before = (ptos.count("Initial"), ptos.count("Handshake"), ptos.count("Data"));
     rt.block_on(async {
-        let ep = client_endpoint(&c);
         while flooding.load(Ordering::Relaxed) {
             let started = Instant::now();
             let r = tokio::time::timeout(Duration::from_secs(10), async {
@@ -267,6 +353,10 @@ fn initial_flood_is_bounded_and_memory_returns() {
         }
     });
     let (sent, errors, took) = flood.join().expect("flood thread");
+    let client_drops = socket_drops(client_port) - client_drops_before;
+    let initial_ptos = ptos.count("Initial") - ptos_before.0;
+    let later_ptos = (ptos.count("Handshake") - ptos_before.1, ptos.count("Data") - ptos_before.2);
+    drop(ep);
     let flood_end = Instant::now();
     let cpu_flood = cpu_ticks(wpid) - cpu0;
     let peak_during = peak.load(Ordering::Relaxed);
@@ -305,7 +395,8 @@ fn initial_flood_is_bounded_and_memory_returns() {
         "flood: {sent} sent ({errors} errors) from {sources} sources × {per_source} in {took:?} ({rate}/s); \
          worker CPU during it {} ms\n\
          worker RSS: idle {} MiB, peak during flood {} MiB, peak overall {} MiB, back ≤ 2× idle after {:?} (last {} MiB)\n\
-         legit client: {} ok, {} failed, TTFB ms {:?} (max {max_ttfb})\n{exit}\ndemux: reasons {} socket drops {} \
+         legit client: {} ok, {} failed, TTFB ms {:?} (max {max_ttfb}); PTOs: {initial_ptos} Initial, \
+         {} Handshake, {} Data; its socket dropped {client_drops}\n{exit}\ndemux: reasons {} socket drops {} \
          instances {}",
         cpu_flood * 10,
         idle / 1024,
@@ -316,6 +407,8 @@ fn initial_flood_is_bounded_and_memory_returns() {
         l.ok,
         l.failed,
         l.ttfb_ms,
+        later_ptos.0,
+        later_ptos.1,
         status["reasons"],
         status["socket_drops"],
         status["instances"],
@@ -329,26 +422,26 @@ fn initial_flood_is_bounded_and_memory_returns() {
     assert!(peak_all < 300 * 1024, "worker RSS peaked at {} MiB (bound 300 MiB)", peak_all / 1024);
     assert!(back_after.is_some(), "RSS {} MiB 30 s after the flood, idle {} MiB", last / 1024, idle / 1024);
     assert!(l.ok > 0 && l.failed == 0, "legit client: {} ok, {} failed: {:?}", l.ok, l.failed, l.errors);
-    let within = l.ttfb_ms.iter().filter(|&&t| t <= 1000).count();
-    assert!(l.ttfb_ms.len() >= 20, "too few legitimate requests to judge: {:?}", l.ttfb_ms);
-    assert!(
-        within * 100 >= 95 * l.ttfb_ms.len(),
-        "legit client: {within} of {} requests with TTFB ≤ 1 s (bound 95 %; max {max_ttfb} ms): {:?}",
-        l.ttfb_ms.len(),
-        l.ttfb_ms
-    );
 
-    // Every Initial is accounted for, by the data plane: each flood Initial (a fresh
-    // DCID) and each legitimate connection's first Initial (the warm-up and one per
-    // attempt; a retransmitted first Initial counts again, so at most three each) is
-    // Placed, refused by reason (`refused`: rate, handshakes, overloaded under worker
-    // pressure), answered with a Retry or counted as a Retry not sent (`retry`),
-    // dropped for want of an instance (`NoInstance`), or dropped by the kernel on the
-    // data plane's socket before a shard read it (`socket_drops`: the shard fell
-    // behind). Nothing else.
     let n =
         |p: &str| status.pointer(p).and_then(serde_json::Value::as_u64).unwrap_or_else(|| panic!("{p} in {status}"));
+    let stat = |k: &str| exit_stat(&log, k).unwrap_or_else(|| panic!("{k} in {exit}"));
     let legit_conns = 1 + l.ok + l.failed;
+    // Nothing on the path dropped a datagram: the legitimate client's socket, the data
+    // plane's socket (the shard kept up), the worker's ring, the worker's sends.
+    let drops = [
+        ("legit client socket", client_drops),
+        ("data plane socket", n("/socket_drops")),
+        ("ring (drops_full)", n("/instances/0/drops_full")),
+        ("worker sends", stat("udp_errors")),
+    ];
+    assert!(drops.iter().all(|d| d.1 == 0), "datagrams dropped on the path: {drops:?}");
+    // Every Initial is accounted for, by the data plane: each flood Initial (a fresh
+    // DCID) and each legitimate connection's first Initial (the warm-up and one per
+    // attempt) is Placed, exactly once (a first Initial sent again would be Pinned);
+    // nothing is refused by reason (`refused`: rate, handshakes, overloaded under
+    // worker pressure), answered with a Retry or counted as a Retry not sent
+    // (`retry`), or dropped for want of an instance (`NoInstance`).
     let by_reason = [
         "/reasons/Placed",
         "/reasons/Pinned",
@@ -364,17 +457,35 @@ fn initial_flood_is_bounded_and_memory_returns() {
     let accounted: u64 = by_reason.iter().map(|p| n(p)).sum();
     let shown: Vec<String> = by_reason.iter().map(|p| format!("{p}={}", n(p))).collect();
     println!("accounted: {accounted} = {}", shown.join(" "));
-    assert!(
-        (sent + legit_conns..=sent + 3 * legit_conns).contains(&accounted),
-        "{accounted} Initials accounted for, {sent} flood Initials + {legit_conns} legitimate connections sent: {shown:?}"
+    assert_eq!(
+        (n("/reasons/Placed"), accounted),
+        (sent + legit_conns, sent + legit_conns),
+        "{sent} flood Initials + {legit_conns} legitimate connections' first Initials: {shown:?}"
     );
     for r in ["/reasons/NotQuic", "/reasons/VersionNegotiation"] {
         assert_eq!(n(r), 0, "{r}: {}", status["reasons"]);
     }
+    // Every datagram routed to the one instance was forwarded to it and read by the
+    // worker: one frame per datagram, or per GRO train (the legitimate client's GSO
+    // bursts; `trains_in`, each of 2 to 64 datagrams).
+    let routed = n("/reasons/Placed") + n("/reasons/Owner") + n("/reasons/Pinned");
+    let (forwarded, read, trains) = (n("/instances/0/datagrams"), stat("frames"), n("/trains_in"));
+    assert_eq!(forwarded, routed, "routed to the worker but not forwarded: {}", status["instances"]);
+    assert!(
+        read <= forwarded && (trains..=63 * trains).contains(&(forwarded - read)),
+        "{forwarded} datagrams forwarded ({trains} GRO trains), {read} frames read by the worker: {exit}"
+    );
+    // So no legitimate connection lost its first flight: none waited quinn's Initial
+    // PTO (1 s), and every request had its response head within 1 s.
+    assert_eq!(initial_ptos, 0, "legitimate connections waited the 1 s Initial PTO; TTFB ms {:?}", l.ttfb_ms);
+    assert!(
+        max_ttfb <= 1000,
+        "legit client: TTFB up to {max_ttfb} ms without a lost first flight (queueing: RSS, CPU above): {:?}",
+        l.ttfb_ms
+    );
     // The worker: each placed flood Initial became an `Incoming` that was retried
     // (over --max-handshakes), refused or ignored, or accepted and then timed out
     // (its client never answers); the legitimate ones completed.
-    let stat = |k: &str| exit_stat(&log, k).unwrap_or_else(|| panic!("{k} in {exit}"));
     let answered = stat("overload_retries") + stat("overload_ignored") + stat("refused") + stat("handshake_timeouts");
     let placed = n("/reasons/Placed");
     assert!(answered + 3 * legit_conns >= placed, "the worker answered {answered} of {placed} placed Initials: {exit}");
