@@ -526,7 +526,11 @@ fn each_decoder_refuses_every_other_conversations_tags() {
                 let e = decode(&rec);
                 match owner {
                     Some(o) if o != conv => {
-                        assert_eq!(e, Some(WireError::WrongConversation { tag, belongs_to: o }), "{conv:?} tag {tag:#x}")
+                        assert_eq!(
+                            e,
+                            Some(WireError::WrongConversation { tag, belongs_to: o }),
+                            "{conv:?} tag {tag:#x}"
+                        )
                     }
                     None if tag != ERROR => assert_eq!(e, Some(WireError::UnknownMessage(tag)), "{conv:?} {tag:#x}"),
                     _ => assert!(
@@ -812,8 +816,8 @@ fn control_reserved_values() {
     assert_eq!(dec(&base[..5]), Err(WireError::Truncated));
     assert_eq!(dec(&base[..4]), Err(WireError::Truncated));
     // Sockets: family 4 or 6, v4 padding zero, at most MAX_SOCKETS.
-    let s = Registration::Sockets { addrs: vec![SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), 443)] }
-        .to_record();
+    let s =
+        Registration::Sockets { addrs: vec![SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), 443)] }.to_record();
     assert_eq!(s.len(), 3 + 1 + 1 + 16 + 2);
     for fam in [0u8, 5, 10, 46] {
         let mut b = s.clone();

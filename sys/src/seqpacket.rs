@@ -332,10 +332,7 @@ impl<'fd, M: Message> Channel<'fd, M> {
     /// [`Channel::send_with_fds`] on raw descriptors (an invalid one fails with EBADF).
     pub fn send_with_raw_fds(&self, m: &M, fds: &[RawFd]) -> io::Result<()> {
         if !fds.is_empty() && !m.carries_fds() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{} carries no descriptors", m.name()),
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} carries no descriptors", m.name())));
         }
         send_record_raw(self.fd.as_raw_fd(), &m.to_record(), fds, self.flags).map(drop)
     }
@@ -488,7 +485,9 @@ mod tests {
         }
         // Error is every conversation's.
         Channel::<Registration>::new(a.as_fd()).send(&Registration::Error { reason: "no".into() }).unwrap();
-        assert!(matches!(rx.recv(&mut buf).unwrap(), Incoming::Message { msg: Data::Error { reason }, .. } if reason == "no"));
+        assert!(
+            matches!(rx.recv(&mut buf).unwrap(), Incoming::Message { msg: Data::Error { reason }, .. } if reason == "no")
+        );
         // Too long for the buffer; then nothing waiting; then closed.
         tx.send(&Data::Error { reason: "x".repeat(100) }).unwrap();
         assert!(matches!(rx.recv(&mut buf[..20]).unwrap(), Incoming::TooLong));

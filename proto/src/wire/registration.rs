@@ -122,4 +122,3 @@ impl Message for Registration {
         Registration::Error { reason }
     }
 }
-
