@@ -2,21 +2,20 @@
 
 use crate::cli::DataplaneArgs;
 use crate::load::{flow_payloads, flow_sockets, FLOWS, LOOPBACK_ANY, SETTLE};
-use crate::sys::{
-    cpu_model, drain_count, pin, schedstat_ns, seqpacket_connect, set_rcvtimeo, Perf, Schedstat, DRAIN_MSG_LEN,
-};
+use crate::sys::{cpu_model, drain_count, pin, schedstat_ns, Perf, Schedstat, DRAIN_MSG_LEN};
 use anyhow::{bail, Context, Result};
 use proto::keyfile::KeyFile;
-use proto::wire::{decode_control, encode_control, Control};
+use proto::wire::{Admin, Data, Message};
 use proto::ServerId;
 use serde_json::Value;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use sys::seqpacket::{Channel, Incoming};
 
 pub(crate) const DATAGRAM: usize = 1200;
 pub(crate) const SINKS: u16 = 2;
@@ -183,31 +182,24 @@ pub(crate) fn wait_placeable(d: &Demux, n: usize, timeout: Duration, err: &str) 
     Ok(())
 }
 
-pub(crate) fn send_rec(fd: RawFd, m: &Control) -> Result<()> {
-    let rec = encode_control(m);
-    // SAFETY: sends from a live buffer.
-    if unsafe { libc::send(fd, rec.as_ptr().cast(), rec.len(), libc::MSG_NOSIGNAL) } < 0 {
-        bail!("send: {}", std::io::Error::last_os_error());
-    }
-    Ok(())
+pub(crate) fn send_rec<M: Message>(fd: BorrowedFd<'_>, m: &M) -> Result<()> {
+    Channel::new(fd).send(m).context("send")
 }
 
-pub(crate) fn recv_rec(fd: RawFd, buf: &mut [u8]) -> Result<Control> {
-    // SAFETY: receives into a live buffer; fds passed along are not requested
-    // (no control buffer), so the kernel closes them.
-    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
-    if n <= 0 {
-        bail!("recv: {}", std::io::Error::last_os_error());
+/// One message of conversation `M` (descriptors that came with it are closed).
+pub(crate) fn recv_rec<M: Message + std::fmt::Debug>(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Result<M> {
+    match Channel::new(fd).recv(buf).context("recv")? {
+        Incoming::Message { msg, .. } => Ok(msg),
+        other => bail!("recv: {other:?}"),
     }
-    decode_control(&buf[..n as usize]).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 pub(crate) fn status(d: &Demux) -> Result<Value> {
-    let fd = seqpacket_connect(&d.control)?;
-    send_rec(fd.as_raw_fd(), &Control::StatusRequest)?;
+    let fd = sys::seqpacket::connect(&d.control)?;
+    send_rec(fd.as_fd(), &Admin::StatusRequest)?;
     let mut buf = vec![0u8; 128 * 1024];
-    match recv_rec(fd.as_raw_fd(), &mut buf)? {
-        Control::Status { json } => Ok(serde_json::from_str(&json)?),
+    match recv_rec(fd.as_fd(), &mut buf)? {
+        Admin::Status { json } => Ok(serde_json::from_str(&json)?),
         other => bail!("unexpected {other:?}"),
     }
 }
@@ -215,14 +207,15 @@ pub(crate) fn status(d: &Demux) -> Result<Value> {
 /// A data connection to the demux as server id `id`: DataHello (DataHelloV2 with
 /// CAP_RINGS when `rings`), then the demux's Sockets record, received into `buf`.
 pub(crate) fn data_hello(d: &Demux, id: u16, rings: bool, buf: &mut [u8]) -> Result<OwnedFd> {
-    let fd = seqpacket_connect(&d.data)?;
+    let fd = sys::seqpacket::connect(&d.data)?;
     if rings {
-        send_rec(fd.as_raw_fd(), &Control::DataHelloV2 { server_id: ServerId(id), caps: proto::wire::CAP_RINGS })?;
+        let caps = proto::wire::data::CAP_RINGS;
+        send_rec(fd.as_fd(), &Data::DataHelloV2 { server_id: ServerId(id), caps })?;
     } else {
-        send_rec(fd.as_raw_fd(), &Control::DataHello { server_id: ServerId(id) })?;
+        send_rec(fd.as_fd(), &Data::DataHello { server_id: ServerId(id) })?;
     }
-    match recv_rec(fd.as_raw_fd(), buf)? {
-        Control::Sockets { .. } => Ok(fd),
+    match recv_rec(fd.as_fd(), buf)? {
+        Data::Sockets { .. } => Ok(fd),
         other => bail!("expected Sockets, got {other:?}"),
     }
 }
@@ -242,19 +235,20 @@ pub(crate) fn sink(
     let fd = data_hello(d, id, d.rings, &mut buf)?;
     let mut rings = Vec::new();
     if d.rings {
-        use std::os::fd::AsFd;
-        let r = worker::fdpass::recv_record(fd.as_fd(), &mut buf, 0)?;
-        let Ok(Control::Rings { count, bytes }) = decode_control(&buf[..r.len]) else { bail!("expected Rings") };
-        if count == 0 || r.fds.len() != 2 * usize::from(count) {
-            bail!("Rings: {count} rings, {} fds", r.fds.len());
+        let Incoming::Message { msg: Data::Rings { count, bytes }, fds } = Channel::new(fd.as_fd()).recv(&mut buf)?
+        else {
+            bail!("expected Rings")
+        };
+        if count == 0 || fds.len() != 2 * usize::from(count) {
+            bail!("Rings: {count} rings, {} fds", fds.len());
         }
-        let mut fds = r.fds.into_iter();
+        let mut fds = fds.into_iter();
         while let (Some(m), Some(e)) = (fds.next(), fds.next()) {
             rings.push(worker::ring::Consumer::open(m, e, bytes)?);
         }
     }
-    send_rec(fd.as_raw_fd(), &Control::Ready)?;
-    set_rcvtimeo(fd.as_raw_fd(), SINK_RCVTIMEO);
+    send_rec(fd.as_fd(), &Data::Ready)?;
+    let _ = sys::sockopt::set_recv_timeout(fd.as_raw_fd(), Some(SINK_RCVTIMEO));
     Ok(std::thread::spawn(move || {
         pin(core);
         let mut data = vec![0u8; DRAIN_MSG_LEN];

@@ -28,11 +28,13 @@ use crate::dataplane::{
 };
 use crate::load::{flow_payloads, flow_sockets, DCID, FLOWS, LOOPBACK_ANY, SETTLE};
 use crate::report::{command_output, fixed, loadavg, loadavg_now, median, replace_block, thousands};
-use crate::sys::{cpu_model, pin, schedstat_ns, set_rcvtimeo, Schedstat};
+use crate::sys::{cpu_model, pin, schedstat_ns, Schedstat};
 use anyhow::{bail, Context, Result};
 use proto::cid::KeySet;
 use proto::keyfile::KeyFile;
-use proto::wire::{decode_control, Control, CAP_FAST_PATH, CAP_RINGS, FRAME_HEADER_LEN};
+use proto::wire::data::{CAP_FAST_PATH, CAP_RINGS};
+use proto::wire::frame::HEADER_LEN as FRAME_HEADER_LEN;
+use proto::wire::Data;
 use proto::ServerId;
 use serde_json::{json, Value};
 use std::fmt::Write as _;
@@ -45,6 +47,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use sys::seqpacket::{Channel, Incoming};
 
 /// The sink's server id.
 const SINK_ID: u16 = 7;
@@ -179,12 +182,12 @@ impl Sink {
             };
             match src {
                 Source::Udp(u) => {
-                    set_rcvtimeo(u.as_raw_fd(), SINK_RCVTIMEO);
+                    let _ = sys::sockopt::set_recv_timeout(u.as_raw_fd(), Some(SINK_RCVTIMEO));
                     recv_loop(u.as_raw_fd(), 0, &st, &mut out);
                 }
                 Source::Seqpacket => {
                     let fd = conn.as_ref().expect("data connection").as_raw_fd();
-                    set_rcvtimeo(fd, SINK_RCVTIMEO);
+                    let _ = sys::sockopt::set_recv_timeout(fd, Some(SINK_RCVTIMEO));
                     recv_loop(fd, FRAME_HEADER_LEN, &st, &mut out);
                 }
                 Source::Rings(rings) => {
@@ -321,21 +324,23 @@ fn start_demux(bin: &Path, kind: &str, core: usize, extra: &[&str]) -> Result<De
 /// The sink's data connection: DataHelloV2 with `caps`, then Sockets, FastSockets
 /// (with CAP_FAST_PATH: the fast socket, returned) and Rings (consumers, returned).
 fn hello(d: &Demux, caps: u32) -> Result<(OwnedFd, Option<UdpSocket>, Vec<worker::ring::Consumer>)> {
-    let fd = crate::sys::seqpacket_connect(&d.data)?;
-    send_rec(fd.as_raw_fd(), &Control::DataHelloV2 { server_id: ServerId(SINK_ID), caps })?;
+    let fd = sys::seqpacket::connect(&d.data)?;
+    send_rec(fd.as_fd(), &Data::DataHelloV2 { server_id: ServerId(SINK_ID), caps })?;
     let mut buf = vec![0u8; 4096];
-    let next = |buf: &mut Vec<u8>| -> Result<(Control, Vec<OwnedFd>)> {
-        let r = worker::fdpass::recv_record(fd.as_fd(), buf, 0)?;
-        Ok((decode_control(&buf[..r.len]).map_err(|e| anyhow::anyhow!("{e}"))?, r.fds))
+    let next = |buf: &mut Vec<u8>| -> Result<(Data, Vec<OwnedFd>)> {
+        match Channel::<Data>::new(fd.as_fd()).recv(buf)? {
+            Incoming::Message { msg, fds } => Ok((msg, fds)),
+            other => bail!("{other:?}"),
+        }
     };
     let (m, _shared) = next(&mut buf)?;
-    if !matches!(m, Control::Sockets { .. }) {
+    if !matches!(m, Data::Sockets { .. }) {
         bail!("expected Sockets, got {m:?}");
     }
     let mut fast = None;
     if caps & CAP_FAST_PATH != 0 {
         let (m, fds) = next(&mut buf)?;
-        let Control::FastSockets { addrs } = m else { bail!("expected FastSockets, got {m:?}") };
+        let Data::FastSockets { addrs } = m else { bail!("expected FastSockets, got {m:?}") };
         if addrs.len() != 1 || fds.len() != 1 {
             bail!("FastSockets: {} addresses, {} fds", addrs.len(), fds.len());
         }
@@ -346,7 +351,7 @@ fn hello(d: &Demux, caps: u32) -> Result<(OwnedFd, Option<UdpSocket>, Vec<worker
         }
     }
     let (m, fds) = next(&mut buf)?;
-    let Control::Rings { count, bytes } = m else { bail!("expected Rings, got {m:?}") };
+    let Data::Rings { count, bytes } = m else { bail!("expected Rings, got {m:?}") };
     if fds.len() != 2 * usize::from(count) {
         bail!("Rings: {count} rings, {} fds", fds.len());
     }
@@ -355,7 +360,7 @@ fn hello(d: &Demux, caps: u32) -> Result<(OwnedFd, Option<UdpSocket>, Vec<worker
     while let (Some(m), Some(e)) = (fds.next(), fds.next()) {
         rings.push(worker::ring::Consumer::open(m, e, bytes)?);
     }
-    send_rec(fd.as_raw_fd(), &Control::Ready)?;
+    send_rec(fd.as_fd(), &Data::Ready)?;
     Ok((fd, fast, rings))
 }
 

@@ -16,10 +16,9 @@
 //! it and reads them while they run; they are simply killed at the end.
 
 use crate::cli::{BaselineArgs, FloorArgs, RetryFloorArgs, ServerArgs};
-use crate::sys::seqpacket_connect;
 use anyhow::{bail, Context, Result};
 use proto::keyfile::KeyFile;
-use proto::wire::{encode_frame_header, FrameMeta, FRAME_HEADER_LEN};
+use proto::wire::frame::{self, FrameMeta, HEADER_LEN as FRAME_HEADER_LEN};
 use std::mem::{size_of, zeroed};
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -235,7 +234,7 @@ pub fn baseline(a: BaselineArgs) -> Result<()> {
     let keys = KeyFile::parse(&std::fs::read_to_string(&a.keys)?)?.key_set().map_err(|e| anyhow::anyhow!("{e:?}"))?;
     let mut table: Vec<Option<OwnedFd>> = Vec::new();
     for (id, p) in &a.workers {
-        let fd = seqpacket_connect(p)?;
+        let fd = sys::seqpacket::connect(p)?;
         // The send buffer the demux gives its data connections (4 MiB).
         let _ = setsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 4 << 20);
         let i = usize::from(*id);
@@ -285,7 +284,7 @@ pub fn baseline(a: BaselineArgs) -> Result<()> {
         };
         let meta = FrameMeta { client, local: None, ecn: 0, segment_size: None };
         let mut h = [0u8; FRAME_HEADER_LEN];
-        encode_frame_header(&meta, &mut h);
+        frame::encode_header(&meta, &mut h);
         buf[..FRAME_HEADER_LEN].copy_from_slice(&h);
         // SAFETY: sends from a live buffer.
         let r = unsafe {

@@ -1,10 +1,9 @@
-//! Linux pieces both benches use: pinning, AF_UNIX SEQPACKET sockets, receive
-//! timeouts, a recvmmsg drain loop, /proc figures and `BENCH_PERF` profiles.
+//! Linux pieces the benches use beyond the `sys` crate: pinning, a recvmmsg drain
+//! loop, /proc figures and `BENCH_PERF` profiles.
 
 use anyhow::{Context, Result};
 use std::mem::zeroed;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -14,26 +13,6 @@ pub(crate) fn pin(core: usize) {
     let _ = core_affinity::set_for_current(core_affinity::CoreId { id: core });
 }
 
-/// SO_RCVTIMEO: a blocking receive on `fd` returns after `t` without data (so a
-/// loop sees its stop flag).
-pub(crate) fn set_rcvtimeo(fd: RawFd, t: Duration) {
-    let _ = sys::sockopt::set_recv_timeout(fd, Some(t));
-}
-
-/// A SEQPACKET connection to the listener at `path`.
-pub(crate) fn seqpacket_connect(path: &Path) -> Result<OwnedFd> {
-    Ok(sys::seqpacket::connect(path)?)
-}
-
-/// A SEQPACKET listener at `path` (replacing a stale one) with a backlog of
-/// `backlog`; accept waits at most `accept_timeout`.
-pub(crate) fn seqpacket_listen(path: &Path, backlog: i32, accept_timeout: Duration) -> Result<OwnedFd> {
-    let _ = std::fs::remove_file(path);
-    let fd = sys::seqpacket::listen(path, backlog)?;
-    set_rcvtimeo(fd.as_raw_fd(), accept_timeout);
-    Ok(fd)
-}
-
 /// Messages per recvmmsg in a drain loop.
 const DRAIN_BATCH: usize = 64;
 /// Bytes per message buffer: a 64 KiB GRO train plus a frame header.
@@ -41,7 +20,7 @@ pub(crate) const DRAIN_MSG_LEN: usize = 65_536 + 64;
 
 /// recvmmsg (up to `DRAIN_BATCH`, MSG_WAITFORONE) on `fd` and add the messages to
 /// `count` until `stop` is set or the peer closes; `fd` should have a receive
-/// timeout (`set_rcvtimeo`) so that `stop` is seen.
+/// timeout (SO_RCVTIMEO) so that `stop` is seen.
 pub(crate) fn drain_count(fd: RawFd, stop: &AtomicBool, count: &AtomicU64) {
     let mut data = vec![0u8; DRAIN_BATCH * DRAIN_MSG_LEN];
     let mut iovs: Vec<libc::iovec> = (0..DRAIN_BATCH)

@@ -90,7 +90,7 @@ impl Shard {
         let (mut conns, mut workers) = (Vec::new(), Vec::new());
         for (slot, info) in ids.iter().enumerate() {
             let (ours, theirs) = socketpair();
-            demux::seqpacket::set_sndbuf(ours.as_raw_fd(), DATA_SNDBUF);
+            sys::sockopt::set_send_buffer(ours.as_raw_fd(), DATA_SNDBUF as usize);
             conns.push(Arc::new(DataConn { fd: ours, server_id: info.server_id.0, slot, rings: Vec::new() }));
             workers.push(theirs);
         }
@@ -259,7 +259,7 @@ fn benches<M: Clock>(c: &mut Criterion<M>, p: &str) {
     let consumer =
         worker::ring::Consumer::open(m.try_clone_to_owned().unwrap(), e.try_clone_to_owned().unwrap(), 1 << 20)
             .unwrap();
-    let hdr = [0u8; proto::wire::FRAME_HEADER_LEN];
+    let hdr = [0u8; proto::wire::frame::HEADER_LEN];
     let mut out = vec![0u8; 1 << 16];
     let mut full = 0u64;
     g.bench_function("ring_push", |b| {
@@ -277,10 +277,10 @@ fn benches<M: Clock>(c: &mut Criterion<M>, p: &str) {
     // whole record copied into the buffer, decoded there and the payload moved to the
     // front (the two copies it did before). The producer refills 512 frames untimed.
     while consumer.pop(&mut out).unwrap().is_some() {}
-    let mut fh = [0u8; proto::wire::FRAME_HEADER_LEN];
+    let mut fh = [0u8; proto::wire::frame::HEADER_LEN];
     let client = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)), 4433);
-    let meta = proto::wire::FrameMeta { client, local: None, ecn: 0, segment_size: None };
-    proto::wire::encode_frame_header(&meta, &mut fh);
+    let meta = proto::wire::frame::FrameMeta { client, local: None, ecn: 0, segment_size: None };
+    proto::wire::frame::encode_header(&meta, &mut fh);
     let mut drain = vec![0u8; 1 << 16];
     let mut refill = |_: &mut u64| {
         while consumer.pop(&mut drain).unwrap().is_some() {}
@@ -308,9 +308,9 @@ fn benches<M: Clock>(c: &mut Criterion<M>, p: &str) {
             refill(&mut moved);
             let routine = |n: &mut u64| {
                 if let Ok(Some(len)) = consumer.pop(&mut quinn_buf) {
-                    if let Ok((_, p)) = proto::wire::decode_frame(&quinn_buf[..len]) {
+                    if let Ok((_, p)) = proto::wire::frame::decode(&quinn_buf[..len]) {
                         let plen = p.len();
-                        quinn_buf.copy_within(proto::wire::FRAME_HEADER_LEN..len, 0);
+                        quinn_buf.copy_within(proto::wire::frame::HEADER_LEN..len, 0);
                         *n += black_box(plen) as u64;
                     }
                 }

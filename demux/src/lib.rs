@@ -5,9 +5,8 @@
 
 pub mod accept_guard;
 pub mod cli;
+pub mod control_server;
 pub mod controller;
 pub mod dataplane;
 pub mod operator;
-pub mod seqpacket;
-pub mod sys;
 pub mod trust;

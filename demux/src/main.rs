@@ -23,9 +23,9 @@ fn main() {
         Some(Command::Status { state_dir, json }) => controller::client::status(&state_dir, json),
         Some(Command::RotateKeys { state_dir, prf, force, stage, activate, from }) => {
             let phase = match (stage, activate) {
-                (true, _) => proto::wire::RotatePhase::Stage,
-                (_, true) => proto::wire::RotatePhase::Activate,
-                _ => proto::wire::RotatePhase::Rotate,
+                (true, _) => proto::wire::admin::RotatePhase::Stage,
+                (_, true) => proto::wire::admin::RotatePhase::Activate,
+                _ => proto::wire::admin::RotatePhase::Rotate,
             };
             controller::client::rotate_keys(&state_dir, prf, force, phase, from.as_deref())
         }

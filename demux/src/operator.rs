@@ -1,10 +1,9 @@
 //! Operator commands that talk to no controller: `gen-keys` and `lb-status`.
 
 use crate::dataplane::status;
-use crate::sys;
 use anyhow::{bail, Context, Result};
 use proto::keyfile::KeyFile;
-use proto::wire::Control;
+use proto::wire::Admin;
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
@@ -30,10 +29,10 @@ pub fn gen_keys(out: &Path, force: bool) -> Result<()> {
 
 /// `demux lb-status`: the data plane's status over its control socket.
 pub fn lb_status(path: &Path, json: bool) -> Result<()> {
-    let reply = ::sys::control::request(path, &[&Control::StatusRequest])
+    let reply = sys::control::request(path, &[&Admin::StatusRequest])
         .with_context(|| format!("the data plane did not answer on {}", path.display()))?;
     match reply.msg {
-        Control::Status { json: text } => {
+        Admin::Status { json: text } => {
             if json {
                 println!("{text}");
             } else {
@@ -41,7 +40,7 @@ pub fn lb_status(path: &Path, json: bool) -> Result<()> {
             }
             Ok(())
         }
-        Control::Error { reason } => bail!("data plane refused: {reason}"),
+        Admin::Error { reason } => bail!("data plane refused: {reason}"),
         _ => bail!("unexpected reply to StatusRequest"),
     }
 }

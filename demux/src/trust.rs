@@ -1,7 +1,7 @@
 //! Who may talk to which Unix socket (docs/operations.md "Trust model").
 //!
 //! File modes are only the first barrier: every accepted connection is checked
-//! against the peer's kernel credentials (SO_PEERCRED, [`crate::sys::peer_cred`])
+//! against the peer's kernel credentials (SO_PEERCRED, `sys::sockopt::peer_cred`)
 //! right after accept, and the controller checks each message kind again
 //! (`controller/trust.rs`). A refusal is `Error{reason}`, then close; refusals are
 //! counted and logged at most once per [`LOG_INTERVAL`] (an attacker cannot flood
@@ -10,15 +10,14 @@
 //! `--worker-user NAME`: [`WorkerUser`] is resolved before any fork; the spawned
 //! worker drops to it between fork and exec ([`WorkerUser::drop_privileges`]).
 
-use crate::seqpacket;
-use crate::sys;
 use anyhow::{bail, Context, Result};
-use proto::wire::{encode_control, Control};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use proto::wire::Message;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use sys::seqpacket::Channel;
 
 /// At most one refusal log line per interval (the others are counted in it).
 pub const LOG_INTERVAL: Duration = Duration::from_secs(10);
@@ -156,10 +155,10 @@ pub fn note_refusal(socket: &str, cred: Option<&libc::ucred>, why: Refusal, reas
     );
 }
 
-/// Sends `Error{reason}` without blocking (best effort); the caller closes.
-pub fn send_error(fd: RawFd, reason: &str) {
-    let rec = encode_control(&Control::Error { reason: reason.to_string() });
-    let _ = seqpacket::send(fd, &rec, &[], libc::MSG_DONTWAIT);
+/// Sends `Error{reason}` of conversation `M` without blocking (best effort); the
+/// caller closes.
+pub fn send_error<M: Message>(fd: BorrowedFd<'_>, reason: &str) {
+    let _ = Channel::<M>::new(fd).dont_wait().send(&M::error(reason.to_string()));
 }
 
 /// Reads and drops what the peer already sent (a few records at most, without
@@ -176,15 +175,16 @@ fn discard_pending(fd: RawFd) {
     }
 }
 
-/// The check right after accept: whether the peer's uid is allowed on `socket`.
-/// A refused peer gets `Error{reason}`; the caller drops `fd` (closing it).
-pub fn admit(fd: &OwnedFd, socket: &str, policy: &PeerPolicy) -> bool {
-    let (cred, why, reason) = match sys::peer_cred(fd.as_raw_fd()) {
+/// The check right after accept: whether the peer's uid is allowed on `socket`, which
+/// carries conversation `M`. A refused peer gets `Error{reason}`; the caller drops
+/// `fd` (closing it).
+pub fn admit<M: Message>(fd: &OwnedFd, socket: &str, policy: &PeerPolicy) -> bool {
+    let (cred, why, reason) = match sys::sockopt::peer_cred(fd.as_raw_fd()) {
         Ok(c) if policy.allows(&c) => return true,
         Ok(c) => (Some(c), Refusal::WrongUid, format!("{socket}: uid {} is not allowed to connect", c.uid)),
         Err(e) => (None, Refusal::NoCredentials, format!("{socket}: no peer credentials ({e})")),
     };
-    send_error(fd.as_raw_fd(), &reason);
+    send_error::<M>(fd.as_fd(), &reason);
     discard_pending(fd.as_raw_fd());
     note_refusal(socket, cred.as_ref(), why, &reason);
     false
@@ -270,7 +270,7 @@ mod tests {
         assert_eq!(unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, sv.as_mut_ptr()) }, 0);
         let a = sys::owned(sv[0]).unwrap();
         let _b = sys::owned(sv[1]).unwrap();
-        let c = sys::peer_cred(a.as_raw_fd()).unwrap();
+        let c = sys::sockopt::peer_cred(a.as_raw_fd()).unwrap();
         assert_eq!((c.pid as u32, c.uid), (std::process::id(), euid()));
     }
 

@@ -51,15 +51,15 @@ fn scale_out_new_worker_gets_only_new_connections_after_ready() {
 
     // A registered instance that is live but never says Ready receives nothing, even
     // while new connections arrive (a minimal worker speaking the protocol by hand).
-    use proto::wire::{decode_control, encode_control, Control, Role};
+    use proto::wire::{Data, Message, Registration};
     let ctl = seqpacket_connect(&c.control_sock());
-    send_raw(&ctl, &encode_control(&Control::Hello { role: Role::Worker, pid: std::process::id() }));
-    let Ok(Control::Assign { server_id: unready, .. }) = decode_control(&recv_raw(&ctl)) else {
+    send_raw(&ctl, &Registration::Hello { pid: std::process::id() }.to_record());
+    let Ok(Registration::Assign { server_id: unready, .. }) = Registration::decode(&recv_raw(&ctl)) else {
         panic!("no Assign{}", c.logs())
     };
     let data = seqpacket_connect(&c.state.join("data.sock"));
-    send_raw(&data, &encode_control(&Control::DataHello { server_id: unready }));
-    assert!(matches!(decode_control(&recv_raw(&data)), Ok(Control::Sockets { .. })));
+    send_raw(&data, &Data::DataHello { server_id: unready }.to_record());
+    assert!(matches!(Data::decode(&recv_raw(&data)), Ok(Data::Sockets { .. })));
     wait_until("the unready instance to be live", Duration::from_secs(20), || {
         c.instances().iter().any(|i| i.0 == u64::from(unready.0) && !i.1).then_some(())
     });
@@ -659,10 +659,11 @@ fn malformed_control_messages_and_bad_state_files() {
     let _s = serial();
     let mut c = Controller::start("bad", 1, &[]);
     let fd = seqpacket_connect(&c.control_sock());
-    send_raw(&fd, &[0xc7, 1, 99, 1, 2, 3]);
+    use proto::wire::{Message, Registration};
+    send_raw(&fd, &[0xc7, proto::wire::CONTROL_VERSION, 0xf0, 1, 2, 3]);
     let reply = recv_raw(&fd);
-    let m = proto::wire::decode_control(&reply).expect("an Error reply");
-    assert!(matches!(&m, proto::wire::Control::Error { reason } if reason.contains("malformed")), "{m:?}");
+    let m = Registration::decode(&reply).expect("an Error reply");
+    assert!(matches!(&m, Registration::Error { reason } if reason.contains("malformed")), "{m:?}");
     assert!(recv_raw(&fd).is_empty(), "the connection is closed after the Error");
     // Still serving.
     assert_eq!(c.status_wait()["dataplane"]["state"], "running");

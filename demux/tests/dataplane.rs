@@ -6,7 +6,7 @@
 
 mod common;
 use common::*;
-use proto::wire::Control;
+use proto::wire::{Admin, Data, Message};
 use std::time::{Duration, Instant};
 
 /// A short header for a live server id reaches its owner; after the client's source
@@ -574,23 +574,18 @@ fn data_connection_protocol(io: &str) {
     // Duplicate id.
     let fd = seqpacket_connect(&d.data).unwrap();
     use std::os::fd::AsRawFd;
-    send_record(
-        fd.as_raw_fd(),
-        &proto::wire::encode_control(&Control::DataHello { server_id: proto::ServerId(81) }),
-        &[],
-    )
-    .unwrap();
+    send_record(fd.as_raw_fd(), &Data::DataHello { server_id: proto::ServerId(81) }.to_record(), &[]).unwrap();
     let mut buf = vec![0u8; 4096];
     let (n, fds) = recv_record(fd.as_raw_fd(), &mut buf).unwrap();
     assert!(fds.is_empty());
-    match proto::wire::decode_control(&buf[..n]).unwrap() {
-        Control::Error { reason } => assert!(reason.contains("81"), "{reason}"),
+    match Data::decode(&buf[..n]).unwrap() {
+        Data::Error { reason } => assert!(reason.contains("81"), "{reason}"),
         other => panic!("expected Error, got {other:?}"),
     }
     let (n, _) = recv_record(fd.as_raw_fd(), &mut buf).unwrap();
     assert_eq!(n, 0, "closed after Error");
     // Draining: new connections all go to 81, 82 still gets its own CIDs.
-    w2.send(&Control::Draining);
+    w2.send(&Data::Draining);
     d.wait_instances(&[(81, true), (82, false)]);
     let c = client();
     for _ in 0..20 {
@@ -604,7 +599,7 @@ fn data_connection_protocol(io: &str) {
     let fd = seqpacket_connect(&d.data).unwrap();
     send_record(fd.as_raw_fd(), b"\x00garbage", &[]).unwrap();
     let (n, _) = recv_record(fd.as_raw_fd(), &mut buf).unwrap();
-    assert!(matches!(proto::wire::decode_control(&buf[..n]), Ok(Control::Error { .. })));
+    assert!(matches!(Data::decode(&buf[..n]), Ok(Data::Error { .. })));
     d.wait_instances(&[(81, true), (82, false)]);
 }
 both_backends!(data_connection_protocol);
@@ -868,8 +863,8 @@ fn key_rotation(io: &str) {
     {
         use std::os::fd::AsRawFd;
         let fd = seqpacket_connect(&d.control).unwrap();
-        let m = Control::KeysChanged { keys: k1.keys.clone() };
-        send_record(fd.as_raw_fd(), &proto::wire::encode_control(&m), &[]).unwrap();
+        let m = Admin::KeysChanged { keys: k1.keys.clone() };
+        send_record(fd.as_raw_fd(), &m.to_record(), &[]).unwrap();
     }
     let s = d.wait_status("generation 1", |s| u64_at(s, "/key_newest") == 1);
     assert_eq!(s["key_previous"], 0);

@@ -6,11 +6,11 @@
 
 mod common;
 use common::*;
-use proto::wire::Control;
+use proto::wire::Data;
 use std::time::{Duration, Instant};
 
 fn load(w: &Worker, handshakes: u32) {
-    w.send(&Control::Load { handshakes, incoming_bytes: 0 });
+    w.send(&Data::Load { handshakes, incoming_bytes: 0 });
 }
 
 fn sent_initials(d: &Demux, n: usize, rng: &mut Rng) {

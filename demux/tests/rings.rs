@@ -11,7 +11,8 @@ mod support;
 
 use common::*;
 use proto::ring::{OFF_HEAD, OFF_TAIL};
-use proto::wire::{decode_control, encode_control, Control, CAP_RINGS};
+use proto::wire::data::CAP_RINGS;
+use proto::wire::{Data, Message};
 use proto::ServerId;
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::Ordering;
@@ -66,19 +67,19 @@ fn hostile_consumer_only_loses_its_own_datagrams(io: &str) {
     let honest = Worker::connect(&d, 1, true);
     // The hostile worker's own handshake: DataHelloV2 { CAP_RINGS } → Sockets, Rings.
     let fd = seqpacket_connect(&d.data).unwrap();
-    let hello = Control::DataHelloV2 { server_id: ServerId(2), caps: CAP_RINGS };
-    send_record(fd.as_raw_fd(), &encode_control(&hello), &[]).unwrap();
+    let hello = Data::DataHelloV2 { server_id: ServerId(2), caps: CAP_RINGS };
+    send_record(fd.as_raw_fd(), &hello.to_record(), &[]).unwrap();
     let mut buf = vec![0u8; 4096];
     let (n, _udp) = recv_record(fd.as_raw_fd(), &mut buf).unwrap();
-    assert!(matches!(decode_control(&buf[..n]), Ok(Control::Sockets { .. })));
+    assert!(matches!(Data::decode(&buf[..n]), Ok(Data::Sockets { .. })));
     let (n, fds) = recv_record(fd.as_raw_fd(), &mut buf).unwrap();
-    let Ok(Control::Rings { count: 1, bytes: 131072 }) = decode_control(&buf[..n]) else {
+    let Ok(Data::Rings { count: 1, bytes: 131072 }) = Data::decode(&buf[..n]) else {
         panic!("one 128 KiB ring (one shard)")
     };
     let bytes = 131072u64;
     let memfd = fds.into_iter().next().unwrap();
     let map = sys::ring::Mapping::open(memfd.as_fd(), bytes).unwrap();
-    send_record(fd.as_raw_fd(), &encode_control(&Control::Ready), &[]).unwrap();
+    send_record(fd.as_raw_fd(), &Data::Ready.to_record(), &[]).unwrap();
     d.wait_instances(&[(1, true), (2, true)]);
     let s = d.status();
     assert_eq!((forward_of(&s, 1), forward_of(&s, 2)), ("ring".into(), "ring".into()));

@@ -10,7 +10,7 @@
 #[path = "controller_support/mod.rs"]
 mod support;
 
-use proto::wire::{decode_control, encode_control, Control, Role};
+use proto::wire::{Admin, Data, Message, Registration};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
@@ -99,14 +99,16 @@ fn probe_helper() {
     let words: Vec<&str> = spec.split(' ').collect();
     let pid = |w: &str| if w == "self" { std::process::id() } else { w.parse().unwrap() };
     let msg = match words[0] {
-        "hello" => Control::Hello { role: Role::Worker, pid: pid(words[1]) },
-        "rejoin" => Control::Rejoin { server_id: proto::ServerId(words[2].parse().unwrap()), pid: pid(words[1]) },
+        "hello" => Registration::Hello { pid: pid(words[1]) }.to_record(),
+        "rejoin" => Registration::Rejoin { server_id: proto::ServerId(words[2].parse().unwrap()), pid: pid(words[1]) }
+            .to_record(),
         "rotate" => {
-            Control::RotateKeys { prf: None, force: false, phase: proto::wire::RotatePhase::Rotate, from: None }
+            Admin::RotateKeys { prf: None, force: false, phase: proto::wire::admin::RotatePhase::Rotate, from: None }
+                .to_record()
         }
-        "status" => Control::StatusRequest,
-        "getsockets" => Control::GetSockets,
-        "datahello" => Control::DataHelloV2 { server_id: proto::ServerId(words[1].parse().unwrap()), caps: 3 },
+        "status" => Admin::StatusRequest.to_record(),
+        "getsockets" => Admin::GetSockets.to_record(),
+        "datahello" => Data::DataHelloV2 { server_id: proto::ServerId(words[1].parse().unwrap()), caps: 3 }.to_record(),
         "hello-twice" => return hello_twice(&sock),
         "register-then-datahello" => return register_then_datahello(&sock),
         "read" => {
@@ -122,14 +124,26 @@ fn probe_helper() {
     println!("PROBE: {}", exchange(&sock, &msg, 4).0);
 }
 
-/// Sends `msg` on a new connection to `sock`; the records received until close (at
-/// most `max`), as the report line of [`probe_helper`], and the connection.
-fn exchange(sock: &Path, msg: &Control, max: usize) -> (String, Option<std::os::fd::OwnedFd>) {
-    let fd = match demux::seqpacket::connect(sock) {
+/// What a received record is, whichever conversation it belongs to: `Error(reason)`
+/// or the message's name.
+fn describe(rec: &[u8]) -> String {
+    match (Registration::decode(rec), Data::decode(rec), Admin::decode(rec)) {
+        (Ok(Registration::Error { reason }), ..) => format!("Error({reason})"),
+        (Ok(m), ..) => m.name().to_string(),
+        (_, Ok(m), _) => m.name().to_string(),
+        (_, _, Ok(m)) => m.name().to_string(),
+        (Err(e), ..) => format!("undecodable {e:?}"),
+    }
+}
+
+/// Sends the record `msg` on a new connection to `sock`; the records received until
+/// close (at most `max`), as the report line of [`probe_helper`], and the connection.
+fn exchange(sock: &Path, msg: &[u8], max: usize) -> (String, Option<std::os::fd::OwnedFd>) {
+    let fd = match sys::seqpacket::connect(sock) {
         Ok(fd) => fd,
         Err(e) => {
-            let errno = e.downcast_ref::<std::io::Error>().and_then(|e| e.raw_os_error()).unwrap_or(0);
-            return (format!("connect-error {errno} ({e:#})"), None);
+            let errno = e.raw_os_error().unwrap_or(0);
+            return (format!("connect-error {errno} ({e})"), None);
         }
     };
     let tv = libc::timeval { tv_sec: 5, tv_usec: 0 };
@@ -144,7 +158,7 @@ fn exchange(sock: &Path, msg: &Control, max: usize) -> (String, Option<std::os::
         )
     };
     let mut report = Vec::new();
-    if let Err(e) = demux::seqpacket::send(fd.as_raw_fd(), &encode_control(msg), &[], libc::MSG_NOSIGNAL) {
+    if let Err(e) = sys::seqpacket::send_record_raw(fd.as_raw_fd(), msg, &[], 0) {
         report.push(format!("send-error {e}"));
     }
     let mut buf = vec![0u8; 70_000];
@@ -153,18 +167,14 @@ fn exchange(sock: &Path, msg: &Control, max: usize) -> (String, Option<std::os::
         if got == max {
             break;
         }
-        match demux::seqpacket::recv_with_fds(fd.as_raw_fd(), &mut buf, 0) {
-            Ok((0, _, _)) => {
+        match sys::seqpacket::recv_record_raw(fd.as_raw_fd(), &mut buf, 0).map(|r| (r.len, r.fds)) {
+            Ok((0, _)) => {
                 report.push("closed".into());
                 break;
             }
-            Ok((n, _, fds)) => {
+            Ok((n, fds)) => {
                 got += 1;
-                let what = match decode_control(&buf[..n]) {
-                    Ok(Control::Error { reason }) => format!("Error({reason})"),
-                    Ok(m) => m.name().to_string(),
-                    Err(e) => format!("undecodable {e:?}"),
-                };
+                let what = describe(&buf[..n]);
                 report.push(format!("{what} fds={}", fds.len()));
             }
             // Closed with our record unread (refused at accept): the reset is reported
@@ -186,7 +196,7 @@ fn exchange(sock: &Path, msg: &Control, max: usize) -> (String, Option<std::os::
 /// The fake spawned worker of [`a_spawned_worker_registers_only_once`]: registers,
 /// keeps that registration and registers again; writes both answers to QD_PROBE_OUT.
 fn hello_twice(sock: &Path) {
-    let hello = Control::Hello { role: Role::Worker, pid: std::process::id() };
+    let hello = Registration::Hello { pid: std::process::id() }.to_record();
     let (first, _keep) = exchange(sock, &hello, 2);
     let (second, _) = exchange(sock, &hello, 4);
     let out = std::path::PathBuf::from(std::env::var("QD_PROBE_OUT").expect("QD_PROBE_OUT"));
@@ -203,20 +213,20 @@ fn hello_twice(sock: &Path) {
 /// `PROBE-ID: <server id>`, waits for a line on stdin, then sends the data hello for
 /// that id itself on `QD_PROBE_DATA` and prints the answer.
 fn register_then_datahello(ctl: &Path) {
-    let fd = demux::seqpacket::connect(ctl).expect("connect control.sock");
-    let hello = Control::Hello { role: Role::Worker, pid: std::process::id() };
-    demux::seqpacket::send(fd.as_raw_fd(), &encode_control(&hello), &[], 0).expect("send Hello");
+    let fd = sys::seqpacket::connect(ctl).expect("connect control.sock");
+    let hello = Registration::Hello { pid: std::process::id() };
+    sys::seqpacket::send_record_raw(fd.as_raw_fd(), &hello.to_record(), &[], 0).expect("send Hello");
     let mut buf = vec![0u8; 70_000];
-    let (n, _, _) = demux::seqpacket::recv_with_fds(fd.as_raw_fd(), &mut buf, 0).expect("recv Assign");
-    let Ok(Control::Assign { server_id, .. }) = decode_control(&buf[..n]) else {
-        println!("PROBE-ID: none ({:?})", decode_control(&buf[..n]));
+    let n = sys::seqpacket::recv_record_raw(fd.as_raw_fd(), &mut buf, 0).expect("recv Assign").len;
+    let Ok(Registration::Assign { server_id, .. }) = Registration::decode(&buf[..n]) else {
+        println!("PROBE-ID: none ({:?})", Registration::decode(&buf[..n]));
         return;
     };
     println!("PROBE-ID: {}", server_id.0);
     let mut line = String::new();
     let _ = std::io::stdin().read_line(&mut line);
     let data = std::path::PathBuf::from(std::env::var("QD_PROBE_DATA").expect("QD_PROBE_DATA"));
-    let (report, _data_conn) = exchange(&data, &Control::DataHelloV2 { server_id, caps: 0 }, 2);
+    let (report, _data_conn) = exchange(&data, &Data::DataHelloV2 { server_id, caps: 0 }.to_record(), 2);
     println!("PROBE: {report}");
     drop(fd);
 }

@@ -19,7 +19,7 @@
 //! - [`retry`]: Retry packets and their integrity tag (RFC 9000 §17.2.5, RFC 9001 §5.8); the Retry minter.
 //! - [`version_negotiation`]: Version Negotiation packets (RFC 9000 §17.2.1) for versions the workers do not speak.
 //! - [`keyfile`]: the shared-secrets file of the state directory.
-//! - [`wire`]: demux → worker data frames and control messages.
+//! - [`wire`]: data frames, and one message type per conversation between processes (registration, data, admin).
 //! - [`ring`]: layout and index arithmetic of the shared-memory forwarding ring.
 #![forbid(unsafe_code)]
 

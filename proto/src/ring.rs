@@ -42,7 +42,7 @@ pub const SKIP: u32 = u32::MAX;
 pub const MIN_CAPACITY: usize = 1 << 17;
 pub const MAX_CAPACITY: usize = 1 << 30;
 /// The largest record body: a 48-byte frame header and a 65 535-byte payload.
-pub const MAX_BODY: usize = crate::wire::FRAME_HEADER_LEN + crate::wire::MAX_PAYLOAD;
+pub const MAX_BODY: usize = crate::wire::frame::HEADER_LEN + crate::wire::frame::MAX_PAYLOAD;
 
 /// Bytes a record with a `body`-byte body occupies (length word + body, padded).
 pub const fn slot_len(body: usize) -> usize {

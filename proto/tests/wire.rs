@@ -1,5 +1,7 @@
-//! The demux → worker frame and the control messages: round trips over every field,
-//! truncations, single-byte corruptions, reserved bits.
+//! The data frame and the three control conversations (registration, data, admin):
+//! round trips against a model encoder written from docs/wire.md, truncations,
+//! single-byte corruptions, reserved bits, and that no conversation's decoder reads
+//! another conversation's record.
 #![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 mod common;
@@ -7,8 +9,147 @@ mod common;
 use common::rng::Rng;
 use proptest::prelude::*;
 use proto::cid::{Generation, Prf, ServerId};
+use proto::wire::admin::{RotatePhase, KEEP_PRF};
+use proto::wire::data::{CAPS_KNOWN, CAP_FAST_PATH, CAP_RINGS, LOAD_INTERVAL_MS, MAX_ODCID_LEN, MAX_RINGS};
+use proto::wire::frame::{self, FrameMeta, HEADER_LEN, MAX_PAYLOAD};
 use proto::wire::*;
+use std::fmt::Debug;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
+
+const M: u8 = CONTROL_MAGIC;
+const V: u8 = CONTROL_VERSION;
+
+// ---------------------------------------------------------------------------------
+// The model: each message as (tag, fields), serialised by the docs/wire.md rules.
+// ---------------------------------------------------------------------------------
+
+enum Field<'a> {
+    U8(u8),
+    U16(u16),
+    U32(u32),
+    U64(u64),
+    Bytes(&'a [u8]),
+    /// length u32, UTF-8
+    Text(&'a str),
+    /// count u8, count × (family u8 4/6, address [16], port u16)
+    Addrs(&'a [SocketAddr]),
+    /// newest (generation, PRF code, secret [32]), has-previous u8, [previous]
+    Keys(&'a Keys),
+}
+
+fn model_record(tag: u8, fields: &[Field]) -> Vec<u8> {
+    let mut v = vec![0xc7, 2, tag];
+    for f in fields {
+        match f {
+            Field::U8(x) => v.push(*x),
+            Field::U16(x) => v.extend_from_slice(&x.to_be_bytes()),
+            Field::U32(x) => v.extend_from_slice(&x.to_be_bytes()),
+            Field::U64(x) => v.extend_from_slice(&x.to_be_bytes()),
+            Field::Bytes(b) => v.extend_from_slice(b),
+            Field::Text(s) => {
+                v.extend_from_slice(&(s.len() as u32).to_be_bytes());
+                v.extend_from_slice(s.as_bytes());
+            }
+            Field::Addrs(a) => {
+                v.push(a.len() as u8);
+                for a in a.iter() {
+                    let ip = match a.ip() {
+                        IpAddr::V4(x) => {
+                            let mut b = x.octets().to_vec();
+                            b.resize(16, 0);
+                            b
+                        }
+                        IpAddr::V6(x) => x.octets().to_vec(),
+                    };
+                    v.push(if a.is_ipv6() { 6 } else { 4 });
+                    v.extend_from_slice(&ip);
+                    v.extend_from_slice(&a.port().to_be_bytes());
+                }
+            }
+            Field::Keys(k) => {
+                for (i, g) in std::iter::once(Some(&k.newest)).chain([k.previous.as_ref()]).enumerate() {
+                    if i == 1 {
+                        v.push(u8::from(g.is_some()));
+                    }
+                    if let Some(g) = g {
+                        v.push(g.generation.get());
+                        v.push(match g.prf {
+                            Prf::HmacSha256 => 0,
+                            Prf::SipHash24 => 1,
+                        });
+                        v.extend_from_slice(&g.secret);
+                    }
+                }
+            }
+        }
+    }
+    v
+}
+
+/// docs/wire.md "Registration".
+fn model_registration(m: &Registration) -> Vec<u8> {
+    use Field::*;
+    match m {
+        Registration::Hello { pid } => model_record(0x20, &[U32(*pid)]),
+        Registration::Rejoin { server_id, pid } => model_record(0x21, &[U16(server_id.0), U32(*pid)]),
+        Registration::Assign { server_id, keys, reset_key, token_key } => {
+            model_record(0x22, &[U16(server_id.0), Keys(keys), Bytes(reset_key), Bytes(token_key)])
+        }
+        Registration::Sockets { addrs } => model_record(0x23, &[Addrs(addrs)]),
+        Registration::Ready => model_record(0x24, &[]),
+        Registration::Draining => model_record(0x25, &[]),
+        Registration::KeysChanged { keys } => model_record(0x26, &[Keys(keys)]),
+        Registration::Error { reason } => model_record(0x01, &[Text(reason)]),
+    }
+}
+
+/// docs/wire.md "Data connection".
+fn model_data(m: &Data) -> Vec<u8> {
+    use Field::*;
+    match m {
+        Data::DataHello { server_id } => model_record(0x40, &[U16(server_id.0)]),
+        Data::DataHelloV2 { server_id, caps } => model_record(0x41, &[U16(server_id.0), U32(*caps)]),
+        Data::Sockets { addrs } => model_record(0x42, &[Addrs(addrs)]),
+        Data::FastSockets { addrs } => model_record(0x43, &[Addrs(addrs)]),
+        Data::Rings { count, bytes } => model_record(0x44, &[U8(*count), U64(*bytes)]),
+        Data::Ready => model_record(0x45, &[]),
+        Data::Draining => model_record(0x46, &[]),
+        Data::Load { handshakes, incoming_bytes } => model_record(0x47, &[U32(*handshakes), U32(*incoming_bytes)]),
+        Data::HandshakeDone { odcid } => model_record(0x48, &[U8(odcid.len() as u8), Bytes(odcid)]),
+        Data::Error { reason } => model_record(0x01, &[Text(reason)]),
+    }
+}
+
+/// docs/wire.md "Admin".
+fn model_admin(m: &Admin) -> Vec<u8> {
+    use Field::*;
+    match m {
+        Admin::Hello { pid } => model_record(0x60, &[U32(*pid)]),
+        Admin::StatusRequest => model_record(0x61, &[]),
+        Admin::Status { json } => model_record(0x62, &[Text(json)]),
+        Admin::RotateKeys { prf, force, phase, from } => {
+            let code = match prf {
+                None => 0xff,
+                Some(Prf::HmacSha256) => 0,
+                Some(Prf::SipHash24) => 1,
+            };
+            let phase = match phase {
+                RotatePhase::Rotate => 0,
+                RotatePhase::Stage => 1,
+                RotatePhase::Activate => 2,
+            };
+            let flags = u8::from(*force) | phase << 1 | if from.is_some() { 8 } else { 0 };
+            match from {
+                Some(f) => model_record(0x63, &[U8(code), U8(flags), Text(f)]),
+                None => model_record(0x63, &[U8(code), U8(flags)]),
+            }
+        }
+        Admin::KeysChanged { keys } => model_record(0x64, &[Keys(keys)]),
+        Admin::GetSockets => model_record(0x65, &[]),
+        Admin::Sockets { addrs } => model_record(0x66, &[Addrs(addrs)]),
+        Admin::Error { reason } => model_record(0x01, &[Text(reason)]),
+    }
+}
 
 // ---------------------------------------------------------------------------------
 // Strategies
@@ -38,6 +179,10 @@ fn addr() -> impl Strategy<Value = SocketAddr> {
         (any::<[u8; 4]>(), any::<u16>())
             .prop_map(|(a, p)| SocketAddr::new(IpAddr::V6(Ipv4Addr::from(a).to_ipv6_mapped()), p)),
     ]
+}
+
+fn addrs() -> impl Strategy<Value = Vec<SocketAddr>> {
+    proptest::collection::vec(addr(), 0..6)
 }
 
 fn frame() -> impl Strategy<Value = (FrameMeta, Vec<u8>)> {
@@ -81,64 +226,130 @@ fn text() -> impl Strategy<Value = String> {
     prop_oneof![".{0,40}", "[a-z{}\":, ]{0,300}", Just(String::new())]
 }
 
-fn control() -> impl Strategy<Value = Control> {
+fn registration() -> impl Strategy<Value = Registration> {
     prop_oneof![
-        (prop_oneof![Just(Role::Worker), Just(Role::DataPlane), Just(Role::Operator)], any::<u32>())
-            .prop_map(|(role, pid)| Control::Hello { role, pid }),
+        any::<u32>().prop_map(|pid| Registration::Hello { pid }),
+        (any::<u16>(), any::<u32>()).prop_map(|(id, pid)| Registration::Rejoin { server_id: ServerId(id), pid }),
         (any::<u16>(), keys(), any::<[u8; 32]>(), any::<[u8; 32]>()).prop_map(|(id, keys, reset_key, token_key)| {
-            Control::Assign { server_id: ServerId(id), keys, reset_key, token_key }
+            Registration::Assign { server_id: ServerId(id), keys, reset_key, token_key }
         }),
-        keys().prop_map(|keys| Control::KeysChanged { keys }),
-        Just(Control::Ready),
-        Just(Control::Draining),
-        (keys(), proptest::collection::vec((any::<u16>(), any::<bool>()), 0..40)).prop_map(|(keys, v)| {
-            Control::Table {
-                keys,
-                instances: v
-                    .into_iter()
-                    .map(|(id, p)| InstanceState { server_id: ServerId(id), placeable: p })
-                    .collect(),
-            }
-        }),
-        any::<u16>().prop_map(|id| Control::DataHello { server_id: ServerId(id) }),
-        (any::<u16>(), 0u32..=CAPS_KNOWN).prop_map(|(id, caps)| Control::DataHelloV2 { server_id: ServerId(id), caps }),
-        (1u8..=MAX_RINGS, 17u32..=30).prop_map(|(count, shift)| Control::Rings { count, bytes: 1u64 << shift }),
-        Just(Control::Rings { count: 0, bytes: 0 }),
-        (any::<u32>(), any::<u32>())
-            .prop_map(|(handshakes, incoming_bytes)| Control::Load { handshakes, incoming_bytes }),
-        proptest::collection::vec(addr(), 0..6).prop_map(|addrs| Control::Sockets { addrs }),
-        proptest::collection::vec(addr(), 0..6).prop_map(|addrs| Control::FastSockets { addrs }),
-        Just(Control::StatusRequest),
-        text().prop_map(|json| Control::Status { json }),
-        text().prop_map(|reason| Control::Error { reason }),
-        Just(Control::GetSockets),
-        proptest::collection::vec(any::<u8>(), 0..=MAX_ODCID_LEN).prop_map(|odcid| Control::HandshakeDone { odcid }),
-        (any::<u16>(), any::<u32>()).prop_map(|(id, pid)| Control::Rejoin { server_id: ServerId(id), pid }),
+        addrs().prop_map(|addrs| Registration::Sockets { addrs }),
+        Just(Registration::Ready),
+        Just(Registration::Draining),
+        keys().prop_map(|keys| Registration::KeysChanged { keys }),
+        text().prop_map(|reason| Registration::Error { reason }),
+    ]
+}
+
+fn data() -> impl Strategy<Value = Data> {
+    prop_oneof![
+        any::<u16>().prop_map(|id| Data::DataHello { server_id: ServerId(id) }),
+        (any::<u16>(), 0u32..=CAPS_KNOWN).prop_map(|(id, caps)| Data::DataHelloV2 { server_id: ServerId(id), caps }),
+        addrs().prop_map(|addrs| Data::Sockets { addrs }),
+        addrs().prop_map(|addrs| Data::FastSockets { addrs }),
+        (1u8..=MAX_RINGS, 17u32..=30).prop_map(|(count, shift)| Data::Rings { count, bytes: 1u64 << shift }),
+        Just(Data::Rings { count: 0, bytes: 0 }),
+        Just(Data::Ready),
+        Just(Data::Draining),
+        (any::<u32>(), any::<u32>()).prop_map(|(handshakes, incoming_bytes)| Data::Load { handshakes, incoming_bytes }),
+        proptest::collection::vec(any::<u8>(), 0..=MAX_ODCID_LEN).prop_map(|odcid| Data::HandshakeDone { odcid }),
+        text().prop_map(|reason| Data::Error { reason }),
+    ]
+}
+
+fn admin() -> impl Strategy<Value = Admin> {
+    prop_oneof![
+        any::<u32>().prop_map(|pid| Admin::Hello { pid }),
+        Just(Admin::StatusRequest),
+        text().prop_map(|json| Admin::Status { json }),
         (
-            proptest::option::of(prop_oneof![Just(Prf::HmacSha256), Just(Prf::SipHash24)]),
+            proptest::option::of(prf()),
             any::<bool>(),
             prop_oneof![Just(RotatePhase::Rotate), Just(RotatePhase::Stage), Just(RotatePhase::Activate)],
             proptest::option::of("[a-z/]{0,20}"),
         )
-            .prop_map(|(prf, force, phase, from)| Control::RotateKeys { prf, force, phase, from }),
+            .prop_map(|(prf, force, phase, from)| Admin::RotateKeys { prf, force, phase, from }),
+        keys().prop_map(|keys| Admin::KeysChanged { keys }),
+        Just(Admin::GetSockets),
+        addrs().prop_map(|addrs| Admin::Sockets { addrs }),
+        text().prop_map(|reason| Admin::Error { reason }),
     ]
 }
 
 // ---------------------------------------------------------------------------------
-// Round trips, truncations, corruptions
+// Checks shared by the conversations
 // ---------------------------------------------------------------------------------
 
-/// A frame that decoded must re-encode to exactly the bytes it came from.
-fn frame_reencodes(rec: &[u8]) -> Result<(), TestCaseError> {
-    if let Ok((meta, payload)) = decode_frame(rec) {
-        prop_assert_eq!(encode_frame(&meta, payload), rec.to_vec());
+/// A record that decoded must re-encode to exactly the bytes it came from.
+fn reencodes<T: Message + Debug>(rec: &[u8]) -> Result<(), TestCaseError> {
+    if let Ok(m) = T::decode(rec) {
+        prop_assert_eq!(m.to_record(), rec.to_vec());
     }
     Ok(())
 }
 
-fn control_reencodes(rec: &[u8]) -> Result<(), TestCaseError> {
-    if let Ok(m) = decode_control(rec) {
-        prop_assert_eq!(encode_control(&m), rec.to_vec());
+fn frame_reencodes(rec: &[u8]) -> Result<(), TestCaseError> {
+    if let Ok((meta, payload)) = frame::decode(rec) {
+        prop_assert_eq!(frame::encode(&meta, payload), rec.to_vec());
+    }
+    Ok(())
+}
+
+/// Encodes as the model says and decodes back to `m`.
+fn round_trip<T: Message + Debug + PartialEq>(m: &T, model: fn(&T) -> Vec<u8>) -> Result<(), TestCaseError> {
+    let rec = m.to_record();
+    prop_assert_eq!(&rec, &model(m), "{:?} against the model", m);
+    prop_assert_eq!(&T::decode(&rec).unwrap(), m);
+    Ok(())
+}
+
+/// Every strict prefix is an error, and so is a byte appended.
+fn truncations<T: Message + Debug>(m: &T) -> Result<(), TestCaseError> {
+    let rec = m.to_record();
+    for n in 0..rec.len() {
+        let r = T::decode(&rec[..n]);
+        prop_assert!(r.is_err(), "prefix of {} bytes decoded: {:?}", n, r.ok());
+    }
+    let mut longer = rec;
+    longer.push(0);
+    prop_assert_eq!(T::decode(&longer).err(), Some(WireError::TrailingBytes));
+    Ok(())
+}
+
+/// `name` (what logs print instead of the message) names the variant, and never
+/// prints a field (Assign carries secrets).
+fn name_is_the_variant<T: Message + Debug>(m: &T) -> Result<(), TestCaseError> {
+    let debug = format!("{m:?}");
+    let variant = debug.split(|c: char| !c.is_alphanumeric()).next().unwrap_or_default();
+    prop_assert_eq!(m.name(), variant);
+    Ok(())
+}
+
+/// Which conversation a record of `m` is on (None: `Error`, shared by all).
+fn conversation_of_record(rec: &[u8]) -> Option<Conversation> {
+    Conversation::of_tag(rec[2])
+}
+
+/// Every other conversation's decoder refuses `rec` (a `conv` record) as belonging to
+/// `conv`; `Error` alone is read the same by all.
+fn others_refuse(rec: &[u8], conv: Conversation) -> Result<(), TestCaseError> {
+    let tag = rec[2];
+    if tag == ERROR {
+        let r = Registration::decode(rec).ok().map(|m| m.to_record());
+        prop_assert_eq!(Data::decode(rec).ok().map(|m| m.to_record()), r.clone());
+        prop_assert_eq!(Admin::decode(rec).ok().map(|m| m.to_record()), r);
+        return Ok(());
+    }
+    prop_assert_eq!(conversation_of_record(rec), Some(conv));
+    let wrong = Err(WireError::WrongConversation { tag, belongs_to: conv });
+    if conv != Conversation::Registration {
+        prop_assert_eq!(Registration::decode(rec).map(drop), wrong);
+    }
+    if conv != Conversation::Data {
+        prop_assert_eq!(Data::decode(rec).map(drop), wrong);
+    }
+    if conv != Conversation::Admin {
+        prop_assert_eq!(Admin::decode(rec).map(drop), wrong);
     }
     Ok(())
 }
@@ -146,23 +357,98 @@ fn control_reencodes(rec: &[u8]) -> Result<(), TestCaseError> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
 
-    /// `Control::name` (what logs print instead of the message) names the variant it
-    /// is given, and never prints a field (Assign carries secrets).
     #[test]
-    fn control_name_is_the_variant(m in control()) {
-        let debug = format!("{m:?}");
-        let variant = debug.split(|c: char| !c.is_alphanumeric()).next().unwrap_or_default();
-        prop_assert_eq!(m.name(), variant);
+    fn registration_round_trip_matches_the_model(m in registration()) {
+        round_trip(&m, model_registration)?;
+        name_is_the_variant(&m)?;
+    }
+
+    #[test]
+    fn data_round_trip_matches_the_model(m in data()) {
+        round_trip(&m, model_data)?;
+        name_is_the_variant(&m)?;
+    }
+
+    #[test]
+    fn admin_round_trip_matches_the_model(m in admin()) {
+        round_trip(&m, model_admin)?;
+        name_is_the_variant(&m)?;
+    }
+
+    #[test]
+    fn every_truncation_is_an_error(r in registration(), d in data(), a in admin()) {
+        truncations(&r)?;
+        truncations(&d)?;
+        truncations(&a)?;
+    }
+
+    /// The cross-conversation property: a record of one conversation is never read
+    /// by another's decoder; it names the conversation it belongs to.
+    #[test]
+    fn no_conversation_reads_another_ones_records(r in registration(), d in data(), a in admin()) {
+        others_refuse(&r.to_record(), Conversation::Registration)?;
+        others_refuse(&d.to_record(), Conversation::Data)?;
+        others_refuse(&a.to_record(), Conversation::Admin)?;
+    }
+
+    /// control.sock reads registration and admin, each as itself, and refuses data.
+    #[test]
+    fn the_control_socket_tells_registration_from_admin(r in registration(), d in data(), a in admin()) {
+        let got = ControlSocket::decode(&r.to_record()).unwrap();
+        prop_assert_eq!(got.to_record(), r.to_record());
+        if !matches!(r, Registration::Error { .. }) {
+            prop_assert_eq!(got, ControlSocket::Registration(r));
+        }
+        if !matches!(a, Admin::Error { .. }) {
+            prop_assert_eq!(ControlSocket::decode(&a.to_record()).unwrap(), ControlSocket::Admin(a));
+        }
+        if !matches!(d, Data::Error { .. }) {
+            let rec = d.to_record();
+            let wrong = WireError::WrongConversation { tag: rec[2], belongs_to: Conversation::Data };
+            prop_assert_eq!(ControlSocket::decode(&rec).err(), Some(wrong));
+        }
+    }
+
+    #[test]
+    fn single_byte_corruption(
+        r in registration(), d in data(), a in admin(), at in any::<prop::sample::Index>(), b in any::<u8>()
+    ) {
+        for mut rec in [r.to_record(), d.to_record(), a.to_record()] {
+            let i = at.index(rec.len());
+            rec[i] = b;
+            reencodes::<Registration>(&rec)?;
+            reencodes::<Data>(&rec)?;
+            reencodes::<Admin>(&rec)?;
+            reencodes::<ControlSocket>(&rec)?;
+        }
+    }
+
+    #[test]
+    fn decoders_never_panic_on_random_bytes(rec in proptest::collection::vec(any::<u8>(), 0..120), magic in any::<bool>()) {
+        let mut rec = rec;
+        if magic && rec.len() >= 3 {
+            rec[0] = M;
+            rec[1] = V;
+            rec[2] %= 0x80;
+        }
+        reencodes::<Registration>(&rec)?;
+        reencodes::<Data>(&rec)?;
+        reencodes::<Admin>(&rec)?;
+        if magic && rec.len() >= 2 {
+            rec[0] = frame::MAGIC;
+            rec[1] = frame::VERSION;
+        }
+        frame_reencodes(&rec)?;
     }
 
     #[test]
     fn frame_round_trip((meta, payload) in frame()) {
-        let rec = encode_frame(&meta, &payload);
-        prop_assert_eq!(rec.len(), FRAME_HEADER_LEN + payload.len());
-        let mut hdr = [0u8; FRAME_HEADER_LEN];
-        encode_frame_header(&meta, &mut hdr);
-        prop_assert_eq!(&rec[..FRAME_HEADER_LEN], &hdr[..]);
-        let (m, p) = decode_frame(&rec).unwrap();
+        let rec = frame::encode(&meta, &payload);
+        prop_assert_eq!(rec.len(), HEADER_LEN + payload.len());
+        let mut hdr = [0u8; HEADER_LEN];
+        frame::encode_header(&meta, &mut hdr);
+        prop_assert_eq!(&rec[..HEADER_LEN], &hdr[..]);
+        let (m, p) = frame::decode(&rec).unwrap();
         prop_assert_eq!(m, meta);
         prop_assert_eq!(p, &payload[..]);
     }
@@ -174,19 +460,19 @@ proptest! {
     /// when the segment size no longer fits / nothing is left.
     #[test]
     fn frame_truncations((meta, payload) in frame()) {
-        let rec = encode_frame(&meta, &payload);
-        let cuts: Vec<usize> = (0..=FRAME_HEADER_LEN + 2).chain([rec.len() - 1]).filter(|&n| n < rec.len()).collect();
+        let rec = frame::encode(&meta, &payload);
+        let cuts: Vec<usize> = (0..=HEADER_LEN + 2).chain([rec.len() - 1]).filter(|&n| n < rec.len()).collect();
         for n in cuts {
-            match decode_frame(&rec[..n]) {
+            match frame::decode(&rec[..n]) {
                 Ok((m, p)) => {
-                    prop_assert!(n > FRAME_HEADER_LEN, "a cut header decoded ({n} bytes)");
+                    prop_assert!(n > HEADER_LEN, "a cut header decoded ({n} bytes)");
                     prop_assert_eq!(m, meta);
-                    prop_assert_eq!(p, &payload[..n - FRAME_HEADER_LEN]);
+                    prop_assert_eq!(p, &payload[..n - HEADER_LEN]);
                 }
                 Err(e) => {
-                    let ok = if n < FRAME_HEADER_LEN {
+                    let ok = if n < HEADER_LEN {
                         e == WireError::Truncated
-                    } else if n == FRAME_HEADER_LEN {
+                    } else if n == HEADER_LEN {
                         e == WireError::EmptyPayload
                     } else {
                         e == WireError::BadSegmentSize
@@ -199,57 +485,145 @@ proptest! {
 
     #[test]
     fn frame_single_byte_corruption((meta, payload) in frame(), at in any::<prop::sample::Index>(), b in any::<u8>()) {
-        let mut rec = encode_frame(&meta, &payload);
-        let i = at.index(FRAME_HEADER_LEN.min(rec.len()));
+        let mut rec = frame::encode(&meta, &payload);
+        let i = at.index(HEADER_LEN.min(rec.len()));
         rec[i] = b;
-        frame_reencodes(&rec)?;
-    }
-
-    #[test]
-    fn control_round_trip(m in control()) {
-        let rec = encode_control(&m);
-        prop_assert_eq!(decode_control(&rec), Ok(m));
-    }
-
-    #[test]
-    fn control_every_truncation_is_an_error(m in control()) {
-        let rec = encode_control(&m);
-        for n in 0..rec.len() {
-            prop_assert!(decode_control(&rec[..n]).is_err(), "prefix of {} bytes decoded: {:?}", n, decode_control(&rec[..n]));
-        }
-        // …and so is anything appended.
-        let mut longer = rec.clone();
-        longer.push(0);
-        prop_assert_eq!(decode_control(&longer), Err(WireError::TrailingBytes));
-    }
-
-    #[test]
-    fn control_single_byte_corruption(m in control(), at in any::<prop::sample::Index>(), b in any::<u8>()) {
-        let mut rec = encode_control(&m);
-        let i = at.index(rec.len());
-        rec[i] = b;
-        control_reencodes(&rec)?;
-    }
-
-    #[test]
-    fn decoders_never_panic_on_random_bytes(rec in proptest::collection::vec(any::<u8>(), 0..120), magic in any::<bool>()) {
-        let mut rec = rec;
-        if magic && rec.len() >= 3 {
-            rec[0] = CONTROL_MAGIC;
-            rec[1] = CONTROL_VERSION;
-            rec[2] %= 13;
-        }
-        control_reencodes(&rec)?;
-        if magic && rec.len() >= 2 {
-            rec[0] = FRAME_MAGIC;
-            rec[1] = FRAME_VERSION;
-        }
         frame_reencodes(&rec)?;
     }
 }
 
-/// Every byte of a few valid encodings set to every value: decodes to something that
-/// re-encodes to the same bytes, or is rejected.
+// ---------------------------------------------------------------------------------
+// Tag ranges
+// ---------------------------------------------------------------------------------
+
+/// The ranges are disjoint, leave out `Error`'s tag, and every decoder answers every
+/// tag the way its range says: its own tags (and Error) it reads, another
+/// conversation's it refuses naming that conversation, the rest are unknown.
+#[test]
+fn each_decoder_refuses_every_other_conversations_tags() {
+    for a in Conversation::ALL {
+        assert!(!a.tags().contains(&ERROR), "{a:?} holds the Error tag");
+        for b in Conversation::ALL {
+            if a != b {
+                assert!(a.tags().all(|t| !b.tags().contains(&t)), "{a:?} and {b:?} overlap");
+            }
+        }
+    }
+    type Decode = fn(&[u8]) -> Option<WireError>;
+    let decoders: [(Conversation, Decode); 3] = [
+        (Conversation::Registration, |r| Registration::decode(r).err()),
+        (Conversation::Data, |r| Data::decode(r).err()),
+        (Conversation::Admin, |r| Admin::decode(r).err()),
+    ];
+    for tag in 0..=255u8 {
+        // A long enough body of zeros, then its prefixes: whatever a message of this
+        // tag needs, some length is the complete message or all are refused alike.
+        let owner = Conversation::of_tag(tag);
+        for (conv, decode) in decoders {
+            for len in 0..200 {
+                let mut rec = vec![M, V, tag];
+                rec.resize(3 + len, 0);
+                let e = decode(&rec);
+                match owner {
+                    Some(o) if o != conv => {
+                        assert_eq!(
+                            e,
+                            Some(WireError::WrongConversation { tag, belongs_to: o }),
+                            "{conv:?} tag {tag:#x}"
+                        )
+                    }
+                    None if tag != ERROR => assert_eq!(e, Some(WireError::UnknownMessage(tag)), "{conv:?} {tag:#x}"),
+                    _ => assert!(
+                        !matches!(e, Some(WireError::WrongConversation { .. })),
+                        "{conv:?} refused its own tag {tag:#x}"
+                    ),
+                }
+            }
+        }
+    }
+}
+
+/// `Error` is the same record in every conversation: a socket refuses a peer before
+/// it knows which conversation the peer speaks.
+#[test]
+fn error_is_one_record_in_every_conversation() {
+    let reason = "uid 999 is not allowed".to_string();
+    let rec = Registration::Error { reason: reason.clone() }.to_record();
+    assert_eq!(rec[..3], [M, V, ERROR]);
+    assert_eq!(Data::Error { reason: reason.clone() }.to_record(), rec);
+    assert_eq!(Admin::Error { reason: reason.clone() }.to_record(), rec);
+    assert_eq!(Registration::decode(&rec), Ok(Registration::error(reason.clone())));
+    assert_eq!(Data::decode(&rec), Ok(Data::error(reason.clone())));
+    assert_eq!(Admin::decode(&rec), Ok(Admin::error(reason.clone())));
+    assert_eq!(ControlSocket::decode(&rec), Ok(ControlSocket::error(reason)));
+}
+
+/// Descriptors travel with exactly the messages docs/wire.md marks "(+ fds)".
+#[test]
+fn descriptors_travel_with_the_documented_messages() {
+    let k = sample_keys();
+    let with: Vec<&str> = [
+        Registration::Assign { server_id: ServerId(1), keys: k.clone(), reset_key: [0; 32], token_key: [0; 32] },
+        Registration::Sockets { addrs: vec![] },
+        Registration::Hello { pid: 1 },
+        Registration::Rejoin { server_id: ServerId(1), pid: 1 },
+        Registration::Ready,
+        Registration::Draining,
+        Registration::KeysChanged { keys: k.clone() },
+        Registration::Error { reason: String::new() },
+    ]
+    .iter()
+    .filter(|m| m.carries_fds())
+    .map(Message::name)
+    .collect();
+    assert_eq!(with, ["Assign", "Sockets"]);
+    let with: Vec<&str> = [
+        Data::DataHello { server_id: ServerId(1) },
+        Data::DataHelloV2 { server_id: ServerId(1), caps: 0 },
+        Data::Sockets { addrs: vec![] },
+        Data::FastSockets { addrs: vec![] },
+        Data::Rings { count: 0, bytes: 0 },
+        Data::Ready,
+        Data::Draining,
+        Data::Load { handshakes: 0, incoming_bytes: 0 },
+        Data::HandshakeDone { odcid: vec![] },
+        Data::Error { reason: String::new() },
+    ]
+    .iter()
+    .filter(|m| m.carries_fds())
+    .map(Message::name)
+    .collect();
+    assert_eq!(with, ["Sockets", "FastSockets", "Rings"]);
+    let with: Vec<&str> = [
+        Admin::Hello { pid: 1 },
+        Admin::StatusRequest,
+        Admin::Status { json: String::new() },
+        Admin::RotateKeys { prf: None, force: false, phase: RotatePhase::Rotate, from: None },
+        Admin::KeysChanged { keys: k },
+        Admin::GetSockets,
+        Admin::Sockets { addrs: vec![] },
+        Admin::Error { reason: String::new() },
+    ]
+    .iter()
+    .filter(|m| m.carries_fds())
+    .map(Message::name)
+    .collect();
+    assert_eq!(with, ["Sockets"]);
+}
+
+// ---------------------------------------------------------------------------------
+// Exhaustive corruption of a few encodings
+// ---------------------------------------------------------------------------------
+
+fn sample_keys() -> Keys {
+    Keys {
+        newest: KeyGen { generation: Generation::new(1).unwrap(), prf: Prf::SipHash24, secret: [7; 32] },
+        previous: Some(KeyGen { generation: Generation::new(0).unwrap(), prf: Prf::HmacSha256, secret: [8; 32] }),
+    }
+}
+
+/// Every byte of a few valid encodings set to every value: decodes (by any
+/// conversation) to something that re-encodes to the same bytes, or is rejected.
 #[test]
 fn exhaustive_single_byte_corruption() {
     let v4 = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)), 443);
@@ -260,7 +634,7 @@ fn exhaustive_single_byte_corruption() {
         (FrameMeta { client: v4, local: Some(v6), ecn: 3, segment_size: Some(5) }, vec![3u8; 5]),
     ];
     for (meta, payload) in &frames {
-        let rec = encode_frame(meta, payload);
+        let rec = frame::encode(meta, payload);
         for i in 0..rec.len() {
             for b in 0..=255u8 {
                 let mut c = rec.clone();
@@ -269,41 +643,33 @@ fn exhaustive_single_byte_corruption() {
             }
         }
     }
-    let k = Keys {
-        newest: KeyGen { generation: Generation::new(1).unwrap(), prf: Prf::SipHash24, secret: [7; 32] },
-        previous: Some(KeyGen { generation: Generation::new(0).unwrap(), prf: Prf::HmacSha256, secret: [8; 32] }),
-    };
-    let msgs = [
-        Control::Hello { role: Role::Worker, pid: 77 },
-        Control::Assign { server_id: ServerId(3), keys: k.clone(), reset_key: [1; 32], token_key: [2; 32] },
-        Control::Table {
-            keys: k,
-            instances: vec![
-                InstanceState { server_id: ServerId(1), placeable: true },
-                InstanceState { server_id: ServerId(2), placeable: false },
-            ],
-        },
-        Control::Status { json: "{\"é\":1}".into() },
-        Control::Sockets {
-            addrs: vec![
-                SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), 443),
-                SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), 8443),
-            ],
-        },
-        Control::GetSockets,
-        Control::Rejoin { server_id: ServerId(0x1234), pid: 0xdead_beef },
-        Control::RotateKeys { prf: None, force: false, phase: RotatePhase::Rotate, from: None },
-        Control::RotateKeys { prf: Some(Prf::SipHash24), force: true, phase: RotatePhase::Rotate, from: None },
-        Control::RotateKeys { prf: None, force: false, phase: RotatePhase::Stage, from: None },
-        Control::RotateKeys { prf: None, force: true, phase: RotatePhase::Activate, from: None },
+    let k = sample_keys();
+    let recs = [
+        Registration::Hello { pid: 77 }.to_record(),
+        Registration::Assign { server_id: ServerId(3), keys: k.clone(), reset_key: [1; 32], token_key: [2; 32] }
+            .to_record(),
+        Registration::Sockets { addrs: vec![v4, v6] }.to_record(),
+        Registration::Rejoin { server_id: ServerId(0x1234), pid: 0xdead_beef }.to_record(),
+        Data::DataHelloV2 { server_id: ServerId(2), caps: CAP_RINGS }.to_record(),
+        Data::Rings { count: 2, bytes: 1 << 20 }.to_record(),
+        Data::HandshakeDone { odcid: vec![1, 2, 3] }.to_record(),
+        Admin::Status { json: "{\"é\":1}".into() }.to_record(),
+        Admin::GetSockets.to_record(),
+        Admin::KeysChanged { keys: k }.to_record(),
+        Admin::RotateKeys { prf: None, force: false, phase: RotatePhase::Rotate, from: None }.to_record(),
+        Admin::RotateKeys { prf: Some(Prf::SipHash24), force: true, phase: RotatePhase::Rotate, from: None }
+            .to_record(),
+        Admin::RotateKeys { prf: None, force: false, phase: RotatePhase::Stage, from: Some("/k".into()) }.to_record(),
+        Admin::RotateKeys { prf: None, force: true, phase: RotatePhase::Activate, from: None }.to_record(),
     ];
-    for m in &msgs {
-        let rec = encode_control(m);
+    for rec in &recs {
         for i in 0..rec.len() {
             for b in 0..=255u8 {
                 let mut c = rec.clone();
                 c[i] = b;
-                control_reencodes(&c).unwrap();
+                reencodes::<Registration>(&c).unwrap();
+                reencodes::<Data>(&c).unwrap();
+                reencodes::<Admin>(&c).unwrap();
             }
         }
     }
@@ -315,19 +681,20 @@ fn exhaustive_single_byte_corruption() {
 
 fn sample_frame(local: Option<SocketAddr>) -> Vec<u8> {
     let client = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 51, 100, 7)), 5000);
-    encode_frame(&FrameMeta { client, local, ecn: 1, segment_size: Some(4) }, &[9; 8])
+    frame::encode(&FrameMeta { client, local, ecn: 1, segment_size: Some(4) }, &[9; 8])
 }
 
 #[test]
 fn frame_reserved_bits() {
     let base = sample_frame(None);
-    assert!(decode_frame(&base).is_ok());
+    assert!(frame::decode(&base).is_ok());
     let with = |i: usize, b: u8| {
         let mut r = base.clone();
         r[i] = b;
-        decode_frame(&r).map(|_| ())
+        frame::decode(&r).map(|_| ())
     };
     assert_eq!(with(0, 0xd6), Err(WireError::BadMagic));
+    assert_eq!(with(0, CONTROL_MAGIC), Err(WireError::BadMagic), "a control record is no frame");
     assert_eq!(with(1, 1), Err(WireError::UnsupportedVersion(1)), "the layout before the scope id");
     assert_eq!(with(1, 3), Err(WireError::UnsupportedVersion(3)));
     assert_eq!(with(1, 0), Err(WireError::UnsupportedVersion(0)));
@@ -362,49 +729,66 @@ fn frame_reserved_bits() {
         assert_eq!(with(i, 1), Err(WireError::ReservedBits), "scope id byte {i} of a v4 client");
     }
     let link_local: SocketAddr = "[fe80::1%7]:443".parse().unwrap();
-    let r = encode_frame(&FrameMeta { client: link_local, local: None, ecn: 0, segment_size: None }, &[1; 8]);
+    let r = frame::encode(&FrameMeta { client: link_local, local: None, ecn: 0, segment_size: None }, &[1; 8]);
     assert_eq!(&r[44..48], &[0, 0, 0, 7]);
-    assert_eq!(decode_frame(&r).unwrap().0.client, link_local);
+    assert_eq!(frame::decode(&r).unwrap().0.client, link_local);
     // A v4 local address has its own padding.
     let mut r = sample_frame(Some(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 443)));
-    assert!(decode_frame(&r).is_ok());
+    assert!(frame::decode(&r).is_ok());
     r[30] = 1;
-    assert_eq!(decode_frame(&r).map(|_| ()), Err(WireError::ReservedBits));
+    assert_eq!(frame::decode(&r).map(|_| ()), Err(WireError::ReservedBits));
     // Payload bounds.
-    assert_eq!(decode_frame(&base[..FRAME_HEADER_LEN]).map(|_| ()), Err(WireError::EmptyPayload));
-    let mut big = base[..FRAME_HEADER_LEN].to_vec();
+    assert_eq!(frame::decode(&base[..HEADER_LEN]).map(|_| ()), Err(WireError::EmptyPayload));
+    let mut big = base[..HEADER_LEN].to_vec();
     big[4] = 0;
     big[5] = 0;
-    big.resize(FRAME_HEADER_LEN + MAX_PAYLOAD, 0);
-    assert!(decode_frame(&big).is_ok());
+    big.resize(HEADER_LEN + MAX_PAYLOAD, 0);
+    assert!(frame::decode(&big).is_ok());
     big.push(0);
-    assert_eq!(decode_frame(&big).map(|_| ()), Err(WireError::PayloadTooLarge));
+    assert_eq!(frame::decode(&big).map(|_| ()), Err(WireError::PayloadTooLarge));
+}
+
+/// Exact frame bytes (docs/wire.md "Data frame"): the rings and the worker's reader
+/// depend on them, so they never change with the control records.
+#[test]
+fn frame_layout() {
+    let client: SocketAddr = "[2001:db8::7%3]:4433".parse().unwrap();
+    let local = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)), 443);
+    let rec = frame::encode(&FrameMeta { client, local: Some(local), ecn: 2, segment_size: Some(3) }, &[0xee; 6]);
+    let mut want = vec![0xd7, 2, 0x01 | 0x02, 2, 0, 3, 0x11, 0x51];
+    want.extend_from_slice(&Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 7).octets());
+    want.extend_from_slice(&[192, 0, 2, 1]);
+    want.extend_from_slice(&[0; 12]);
+    want.extend_from_slice(&[0x01, 0xbb, 0, 0, 0, 0, 0, 3]);
+    want.extend_from_slice(&[0xee; 6]);
+    assert_eq!(rec, want);
 }
 
 #[test]
 fn control_reserved_values() {
-    let rec = |m: &Control| encode_control(m);
-    let dec = |b: &[u8]| decode_control(b);
-    assert_eq!(dec(&[0xc6, 1, 4]), Err(WireError::BadMagic));
-    assert_eq!(dec(&[CONTROL_MAGIC, 2, 4]), Err(WireError::UnsupportedVersion(2)));
-    assert_eq!(dec(&[CONTROL_MAGIC, 1, 0]), Err(WireError::UnknownMessage(0)));
-    assert_eq!(dec(&[CONTROL_MAGIC, 1, 18]), Err(WireError::Truncated)); // Load, no body
-    assert_eq!(dec(&[CONTROL_MAGIC, 1, 19]), Err(WireError::Truncated)); // HandshakeDone, no body
-    assert_eq!(dec(&[CONTROL_MAGIC, 1, 20]), Err(WireError::UnknownMessage(20)));
-    assert_eq!(dec(&[CONTROL_MAGIC, 1, 255]), Err(WireError::UnknownMessage(255)));
-    assert_eq!(dec(&[CONTROL_MAGIC, 1, 4]), Ok(Control::Ready));
-    assert_eq!(dec(&[CONTROL_MAGIC, 1, 4, 0]), Err(WireError::TrailingBytes));
-    // Hello roles are 1..=3.
-    for role in [0u8, 4, 255] {
-        assert_eq!(dec(&[CONTROL_MAGIC, 1, 1, role, 0, 0, 0, 1]), Err(WireError::ReservedBits));
-    }
+    let dec = |b: &[u8]| Admin::decode(b);
+    assert_eq!(dec(&[0xc6, V, 0x61]), Err(WireError::BadMagic));
+    assert_eq!(dec(&[frame::MAGIC, V, 0x61]), Err(WireError::BadMagic), "a frame is no control record");
+    assert_eq!(dec(&[M, 1, 0x61]), Err(WireError::UnsupportedVersion(1)), "the flat layout before conversations");
+    assert_eq!(dec(&[M, 3, 0x61]), Err(WireError::UnsupportedVersion(3)));
+    assert_eq!(dec(&[M, V, 0]), Err(WireError::UnknownMessage(0)));
+    assert_eq!(dec(&[M, V, 0x67]), Err(WireError::UnknownMessage(0x67)), "an unused tag of admin's own range");
+    assert_eq!(dec(&[M, V, 0x80]), Err(WireError::UnknownMessage(0x80)));
+    assert_eq!(dec(&[M, V, 255]), Err(WireError::UnknownMessage(255)));
+    assert_eq!(dec(&[M, V, 0x61]), Ok(Admin::StatusRequest));
+    assert_eq!(dec(&[M, V, 0x61, 0]), Err(WireError::TrailingBytes));
+    assert_eq!(Data::decode(&[M, V, 0x47]), Err(WireError::Truncated)); // Load, no body
+    assert_eq!(Data::decode(&[M, V, 0x48]), Err(WireError::Truncated)); // HandshakeDone, no body
+    assert_eq!(Data::decode(&[M, V, 0x49]), Err(WireError::UnknownMessage(0x49)));
+    assert_eq!(Registration::decode(&[M, V, 0x27]), Err(WireError::UnknownMessage(0x27)));
     // Keys: generation 3 is not a generation; PRF codes are 0 and 1 (ADR 0004); the
     // "previous present" flag is 0 or 1; the previous generation differs from the newest.
     let k = Keys {
         newest: KeyGen { generation: Generation::new(2).unwrap(), prf: Prf::HmacSha256, secret: [0; 32] },
         previous: None,
     };
-    let base = rec(&Control::KeysChanged { keys: k });
+    let base = Registration::KeysChanged { keys: k }.to_record();
+    let dec = |b: &[u8]| Registration::decode(b);
     let mut b = base.clone();
     b[3] = 3;
     assert_eq!(dec(&b), Err(WireError::BadGeneration(3)));
@@ -424,29 +808,16 @@ fn control_reserved_values() {
     let n = b.len();
     b[n - 34] = 0;
     assert!(
-        matches!(dec(&b), Ok(Control::KeysChanged { keys }) if keys.previous.is_some_and(|p| p.prf == Prf::SipHash24))
+        matches!(dec(&b), Ok(Registration::KeysChanged { keys }) if keys.previous.is_some_and(|p| p.prf == Prf::SipHash24))
     );
     b[n - 33] = 7;
     assert_eq!(dec(&b), Err(WireError::BadPrf(7)), "previous PRF code");
     // Truncated inside a KeyGen (after the PRF byte, before the secret ends).
     assert_eq!(dec(&base[..5]), Err(WireError::Truncated));
     assert_eq!(dec(&base[..4]), Err(WireError::Truncated));
-    // Table: placeable is a strict bool; more than MAX_INSTANCES is refused.
-    let t = rec(&Control::Table {
-        keys: Keys {
-            newest: KeyGen { generation: Generation::new(0).unwrap(), prf: Prf::SipHash24, secret: [0; 32] },
-            previous: None,
-        },
-        instances: vec![InstanceState { server_id: ServerId(1), placeable: true }],
-    });
-    let mut b = t.clone();
-    *b.last_mut().unwrap() = 2;
-    assert_eq!(dec(&b), Err(WireError::ReservedBits));
-    let mut b = t[..t.len() - 5].to_vec();
-    b.extend_from_slice(&((MAX_INSTANCES + 1) as u16).to_be_bytes());
-    assert_eq!(dec(&b), Err(WireError::TooMany));
     // Sockets: family 4 or 6, v4 padding zero, at most MAX_SOCKETS.
-    let s = rec(&Control::Sockets { addrs: vec![SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), 443)] });
+    let s =
+        Registration::Sockets { addrs: vec![SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), 443)] }.to_record();
     assert_eq!(s.len(), 3 + 1 + 1 + 16 + 2);
     for fam in [0u8, 5, 10, 46] {
         let mut b = s.clone();
@@ -458,45 +829,38 @@ fn control_reserved_values() {
     assert_eq!(dec(&b), Err(WireError::ReservedBits), "v4 padding");
     let mut b = s.clone();
     b[4] = 6;
-    assert!(matches!(dec(&b), Ok(Control::Sockets { addrs }) if addrs[0].is_ipv6()));
-    let mut b = vec![CONTROL_MAGIC, 1, 11, (MAX_SOCKETS + 1) as u8];
+    assert!(matches!(dec(&b), Ok(Registration::Sockets { addrs }) if addrs[0].is_ipv6()));
+    let mut b = vec![M, V, 0x23, (MAX_SOCKETS + 1) as u8];
     b.resize(4 + (MAX_SOCKETS + 1) * 19, 0);
     assert_eq!(dec(&b), Err(WireError::TooMany));
     // Text: longer than MAX_TEXT, or not UTF-8.
-    let mut b = vec![CONTROL_MAGIC, 1, 9];
+    let mut b = vec![M, V, 0x62];
     b.extend_from_slice(&((MAX_TEXT + 1) as u32).to_be_bytes());
     b.resize(b.len() + MAX_TEXT + 1, b'a');
-    assert_eq!(dec(&b), Err(WireError::TooMany));
-    let mut b = vec![CONTROL_MAGIC, 1, 10, 0, 0, 0, 2, 0xc3, 0x28];
-    assert_eq!(dec(&b), Err(WireError::BadUtf8));
+    assert_eq!(Admin::decode(&b), Err(WireError::TooMany));
+    let mut b = vec![M, V, ERROR, 0, 0, 0, 2, 0xc3, 0x28];
+    assert_eq!(Data::decode(&b), Err(WireError::BadUtf8));
     b[8] = 0xa9;
-    assert_eq!(dec(&b), Ok(Control::Error { reason: "é".into() }));
+    assert_eq!(Data::decode(&b), Ok(Data::Error { reason: "é".into() }));
 }
 
 #[test]
 fn encoder_limits() {
     // Text is cut at MAX_TEXT, never inside a UTF-8 sequence.
     let long = "é".repeat(MAX_TEXT); // 2 bytes each
-    let m = decode_control(&encode_control(&Control::Status { json: long })).unwrap();
-    assert!(matches!(&m, Control::Status { json } if json.len() == MAX_TEXT && json.chars().all(|c| c == 'é')));
+    let m = Admin::decode(&Admin::Status { json: long }.to_record()).unwrap();
+    assert!(matches!(&m, Admin::Status { json } if json.len() == MAX_TEXT && json.chars().all(|c| c == 'é')));
     let odd = format!("a{}", "é".repeat(MAX_TEXT / 2));
-    let m = decode_control(&encode_control(&Control::Error { reason: odd })).unwrap();
-    assert!(matches!(&m, Control::Error { reason } if reason.len() == MAX_TEXT - 1));
-    // A table update lists at most MAX_INSTANCES.
-    let instances: Vec<InstanceState> = (0..MAX_INSTANCES as u16 + 5)
-        .map(|i| InstanceState { server_id: ServerId(i), placeable: i % 2 == 0 })
-        .collect();
-    let keys = Keys {
-        newest: KeyGen { generation: Generation::new(0).unwrap(), prf: Prf::HmacSha256, secret: [0; 32] },
-        previous: None,
-    };
-    let m = decode_control(&encode_control(&Control::Table { keys, instances: instances.clone() })).unwrap();
-    assert!(matches!(&m, Control::Table { instances: got, .. } if got[..] == instances[..MAX_INSTANCES]));
+    let m = Registration::decode(&Registration::Error { reason: odd }.to_record()).unwrap();
+    assert!(matches!(&m, Registration::Error { reason } if reason.len() == MAX_TEXT - 1));
     // A Sockets message carries at most MAX_SOCKETS addresses.
     let addrs: Vec<SocketAddr> =
         (0..MAX_SOCKETS as u16 + 3).map(|p| SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), p)).collect();
-    let m = decode_control(&encode_control(&Control::Sockets { addrs: addrs.clone() })).unwrap();
-    assert_eq!(m, Control::Sockets { addrs: addrs[..MAX_SOCKETS].to_vec() });
+    let m = Data::decode(&Data::Sockets { addrs: addrs.clone() }.to_record()).unwrap();
+    assert_eq!(m, Data::Sockets { addrs: addrs[..MAX_SOCKETS].to_vec() });
+    // HandshakeDone carries at most MAX_ODCID_LEN bytes.
+    let m = Data::decode(&Data::HandshakeDone { odcid: vec![9; 30] }.to_record()).unwrap();
+    assert_eq!(m, Data::HandshakeDone { odcid: vec![9; MAX_ODCID_LEN] });
 }
 
 #[test]
@@ -523,7 +887,8 @@ fn keys_give_the_key_set_they_describe() {
 }
 
 /// Exact bytes of `Keys` (docs/wire.md): per generation `generation u8, PRF code u8,
-/// secret [32]`, with the has-previous byte between them.
+/// secret [32]`, with the has-previous byte between them; the same body in
+/// registration and admin.
 #[test]
 fn keys_layout() {
     let g = |n| Generation::new(n).unwrap();
@@ -531,163 +896,133 @@ fn keys_layout() {
         newest: KeyGen { generation: g(1), prf: Prf::SipHash24, secret: [0xaa; 32] },
         previous: Some(KeyGen { generation: g(0), prf: Prf::HmacSha256, secret: [0xbb; 32] }),
     };
-    let mut want = vec![CONTROL_MAGIC, 1, 3, 1, 1];
+    let mut want = vec![M, V, 0x26, 1, 1];
     want.extend_from_slice(&[0xaa; 32]);
     want.extend_from_slice(&[1, 0, 0]);
     want.extend_from_slice(&[0xbb; 32]);
-    assert_eq!(encode_control(&Control::KeysChanged { keys: keys.clone() }), want);
-    assert_eq!(decode_control(&want), Ok(Control::KeysChanged { keys }));
+    assert_eq!(Registration::KeysChanged { keys: keys.clone() }.to_record(), want);
+    assert_eq!(Registration::decode(&want), Ok(Registration::KeysChanged { keys: keys.clone() }));
+    want[2] = 0x64;
+    assert_eq!(Admin::KeysChanged { keys: keys.clone() }.to_record(), want);
+    assert_eq!(Admin::decode(&want), Ok(Admin::KeysChanged { keys }));
     // Newest hmac-sha256 in generation 2, no previous.
     let keys = Keys { newest: KeyGen { generation: g(2), prf: Prf::HmacSha256, secret: [0xcc; 32] }, previous: None };
-    let mut want = vec![CONTROL_MAGIC, 1, 3, 2, 0];
+    let mut want = vec![M, V, 0x26, 2, 0];
     want.extend_from_slice(&[0xcc; 32]);
     want.push(0);
-    assert_eq!(encode_control(&Control::KeysChanged { keys: keys.clone() }), want);
-    assert_eq!(decode_control(&want), Ok(Control::KeysChanged { keys }));
+    assert_eq!(Registration::KeysChanged { keys: keys.clone() }.to_record(), want);
+    assert_eq!(Registration::decode(&want), Ok(Registration::KeysChanged { keys }));
     // Assign: server id, Keys, reset key, token key.
     let keys = Keys { newest: KeyGen { generation: g(0), prf: Prf::SipHash24, secret: [0x11; 32] }, previous: None };
-    let m = Control::Assign { server_id: ServerId(0x0102), keys, reset_key: [0x22; 32], token_key: [0x33; 32] };
-    let mut want = vec![CONTROL_MAGIC, 1, 2, 1, 2, 0, 1];
+    let m = Registration::Assign { server_id: ServerId(0x0102), keys, reset_key: [0x22; 32], token_key: [0x33; 32] };
+    let mut want = vec![M, V, 0x22, 1, 2, 0, 1];
     want.extend_from_slice(&[0x11; 32]);
     want.push(0);
     want.extend_from_slice(&[0x22; 32]);
     want.extend_from_slice(&[0x33; 32]);
-    assert_eq!(encode_control(&m), want);
-    assert_eq!(decode_control(&want), Ok(m));
+    assert_eq!(m.to_record(), want);
+    assert_eq!(Registration::decode(&want), Ok(m));
 }
 
 #[test]
-fn controller_messages_layout() {
-    // Appended tags 12..=14 (docs/wire.md): GetSockets, Rejoin{id u16, pid u32}, RotateKeys.
-    assert_eq!(encode_control(&Control::GetSockets), vec![CONTROL_MAGIC, 1, 12]);
+fn registration_layout() {
+    assert_eq!(Registration::Hello { pid: 0x0102_0304 }.to_record(), [M, V, 0x20, 1, 2, 3, 4]);
     assert_eq!(
-        encode_control(&Control::Rejoin { server_id: ServerId(0x0102), pid: 0x0304_0506 }),
-        vec![CONTROL_MAGIC, 1, 13, 1, 2, 3, 4, 5, 6]
+        Registration::Rejoin { server_id: ServerId(0x0102), pid: 0x0304_0506 }.to_record(),
+        [M, V, 0x21, 1, 2, 3, 4, 5, 6]
     );
+    assert_eq!(Registration::Ready.to_record(), [M, V, 0x24]);
+    assert_eq!(Registration::Draining.to_record(), [M, V, 0x25]);
+    assert!(Registration::decode(&[M, V, 0x21, 1, 2, 3]).is_err());
+}
+
+#[test]
+fn admin_layout() {
+    assert_eq!(Admin::GetSockets.to_record(), [M, V, 0x65]);
+    assert_eq!(Admin::Hello { pid: 7 }.to_record(), [M, V, 0x60, 0, 0, 0, 7]);
+    assert!(Admin::decode(&[M, V, 0x65, 0]).is_err());
     // rotate-keys [--prf] [--force] [--stage|--activate]: a PRF code (0 hmac-sha256,
     // 1 siphash-2-4) or 0xff (keep), then flags: bit 0 force, bits 1-2 the phase
-    // (0 rotate, 1 stage, 2 activate).
-    assert_eq!(
-        encode_control(&Control::RotateKeys { prf: None, force: false, phase: RotatePhase::Rotate, from: None }),
-        vec![CONTROL_MAGIC, 1, 14, 0xff, 0]
-    );
-    assert_eq!(
-        encode_control(&Control::RotateKeys {
-            prf: Some(Prf::SipHash24),
-            force: true,
-            phase: RotatePhase::Rotate,
-            from: None
-        }),
-        vec![CONTROL_MAGIC, 1, 14, 1, 1]
-    );
-    assert_eq!(
-        decode_control(&[CONTROL_MAGIC, 1, 14, 0, 0]),
-        Ok(Control::RotateKeys { prf: Some(Prf::HmacSha256), force: false, phase: RotatePhase::Rotate, from: None })
-    );
-    assert_eq!(
-        decode_control(&[CONTROL_MAGIC, 1, 14, 0xff, 2]),
-        Ok(Control::RotateKeys { prf: None, force: false, phase: RotatePhase::Stage, from: None })
-    );
-    assert_eq!(
-        decode_control(&[CONTROL_MAGIC, 1, 14, 0xff, 5]),
-        Ok(Control::RotateKeys { prf: None, force: true, phase: RotatePhase::Activate, from: None })
-    );
-    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14, 0xff, 6]), Err(WireError::ReservedBits));
-    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14, 0xff, 16]), Err(WireError::ReservedBits));
-    // Bit 3: a `from` key file path follows, as text.
-    let from = Control::RotateKeys { prf: None, force: false, phase: RotatePhase::Stage, from: Some("/k".into()) };
-    let enc = encode_control(&from);
-    assert_eq!(enc[..5], [CONTROL_MAGIC, 1, 14, 0xff, 2 | 8]);
-    assert_eq!(decode_control(&enc), Ok(from));
-    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14, 0xff, 8]), Err(WireError::Truncated));
-    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14, 2, 0]), Err(WireError::BadPrf(2)));
-    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14, 0xff]), Err(WireError::Truncated));
-    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 14]), Err(WireError::Truncated));
-    assert!(decode_control(&[CONTROL_MAGIC, 1, 13, 1, 2, 3]).is_err());
-    assert!(decode_control(&[CONTROL_MAGIC, 1, 12, 0]).is_err());
+    // (0 rotate, 1 stage, 2 activate), bit 3 a `from` path follows.
+    let rotate = |prf, force, phase, from| Admin::RotateKeys { prf, force, phase, from };
+    assert_eq!(rotate(None, false, RotatePhase::Rotate, None).to_record(), [M, V, 0x63, KEEP_PRF, 0]);
+    assert_eq!(rotate(Some(Prf::SipHash24), true, RotatePhase::Rotate, None).to_record(), [M, V, 0x63, 1, 1]);
+    assert_eq!(Admin::decode(&[M, V, 0x63, 0, 0]), Ok(rotate(Some(Prf::HmacSha256), false, RotatePhase::Rotate, None)));
+    assert_eq!(Admin::decode(&[M, V, 0x63, 0xff, 2]), Ok(rotate(None, false, RotatePhase::Stage, None)));
+    assert_eq!(Admin::decode(&[M, V, 0x63, 0xff, 5]), Ok(rotate(None, true, RotatePhase::Activate, None)));
+    assert_eq!(Admin::decode(&[M, V, 0x63, 0xff, 6]), Err(WireError::ReservedBits));
+    assert_eq!(Admin::decode(&[M, V, 0x63, 0xff, 16]), Err(WireError::ReservedBits));
+    let from = rotate(None, false, RotatePhase::Stage, Some("/k".into()));
+    let enc = from.to_record();
+    assert_eq!(enc[..5], [M, V, 0x63, 0xff, 2 | 8]);
+    assert_eq!(Admin::decode(&enc), Ok(from));
+    assert_eq!(Admin::decode(&[M, V, 0x63, 0xff, 8]), Err(WireError::Truncated));
+    assert_eq!(Admin::decode(&[M, V, 0x63, 2, 0]), Err(WireError::BadPrf(2)));
+    assert_eq!(Admin::decode(&[M, V, 0x63, 0xff]), Err(WireError::Truncated));
+    assert_eq!(Admin::decode(&[M, V, 0x63]), Err(WireError::Truncated));
 }
 
 #[test]
-fn ring_messages_layout() {
-    // Appended tags 15, 16 (docs/wire.md): DataHelloV2{id u16, caps u32}, Rings{count u8, bytes u64}.
+fn data_hello_and_rings_layout() {
     assert_eq!(
-        encode_control(&Control::DataHelloV2 { server_id: ServerId(0x0102), caps: CAP_RINGS }),
-        vec![CONTROL_MAGIC, 1, 15, 1, 2, 0, 0, 0, 1]
+        Data::DataHelloV2 { server_id: ServerId(0x0102), caps: CAP_RINGS }.to_record(),
+        [M, V, 0x41, 1, 2, 0, 0, 0, 1]
     );
-    assert_eq!(
-        encode_control(&Control::Rings { count: 2, bytes: 1 << 20 }),
-        vec![CONTROL_MAGIC, 1, 16, 2, 0, 0, 0, 0, 0, 0x10, 0, 0]
-    );
+    assert_eq!(Data::Rings { count: 2, bytes: 1 << 20 }.to_record(), [M, V, 0x44, 2, 0, 0, 0, 0, 0, 0x10, 0, 0]);
     // Unknown capability bits, zero or too many rings, a capacity that is no power of two.
-    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 15, 1, 2, 0, 0, 0, 4]), Err(WireError::ReservedBits));
-    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 16, 0, 0, 0, 0, 0, 0, 0x10, 0, 0]), Err(WireError::ReservedBits));
-    assert_eq!(
-        decode_control(&[CONTROL_MAGIC, 1, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
-        Ok(Control::Rings { count: 0, bytes: 0 })
-    );
-    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 16, 65, 0, 0, 0, 0, 0, 0x10, 0, 0]), Err(WireError::TooMany));
-    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 16, 1, 0, 0, 0, 0, 0, 0x10, 0, 1]), Err(WireError::ReservedBits));
-    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 16, 1, 0, 0, 0, 0, 0, 0x01, 0, 0]), Err(WireError::ReservedBits));
+    assert_eq!(Data::decode(&[M, V, 0x41, 1, 2, 0, 0, 0, 4]), Err(WireError::ReservedBits));
+    assert_eq!(Data::decode(&[M, V, 0x44, 0, 0, 0, 0, 0, 0, 0x10, 0, 0]), Err(WireError::ReservedBits));
+    assert_eq!(Data::decode(&[M, V, 0x44, 0, 0, 0, 0, 0, 0, 0, 0, 0]), Ok(Data::Rings { count: 0, bytes: 0 }));
+    assert_eq!(Data::decode(&[M, V, 0x44, 65, 0, 0, 0, 0, 0, 0x10, 0, 0]), Err(WireError::TooMany));
+    assert_eq!(Data::decode(&[M, V, 0x44, 1, 0, 0, 0, 0, 0, 0x10, 0, 1]), Err(WireError::ReservedBits));
+    assert_eq!(Data::decode(&[M, V, 0x44, 1, 0, 0, 0, 0, 0, 0x01, 0, 0]), Err(WireError::ReservedBits));
 }
 
 #[test]
 fn fast_path_messages_layout() {
-    // Tag 17 (docs/wire.md): FastSockets, laid out exactly as Sockets; CAP_FAST_PATH = bit 1.
+    // FastSockets, laid out exactly as Sockets; CAP_FAST_PATH = bit 1.
     assert_eq!(CAP_FAST_PATH, 2);
     assert_eq!(
-        encode_control(&Control::DataHelloV2 { server_id: ServerId(7), caps: CAP_RINGS | CAP_FAST_PATH }),
-        vec![CONTROL_MAGIC, 1, 15, 0, 7, 0, 0, 0, 3]
+        Data::DataHelloV2 { server_id: ServerId(7), caps: CAP_RINGS | CAP_FAST_PATH }.to_record(),
+        [M, V, 0x41, 0, 7, 0, 0, 0, 3]
     );
     let a = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), 0x1151);
-    let mut want = vec![CONTROL_MAGIC, 1, 17, 1, 4, 127, 0, 0, 1];
+    let mut want = vec![M, V, 0x43, 1, 4, 127, 0, 0, 1];
     want.extend_from_slice(&[0; 12]);
     want.extend_from_slice(&[0x11, 0x51]);
-    assert_eq!(encode_control(&Control::FastSockets { addrs: vec![a] }), want);
-    assert_eq!(decode_control(&want), Ok(Control::FastSockets { addrs: vec![a] }));
-    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 17, 0]), Ok(Control::FastSockets { addrs: vec![] }));
-    // The sockets body is the same as tag 11's: a Sockets record with the tag changed decodes alike.
-    let mut s = encode_control(&Control::Sockets { addrs: vec![a] });
-    s[2] = 17;
+    assert_eq!(Data::FastSockets { addrs: vec![a] }.to_record(), want);
+    assert_eq!(Data::decode(&want), Ok(Data::FastSockets { addrs: vec![a] }));
+    assert_eq!(Data::decode(&[M, V, 0x43, 0]), Ok(Data::FastSockets { addrs: vec![] }));
+    // The same body as Sockets: a Sockets record with the tag changed decodes alike.
+    let mut s = Data::Sockets { addrs: vec![a] }.to_record();
+    s[2] = 0x43;
     assert_eq!(s, want);
 }
 
-/// `HandshakeDone` (tag 19): `len u8 (≤ 20), odcid [len]`.
+/// `HandshakeDone`: `len u8 (≤ 20), odcid [len]`.
 #[test]
 fn handshake_done_layout() {
-    let m = Control::HandshakeDone { odcid: vec![0xaa, 0xbb, 0xcc] };
-    let rec = encode_control(&m);
-    assert_eq!(rec, [CONTROL_MAGIC, 1, 19, 3, 0xaa, 0xbb, 0xcc]);
-    assert_eq!(decode_control(&rec), Ok(m));
-    assert_eq!(m_name(), "HandshakeDone");
-    let mut long = vec![CONTROL_MAGIC, 1, 19, 21];
+    let m = Data::HandshakeDone { odcid: vec![0xaa, 0xbb, 0xcc] };
+    let rec = m.to_record();
+    assert_eq!(rec, [M, V, 0x48, 3, 0xaa, 0xbb, 0xcc]);
+    assert_eq!(Data::decode(&rec), Ok(m));
+    let mut long = vec![M, V, 0x48, 21];
     long.extend_from_slice(&[0; 21]);
-    assert_eq!(decode_control(&long), Err(WireError::TooMany));
-    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 19, 4, 1, 2]), Err(WireError::Truncated));
-    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 19]), Err(WireError::Truncated));
-    assert_eq!(decode_control(&[CONTROL_MAGIC, 1, 19, 0]), Ok(Control::HandshakeDone { odcid: vec![] }));
-}
-
-fn m_name() -> &'static str {
-    Control::HandshakeDone { odcid: vec![] }.name()
+    assert_eq!(Data::decode(&long), Err(WireError::TooMany));
+    assert_eq!(Data::decode(&[M, V, 0x48, 4, 1, 2]), Err(WireError::Truncated));
+    assert_eq!(Data::decode(&[M, V, 0x48, 0]), Ok(Data::HandshakeDone { odcid: vec![] }));
 }
 
 #[test]
 fn load_message_layout() {
-    // Tag 18 (docs/wire.md): Load{handshakes u32, incoming_bytes u32}, worker → data plane.
+    // Load{handshakes u32, incoming_bytes u32}, worker → data plane.
     assert_eq!(LOAD_INTERVAL_MS, 250);
-    let m = Control::Load { handshakes: 0x0102_0304, incoming_bytes: 0x0506_0708 };
-    let want = vec![CONTROL_MAGIC, 1, 18, 1, 2, 3, 4, 5, 6, 7, 8];
-    assert_eq!(encode_control(&m), want);
-    assert_eq!(m.name(), "Load");
-    assert_eq!(decode_control(&want), Ok(m));
-    for n in 3..want.len() {
-        assert_eq!(decode_control(&want[..n]), Err(WireError::Truncated), "cut at {n}");
-    }
-    let mut long = want.clone();
-    long.push(0);
-    assert_eq!(decode_control(&long), Err(WireError::TrailingBytes));
+    let m = Data::Load { handshakes: 0x0102_0304, incoming_bytes: 0x0506_0708 };
+    let want = vec![M, V, 0x47, 1, 2, 3, 4, 5, 6, 7, 8];
+    assert_eq!(m.to_record(), want);
+    assert_eq!(Data::decode(&want), Ok(m));
     assert_eq!(
-        decode_control(&[CONTROL_MAGIC, 1, 18, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]),
-        Ok(Control::Load { handshakes: u32::MAX, incoming_bytes: 0 })
+        Data::decode(&[M, V, 0x47, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]),
+        Ok(Data::Load { handshakes: u32::MAX, incoming_bytes: 0 })
     );
 }

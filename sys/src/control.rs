@@ -1,11 +1,12 @@
 //! One request, one reply on a control socket (the data plane's `--control-socket`,
-//! the controller's `control.sock`): connect, send the request's records in order,
-//! read the one reply. One timeout policy for every caller: [`REPLY_TIMEOUT`] on
-//! each send and on the wait for the reply.
+//! the controller's `control.sock`; the admin conversation, `proto::wire::Admin`):
+//! connect, send the request's messages in order, read the one reply. One timeout
+//! policy for every caller: [`REPLY_TIMEOUT`] on each send and on the wait for the
+//! reply.
 
-use crate::seqpacket::{self, Received};
+use crate::seqpacket::{self, Channel, Incoming};
 use crate::sockopt::{set_recv_timeout, set_send_timeout};
-use proto::wire::{decode_control, encode_control, Control};
+use proto::wire::Message;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
@@ -19,8 +20,8 @@ pub const REPLY_BUF: usize = 128 * 1024;
 
 /// A decoded reply and the descriptors that came with it.
 #[derive(Debug)]
-pub struct Reply {
-    pub msg: Control,
+pub struct Reply<M> {
+    pub msg: M,
     pub fds: Vec<OwnedFd>,
 }
 
@@ -32,9 +33,10 @@ pub fn connect(path: &Path) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// Sends `records` in order on `fd` and reads one reply record into `buf`. A reply
-/// that does not come within the socket's timeout is `TimedOut`.
-pub fn exchange(fd: BorrowedFd<'_>, records: &[&[u8]], buf: &mut [u8]) -> io::Result<Received> {
+/// Sends `msgs` in order on a connection from [`connect`] and reads one reply. A reply
+/// that does not come within the socket's timeout is `TimedOut`; the peer closing
+/// without a reply is `UnexpectedEof`; a cut or undecodable reply is `InvalidData`.
+pub fn request_on<M: Message>(fd: BorrowedFd<'_>, msgs: &[&M]) -> io::Result<Reply<M>> {
     let timed_out = |e: io::Error| match e.kind() {
         io::ErrorKind::WouldBlock => io::Error::new(
             io::ErrorKind::TimedOut,
@@ -42,38 +44,29 @@ pub fn exchange(fd: BorrowedFd<'_>, records: &[&[u8]], buf: &mut [u8]) -> io::Re
         ),
         _ => e,
     };
-    for r in records {
-        seqpacket::send_record(fd, r, &[], 0).map_err(timed_out)?;
+    let ch = Channel::<M>::new(fd);
+    for m in msgs {
+        ch.send(m).map_err(timed_out)?;
     }
-    loop {
-        match seqpacket::recv_record(fd, buf, 0) {
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            r => return r.map_err(timed_out),
-        }
-    }
-}
-
-/// [`exchange`] of control messages on a connection from [`connect`]: the reply decoded.
-/// The peer closing without a reply is `UnexpectedEof`; a cut or undecodable reply
-/// is `InvalidData`.
-pub fn request_on(fd: BorrowedFd<'_>, msgs: &[&Control]) -> io::Result<Reply> {
-    let recs: Vec<Vec<u8>> = msgs.iter().map(|m| encode_control(m)).collect();
-    let recs: Vec<&[u8]> = recs.iter().map(Vec::as_slice).collect();
     let mut buf = vec![0u8; REPLY_BUF];
-    let r = exchange(fd, &recs, &mut buf)?;
-    if r.len == 0 {
-        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed the connection without answering"));
+    let got = loop {
+        match ch.recv(&mut buf) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => break r.map_err(timed_out)?,
+        }
+    };
+    match got {
+        Incoming::Message { msg, fds } => Ok(Reply { msg, fds }),
+        Incoming::Closed => {
+            Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed the connection without answering"))
+        }
+        Incoming::TooLong => Err(io::Error::new(io::ErrorKind::InvalidData, "reply too long")),
+        Incoming::Malformed(e) => Err(io::Error::new(io::ErrorKind::InvalidData, format!("malformed reply: {e}"))),
     }
-    if r.truncated {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "reply too long"));
-    }
-    let msg = decode_control(&buf[..r.len])
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("malformed reply: {e}")))?;
-    Ok(Reply { msg, fds: r.fds })
 }
 
 /// Connects to `path`, sends `msgs` and returns the decoded reply ([`request_on`]).
-pub fn request(path: &Path, msgs: &[&Control]) -> io::Result<Reply> {
+pub fn request<M: Message>(path: &Path, msgs: &[&M]) -> io::Result<Reply<M>> {
     let fd = connect(path)?;
     request_on(fd.as_fd(), msgs)
 }
@@ -81,6 +74,7 @@ pub fn request(path: &Path, msgs: &[&Control]) -> io::Result<Reply> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proto::wire::Admin;
 
     #[test]
     fn request_reply_eof_and_timeout() {
@@ -96,7 +90,7 @@ mod tests {
             for _ in 0..2 {
                 seqpacket::recv_record(c.as_fd(), &mut buf, 0).unwrap();
             }
-            let status = encode_control(&Control::Status { json: "{}".into() });
+            let status = Admin::Status { json: "{}".into() }.to_record();
             seqpacket::send_record(c.as_fd(), &status, &[c.as_fd()], 0).unwrap();
             // 2: close without answering.
             let c = seqpacket::accept(l.as_fd()).unwrap();
@@ -105,14 +99,14 @@ mod tests {
             // 3: never answer (until the client gives up).
             seqpacket::accept(l.as_fd()).unwrap()
         });
-        let r = request(&path, &[&Control::Ready, &Control::StatusRequest]).unwrap();
-        assert!(matches!(r.msg, Control::Status { .. }));
-        assert_eq!(r.fds.len(), 1);
-        let e = request(&path, &[&Control::StatusRequest]).unwrap_err();
+        let r = request(&path, &[&Admin::Hello { pid: 1 }, &Admin::StatusRequest]).unwrap();
+        assert!(matches!(r.msg, Admin::Status { .. }));
+        assert!(r.fds.is_empty(), "Status carries no descriptors: the one attached was closed");
+        let e = request(&path, &[&Admin::StatusRequest]).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
         let fd = connect(&path).unwrap();
         set_recv_timeout(fd.as_raw_fd(), Some(Duration::from_millis(50))).unwrap();
-        let e = request_on(fd.as_fd(), &[&Control::StatusRequest]).unwrap_err();
+        let e = request_on(fd.as_fd(), &[&Admin::StatusRequest]).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut);
         drop(server.join().unwrap());
         let _ = std::fs::remove_dir_all(&dir);

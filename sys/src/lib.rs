@@ -3,8 +3,9 @@
 //! carries a `// SAFETY:` note; `proto` (the sans-IO core) stays free of `unsafe`.
 //!
 //! - [`seqpacket`]: AF_UNIX SOCK_SEQPACKET connect / listen / accept, one record in or
-//!   out with SCM_RIGHTS descriptors, a batch of records in (`recvmmsg`).
-//! - [`control`]: one request, one reply on a control socket, under [`control::REPLY_TIMEOUT`].
+//!   out with SCM_RIGHTS descriptors, a batch of records in (`recvmmsg`), and
+//!   [`seqpacket::Channel`], a connection typed by its conversation (`proto::wire`).
+//! - [`control`]: one admin request, one reply on a control socket, under [`control::REPLY_TIMEOUT`].
 //! - [`sockopt`]: socket options, O_NONBLOCK, SO_TYPE.
 //! - [`addr`]: `SocketAddr` ⇄ `sockaddr` conversions.
 //! - [`raw`]: a raw IPv4 socket that sends UDP with any source (forwarded datagrams).

@@ -1,8 +1,12 @@
 //! Unix SOCK_SEQPACKET sockets (unix(7)): connect, listen, accept, one record out or
-//! in with SCM_RIGHTS descriptors, and a batch of records in (`recvmmsg`).
+//! in with SCM_RIGHTS descriptors, a batch of records in (`recvmmsg`), and
+//! [`Channel`]: a connection typed by the conversation it carries
+//! (`proto::wire::{Registration, Data, Admin}`).
 
 use crate::{cvt, cvt_isize, owned};
+use proto::wire::{Message, WireError};
 use std::io;
+use std::marker::PhantomData;
 use std::mem::{self, size_of};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
@@ -258,6 +262,101 @@ fn take_passed_fds(msg: &libc::msghdr) -> Vec<OwnedFd> {
     fds
 }
 
+/// A connection that carries one conversation, `M` (`proto::wire::Registration`,
+/// `Data`, `Admin`, or `ControlSocket` for the controller's listener): it sends and
+/// receives only `M`'s messages, so a registration connection cannot be sent an admin
+/// message. Descriptors travel only with the messages that carry them
+/// ([`Message::carries_fds`]).
+pub struct Channel<'fd, M> {
+    fd: BorrowedFd<'fd>,
+    flags: libc::c_int,
+    conversation: PhantomData<fn(M) -> M>,
+}
+
+impl<M> Clone for Channel<'_, M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<M> Copy for Channel<'_, M> {}
+
+impl<M> std::fmt::Debug for Channel<'_, M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Channel").field("fd", &self.fd).field("flags", &self.flags).finish()
+    }
+}
+
+/// What [`Channel::recv`] read.
+#[derive(Debug)]
+pub enum Incoming<M> {
+    /// One message, with the descriptors that came with it (owned now,
+    /// close-on-exec; always empty for a message that carries none: any the peer
+    /// attached are closed).
+    Message { msg: M, fds: Vec<OwnedFd> },
+    /// The peer closed the connection.
+    Closed,
+    /// The record was longer than the buffer (MSG_TRUNC): its tail is lost.
+    TooLong,
+    /// A record this conversation does not read (a data frame on the data connection
+    /// is `BadMagic`).
+    Malformed(WireError),
+}
+
+impl<'fd, M: Message> Channel<'fd, M> {
+    /// Sends and receives on `fd` as its blocking mode says.
+    pub fn new(fd: BorrowedFd<'fd>) -> Self {
+        Channel { fd, flags: 0, conversation: PhantomData }
+    }
+
+    /// Never waits: every call adds MSG_DONTWAIT (a full or empty socket is `WouldBlock`).
+    pub fn dont_wait(self) -> Self {
+        Channel { flags: libc::MSG_DONTWAIT, ..self }
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'fd> {
+        self.fd
+    }
+
+    /// Sends `m` as one record.
+    pub fn send(&self, m: &M) -> io::Result<()> {
+        self.send_with_raw_fds(m, &[])
+    }
+
+    /// Sends `m` with `fds` attached (SCM_RIGHTS); only a message that carries
+    /// descriptors may have any.
+    pub fn send_with_fds(&self, m: &M, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+        let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        self.send_with_raw_fds(m, &raw)
+    }
+
+    /// [`Channel::send_with_fds`] on raw descriptors (an invalid one fails with EBADF).
+    pub fn send_with_raw_fds(&self, m: &M, fds: &[RawFd]) -> io::Result<()> {
+        if !fds.is_empty() && !m.carries_fds() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} carries no descriptors", m.name())));
+        }
+        send_record_raw(self.fd.as_raw_fd(), &m.to_record(), fds, self.flags).map(drop)
+    }
+
+    /// Receives one record into `buf` (sized for the largest record expected) and
+    /// decodes it as `M`.
+    pub fn recv(&self, buf: &mut [u8]) -> io::Result<Incoming<M>> {
+        let r = recv_record(self.fd, buf, self.flags)?;
+        if r.len == 0 {
+            return Ok(Incoming::Closed);
+        }
+        if r.truncated {
+            return Ok(Incoming::TooLong);
+        }
+        Ok(match M::decode(&buf[..r.len]) {
+            Ok(msg) => {
+                let fds = if msg.carries_fds() { r.fds } else { Vec::new() };
+                Incoming::Message { msg, fds }
+            }
+            Err(e) => Incoming::Malformed(e),
+        })
+    }
+}
+
 /// Most records one [`recv_batch`] call takes.
 pub const MAX_BATCH: usize = 64;
 
@@ -350,6 +449,52 @@ mod tests {
         let mut buf = [0u8; 8];
         let r = recv_record(b.as_fd(), &mut buf, libc::MSG_DONTWAIT).unwrap();
         assert_eq!(r.len, 0, "EOF reads as an empty record");
+    }
+
+    /// A typed channel: the message and its descriptors arrive as sent; another
+    /// conversation's record is refused by name; descriptors only travel with the
+    /// messages that carry them.
+    #[test]
+    fn channel_is_typed_by_its_conversation() {
+        use proto::wire::{Admin, Conversation, Data, Registration};
+        let (a, b) = pair().unwrap();
+        let (tx, rx) = (Channel::<Data>::new(a.as_fd()), Channel::<Data>::new(b.as_fd()));
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = udp.local_addr().unwrap();
+        tx.send_with_fds(&Data::Sockets { addrs: vec![addr] }, &[udp.as_fd()]).unwrap();
+        let mut buf = [0u8; 256];
+        match rx.recv(&mut buf).unwrap() {
+            Incoming::Message { msg, fds } => {
+                assert_eq!(msg, Data::Sockets { addrs: vec![addr] });
+                assert_eq!(fds.len(), 1);
+                assert_eq!(socket_type(fds[0].as_fd()).unwrap(), libc::SOCK_DGRAM);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Ready carries no descriptors: refused before anything is sent.
+        let e = tx.send_with_fds(&Data::Ready, &[udp.as_fd()]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        // A peer that attaches some anyway: they are closed, the message is read.
+        send_record(a.as_fd(), &Data::Ready.to_record(), &[udp.as_fd()], 0).unwrap();
+        assert!(matches!(rx.recv(&mut buf).unwrap(), Incoming::Message { msg: Data::Ready, fds } if fds.is_empty()));
+        // Another conversation's record on this one.
+        Channel::<Admin>::new(a.as_fd()).send(&Admin::StatusRequest).unwrap();
+        match rx.recv(&mut buf).unwrap() {
+            Incoming::Malformed(WireError::WrongConversation { belongs_to: Conversation::Admin, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        // Error is every conversation's.
+        Channel::<Registration>::new(a.as_fd()).send(&Registration::Error { reason: "no".into() }).unwrap();
+        assert!(
+            matches!(rx.recv(&mut buf).unwrap(), Incoming::Message { msg: Data::Error { reason }, .. } if reason == "no")
+        );
+        // Too long for the buffer; then nothing waiting; then closed.
+        tx.send(&Data::Error { reason: "x".repeat(100) }).unwrap();
+        assert!(matches!(rx.recv(&mut buf[..20]).unwrap(), Incoming::TooLong));
+        let e = rx.dont_wait().recv(&mut buf).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        drop(a);
+        assert!(matches!(rx.recv(&mut buf).unwrap(), Incoming::Closed));
     }
 
     #[test]

@@ -1,11 +1,11 @@
 //! Registration with the controller (`--server-id-from-controller --control PATH`),
-//! using the control messages of `proto::wire`:
+//! the registration conversation of `proto::wire` ([`Registration`]):
 //!
-//! 1. worker → controller: `Hello { role: Worker, pid }`;
+//! 1. worker → controller: `Hello { pid }`;
 //! 2. controller → worker: `Assign { server_id, keys, reset_key, token_key }` — the
 //!    UDP socket fds may travel with it or with a following `Sockets` (both are
 //!    accepted; the worker sends on the sockets its data connection hands over);
-//! 3. worker → controller: `Ready` / `Draining` (also sent on the data connection);
+//! 3. worker → controller: `Ready` / `Draining` (the data connection has its own);
 //! 4. controller → worker: `KeysChanged { keys }` (rotation: new CIDs use the newest
 //!    generation at once, ADR 0001).
 //!
@@ -18,15 +18,15 @@
 
 use crate::cid_gen::CidKeys;
 use crate::datasock::{HandshakeError, SharedSocketFd};
-use crate::fdpass;
 use crate::secrets::Secrets;
-use proto::wire::{decode_control, encode_control, Control, Role, CONTROL_MAGIC, MAX_TEXT};
+use proto::wire::{Registration, WireError, MAX_TEXT};
 use proto::ServerId;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
+use sys::seqpacket::{Channel, Incoming};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
@@ -43,33 +43,34 @@ pub struct Assignment {
 
 /// Connects to the controller and registers (blocking; run in `spawn_blocking`).
 pub fn register(path: &Path, timeout: Duration) -> Result<Assignment, HandshakeError> {
-    let conn = fdpass::seqpacket_connect(path)?;
+    let conn = sys::seqpacket::connect(path)?;
     register_on(conn, timeout)
 }
 
 /// Registers on an already connected control socket.
 pub fn register_on(conn: OwnedFd, timeout: Duration) -> Result<Assignment, HandshakeError> {
-    register_with(conn, &Control::Hello { role: Role::Worker, pid: std::process::id() }, timeout)
+    register_with(conn, &Registration::Hello { pid: std::process::id() }, timeout)
 }
 
 /// Registers again under `server_id` after losing the controller (`Rejoin`).
 pub fn rejoin(path: &Path, server_id: ServerId, timeout: Duration) -> Result<Assignment, HandshakeError> {
-    let conn = fdpass::seqpacket_connect(path)?;
-    let a = register_with(conn, &Control::Rejoin { server_id, pid: std::process::id() }, timeout)?;
+    let conn = sys::seqpacket::connect(path)?;
+    let a = register_with(conn, &Registration::Rejoin { server_id, pid: std::process::id() }, timeout)?;
     if a.server_id != server_id {
         return Err(HandshakeError::Refused(format!("rejoin as {server_id} answered with server id {}", a.server_id)));
     }
     Ok(a)
 }
 
-fn register_with(conn: OwnedFd, first: &Control, timeout: Duration) -> Result<Assignment, HandshakeError> {
-    fdpass::set_nonblocking(conn.as_fd(), false)?;
-    fdpass::send_record(conn.as_fd(), &encode_control(first), &[], 0)?;
-    fdpass::set_recv_timeout(conn.as_fd(), Some(timeout))?;
+fn register_with(conn: OwnedFd, first: &Registration, timeout: Duration) -> Result<Assignment, HandshakeError> {
+    sys::sockopt::set_nonblocking(conn.as_fd(), false)?;
+    let controller = Channel::<Registration>::new(conn.as_fd());
+    controller.send(first)?;
+    sys::sockopt::set_recv_timeout(conn.as_fd(), Some(timeout))?;
     let mut buf = vec![0u8; 16 + MAX_TEXT];
     let mut assigned: Option<(ServerId, Secrets, Vec<OwnedFd>)> = None;
     loop {
-        let r = match fdpass::recv_record(conn.as_fd(), &mut buf, 0) {
+        let got = match controller.recv(&mut buf) {
             Ok(r) => r,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             // After Assign, a Sockets record is optional: a quiet line ends the wait.
@@ -82,36 +83,36 @@ fn register_with(conn: OwnedFd, first: &Control, timeout: Duration) -> Result<As
             }
             Err(e) => return Err(e.into()),
         };
-        if r.len == 0 {
-            if assigned.is_some() {
-                break;
+        match got {
+            Incoming::Closed if assigned.is_some() => break,
+            Incoming::Closed => return Err(HandshakeError::Closed),
+            Incoming::TooLong | Incoming::Malformed(WireError::BadMagic) => {
+                return Err(HandshakeError::Protocol("unexpected record from the controller".into()))
             }
-            return Err(HandshakeError::Closed);
-        }
-        if r.truncated || buf[0] != CONTROL_MAGIC {
-            return Err(HandshakeError::Protocol("unexpected record from the controller".into()));
-        }
-        match decode_control(&buf[..r.len]) {
-            Ok(Control::Assign { server_id, keys, reset_key, token_key }) => {
+            Incoming::Malformed(e) => return Err(HandshakeError::Protocol(format!("undecodable control record: {e}"))),
+            Incoming::Message { msg: Registration::Assign { server_id, keys, reset_key, token_key }, fds } => {
                 keys.key_set().map_err(|e| HandshakeError::Protocol(format!("Assign keys: {e}")))?;
-                assigned = Some((server_id, Secrets { keys, reset_key, token_key }, r.fds));
+                assigned = Some((server_id, Secrets { keys, reset_key, token_key }, fds));
                 // Give a following Sockets a moment, not the whole timeout.
-                fdpass::set_recv_timeout(conn.as_fd(), Some(Duration::from_millis(200)))?;
+                sys::sockopt::set_recv_timeout(conn.as_fd(), Some(Duration::from_millis(200)))?;
             }
-            Ok(Control::Sockets { addrs }) if assigned.is_some() => {
+            Incoming::Message { msg: Registration::Sockets { addrs }, fds: more } if assigned.is_some() => {
                 let (id, secrets, mut fds) = assigned.take().ok_or(HandshakeError::Closed)?;
-                fds.extend(r.fds);
+                fds.extend(more);
                 let sockets = pair_sockets(addrs, fds)?;
-                fdpass::set_recv_timeout(conn.as_fd(), None)?;
+                sys::sockopt::set_recv_timeout(conn.as_fd(), None)?;
                 return Ok(Assignment { server_id: id, secrets, sockets, conn });
             }
-            Ok(Control::Error { reason }) => return Err(HandshakeError::Refused(reason)),
-            Ok(other) => tracing::debug!(?other, "ignoring control message during registration"),
-            Err(e) => return Err(HandshakeError::Protocol(format!("undecodable control record: {e}"))),
+            Incoming::Message { msg: Registration::Error { reason }, .. } => {
+                return Err(HandshakeError::Refused(reason))
+            }
+            Incoming::Message { msg: other, .. } => {
+                tracing::debug!(?other, "ignoring control message during registration")
+            }
         }
     }
     let (server_id, secrets, _fds_without_addresses) = assigned.ok_or(HandshakeError::Closed)?;
-    fdpass::set_recv_timeout(conn.as_fd(), None)?;
+    sys::sockopt::set_recv_timeout(conn.as_fd(), None)?;
     Ok(Assignment { server_id, secrets, sockets: Vec::new(), conn })
 }
 
@@ -123,7 +124,7 @@ fn pair_sockets(addrs: Vec<std::net::SocketAddr>, fds: Vec<OwnedFd>) -> Result<V
         .into_iter()
         .zip(fds)
         .map(|(addr, fd)| {
-            if fdpass::socket_type(fd.as_fd())? != libc::SOCK_DGRAM {
+            if sys::sockopt::socket_type(fd.as_fd())? != libc::SOCK_DGRAM {
                 return Err(HandshakeError::Protocol(format!("descriptor for {addr} is not a UDP socket")));
             }
             Ok(SharedSocketFd { addr, fd })
@@ -140,16 +141,15 @@ pub struct ControlConn {
 impl ControlConn {
     /// Takes over the registered connection. Call inside tokio.
     pub fn new(conn: OwnedFd) -> io::Result<Arc<ControlConn>> {
-        fdpass::set_nonblocking(conn.as_fd(), true)?;
-        Ok(Arc::new(ControlConn { fd: fdpass::async_fd(conn, Interest::READABLE | Interest::WRITABLE)? }))
+        sys::sockopt::set_nonblocking(conn.as_fd(), true)?;
+        Ok(Arc::new(ControlConn { fd: crate::async_fd::register(conn, Interest::READABLE | Interest::WRITABLE)? }))
     }
 
-    pub async fn send(&self, m: &Control) -> io::Result<()> {
-        let rec = encode_control(m);
+    pub async fn send(&self, m: &Registration) -> io::Result<()> {
         loop {
             let mut g = self.fd.writable().await?;
-            match g.try_io(|inner| fdpass::send_record(inner.get_ref().as_fd(), &rec, &[], libc::MSG_DONTWAIT)) {
-                Ok(r) => return r.map(|_| ()),
+            match g.try_io(|inner| Channel::new(inner.get_ref().as_fd()).dont_wait().send(m)) {
+                Ok(r) => return r,
                 Err(_would_block) => continue,
             }
         }
@@ -167,30 +167,35 @@ impl ControlConn {
                     return;
                 }
             };
-            let r = match g.try_io(|inner| fdpass::recv_record(inner.get_ref().as_fd(), &mut buf, libc::MSG_DONTWAIT)) {
+            let got = match g
+                .try_io(|inner| Channel::<Registration>::new(inner.get_ref().as_fd()).dont_wait().recv(&mut buf))
+            {
                 Err(_would_block) => continue,
-                Ok(Ok(r)) => r,
+                Ok(Ok(got)) => got,
                 Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Ok(Err(e)) => {
                     tracing::warn!(error = %e, "control connection failed");
                     return;
                 }
             };
-            if r.len == 0 {
-                tracing::warn!("controller closed the control connection");
-                return;
-            }
-            match decode_control(&buf[..r.len]) {
-                Ok(Control::KeysChanged { keys: k }) => match k.key_set() {
+            match got {
+                Incoming::Closed => {
+                    tracing::warn!("controller closed the control connection");
+                    return;
+                }
+                Incoming::Message { msg: Registration::KeysChanged { keys: k }, .. } => match k.key_set() {
                     Ok(ks) => {
                         tracing::info!(newest = k.newest.generation.get(), "key rotation");
                         keys.replace(ks);
                     }
                     Err(e) => tracing::warn!(error = %e, "ignoring KeysChanged with a bad key set"),
                 },
-                Ok(Control::Error { reason }) => tracing::warn!(%reason, "controller reports an error"),
-                Ok(m) => tracing::debug!(?m, "ignoring control message"),
-                Err(e) => tracing::warn!(error = %e, "malformed control record from the controller"),
+                Incoming::Message { msg: Registration::Error { reason }, .. } => {
+                    tracing::warn!(%reason, "controller reports an error")
+                }
+                Incoming::Message { msg, .. } => tracing::debug!(?msg, "ignoring control message"),
+                Incoming::TooLong => tracing::warn!("over-long control record from the controller"),
+                Incoming::Malformed(e) => tracing::warn!(error = %e, "malformed control record from the controller"),
             }
         }
     }
@@ -204,7 +209,7 @@ pub struct ControlLink {
     server_id: ServerId,
     current: std::sync::Mutex<Option<Arc<ControlConn>>>,
     /// The last lifecycle message sent (`Ready` / `Draining`), repeated after a rejoin.
-    state: std::sync::Mutex<Option<Control>>,
+    state: std::sync::Mutex<Option<Registration>>,
     /// How long to try re-registering before giving up.
     grace: Duration,
 }
@@ -226,7 +231,7 @@ impl ControlLink {
 
     /// Sends `Ready` / `Draining` (remembered and repeated after a rejoin). Without a
     /// controller connection right now this succeeds: the rejoin sends it.
-    pub async fn send(&self, m: &Control) -> io::Result<()> {
+    pub async fn send(&self, m: &Registration) -> io::Result<()> {
         if let Ok(mut g) = self.state.lock() {
             *g = Some(m.clone());
         }
@@ -293,29 +298,40 @@ impl ControlLink {
 mod tests {
     use super::*;
     use proto::keyfile::KeyFile;
-    use proto::wire::Keys;
+    use proto::wire::{Keys, Message};
 
     fn keys() -> KeyFile {
         KeyFile::generate(&[3; proto::keyfile::RANDOM_LEN], proto::cid::Prf::SipHash24)
     }
 
-    fn assign(k: &KeyFile) -> Control {
-        Control::Assign { server_id: ServerId(9), keys: k.keys.clone(), reset_key: k.reset_key, token_key: k.token_key }
+    fn assign(k: &KeyFile) -> Registration {
+        Registration::Assign {
+            server_id: ServerId(9),
+            keys: k.keys.clone(),
+            reset_key: k.reset_key,
+            token_key: k.token_key,
+        }
     }
 
     #[test]
     fn registration_with_and_without_sockets() {
         // Assign, then Sockets with one UDP fd.
-        let (w, c) = fdpass::seqpacket_pair().unwrap();
+        let (w, c) = sys::seqpacket::pair().unwrap();
         let k = keys();
         let t = std::thread::spawn(move || {
             let mut buf = [0u8; 64];
-            let r = fdpass::recv_record(c.as_fd(), &mut buf, 0).unwrap();
-            assert!(matches!(decode_control(&buf[..r.len]).unwrap(), Control::Hello { role: Role::Worker, .. }));
-            fdpass::send_record(c.as_fd(), &encode_control(&assign(&keys())), &[], 0).unwrap();
+            let r = sys::seqpacket::recv_record(c.as_fd(), &mut buf, 0).unwrap();
+            assert!(matches!(Registration::decode(&buf[..r.len]).unwrap(), Registration::Hello { .. }));
+            sys::seqpacket::send_record(c.as_fd(), &Message::to_record(&assign(&keys())), &[], 0).unwrap();
             let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
             let addrs = vec![udp.local_addr().unwrap()];
-            fdpass::send_record(c.as_fd(), &encode_control(&Control::Sockets { addrs }), &[udp.as_fd()], 0).unwrap();
+            sys::seqpacket::send_record(
+                c.as_fd(),
+                &Message::to_record(&Registration::Sockets { addrs }),
+                &[udp.as_fd()],
+                0,
+            )
+            .unwrap();
             c
         });
         let a = register_on(w, Duration::from_secs(5)).unwrap();
@@ -325,11 +341,11 @@ mod tests {
         drop(t.join());
 
         // Assign alone (sockets come from the data plane).
-        let (w, c) = fdpass::seqpacket_pair().unwrap();
+        let (w, c) = sys::seqpacket::pair().unwrap();
         let t = std::thread::spawn(move || {
             let mut buf = [0u8; 64];
-            fdpass::recv_record(c.as_fd(), &mut buf, 0).unwrap();
-            fdpass::send_record(c.as_fd(), &encode_control(&assign(&keys())), &[], 0).unwrap();
+            sys::seqpacket::recv_record(c.as_fd(), &mut buf, 0).unwrap();
+            sys::seqpacket::send_record(c.as_fd(), &Message::to_record(&assign(&keys())), &[], 0).unwrap();
             std::thread::sleep(Duration::from_millis(400));
             c
         });
@@ -339,27 +355,38 @@ mod tests {
         drop(t.join());
 
         // Refusal and silence.
-        let (w, c) = fdpass::seqpacket_pair().unwrap();
-        fdpass::send_record(c.as_fd(), &encode_control(&Control::Error { reason: "full".into() }), &[], 0).unwrap();
+        let (w, c) = sys::seqpacket::pair().unwrap();
+        sys::seqpacket::send_record(
+            c.as_fd(),
+            &Message::to_record(&Registration::Error { reason: "full".into() }),
+            &[],
+            0,
+        )
+        .unwrap();
         assert!(matches!(register_on(w, Duration::from_secs(5)), Err(HandshakeError::Refused(_))));
-        let (w, _c) = fdpass::seqpacket_pair().unwrap();
+        let (w, _c) = sys::seqpacket::pair().unwrap();
         assert!(register_on(w, Duration::from_millis(100)).is_err());
     }
 
     #[tokio::test]
     async fn keys_changed_rotates_the_cid_keys_and_lifecycle_goes_out() {
-        let (w, c) = fdpass::seqpacket_pair().unwrap();
+        let (w, c) = sys::seqpacket::pair().unwrap();
         let k = keys();
         let cid_keys = CidKeys::new(k.key_set().unwrap());
         let cc = ControlConn::new(w).unwrap();
-        cc.send(&Control::Ready).await.unwrap();
+        cc.send(&Registration::Ready).await.unwrap();
         let mut buf = [0u8; 128];
-        let r = fdpass::recv_record(c.as_fd(), &mut buf, 0).unwrap();
-        assert_eq!(decode_control(&buf[..r.len]).unwrap(), Control::Ready);
+        let r = sys::seqpacket::recv_record(c.as_fd(), &mut buf, 0).unwrap();
+        assert_eq!(Registration::decode(&buf[..r.len]).unwrap(), Registration::Ready);
         let rotated: Keys = k.rotated([7; 32], proto::cid::Prf::SipHash24).keys;
-        fdpass::send_record(c.as_fd(), &encode_control(&Control::KeysChanged { keys: rotated.clone() }), &[], 0)
-            .unwrap();
-        fdpass::send_record(c.as_fd(), &[0xc7, 1, 99], &[], 0).unwrap(); // malformed: logged, ignored
+        sys::seqpacket::send_record(
+            c.as_fd(),
+            &Message::to_record(&Registration::KeysChanged { keys: rotated.clone() }),
+            &[],
+            0,
+        )
+        .unwrap();
+        sys::seqpacket::send_record(c.as_fd(), &[0xc7, proto::wire::CONTROL_VERSION, 0x3f], &[], 0).unwrap(); // malformed: logged, ignored
         drop(c);
         tokio::time::timeout(Duration::from_secs(2), cc.run(cid_keys.clone())).await.unwrap();
         assert_eq!(cid_keys.load().newest(), rotated.newest.generation);
@@ -371,39 +398,46 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("control.sock");
-        let listener = fdpass::seqpacket_listen(&path).unwrap();
+        let listener = sys::seqpacket::listen(&path, 64).unwrap();
         let k = keys();
         let rotated = k.rotated([5; 32], proto::cid::Prf::SipHash24);
         let newest = rotated.keys.newest.generation;
-        let (w, c) = fdpass::seqpacket_pair().unwrap();
+        let (w, c) = sys::seqpacket::pair().unwrap();
         let cid_keys = CidKeys::new(k.key_set().unwrap());
         let link = ControlLink::new(&path, ServerId(9), ControlConn::new(w).unwrap(), Duration::from_secs(10));
-        link.send(&Control::Ready).await.unwrap();
+        link.send(&Registration::Ready).await.unwrap();
         // The fake controller: drop the first connection (controller death), take the
         // Rejoin and answer with the same id and rotated keys, expect Ready repeated,
         // then drop again and refuse the next Rejoin.
         let fake = std::thread::spawn(move || {
             let mut buf = [0u8; 256];
-            let r = fdpass::recv_record(c.as_fd(), &mut buf, 0).unwrap();
-            assert_eq!(decode_control(&buf[..r.len]).unwrap(), Control::Ready);
+            let r = sys::seqpacket::recv_record(c.as_fd(), &mut buf, 0).unwrap();
+            assert_eq!(Registration::decode(&buf[..r.len]).unwrap(), Registration::Ready);
             drop(c);
-            let conn = fdpass::seqpacket_accept(listener.as_fd()).unwrap();
-            let r = fdpass::recv_record(conn.as_fd(), &mut buf, 0).unwrap();
-            assert!(matches!(decode_control(&buf[..r.len]).unwrap(), Control::Rejoin { server_id: ServerId(9), .. }));
-            let a = Control::Assign {
+            let conn = sys::seqpacket::accept(listener.as_fd()).unwrap();
+            let r = sys::seqpacket::recv_record(conn.as_fd(), &mut buf, 0).unwrap();
+            assert!(matches!(
+                Registration::decode(&buf[..r.len]).unwrap(),
+                Registration::Rejoin { server_id: ServerId(9), .. }
+            ));
+            let a = Registration::Assign {
                 server_id: ServerId(9),
                 keys: rotated.keys.clone(),
                 reset_key: rotated.reset_key,
                 token_key: rotated.token_key,
             };
-            fdpass::send_record(conn.as_fd(), &encode_control(&a), &[], 0).unwrap();
-            let r = fdpass::recv_record(conn.as_fd(), &mut buf, 0).unwrap();
-            assert_eq!(decode_control(&buf[..r.len]).unwrap(), Control::Ready, "last state repeated after rejoin");
+            sys::seqpacket::send_record(conn.as_fd(), &Message::to_record(&a), &[], 0).unwrap();
+            let r = sys::seqpacket::recv_record(conn.as_fd(), &mut buf, 0).unwrap();
+            assert_eq!(
+                Registration::decode(&buf[..r.len]).unwrap(),
+                Registration::Ready,
+                "last state repeated after rejoin"
+            );
             drop(conn);
-            let conn = fdpass::seqpacket_accept(listener.as_fd()).unwrap();
-            let _ = fdpass::recv_record(conn.as_fd(), &mut buf, 0).unwrap();
-            let e = Control::Error { reason: "other sockets".into() };
-            fdpass::send_record(conn.as_fd(), &encode_control(&e), &[], 0).unwrap();
+            let conn = sys::seqpacket::accept(listener.as_fd()).unwrap();
+            let _ = sys::seqpacket::recv_record(conn.as_fd(), &mut buf, 0).unwrap();
+            let e = Registration::Error { reason: "other sockets".into() };
+            sys::seqpacket::send_record(conn.as_fd(), &Message::to_record(&e), &[], 0).unwrap();
         });
         let why = tokio::time::timeout(Duration::from_secs(20), Arc::clone(&link).run(cid_keys.clone())).await.unwrap();
         assert!(why.contains("refused") && why.contains("other sockets"), "{why}");

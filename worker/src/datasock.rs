@@ -1,5 +1,5 @@
 //! The data connection to the data plane (docs/architecture.md, "Processes and the
-//! data-connection protocol"):
+//! data-connection protocol"; the data conversation of `proto::wire`, [`Data`]):
 //!
 //! 1. worker → data plane: `DataHello { server_id }`, or `DataHelloV2 { server_id,
 //!    caps }` with `CAP_FAST_PATH` and/or `CAP_RINGS` ([`DataOptions`]);
@@ -16,8 +16,8 @@
 //! plane goes away, reconnects and repeats the handshake (a restarted data plane
 //! learns the table again from its workers' data connections).
 
-use crate::fdpass;
-use proto::wire::{decode_control, encode_control, Control, CONTROL_MAGIC, MAX_TEXT};
+use proto::wire::data::{CAP_FAST_PATH, CAP_RINGS};
+use proto::wire::{frame, Data, Message, WireError, MAX_TEXT};
 use proto::ServerId;
 use std::io;
 use std::net::SocketAddr;
@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::Waker;
 use std::time::Duration;
+use sys::seqpacket::{Channel, Incoming};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
@@ -75,10 +76,10 @@ impl DataOptions {
     pub fn caps(&self) -> u32 {
         let mut caps = 0;
         if self.rings {
-            caps |= proto::wire::CAP_RINGS;
+            caps |= CAP_RINGS;
         }
         if self.fast_path {
-            caps |= proto::wire::CAP_FAST_PATH;
+            caps |= CAP_FAST_PATH;
         }
         caps
     }
@@ -140,7 +141,7 @@ fn udp_fds(
     }
     let mut sockets = Vec::with_capacity(addrs.len());
     for (addr, fd) in addrs.into_iter().zip(fds) {
-        if fdpass::socket_type(fd.as_fd())? != libc::SOCK_DGRAM {
+        if sys::sockopt::socket_type(fd.as_fd())? != libc::SOCK_DGRAM {
             return Err(HandshakeError::Protocol(format!("{what}: descriptor for {addr} is not a UDP socket")));
         }
         sockets.push(SharedSocketFd { addr, fd });
@@ -158,69 +159,65 @@ pub fn handshake_on_opts(
     timeout: Duration,
     opts: DataOptions,
 ) -> Result<Handshake, HandshakeError> {
-    fdpass::set_nonblocking(conn.as_fd(), false)?;
+    sys::sockopt::set_nonblocking(conn.as_fd(), false)?;
     let caps = opts.caps();
     let v2 = caps != 0;
-    let hello = if v2 { Control::DataHelloV2 { server_id, caps } } else { Control::DataHello { server_id } };
-    fdpass::send_record(conn.as_fd(), &encode_control(&hello), &[], 0)?;
+    let hello = if v2 { Data::DataHelloV2 { server_id, caps } } else { Data::DataHello { server_id } };
+    let plane = Channel::<Data>::new(conn.as_fd());
+    plane.send(&hello)?;
     let mut got_sockets: Option<Vec<SharedSocketFd>> = None;
     let mut got_fast: Option<Vec<SharedSocketFd>> = None;
-    fdpass::set_recv_timeout(conn.as_fd(), Some(timeout))?;
+    sys::sockopt::set_recv_timeout(conn.as_fd(), Some(timeout))?;
     let deadline = std::time::Instant::now() + timeout;
-    let mut buf = vec![0u8; CONTROL_BUF.max(proto::wire::FRAME_HEADER_LEN + proto::wire::MAX_PAYLOAD)];
+    let mut buf = vec![0u8; CONTROL_BUF.max(frame::HEADER_LEN + frame::MAX_PAYLOAD)];
     loop {
         if std::time::Instant::now() >= deadline {
             return Err(HandshakeError::Io(io::Error::new(io::ErrorKind::TimedOut, "no Sockets reply")));
         }
-        let r = match fdpass::recv_record(conn.as_fd(), &mut buf, 0) {
-            Ok(r) => r,
+        let got = match plane.recv(&mut buf) {
+            Ok(got) => got,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 return Err(HandshakeError::Io(io::Error::new(io::ErrorKind::TimedOut, "no Sockets reply")))
             }
             Err(e) => return Err(e.into()),
         };
-        if r.len == 0 {
-            return Err(HandshakeError::Closed);
-        }
-        if buf[0] != CONTROL_MAGIC {
+        match got {
+            Incoming::Closed => return Err(HandshakeError::Closed),
             // A data frame before Sockets: not expected, harmless.
-            continue;
-        }
-        if r.truncated {
-            return Err(HandshakeError::Protocol("control record too long".into()));
-        }
-        match decode_control(&buf[..r.len]) {
-            Ok(Control::Sockets { addrs }) if got_sockets.is_none() => {
-                let sockets = udp_fds("Sockets", addrs, r.fds, false)?;
+            Incoming::Malformed(WireError::BadMagic) => continue,
+            Incoming::TooLong => return Err(HandshakeError::Protocol("control record too long".into())),
+            Incoming::Malformed(e) => return Err(HandshakeError::Protocol(format!("undecodable control record: {e}"))),
+            Incoming::Message { msg: Data::Sockets { addrs }, fds } if got_sockets.is_none() => {
+                let sockets = udp_fds("Sockets", addrs, fds, false)?;
                 if v2 {
                     got_sockets = Some(sockets);
                     continue;
                 }
-                fdpass::set_recv_timeout(conn.as_fd(), None)?;
+                sys::sockopt::set_recv_timeout(conn.as_fd(), None)?;
                 return Ok(Handshake { conn, sockets, fast: Vec::new(), rings: Vec::new() });
             }
-            Ok(Control::FastSockets { addrs }) => {
+            Incoming::Message { msg: Data::FastSockets { addrs }, fds } => {
                 if !opts.fast_path || got_sockets.is_none() || got_fast.is_some() {
                     return Err(HandshakeError::Protocol(
                         "FastSockets out of order (not asked for, before Sockets, or twice)".into(),
                     ));
                 }
-                got_fast = Some(udp_fds("FastSockets", addrs, r.fds, true)?);
+                got_fast = Some(udp_fds("FastSockets", addrs, fds, true)?);
             }
-            Ok(Control::Rings { count, bytes }) if got_sockets.is_some() => {
-                if r.fds.len() != 2 * usize::from(count) {
+            Incoming::Message { msg: Data::Rings { count, bytes }, fds } if got_sockets.is_some() => {
+                if fds.len() != 2 * usize::from(count) {
                     return Err(HandshakeError::Protocol(format!(
                         "Rings announces {count} rings but carries {} descriptors",
-                        r.fds.len()
+                        fds.len()
                     )));
                 }
                 let mut rings = Vec::with_capacity(usize::from(count));
-                let mut fds = r.fds.into_iter();
+                let mut fds = fds.into_iter();
                 while let (Some(memfd), Some(efd)) = (fds.next(), fds.next()) {
                     rings.push(crate::ring::Consumer::open(memfd, efd, bytes)?);
                 }
-                fdpass::set_recv_timeout(conn.as_fd(), None)?;
+                sys::sockopt::set_recv_timeout(conn.as_fd(), None)?;
                 let sockets = got_sockets.take().unwrap_or_default();
                 let fast = match got_fast.take() {
                     Some(f) => f,
@@ -233,11 +230,10 @@ pub fn handshake_on_opts(
                 };
                 return Ok(Handshake { conn, sockets, fast, rings });
             }
-            Ok(Control::Error { reason }) => return Err(HandshakeError::Refused(reason)),
-            Ok(other) => {
+            Incoming::Message { msg: Data::Error { reason }, .. } => return Err(HandshakeError::Refused(reason)),
+            Incoming::Message { msg: other, .. } => {
                 tracing::debug!(?other, "ignoring control message during the data handshake");
             }
-            Err(e) => return Err(HandshakeError::Protocol(format!("undecodable control record: {e}"))),
         }
     }
 }
@@ -249,7 +245,7 @@ pub fn handshake_opts(
     timeout: Duration,
     opts: DataOptions,
 ) -> Result<Handshake, HandshakeError> {
-    let conn = fdpass::seqpacket_connect(path)?;
+    let conn = sys::seqpacket::connect(path)?;
     handshake_on_opts(conn, server_id, timeout, opts)
 }
 
@@ -262,7 +258,7 @@ pub struct DataStats {
     pub ring_frames: AtomicU64,
     /// Payload bytes handed to quinn.
     pub bytes: AtomicU64,
-    /// Records that failed `decode_frame` / `decode_control` (dropped).
+    /// Records that failed `frame::decode` / `Data::decode` (dropped).
     pub malformed: AtomicU64,
     /// Records longer than the receive buffer (dropped).
     pub truncated: AtomicU64,
@@ -335,8 +331,8 @@ impl DataConn {
         path: Option<PathBuf>,
         opts: DataOptions,
     ) -> io::Result<Arc<DataConn>> {
-        fdpass::set_nonblocking(conn.as_fd(), true)?;
-        let fd = fdpass::async_fd(conn, Interest::READABLE | Interest::WRITABLE)?;
+        sys::sockopt::set_nonblocking(conn.as_fd(), true)?;
+        let fd = crate::async_fd::register(conn, Interest::READABLE | Interest::WRITABLE)?;
         Ok(Arc::new(DataConn {
             server_id,
             path,
@@ -385,21 +381,17 @@ impl DataConn {
         self.current().is_some()
     }
 
-    async fn send_record(&self, rec: &[u8]) -> io::Result<()> {
+    /// Sends a control message (best effort when disconnected: the state is replayed
+    /// on reconnection).
+    pub async fn send_control(&self, m: &Data) -> io::Result<()> {
         let fd = self.current().ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "data connection down"))?;
         loop {
             let mut guard = fd.writable().await?;
-            match guard.try_io(|inner| fdpass::send_record(inner.as_fd(), rec, &[], libc::MSG_DONTWAIT)) {
-                Ok(r) => return r.map(|_| ()),
+            match guard.try_io(|inner| Channel::new(inner.as_fd()).dont_wait().send(m)) {
+                Ok(r) => return r,
                 Err(_would_block) => continue,
             }
         }
-    }
-
-    /// Sends a control message (best effort when disconnected: the state is replayed
-    /// on reconnection).
-    pub async fn send_control(&self, m: &Control) -> io::Result<()> {
-        self.send_record(&encode_control(m)).await
     }
 
     /// Tells the data plane this instance takes new connections (`Ready`).
@@ -411,14 +403,14 @@ impl DataConn {
                 return Ok(());
             }
         }
-        self.send_control(&Control::Ready).await
+        self.send_control(&Data::Ready).await
     }
 
     /// Tells the data plane to place nothing new here (`Draining`); datagrams of
     /// existing connections keep arriving until the connection closes.
     pub async fn draining(&self) -> io::Result<()> {
         self.lifecycle.lock().map_err(|_| poisoned())?.draining = true;
-        self.send_control(&Control::Draining).await
+        self.send_control(&Data::Draining).await
     }
 
     /// Whether `Draining` was sent.
@@ -438,8 +430,8 @@ impl DataConn {
     /// quinn). Returns whether the record asks us to treat the connection as closing.
     pub fn on_control(&self, rec: &[u8]) -> bool {
         self.stats.control.fetch_add(1, Ordering::Relaxed);
-        match decode_control(rec) {
-            Ok(Control::Error { reason }) => {
+        match Data::decode(rec) {
+            Ok(Data::Error { reason }) => {
                 tracing::warn!(%reason, "data plane reports an error on the data connection");
                 false
             }
@@ -503,7 +495,7 @@ impl DataConn {
                 }
                 let (ready, draining) = me.lifecycle.lock().map(|l| (l.ready, l.draining)).unwrap_or((false, true));
                 if ready && !draining {
-                    if let Err(e) = me.send_control(&Control::Ready).await {
+                    if let Err(e) = me.send_control(&Data::Ready).await {
                         tracing::warn!(error = %e, "resending Ready failed");
                     }
                 }
@@ -514,8 +506,8 @@ impl DataConn {
     }
 
     fn install(&self, conn: OwnedFd) -> io::Result<()> {
-        fdpass::set_nonblocking(conn.as_fd(), true)?;
-        let fd = Arc::new(fdpass::async_fd(conn, Interest::READABLE | Interest::WRITABLE)?);
+        sys::sockopt::set_nonblocking(conn.as_fd(), true)?;
+        let fd = Arc::new(crate::async_fd::register(conn, Interest::READABLE | Interest::WRITABLE)?);
         *self.fd.write().map_err(|_| poisoned())? = Some(fd);
         if let Some(w) = self.waker.lock().map_err(|_| poisoned())?.take() {
             w.wake();

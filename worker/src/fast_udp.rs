@@ -16,7 +16,6 @@
 //! socket array and their datagrams fall back to the data plane).
 
 use crate::datasock::{DataStats, SharedSocketFd};
-use crate::fdpass;
 use quinn_udp::{RecvMeta, Transmit, UdpSockRef, UdpSocketState};
 use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
@@ -60,7 +59,7 @@ impl FastUdp {
         let mut socks = Vec::with_capacity(sockets.len());
         for s in sockets {
             let state = UdpSocketState::new(UdpSockRef::from(&s.fd))?;
-            let io = fdpass::async_fd(s.fd, Interest::READABLE | Interest::WRITABLE)?;
+            let io = crate::async_fd::register(s.fd, Interest::READABLE | Interest::WRITABLE)?;
             socks.push(FastSock { addr: s.addr, io, state });
         }
         Ok(FastUdp { socks, ..FastUdp::empty() })

@@ -12,9 +12,11 @@
 //! without it [`report`] does nothing.
 
 use crate::datasock::DataConn;
-use proto::wire::{encode_control, Control, MAX_ODCID_LEN};
+use proto::wire::data::MAX_ODCID_LEN;
+use proto::wire::Data;
 use std::os::fd::AsFd;
 use std::sync::{Arc, OnceLock};
+use sys::seqpacket::Channel;
 
 static DATA: OnceLock<Arc<DataConn>> = OnceLock::new();
 
@@ -30,8 +32,8 @@ pub fn report(odcid: &[u8]) {
         return;
     }
     let Some(fd) = data.current() else { return };
-    let rec = encode_control(&Control::HandshakeDone { odcid: odcid.to_vec() });
-    if let Err(e) = crate::fdpass::send_record(fd.get_ref().as_fd(), &rec, &[], libc::MSG_DONTWAIT) {
+    let done = Data::HandshakeDone { odcid: odcid.to_vec() };
+    if let Err(e) = Channel::new(fd.get_ref().as_fd()).dont_wait().send(&done) {
         tracing::debug!(error = %e, "HandshakeDone not sent (the ticket leaves with its pin)");
     }
 }

@@ -29,13 +29,13 @@
 //! ```
 
 pub mod alloc;
+pub mod async_fd;
 pub mod cid_gen;
 pub mod control;
 pub mod datasock;
 pub mod drain;
 pub mod echo;
 pub mod fast_udp;
-pub mod fdpass;
 pub mod h3_server;
 pub mod handshake_done;
 pub mod load_report;

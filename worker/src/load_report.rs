@@ -11,7 +11,8 @@
 //! (only the limit, `ServerConfig::incoming_buffer_size`).
 
 use crate::datasock::DataConn;
-use proto::wire::{Control, LOAD_INTERVAL_MS};
+use proto::wire::data::LOAD_INTERVAL_MS;
+use proto::wire::Data;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -44,8 +45,8 @@ pub fn handshakes() -> u32 {
 }
 
 /// The report as it goes on the wire.
-pub fn current() -> Control {
-    Control::Load { handshakes: handshakes(), incoming_bytes: 0 }
+pub fn current() -> Data {
+    Data::Load { handshakes: handshakes(), incoming_bytes: 0 }
 }
 
 /// Sends [`current`] on `data` every [`LOAD_INTERVAL`] (the first one at once) until
@@ -85,6 +86,6 @@ mod tests {
         drop(a);
         drop(b);
         // Other tests may run handshakes concurrently; ours are gone.
-        assert!(matches!(current(), Control::Load { incoming_bytes: 0, .. }));
+        assert!(matches!(current(), Data::Load { incoming_bytes: 0, .. }));
     }
 }

@@ -14,7 +14,7 @@
 
 use crate::datasock::DataStats;
 use proto::ring::{self, Next, OFF_CAPACITY, OFF_HEAD, OFF_MAGIC, OFF_TAIL, RING_MAGIC};
-use proto::wire::{decode_frame_header, FrameMeta, FRAME_HEADER_LEN};
+use proto::wire::frame::{self, FrameMeta};
 use std::io;
 use std::io::IoSliceMut;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
@@ -148,16 +148,16 @@ impl Consumer {
     /// empty. `Err`: the producer wrote nonsense; stop using this ring.
     pub fn pop_frame(&self, payload: &mut [u8]) -> io::Result<Option<Popped>> {
         let Some((at, len, new_head)) = self.next_record()? else { return Ok(None) };
-        let popped = match len.checked_sub(FRAME_HEADER_LEN) {
+        let popped = match len.checked_sub(frame::HEADER_LEN) {
             None => Popped::Malformed,
             Some(plen) => {
-                let mut hdr = [0u8; FRAME_HEADER_LEN];
+                let mut hdr = [0u8; frame::HEADER_LEN];
                 self.read(at, &mut hdr);
-                match decode_frame_header(&hdr, plen) {
+                match frame::decode_header(&hdr, plen) {
                     Err(_) => Popped::Malformed,
                     Ok(_) if plen > payload.len() => Popped::TooLong,
                     Ok(meta) => {
-                        self.read(at + FRAME_HEADER_LEN, &mut payload[..plen]);
+                        self.read(at + frame::HEADER_LEN, &mut payload[..plen]);
                         Popped::Frame { meta, len: plen }
                     }
                 }
@@ -219,7 +219,7 @@ impl RingSet {
         let readers = rings
             .into_iter()
             .map(|ring| {
-                let wake = crate::fdpass::async_fd(ring.eventfd_owned()?, tokio::io::Interest::READABLE)?;
+                let wake = crate::async_fd::register(ring.eventfd_owned()?, tokio::io::Interest::READABLE)?;
                 Ok(RingReader { wake, ring, dead: AtomicBool::new(false) })
             })
             .collect::<io::Result<Vec<_>>>()?;
@@ -307,7 +307,7 @@ impl RingSet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proto::wire::{encode_frame_header, MAX_PAYLOAD};
+    use proto::wire::frame::MAX_PAYLOAD;
     use std::net::SocketAddr;
 
     const CAP: u64 = ring::MIN_CAPACITY as u64;
@@ -336,8 +336,8 @@ mod tests {
     }
 
     fn frame(meta: &FrameMeta, payload: &[u8]) -> Vec<u8> {
-        let mut h = [0u8; FRAME_HEADER_LEN];
-        encode_frame_header(meta, &mut h);
+        let mut h = [0u8; frame::HEADER_LEN];
+        frame::encode_header(meta, &mut h);
         [&h[..], payload].concat()
     }
 
@@ -372,7 +372,7 @@ mod tests {
         let (map, c) = pair();
         let mut buf = vec![0u8; 1500];
         put(&map, &[0xd7; 20]); // shorter than a frame header
-        put(&map, &frame(&meta(None), b"x")[..FRAME_HEADER_LEN]); // empty payload
+        put(&map, &frame(&meta(None), b"x")[..frame::HEADER_LEN]); // empty payload
         let mut bad = frame(&meta(None), b"abc");
         bad[3] = 7; // ECN > 3
         put(&map, &bad);

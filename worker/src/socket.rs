@@ -3,7 +3,7 @@
 //!
 //! Receive: each `poll_recv` takes up to as many records as quinn offers buffers
 //! (one `recvmmsg`), one record per buffer. A data frame (first byte 0xd7) is decoded
-//! with `proto::wire::decode_frame` in place, its payload moved to the front of the
+//! with `proto::wire::frame::decode` in place, its payload moved to the front of the
 //! buffer, and its metadata put into quinn's `RecvMeta`: `addr` = client, `dst_ip` =
 //! the address the client sent to, `ecn`, `len`, `stride` = GRO segment size (else
 //! `len`; never 0). Control records (0xc7) are handled here and never reach quinn;
@@ -25,10 +25,10 @@
 
 use crate::datasock::{DataConn, NewSockets, SharedSocketFd};
 use crate::fast_udp::FastUdp;
-use crate::fdpass::{self, MAX_BATCH};
 use crate::ring::{Consumer, RingSet};
 use crate::udp_send::SharedUdp;
-use proto::wire::{decode_frame, FrameMeta, CONTROL_MAGIC, FRAME_HEADER_LEN, FRAME_MAGIC};
+use proto::wire::frame::{self, FrameMeta};
+use proto::wire::CONTROL_MAGIC;
 use quinn::udp::{EcnCodepoint, RecvMeta, Transmit};
 use quinn::{AsyncUdpSocket, UdpPoller};
 use std::fmt;
@@ -40,10 +40,11 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::task::{ready, Context, Poll};
+use sys::seqpacket::MAX_BATCH;
 
 /// Datagrams one `RecvMeta` may describe: quinn sizes each receive buffer as
 /// `max_udp_payload_size × max_receive_segments`, and a GRO train from the data
-/// plane may be up to 65 535 bytes (`proto::wire::MAX_PAYLOAD`); 64 × 1200 covers it
+/// plane may be up to 65 535 bytes (`proto::wire::frame::MAX_PAYLOAD`); 64 × 1200 covers it
 /// for any allowed `max_udp_payload_size`.
 pub const RECEIVE_SEGMENTS: usize = 64;
 
@@ -242,7 +243,7 @@ impl DemuxSocket {
         m.addr = fm.client;
         m.len = payload_len;
         // RFC 9000 §14.1 datagrams are at least 1 byte; a GRO train is cut every
-        // `segment_size` bytes (decode_frame guarantees 0 < segment ≤ payload).
+        // `segment_size` bytes (frame::decode guarantees 0 < segment ≤ payload).
         m.stride = fm.segment_size.map_or(payload_len, usize::from).max(1);
         m.ecn = EcnCodepoint::from_bits(fm.ecn);
         m.dst_ip = fm.local.map(|l| l.ip());
@@ -277,7 +278,7 @@ impl DemuxSocket {
             }
             let rec = &bufs[i][..len];
             match rec[0] {
-                FRAME_MAGIC => {}
+                frame::MAGIC => {}
                 CONTROL_MAGIC => {
                     self.data.on_control(rec);
                     continue;
@@ -287,7 +288,7 @@ impl DemuxSocket {
                     continue;
                 }
             }
-            let (fm, payload_len) = match decode_frame(rec) {
+            let (fm, payload_len) = match frame::decode(rec) {
                 Ok((fm, p)) => (fm, p.len()),
                 Err(e) => {
                     stats.malformed.fetch_add(1, Ordering::Relaxed);
@@ -302,10 +303,10 @@ impl DemuxSocket {
                 continue;
             }
             if out == i {
-                bufs[i].copy_within(FRAME_HEADER_LEN..len, 0);
+                bufs[i].copy_within(frame::HEADER_LEN..len, 0);
             } else {
                 let (head, tail) = bufs.split_at_mut(i);
-                head[out][..payload_len].copy_from_slice(&tail[0][FRAME_HEADER_LEN..len]);
+                head[out][..payload_len].copy_from_slice(&tail[0][frame::HEADER_LEN..len]);
             }
             self.deliver(&udp, &mut meta[out], &fm, payload_len);
             out += 1;
@@ -437,7 +438,7 @@ impl DemuxSocket {
                 }
             };
             let got = match guard.try_io(|inner| {
-                fdpass::recv_batch(inner.get_ref().as_fd(), &mut bufs[..n], &mut lens[..n], &mut trunc[..n])
+                sys::seqpacket::recv_batch(inner.get_ref().as_fd(), &mut bufs[..n], &mut lens[..n], &mut trunc[..n])
             }) {
                 Err(_would_block) => continue,
                 Ok(Ok(got)) => got,
@@ -496,19 +497,20 @@ impl UdpPoller for Poller {
 mod tests {
     use super::*;
     use crate::datasock::{handshake_on, HandshakeError};
-    use proto::wire::{encode_control, encode_frame, Control, FrameMeta};
+    use proto::wire::frame::{self, FrameMeta};
+    use proto::wire::{Data, Message};
     use proto::ServerId;
     use std::os::fd::{AsFd, OwnedFd};
     use std::time::Duration;
 
     /// The data plane's end of a handshake: reads DataHello, answers `reply` with `fds`.
-    fn fake_plane(plane: OwnedFd, reply: Control, fds: Vec<OwnedFd>) -> std::thread::JoinHandle<(OwnedFd, Control)> {
+    fn fake_plane(plane: OwnedFd, reply: Data, fds: Vec<OwnedFd>) -> std::thread::JoinHandle<(OwnedFd, Data)> {
         std::thread::spawn(move || {
             let mut buf = [0u8; 256];
-            let r = fdpass::recv_record(plane.as_fd(), &mut buf, 0).unwrap();
-            let hello = proto::wire::decode_control(&buf[..r.len]).unwrap();
+            let r = sys::seqpacket::recv_record(plane.as_fd(), &mut buf, 0).unwrap();
+            let hello = Data::decode(&buf[..r.len]).unwrap();
             let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
-            fdpass::send_record(plane.as_fd(), &encode_control(&reply), &borrowed, 0).unwrap();
+            sys::seqpacket::send_record(plane.as_fd(), &Message::to_record(&reply), &borrowed, 0).unwrap();
             (plane, hello)
         })
     }
@@ -522,56 +524,56 @@ mod tests {
 
     #[test]
     fn handshake_success_refusal_and_mismatch() {
-        let (w, p) = fdpass::seqpacket_pair().unwrap();
+        let (w, p) = sys::seqpacket::pair().unwrap();
         let (_s, addr, fd) = udp_pair();
-        let t = fake_plane(p, Control::Sockets { addrs: vec![addr] }, vec![fd]);
+        let t = fake_plane(p, Data::Sockets { addrs: vec![addr] }, vec![fd]);
         let h = handshake_on(w, ServerId(42), Duration::from_secs(5)).unwrap();
         let (_p, hello) = t.join().unwrap();
-        assert_eq!(hello, Control::DataHello { server_id: ServerId(42) });
+        assert_eq!(hello, Data::DataHello { server_id: ServerId(42) });
         assert_eq!(h.sockets.len(), 1);
         assert_eq!(h.sockets[0].addr, addr);
 
-        let (w, p) = fdpass::seqpacket_pair().unwrap();
-        let t = fake_plane(p, Control::Error { reason: "server id 42 is taken".into() }, vec![]);
+        let (w, p) = sys::seqpacket::pair().unwrap();
+        let t = fake_plane(p, Data::Error { reason: "server id 42 is taken".into() }, vec![]);
         match handshake_on(w, ServerId(42), Duration::from_secs(5)) {
             Err(HandshakeError::Refused(r)) => assert!(r.contains("taken")),
             other => panic!("expected a refusal, got {other:?}"),
         }
         drop(t.join());
 
-        let (w, p) = fdpass::seqpacket_pair().unwrap();
+        let (w, p) = sys::seqpacket::pair().unwrap();
         let (_s, addr, _fd) = udp_pair();
-        let t = fake_plane(p, Control::Sockets { addrs: vec![addr] }, vec![]);
+        let t = fake_plane(p, Data::Sockets { addrs: vec![addr] }, vec![]);
         assert!(matches!(handshake_on(w, ServerId(1), Duration::from_secs(5)), Err(HandshakeError::Protocol(_))));
         drop(t.join());
 
-        let (w, p) = fdpass::seqpacket_pair().unwrap();
+        let (w, p) = sys::seqpacket::pair().unwrap();
         drop(p);
         assert!(handshake_on(w, ServerId(1), Duration::from_secs(5)).is_err());
     }
 
     #[tokio::test]
     async fn receive_side_fills_recv_meta_and_drops_the_rest() {
-        let (w, plane) = fdpass::seqpacket_pair().unwrap();
+        let (w, plane) = sys::seqpacket::pair().unwrap();
         let (_s, _addr, fd) = udp_pair();
         let data = DataConn::new(w, ServerId(3), None).unwrap();
         let sock = DemuxSocket::new(Arc::clone(&data), vec![SharedSocketFd { addr: _addr, fd }]).unwrap();
         let client: SocketAddr = "192.0.2.7:4433".parse().unwrap();
         let local: SocketAddr = "198.51.100.1:443".parse().unwrap();
         let send = |rec: &[u8]| {
-            fdpass::send_record(plane.as_fd(), rec, &[], 0).unwrap();
+            sys::seqpacket::send_record(plane.as_fd(), rec, &[], 0).unwrap();
         };
         // 1: control record (never reaches quinn)
-        send(&encode_control(&Control::Error { reason: "note".into() }));
+        send(&Message::to_record(&Data::Error { reason: "note".into() }));
         // 2: one datagram with local address and ECN CE
-        send(&encode_frame(&FrameMeta { client, local: Some(local), ecn: 3, segment_size: None }, &[0x40; 100]));
+        send(&frame::encode(&FrameMeta { client, local: Some(local), ecn: 3, segment_size: None }, &[0x40; 100]));
         // 3: malformed: frame magic but truncated header
         send(&[0xd7, 1, 0]);
         // 4: garbage first byte
         send(&[0x00; 60]);
         // 5: a GRO train of 3 × 1200 + 500
         let train: Vec<u8> = (0..4100u32).map(|i| i as u8).collect();
-        send(&encode_frame(&FrameMeta { client, local: None, ecn: 0, segment_size: Some(1200) }, &train));
+        send(&frame::encode(&FrameMeta { client, local: None, ecn: 0, segment_size: Some(1200) }, &train));
 
         let mut store = vec![0u8; 8 * 70_000];
         let mut bufs: Vec<IoSliceMut<'_>> = store.chunks_mut(70_000).map(IoSliceMut::new).collect();
@@ -606,7 +608,7 @@ mod tests {
         assert_eq!(data.stats.disconnects.load(Ordering::Relaxed), 1);
         assert!(!sock.may_fragment());
         assert_eq!(sock.max_receive_segments(), RECEIVE_SEGMENTS);
-        const { assert!(RECEIVE_SEGMENTS * 1200 >= proto::wire::MAX_PAYLOAD) };
+        const { assert!(RECEIVE_SEGMENTS * 1200 >= frame::MAX_PAYLOAD) };
     }
 
     /// Fast socket and data connection both have datagrams: with one buffer per call
@@ -614,7 +616,7 @@ mod tests {
     /// set up by quinn-udp on the worker's own socket) and are counted.
     #[tokio::test]
     async fn fast_socket_and_data_connection_share_the_receive_side() {
-        let (w, plane) = fdpass::seqpacket_pair().unwrap();
+        let (w, plane) = sys::seqpacket::pair().unwrap();
         let (_s, addr, fd) = udp_pair();
         let fast = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let fast_addr = fast.local_addr().unwrap();
@@ -631,7 +633,7 @@ mod tests {
             client.send_to(&[0x41; 50], fast_addr).unwrap();
         }
         let fm = FrameMeta { client: client.local_addr().unwrap(), local: None, ecn: 0, segment_size: None };
-        fdpass::send_record(plane.as_fd(), &encode_frame(&fm, &[0x42; 60]), &[], 0).unwrap();
+        sys::seqpacket::send_record(plane.as_fd(), &frame::encode(&fm, &[0x42; 60]), &[], 0).unwrap();
         std::thread::sleep(Duration::from_millis(50));
         let mut store = vec![0u8; 70_000];
         let mut got = Vec::new();
@@ -661,7 +663,7 @@ mod tests {
     /// the listen address it belongs to.
     #[tokio::test]
     async fn every_fast_socket_is_read_and_answers_from_its_port() {
-        let (w, _plane) = fdpass::seqpacket_pair().unwrap();
+        let (w, _plane) = sys::seqpacket::pair().unwrap();
         let (f1, f2) =
             (std::net::UdpSocket::bind("127.0.0.1:0").unwrap(), std::net::UdpSocket::bind("127.0.0.1:0").unwrap());
         let (a1, a2) = (f1.local_addr().unwrap(), f2.local_addr().unwrap());
@@ -714,17 +716,17 @@ mod tests {
 
     #[tokio::test]
     async fn lifecycle_messages_go_out_on_the_data_connection() {
-        let (w, plane) = fdpass::seqpacket_pair().unwrap();
+        let (w, plane) = sys::seqpacket::pair().unwrap();
         let data = DataConn::new(w, ServerId(3), None).unwrap();
         data.ready().await.unwrap();
         data.draining().await.unwrap();
         data.ready().await.unwrap(); // ignored once draining
         let mut buf = [0u8; 64];
         let mut got = Vec::new();
-        while let Ok(r) = fdpass::recv_record(plane.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
-            got.push(proto::wire::decode_control(&buf[..r.len]).unwrap());
+        while let Ok(r) = sys::seqpacket::recv_record(plane.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
+            got.push(Data::decode(&buf[..r.len]).unwrap());
         }
-        assert_eq!(got, vec![Control::Ready, Control::Draining]);
+        assert_eq!(got, vec![Data::Ready, Data::Draining]);
         assert!(data.is_draining());
     }
 
@@ -736,29 +738,29 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("d.sock");
-        let listener = fdpass::seqpacket_listen(&path).unwrap();
+        let listener = sys::seqpacket::listen(&path, 64).unwrap();
         let (_s, addr, _fd) = udp_pair();
         let plane = std::thread::spawn(move || {
             let mut seen = Vec::new();
             for round in 0..2 {
-                let c = fdpass::seqpacket_accept(listener.as_fd()).unwrap();
+                let c = sys::seqpacket::accept(listener.as_fd()).unwrap();
                 let mut buf = [0u8; 256];
-                let r = fdpass::recv_record(c.as_fd(), &mut buf, 0).unwrap();
-                seen.push(proto::wire::decode_control(&buf[..r.len]).unwrap());
+                let r = sys::seqpacket::recv_record(c.as_fd(), &mut buf, 0).unwrap();
+                seen.push(Data::decode(&buf[..r.len]).unwrap());
                 let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-                fdpass::send_record(
+                sys::seqpacket::send_record(
                     c.as_fd(),
-                    &encode_control(&Control::Sockets { addrs: vec![addr] }),
+                    &Message::to_record(&Data::Sockets { addrs: vec![addr] }),
                     &[udp.as_fd()],
                     0,
                 )
                 .unwrap();
-                let r = fdpass::recv_record(c.as_fd(), &mut buf, 0).unwrap();
-                seen.push(proto::wire::decode_control(&buf[..r.len]).unwrap());
+                let r = sys::seqpacket::recv_record(c.as_fd(), &mut buf, 0).unwrap();
+                seen.push(Data::decode(&buf[..r.len]).unwrap());
                 if round == 1 {
                     let f =
-                        encode_frame(&FrameMeta { client: addr, local: None, ecn: 0, segment_size: None }, b"after");
-                    fdpass::send_record(c.as_fd(), &f, &[], 0).unwrap();
+                        frame::encode(&FrameMeta { client: addr, local: None, ecn: 0, segment_size: None }, b"after");
+                    sys::seqpacket::send_record(c.as_fd(), &f, &[], 0).unwrap();
                     std::thread::sleep(Duration::from_millis(500));
                 }
                 // Round 0: dropping `c` is the data plane dying.
@@ -781,8 +783,8 @@ mod tests {
         .unwrap();
         assert_eq!((n, &bufs[0][..meta[0].len]), (1, &b"after"[..]));
         let seen = tokio::task::spawn_blocking(move || plane.join().unwrap()).await.unwrap();
-        let hello = Control::DataHello { server_id: ServerId(11) };
-        assert_eq!(seen, vec![hello.clone(), Control::Ready, hello, Control::Ready]);
+        let hello = Data::DataHello { server_id: ServerId(11) };
+        assert_eq!(seen, vec![hello.clone(), Data::Ready, hello, Data::Ready]);
         assert_eq!(sock.data().stats.reconnects.load(Ordering::Relaxed), 1);
         let _ = std::fs::remove_dir_all(&dir);
     }

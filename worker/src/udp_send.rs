@@ -15,7 +15,6 @@
 //! through tokio; if not, a send may block briefly when the socket buffer is full.
 
 use crate::datasock::SharedSocketFd;
-use crate::fdpass;
 use quinn_udp::{Transmit, UdpSockRef, UdpSocketState};
 use std::collections::HashMap;
 use std::io;
@@ -87,8 +86,8 @@ impl SharedUdp {
         let state = probe_state(only_v6)?;
         let mut socks = Vec::with_capacity(sockets.len());
         for s in sockets {
-            let fd = if fdpass::is_nonblocking(s.fd.as_fd())? {
-                Fd::Async(fdpass::async_fd(s.fd, Interest::WRITABLE)?)
+            let fd = if sys::sockopt::is_nonblocking(s.fd.as_fd())? {
+                Fd::Async(crate::async_fd::register(s.fd, Interest::WRITABLE)?)
             } else {
                 tracing::info!(addr = %s.addr, "shared UDP socket is blocking: sends may block briefly");
                 Fd::Blocking(s.fd)
@@ -265,7 +264,7 @@ mod tests {
     #[tokio::test]
     async fn sends_from_the_shared_socket_without_touching_its_flags() {
         let (socks, udp) = shared(&["127.0.0.1:0"]);
-        assert!(!fdpass::is_nonblocking(socks[0].as_fd()).unwrap(), "flags of the shared description unchanged");
+        assert!(!sys::sockopt::is_nonblocking(socks[0].as_fd()).unwrap(), "flags of the shared description unchanged");
         let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
         peer.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         let t = Transmit {

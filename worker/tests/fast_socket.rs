@@ -9,7 +9,8 @@
 mod common;
 
 use common::*;
-use proto::wire::{decode_control, encode_control, Control, CAP_FAST_PATH, CAP_RINGS};
+use proto::wire::data::{CAP_FAST_PATH, CAP_RINGS};
+use proto::wire::{Data, Message};
 use proto::ServerId;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, OwnedFd};
@@ -18,7 +19,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use worker::datasock::{handshake_on_opts, HandshakeError};
-use worker::{fdpass, DataOptions};
+use worker::DataOptions;
 
 const MIB: u64 = 1 << 20;
 
@@ -36,21 +37,21 @@ fn secrets() -> worker::Secrets {
 
 /// The next control message other than the `Load` heartbeat (sent at once and every
 /// 250 ms from the start, so it races with `Ready`).
-fn read_control(conn: &OwnedFd) -> Control {
+fn read_control(conn: &OwnedFd) -> Data {
     let mut buf = vec![0u8; 4096];
     loop {
-        let r = fdpass::recv_record(conn.as_fd(), &mut buf, 0).expect("recv");
+        let r = sys::seqpacket::recv_record(conn.as_fd(), &mut buf, 0).expect("recv");
         assert!(r.len > 0, "worker closed the data connection");
-        match decode_control(&buf[..r.len]).expect("decode") {
-            Control::Load { .. } => continue,
+        match Data::decode(&buf[..r.len]).expect("decode") {
+            Data::Load { .. } => continue,
             m => return m,
         }
     }
 }
 
-fn send(conn: &OwnedFd, m: &Control, fds: &[&UdpSocket]) {
+fn send(conn: &OwnedFd, m: &Data, fds: &[&UdpSocket]) {
     let fds: Vec<_> = fds.iter().map(|s| s.as_fd()).collect();
-    fdpass::send_record(conn.as_fd(), &encode_control(m), &fds, 0).expect("send");
+    sys::seqpacket::send_record(conn.as_fd(), &Message::to_record(m), &fds, 0).expect("send");
 }
 
 /// One data-plane side of the handshake: reads the hello, answers `Sockets` (a UDP
@@ -59,16 +60,16 @@ fn send(conn: &OwnedFd, m: &Control, fds: &[&UdpSocket]) {
 /// address), `FastSockets { [listen] }` with `fast`, and `Rings { 0, 0 }`. Closes
 /// its copy of every socket, as the data plane does. Returns the hello.
 /// `fast: None`: an empty `FastSockets` (fast path not active).
-fn answer(conn: &OwnedFd, fast: Option<UdpSocket>) -> Control {
+fn answer(conn: &OwnedFd, fast: Option<UdpSocket>) -> Data {
     let hello = read_control(conn);
     let shared = UdpSocket::bind("127.0.0.1:0").expect("shared socket");
     let listen = fast.as_ref().map_or(shared.local_addr(), |f| f.local_addr()).expect("listen addr");
-    send(conn, &Control::Sockets { addrs: vec![listen] }, &[&shared]);
+    send(conn, &Data::Sockets { addrs: vec![listen] }, &[&shared]);
     match &fast {
-        Some(f) => send(conn, &Control::FastSockets { addrs: vec![listen] }, &[f]),
-        None => send(conn, &Control::FastSockets { addrs: vec![] }, &[]),
+        Some(f) => send(conn, &Data::FastSockets { addrs: vec![listen] }, &[f]),
+        None => send(conn, &Data::FastSockets { addrs: vec![] }, &[]),
     }
-    send(conn, &Control::Rings { count: 0, bytes: 0 }, &[]);
+    send(conn, &Data::Rings { count: 0, bytes: 0 }, &[]);
     hello
 }
 
@@ -111,27 +112,27 @@ fn serves_over_the_fast_socket_and_swaps_it_on_reconnect() {
     let dir = temp_dir("fast");
     let c = cert(&dir);
     let path = dir.join("d.sock");
-    let listener = fdpass::seqpacket_listen(&path).expect("listen");
+    let listener = sys::seqpacket::listen(&path, 64).expect("listen");
     let fast1 = UdpSocket::bind("127.0.0.1:0").expect("fast socket 1");
     let fast2 = UdpSocket::bind("127.0.0.1:0").expect("fast socket 2");
     let (p1, p2) = (fast1.local_addr().expect("p1"), fast2.local_addr().expect("p2"));
     let (restart_tx, restart_rx) = mpsc::channel::<()>();
-    let (hello_tx, hello_rx) = mpsc::channel::<Control>();
+    let (hello_tx, hello_rx) = mpsc::channel::<Data>();
     let plane = std::thread::spawn(move || {
-        let conn = fdpass::seqpacket_accept(listener.as_fd()).expect("accept 1");
+        let conn = sys::seqpacket::accept(listener.as_fd()).expect("accept 1");
         hello_tx.send(answer(&conn, Some(fast1))).expect("hello 1");
-        assert_eq!(read_control(&conn), Control::Ready);
+        assert_eq!(read_control(&conn), Data::Ready);
         restart_rx.recv().expect("restart signal");
         drop(conn); // the data plane dies
-        let conn = fdpass::seqpacket_accept(listener.as_fd()).expect("accept 2");
+        let conn = sys::seqpacket::accept(listener.as_fd()).expect("accept 2");
         hello_tx.send(answer(&conn, Some(fast2))).expect("hello 2");
-        assert_eq!(read_control(&conn), Control::Ready, "Ready resent after the reconnection");
+        assert_eq!(read_control(&conn), Data::Ready, "Ready resent after the reconnection");
         restart_rx.recv().expect("restart signal 2");
         drop(conn);
         // A data plane without the fast path: empty FastSockets.
-        let conn = fdpass::seqpacket_accept(listener.as_fd()).expect("accept 3");
+        let conn = sys::seqpacket::accept(listener.as_fd()).expect("accept 3");
         hello_tx.send(answer(&conn, None)).expect("hello 3");
-        assert_eq!(read_control(&conn), Control::Ready);
+        assert_eq!(read_control(&conn), Data::Ready);
         // Stay up until the test ends (it drops the sender).
         let _ = restart_rx.recv();
     });
@@ -144,7 +145,7 @@ fn serves_over_the_fast_socket_and_swaps_it_on_reconnect() {
         let att = worker::attach_with(&path, ServerId(9), &secrets(), sc, opts).await.expect("attach");
         let hello = hello_rx.recv().expect("hello");
         match hello {
-            Control::DataHelloV2 { server_id, caps } => {
+            Data::DataHelloV2 { server_id, caps } => {
                 assert_eq!(server_id, ServerId(9));
                 assert_ne!(caps & CAP_FAST_PATH, 0, "CAP_FAST_PATH asked");
                 assert_ne!(caps & CAP_RINGS, 0, "CAP_RINGS asked (this plane grants none)");
@@ -174,7 +175,7 @@ fn serves_over_the_fast_socket_and_swaps_it_on_reconnect() {
         restart_tx.send(()).expect("restart");
         let hello = tokio::task::block_in_place(|| hello_rx.recv_timeout(Duration::from_secs(10))).expect("hello 2");
         assert!(
-            matches!(hello, Control::DataHelloV2 { caps, .. } if caps & CAP_FAST_PATH != 0),
+            matches!(hello, Data::DataHelloV2 { caps, .. } if caps & CAP_FAST_PATH != 0),
             "the reconnection asks for the fast path again: {hello:?}"
         );
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -197,7 +198,7 @@ fn serves_over_the_fast_socket_and_swaps_it_on_reconnect() {
         // Restarted again, without the fast path: the worker drops its fast socket.
         restart_tx.send(()).expect("restart 2");
         let hello = tokio::task::block_in_place(|| hello_rx.recv_timeout(Duration::from_secs(10))).expect("hello 3");
-        assert!(matches!(hello, Control::DataHelloV2 { caps, .. } if caps & CAP_FAST_PATH != 0), "{hello:?}");
+        assert!(matches!(hello, Data::DataHelloV2 { caps, .. } if caps & CAP_FAST_PATH != 0), "{hello:?}");
         let deadline = Instant::now() + Duration::from_secs(10);
         while stats.reconnects.load(Ordering::Relaxed) < 2 {
             assert!(Instant::now() < deadline, "second reconnection");
@@ -218,7 +219,7 @@ fn serves_over_the_fast_socket_and_swaps_it_on_reconnect() {
 }
 
 /// Runs the `worker` binary against a listener that only reads the hello.
-fn binary_hello(dir: &Path, extra: &[&str]) -> Control {
+fn binary_hello(dir: &Path, extra: &[&str]) -> Data {
     static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let keys = dir.join("keys");
     let random = [5u8; 3 * 32 + 16];
@@ -226,7 +227,7 @@ fn binary_hello(dir: &Path, extra: &[&str]) -> Control {
         .expect("key file");
     let path = dir.join(format!("d{}.sock", CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
     let _ = std::fs::remove_file(&path);
-    let listener = fdpass::seqpacket_listen(&path).expect("listen");
+    let listener = sys::seqpacket::listen(&path, 64).expect("listen");
     let log = dir.join("w.log");
     let mut child = std::process::Command::new(WORKER)
         .args(["--server-id", "5", "--keys"])
@@ -237,8 +238,8 @@ fn binary_hello(dir: &Path, extra: &[&str]) -> Control {
         .stderr(std::fs::File::create(&log).expect("log"))
         .spawn()
         .expect("spawn worker");
-    fdpass::set_recv_timeout(listener.as_fd(), Some(Duration::from_secs(20))).expect("timeout");
-    let conn = fdpass::seqpacket_accept(listener.as_fd());
+    sys::sockopt::set_recv_timeout(listener.as_fd(), Some(Duration::from_secs(20))).expect("timeout");
+    let conn = sys::seqpacket::accept(listener.as_fd());
     let hello = conn.map(|c| read_control(&c));
     let _ = child.kill();
     let _ = child.wait();
@@ -251,11 +252,11 @@ fn binary_hello(dir: &Path, extra: &[&str]) -> Control {
 #[test]
 fn fast_path_and_rings_flags_set_the_capabilities() {
     let dir = temp_dir("fastflag");
-    let hello = |caps| Control::DataHelloV2 { server_id: ServerId(5), caps };
+    let hello = |caps| Data::DataHelloV2 { server_id: ServerId(5), caps };
     assert_eq!(binary_hello(&dir, &[]), hello(CAP_FAST_PATH | CAP_RINGS), "both by default");
     assert_eq!(
         binary_hello(&dir, &["--fast-path", "off", "--rings", "off"]),
-        Control::DataHello { server_id: ServerId(5) }
+        Data::DataHello { server_id: ServerId(5) }
     );
     assert_eq!(binary_hello(&dir, &["--fast-path", "off"]), hello(CAP_RINGS));
     assert_eq!(binary_hello(&dir, &["--rings", "off"]), hello(CAP_FAST_PATH));
@@ -276,21 +277,21 @@ fn fast_path_and_rings_flags_set_the_capabilities() {
 /// pair, given the hello it read).
 fn handshake_against(
     opts: DataOptions,
-    plane: impl FnOnce(&OwnedFd, Control) + Send + 'static,
+    plane: impl FnOnce(&OwnedFd, Data) + Send + 'static,
 ) -> Result<worker::datasock::Handshake, HandshakeError> {
-    let (w, p) = fdpass::seqpacket_pair().expect("pair");
+    let (w, p) = sys::seqpacket::pair().expect("pair");
     let t = std::thread::spawn(move || {
         let hello = read_control(&p);
         plane(&p, hello);
         // Keep the connection open until the worker is done with it.
         let mut b = [0u8; 64];
-        let _ = fdpass::recv_record(p.as_fd(), &mut b, 0);
+        let _ = sys::seqpacket::recv_record(p.as_fd(), &mut b, 0);
     });
     let r = handshake_on_opts(w, ServerId(3), Duration::from_secs(5), opts);
     // On error the worker's end is closed already (the plane's read returns 0); on
     // success a record ends the plane's wait.
     if let Ok(h) = &r {
-        fdpass::send_record(h.conn.as_fd(), &encode_control(&Control::Ready), &[], 0).expect("Ready");
+        sys::seqpacket::send_record(h.conn.as_fd(), &Message::to_record(&Data::Ready), &[], 0).expect("Ready");
     }
     t.join().expect("plane thread");
     r
@@ -305,15 +306,15 @@ fn fast_sockets_handshake_checks() {
     let fast = || DataOptions { rings: false, fast_path: true };
     let sockets = |p: &OwnedFd| {
         let s = UdpSocket::bind("127.0.0.1:0").expect("udp");
-        send(p, &Control::Sockets { addrs: vec![s.local_addr().expect("addr")] }, &[&s]);
+        send(p, &Data::Sockets { addrs: vec![s.local_addr().expect("addr")] }, &[&s]);
     };
     let a: SocketAddr = "127.0.0.1:4433".parse().expect("addr");
 
     let r = handshake_against(fast(), move |p, hello| {
-        assert!(matches!(hello, Control::DataHelloV2 { caps, .. } if caps & CAP_FAST_PATH != 0));
+        assert!(matches!(hello, Data::DataHelloV2 { caps, .. } if caps & CAP_FAST_PATH != 0));
         sockets(p);
         // Nothing after it: the worker hangs up at once (a send would race EPIPE).
-        send(p, &Control::FastSockets { addrs: vec![a] }, &[]);
+        send(p, &Data::FastSockets { addrs: vec![a] }, &[]);
     });
     match r {
         Err(HandshakeError::Protocol(m)) => {
@@ -324,15 +325,15 @@ fn fast_sockets_handshake_checks() {
 
     let h = handshake_against(fast(), move |p, _| {
         sockets(p);
-        send(p, &Control::FastSockets { addrs: vec![] }, &[]);
-        send(p, &Control::Rings { count: 0, bytes: 0 }, &[]);
+        send(p, &Data::FastSockets { addrs: vec![] }, &[]);
+        send(p, &Data::Rings { count: 0, bytes: 0 }, &[]);
     })
     .expect("empty FastSockets");
     assert!(h.fast.is_empty() && h.sockets.len() == 1);
 
     let h = handshake_against(fast(), move |p, _| {
         sockets(p);
-        send(p, &Control::Rings { count: 0, bytes: 0 }, &[]);
+        send(p, &Data::Rings { count: 0, bytes: 0 }, &[]);
     })
     .expect("no FastSockets at all");
     assert!(h.fast.is_empty() && h.rings.is_empty());
@@ -340,26 +341,26 @@ fn fast_sockets_handshake_checks() {
     let h = handshake_against(fast(), move |p, _| {
         sockets(p);
         let f = UdpSocket::bind("127.0.0.1:0").expect("udp");
-        send(p, &Control::FastSockets { addrs: vec![f.local_addr().expect("addr")] }, &[&f]);
-        send(p, &Control::Rings { count: 0, bytes: 0 }, &[]);
+        send(p, &Data::FastSockets { addrs: vec![f.local_addr().expect("addr")] }, &[&f]);
+        send(p, &Data::Rings { count: 0, bytes: 0 }, &[]);
     })
     .expect("one fast socket");
     assert_eq!(h.fast.len(), 1);
 
     let r = handshake_against(fast(), move |p, _| {
         sockets(p);
-        let (x, _y) = fdpass::seqpacket_pair().expect("pair");
+        let (x, _y) = sys::seqpacket::pair().expect("pair");
         let fds = [x.as_fd()];
-        fdpass::send_record(p.as_fd(), &encode_control(&Control::FastSockets { addrs: vec![a] }), &fds, 0)
+        sys::seqpacket::send_record(p.as_fd(), &Message::to_record(&Data::FastSockets { addrs: vec![a] }), &fds, 0)
             .expect("send");
     });
     assert!(matches!(&r, Err(HandshakeError::Protocol(m)) if m.contains("not a UDP socket")), "{r:?}");
 
     // Not asked for: FastSockets is out of order.
     let r = handshake_against(DataOptions { rings: true, fast_path: false }, move |p, hello| {
-        assert!(matches!(hello, Control::DataHelloV2 { caps, .. } if caps == CAP_RINGS));
+        assert!(matches!(hello, Data::DataHelloV2 { caps, .. } if caps == CAP_RINGS));
         sockets(p);
-        send(p, &Control::FastSockets { addrs: vec![] }, &[]);
+        send(p, &Data::FastSockets { addrs: vec![] }, &[]);
     });
     assert!(matches!(&r, Err(HandshakeError::Protocol(_))), "{r:?}");
 }

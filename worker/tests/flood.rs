@@ -69,15 +69,15 @@ fn wait_for(path: &Path, child: &mut Child, log: &Path, what: &str) -> String {
 /// The data plane's status JSON (`reasons`: Placed, Owner, dropped…; per-instance
 /// datagrams), or Null when it does not answer.
 fn demux_status(control: &Path) -> serde_json::Value {
-    use proto::wire::{decode_control, encode_control, Control};
+    use proto::wire::{Admin, Message};
     use std::os::fd::AsFd;
-    let Ok(fd) = worker::fdpass::seqpacket_connect(control) else { return serde_json::Value::Null };
-    if worker::fdpass::send_record(fd.as_fd(), &encode_control(&Control::StatusRequest), &[], 0).is_err() {
+    let Ok(fd) = sys::seqpacket::connect(control) else { return serde_json::Value::Null };
+    if sys::seqpacket::send_record(fd.as_fd(), &Admin::StatusRequest.to_record(), &[], 0).is_err() {
         return serde_json::Value::Null;
     }
     let mut buf = vec![0u8; 128 * 1024];
-    match worker::fdpass::recv_record(fd.as_fd(), &mut buf, 0).map(|r| decode_control(&buf[..r.len])) {
-        Ok(Ok(Control::Status { json })) => serde_json::from_str(&json).unwrap_or_default(),
+    match sys::seqpacket::recv_record(fd.as_fd(), &mut buf, 0).map(|r| Admin::decode(&buf[..r.len])) {
+        Ok(Ok(Admin::Status { json })) => serde_json::from_str(&json).unwrap_or_default(),
         _ => serde_json::Value::Null,
     }
 }

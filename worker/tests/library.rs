@@ -121,30 +121,29 @@ fn hq_interop_get() {
 /// controller as well as to the data plane.
 #[test]
 fn registers_with_a_controller() {
-    use proto::wire::{decode_control, encode_control, Control, Role};
+    use proto::wire::{Message, Registration};
     use std::os::fd::AsFd;
-    use worker::fdpass;
     let d = Demux::start("ctl");
     let c = cert(&d.dir);
     let ctl_path = d.dir.join("ctl.sock");
-    let listener = fdpass::seqpacket_listen(&ctl_path).expect("listen");
+    let listener = sys::seqpacket::listen(&ctl_path, 64).expect("listen");
     let keys = d.keys.clone();
     let controller = std::thread::spawn(move || {
-        let conn = fdpass::seqpacket_accept(listener.as_fd()).expect("accept");
+        let conn = sys::seqpacket::accept(listener.as_fd()).expect("accept");
         let mut buf = vec![0u8; 4096];
         let mut read = |conn: &std::os::fd::OwnedFd| {
-            let r = fdpass::recv_record(conn.as_fd(), &mut buf, 0).expect("recv");
-            decode_control(&buf[..r.len]).expect("decode")
+            let r = sys::seqpacket::recv_record(conn.as_fd(), &mut buf, 0).expect("recv");
+            Registration::decode(&buf[..r.len]).expect("decode")
         };
         let hello = read(&conn);
-        assert!(matches!(hello, Control::Hello { role: Role::Worker, .. }), "{hello:?}");
-        let assign = Control::Assign {
+        assert!(matches!(hello, Registration::Hello { .. }), "{hello:?}");
+        let assign = Registration::Assign {
             server_id: proto::ServerId(501),
             keys: keys.keys.clone(),
             reset_key: keys.reset_key,
             token_key: keys.token_key,
         };
-        fdpass::send_record(conn.as_fd(), &encode_control(&assign), &[], 0).expect("Assign");
+        sys::seqpacket::send_record(conn.as_fd(), &Message::to_record(&assign), &[], 0).expect("Assign");
         let ready = read(&conn);
         let draining = read(&conn);
         (ready, draining)
@@ -177,5 +176,5 @@ fn registers_with_a_controller() {
     let st = child.wait().expect("wait");
     assert!(st.success(), "{}", std::fs::read_to_string(&log).unwrap_or_default());
     let (ready, draining) = controller.join().expect("controller thread");
-    assert_eq!((ready, draining), (Control::Ready, Control::Draining));
+    assert_eq!((ready, draining), (Registration::Ready, Registration::Draining));
 }

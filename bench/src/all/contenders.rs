@@ -10,7 +10,7 @@ use crate::dataplane::{
 };
 use crate::load::LOOPBACK_ANY;
 use crate::servers::{Counters, FORWARDED, N_COUNTERS, RECEIVED};
-use crate::sys::{drain_count, pin, seqpacket_listen, set_rcvtimeo};
+use crate::sys::{drain_count, pin};
 use anyhow::{bail, Context, Result};
 use proto::cid::KeySet;
 use proto::keyfile::KeyFile;
@@ -100,7 +100,7 @@ impl Drop for Sinks {
 
 /// A thread on `core` that counts what arrives on `fd` until `stop`.
 fn drain(fd: OwnedFd, core: usize, stop: Arc<AtomicBool>, count: Arc<AtomicU64>) -> std::thread::JoinHandle<()> {
-    set_rcvtimeo(fd.as_raw_fd(), SINK_RCVTIMEO);
+    let _ = sys::sockopt::set_recv_timeout(fd.as_raw_fd(), Some(SINK_RCVTIMEO));
     std::thread::spawn(move || {
         pin(core);
         drain_count(fd.as_raw_fd(), &stop, &count);
@@ -180,7 +180,11 @@ pub(crate) fn start_server(kind: &str, cores: Cores, dir: &Path, train: usize) -
         let mut listeners = Vec::new();
         for id in WORKER_IDS {
             let p = dir.join(format!("w{id}.sock"));
-            listeners.push(seqpacket_listen(&p, WORKER_BACKLOG, WORKER_CONNECT_TIMEOUT)?);
+            let _ = std::fs::remove_file(&p);
+            let l = sys::seqpacket::listen(&p, WORKER_BACKLOG)?;
+            // accept waits at most this long.
+            sys::sockopt::set_recv_timeout(l.as_raw_fd(), Some(WORKER_CONNECT_TIMEOUT))?;
+            listeners.push(l);
             cmd.arg("--worker").arg(format!("{id}={}", p.display()));
         }
         cmd.args(["--listen", LOOPBACK_ANY, "--ready-file"]).arg(&ready).arg("--counters").arg(&counters);

@@ -8,7 +8,7 @@ use crate::dataplane::{
     data_hello, send_rec, sink, start_demux, start_demux_with, stat_cpu_s, Demux, DATAGRAM, SINK_RCVTIMEO,
 };
 use crate::load::{send_load, Load, DCID, LOOPBACK_ANY, SHORT_HEADER_FORM};
-use crate::sys::{pin, set_rcvtimeo};
+use crate::sys::pin;
 use anyhow::{bail, Context, Result};
 use proto::cid::{KeySet, CID_RANDOM_LEN};
 use proto::ServerId;
@@ -132,11 +132,13 @@ fn probe_sink(
     stop: Arc<AtomicBool>,
     rt: bool,
 ) -> Result<std::thread::JoinHandle<hdrhistogram::Histogram<u64>>> {
-    use proto::wire::{Control, FRAME_HEADER_LEN};
+    use proto::wire::frame::HEADER_LEN as FRAME_HEADER_LEN;
+    use proto::wire::Data;
+    use std::os::fd::AsFd;
     let mut buf = vec![0u8; PROBE_BUF];
     let fd = data_hello(d, id, false, &mut buf)?;
-    send_rec(fd.as_raw_fd(), &Control::Ready)?;
-    set_rcvtimeo(fd.as_raw_fd(), SINK_RCVTIMEO);
+    send_rec(fd.as_fd(), &Data::Ready)?;
+    let _ = sys::sockopt::set_recv_timeout(fd.as_raw_fd(), Some(SINK_RCVTIMEO));
     Ok(std::thread::spawn(move || {
         let mut h = probe_thread(core, rt);
         while !stop.load(Ordering::Relaxed) {

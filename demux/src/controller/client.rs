@@ -4,7 +4,7 @@
 
 use super::state::{self, Paths};
 use anyhow::{bail, Context, Result};
-use proto::wire::{Control, Role};
+use proto::wire::Admin;
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::Path;
 use std::time::Duration;
@@ -13,7 +13,7 @@ use std::time::Duration;
 const OPERATOR_WAIT: Duration = Duration::from_secs(2 * sys::control::REPLY_TIMEOUT.as_secs() + 1);
 
 /// One request on the controller's control socket; its `Status` JSON.
-fn ask(dir: &Path, m: &Control) -> Result<serde_json::Value> {
+fn ask(dir: &Path, m: &Admin) -> Result<serde_json::Value> {
     let p = Paths::new(dir);
     let fd = sys::control::connect(&p.control_sock())
         .with_context(|| format!("no controller answers on {} (is it running?)", p.control_sock().display()))?;
@@ -21,17 +21,17 @@ fn ask(dir: &Path, m: &Control) -> Result<serde_json::Value> {
     // rotation's acknowledgement) before it answers: wait longer than that, so its
     // answer (e.g. "rolled back") reaches the operator instead of our own timeout.
     sys::sockopt::set_recv_timeout(fd.as_raw_fd(), Some(OPERATOR_WAIT)).context("SO_RCVTIMEO")?;
-    let hello = Control::Hello { role: Role::Operator, pid: std::process::id() };
+    let hello = Admin::Hello { pid: std::process::id() };
     let reply = sys::control::request_on(fd.as_fd(), &[&hello, m]).context("the controller did not answer")?;
     match reply.msg {
-        Control::Status { json } => serde_json::from_str(&json).context("status is not valid JSON"),
-        Control::Error { reason } => bail!("the controller refused: {reason}"),
+        Admin::Status { json } => serde_json::from_str(&json).context("status is not valid JSON"),
+        Admin::Error { reason } => bail!("the controller refused: {reason}"),
         _ => bail!("unexpected reply"),
     }
 }
 
 pub fn status(dir: &Path, json: bool) -> Result<()> {
-    let mut v = ask(dir, &Control::StatusRequest)?;
+    let mut v = ask(dir, &Admin::StatusRequest)?;
     // The kernel fast path is the data plane's: ask it (not the controller's loop,
     // which must never wait on the data plane), and say so when it does not answer.
     let fast = super::status::dataplane_status(&Paths::new(dir).dataplane_sock())
@@ -52,13 +52,13 @@ pub fn rotate_keys(
     dir: &Path,
     prf: Option<proto::cid::Prf>,
     force: bool,
-    phase: proto::wire::RotatePhase,
+    phase: proto::wire::admin::RotatePhase,
     from: Option<&Path>,
 ) -> Result<()> {
     let p = Paths::new(dir);
     let from = from.map(std::path::absolute).transpose().context("--from")?;
     let path = from.as_ref().map(|f| f.display().to_string());
-    match ask(dir, &Control::RotateKeys { prf, force, phase, from: path }) {
+    match ask(dir, &Admin::RotateKeys { prf, force, phase, from: path }) {
         Ok(v) => {
             println!(
                 "{phase:?} by the running controller: key generation {} issued ({}); also decoded: {}",
@@ -76,7 +76,7 @@ pub fn rotate_keys(
             // CIDs do not know this command is offline). The data plane, if one
             // still runs, and the workers get the new file's keys when the
             // controller starts again (adoption re-sends them before any rejoin).
-            if phase != proto::wire::RotatePhase::Activate {
+            if phase != proto::wire::admin::RotatePhase::Activate {
                 super::pacing::check(&p, None, force)?;
             }
             let Some(text) = state::read_private(&p.keys())? else {
@@ -85,7 +85,7 @@ pub fn rotate_keys(
             let k =
                 proto::keyfile::KeyFile::parse(&text).with_context(|| format!("key file {}", p.keys().display()))?;
             let k = state::rotate_keys(&p, &k, prf, phase, from.as_deref())?;
-            if phase != proto::wire::RotatePhase::Stage {
+            if phase != proto::wire::admin::RotatePhase::Stage {
                 let mut c = state::load_or_create_counter(&p)?;
                 c.starts_in_generation = 0;
                 state::store_counter(&p, c)?;

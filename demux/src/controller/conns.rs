@@ -1,6 +1,9 @@
 //! The control socket `DIR/control.sock` (SOCK_SEQPACKET, 0600; docs/wire.md):
 //!
-//! - worker `Hello{Worker}` → a fresh server id (persisted before it is handed out),
+//! Two conversations share the socket (`proto::wire::ControlSocket`): a worker's
+//! registration and an operator's admin requests; the first record tells which.
+//!
+//! - worker `Hello` → a fresh server id (persisted before it is handed out),
 //!   `Assign{server_id, keys, reset_key, token_key}`, then `Sockets` with shard 0's
 //!   UDP fds (SCM_RIGHTS). The data socket is `DIR/data.sock` by convention.
 //! - worker `Rejoin{server_id}` after losing its controller → `Assign` with the same
@@ -15,10 +18,11 @@
 //!   connections are kept, a new one beyond that evicts the oldest.
 
 use super::{state, Conn, Ctl, Kind, WorkerState};
-use crate::seqpacket;
-use proto::wire::{encode_control, Control, Role};
-use std::os::fd::{AsRawFd, RawFd};
+use crate::control_server::{self, ControlServer, Serves};
+use proto::wire::{Admin, ControlSocket, Message, Registration};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::time::Instant;
+use sys::seqpacket::Channel;
 
 impl Ctl {
     pub(super) fn accept_all(&mut self) {
@@ -26,7 +30,7 @@ impl Ctl {
             if self.accept_guard.paused() {
                 return;
             }
-            match seqpacket::accept(&self.listener) {
+            match sys::seqpacket::accept_nonblocking(self.listener.as_fd()) {
                 Ok(Some(fd)) => {
                     if !self.admit_peer(&fd) {
                         continue;
@@ -85,14 +89,11 @@ impl Ctl {
     }
 
     pub(super) fn on_conn(&mut self, token: u64, ev: u32) {
-        let Some(raw) = self.conns.get(&token).map(|c| c.fd.as_raw_fd()) else {
-            return;
-        };
-        seqpacket::serve_ready(self, token, raw, ev);
+        control_server::serve_ready::<ControlSocket, _>(self, token, ev);
     }
 
     /// Handles one message; false when the connection was closed.
-    fn on_message(&mut self, token: u64, m: Control) -> bool {
+    fn on_message(&mut self, token: u64, m: ControlSocket) -> bool {
         if !self.authorize(token, &m) {
             return false;
         }
@@ -100,35 +101,38 @@ impl Ctl {
             return false;
         };
         conn.idle_since = None;
+        use ControlSocket::{Admin as Adm, Registration as Reg};
         match (&mut conn.kind, m) {
-            (Kind::Pending, Control::Hello { role: Role::Worker, pid }) => self.register(token, pid, None),
-            (Kind::Pending, Control::Rejoin { server_id, pid }) => self.register(token, pid, Some(server_id.0)),
-            (Kind::Pending, Control::Hello { role: Role::Operator | Role::DataPlane, .. }) => {
+            (Kind::Pending, Reg(Registration::Hello { pid })) => self.register(token, pid, None),
+            (Kind::Pending, Reg(Registration::Rejoin { server_id, pid })) => {
+                self.register(token, pid, Some(server_id.0))
+            }
+            (Kind::Pending, Adm(Admin::Hello { .. })) => {
                 conn.kind = Kind::Operator;
                 true
             }
-            (Kind::Worker { state, server_id, .. }, Control::Ready) => {
+            (Kind::Worker { state, server_id, .. }, Reg(Registration::Ready)) => {
                 if *state != WorkerState::Ready {
                     tracing::info!(server_id = *server_id, "worker ready");
                 }
                 *state = WorkerState::Ready;
                 true
             }
-            (Kind::Worker { state, server_id, .. }, Control::Draining) => {
+            (Kind::Worker { state, server_id, .. }, Reg(Registration::Draining)) => {
                 tracing::info!(server_id = *server_id, "worker draining");
                 *state = WorkerState::Draining;
                 true
             }
-            (Kind::Pending | Kind::Operator, Control::StatusRequest) => {
+            (Kind::Pending | Kind::Operator, Adm(Admin::StatusRequest)) => {
                 let json = self.status_json().to_string();
-                self.reply(token, &Control::Status { json })
+                self.reply(token, &Admin::Status { json })
             }
-            (Kind::Pending | Kind::Operator, Control::RotateKeys { prf, force, phase, from }) => {
+            (Kind::Pending | Kind::Operator, Adm(Admin::RotateKeys { prf, force, phase, from })) => {
                 let from = from.map(std::path::PathBuf::from);
                 match self.rotate("demux rotate-keys", prf, force, phase, from.as_deref()) {
                     Ok(()) => {
                         let json = self.status_json().to_string();
-                        self.reply(token, &Control::Status { json })
+                        self.reply(token, &Admin::Status { json })
                     }
                     Err(e) => {
                         self.refuse(token, &format!("rotation failed: {e:#}"));
@@ -143,9 +147,10 @@ impl Ctl {
         }
     }
 
-    fn reply(&mut self, token: u64, m: &Control) -> bool {
-        let raw = self.conns.get(&token).map(|c| c.fd.as_raw_fd()).unwrap_or(-1);
-        if let Err(e) = seqpacket::send(raw, &encode_control(m), &[], libc::MSG_DONTWAIT) {
+    /// Answers an operator's request; a failure closes the connection.
+    fn reply(&mut self, token: u64, m: &Admin) -> bool {
+        let Some(c) = self.conns.get(&token) else { return false };
+        if let Err(e) = Channel::<Admin>::new(c.fd.as_fd()).dont_wait().send(m) {
             self.close(token, &format!("reply: {e}"));
             return false;
         }
@@ -191,17 +196,21 @@ impl Ctl {
             self.refuse(token, &format!("cannot record the registration: {e:#}"));
             return false;
         }
-        let assign = Control::Assign {
+        let assign = Registration::Assign {
             server_id: proto::ServerId(server_id),
             keys: self.keys.keys.clone(),
             reset_key: self.keys.reset_key,
             token_key: self.keys.token_key,
         };
-        let raw = self.conns.get(&token).map(|c| c.fd.as_raw_fd()).unwrap_or(-1);
         let shard0: Vec<RawFd> = self.udp[..self.per_shard].iter().map(|f| f.as_raw_fd()).collect();
-        let sockets = Control::Sockets { addrs: self.udp_addrs[..self.per_shard].to_vec() };
-        let sent = seqpacket::send(raw, &encode_control(&assign), &[], libc::MSG_DONTWAIT)
-            .and_then(|_| seqpacket::send(raw, &encode_control(&sockets), &shard0, libc::MSG_DONTWAIT));
+        let sockets = Registration::Sockets { addrs: self.udp_addrs[..self.per_shard].to_vec() };
+        let sent = match self.conns.get(&token) {
+            Some(c) => {
+                let ch = Channel::<Registration>::new(c.fd.as_fd()).dont_wait();
+                ch.send(&assign).and_then(|()| ch.send_with_raw_fds(&sockets, &shard0))
+            }
+            None => Err(std::io::Error::from_raw_os_error(libc::EBADF)),
+        };
         if let Err(e) = sent {
             self.close(token, &format!("sending Assign: {e}"));
             return false;
@@ -257,7 +266,7 @@ impl Ctl {
                 // Paced like an operator's rotation (deferred, not refused: the id is
                 // still handed out), unless the id space itself needs the new generation.
                 let force = self.counter.starts_in_generation >= host.per_host() / 2;
-                let phase = proto::wire::RotatePhase::Rotate;
+                let phase = proto::wire::admin::RotatePhase::Rotate;
                 if let Err(e) = self.rotate(&why, None, force, phase, None) {
                     tracing::warn!(error = %format!("{e:#}"), "automatic key rotation deferred");
                 }
@@ -273,8 +282,7 @@ impl Ctl {
     /// Sends `Error{reason}` (best effort), logs the reason and closes.
     pub(super) fn refuse(&mut self, token: u64, reason: &str) {
         if let Some(c) = self.conns.get(&token) {
-            let rec = encode_control(&Control::Error { reason: reason.to_string() });
-            let _ = seqpacket::send(c.fd.as_raw_fd(), &rec, &[], libc::MSG_DONTWAIT);
+            crate::trust::send_error::<ControlSocket>(c.fd.as_fd(), reason);
         }
         tracing::warn!(reason, "closing control connection");
         self.close(token, reason);
@@ -296,18 +304,15 @@ impl Ctl {
 
 /// Sends one message to the data plane's control socket and waits until it has
 /// handled it (a StatusRequest behind it is answered in order).
-pub(crate) fn tell_dataplane(path: &std::path::Path, m: &Control) -> anyhow::Result<()> {
-    match sys::control::request(path, &[m, &Control::StatusRequest])?.msg {
-        Control::Status { .. } => Ok(()),
-        Control::Error { reason } => anyhow::bail!("data plane refused: {reason}"),
+pub(crate) fn tell_dataplane(path: &std::path::Path, m: &Admin) -> anyhow::Result<()> {
+    match sys::control::request(path, &[m, &Admin::StatusRequest])?.msg {
+        Admin::Status { .. } => Ok(()),
+        Admin::Error { reason } => anyhow::bail!("data plane refused: {reason}"),
         _ => anyhow::bail!("unexpected answer from the data plane"),
     }
 }
 
-impl seqpacket::ControlServer for Ctl {
-    fn on_message(&mut self, token: u64, m: Control) -> bool {
-        Ctl::on_message(self, token, m)
-    }
+impl ControlServer for Ctl {
     fn close(&mut self, token: u64, why: &str) {
         Ctl::close(self, token, why)
     }
@@ -316,5 +321,14 @@ impl seqpacket::ControlServer for Ctl {
     }
     fn recv_buf(&mut self) -> &mut Vec<u8> {
         &mut self.buf
+    }
+}
+
+impl Serves<ControlSocket> for Ctl {
+    fn channel(&self, token: u64) -> Option<Channel<'_, ControlSocket>> {
+        self.conns.get(&token).map(|c| Channel::new(c.fd.as_fd()))
+    }
+    fn on_message(&mut self, token: u64, m: ControlSocket) -> bool {
+        Ctl::on_message(self, token, m)
     }
 }

@@ -4,9 +4,9 @@
 //! instance is live; `dataplane::registry::orphan`).
 
 use super::Ctl;
-use crate::seqpacket;
-use proto::wire::{encode_control, Control, Role};
-use std::os::fd::{AsRawFd, OwnedFd};
+use proto::wire::Admin;
+use std::os::fd::{AsFd, OwnedFd};
+use sys::seqpacket::Channel;
 
 /// The held connection: the data plane's pid it was opened to, and the socket.
 pub(crate) type Link = Option<(i32, OwnedFd)>;
@@ -24,9 +24,9 @@ impl Ctl {
         if !self.dp.adopted && !self.paths.dataplane_ready().exists() {
             return;
         }
-        let Ok(fd) = seqpacket::connect(&self.paths.dataplane_sock()) else { return };
-        let hello = Control::Hello { role: Role::Operator, pid: std::process::id() };
-        if seqpacket::send(fd.as_raw_fd(), &encode_control(&hello), &[], libc::MSG_DONTWAIT).is_ok() {
+        let Ok(fd) = sys::seqpacket::connect(&self.paths.dataplane_sock()) else { return };
+        let hello = Admin::Hello { pid: std::process::id() };
+        if Channel::<Admin>::new(fd.as_fd()).dont_wait().send(&hello).is_ok() {
             tracing::debug!(pid, "holding a connection to the data plane");
             self.dp_link = Some((pid, fd));
         }

@@ -23,17 +23,17 @@ mod trust;
 
 use crate::cli::{ControllerOpts, DataPlaneArgs};
 use crate::dataplane::{cores, socket};
-use crate::{seqpacket, sys};
 use anyhow::{bail, Context, Result};
 use proto::keyfile::KeyFile;
-use proto::wire::{decode_control, encode_control, Control};
+use proto::wire::Admin;
 use state::{Counter, Paths};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use sys::seqpacket::{Channel, Incoming};
 
 const TOKEN_LISTENER: u64 = 0;
 const TOKEN_SIGNALS: u64 = 1;
@@ -269,7 +269,7 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
     };
 
     let signals = block_signals()?;
-    let listener = seqpacket::listen(&paths.control_sock())?;
+    let listener = sys::seqpacket::listen_private(&paths.control_sock())?;
     trust::share_control_sock(&paths, worker_user.as_ref())?;
     let epoll = sys::Epoll::new().context("epoll_create1")?;
     epoll.add(listener.as_raw_fd(), libc::EPOLLIN as u32, TOKEN_LISTENER)?;
@@ -440,16 +440,18 @@ fn adopt_dataplane(p: &Paths, dp: &DataPlaneArgs, shards: usize) -> Result<Optio
         let _ = std::fs::remove_file(p.dataplane_pid());
         return Ok(None);
     }
-    let fd = seqpacket::connect(&p.dataplane_sock())
+    let fd = sys::seqpacket::connect(&p.dataplane_sock())
         .with_context(|| format!("the data plane (pid {pid}) runs but its control socket does not answer; stop it (kill {pid}) and start again"))?;
     set_timeout(fd.as_raw_fd(), Duration::from_secs(5));
-    seqpacket::send(fd.as_raw_fd(), &encode_control(&Control::GetSockets), &[], 0).context("sending GetSockets")?;
+    let dp_control = Channel::<Admin>::new(fd.as_fd());
+    dp_control.send(&Admin::GetSockets).context("sending GetSockets")?;
     let mut buf = vec![0u8; 4096];
-    let (n, truncated, fds) = seqpacket::recv_with_fds(fd.as_raw_fd(), &mut buf, 0)
+    let got = dp_control
+        .recv(&mut buf)
         .with_context(|| format!("no answer to GetSockets from the data plane (pid {pid})"))?;
-    let addrs = match decode_control(&buf[..n]) {
-        Ok(Control::Sockets { addrs }) if !truncated && addrs.len() == fds.len() => addrs,
-        Ok(Control::Error { reason }) => {
+    let (addrs, fds) = match got {
+        Incoming::Message { msg: Admin::Sockets { addrs }, fds } if addrs.len() == fds.len() => (addrs, fds),
+        Incoming::Message { msg: Admin::Error { reason }, .. } => {
             bail!("the running data plane (pid {pid}) refused GetSockets ({reason}); it predates the controller: stop it (kill {pid})")
         }
         _ => {
@@ -674,20 +676,18 @@ pub mod tests {
     }
 
     /// `GetSockets` adoption receives every shard's sockets in one record: the
-    /// control buffer of `recv_with_fds` holds the most one message can carry.
+    /// admin channel's receive takes the most one message can carry (SCM_MAX_FD).
     #[test]
-    fn recv_with_fds_takes_scm_max_fd_fds() {
-        use crate::seqpacket::{self, SCM_MAX_FD};
-        use std::os::fd::FromRawFd;
-        let mut sv = [0; 2];
-        // SAFETY: socketpair writes two fds into `sv`.
-        assert_eq!(unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, sv.as_mut_ptr()) }, 0);
-        // SAFETY: both fds are ours from here on.
-        let (a, b) = unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) };
-        let fds = vec![a.as_raw_fd(); SCM_MAX_FD];
-        seqpacket::send(a.as_raw_fd(), b"sockets", &fds, 0).expect("send");
+    fn get_sockets_reply_takes_scm_max_fd_fds() {
+        let (a, b) = sys::seqpacket::pair().expect("socketpair");
+        let fds = vec![a.as_raw_fd(); sys::seqpacket::MAX_FDS];
+        Channel::<Admin>::new(a.as_fd()).send_with_raw_fds(&Admin::Sockets { addrs: vec![] }, &fds).expect("send");
         let mut buf = [0u8; 64];
-        let (n, truncated, got) = seqpacket::recv_with_fds(b.as_raw_fd(), &mut buf, 0).expect("recv");
-        assert_eq!((&buf[..n], truncated, got.len()), (&b"sockets"[..], false, SCM_MAX_FD));
+        match Channel::<Admin>::new(b.as_fd()).recv(&mut buf).expect("recv") {
+            Incoming::Message { msg: Admin::Sockets { addrs }, fds } => {
+                assert_eq!((addrs.len(), fds.len()), (0, sys::seqpacket::MAX_FDS))
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -29,7 +29,7 @@ impl Proc {
     pub fn adopt(pid: i32) -> std::io::Result<Proc> {
         // SAFETY: pidfd_open(2) takes a pid and flags and returns a new fd or -1.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        let pidfd = crate::sys::owned(fd as libc::c_int)?;
+        let pidfd = sys::owned(fd as libc::c_int)?;
         Ok(Proc::Adopted { pid, pidfd })
     }
 

@@ -21,12 +21,12 @@
 
 use super::conns::tell_dataplane;
 use super::{pacing, state, Ctl, Kind};
-use crate::seqpacket;
 use anyhow::{Context, Result};
 use proto::keyfile::KeyFile;
-use proto::wire::{encode_control, Control};
-use std::os::fd::AsRawFd;
+use proto::wire::{Admin, Registration};
+use std::os::fd::AsFd;
 use std::time::Duration;
+use sys::seqpacket::Channel;
 
 impl Ctl {
     pub(super) fn cid_lifetime(&self) -> Duration {
@@ -43,18 +43,17 @@ impl Ctl {
         why: &str,
         prf: Option<proto::cid::Prf>,
         force: bool,
-        phase: proto::wire::RotatePhase,
+        phase: proto::wire::admin::RotatePhase,
         from: Option<&std::path::Path>,
     ) -> Result<()> {
-        if phase != proto::wire::RotatePhase::Activate {
+        if phase != proto::wire::admin::RotatePhase::Activate {
             pacing::check(&self.paths, Some(self.cid_lifetime()), force)?;
         }
         let old = self.keys.clone();
         let k = state::rotate_keys(&self.paths, &self.keys, prf, phase, from)?;
-        let changed = Control::KeysChanged { keys: k.keys.clone() };
-        if let Err(e) = tell_dataplane(&self.paths.dataplane_sock(), &changed) {
+        if let Err(e) = tell_dataplane(&self.paths.dataplane_sock(), &Admin::KeysChanged { keys: k.keys.clone() }) {
             let restored = state::write_atomic(&self.paths.keys(), &old.to_text());
-            send_nowait(&self.paths.dataplane_sock(), &Control::KeysChanged { keys: old.keys.clone() });
+            send_nowait(&self.paths.dataplane_sock(), &Admin::KeysChanged { keys: old.keys.clone() });
             tracing::error!(
                 error = %format!("{e:#}"), kept = old.keys.newest.generation.get(),
                 "the data plane did not confirm the new keys: rotation rolled back"
@@ -67,7 +66,7 @@ impl Ctl {
             );
         }
         self.keys = k;
-        if phase != proto::wire::RotatePhase::Stage {
+        if phase != proto::wire::admin::RotatePhase::Stage {
             // Ids are counted per issuing generation.
             self.counter.starts_in_generation = 0;
         }
@@ -86,12 +85,12 @@ impl Ctl {
             previous = ?self.keys.keys.previous.map(|p| p.generation.get()), staged = self.keys.is_staged(),
             "CID key generation rotated"
         );
-        let rec = encode_control(&changed);
+        let changed = Registration::KeysChanged { keys: self.keys.keys.clone() };
         let workers: Vec<u64> =
             self.conns.iter().filter(|(_, c)| matches!(c.kind, Kind::Worker { .. })).map(|(t, _)| *t).collect();
         for t in workers {
-            let raw = self.conns.get(&t).map(|c| c.fd.as_raw_fd()).unwrap_or(-1);
-            if let Err(e) = seqpacket::send(raw, &rec, &[], libc::MSG_DONTWAIT) {
+            let Some(c) = self.conns.get(&t) else { continue };
+            if let Err(e) = Channel::<Registration>::new(c.fd.as_fd()).dont_wait().send(&changed) {
                 self.close(t, &format!("sending KeysChanged: {e}"));
             }
         }
@@ -103,7 +102,7 @@ impl Ctl {
 /// `rotate-keys`, a rolled-back rotation it applied late): it gets the file's,
 /// acknowledged, before any worker can rejoin. No acknowledgement stops start-up.
 pub(super) fn resync_adopted(p: &state::Paths, pid: i32, keys: &KeyFile) -> Result<()> {
-    tell_dataplane(&p.dataplane_sock(), &Control::KeysChanged { keys: keys.keys.clone() }).with_context(|| {
+    tell_dataplane(&p.dataplane_sock(), &Admin::KeysChanged { keys: keys.keys.clone() }).with_context(|| {
         format!(
             "the adopted data plane (pid {pid}) did not take the key file's keys (generation {}); workers would mint \
              CIDs it cannot decode. Refusing to start: check it (kill -CONT {pid}?) or stop it (kill {pid})",
@@ -115,8 +114,8 @@ pub(super) fn resync_adopted(p: &state::Paths, pid: i32, keys: &KeyFile) -> Resu
 }
 
 /// One message to the data plane without waiting (best effort).
-fn send_nowait(path: &std::path::Path, m: &Control) {
-    if let Ok(fd) = seqpacket::connect(path) {
-        let _ = seqpacket::send(fd.as_raw_fd(), &encode_control(m), &[], libc::MSG_DONTWAIT);
+fn send_nowait(path: &std::path::Path, m: &Admin) {
+    if let Ok(fd) = sys::seqpacket::connect(path) {
+        let _ = Channel::<Admin>::new(fd.as_fd()).dont_wait().send(m);
     }
 }

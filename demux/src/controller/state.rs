@@ -187,7 +187,7 @@ pub fn load_or_create_keys(p: &Paths) -> Result<(KeyFile, bool)> {
         }
         None => {
             let mut random = [0u8; proto::keyfile::RANDOM_LEN];
-            crate::sys::os_random(&mut random).context("getrandom")?;
+            sys::os_random(&mut random).context("getrandom")?;
             let k = KeyFile::generate(&random, proto::cid::Prf::SipHash24);
             write_atomic(&p.keys(), &k.to_text())?;
             Ok((k, true))
@@ -207,12 +207,12 @@ pub fn rotate_keys(
     p: &Paths,
     current: &KeyFile,
     prf: Option<proto::cid::Prf>,
-    phase: proto::wire::RotatePhase,
+    phase: proto::wire::admin::RotatePhase,
     from: Option<&Path>,
 ) -> Result<KeyFile> {
-    use proto::wire::RotatePhase;
+    use proto::wire::admin::RotatePhase;
     let mut fresh = [0u8; 32];
-    crate::sys::os_random(&mut fresh).context("getrandom")?;
+    sys::os_random(&mut fresh).context("getrandom")?;
     let prf = prf.unwrap_or(current.keys.newest.prf);
     let staged_gen = current.keys.previous.map(|g| g.generation.get());
     let k = match phase {
@@ -356,12 +356,13 @@ mod tests {
         let (k2, created2) = load_or_create_keys(&p).unwrap();
         assert!(!created2 && k2 == k);
         assert_eq!(k.keys.newest.prf, proto::cid::Prf::SipHash24, "new state directories use siphash-2-4");
-        let r = rotate_keys(&p, &k, None, proto::wire::RotatePhase::Rotate, None).unwrap();
+        let r = rotate_keys(&p, &k, None, proto::wire::admin::RotatePhase::Rotate, None).unwrap();
         assert_eq!(load_or_create_keys(&p).unwrap().0, r);
         assert_eq!(r.keys.previous, Some(k.keys.newest));
         assert_eq!(r.keys.newest.prf, proto::cid::Prf::SipHash24, "rotation keeps the PRF");
         // rotate-keys --prf: the new generation switches, the previous keeps its own.
-        let h = rotate_keys(&p, &r, Some(proto::cid::Prf::HmacSha256), proto::wire::RotatePhase::Rotate, None).unwrap();
+        let h = rotate_keys(&p, &r, Some(proto::cid::Prf::HmacSha256), proto::wire::admin::RotatePhase::Rotate, None)
+            .unwrap();
         assert_eq!(
             (h.keys.newest.prf, h.keys.previous.map(|g| g.prf)),
             (proto::cid::Prf::HmacSha256, Some(proto::cid::Prf::SipHash24))
@@ -370,7 +371,7 @@ mod tests {
         // Two phases (ADR 0005): stage keeps issuing, activate issues the staged one;
         // a rotation or a second stage while staged, or an activation with nothing
         // staged, is refused and changes nothing.
-        use proto::wire::RotatePhase::{Activate, Rotate, Stage};
+        use proto::wire::admin::RotatePhase::{Activate, Rotate, Stage};
         let err = |r: Result<KeyFile>| format!("{:#}", r.unwrap_err());
         assert!(err(rotate_keys(&p, &h, None, Activate, None)).contains("no key generation is staged"));
         let s = rotate_keys(&p, &h, None, Stage, None).unwrap();

@@ -4,7 +4,7 @@
 
 use super::{Ctl, Kind};
 use anyhow::{Context, Result};
-use proto::wire::Control;
+use proto::wire::Admin;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -199,8 +199,8 @@ pub fn spawn_metrics(addr: SocketAddr, status: Option<Arc<Mutex<Value>>>, datapl
 
 /// The data plane's status JSON (its control socket), bounded by a timeout.
 pub fn dataplane_status(path: &std::path::Path) -> Result<Value> {
-    match sys::control::request(path, &[&Control::StatusRequest])?.msg {
-        Control::Status { json } => Ok(serde_json::from_str(&json)?),
+    match sys::control::request(path, &[&Admin::StatusRequest])?.msg {
+        Admin::Status { json } => Ok(serde_json::from_str(&json)?),
         _ => anyhow::bail!("unexpected answer from the data plane"),
     }
 }

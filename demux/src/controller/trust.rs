@@ -4,7 +4,7 @@
 //! - At accept: the peer's uid (SO_PEERCRED) must be the controller's or the
 //!   `--worker-user`'s; anyone else is refused before sending a byte.
 //! - Per message ([`Ctl::authorize`], before the state machine in `conns.rs`):
-//!   operator requests (`Hello{Operator|DataPlane}`, `StatusRequest`, `RotateKeys`)
+//!   operator requests (admin `Hello`, `StatusRequest`, `RotateKeys`)
 //!   only from the controller's uid; a worker's `Hello`/`Rejoin` must name the pid
 //!   that actually connected; from the worker uid it must moreover come from a
 //!   process this controller spawned (or adopted from `DIR/workers`) that holds no
@@ -15,8 +15,8 @@ use super::{Ctl, Kind};
 use crate::cli::ControllerOpts;
 use crate::trust::{self as policy, PeerPolicy, Refusal, WorkerUser};
 use anyhow::{bail, Result};
-use proto::wire::{Control, Role};
-use std::os::fd::{AsRawFd, OwnedFd};
+use proto::wire::{Admin, ControlSocket, Registration};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 pub(super) fn resolve_worker_user(opts: &ControllerOpts) -> Result<Option<WorkerUser>> {
     let Some(name) = &opts.worker_user else { return Ok(None) };
@@ -78,30 +78,30 @@ impl Ctl {
 
     /// Right after accept: only our uid and the worker uid may connect at all.
     pub(super) fn admit_peer(&self, fd: &OwnedFd) -> bool {
-        policy::admit(fd, "control.sock", &PeerPolicy::us_and(self.worker_uid()))
+        policy::admit::<ControlSocket>(fd, "control.sock", &PeerPolicy::us_and(self.worker_uid()))
     }
 
     /// Whether the peer of `token` may send `m`; refuses (Error, close, counted,
     /// rate-limited log) and returns false if not.
-    pub(super) fn authorize(&mut self, token: u64, m: &Control) -> bool {
+    pub(super) fn authorize(&mut self, token: u64, m: &ControlSocket) -> bool {
         let Some(conn) = self.conns.get(&token) else { return false };
         let raw = conn.fd.as_raw_fd();
-        let (cred, refusal) = match crate::sys::peer_cred(raw) {
+        let (cred, refusal) = match sys::sockopt::peer_cred(raw) {
             Ok(c) => (Some(c), self.refusal(&c, m)),
             Err(e) => (None, Some((Refusal::NoCredentials, format!("no peer credentials ({e})")))),
         };
         let Some((why, reason)) = refusal else { return true };
-        policy::send_error(raw, &reason);
+        policy::send_error::<ControlSocket>(conn.fd.as_fd(), &reason);
         policy::note_refusal("control.sock", cred.as_ref(), why, &reason);
         self.close(token, &reason);
         false
     }
 
     /// Why `cred` may not send `m` (None: it may).
-    fn refusal(&self, cred: &libc::ucred, m: &Control) -> Option<(Refusal, String)> {
+    fn refusal(&self, cred: &libc::ucred, m: &ControlSocket) -> Option<(Refusal, String)> {
         let ours = cred.uid == policy::euid();
         match m {
-            Control::Hello { role: Role::Worker, pid } | Control::Rejoin { pid, .. } => {
+            ControlSocket::Registration(Registration::Hello { pid } | Registration::Rejoin { pid, .. }) => {
                 if !ours && Some(cred.uid) != self.worker_uid() {
                     return Some((Refusal::WrongUid, format!("uid {} may not register workers", cred.uid)));
                 }
@@ -130,7 +130,7 @@ impl Ctl {
                 }
                 None
             }
-            Control::Hello { .. } | Control::StatusRequest | Control::RotateKeys { .. } if !ours => {
+            ControlSocket::Admin(Admin::Hello { .. } | Admin::StatusRequest | Admin::RotateKeys { .. }) if !ours => {
                 let reason = format!("operator requests only from uid {} (not uid {})", policy::euid(), cred.uid);
                 Some((Refusal::OperatorOnly, reason))
             }

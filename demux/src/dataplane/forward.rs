@@ -14,14 +14,14 @@
 
 use crate::dataplane::counters::{bump, ShardCounters};
 use crate::dataplane::snapshot::Snapshot;
-use proto::wire::{encode_frame_header, FrameMeta, FRAME_HEADER_LEN};
+use proto::wire::frame::{self, FrameMeta};
 use std::os::fd::AsRawFd;
 
 /// Frames one batch may hold before a forced flush.
 pub const MAX_PENDING: usize = 1024;
 
 struct Pending {
-    hdr: [u8; FRAME_HEADER_LEN],
+    hdr: [u8; frame::HEADER_LEN],
     target: u32,
     segments: u32,
     payload: *const u8,
@@ -86,10 +86,10 @@ impl Forwarder {
         segments: u32,
         counters: &ShardCounters,
     ) {
-        let mut hdr = [0u8; FRAME_HEADER_LEN];
+        let mut hdr = [0u8; frame::HEADER_LEN];
         if let Some(conn) = snap.conns.get(target) {
             if let Some(ring) = conn.rings.get(self.shard) {
-                encode_frame_header(meta, &mut hdr);
+                frame::encode_header(meta, &mut hdr);
                 self.push_ring(ring, conn.slot, target, &hdr, payload, segments, counters);
                 return;
             }
@@ -98,7 +98,7 @@ impl Forwarder {
             bump(&counters.drops_full, u64::from(segments));
             return;
         }
-        encode_frame_header(meta, &mut hdr);
+        frame::encode_header(meta, &mut hdr);
         self.queued_total = self.queued_total.wrapping_add(1);
         self.pending.push(Pending {
             hdr,
@@ -117,7 +117,7 @@ impl Forwarder {
         ring: &crate::dataplane::ring::Producer,
         slot: usize,
         target: usize,
-        hdr: &[u8; FRAME_HEADER_LEN],
+        hdr: &[u8; frame::HEADER_LEN],
         payload: &[u8],
         segments: u32,
         counters: &ShardCounters,
@@ -198,7 +198,7 @@ impl Forwarder {
         for (k, &(_, i)) in self.order[start..end].iter().enumerate() {
             let p = &self.pending[i as usize];
             self.iovs[k] = [
-                libc::iovec { iov_base: p.hdr.as_ptr() as *mut libc::c_void, iov_len: FRAME_HEADER_LEN },
+                libc::iovec { iov_base: p.hdr.as_ptr() as *mut libc::c_void, iov_len: frame::HEADER_LEN },
                 libc::iovec { iov_base: p.payload as *mut libc::c_void, iov_len: p.len },
             ];
             let h = &mut self.msgs[k].msg_hdr;

@@ -1,6 +1,6 @@
 //! Handshake-done notices, registry → shards.
 //!
-//! A worker sends `Control::HandshakeDone { odcid }` on its data connection when quinn
+//! A worker sends `Data::HandshakeDone { odcid }` on its data connection when quinn
 //! reports a connection established. The registry thread appends (its server id, the
 //! DCID) here; every shard, once per batch, takes the notices it has not seen yet and
 //! gives back the handshake ticket of its pin of that DCID if the pin targets that
@@ -21,7 +21,7 @@
 //! (they hold the token and CID keys); the bound is per-instance, not per-client.
 
 use proto::cid::ServerId;
-use proto::wire::MAX_ODCID_LEN;
+use proto::wire::data::MAX_ODCID_LEN;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 

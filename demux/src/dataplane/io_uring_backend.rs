@@ -13,7 +13,6 @@ use crate::dataplane::buffer_stock::Stock;
 use crate::dataplane::cmsg;
 use crate::dataplane::shard::{pin_thread, Router, ShardSetup, SockInfo};
 use crate::dataplane::snapshot::Snapshot;
-use crate::sys;
 use anyhow::{bail, Context, Result};
 use io_uring::types::{BufRingEntry, Fd, RecvMsgOut, SubmitArgs, Timespec};
 use io_uring::{cqueue, opcode, IoUring, Probe};
@@ -356,7 +355,7 @@ fn take_apart<'b>(buf: &'b [u8], msghdr: &libc::msghdr) -> Option<(std::net::Soc
     if out.is_payload_truncated() || out.is_control_data_truncated() || out.is_name_data_truncated() {
         return None;
     }
-    let client = sys::sockaddr_from_bytes(out.name_data())?;
+    let client = sys::addr::sockaddr_from_bytes(out.name_data())?;
     // The payload as a slice of `buf` itself (RecvMsgOut lends it only for its own
     // lifetime): where it starts in `buf`, and how long it is.
     let p = out.payload_data();

@@ -122,8 +122,8 @@ impl Limits {
         anyhow::ensure!((1..=MAX_WORDS).contains(&cfg.table_words), "--limit-table-words must be 1..={MAX_WORDS}");
         let mut k1 = [0u8; 16];
         let mut k2 = [0u8; 16];
-        crate::sys::os_random(&mut k1)?;
-        crate::sys::os_random(&mut k2)?;
+        sys::os_random(&mut k1)?;
+        sys::os_random(&mut k2)?;
         let rate = RateSketch::new(cfg.table_words, k1, gcra, 0);
         let conc = ConcurrencySketch::new(cfg.table_words, k2);
         Ok(Limits {

@@ -4,11 +4,11 @@
 use crate::dataplane::cmsg;
 use crate::dataplane::shard::{pin_thread, Router, ShardSetup, SockInfo};
 use crate::dataplane::snapshot::Snapshot;
-use crate::sys::{self, Epoll};
 use anyhow::{Context, Result};
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
+use sys::Epoll;
 
 /// Receive buffer per message: the largest UDP payload (a whole GRO train).
 pub const BUF_LEN: usize = 65_535;
@@ -76,7 +76,7 @@ fn take_apart<'b>(
     if m.msg_hdr.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
         return None;
     }
-    let client = sys::sockaddr_from_bytes(sys::storage_bytes(name, m.msg_hdr.msg_namelen))?;
+    let client = sys::addr::sockaddr_from_bytes(sys::addr::storage_bytes(name, m.msg_hdr.msg_namelen))?;
     let control = ctrl.get(..m.msg_hdr.msg_controllen)?;
     let payload = data.get(..m.msg_len as usize)?;
     Some((client, cmsg::parse(control), payload))

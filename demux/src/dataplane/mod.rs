@@ -25,7 +25,6 @@ pub mod status;
 pub mod steer_cpu;
 
 use crate::cli::{DataPlaneArgs, IoKind, Steer};
-use crate::seqpacket;
 use anyhow::{bail, Context, Result};
 use proto::keyfile::KeyFile;
 use std::os::fd::AsRawFd;
@@ -139,13 +138,13 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
         Arc::new(arc_swap::ArcSwap::from_pointee(registry::empty_snapshot(&keyset, keyfile.rendezvous_key)?));
     let counters: Vec<Arc<counters::ShardCounters>> =
         (0..cores.len()).map(|_| Arc::new(counters::ShardCounters::new(a.max_instances))).collect();
-    let data_listener = seqpacket::listen(data_path)?;
+    let data_listener = sys::seqpacket::listen_private(data_path)?;
     if let Some(gid) = a.worker_gid {
         // Workers under `--worker-user` connect through the group (0660).
         crate::trust::share_with_group(data_path, gid, 0o660)?;
     }
     let control_listener = match &a.control_socket {
-        Some(p) => Some(seqpacket::listen(p)?),
+        Some(p) => Some(sys::seqpacket::listen_private(p)?),
         None => None,
     };
     let info = status::StatusInfo {

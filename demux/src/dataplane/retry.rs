@@ -153,7 +153,7 @@ pub struct Minter {
 impl Minter {
     pub fn new(cfg: &RetryConfig, sockets: Vec<(SocketAddr, RawFd)>) -> anyhow::Result<Minter> {
         let mut seed = [0u8; 32];
-        crate::sys::os_random(&mut seed)?;
+        sys::os_random(&mut seed)?;
         let empty_iov = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
         Ok(Minter {
             minter: RetryMinter::new(&cfg.token_secret),

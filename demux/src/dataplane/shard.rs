@@ -10,7 +10,7 @@ use crate::dataplane::pressure::PressureAdmission;
 use crate::dataplane::retry::{Minter, RetryGate};
 use crate::dataplane::snapshot::Snapshot;
 use crate::dataplane::socket::UdpSock;
-use proto::wire::FrameMeta;
+use proto::wire::frame::FrameMeta;
 use proto::{PinTable, Reason};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -80,7 +80,7 @@ impl Drop for Router {
 impl Router {
     pub fn new(setup: &ShardSetup) -> std::io::Result<Router> {
         let mut hash_key = [0u8; 16];
-        crate::sys::os_random(&mut hash_key)?;
+        sys::os_random(&mut hash_key)?;
         Ok(Router {
             pins: PinTable::new(setup.pin_capacity, hash_key),
             cache: proto::DecodeCache::new(setup.decode_cache),

@@ -1,9 +1,10 @@
 //! The shards' UDP sockets: one SO_REUSEPORT socket per (shard, listen address).
 
-use crate::sys::{self, cvt, owned, setsockopt_int};
 use anyhow::{Context, Result};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
+use sys::sockopt::setsockopt_int;
+use sys::{cvt, owned};
 
 /// Requested receive buffer per socket (best effort; root may force it).
 const RCVBUF: libc::c_int = 8 << 20;
@@ -64,11 +65,11 @@ pub fn bind_udp(addr: SocketAddr, listen_index: usize) -> Result<UdpSock> {
     if setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, RCVBUF).is_err() {
         let _ = setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_RCVBUF, RCVBUF);
     }
-    let (ss, len) = sys::to_sockaddr(&addr);
+    let (ss, len) = sys::addr::to_sockaddr(&addr);
     // SAFETY: ss/len describe a valid sockaddr of the socket's family.
     cvt(unsafe { libc::bind(raw, (&ss as *const libc::sockaddr_storage).cast(), len) })
         .with_context(|| format!("bind {addr}"))?;
-    let local = sys::local_addr(&fd).with_context(|| format!("getsockname after bind {addr}"))?;
+    let local = sys::addr::local_addr(&fd).with_context(|| format!("getsockname after bind {addr}"))?;
     Ok(UdpSock { fd, local, listen_index })
 }
 
@@ -132,7 +133,7 @@ pub fn from_inherited(fds: &[i32], shards: usize) -> Result<Vec<Vec<UdpSock>>> {
                 let fl = cvt(libc::fcntl(raw, libc::F_GETFL)).context("F_GETFL")?;
                 cvt(libc::fcntl(raw, libc::F_SETFL, fl | libc::O_NONBLOCK)).context("F_SETFL")?;
             }
-            let local = sys::local_addr(&fd).with_context(|| format!("getsockname on inherited fd {raw}"))?;
+            let local = sys::addr::local_addr(&fd).with_context(|| format!("getsockname on inherited fd {raw}"))?;
             if let Some(first) = out.first() {
                 if first[li].local != local {
                     anyhow::bail!("--inherit-fds: shard {shard} serves {local} but shard 0 serves {}", first[li].local);

@@ -1,4 +1,4 @@
-//! Status: the shards' counters aggregated on request (Control::StatusRequest on
+//! Status: the shards' counters aggregated on request (Admin::StatusRequest on
 //! `--control-socket`), as JSON, and its readable rendering for `demux lb-status`.
 
 use crate::dataplane::counters::{ShardCounters, SlotCounts};

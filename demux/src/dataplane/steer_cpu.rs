@@ -7,9 +7,9 @@
 //! order: shard i's socket is index i (crate::dataplane::socket::bind_all binds shard by shard).
 
 use crate::dataplane::socket::UdpSock;
-use crate::sys::cvt;
 use anyhow::{bail, Context, Result};
 use std::os::fd::AsRawFd;
+use sys::cvt;
 
 // linux/filter.h
 const BPF_LD: u16 = 0x00;

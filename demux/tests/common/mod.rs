@@ -4,7 +4,9 @@
 #![allow(dead_code, unused_imports)]
 
 use proto::keyfile::KeyFile;
-use proto::wire::{decode_control, decode_frame, encode_control, Control, FrameMeta};
+use proto::wire::data::{CAP_FAST_PATH, CAP_RINGS};
+use proto::wire::frame::{self, FrameMeta};
+use proto::wire::{Admin, Data, Message};
 use proto::{KeySet, ServerId};
 use serde_json::Value;
 use std::io;
@@ -124,8 +126,8 @@ impl Demux {
     }
 
     pub fn status(&self) -> Value {
-        match sys::control::request(&self.control, &[&Control::StatusRequest]).expect("status").msg {
-            Control::Status { json } => serde_json::from_str(&json).unwrap(),
+        match sys::control::request(&self.control, &[&Admin::StatusRequest]).expect("status").msg {
+            Admin::Status { json } => serde_json::from_str(&json).unwrap(),
             other => panic!("unexpected reply {other:?}"),
         }
     }
@@ -284,24 +286,23 @@ impl Worker {
 
     fn connect_full(d: &Demux, server_id: u16, ready: bool, read: bool, fast_path: bool) -> Worker {
         let fd = seqpacket_connect(&d.data).unwrap();
-        let caps =
-            if d.rings { proto::wire::CAP_RINGS } else { 0 } | if fast_path { proto::wire::CAP_FAST_PATH } else { 0 };
+        let caps = if d.rings { CAP_RINGS } else { 0 } | if fast_path { CAP_FAST_PATH } else { 0 };
         let hello = if caps != 0 {
-            Control::DataHelloV2 { server_id: ServerId(server_id), caps }
+            Data::DataHelloV2 { server_id: ServerId(server_id), caps }
         } else {
-            Control::DataHello { server_id: ServerId(server_id) }
+            Data::DataHello { server_id: ServerId(server_id) }
         };
-        send_record(fd.as_raw_fd(), &encode_control(&hello), &[]).unwrap();
+        send_record(fd.as_raw_fd(), &Message::to_record(&hello), &[]).unwrap();
         let mut buf = vec![0u8; 4096];
         let (n, socket_fds) = recv_record(fd.as_raw_fd(), &mut buf).unwrap();
-        let sockets = match decode_control(&buf[..n]) {
-            Ok(Control::Sockets { addrs }) => addrs,
+        let sockets = match Data::decode(&buf[..n]) {
+            Ok(Data::Sockets { addrs }) => addrs,
             other => panic!("worker {server_id}: expected Sockets, got {other:?}"),
         };
         let mut fast = Vec::new();
         if fast_path {
             let (n, fds) = recv_record(fd.as_raw_fd(), &mut buf).unwrap();
-            let Ok(Control::FastSockets { addrs }) = decode_control(&buf[..n]) else {
+            let Ok(Data::FastSockets { addrs }) = Data::decode(&buf[..n]) else {
                 panic!("worker {server_id}: expected FastSockets")
             };
             assert_eq!(addrs.len(), fds.len(), "worker {server_id}: one fd per fast socket");
@@ -314,7 +315,7 @@ impl Worker {
         let mut rings = Vec::new();
         if caps != 0 {
             let (n, fds) = recv_record(fd.as_raw_fd(), &mut buf).unwrap();
-            let Ok(Control::Rings { count, bytes }) = decode_control(&buf[..n]) else {
+            let Ok(Data::Rings { count, bytes }) = Data::decode(&buf[..n]) else {
                 panic!("worker {server_id}: expected Rings")
             };
             assert_eq!(count > 0, d.rings, "worker {server_id}: rings only under --forward ring");
@@ -325,7 +326,7 @@ impl Worker {
             }
         }
         if ready {
-            send_record(fd.as_raw_fd(), &encode_control(&Control::Ready), &[]).unwrap();
+            send_record(fd.as_raw_fd(), &Message::to_record(&Data::Ready), &[]).unwrap();
         }
         set_rcvtimeo(fd.as_raw_fd(), Duration::from_millis(50));
         let fd = Arc::new(fd);
@@ -336,7 +337,7 @@ impl Worker {
             let (fd, frames, bad, stop) = (fd.clone(), frames.clone(), bad_frames.clone(), stop.clone());
             std::thread::spawn(move || {
                 let mut buf = vec![0u8; 70_000];
-                let record = |rec: &[u8]| match decode_frame(rec) {
+                let record = |rec: &[u8]| match frame::decode(rec) {
                     Ok((meta, payload)) => frames.lock().unwrap().push(Frame {
                         meta,
                         len: payload.len(),
@@ -416,8 +417,8 @@ impl Worker {
         out
     }
 
-    pub fn send(&self, m: &Control) {
-        send_record(self.fd.as_raw_fd(), &encode_control(m), &[]).unwrap();
+    pub fn send(&self, m: &Data) {
+        send_record(self.fd.as_raw_fd(), &Message::to_record(m), &[]).unwrap();
     }
 
     pub fn frames(&self) -> Vec<Frame> {

@@ -8,7 +8,7 @@
 
 use anyhow::{anyhow, Context};
 use clap::Parser;
-use proto::wire::Control;
+use proto::wire::Registration;
 use proto::ServerId;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -188,7 +188,7 @@ async fn run(a: Args) -> anyhow::Result<()> {
     if a.echo {
         data.ready().await.context("sending Ready")?;
         if let Some(cc) = &control {
-            cc.send(&Control::Ready).await.context("sending Ready to the controller")?;
+            cc.send(&Registration::Ready).await.context("sending Ready to the controller")?;
         }
         write_ready(&a, server_id)?;
         tracing::info!(%server_id, "echo mode");
@@ -244,7 +244,7 @@ async fn run(a: Args) -> anyhow::Result<()> {
     };
     data.ready().await.context("sending Ready")?;
     if let Some(cc) = &control {
-        cc.send(&Control::Ready).await.context("sending Ready to the controller")?;
+        cc.send(&Registration::Ready).await.context("sending Ready to the controller")?;
     }
     write_ready(&a, server_id)?;
     tracing::info!(%server_id, local = ?att.endpoint.local_addr().ok(), retry = a.retry, "serving HTTP/3");
@@ -263,7 +263,7 @@ async fn run(a: Args) -> anyhow::Result<()> {
         tracing::warn!(error = %e, "could not send Draining");
     }
     if let Some(cc) = &control {
-        if let Err(e) = cc.send(&Control::Draining).await {
+        if let Err(e) = cc.send(&Registration::Draining).await {
             tracing::warn!(error = %e, "could not send Draining to the controller");
         }
     }

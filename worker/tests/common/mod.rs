@@ -3,7 +3,7 @@
 #![allow(dead_code, unused_imports)]
 
 use proto::keyfile::KeyFile;
-use proto::wire::Control;
+use proto::wire::Admin;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -128,8 +128,8 @@ impl Demux {
 
     /// The data plane's status JSON.
     pub fn status(&self) -> serde_json::Value {
-        match sys::control::request(&self.control, &[&Control::StatusRequest]).expect("Status reply").msg {
-            Control::Status { json } => serde_json::from_str(&json).expect("status JSON"),
+        match sys::control::request(&self.control, &[&Admin::StatusRequest]).expect("Status reply").msg {
+            Admin::Status { json } => serde_json::from_str(&json).expect("status JSON"),
             other => panic!("unexpected reply {other:?}"),
         }
     }

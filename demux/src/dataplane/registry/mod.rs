@@ -31,21 +31,22 @@ mod status;
 
 use crate::accept_guard::{self, AcceptGuard, HELLO_TIMEOUT};
 use crate::cli::FastPathMode;
+use crate::control_server::{self, ControlServer, Serves};
 use crate::dataplane::counters::ShardCounters;
 use crate::dataplane::fast_path::FastPathState;
 use crate::dataplane::pressure::{Pressure, PressureConfig};
 use crate::dataplane::snapshot::{Awaited, DataConn, Shared, Snapshot};
 use crate::dataplane::status::StatusInfo;
-use crate::seqpacket;
-use crate::sys::Epoll;
 use anyhow::{Context, Result};
-use proto::wire::{encode_control, Control};
+use proto::wire::{Admin, Data, Message};
 use proto::{InstanceInfo, KeySet, ServerId, Table};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use sys::seqpacket::Channel;
+use sys::Epoll;
 
 use hello::Wants;
 use liveness::Liveness;
@@ -59,7 +60,7 @@ const FIRST_CONN_TOKEN: u64 = 3;
 /// Largest control record the registry reads (a status reply is the largest it sends).
 const CONTROL_BUF: usize = 65_536;
 /// Send buffer of a data connection: frames wait here while the worker catches up.
-const DATA_SNDBUF: libc::c_int = 4 << 20;
+const DATA_SNDBUF: usize = 4 << 20;
 
 enum Conn {
     /// Data connection before its DataHello (accepted at `since`).
@@ -78,9 +79,29 @@ enum Conn {
 
 impl Conn {
     fn raw(&self) -> RawFd {
+        self.fd().as_raw_fd()
+    }
+
+    fn fd(&self) -> BorrowedFd<'_> {
         match self {
-            Conn::Pending { fd, .. } | Conn::Control { fd, .. } => fd.as_raw_fd(),
-            Conn::Live { conn, .. } => conn.fd.as_raw_fd(),
+            Conn::Pending { fd, .. } | Conn::Control { fd, .. } => fd.as_fd(),
+            Conn::Live { conn, .. } => conn.fd.as_fd(),
+        }
+    }
+
+    /// The data connection (data.sock), while it speaks the data conversation.
+    fn data(&self) -> Option<Channel<'_, Data>> {
+        match self {
+            Conn::Pending { .. } | Conn::Live { .. } => Some(Channel::new(self.fd())),
+            Conn::Control { .. } => None,
+        }
+    }
+
+    /// The control-socket connection (admin conversation).
+    fn admin(&self) -> Option<Channel<'_, Admin>> {
+        match self {
+            Conn::Control { fd, .. } => Some(Channel::new(fd.as_fd())),
+            Conn::Pending { .. } | Conn::Live { .. } => None,
         }
     }
 
@@ -362,7 +383,7 @@ impl Registry {
             }
             let listener = if control { self.control_listener.as_ref() } else { Some(&self.data_listener) };
             let Some(listener) = listener else { return };
-            match seqpacket::accept(listener) {
+            match sys::seqpacket::accept_nonblocking(listener.as_fd()) {
                 Ok(Some(fd)) => {
                     if !self.admit(&fd, control) {
                         continue;
@@ -384,7 +405,7 @@ impl Registry {
                         continue;
                     }
                     if !control {
-                        seqpacket::set_sndbuf(fd.as_raw_fd(), DATA_SNDBUF);
+                        sys::sockopt::set_send_buffer(fd.as_raw_fd(), DATA_SNDBUF);
                     }
                     let conn = if control {
                         Conn::Control { fd, idle_since: Some(now) }
@@ -409,25 +430,25 @@ impl Registry {
     }
 
     fn on_conn(&mut self, token: u64, ev: u32) {
-        let Some(raw) = self.conns.get(&token).map(Conn::raw) else { return };
-        seqpacket::serve_ready(self, token, raw, ev);
+        match self.conns.get(&token) {
+            Some(Conn::Control { .. }) => control_server::serve_ready::<Admin, _>(self, token, ev),
+            Some(_) => control_server::serve_ready::<Data, _>(self, token, ev),
+            None => {}
+        }
     }
 
-    /// Handles one message; false when the connection was closed.
-    fn on_message(&mut self, token: u64, m: Control) -> bool {
+    /// Handles one message of a data connection; false when it was closed.
+    fn on_data(&mut self, token: u64, m: Data) -> bool {
         let now = Instant::now();
         let clock = self.clock(now);
         let Some(conn) = self.conns.get_mut(&token) else { return false };
-        if let Conn::Control { idle_since, .. } = conn {
-            *idle_since = None;
-        }
         match (conn, m) {
-            (Conn::Pending { .. }, Control::DataHello { server_id }) => self.hello(token, server_id, Wants::V1),
-            (Conn::Pending { .. }, Control::DataHelloV2 { server_id, caps }) => {
+            (Conn::Pending { .. }, Data::DataHello { server_id }) => self.hello(token, server_id, Wants::V1),
+            (Conn::Pending { .. }, Data::DataHelloV2 { server_id, caps }) => {
                 self.hello(token, server_id, Wants::from_caps(caps))
             }
             // The heartbeat and handshake-pressure report (docs/wire.md `Load`).
-            (Conn::Live { live, .. }, Control::Load { handshakes, incoming_bytes }) => {
+            (Conn::Live { live, .. }, Data::Load { handshakes, incoming_bytes }) => {
                 let before = self.pressure.level(live.handshakes);
                 live.on_load(clock, handshakes, incoming_bytes);
                 if self.pressure.level(handshakes) != before {
@@ -435,7 +456,7 @@ impl Registry {
                 }
                 true
             }
-            (Conn::Live { placeable, conn, .. }, Control::Ready) => {
+            (Conn::Live { placeable, conn, .. }, Data::Ready) => {
                 if !*placeable {
                     *placeable = true;
                     tracing::info!(server_id = conn.server_id, "instance ready (placeable)");
@@ -444,11 +465,11 @@ impl Registry {
                 true
             }
             // A worker's handshake completed: its pin's ticket may leave now (handshakes.rs).
-            (Conn::Live { conn, .. }, Control::HandshakeDone { odcid }) => {
+            (Conn::Live { conn, .. }, Data::HandshakeDone { odcid }) => {
                 self.handshakes_done.push(ServerId(conn.server_id), &odcid);
                 true
             }
-            (Conn::Live { placeable, conn, .. }, Control::Draining) => {
+            (Conn::Live { placeable, conn, .. }, Data::Draining) => {
                 if *placeable {
                     *placeable = false;
                     tracing::info!(server_id = conn.server_id, "instance draining (not placeable)");
@@ -456,31 +477,33 @@ impl Registry {
                 }
                 true
             }
-            (Conn::Control { .. }, Control::StatusRequest) => {
-                let json = self.status_json();
-                let rec = encode_control(&Control::Status { json });
-                let raw = self.conns.get(&token).map(Conn::raw).unwrap_or(-1);
-                if let Err(e) = seqpacket::send(raw, &rec, &[], libc::MSG_DONTWAIT) {
-                    self.close(token, &format!("sending status: {e}"));
-                    return false;
-                }
-                true
+            (_, other) => {
+                self.refuse(token, &format!("unexpected message {}", other.name()));
+                false
             }
-            (Conn::Control { .. }, Control::Hello { .. }) => true,
+        }
+    }
+
+    /// Handles one message of a control-socket connection; false when it was closed.
+    fn on_admin(&mut self, token: u64, m: Admin) -> bool {
+        if let Some(Conn::Control { idle_since, .. }) = self.conns.get_mut(&token) {
+            *idle_since = None;
+        }
+        match m {
+            Admin::StatusRequest => {
+                let json = self.status_json();
+                self.reply(token, &Admin::Status { json }, &[], "status")
+            }
+            Admin::Hello { .. } => true,
             // A (restarted) controller takes the sockets back to keep them open across
             // our own restarts.
-            (Conn::Control { .. }, Control::GetSockets) => {
-                let rec = encode_control(&Control::Sockets { addrs: self.all_udp_addrs.clone() });
-                let raw = self.conns.get(&token).map(Conn::raw).unwrap_or(-1);
-                if let Err(e) = seqpacket::send(raw, &rec, &self.all_udp_fds, libc::MSG_DONTWAIT) {
-                    self.close(token, &format!("sending sockets: {e}"));
-                    return false;
-                }
-                true
+            Admin::GetSockets => {
+                let (addrs, fds) = (self.all_udp_addrs.clone(), self.all_udp_fds.clone());
+                self.reply(token, &Admin::Sockets { addrs }, &fds, "sockets")
             }
             // ADR 0001 rotation: new CIDs use the newest generation, the previous one
             // stays decodable. (The controller sends this; operators may too.)
-            (Conn::Control { .. }, Control::KeysChanged { keys }) => match keys.key_set() {
+            Admin::KeysChanged { keys } => match keys.key_set() {
                 Ok(ks) => {
                     self.set_keys(ks, "KeysChanged on the control socket");
                     true
@@ -490,11 +513,22 @@ impl Registry {
                     false
                 }
             },
-            (_, other) => {
+            other => {
                 self.refuse(token, &format!("unexpected message {}", other.name()));
                 false
             }
         }
+    }
+
+    /// Sends `m` (with `fds`) on control-socket connection `token` without waiting;
+    /// a failure closes it. False when it was closed.
+    fn reply(&mut self, token: u64, m: &Admin, fds: &[RawFd], what: &str) -> bool {
+        let Some(ch) = self.conns.get(&token).and_then(Conn::admin) else { return false };
+        if let Err(e) = ch.dont_wait().send_with_raw_fds(m, fds) {
+            self.close(token, &format!("sending {what}: {e}"));
+            return false;
+        }
+        true
     }
 
     /// SO_PEERCRED right after accept: dataplane.sock hands out every UDP socket
@@ -502,17 +536,19 @@ impl Registry {
     /// ours and the worker uid. A refused connection gets `Error` and is dropped.
     fn admit(&self, fd: &OwnedFd, control: bool) -> bool {
         if control {
-            crate::trust::admit(fd, "dataplane.sock", &self.control_peers)
+            crate::trust::admit::<Admin>(fd, "dataplane.sock", &self.control_peers)
         } else {
-            crate::trust::admit(fd, "data.sock", &self.data_peers)
+            crate::trust::admit::<Data>(fd, "data.sock", &self.data_peers)
         }
     }
 
     /// Sends `Error{reason}` (best effort) and closes.
     fn refuse(&mut self, token: u64, reason: &str) {
-        if let Some(c) = self.conns.get(&token) {
-            let rec = encode_control(&Control::Error { reason: reason.to_string() });
-            let _ = seqpacket::send(c.raw(), &rec, &[], libc::MSG_DONTWAIT);
+        // The same Error record in both conversations; typed by the connection's.
+        match self.conns.get(&token) {
+            Some(c @ Conn::Control { .. }) => crate::trust::send_error::<Admin>(c.fd(), reason),
+            Some(c) => crate::trust::send_error::<Data>(c.fd(), reason),
+            None => {}
         }
         self.close(token, reason);
     }
@@ -593,10 +629,7 @@ impl Registry {
         }
     }
 }
-impl seqpacket::ControlServer for Registry {
-    fn on_message(&mut self, token: u64, m: Control) -> bool {
-        Registry::on_message(self, token, m)
-    }
+impl ControlServer for Registry {
     fn close(&mut self, token: u64, why: &str) {
         Registry::close(self, token, why)
     }
@@ -605,5 +638,23 @@ impl seqpacket::ControlServer for Registry {
     }
     fn recv_buf(&mut self) -> &mut Vec<u8> {
         &mut self.buf
+    }
+}
+
+impl Serves<Data> for Registry {
+    fn channel(&self, token: u64) -> Option<Channel<'_, Data>> {
+        self.conns.get(&token).and_then(Conn::data)
+    }
+    fn on_message(&mut self, token: u64, m: Data) -> bool {
+        self.on_data(token, m)
+    }
+}
+
+impl Serves<Admin> for Registry {
+    fn channel(&self, token: u64) -> Option<Channel<'_, Admin>> {
+        self.conns.get(&token).and_then(Conn::admin)
+    }
+    fn on_message(&mut self, token: u64, m: Admin) -> bool {
+        self.on_admin(token, m)
     }
 }

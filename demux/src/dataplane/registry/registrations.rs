@@ -68,7 +68,7 @@ impl Registry {
     /// false when `token`'s peer may not take `server_id`.
     pub(super) fn hello_allowed(&mut self, token: u64, server_id: ServerId) -> bool {
         let Some(raw) = self.conns.get(&token).map(Conn::raw) else { return false };
-        let cred = crate::sys::peer_cred(raw);
+        let cred = sys::sockopt::peer_cred(raw);
         let dup = self.conns.values().any(|c| matches!(c, Conn::Live { conn, .. } if conn.server_id == server_id.0));
         let refusal = if dup {
             Some((

@@ -1,0 +1,196 @@
+//! The data connection: a worker and the data plane on `data.sock` (docs/wire.md
+//! "Data connection"), beside the data frames ([`super::frame`]) the data plane sends
+//! on it. W = worker, D = data plane.
+//!
+//! 1. W → D `DataHello { server_id }` or `DataHelloV2 { server_id, caps }`;
+//! 2. D → W `Sockets` (+ fds), then for `DataHelloV2` `FastSockets` (asked with
+//!    [`CAP_FAST_PATH`], + fds) and `Rings` (+ fds); or `Error` and close;
+//! 3. W → D `Ready` / `Draining`, `Load` every [`LOAD_INTERVAL_MS`], `HandshakeDone`.
+
+use super::codec::{self, put_socket_addrs};
+use super::{Conversation, Message, WireError, ERROR};
+use crate::cid::ServerId;
+use std::net::SocketAddr;
+
+/// How often a worker sends [`Data::Load`] (milliseconds).
+pub const LOAD_INTERVAL_MS: u64 = 250;
+/// Longest `HandshakeDone` DCID (RFC 9000 §17.2).
+pub const MAX_ODCID_LEN: usize = 20;
+/// `DataHelloV2` capability: the worker reads forwarding rings (`Rings`).
+pub const CAP_RINGS: u32 = 0x1;
+/// `DataHelloV2` capability: the worker receives on its own fast-path sockets
+/// (`FastSockets`) as well as on the data connection.
+pub const CAP_FAST_PATH: u32 = 0x2;
+/// Capability bits this version knows; others are reserved (zero).
+pub const CAPS_KNOWN: u32 = CAP_RINGS | CAP_FAST_PATH;
+/// The most rings one `Rings` message announces (two fds each: 253 / 2 SCM_RIGHTS).
+pub const MAX_RINGS: u8 = 64;
+
+/// Every control message of the data connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Data {
+    /// W → D, first: the frames on this connection are for this id.
+    DataHello { server_id: ServerId },
+    /// W → D, instead of `DataHello`: the same, plus capability bits ([`CAP_RINGS`]:
+    /// the worker reads shared-memory rings; [`CAP_FAST_PATH`]: it takes
+    /// `FastSockets`). The data plane answers `Sockets`, [`Data::FastSockets`] when
+    /// asked, then `Rings`.
+    DataHelloV2 { server_id: ServerId, caps: u32 },
+    /// D → W, the answer to the hello: the shared UDP sockets, one per listen address
+    /// in this order; the fds travel with this record (SCM_RIGHTS). The worker only
+    /// sends on them, never reads.
+    Sockets { addrs: Vec<SocketAddr> },
+    /// D → W, the answer to a `DataHelloV2` with [`CAP_FAST_PATH`], after `Sockets`
+    /// and before `Rings`: this worker's own UDP sockets, one per listen address in
+    /// `Sockets` order, each in that address's SO_REUSEPORT group, where the data
+    /// plane's SK_REUSEPORT program steers this worker's established datagrams to it
+    /// (docs/adr/0004). The worker receives on them and answers from them. The fds
+    /// travel with this record; `addrs` is empty when the fast path is not active.
+    FastSockets { addrs: Vec<SocketAddr> },
+    /// D → W: `count` shared-memory rings (one per shard) of `bytes` data bytes each
+    /// (proto::ring layout); the fds travel with this record, ring-major: the memfd,
+    /// then its eventfd, for each ring. Frames may still come on the connection too.
+    /// The answer to every `DataHelloV2` (after `Sockets`); `count: 0, bytes: 0` when
+    /// the data plane forwards over SEQPACKET only.
+    Rings { count: u8, bytes: u64 },
+    /// W → D: ready for new connections (becomes placeable).
+    Ready,
+    /// W → D: draining, place nothing new here (stays live until it disconnects).
+    Draining,
+    /// W → D, on a live data connection, every [`LOAD_INTERVAL_MS`]: the worker's
+    /// handshake pressure — `handshakes` in progress (accepted, not yet established)
+    /// and `incoming_bytes` buffered by its QUIC stack for connections not yet
+    /// accepted (0 when unknown). It is also the worker's heartbeat: a data plane
+    /// that stops receiving it marks the instance stalled (not placeable).
+    Load { handshakes: u32, incoming_bytes: u32 },
+    /// W → D: quinn reports the connection whose client's original DCID is `odcid`
+    /// established (handshake complete). The data plane gives back the handshake
+    /// ticket of the pin of that DCID placed on this instance, if it still holds one
+    /// (docs/wire.md). At most [`MAX_ODCID_LEN`] bytes (RFC 9000 §17.2: a v1 CID is at
+    /// most 20).
+    HandshakeDone { odcid: Vec<u8> },
+    /// Either way: why the sender is about to close the connection (or, from the data
+    /// plane, a note on it).
+    Error { reason: String },
+}
+
+mod tag {
+    pub const DATA_HELLO: u8 = 0x40;
+    pub const DATA_HELLO_V2: u8 = 0x41;
+    pub const SOCKETS: u8 = 0x42;
+    pub const FAST_SOCKETS: u8 = 0x43;
+    pub const RINGS: u8 = 0x44;
+    pub const READY: u8 = 0x45;
+    pub const DRAINING: u8 = 0x46;
+    pub const LOAD: u8 = 0x47;
+    pub const HANDSHAKE_DONE: u8 = 0x48;
+}
+
+impl Message for Data {
+    fn encode(&self, v: &mut Vec<u8>) {
+        match self {
+            Data::DataHello { server_id } => {
+                codec::header(tag::DATA_HELLO, v);
+                v.extend_from_slice(&server_id.0.to_be_bytes());
+            }
+            Data::DataHelloV2 { server_id, caps } => {
+                codec::header(tag::DATA_HELLO_V2, v);
+                v.extend_from_slice(&server_id.0.to_be_bytes());
+                v.extend_from_slice(&caps.to_be_bytes());
+            }
+            Data::Sockets { addrs } => {
+                codec::header(tag::SOCKETS, v);
+                put_socket_addrs(v, addrs);
+            }
+            Data::FastSockets { addrs } => {
+                codec::header(tag::FAST_SOCKETS, v);
+                put_socket_addrs(v, addrs);
+            }
+            Data::Rings { count, bytes } => {
+                codec::header(tag::RINGS, v);
+                v.push(*count);
+                v.extend_from_slice(&bytes.to_be_bytes());
+            }
+            Data::Ready => codec::header(tag::READY, v),
+            Data::Draining => codec::header(tag::DRAINING, v),
+            Data::Load { handshakes, incoming_bytes } => {
+                codec::header(tag::LOAD, v);
+                v.extend_from_slice(&handshakes.to_be_bytes());
+                v.extend_from_slice(&incoming_bytes.to_be_bytes());
+            }
+            Data::HandshakeDone { odcid } => {
+                codec::header(tag::HANDSHAKE_DONE, v);
+                let n = odcid.len().min(MAX_ODCID_LEN);
+                v.push(n as u8);
+                v.extend_from_slice(&odcid[..n]);
+            }
+            Data::Error { reason } => codec::error(reason, v),
+        }
+    }
+
+    fn decode(rec: &[u8]) -> Result<Self, WireError> {
+        let (t, mut c) = codec::open(rec, Conversation::Data)?;
+        let m = match t {
+            tag::DATA_HELLO => Data::DataHello { server_id: ServerId(c.u16()?) },
+            tag::DATA_HELLO_V2 => {
+                let server_id = ServerId(c.u16()?);
+                let caps = c.u32()?;
+                if caps & !CAPS_KNOWN != 0 {
+                    return Err(WireError::ReservedBits);
+                }
+                Data::DataHelloV2 { server_id, caps }
+            }
+            tag::SOCKETS => Data::Sockets { addrs: c.socket_addrs()? },
+            tag::FAST_SOCKETS => Data::FastSockets { addrs: c.socket_addrs()? },
+            tag::RINGS => {
+                let count = c.u8()?;
+                if count > MAX_RINGS {
+                    return Err(WireError::TooMany);
+                }
+                let hi = u64::from(c.u32()?);
+                let bytes = hi << 32 | u64::from(c.u32()?);
+                // count 0, bytes 0: "no rings, frames stay on this connection".
+                if (count == 0) != (bytes == 0) || (count > 0 && !crate::ring::valid_capacity(bytes)) {
+                    return Err(WireError::ReservedBits);
+                }
+                Data::Rings { count, bytes }
+            }
+            tag::READY => Data::Ready,
+            tag::DRAINING => Data::Draining,
+            tag::LOAD => Data::Load { handshakes: c.u32()?, incoming_bytes: c.u32()? },
+            tag::HANDSHAKE_DONE => {
+                let n = usize::from(c.u8()?);
+                if n > MAX_ODCID_LEN {
+                    return Err(WireError::TooMany);
+                }
+                Data::HandshakeDone { odcid: c.take(n)?.to_vec() }
+            }
+            ERROR => Data::Error { reason: c.text()? },
+            other => return Err(WireError::UnknownMessage(other)),
+        };
+        c.finish(m)
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Data::DataHello { .. } => "DataHello",
+            Data::DataHelloV2 { .. } => "DataHelloV2",
+            Data::Sockets { .. } => "Sockets",
+            Data::FastSockets { .. } => "FastSockets",
+            Data::Rings { .. } => "Rings",
+            Data::Ready => "Ready",
+            Data::Draining => "Draining",
+            Data::Load { .. } => "Load",
+            Data::HandshakeDone { .. } => "HandshakeDone",
+            Data::Error { .. } => "Error",
+        }
+    }
+
+    fn carries_fds(&self) -> bool {
+        matches!(self, Data::Sockets { .. } | Data::FastSockets { .. } | Data::Rings { .. })
+    }
+
+    fn error(reason: String) -> Self {
+        Data::Error { reason }
+    }
+}
