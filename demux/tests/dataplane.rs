@@ -959,10 +959,15 @@ fn busy_poll_takes_receives_while_spinning() {
         assert_eq!(s["busy_poll_us"], if spins { 5000 } else { 0 }, "the setting is in the status");
         let (polls, found) = (u64_at(&s, "/busy_poll/spins"), u64_at(&s, "/busy_poll/found"));
         if spins {
-            // Each datagram after the first can end a spin; the VM may deschedule the
-            // sender now and then, so half is the bound (every run here: > 90 %).
+            // Every spin ends when a receive shows up, or after 5 ms without one. The
+            // datagrams come 100 µs apart, so a spin times out only after the last one
+            // or when the sender was descheduled for > 5 ms; a loaded machine also lets
+            // several datagrams queue up while the shard works, so there are fewer spins
+            // than datagrams (200 on a quiet machine, 96 seen under load). What is
+            // checked: the shard did spin, and nearly every spin found its receive.
             eprintln!("busy poll: found {found} of {polls} spins for {N} datagrams");
-            assert!(found >= N / 2 && found <= polls, "found {found} of {polls} spins for {N} datagrams");
+            assert!(polls >= 20, "{polls} spins for {N} datagrams");
+            assert!(found <= polls && found * 10 >= polls * 8, "found {found} of {polls} spins for {N} datagrams");
         } else {
             assert_eq!((polls, found), (0, 0), "no spinning without the flag");
         }
