@@ -3,8 +3,8 @@
 //! The model derives the SipHash key with aws-lc-rs's HMAC and hashes with the
 //! `siphasher` crate: independent of the C program and of proto.
 //!
-//! If this machine refuses to load the program the tests print `skip: …` and pass,
-//! unless QUICDEMUX_REQUIRE_FASTPATH=1, when they fail.
+//! If this machine refuses to load the program the tests report it with
+//! `testkit::skip` (a failure under `CI=true`) and pass.
 #![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 use std::collections::HashMap;
@@ -14,7 +14,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
 use aws_lc_rs::hmac;
-use fastpath::{Counters, LoadError, Steering};
+use fastpath::{Config, Counters, LoadError, Steering, Variant};
+use proto::{Generation, ServerId};
 use siphasher::sip::SipHasher24;
 
 // ---------- the independent model ----------
@@ -87,7 +88,10 @@ enum Outcome {
 
 fn bump(c: &mut Counters, o: Outcome) {
     match o {
-        Outcome::Fast => c.fast += 1,
+        Outcome::Fast => {
+            c.fast += 1;
+            c.fast_datagrams += 1;
+        }
         Outcome::LongHeader => c.long_header += 1,
         Outcome::ShortPacket => c.short_packet += 1,
         Outcome::CrUnroutable => c.cr_unroutable += 1,
@@ -99,8 +103,8 @@ fn bump(c: &mut Counters, o: Outcome) {
 
 // ---------- the harness ----------
 
-fn require() -> bool {
-    std::env::var("QUICDEMUX_REQUIRE_FASTPATH").map(|v| v == "1").unwrap_or(false)
+fn gen(g: u8) -> Generation {
+    Generation::new(g).unwrap()
 }
 
 fn set_rcvbuf(s: &UdpSocket) {
@@ -127,10 +131,18 @@ struct Group {
 /// `shards` shard sockets and `workers` worker sockets in one group on 127.0.0.1,
 /// the program attached; None (after printing why) when BPF is refused here.
 fn group(shards: usize, workers: usize, max_workers: u32, by_cpu: Option<&[u32]>) -> Option<Group> {
-    group_at("127.0.0.1:0", shards, workers, max_workers, by_cpu)
+    group_at("127.0.0.1:0", None, shards, workers, max_workers, by_cpu)
 }
 
-fn group_at(bind: &str, shards: usize, workers: usize, max_workers: u32, by_cpu: Option<&[u32]>) -> Option<Group> {
+/// [`group`] on `bind`, running `variant` (None: whichever `Steering::attach` picks).
+fn group_at(
+    bind: &str,
+    variant: Option<Variant>,
+    shards: usize,
+    workers: usize,
+    max_workers: u32,
+    by_cpu: Option<&[u32]>,
+) -> Option<Group> {
     let first = UdpSocket::from(fastpath::open_worker_socket(bind.parse().unwrap()).unwrap());
     let addr = first.local_addr().unwrap();
     let mut shard_socks = vec![first];
@@ -143,10 +155,15 @@ fn group_at(bind: &str, shards: usize, workers: usize, max_workers: u32, by_cpu:
         set_rcvbuf(s);
     }
     let fds: Vec<BorrowedFd<'_>> = shard_socks.iter().map(|s| s.as_fd()).collect();
-    let steering = match Steering::attach(&fds, max_workers, by_cpu) {
+    let config = Config { shard_by_cpu: by_cpu, ..Config::new(max_workers) };
+    let attached = match variant {
+        Some(v) => Steering::attach_variant(v, &fds, &config),
+        None => Steering::attach(&fds, &config),
+    };
+    let steering = match attached {
         Ok(s) => s,
-        Err(LoadError::Unsupported(why)) if !require() => {
-            testkit::skip(&format!("kernel fast path unavailable here: {why}"));
+        Err(LoadError::Unsupported(why)) => {
+            testkit::skip(&format!("kernel fast path ({variant:?}) unavailable here: {why}"));
             return None;
         }
         Err(e) => panic!("attach: {e}"),
@@ -277,18 +294,29 @@ fn to_shard(src: usize, bytes: Vec<u8>, outcome: Outcome) -> Dgram {
 
 // ---------- tests ----------
 
-/// Test 1 (and 4): the exact model over a few thousand datagrams of every kind.
+/// Test 1 (and 4): the exact model over a few thousand datagrams of every kind, for
+/// each variant of the program (single datagrams: both must steer them alike).
 #[test]
 fn steering_matches_the_model_exactly() {
-    let Some(g) = group(2, 3, 8, None) else {
+    model_test(Variant::GsoWalk);
+}
+
+#[test]
+fn size_limit_variant_matches_the_model_exactly() {
+    model_test(Variant::SizeLimit);
+}
+
+fn model_test(variant: Variant) {
+    let Some(g) = group_at("127.0.0.1:0", Some(variant), 2, 3, 8, None) else {
         return;
     };
+    assert_eq!(g.steering.variant(), variant);
     let (k0, k1) = (derive(&SECRET0), derive(&SECRET1));
-    g.steering.set_generation(0, Some(k0)).unwrap();
-    g.steering.set_generation(1, Some(k1)).unwrap();
-    g.steering.set_generation(2, None).unwrap();
+    g.steering.set_generation(gen(0), Some(k0.into())).unwrap();
+    g.steering.set_generation(gen(1), Some(k1.into())).unwrap();
+    g.steering.set_generation(gen(2), None).unwrap();
     for (slot, w) in g.workers.iter().enumerate() {
-        g.steering.insert_worker(slot as u32, IDS[slot], w.as_ref().unwrap().as_fd()).unwrap();
+        g.steering.insert_worker(slot as u32, ServerId(IDS[slot]), w.as_ref().unwrap().as_fd()).unwrap();
     }
     let srcs = senders(8);
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
@@ -432,9 +460,9 @@ fn fast_plan(
 
 fn prepare(g: &Group) -> [u64; 2] {
     let k0 = derive(&SECRET0);
-    g.steering.set_generation(0, Some(k0)).unwrap();
+    g.steering.set_generation(gen(0), Some(k0.into())).unwrap();
     for (slot, w) in g.workers.iter().enumerate() {
-        g.steering.insert_worker(slot as u32, IDS[slot], w.as_ref().unwrap().as_fd()).unwrap();
+        g.steering.insert_worker(slot as u32, ServerId(IDS[slot]), w.as_ref().unwrap().as_fd()).unwrap();
     }
     k0
 }
@@ -462,7 +490,7 @@ fn closed_worker_socket_falls_back_to_a_shard() {
     assert_eq!((c.fast, c.select_failed, c.shard_select_failed), (150, 200, 0), "{c:?}");
     assert_eq!(g.steering.worker_fast(1).unwrap(), 100);
     // remove_worker of a slot whose socket is already gone is fine.
-    g.steering.remove_worker(1, IDS[1]).unwrap();
+    g.steering.remove_worker(1, ServerId(IDS[1])).unwrap();
 }
 
 /// Test 3 (and 4): remove_worker → not_live; re-insert in a new slot → fast again,
@@ -476,12 +504,12 @@ fn remove_and_reinsert_worker() {
     let srcs = senders(4);
     let mut rng = Rng(99);
     run(&g, &srcs, &fast_plan(&mut rng, k0, 0, 64, srcs.len(), 0, Expect::Worker(0), Outcome::Fast));
-    g.steering.remove_worker(0, IDS[0]).unwrap();
+    g.steering.remove_worker(0, ServerId(IDS[0])).unwrap();
     run(&g, &srcs, &fast_plan(&mut rng, k0, 0, 80, srcs.len(), 0, Expect::AnyShard, Outcome::NotLive));
     let c = g.steering.counters().unwrap();
     assert_eq!((c.fast, c.not_live, c.select_failed), (64, 80, 0), "{c:?}");
     // Same socket, new slot 4.
-    g.steering.insert_worker(4, IDS[0], g.workers[0].as_ref().unwrap().as_fd()).unwrap();
+    g.steering.insert_worker(4, ServerId(IDS[0]), g.workers[0].as_ref().unwrap().as_fd()).unwrap();
     let mut plan = fast_plan(&mut rng, k0, 0, 90, srcs.len(), 0, Expect::Worker(0), Outcome::Fast);
     plan.extend(fast_plan(&mut rng, k0, 2, 10, srcs.len(), 90, Expect::Worker(2), Outcome::Fast));
     run(&g, &srcs, &plan);
@@ -491,19 +519,19 @@ fn remove_and_reinsert_worker() {
     assert_eq!(g.steering.worker_fast(0).unwrap(), 64, "the old slot keeps its count");
     assert_eq!(g.steering.worker_fast(2).unwrap(), 10);
     // Removing the old slot now must not unsteer the id that moved to slot 4.
-    g.steering.remove_worker(0, IDS[0]).unwrap();
+    g.steering.remove_worker(0, ServerId(IDS[0])).unwrap();
     run(&g, &srcs, &fast_plan(&mut rng, k0, 0, 20, srcs.len(), 0, Expect::Worker(0), Outcome::Fast));
     assert_eq!(g.steering.worker_fast(4).unwrap(), 110);
     // Re-using a slot restarts its worker_fast count.
-    g.steering.remove_worker(4, IDS[0]).unwrap();
-    g.steering.insert_worker(0, IDS[0], g.workers[0].as_ref().unwrap().as_fd()).unwrap();
+    g.steering.remove_worker(4, ServerId(IDS[0])).unwrap();
+    g.steering.insert_worker(0, ServerId(IDS[0]), g.workers[0].as_ref().unwrap().as_fd()).unwrap();
     assert_eq!(g.steering.worker_fast(0).unwrap(), 0, "insert_worker resets the slot's count");
     run(&g, &srcs, &fast_plan(&mut rng, k0, 0, 5, srcs.len(), 0, Expect::Worker(0), Outcome::Fast));
     assert_eq!(g.steering.worker_fast(0).unwrap(), 5);
     // Out-of-range slots are refused.
-    assert!(g.steering.insert_worker(6, 1, g.workers[1].as_ref().unwrap().as_fd()).is_err());
+    assert!(g.steering.insert_worker(6, ServerId(1), g.workers[1].as_ref().unwrap().as_fd()).is_err());
     assert!(g.steering.worker_fast(6).is_err());
-    assert!(g.steering.set_generation(3, None).is_err());
+    assert!(Generation::new(3).is_none(), "cr = 3 is no generation: set_generation cannot name it");
 }
 
 fn pin_to(cpu: usize) -> io::Result<()> {
@@ -565,6 +593,7 @@ fn by_cpu_picks_the_cpu_shard() {
         assert_eq!(count, 200);
         total.cr_unroutable += 200;
         total.fast += 40;
+        total.fast_datagrams += 40;
     }
     assert_eq!(g.steering.counters().unwrap(), total);
 }
@@ -605,7 +634,7 @@ fn ipv6_group_steers_too() {
         testkit::skip("no IPv6 loopback here");
         return;
     }
-    let Some(g) = group_at("[::1]:0", 2, 3, 4, None) else {
+    let Some(g) = group_at("[::1]:0", None, 2, 3, 4, None) else {
         return;
     };
     let k0 = prepare(&g);
@@ -652,7 +681,7 @@ fn unprivileged_load_is_unsupported() {
         // this thread only.
         let rc = unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut Header, data.as_ptr()) };
         assert_eq!(rc, 0, "capset: {}", io::Error::last_os_error());
-        match Steering::attach(&[s.as_fd()], 4, None) {
+        match Steering::attach(&[s.as_fd()], &Config::new(4)) {
             Err(LoadError::Unsupported(m)) => {
                 eprintln!("unprivileged attach refused as expected: {}", m)
             }
@@ -697,7 +726,7 @@ fn verifier_refusal_is_unsupported() {
     let bytes = std::fs::read(&obj).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     let s = UdpSocket::from(fastpath::open_worker_socket("127.0.0.1:0".parse().unwrap()).unwrap());
-    match Steering::attach_object(&bytes, &[s.as_fd()], 4, None) {
+    match Steering::attach_object(&bytes, Variant::SizeLimit, &[s.as_fd()], &Config::new(4)) {
         Err(LoadError::Unsupported(m)) => {
             assert!(m.starts_with("loading the SK_REUSEPORT program"), "{m}");
             assert!(m.contains("invalid bpf_context access"), "verifier log in: {m}");
@@ -710,7 +739,7 @@ fn verifier_refusal_is_unsupported() {
 #[test]
 fn unsupported_paths_are_reported_as_such() {
     let s = UdpSocket::from(fastpath::open_worker_socket("127.0.0.1:0".parse().unwrap()).unwrap());
-    match Steering::attach_object(&[], &[s.as_fd()], 4, None) {
+    match Steering::attach_object(&[], Variant::GsoWalk, &[s.as_fd()], &Config::new(4)) {
         Err(LoadError::Unsupported(m)) => {
             assert_eq!(m, fastpath::BUILT_WITHOUT_CLANG);
             assert!(m.contains("clang") && m.contains("libbpf-dev"));
@@ -731,9 +760,10 @@ fn unsupported_paths_are_reported_as_such() {
     ));
     assert!(matches!(fastpath::classify("x", io::ErrorKind::NotFound, "y"), LoadError::Other(_)));
     // No shard sockets is a caller error, not "unsupported".
-    assert!(matches!(Steering::attach(&[], 4, None), Err(LoadError::Other(_))));
+    assert!(matches!(Steering::attach(&[], &Config::new(4)), Err(LoadError::Other(_))));
     // A shard table naming a shard that does not exist is refused.
-    assert!(matches!(Steering::attach(&[s.as_fd()], 4, Some(&[0, 1])), Err(LoadError::Other(_))));
+    let bad_table = Config { shard_by_cpu: Some(&[0, 1]), ..Config::new(4) };
+    assert!(matches!(Steering::attach(&[s.as_fd()], &bad_table), Err(LoadError::Other(_))));
 }
 
 /// A data-plane restart: the old process's program stays attached to the group (its
@@ -755,17 +785,17 @@ fn reattach_over_the_same_sockets_replaces_the_program() {
     let Group { addr, shards, workers, steering } = g;
     drop(steering);
     let fds: Vec<BorrowedFd<'_>> = shards.iter().map(|s| s.as_fd()).collect();
-    let fresh = Steering::attach(&fds, 4, None).expect("attach over sockets of a replaced program");
+    let fresh = Steering::attach(&fds, &Config::new(4)).expect("attach over sockets of a replaced program");
     let mut g = Group { addr, shards, workers, steering: fresh };
     // Nothing inserted yet in the new maps: worker 0's datagrams go to a shard.
     let k0b = derive(&SECRET0);
-    g.steering.set_generation(0, Some(k0b)).unwrap();
+    g.steering.set_generation(gen(0), Some(k0b.into())).unwrap();
     run(&g, &srcs, &fast_plan(&mut rng, k0b, 0, 30, srcs.len(), 0, Expect::AnyShard, Outcome::NotLive));
     // Then the worker (with a new socket, as a reconnecting worker gets) is fast again.
     let new_sock = UdpSocket::from(fastpath::open_worker_socket(g.addr).unwrap());
     set_rcvbuf(&new_sock);
     g.workers[0] = Some(new_sock);
-    g.steering.insert_worker(0, IDS[0], g.workers[0].as_ref().unwrap().as_fd()).unwrap();
+    g.steering.insert_worker(0, ServerId(IDS[0]), g.workers[0].as_ref().unwrap().as_fd()).unwrap();
     run(&g, &srcs, &fast_plan(&mut rng, k0b, 0, 40, srcs.len(), 0, Expect::Worker(0), Outcome::Fast));
     let c = g.steering.counters().unwrap();
     assert_eq!((c.fast, c.not_live, c.shard_select_failed), (40, 30, 0), "{c:?}");
