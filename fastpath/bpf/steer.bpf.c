@@ -212,7 +212,8 @@ static __always_inline int train_has_one_owner(struct sk_reuseport_md *ctx, cons
 	};
 
 	__builtin_memcpy(w.first, first, CID_LEN);
-	bpf_loop(STEER_MAX_TRAIN_SEGMENTS - 1, check_segment, &w, 0);
+	/* Calls for segments 1..segs-1, then one more that sees n == segs. */
+	bpf_loop(STEER_MAX_TRAIN_SEGMENTS, check_segment, &w, 0);
 	return w.one_owner;
 }
 #endif /* STEER_GSO_WALK */
