@@ -102,7 +102,15 @@ impl VethPair {
     /// `flush_ns` so that datagrams sent one by one stay in the GRO list long enough
     /// to meet (veth otherwise polls each alone and flushes it at once).
     pub fn gro_on_b(&self, flush_ns: u32) {
-        exec(&self.b, "ethtool", &["-K", self.b_dev, "gro", "on", "rx-udp-gro-forwarding", "on"]);
+        self.gro_on_b_with(flush_ns, &["rx-udp-gro-forwarding", "on"]);
+    }
+
+    /// [`VethPair::gro_on_b`] with other `ethtool -K` features, e.g. `rx-gro-list on`:
+    /// fraglist GRO, used for datagrams whose socket did not ask for UDP_GRO.
+    pub fn gro_on_b_with(&self, flush_ns: u32, features: &[&str]) {
+        let mut args = vec!["-K", self.b_dev, "gro", "on"];
+        args.extend_from_slice(features);
+        exec(&self.b, "ethtool", &args);
         let path = format!("/sys/class/net/{}/gro_flush_timeout", self.b_dev);
         exec(&self.b, "sh", &["-c", &format!("echo {flush_ns} > {path}")]);
     }
