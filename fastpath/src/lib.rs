@@ -5,7 +5,11 @@
 //! everything else — long headers, malformed or short datagrams, `cr` = 3, inactive
 //! or HMAC generations, ids without a live worker, worker sockets that are gone — goes
 //! to a data-plane shard socket, chosen by the 4-tuple hash or (`--steer cpu`) by the
-//! CPU. The map layout is documented in the program's header comment.
+//! CPU. A GSO/GRO train (several datagrams in one skb) goes to the worker only when
+//! every datagram is provably its own ([`Variant`]; docs/adr/0004 "Trains"). The maps
+//! are described in the program's header comment; their value types and the named
+//! counters live in `bpf/steer.h`, which the program includes and `abi` (bindgen's
+//! output, checked by tests/abi.rs) gives Rust.
 //!
 //! # Why libbpf-rs
 //! libbpf knows the `sk_reuseport` section, BTF-defined maps and
@@ -687,10 +691,11 @@ mod tests {
     fn map_values_round_trip_through_bytes() {
         let g = abi::steer_gen { active: 1, pad: 0, k0: 0x0102_0304_0506_0708, k1: u64::MAX - 5 };
         let b = value_bytes(&g);
-        assert_eq!(b.len(), 24);
-        assert_eq!(&b[..4], &1u32.to_ne_bytes());
-        assert_eq!(&b[8..16], &g.k0.to_ne_bytes());
-        assert_eq!(&b[16..24], &g.k1.to_ne_bytes());
+        let at = |offset: usize, len: usize| &b[offset..offset + len];
+        assert_eq!(b.len(), std::mem::size_of::<abi::steer_gen>());
+        assert_eq!(at(std::mem::offset_of!(abi::steer_gen, active), 4), &1u32.to_ne_bytes());
+        assert_eq!(at(std::mem::offset_of!(abi::steer_gen, k0), 8), &g.k0.to_ne_bytes());
+        assert_eq!(at(std::mem::offset_of!(abi::steer_gen, k1), 8), &g.k1.to_ne_bytes());
         assert_eq!(value_from::<abi::steer_gen>(b), Some(g));
         assert_eq!(value_from::<abi::steer_gen>(&b[..23]), None);
         let c = Counters { fast: 3, shard_select_failed: 9, ..Counters::default() };
