@@ -1,6 +1,9 @@
-//! Compiles bpf/steer.bpf.c with clang into OUT_DIR/steer.bpf.o, which src/lib.rs
-//! embeds. Without clang (or without libbpf-dev's bpf/bpf_helpers.h) the crate still
-//! builds: it embeds an empty object and `Steering::attach` then fails with
+//! Compiles bpf/steer.bpf.c with clang twice into OUT_DIR, which src/lib.rs embeds:
+//! `steer_gso_walk.bpf.o` (with `-DSTEER_GSO_WALK`: walks the segments of GSO/GRO
+//! trains, needs kfuncs, Linux >= 6.2) and `steer_size_limit.bpf.o` (the fallback:
+//! sends any skb longer than the workers' largest datagram to a shard). Without clang
+//! (or without libbpf-dev's bpf/bpf_helpers.h) the crate still builds: it embeds empty
+//! objects and `Steering::attach` then fails with
 //! `LoadError::Unsupported("built without clang; install clang and libbpf-dev")`.
 //! With both present, a compile error is a build error (a broken program must not
 //! hide behind a silent fallback).
@@ -10,12 +13,18 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const SRC: &str = "bpf/steer.bpf.c";
+const HEADERS: [&str; 2] = ["bpf/steer.h", "bpf/siphash.h"];
+/// (object file, extra clang arguments) of each variant.
+const VARIANTS: [(&str, &[&str]); 2] =
+    [("steer_gso_walk.bpf.o", &["-DSTEER_GSO_WALK"]), ("steer_size_limit.bpf.o", &[])];
 
 fn main() {
     println!("cargo:rerun-if-changed={SRC}");
+    for h in HEADERS {
+        println!("cargo:rerun-if-changed={h}");
+    }
     println!("cargo:rerun-if-env-changed=CLANG");
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
-    let obj = out.join("steer.bpf.o");
     let clang = env::var("CLANG").unwrap_or_else(|_| "clang".to_string());
 
     let missing = if Command::new(&clang).arg("--version").output().map(|o| o.status.success()).unwrap_or(false) {
@@ -31,10 +40,12 @@ fn main() {
     };
     if let Some(why) = missing {
         println!(
-            "cargo:warning=quicdemux-fastpath: {why}; embedding an empty BPF object, the kernel fast path is \
+            "cargo:warning=quicdemux-fastpath: {why}; embedding empty BPF objects, the kernel fast path is \
              unavailable (install clang and libbpf-dev, e.g. tools/install-deps)"
         );
-        std::fs::write(&obj, b"").expect("write empty object");
+        for (obj, _) in VARIANTS {
+            std::fs::write(out.join(obj), b"").expect("write empty object");
+        }
         return;
     }
 
@@ -50,14 +61,17 @@ fn main() {
         "s390x" => "s390x-linux-gnu",
         other => panic!("quicdemux-fastpath: no multiarch include dir known for {other}"),
     };
-    let status = Command::new(&clang)
-        .args(["-O2", "-g", "-target", "bpf", "-Wall"])
-        .arg(format!("-I/usr/include/{triplet}"))
-        .arg("-c")
-        .arg(SRC)
-        .arg("-o")
-        .arg(&obj)
-        .status()
-        .expect("run clang");
-    assert!(status.success(), "clang failed to compile {SRC}");
+    for (obj, defines) in VARIANTS {
+        let status = Command::new(&clang)
+            .args(["-O2", "-g", "-target", "bpf", "-Wall"])
+            .arg(format!("-I/usr/include/{triplet}"))
+            .args(defines)
+            .arg("-c")
+            .arg(SRC)
+            .arg("-o")
+            .arg(out.join(obj))
+            .status()
+            .expect("run clang");
+        assert!(status.success(), "clang failed to compile {SRC} ({obj})");
+    }
 }

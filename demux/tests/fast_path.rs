@@ -78,7 +78,7 @@ fn short_headers_reach_the_owners_socket() {
     let text =
         std::process::Command::new(BIN).args(["lb-status", "--control-socket"]).arg(&d.control).output().unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
-    assert!(text.contains(&format!("fast path: on (mode auto)  to workers {}", na + nb)), "{text}");
+    assert!(text.contains(&format!("fast path: on (mode auto)  program gso-walk  to workers {}", na + nb)), "{text}");
 }
 
 /// A worker whose own socket is gone (crashed, or closed it) keeps its established

@@ -5,7 +5,11 @@
 //! everything else — long headers, malformed or short datagrams, `cr` = 3, inactive
 //! or HMAC generations, ids without a live worker, worker sockets that are gone — goes
 //! to a data-plane shard socket, chosen by the 4-tuple hash or (`--steer cpu`) by the
-//! CPU. The map layout is documented in the program's header comment.
+//! CPU. A GSO/GRO train (several datagrams in one skb) goes to the worker only when
+//! every datagram is provably its own ([`Variant`]; docs/adr/0004 "Trains"). The maps
+//! are described in the program's header comment; their value types and the named
+//! counters live in `bpf/steer.h`, which the program includes and `abi` (bindgen's
+//! output, checked by tests/abi.rs) gives Rust.
 //!
 //! # Why libbpf-rs
 //! libbpf knows the `sk_reuseport` section, BTF-defined maps and
@@ -43,19 +47,174 @@ use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use libbpf_rs::{MapCore, MapFlags, MapHandle, Object, ObjectBuilder};
+use proto::cid::SipHashKey;
+use proto::{Generation, ServerId};
 
-/// The compiled program (empty when built without clang, see build.rs).
-static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/steer.bpf.o"));
+/// The kernel-user ABI: bindgen's output for `bpf/steer.h` (tests/abi.rs keeps it so).
+#[rustfmt::skip]
+#[allow(non_camel_case_types, dead_code, clippy::all)]
+mod abi;
 
-/// Key generations the CID's `cr` bits can name (3 = unroutable).
-pub const GENERATIONS: u8 = 3;
+/// The program's outcome counters (`struct steer_counters` of `bpf/steer.h`), summed
+/// over CPUs. Every skb the program runs on counts once among `fast`,
+/// `long_header`, `short_packet`, `cr_unroutable`, `unknown_generation`, `not_live`,
+/// `train_to_shard` and `select_failed`; `fast_datagrams` and `train_fast` count
+/// within `fast`, `shard_select_failed` within the others (those were dropped).
+pub use abi::steer_counters as Counters;
+
+/// The compiled variants (empty when built without clang, see build.rs).
+static GSO_WALK_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/steer_gso_walk.bpf.o"));
+static SIZE_LIMIT_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/steer_size_limit.bpf.o"));
+
 /// Size of the `cpu_shard` table; CPUs at or above it use `cpu % shards`.
-pub const CPU_SLOTS: u32 = 256;
-/// Counter slots of the `counters` map (the `C_*` enum of the program).
-const COUNTER_SLOTS: u32 = 8;
+pub const CPU_SLOTS: u32 = abi::STEER_CPU_SLOTS;
+/// Segments the gso-walk variant checks in one skb; a longer train goes to a shard.
+pub const MAX_TRAIN_SEGMENTS: u32 = abi::STEER_MAX_TRAIN_SEGMENTS;
+
+/// Which build of `bpf/steer.bpf.c` runs (docs/adr/0004-kernel-fast-path.md, "Trains").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    /// Reads each skb's GSO segment size through kfuncs (Linux >= 6.2) and steers a
+    /// train to a worker only when every segment is provably that worker's.
+    GsoWalk,
+    /// The fallback where kfuncs are refused: any skb longer than the workers'
+    /// largest UDP payload goes to a shard; a shorter train is steered by its first
+    /// datagram.
+    SizeLimit,
+}
+
+impl Variant {
+    /// `gso-walk` or `size-limit` (logs, status).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Variant::GsoWalk => "gso-walk",
+            Variant::SizeLimit => "size-limit",
+        }
+    }
+
+    /// The embedded object of this variant (empty in a build without clang).
+    pub fn object(self) -> &'static [u8] {
+        match self {
+            Variant::GsoWalk => GSO_WALK_OBJECT,
+            Variant::SizeLimit => SIZE_LIMIT_OBJECT,
+        }
+    }
+}
+
+impl fmt::Display for Variant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What the program is configured with at attach time.
+#[derive(Clone, Copy, Debug)]
+pub struct Config<'a> {
+    /// Worker slots (sockarray `shards..shards + max_workers`), at least 1.
+    pub max_workers: u32,
+    /// `--steer cpu`: `shard_by_cpu[cpu]` is the shard for datagrams the kernel
+    /// processes on `cpu` (CPUs past the slice or at/above [`CPU_SLOTS`] use
+    /// `cpu % shards`); `None` picks the shard by the 4-tuple hash.
+    pub shard_by_cpu: Option<&'a [u32]>,
+    /// The largest UDP payload a worker accepts (quinn's `max_udp_payload_size`,
+    /// [`proto::header::MAX_UDP_PAYLOAD`]): the size-limit variant's bound.
+    pub max_udp_payload: u16,
+}
+
+impl Config<'_> {
+    /// `max_workers` slots, the shard by the 4-tuple hash, the workers' bound.
+    pub fn new(max_workers: u32) -> Config<'static> {
+        Config { max_workers, shard_by_cpu: None, max_udp_payload: proto::header::MAX_UDP_PAYLOAD }
+    }
+}
+
+/// Plain map values: `#[repr(C)]` integers, or structs of them from `bpf/steer.h`
+/// whose padding is explicit fields (asserted below), so all of a value's bytes are
+/// initialised and every bit pattern is a valid value.
+///
+/// # Safety
+/// Only for such types.
+unsafe trait MapValue: Copy + Default {}
+// SAFETY: integers.
+unsafe impl MapValue for u32 {}
+// SAFETY: integers.
+unsafe impl MapValue for u64 {}
+// SAFETY: u32, u32, u64, u64 at offsets 0, 4, 8, 16 of 24 bytes (no gap, asserted).
+unsafe impl MapValue for abi::steer_gen {}
+// SAFETY: four u32 in 16 bytes (no gap, asserted).
+unsafe impl MapValue for abi::steer_config {}
+// SAFETY: u64 fields only (`Counters::add` names them all): a struct of u64s has no
+// padding.
+unsafe impl MapValue for abi::steer_counters {}
+
+const _: () = {
+    assert!(std::mem::size_of::<abi::steer_gen>() == 4 + 4 + 8 + 8);
+    assert!(std::mem::size_of::<abi::steer_config>() == 4 * 4);
+};
+
+/// The bytes of a map value, as the kernel copies them.
+fn value_bytes<T: MapValue>(v: &T) -> &[u8] {
+    // SAFETY: a MapValue has no padding, so its size_of::<T>() bytes are all
+    // initialised; the slice borrows `v` and lives no longer.
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
+}
+
+/// A map value from the kernel's bytes; `None` when the length is not the type's.
+fn value_from<T: MapValue>(b: &[u8]) -> Option<T> {
+    if b.len() != std::mem::size_of::<T>() {
+        return None;
+    }
+    // SAFETY: `b` holds exactly size_of::<T>() bytes and any bit pattern is a valid
+    // MapValue; read_unaligned does not need `b` to be aligned for T.
+    Some(unsafe { std::ptr::read_unaligned(b.as_ptr().cast::<T>()) })
+}
+
+impl Counters {
+    /// Adds `o` field by field (one CPU's counters into a sum, or one group's). The
+    /// pattern names every field: a counter added to `bpf/steer.h` does not compile
+    /// here until it is summed too.
+    pub fn add(&mut self, o: &Counters) {
+        let Counters {
+            fast,
+            fast_datagrams,
+            train_fast,
+            long_header,
+            short_packet,
+            cr_unroutable,
+            unknown_generation,
+            not_live,
+            train_to_shard,
+            select_failed,
+            shard_select_failed,
+        } = *o;
+        self.fast += fast;
+        self.fast_datagrams += fast_datagrams;
+        self.train_fast += train_fast;
+        self.long_header += long_header;
+        self.short_packet += short_packet;
+        self.cr_unroutable += cr_unroutable;
+        self.unknown_generation += unknown_generation;
+        self.not_live += not_live;
+        self.train_to_shard += train_to_shard;
+        self.select_failed += select_failed;
+        self.shard_select_failed += shard_select_failed;
+    }
+
+    /// The skbs the program ran on: the sum of the exclusive outcomes.
+    pub fn total(&self) -> u64 {
+        self.fast
+            + self.long_header
+            + self.short_packet
+            + self.cr_unroutable
+            + self.unknown_generation
+            + self.not_live
+            + self.train_to_shard
+            + self.select_failed
+    }
+}
 
 /// Why [`Steering::attach`] failed.
 #[derive(Debug)]
@@ -144,45 +303,6 @@ fn take_libbpf_log() -> String {
     s.trim_end().to_string()
 }
 
-/// Outcome counters, summed over CPUs. Every datagram the group receives while the
-/// program is attached counts exactly once among `fast`, `long_header`,
-/// `short_packet`, `cr_unroutable`, `unknown_generation`, `not_live` and
-/// `select_failed`; `shard_select_failed` additionally counts the non-fast ones whose
-/// shard select failed (they were dropped).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Counters {
-    /// Selected the owning worker's socket.
-    pub fast: u64,
-    /// Long header (header-form bit set).
-    pub long_header: u64,
-    /// Not a routable short header: empty, fixed bit clear, or shorter than
-    /// 1 + 12 + 20 bytes (proto::header::parse would refuse it).
-    pub short_packet: u64,
-    /// `cr` = 3.
-    pub cr_unroutable: u64,
-    /// `cr` names an inactive generation (rotated away, or an HMAC one).
-    pub unknown_generation: u64,
-    /// The decoded server id has no live worker socket.
-    pub not_live: u64,
-    /// The worker's socket could not be selected (closed: it left the sockarray).
-    pub select_failed: u64,
-    /// Even the shard socket could not be selected: dropped.
-    pub shard_select_failed: u64,
-}
-
-impl Counters {
-    /// Datagrams the program saw (every outcome except the extra `shard_select_failed`).
-    pub fn total(&self) -> u64 {
-        self.fast
-            + self.long_header
-            + self.short_packet
-            + self.cr_unroutable
-            + self.unknown_generation
-            + self.not_live
-            + self.select_failed
-    }
-}
-
 /// The fast path of one listen address (one reuseport group).
 pub struct Steering {
     /// Owns the program and the maps (the kernel keeps both while attached).
@@ -194,11 +314,18 @@ pub struct Steering {
     worker_fast: MapHandle,
     shards: u32,
     max_workers: u32,
+    variant: Variant,
+    /// Why the gso-walk variant was refused, when the size-limit one runs instead.
+    gso_walk_refused: Option<String>,
 }
 
 impl fmt::Debug for Steering {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Steering").field("shards", &self.shards).field("max_workers", &self.max_workers).finish()
+        f.debug_struct("Steering")
+            .field("variant", &self.variant)
+            .field("shards", &self.shards)
+            .field("max_workers", &self.max_workers)
+            .finish()
     }
 }
 
@@ -236,13 +363,36 @@ fn update_raw_errno(map: &MapHandle, key: u32, value: &[u8; 8]) -> io::Result<()
     }
 }
 
-fn update(map: &MapHandle, key: u32, value: &[u8]) -> io::Result<()> {
-    map.update(&key.to_ne_bytes(), value, MapFlags::ANY).map_err(map_err)
+/// `map[key] = value` for an ARRAY-like map of `u32` keys.
+fn update<T: MapValue>(map: &MapHandle, key: u32, value: &T) -> io::Result<()> {
+    map.update(&key.to_ne_bytes(), value_bytes(value), MapFlags::ANY).map_err(map_err)
 }
 
-fn sum_percpu(map: &MapHandle, key: u32) -> io::Result<u64> {
-    let vals = map.lookup_percpu(&key.to_ne_bytes(), MapFlags::ANY).map_err(map_err)?.unwrap_or_default();
-    Ok(vals.iter().map(|v| u64::from_ne_bytes(v.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]))).sum())
+/// The values of a per-CPU map entry, one per possible CPU.
+fn lookup_percpu<T: MapValue>(map: &MapHandle, key: u32) -> io::Result<Vec<T>> {
+    let raw = map.lookup_percpu(&key.to_ne_bytes(), MapFlags::ANY).map_err(map_err)?.unwrap_or_default();
+    raw.iter()
+        .map(|b| {
+            value_from(b).ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidData, format!("per-CPU value of {} bytes", b.len()))
+            })
+        })
+        .collect()
+}
+
+/// SKB_GSO_FRAGLIST of the running kernel, read from its BTF (0 when it has none):
+/// a member of an anonymous enum, which CO-RE cannot relocate inside the program,
+/// and whose bits have moved between kernel versions.
+fn gso_fraglist_bit() -> u32 {
+    static BIT: OnceLock<u32> = OnceLock::new();
+    *BIT.get_or_init(|| {
+        let Ok(btf) = libbpf_rs::btf::Btf::from_vmlinux() else { return 0 };
+        let name = Some(OsStr::new("SKB_GSO_FRAGLIST"));
+        let value = btf
+            .type_by_kind::<libbpf_rs::btf::types::Enum<'_>>()
+            .find_map(|e| e.iter().find(|m| m.name == name).map(|m| m.value));
+        value.and_then(|v| u32::try_from(v).ok()).unwrap_or(0)
+    })
 }
 
 use sys::sockopt::setsockopt_int;
@@ -254,38 +404,49 @@ const SHARD_INSERT_WAIT: std::time::Duration = std::time::Duration::from_secs(5)
 impl Steering {
     /// Loads the program, puts `shard_sockets[i]` at sockarray index `i`, and attaches
     /// the program to their reuseport group (all shard sockets must be bound to the
-    /// same address with SO_REUSEPORT). `max_workers` sizes the worker slots.
-    /// `shard_by_cpu`: `--steer cpu`, `shard_by_cpu[cpu]` is the shard for datagrams
-    /// the kernel processes on `cpu` (CPUs past the slice or at/above [`CPU_SLOTS`]
-    /// use `cpu % shards`); `None` picks the shard by the 4-tuple hash.
-    pub fn attach(
-        shard_sockets: &[BorrowedFd<'_>],
-        max_workers: u32,
-        shard_by_cpu: Option<&[u32]>,
-    ) -> Result<Steering, LoadError> {
-        Self::attach_object(OBJECT, shard_sockets, max_workers, shard_by_cpu)
+    /// same address with SO_REUSEPORT). Tries the gso-walk variant first and falls
+    /// back to the size-limit one when this kernel refuses it (no kfuncs, no BTF);
+    /// [`Steering::variant`] tells which runs.
+    pub fn attach(shard_sockets: &[BorrowedFd<'_>], config: &Config<'_>) -> Result<Steering, LoadError> {
+        match Self::attach_variant(Variant::GsoWalk, shard_sockets, config) {
+            Err(LoadError::Unsupported(why)) => {
+                let mut s = Self::attach_variant(Variant::SizeLimit, shard_sockets, config)?;
+                s.gso_walk_refused = Some(why);
+                Ok(s)
+            }
+            r => r,
+        }
     }
 
-    /// [`Steering::attach`] with another object file (tests: an empty object is what
-    /// a build without clang embeds).
+    /// [`Steering::attach`] with one given variant (no fallback).
+    pub fn attach_variant(
+        variant: Variant,
+        shard_sockets: &[BorrowedFd<'_>],
+        config: &Config<'_>,
+    ) -> Result<Steering, LoadError> {
+        Self::attach_object(variant.object(), variant, shard_sockets, config)
+    }
+
+    /// [`Steering::attach_variant`] with another object file (tests: an empty object
+    /// is what a build without clang embeds).
     #[doc(hidden)]
     pub fn attach_object(
         object: &[u8],
+        variant: Variant,
         shard_sockets: &[BorrowedFd<'_>],
-        max_workers: u32,
-        shard_by_cpu: Option<&[u32]>,
+        config: &Config<'_>,
     ) -> Result<Steering, LoadError> {
         let other = |s: String| LoadError::Other(anyhow::anyhow!(s));
         let shards = u32::try_from(shard_sockets.len()).map_err(|_| other("too many shard sockets".into()))?;
         if shards == 0 {
             return Err(other("at least one shard socket is needed".into()));
         }
-        let max_workers = max_workers.max(1);
+        let max_workers = config.max_workers.max(1);
         let socks_len = shards
             .checked_add(max_workers)
             .filter(|&n| n <= 1 << 20)
             .ok_or_else(|| other(format!("{shards} shards + {max_workers} workers: too many sockets")))?;
-        if let Some(t) = shard_by_cpu {
+        if let Some(t) = config.shard_by_cpu {
             if let Some(bad) = t.iter().find(|&&s| s >= shards) {
                 return Err(other(format!("cpu shard table names shard {bad} of {shards}")));
             }
@@ -317,7 +478,11 @@ impl Steering {
             }
             open.load().map_err(|e| {
                 let log = take_libbpf_log();
-                classify("loading the SK_REUSEPORT program", libbpf_kind(&e), format!("{e:#}\n{log}"))
+                classify(
+                    &format!("loading the SK_REUSEPORT program ({variant})"),
+                    libbpf_kind(&e),
+                    format!("{e:#}\n{log}"),
+                )
             })
         })();
         libbpf_rs::set_print(prev);
@@ -333,20 +498,24 @@ impl Steering {
             worker_fast: map_handle(&obj, "worker_fast")?,
             shards,
             max_workers,
+            variant,
+            gso_walk_refused: None,
             _obj: obj,
         };
-        let config = map_handle(&steering._obj, "config")?;
+        let config_map = map_handle(&steering._obj, "config")?;
         let cpu_shard = map_handle(&steering._obj, "cpu_shard")?;
         let io_other = |what: &str, e: io::Error| LoadError::Other(anyhow::Error::new(e).context(what.to_string()));
 
-        let by_cpu = shard_by_cpu.is_some() as u32;
-        let mut cfg = [0u8; 8];
-        cfg[..4].copy_from_slice(&shards.to_ne_bytes());
-        cfg[4..].copy_from_slice(&by_cpu.to_ne_bytes());
-        update(&config, 0, &cfg).map_err(|e| io_other("writing config", e))?;
+        let cfg = abi::steer_config {
+            shard_count: shards,
+            by_cpu: config.shard_by_cpu.is_some().into(),
+            max_udp_payload: config.max_udp_payload.into(),
+            gso_fraglist: gso_fraglist_bit(),
+        };
+        update(&config_map, 0, &cfg).map_err(|e| io_other("writing config", e))?;
         for cpu in 0..CPU_SLOTS {
-            let s = shard_by_cpu.and_then(|t| t.get(cpu as usize).copied()).unwrap_or(cpu % shards);
-            update(&cpu_shard, cpu, &s.to_ne_bytes()).map_err(|e| io_other("writing cpu_shard", e))?;
+            let s = config.shard_by_cpu.and_then(|t| t.get(cpu as usize).copied()).unwrap_or(cpu % shards);
+            update(&cpu_shard, cpu, &s).map_err(|e| io_other("writing cpu_shard", e))?;
         }
         let prog = steering
             ._obj
@@ -377,6 +546,17 @@ impl Steering {
         Ok(steering)
     }
 
+    /// The variant that runs.
+    pub fn variant(&self) -> Variant {
+        self.variant
+    }
+
+    /// Why the gso-walk variant was refused, when [`Steering::attach`] fell back to
+    /// the size-limit one.
+    pub fn gso_walk_refused(&self) -> Option<&str> {
+        self.gso_walk_refused.as_deref()
+    }
+
     /// Number of shard sockets (sockarray 0..shards).
     pub fn shards(&self) -> u32 {
         self.shards
@@ -387,19 +567,16 @@ impl Steering {
         self.max_workers
     }
 
-    /// Makes generation `cr` (0..=2) decodable in the kernel with this SipHash-2-4 key
-    /// ([k0, k1], derived from the generation's secret in user space), or inactive
-    /// (`None`: rotated away, or a generation whose PRF is hmac-sha256).
-    pub fn set_generation(&self, cr: u8, siphash_key: Option<[u64; 2]>) -> io::Result<()> {
-        if cr >= GENERATIONS {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("generation {cr} is not 0..=2")));
-        }
-        let [k0, k1] = siphash_key.unwrap_or([0, 0]);
-        let mut v = [0u8; 24];
-        v[..4].copy_from_slice(&(siphash_key.is_some() as u32).to_ne_bytes());
-        v[8..16].copy_from_slice(&k0.to_ne_bytes());
-        v[16..24].copy_from_slice(&k1.to_ne_bytes());
-        update(&self.gens, cr as u32, &v)
+    /// Makes generation `g` decodable in the kernel with its SipHash-2-4 key
+    /// ([`proto::KeySet::siphash_key`]: derived from the generation's secret in user
+    /// space), or inactive (`None`: not live, or a generation whose PRF is
+    /// hmac-sha256).
+    pub fn set_generation(&self, g: Generation, key: Option<SipHashKey>) -> io::Result<()> {
+        let v = match key {
+            Some(SipHashKey { k0, k1 }) => abi::steer_gen { active: 1, pad: 0, k0, k1 },
+            None => abi::steer_gen::default(),
+        };
+        update(&self.gens, g.get().into(), &v)
     }
 
     fn check_slot(&self, slot: u32) -> io::Result<u32> {
@@ -417,24 +594,24 @@ impl Steering {
     /// `socks[shards + slot] = sock`, then `ids[server_id] = shards + slot + 1`. The
     /// slot's `worker_fast` count restarts at 0. The map keeps its own reference to
     /// the socket; when the socket is closed it leaves the map by itself.
-    pub fn insert_worker(&self, slot: u32, server_id: u16, sock: BorrowedFd<'_>) -> io::Result<()> {
+    pub fn insert_worker(&self, slot: u32, server_id: ServerId, sock: BorrowedFd<'_>) -> io::Result<()> {
         let idx = self.check_slot(slot)?;
         let cpus = libbpf_rs::num_possible_cpus().map_err(map_err)?;
-        let zeros = vec![vec![0u8; 8]; cpus];
+        let zeros = vec![value_bytes(&0u64).to_vec(); cpus];
         self.worker_fast.update_percpu(&slot.to_ne_bytes(), &zeros, MapFlags::ANY).map_err(map_err)?;
-        update(&self.socks, idx, &(sock.as_raw_fd() as u64).to_ne_bytes())?;
-        update(&self.ids, server_id as u32, &(idx + 1).to_ne_bytes())
+        update(&self.socks, idx, &(sock.as_raw_fd() as u64))?;
+        update(&self.ids, server_id.0.into(), &(idx + 1))
     }
 
     /// Stops steering: `ids[server_id] = 0` (only if it still names `slot`, so removing
     /// an old slot never unsteers a re-inserted id), then empties `socks[shards + slot]`
     /// (already empty when the socket was closed: fine).
-    pub fn remove_worker(&self, slot: u32, server_id: u16) -> io::Result<()> {
+    pub fn remove_worker(&self, slot: u32, server_id: ServerId) -> io::Result<()> {
         let idx = self.check_slot(slot)?;
-        let key = (server_id as u32).to_ne_bytes();
+        let key = u32::from(server_id.0).to_ne_bytes();
         let cur = self.ids.lookup(&key, MapFlags::ANY).map_err(map_err)?;
-        if cur.as_deref() == Some(&(idx + 1).to_ne_bytes()[..]) {
-            update(&self.ids, server_id as u32, &0u32.to_ne_bytes())?;
+        if cur.as_deref().and_then(value_from::<u32>) == Some(idx + 1) {
+            update(&self.ids, server_id.0.into(), &0u32)?;
         }
         match self.socks.delete(&idx.to_ne_bytes()) {
             Ok(()) => Ok(()),
@@ -445,27 +622,18 @@ impl Steering {
 
     /// The outcome counters, summed over CPUs.
     pub fn counters(&self) -> io::Result<Counters> {
-        let mut c = [0u64; COUNTER_SLOTS as usize];
-        for (i, v) in c.iter_mut().enumerate() {
-            *v = sum_percpu(&self.counters, i as u32)?;
+        let mut sum = Counters::default();
+        for c in lookup_percpu::<Counters>(&self.counters, 0)? {
+            sum.add(&c);
         }
-        Ok(Counters {
-            fast: c[0],
-            long_header: c[1],
-            short_packet: c[2],
-            cr_unroutable: c[3],
-            unknown_generation: c[4],
-            not_live: c[5],
-            select_failed: c[6],
-            shard_select_failed: c[7],
-        })
+        Ok(sum)
     }
 
-    /// Fast datagrams delivered to worker slot `slot` since its last `insert_worker`,
-    /// summed over CPUs.
+    /// Datagrams delivered to worker slot `slot` since its last `insert_worker` (a
+    /// train counts its segments), summed over CPUs.
     pub fn worker_fast(&self, slot: u32) -> io::Result<u64> {
         self.check_slot(slot)?;
-        sum_percpu(&self.worker_fast, slot)
+        Ok(lookup_percpu::<u64>(&self.worker_fast, slot)?.iter().sum())
     }
 }
 
@@ -506,12 +674,34 @@ mod tests {
     }
 
     #[test]
-    fn object_is_embedded_when_clang_is_there() {
+    fn objects_are_embedded_when_clang_is_there() {
         // build.rs panics on a compile error, so an empty object means no clang.
-        if OBJECT.is_empty() {
-            testkit::skip("built without clang");
-            return;
+        for v in [Variant::GsoWalk, Variant::SizeLimit] {
+            if v.object().is_empty() {
+                testkit::skip("built without clang");
+                return;
+            }
+            assert_eq!(&v.object()[..4], b"\x7fELF", "{v}");
         }
-        assert_eq!(&OBJECT[..4], b"\x7fELF");
+        assert_ne!(GSO_WALK_OBJECT, SIZE_LIMIT_OBJECT);
+    }
+
+    /// Map values are their fields' bytes, in the header's order.
+    #[test]
+    fn map_values_round_trip_through_bytes() {
+        let g = abi::steer_gen { active: 1, pad: 0, k0: 0x0102_0304_0506_0708, k1: u64::MAX - 5 };
+        let b = value_bytes(&g);
+        let at = |offset: usize, len: usize| &b[offset..offset + len];
+        assert_eq!(b.len(), std::mem::size_of::<abi::steer_gen>());
+        assert_eq!(at(std::mem::offset_of!(abi::steer_gen, active), 4), &1u32.to_ne_bytes());
+        assert_eq!(at(std::mem::offset_of!(abi::steer_gen, k0), 8), &g.k0.to_ne_bytes());
+        assert_eq!(at(std::mem::offset_of!(abi::steer_gen, k1), 8), &g.k1.to_ne_bytes());
+        assert_eq!(value_from::<abi::steer_gen>(b), Some(g));
+        assert_eq!(value_from::<abi::steer_gen>(&b[..23]), None);
+        let c = Counters { fast: 3, shard_select_failed: 9, ..Counters::default() };
+        let mut sum = c;
+        sum.add(&c);
+        assert_eq!((sum.fast, sum.shard_select_failed, sum.not_live), (6, 18, 0));
+        assert_eq!(value_from::<Counters>(value_bytes(&sum)), Some(sum));
     }
 }

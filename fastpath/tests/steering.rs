@@ -1,294 +1,46 @@
-//! The real program on real sockets: reuseport groups on 127.0.0.1, datagrams from
-//! several 127.x.y.z sources, and a plain-Rust model of where each one must arrive.
-//! The model derives the SipHash key with aws-lc-rs's HMAC and hashes with the
-//! `siphasher` crate: independent of the C program and of proto.
+//! The real program on real sockets: reuseport groups on 127.0.0.1, single datagrams
+//! from several 127.x.y.z sources, and a plain-Rust model of where each one must
+//! arrive (tests/common). Trains: tests/trains.rs.
 //!
-//! If this machine refuses to load the program the tests print `skip: …` and pass,
-//! unless QUICDEMUX_REQUIRE_FASTPATH=1, when they fail.
+//! If this machine refuses to load the program the tests report it with
+//! `testkit::skip` (a failure under `CI=true`) and pass.
 #![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
-use std::collections::HashMap;
+mod common;
+
+use common::*;
+use fastpath::{Config, Counters, LoadError, Steering, Variant};
+use proto::{Generation, ServerId};
 use std::io;
-use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
-use std::time::{Duration, Instant};
-
-use aws_lc_rs::hmac;
-use fastpath::{Counters, LoadError, Steering};
-use siphasher::sip::SipHasher24;
-
-// ---------- the independent model ----------
-
-const PRF_LABEL: &[u8] = b"quicdemux cid prf siphash-2-4 v1";
-
-/// k0/k1 of a siphash-2-4 generation: HMAC-SHA-256(secret, label)[0..16], LE.
-fn derive(secret: &[u8; 32]) -> [u64; 2] {
-    let t = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, secret), PRF_LABEL);
-    let t = t.as_ref();
-    [u64::from_le_bytes(t[0..8].try_into().unwrap()), u64::from_le_bytes(t[8..16].try_into().unwrap())]
-}
-
-fn mask(key: [u64; 2], prefix: &[u8]) -> [u8; 2] {
-    let h = SipHasher24::new_with_keys(key[0], key[1]).hash(prefix);
-    [(h & 0xff) as u8, ((h >> 8) & 0xff) as u8]
-}
-
-use testkit::Rng;
-
-/// A 12-byte CID with generation bits `cr` whose bytes 9..=10 decode to `id` under `key`
-/// (random there when `key` is None: the id is not decodable anyway).
-fn cid(rng: &mut Rng, cr: u8, id: u16, key: Option<[u64; 2]>) -> [u8; 12] {
-    let mut c = [0u8; 12];
-    for b in c.iter_mut() {
-        *b = rng.next() as u8;
-    }
-    c[0] = (cr << 6) | (c[0] & 0x3f);
-    if let Some(k) = key {
-        let m = mask(k, &c[..9]);
-        let idb = id.to_be_bytes();
-        c[9] = idb[0] ^ m[0];
-        c[10] = idb[1] ^ m[1];
-    }
-    c
-}
-
-/// A short-header datagram of `len` bytes (>= 17) for `cid`; the last 4 bytes carry `seq`.
-fn short_datagram(rng: &mut Rng, first: u8, cid: &[u8; 12], len: usize, seq: u32) -> Vec<u8> {
-    assert!(len >= 17);
-    let mut d: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
-    d[0] = first;
-    d[1..13].copy_from_slice(cid);
-    d[len - 4..].copy_from_slice(&seq.to_le_bytes());
-    d
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Expect {
-    Worker(usize),
-    AnyShard,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Arrived {
-    Shard(usize),
-    Worker(usize),
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Outcome {
-    Fast,
-    LongHeader,
-    ShortPacket,
-    CrUnroutable,
-    UnknownGeneration,
-    NotLive,
-    SelectFailed,
-}
-
-fn bump(c: &mut Counters, o: Outcome) {
-    match o {
-        Outcome::Fast => c.fast += 1,
-        Outcome::LongHeader => c.long_header += 1,
-        Outcome::ShortPacket => c.short_packet += 1,
-        Outcome::CrUnroutable => c.cr_unroutable += 1,
-        Outcome::UnknownGeneration => c.unknown_generation += 1,
-        Outcome::NotLive => c.not_live += 1,
-        Outcome::SelectFailed => c.select_failed += 1,
-    }
-}
-
-// ---------- the harness ----------
-
-fn require() -> bool {
-    std::env::var("QUICDEMUX_REQUIRE_FASTPATH").map(|v| v == "1").unwrap_or(false)
-}
-
-fn set_rcvbuf(s: &UdpSocket) {
-    let v: libc::c_int = 4 << 20;
-    // SAFETY: s is a live socket; the value is a c_int of the size passed.
-    unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUFFORCE,
-            &v as *const _ as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
-}
-
-struct Group {
-    addr: SocketAddr,
-    shards: Vec<UdpSocket>,
-    workers: Vec<Option<UdpSocket>>,
-    steering: Steering,
-}
-
-/// `shards` shard sockets and `workers` worker sockets in one group on 127.0.0.1,
-/// the program attached; None (after printing why) when BPF is refused here.
-fn group(shards: usize, workers: usize, max_workers: u32, by_cpu: Option<&[u32]>) -> Option<Group> {
-    group_at("127.0.0.1:0", shards, workers, max_workers, by_cpu)
-}
-
-fn group_at(bind: &str, shards: usize, workers: usize, max_workers: u32, by_cpu: Option<&[u32]>) -> Option<Group> {
-    let first = UdpSocket::from(fastpath::open_worker_socket(bind.parse().unwrap()).unwrap());
-    let addr = first.local_addr().unwrap();
-    let mut shard_socks = vec![first];
-    for _ in 1..shards {
-        shard_socks.push(UdpSocket::from(fastpath::open_worker_socket(addr).unwrap()));
-    }
-    let worker_socks: Vec<Option<UdpSocket>> =
-        (0..workers).map(|_| Some(UdpSocket::from(fastpath::open_worker_socket(addr).unwrap()))).collect();
-    for s in shard_socks.iter().chain(worker_socks.iter().flatten()) {
-        set_rcvbuf(s);
-    }
-    let fds: Vec<BorrowedFd<'_>> = shard_socks.iter().map(|s| s.as_fd()).collect();
-    let steering = match Steering::attach(&fds, max_workers, by_cpu) {
-        Ok(s) => s,
-        Err(LoadError::Unsupported(why)) if !require() => {
-            testkit::skip(&format!("kernel fast path unavailable here: {why}"));
-            return None;
-        }
-        Err(e) => panic!("attach: {e}"),
-    };
-    Some(Group { addr, shards: shard_socks, workers: worker_socks, steering })
-}
-
-fn senders(n: usize) -> Vec<UdpSocket> {
-    let ips =
-        ["127.0.0.1", "127.0.0.2", "127.1.2.3", "127.9.8.7", "127.200.0.1", "127.33.44.55", "127.5.5.5", "127.77.0.9"];
-    (0..n).map(|i| UdpSocket::bind((ips[i % ips.len()], 0)).unwrap()).collect()
-}
-
-/// One datagram to send and where it must arrive.
-struct Dgram {
-    src: usize,
-    bytes: Vec<u8>,
-    expect: Expect,
-    outcome: Outcome,
-}
-
-/// What arrived where.
-#[derive(Default)]
-struct Delivery {
-    /// seq -> where
-    at: HashMap<u32, Arrived>,
-    /// per worker: datagrams received
-    per_worker: HashMap<usize, u64>,
-    /// source address -> shards it reached
-    src_shards: HashMap<SocketAddr, Vec<usize>>,
-}
-
-/// Sends `plan` in batches, draining all sockets after each batch, and checks every
-/// datagram arrived exactly once where the model says. Datagrams shorter than 17 bytes
-/// carry no tag: they are identified by (source, length), which the plan keeps unique
-/// within a batch.
-fn run(g: &Group, srcs: &[UdpSocket], plan: &[Dgram]) -> Delivery {
-    let mut del = Delivery::default();
-    for (b, batch) in plan.chunks(128).enumerate() {
-        let base = b * 128;
-        let mut tiny: HashMap<(SocketAddr, usize), u32> = HashMap::new();
-        for (i, d) in batch.iter().enumerate() {
-            let seq = (base + i) as u32;
-            if d.bytes.len() < 17 {
-                let key = (srcs[d.src].local_addr().unwrap(), d.bytes.len());
-                assert!(tiny.insert(key, seq).is_none(), "plan: two tiny datagrams share (source, length)");
-            }
-            srcs[d.src].send_to(&d.bytes, g.addr).unwrap();
-        }
-        let mut got = 0;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let mut buf = [0u8; 2048];
-        while got < batch.len() {
-            assert!(Instant::now() < deadline, "only {got} of {} datagrams of batch {b} arrived", batch.len());
-            let mut any = false;
-            let socks =
-                g.shards.iter().enumerate().map(|(i, s)| (Arrived::Shard(i), s)).chain(
-                    g.workers.iter().enumerate().filter_map(|(i, s)| s.as_ref().map(|s| (Arrived::Worker(i), s))),
-                );
-            for (where_, s) in socks {
-                loop {
-                    match s.recv_from(&mut buf) {
-                        Ok((n, from)) => {
-                            any = true;
-                            got += 1;
-                            let seq = if n >= 17 {
-                                u32::from_le_bytes(buf[n - 4..n].try_into().unwrap())
-                            } else {
-                                *tiny.get(&(from, n)).expect("unknown tiny datagram")
-                            };
-                            let d = &plan[seq as usize];
-                            assert_eq!(&buf[..n], &d.bytes[..], "datagram {seq} corrupted");
-                            assert!(del.at.insert(seq, where_).is_none(), "datagram {seq} arrived twice");
-                            match (d.expect, where_) {
-                                (Expect::Worker(w), Arrived::Worker(a)) if w == a => {}
-                                (Expect::AnyShard, Arrived::Shard(_)) => {}
-                                (e, a) => {
-                                    panic!("datagram {seq} ({:?}) expected at {e:?}, arrived at {a:?}", d.outcome)
-                                }
-                            }
-                            match where_ {
-                                Arrived::Worker(w) => *del.per_worker.entry(w).or_default() += 1,
-                                Arrived::Shard(s) => del.src_shards.entry(from).or_default().push(s),
-                            }
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                        Err(e) => panic!("recv: {e}"),
-                    }
-                }
-            }
-            if !any {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-    }
-    del
-}
-
-fn expected_counters(plan: &[Dgram]) -> Counters {
-    let mut c = Counters::default();
-    for d in plan {
-        bump(&mut c, d.outcome);
-    }
-    c
-}
-
-const SECRET0: [u8; 32] = [0x11; 32];
-const SECRET1: [u8; 32] = *b"another generation's 32B secret!";
-/// Server ids of the three workers (slot i = worker i): asymmetric bytes, so a
-/// swapped mask or id byte order decodes to another id.
-const IDS: [u16; 3] = [0x1234, 0x00fe, 0xab01];
-
-fn fast(rng: &mut Rng, src: usize, cr: u8, key: [u64; 2], worker: usize, seq: u32) -> Dgram {
-    let c = cid(rng, cr, IDS[worker], Some(key));
-    let len = 33 + rng.below(1200) as usize;
-    let first = 0x40 | ((rng.next() as u8) & 0x3f);
-    Dgram {
-        src,
-        bytes: short_datagram(rng, first, &c, len, seq),
-        expect: Expect::Worker(worker),
-        outcome: Outcome::Fast,
-    }
-}
-
-fn to_shard(src: usize, bytes: Vec<u8>, outcome: Outcome) -> Dgram {
-    Dgram { src, bytes, expect: Expect::AnyShard, outcome }
-}
+use std::net::UdpSocket;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::time::Duration;
 
 // ---------- tests ----------
 
-/// Test 1 (and 4): the exact model over a few thousand datagrams of every kind.
+/// Test 1 (and 4): the exact model over a few thousand datagrams of every kind, for
+/// each variant of the program (single datagrams: both must steer them alike).
 #[test]
 fn steering_matches_the_model_exactly() {
-    let Some(g) = group(2, 3, 8, None) else {
+    model_test(Variant::GsoWalk);
+}
+
+#[test]
+fn size_limit_variant_matches_the_model_exactly() {
+    model_test(Variant::SizeLimit);
+}
+
+fn model_test(variant: Variant) {
+    let Some(g) = group_at("127.0.0.1:0", Some(variant), 2, 3, 8, None) else {
         return;
     };
+    assert_eq!(g.steering.variant(), variant);
     let (k0, k1) = (derive(&SECRET0), derive(&SECRET1));
-    g.steering.set_generation(0, Some(k0)).unwrap();
-    g.steering.set_generation(1, Some(k1)).unwrap();
-    g.steering.set_generation(2, None).unwrap();
+    g.steering.set_generation(gen(0), Some(k0.into())).unwrap();
+    g.steering.set_generation(gen(1), Some(k1.into())).unwrap();
+    g.steering.set_generation(gen(2), None).unwrap();
     for (slot, w) in g.workers.iter().enumerate() {
-        g.steering.insert_worker(slot as u32, IDS[slot], w.as_ref().unwrap().as_fd()).unwrap();
+        g.steering.insert_worker(slot as u32, ServerId(IDS[slot]), w.as_ref().unwrap().as_fd()).unwrap();
     }
     let srcs = senders(8);
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
@@ -408,37 +160,6 @@ fn steering_matches_the_model_exactly() {
     assert!(used[0] && used[1], "both shards used: {used:?} over {} sources", del.src_shards.len());
 }
 
-/// Plan of `n` fast datagrams for worker `w` (generation 0) from all sources.
-#[allow(clippy::too_many_arguments)]
-fn fast_plan(
-    rng: &mut Rng,
-    key: [u64; 2],
-    w: usize,
-    n: usize,
-    srcs: usize,
-    start: usize,
-    expect: Expect,
-    outcome: Outcome,
-) -> Vec<Dgram> {
-    (0..n)
-        .map(|i| {
-            let mut d = fast(rng, i % srcs, 0, key, w, (start + i) as u32);
-            d.expect = expect;
-            d.outcome = outcome;
-            d
-        })
-        .collect()
-}
-
-fn prepare(g: &Group) -> [u64; 2] {
-    let k0 = derive(&SECRET0);
-    g.steering.set_generation(0, Some(k0)).unwrap();
-    for (slot, w) in g.workers.iter().enumerate() {
-        g.steering.insert_worker(slot as u32, IDS[slot], w.as_ref().unwrap().as_fd()).unwrap();
-    }
-    k0
-}
-
 /// Test 2: a closed worker socket leaves the sockarray; its datagrams go to a shard
 /// and count as select_failed.
 #[test]
@@ -462,7 +183,7 @@ fn closed_worker_socket_falls_back_to_a_shard() {
     assert_eq!((c.fast, c.select_failed, c.shard_select_failed), (150, 200, 0), "{c:?}");
     assert_eq!(g.steering.worker_fast(1).unwrap(), 100);
     // remove_worker of a slot whose socket is already gone is fine.
-    g.steering.remove_worker(1, IDS[1]).unwrap();
+    g.steering.remove_worker(1, ServerId(IDS[1])).unwrap();
 }
 
 /// Test 3 (and 4): remove_worker → not_live; re-insert in a new slot → fast again,
@@ -476,12 +197,12 @@ fn remove_and_reinsert_worker() {
     let srcs = senders(4);
     let mut rng = Rng(99);
     run(&g, &srcs, &fast_plan(&mut rng, k0, 0, 64, srcs.len(), 0, Expect::Worker(0), Outcome::Fast));
-    g.steering.remove_worker(0, IDS[0]).unwrap();
+    g.steering.remove_worker(0, ServerId(IDS[0])).unwrap();
     run(&g, &srcs, &fast_plan(&mut rng, k0, 0, 80, srcs.len(), 0, Expect::AnyShard, Outcome::NotLive));
     let c = g.steering.counters().unwrap();
     assert_eq!((c.fast, c.not_live, c.select_failed), (64, 80, 0), "{c:?}");
     // Same socket, new slot 4.
-    g.steering.insert_worker(4, IDS[0], g.workers[0].as_ref().unwrap().as_fd()).unwrap();
+    g.steering.insert_worker(4, ServerId(IDS[0]), g.workers[0].as_ref().unwrap().as_fd()).unwrap();
     let mut plan = fast_plan(&mut rng, k0, 0, 90, srcs.len(), 0, Expect::Worker(0), Outcome::Fast);
     plan.extend(fast_plan(&mut rng, k0, 2, 10, srcs.len(), 90, Expect::Worker(2), Outcome::Fast));
     run(&g, &srcs, &plan);
@@ -491,19 +212,19 @@ fn remove_and_reinsert_worker() {
     assert_eq!(g.steering.worker_fast(0).unwrap(), 64, "the old slot keeps its count");
     assert_eq!(g.steering.worker_fast(2).unwrap(), 10);
     // Removing the old slot now must not unsteer the id that moved to slot 4.
-    g.steering.remove_worker(0, IDS[0]).unwrap();
+    g.steering.remove_worker(0, ServerId(IDS[0])).unwrap();
     run(&g, &srcs, &fast_plan(&mut rng, k0, 0, 20, srcs.len(), 0, Expect::Worker(0), Outcome::Fast));
     assert_eq!(g.steering.worker_fast(4).unwrap(), 110);
     // Re-using a slot restarts its worker_fast count.
-    g.steering.remove_worker(4, IDS[0]).unwrap();
-    g.steering.insert_worker(0, IDS[0], g.workers[0].as_ref().unwrap().as_fd()).unwrap();
+    g.steering.remove_worker(4, ServerId(IDS[0])).unwrap();
+    g.steering.insert_worker(0, ServerId(IDS[0]), g.workers[0].as_ref().unwrap().as_fd()).unwrap();
     assert_eq!(g.steering.worker_fast(0).unwrap(), 0, "insert_worker resets the slot's count");
     run(&g, &srcs, &fast_plan(&mut rng, k0, 0, 5, srcs.len(), 0, Expect::Worker(0), Outcome::Fast));
     assert_eq!(g.steering.worker_fast(0).unwrap(), 5);
     // Out-of-range slots are refused.
-    assert!(g.steering.insert_worker(6, 1, g.workers[1].as_ref().unwrap().as_fd()).is_err());
+    assert!(g.steering.insert_worker(6, ServerId(1), g.workers[1].as_ref().unwrap().as_fd()).is_err());
     assert!(g.steering.worker_fast(6).is_err());
-    assert!(g.steering.set_generation(3, None).is_err());
+    assert!(Generation::new(3).is_none(), "cr = 3 is no generation: set_generation cannot name it");
 }
 
 fn pin_to(cpu: usize) -> io::Result<()> {
@@ -565,6 +286,7 @@ fn by_cpu_picks_the_cpu_shard() {
         assert_eq!(count, 200);
         total.cr_unroutable += 200;
         total.fast += 40;
+        total.fast_datagrams += 40;
     }
     assert_eq!(g.steering.counters().unwrap(), total);
 }
@@ -605,7 +327,7 @@ fn ipv6_group_steers_too() {
         testkit::skip("no IPv6 loopback here");
         return;
     }
-    let Some(g) = group_at("[::1]:0", 2, 3, 4, None) else {
+    let Some(g) = group_at("[::1]:0", None, 2, 3, 4, None) else {
         return;
     };
     let k0 = prepare(&g);
@@ -652,7 +374,7 @@ fn unprivileged_load_is_unsupported() {
         // this thread only.
         let rc = unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut Header, data.as_ptr()) };
         assert_eq!(rc, 0, "capset: {}", io::Error::last_os_error());
-        match Steering::attach(&[s.as_fd()], 4, None) {
+        match Steering::attach(&[s.as_fd()], &Config::new(4)) {
             Err(LoadError::Unsupported(m)) => {
                 eprintln!("unprivileged attach refused as expected: {}", m)
             }
@@ -697,7 +419,7 @@ fn verifier_refusal_is_unsupported() {
     let bytes = std::fs::read(&obj).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     let s = UdpSocket::from(fastpath::open_worker_socket("127.0.0.1:0".parse().unwrap()).unwrap());
-    match Steering::attach_object(&bytes, &[s.as_fd()], 4, None) {
+    match Steering::attach_object(&bytes, Variant::SizeLimit, &[s.as_fd()], &Config::new(4)) {
         Err(LoadError::Unsupported(m)) => {
             assert!(m.starts_with("loading the SK_REUSEPORT program"), "{m}");
             assert!(m.contains("invalid bpf_context access"), "verifier log in: {m}");
@@ -710,7 +432,7 @@ fn verifier_refusal_is_unsupported() {
 #[test]
 fn unsupported_paths_are_reported_as_such() {
     let s = UdpSocket::from(fastpath::open_worker_socket("127.0.0.1:0".parse().unwrap()).unwrap());
-    match Steering::attach_object(&[], &[s.as_fd()], 4, None) {
+    match Steering::attach_object(&[], Variant::GsoWalk, &[s.as_fd()], &Config::new(4)) {
         Err(LoadError::Unsupported(m)) => {
             assert_eq!(m, fastpath::BUILT_WITHOUT_CLANG);
             assert!(m.contains("clang") && m.contains("libbpf-dev"));
@@ -731,9 +453,10 @@ fn unsupported_paths_are_reported_as_such() {
     ));
     assert!(matches!(fastpath::classify("x", io::ErrorKind::NotFound, "y"), LoadError::Other(_)));
     // No shard sockets is a caller error, not "unsupported".
-    assert!(matches!(Steering::attach(&[], 4, None), Err(LoadError::Other(_))));
+    assert!(matches!(Steering::attach(&[], &Config::new(4)), Err(LoadError::Other(_))));
     // A shard table naming a shard that does not exist is refused.
-    assert!(matches!(Steering::attach(&[s.as_fd()], 4, Some(&[0, 1])), Err(LoadError::Other(_))));
+    let bad_table = Config { shard_by_cpu: Some(&[0, 1]), ..Config::new(4) };
+    assert!(matches!(Steering::attach(&[s.as_fd()], &bad_table), Err(LoadError::Other(_))));
 }
 
 /// A data-plane restart: the old process's program stays attached to the group (its
@@ -755,17 +478,17 @@ fn reattach_over_the_same_sockets_replaces_the_program() {
     let Group { addr, shards, workers, steering } = g;
     drop(steering);
     let fds: Vec<BorrowedFd<'_>> = shards.iter().map(|s| s.as_fd()).collect();
-    let fresh = Steering::attach(&fds, 4, None).expect("attach over sockets of a replaced program");
+    let fresh = Steering::attach(&fds, &Config::new(4)).expect("attach over sockets of a replaced program");
     let mut g = Group { addr, shards, workers, steering: fresh };
     // Nothing inserted yet in the new maps: worker 0's datagrams go to a shard.
     let k0b = derive(&SECRET0);
-    g.steering.set_generation(0, Some(k0b)).unwrap();
+    g.steering.set_generation(gen(0), Some(k0b.into())).unwrap();
     run(&g, &srcs, &fast_plan(&mut rng, k0b, 0, 30, srcs.len(), 0, Expect::AnyShard, Outcome::NotLive));
     // Then the worker (with a new socket, as a reconnecting worker gets) is fast again.
     let new_sock = UdpSocket::from(fastpath::open_worker_socket(g.addr).unwrap());
     set_rcvbuf(&new_sock);
     g.workers[0] = Some(new_sock);
-    g.steering.insert_worker(0, IDS[0], g.workers[0].as_ref().unwrap().as_fd()).unwrap();
+    g.steering.insert_worker(0, ServerId(IDS[0]), g.workers[0].as_ref().unwrap().as_fd()).unwrap();
     run(&g, &srcs, &fast_plan(&mut rng, k0b, 0, 40, srcs.len(), 0, Expect::Worker(0), Outcome::Fast));
     let c = g.steering.counters().unwrap();
     assert_eq!((c.fast, c.not_live, c.shard_select_failed), (40, 30, 0), "{c:?}");

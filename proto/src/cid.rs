@@ -13,7 +13,7 @@
 //! generation records its PRF (ADR 0004): HMAC-SHA-256 or SipHash-2-4, see [`Prf`].
 
 use crate::prf::PreparedPrf;
-pub use crate::prf::{siphash_key, Prf, UnknownPrf};
+pub use crate::prf::{siphash_key, Prf, SipHashKey, UnknownPrf};
 
 /// Every server-issued CID is exactly this long (ADR 0001 "Length"), which is what
 /// lets the demux parse short headers without per-connection state (RFC 9000 §17.3).
@@ -215,12 +215,12 @@ impl KeySet {
         self.slot(g).map(|s| s.prf)
     }
 
-    /// The SipHash-2-4 key `[k0, k1]` ([`siphash_key`]) of a live `siphash-2-4`
-    /// generation, for the kernel fast path's map; `None` for a generation that is not
-    /// live or uses `hmac-sha256` (never steered in the kernel, ADR 0004).
-    pub fn siphash_key(&self, g: Generation) -> Option<[u64; 2]> {
+    /// The SipHash-2-4 key ([`siphash_key`]) of a live `siphash-2-4` generation, for
+    /// the kernel fast path's map; `None` for a generation that is not live or uses
+    /// `hmac-sha256` (never steered in the kernel, ADR 0004).
+    pub fn siphash_key(&self, g: Generation) -> Option<SipHashKey> {
         match self.slot(g)?.prepared {
-            PreparedPrf::SipHash(k) => Some(k),
+            PreparedPrf::SipHash(k) => Some(k.into()),
             PreparedPrf::Hmac(_) => None,
         }
     }
@@ -347,7 +347,7 @@ mod tests {
         assert_eq!(ks.prf(g(1)), Some(Prf::SipHash24));
         assert_eq!(ks.prf(g(0)), Some(Prf::HmacSha256));
         assert_eq!(ks.prf(g(2)), None);
-        assert_eq!(ks.siphash_key(g(1)), Some(siphash_key(&[7; 32])));
+        assert_eq!(ks.siphash_key(g(1)), Some(siphash_key(&[7; 32]).into()));
         assert_eq!(ks.siphash_key(g(0)), None, "hmac generations are never steered in the kernel");
         assert_eq!(ks.siphash_key(g(2)), None);
         assert_eq!(ks.secret(g(1)), Some(&[7; 32]));
@@ -359,7 +359,7 @@ mod tests {
         assert_eq!(h.rotated([2; 32]).prf(g(1)), Some(Prf::HmacSha256));
         let s = h.rotated_with([2; 32], Prf::SipHash24);
         assert_eq!((s.prf(g(1)), s.prf(g(0))), (Some(Prf::SipHash24), Some(Prf::HmacSha256)));
-        assert_eq!(s.siphash_key(g(1)), Some(siphash_key(&[2; 32])));
+        assert_eq!(s.siphash_key(g(1)), Some(siphash_key(&[2; 32]).into()));
         let back = s.rotated_with([4; 32], Prf::HmacSha256);
         assert_eq!((back.prf(g(2)), back.prf(g(1))), (Some(Prf::HmacSha256), Some(Prf::SipHash24)));
     }

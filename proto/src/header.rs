@@ -20,6 +20,12 @@ pub const MAX_CID_LEN_V1: usize = 20;
 /// RFC 9001 §5.4.2: header protection samples 16 bytes starting 4 bytes after the
 /// packet-number offset, so a protected packet has at least 20 bytes after it.
 pub const MIN_AFTER_PN_OFFSET: usize = 20;
+/// The largest UDP payload a worker accepts: quinn's `EndpointConfig::max_udp_payload_size`
+/// (RFC 9000 §18.2 `max_udp_payload_size`; 1472 = a 1500-byte Ethernet MTU less the IPv4
+/// and UDP headers, quinn's default) is set from it, and the kernel fast path's
+/// size-limit program sends any longer UDP payload, which must then be a train of
+/// several datagrams, to the data plane (docs/adr/0004-kernel-fast-path.md).
+pub const MAX_UDP_PAYLOAD: u16 = 1472;
 
 /// Long-header packet types of QUIC v1/v2 (RFC 9000 §17.2, RFC 9369 §3.2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -92,6 +92,20 @@ pub fn siphash_key(secret: &[u8; 32]) -> [u64; 2] {
     [u64::from_le_bytes(k0), u64::from_le_bytes(k1)]
 }
 
+/// A generation's SipHash-2-4 key (ADR 0004 Decision 2): what the kernel fast path's
+/// map holds for a live `siphash-2-4` generation ([`crate::KeySet::siphash_key`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SipHashKey {
+    pub k0: u64,
+    pub k1: u64,
+}
+
+impl From<[u64; 2]> for SipHashKey {
+    fn from([k0, k1]: [u64; 2]) -> SipHashKey {
+        SipHashKey { k0, k1 }
+    }
+}
+
 /// SipHash-2-4 of `msg` under `(k0, k1)` as the SipHash paper defines it (§2), the
 /// 64-bit value whose little-endian bytes the reference implementation outputs.
 #[inline]

@@ -7,6 +7,8 @@
 //! - [`packets`]: handcrafted QUIC datagrams (RFC 9000 §17).
 //! - [`h3client`]: a test TLS identity, the quinn + h3 client.
 //! - [`bin`]: the workspace binaries by path, child processes and their ready files.
+//! - [`trains`]: UDP GSO sends and `sendmmsg` batches (packet trains).
+//! - [`netns`]: two network namespaces joined by a veth pair (receive-side GRO).
 #![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 use std::path::PathBuf;
@@ -16,8 +18,10 @@ use std::time::{Duration, Instant};
 pub mod bin;
 pub mod cpu_clock;
 pub mod h3client;
+pub mod netns;
 pub mod packets;
 pub mod rng;
+pub mod trains;
 
 pub use rng::Rng;
 

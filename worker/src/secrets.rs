@@ -86,6 +86,11 @@ impl Secrets {
         c.cid_generator(AdrCidGenerator::factory_with_lifetime(cid_keys.clone(), server_id, cid_lifetime));
         // RFC 9287: the data plane drops fixed-bit-clear datagrams (ADR 0001).
         c.grease_quic_bit(false);
+        // The bound the kernel fast path's size-limit program relies on (ADR 0004):
+        // one constant for both, within quinn's 1200..=65527.
+        if let Err(e) = c.max_udp_payload_size(proto::header::MAX_UDP_PAYLOAD) {
+            tracing::error!(error = %e, "max_udp_payload_size refused; quinn's default stays");
+        }
         c
     }
 
@@ -102,6 +107,15 @@ mod tests {
 
     fn secrets() -> Secrets {
         Secrets::from_key_file(&KeyFile::generate(&[5; proto::keyfile::RANDOM_LEN], proto::cid::Prf::SipHash24))
+    }
+
+    /// The fast path's size-limit program and quinn agree on the largest datagram.
+    #[test]
+    fn endpoint_accepts_exactly_the_shared_max_udp_payload() {
+        let s = secrets();
+        let keys = s.cid_keys().unwrap();
+        let c = s.endpoint_config(&keys, proto::ServerId(1));
+        assert_eq!(c.get_max_udp_payload_size(), u64::from(proto::header::MAX_UDP_PAYLOAD));
     }
 
     #[test]

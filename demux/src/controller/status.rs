@@ -138,9 +138,11 @@ pub fn pretty(v: &Value) -> String {
     let fp = &v["fast_path"];
     s += &match fp["active"].as_bool() {
         Some(true) => format!(
-            "fast path: on (mode {})  to workers {}\n",
+            "fast path: on (mode {})  program {}  to workers {}  trains to the data plane {}\n",
             fp["mode"].as_str().unwrap_or("?"),
-            fp["datagrams"].as_u64().unwrap_or(0)
+            fp["program"].as_str().unwrap_or("?"),
+            fp["datagrams"].as_u64().unwrap_or(0),
+            fp["to_demux"]["train_to_shard"].as_u64().unwrap_or(0)
         ),
         _ => format!("fast path: off ({})\n", fp["reason"].as_str().unwrap_or("?")),
     };
@@ -391,6 +393,18 @@ fn prometheus(ctl: &Value, dp: &Value) -> String {
         "datagrams the kernel steered straight to their worker",
         "counter",
         vec![(String::new(), u(&fp["datagrams"]))],
+    );
+    metric(
+        "quicdemux_fast_path_program",
+        "1 for the SK_REUSEPORT program variant that runs (gso-walk or size-limit)",
+        "gauge",
+        fp["program"].as_str().map(|p| (format!("{{program=\"{p}\"}}"), 1)).into_iter().collect(),
+    );
+    metric(
+        "quicdemux_fast_path_train_fast_total",
+        "GSO/GRO trains the kernel steered whole to their worker (every datagram its own)",
+        "counter",
+        vec![(String::new(), u(&fp["train_fast"]))],
     );
     let to_demux: Vec<(String, u64)> =
         fp["to_demux"].as_object().into_iter().flatten().map(|(k, v)| (format!("{{why=\"{k}\"}}"), u(v))).collect();

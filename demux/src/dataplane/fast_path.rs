@@ -1,11 +1,15 @@
 //! The kernel fast path, data-plane side (docs/adr/0004-kernel-fast-path.md).
 //!
-//! The `fastpath` crate's SK_REUSEPORT program runs on every datagram that reaches a
+//! The `fastpath` crate's SK_REUSEPORT program runs on every skb that reaches a
 //! listen address's reuseport group. For a short header whose DCID has a live
 //! siphash-2-4 generation and decodes to a live worker's server id, it selects that
-//! worker's own socket: the datagram never enters this process. Everything else goes
-//! to a shard socket (by the flow hash, or by CPU under `--steer cpu`), and the user
-//! path handles it exactly as without the fast path.
+//! worker's own socket: the datagram never enters this process. A GSO/GRO train of
+//! several datagrams goes there only when every datagram provably belongs to that
+//! worker (the gso-walk program; the size-limit fallback sends every skb longer than
+//! `proto::header::MAX_UDP_PAYLOAD` to a shard instead, ADR 0004 "Trains").
+//! Everything else goes to a shard socket (by the flow hash, or by CPU under
+//! `--steer cpu`), and the user path handles it exactly as without the fast path,
+//! splitting trains.
 //!
 //! This module keeps the program's maps in step with the registry:
 //! - keys: every live siphash-2-4 generation's SipHash key (an hmac-sha256
@@ -23,6 +27,7 @@
 use crate::cli::FastPathMode;
 use crate::dataplane::socket::{self, UdpSock};
 use anyhow::{bail, Result};
+use fastpath::Variant;
 use proto::{Generation, KeySet, ServerId};
 use serde_json::{json, Map, Value};
 use std::net::SocketAddr;
@@ -65,7 +70,15 @@ impl FastPathState {
         }
         match FastPath::attach(sockets, shard_cores, max_instances, keys) {
             Ok(fp) => {
-                tracing::info!(groups = fp.groups.len(), "kernel fast path attached (SK_REUSEPORT)");
+                let variant = fp.variant();
+                tracing::info!(groups = fp.groups.len(), program = %variant, "kernel fast path attached (SK_REUSEPORT)");
+                if let Some(why) = fp.gso_walk_refused() {
+                    tracing::warn!(
+                        "kernel fast path: the gso-walk program was refused ({why}); running the size-limit \
+                         program: a train of at most {} bytes is steered by its first datagram",
+                        proto::header::MAX_UDP_PAYLOAD
+                    );
+                }
                 Ok(FastPathState::Active(fp))
             }
             Err(e) if mode == FastPathMode::Auto => {
@@ -104,8 +117,12 @@ impl FastPath {
         let mut groups = Vec::with_capacity(first.len());
         for (li, s0) in first.iter().enumerate() {
             let shard_fds: Vec<_> = sockets.iter().filter_map(|shard| shard.get(li)).map(|s| s.fd.as_fd()).collect();
-            let steering = fastpath::Steering::attach(&shard_fds, max_workers, table.as_deref())
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let config = fastpath::Config {
+                max_workers,
+                shard_by_cpu: table.as_deref(),
+                max_udp_payload: proto::header::MAX_UDP_PAYLOAD,
+            };
+            let steering = fastpath::Steering::attach(&shard_fds, &config).map_err(|e| anyhow::anyhow!("{e}"))?;
             groups.push(Group { addr: s0.local, listen_index: li, steering });
         }
         let fp = FastPath { groups };
@@ -113,13 +130,28 @@ impl FastPath {
         Ok(fp)
     }
 
+    /// The program variant that runs (every group loads the same one on one kernel;
+    /// the weaker one is reported if they ever differ).
+    pub fn variant(&self) -> Variant {
+        if self.groups.iter().any(|g| g.steering.variant() == Variant::SizeLimit) {
+            Variant::SizeLimit
+        } else {
+            Variant::GsoWalk
+        }
+    }
+
+    /// Why the gso-walk program was refused, if some group runs the size-limit one.
+    fn gso_walk_refused(&self) -> Option<&str> {
+        self.groups.iter().find_map(|g| g.steering.gso_walk_refused())
+    }
+
     /// Writes every generation's state: the SipHash key of a live siphash-2-4
     /// generation, inactive otherwise (hmac-sha256, not live).
     pub fn set_keys(&self, keys: &KeySet) -> Result<()> {
         for cr in 0..3u8 {
-            let key = Generation::new(cr).and_then(|g| keys.siphash_key(g));
+            let Some(gen) = Generation::new(cr) else { continue };
             for g in &self.groups {
-                g.steering.set_generation(cr, key)?;
+                g.steering.set_generation(gen, keys.siphash_key(gen))?;
             }
         }
         Ok(())
@@ -133,7 +165,7 @@ impl FastPath {
         let mut out = Vec::with_capacity(self.groups.len());
         for g in &self.groups {
             let made = socket::bind_udp(g.addr, g.listen_index)
-                .and_then(|s| Ok(g.steering.insert_worker(slot32, server_id.0, s.fd.as_fd()).map(|()| s)?));
+                .and_then(|s| Ok(g.steering.insert_worker(slot32, server_id, s.fd.as_fd()).map(|()| s)?));
             match made {
                 Ok(s) => out.push(s),
                 Err(e) => {
@@ -149,33 +181,27 @@ impl FastPath {
     pub fn remove_worker(&self, slot: usize, server_id: ServerId) {
         let Ok(slot) = u32::try_from(slot) else { return };
         for g in &self.groups {
-            if let Err(e) = g.steering.remove_worker(slot, server_id.0) {
+            if let Err(e) = g.steering.remove_worker(slot, server_id) {
                 tracing::warn!(server_id = server_id.0, error = %e, "fast path: removing a worker");
             }
         }
     }
 
-    /// Fast-path datagrams delivered to the worker at `slot`, all groups.
+    /// Fast-path datagrams delivered to the worker at `slot`, all groups (a train
+    /// counts its segments).
     pub fn worker_datagrams(&self, slot: usize) -> u64 {
         let Ok(slot) = u32::try_from(slot) else { return 0 };
         self.groups.iter().filter_map(|g| g.steering.worker_fast(slot).ok()).sum()
     }
 
-    /// The program's outcome counters, summed over groups and CPUs.
+    /// The program's outcome counters, summed over groups and CPUs: datagrams handed
+    /// to workers, trains kept whole on the fast path, and what went to the shards by
+    /// reason (skbs: a train counts once).
     fn counters(&self) -> Map<String, Value> {
         let mut t = fastpath::Counters::default();
         for g in &self.groups {
             match g.steering.counters() {
-                Ok(c) => {
-                    t.fast += c.fast;
-                    t.long_header += c.long_header;
-                    t.short_packet += c.short_packet;
-                    t.cr_unroutable += c.cr_unroutable;
-                    t.unknown_generation += c.unknown_generation;
-                    t.not_live += c.not_live;
-                    t.select_failed += c.select_failed;
-                    t.shard_select_failed += c.shard_select_failed;
-                }
+                Ok(c) => t.add(&c),
                 Err(e) => tracing::warn!(error = %e, "fast path: reading counters"),
             }
         }
@@ -185,10 +211,16 @@ impl FastPath {
             "cr_unroutable": t.cr_unroutable,
             "unknown_generation": t.unknown_generation,
             "not_live": t.not_live,
+            "train_to_shard": t.train_to_shard,
             "select_failed": t.select_failed,
         });
         let mut m = Map::new();
-        m.insert("datagrams".into(), json!(t.fast));
+        m.insert("program".into(), json!(self.variant().name()));
+        if let Some(why) = self.gso_walk_refused() {
+            m.insert("gso_walk_refused".into(), json!(why));
+        }
+        m.insert("datagrams".into(), json!(t.fast_datagrams));
+        m.insert("train_fast".into(), json!(t.train_fast));
         m.insert("to_demux".into(), to_demux);
         m.insert("dropped".into(), json!(t.shard_select_failed));
         m

@@ -338,18 +338,25 @@ pub fn pretty(json_text: &str) -> Result<String, serde_json::Error> {
     Ok(s)
 }
 
-/// The fast-path lines of `lb-status`: on or off (and why), datagrams steered to
-/// workers, and what went to the shards by reason.
+/// The fast-path lines of `lb-status`: on or off (and why), the program variant,
+/// datagrams steered to workers, trains kept whole, and what went to the shards by
+/// reason (`train_to_shard`: trains not provably one worker's, ADR 0004 "Trains").
 fn pretty_fast_path(f: &Value) -> String {
     let mode = f["mode"].as_str().unwrap_or("?");
     if f["active"].as_bool() != Some(true) {
         return format!("fast path: off (mode {mode}: {})\n", f["reason"].as_str().unwrap_or("?"));
     }
     let mut s = format!(
-        "fast path: on (mode {mode})  to workers {}  dropped {}\nfast path to demux:",
+        "fast path: on (mode {mode})  program {}  to workers {}  trains kept whole {}  dropped {}\n",
+        f["program"].as_str().unwrap_or("?"),
         f["datagrams"].as_u64().unwrap_or(0),
+        f["train_fast"].as_u64().unwrap_or(0),
         f["dropped"].as_u64().unwrap_or(0)
     );
+    if let Some(why) = f["gso_walk_refused"].as_str() {
+        s += &format!("fast path: gso-walk program refused by this kernel: {why}\n");
+    }
+    s += "fast path to demux:";
     if let Some(m) = f["to_demux"].as_object() {
         for (k, v) in m {
             s += &format!("  {k} {}", v.as_u64().unwrap_or(0));
@@ -381,6 +388,19 @@ mod tests {
             "dead-peer resets 5  refused: replayed 3\n",
             "trust refusals: data.wrong_pid 2\n",
             "ring",
+        ] {
+            assert!(text.contains(want), "{want:?} missing from:\n{text}");
+        }
+        // The fast path: program variant, trains kept whole and sent to the shards.
+        let fp = serde_json::json!({ "instances": [], "fast_path": {
+            "mode": "auto", "active": true, "program": "size-limit", "datagrams": 40, "train_fast": 3,
+            "dropped": 0, "gso_walk_refused": "no kfuncs",
+            "to_demux": { "long_header": 1, "train_to_shard": 7 } } });
+        let text = pretty(&fp.to_string()).expect("valid JSON");
+        for want in [
+            "fast path: on (mode auto)  program size-limit  to workers 40  trains kept whole 3  dropped 0\n",
+            "gso-walk program refused by this kernel: no kfuncs\n",
+            "fast path to demux:  long_header 1  train_to_shard 7\n",
         ] {
             assert!(text.contains(want), "{want:?} missing from:\n{text}");
         }

@@ -78,6 +78,23 @@ impl Demux {
     /// each of the `denied` syscalls with EPERM (as container runtimes do), e.g.
     /// `SYS_io_uring_setup` or `SYS_bpf`.
     pub fn start_opts(io: &str, cores: &str, extra: &[&str], denied: &[libc::c_long]) -> Demux {
+        Self::start_full(None, "127.0.0.1:0", io, cores, extra, denied)
+    }
+
+    /// As [`Demux::start_with`], inside network namespace `netns` (`ip netns exec`),
+    /// listening on `listen`.
+    pub fn start_in_netns(netns: &str, listen: &str, io: &str, cores: &str, extra: &[&str]) -> Demux {
+        Self::start_full(Some(netns), listen, io, cores, extra, &[])
+    }
+
+    fn start_full(
+        netns: Option<&str>,
+        listen: &str,
+        io: &str,
+        cores: &str,
+        extra: &[&str],
+        denied: &[libc::c_long],
+    ) -> Demux {
         let dir = temp_dir(io);
         let (io, rings) = match io.strip_suffix("+ring") {
             Some(b) => (b, true),
@@ -92,11 +109,18 @@ impl Demux {
         let control = dir.join("c.sock");
         let ready = dir.join("ready");
         let log = std::fs::File::create(dir.join("demux.log")).unwrap();
-        let mut cmd = Command::new(BIN);
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, BIN]);
+                c
+            }
+            None => Command::new(BIN),
+        };
         if !denied.is_empty() {
             deny_syscalls_in_child(&mut cmd, denied);
         }
-        cmd.args(["dataplane", "--listen", "127.0.0.1:0", "--cores", cores, "--io", io]);
+        cmd.args(["dataplane", "--listen", listen, "--cores", cores, "--io", io]);
         let mut child = testkit::bin::dataplane_files(&mut cmd, &keys_path, &data, &control, &ready)
             .args(forward)
             .args(extra)
@@ -230,6 +254,9 @@ pub struct Frame {
     pub len: usize,
     /// The payload's first 64 bytes.
     pub head: Vec<u8>,
+    /// Each segment's short-header DCID (bytes 1..13; fewer bytes for a shorter
+    /// segment): one entry per datagram of a train.
+    pub segment_dcids: Vec<Vec<u8>>,
 }
 
 impl Frame {
@@ -342,6 +369,10 @@ impl Worker {
                         meta,
                         len: payload.len(),
                         head: payload[..payload.len().min(64)].to_vec(),
+                        segment_dcids: payload
+                            .chunks(meta.segment_size.map_or(payload.len(), usize::from).max(1))
+                            .map(|seg| seg.get(1..13.min(seg.len())).unwrap_or_default().to_vec())
+                            .collect(),
                     }),
                     Err(_) => {
                         bad.fetch_add(1, Ordering::Relaxed);
@@ -406,12 +437,14 @@ impl Worker {
     }
 
     /// Every datagram waiting on the fast sockets now (their first bytes, up to 64).
+    /// The data plane's sockets ask for UDP_GRO: a train arrives whole and is cut
+    /// into its datagrams here.
     pub fn fast_datagrams(&self) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
-        let mut buf = [0u8; 2048];
+        let mut buf = vec![0u8; 1 << 16];
         for (_, u) in &self.fast {
-            while let Ok(n) = u.recv(&mut buf) {
-                out.push(buf[..n.min(64)].to_vec());
+            while let Ok((segments, _)) = testkit::trains::recv_segments(u, &mut buf) {
+                out.extend(segments.into_iter().map(|d| d[..d.len().min(64)].to_vec()));
             }
         }
         out
