@@ -954,24 +954,30 @@ fn busy_poll_takes_receives_while_spinning() {
         d.wait_instances(&[(151, true)]);
         let cid = d.cid(151, &mut rng);
         let c = client();
-        for _ in 0..N {
+        // One datagram at a time, each sent once the previous one was forwarded: the
+        // shard is idle (spinning, or asleep) whenever one arrives, however loaded the
+        // machine is, so every datagram ends a spin or a sleep.
+        for i in 1..=N {
             c.send_to(&short(&cid, 100, &mut rng), d.addr()).unwrap();
+            // Polled every 20 µs: wait_for's back-off would outlast the 5 ms spin.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while w.datagrams() < i as usize {
+                assert!(Instant::now() < deadline, "datagram {i} not forwarded");
+                std::thread::sleep(Duration::from_micros(20));
+            }
             std::thread::sleep(Duration::from_micros(100));
         }
-        wait_for("all forwarded", || w.datagrams() == N as usize);
         let s = d.status();
         assert_eq!(s["busy_poll_us"], if spins { 5000 } else { 0 }, "the setting is in the status");
         let (polls, found) = (u64_at(&s, "/busy_poll/spins"), u64_at(&s, "/busy_poll/found"));
         if spins {
-            // Every spin ends when a receive shows up, or after 5 ms without one. The
-            // datagrams come 100 µs apart, so a spin times out only after the last one
-            // or when the sender was descheduled for > 5 ms; a loaded machine also lets
-            // several datagrams queue up while the shard works, so there are fewer spins
-            // than datagrams (200 on a quiet machine, 96 seen under load). What is
-            // checked: the shard did spin, and nearly every spin found its receive.
+            // A spin starts after each datagram is handled and ends when the next one
+            // shows up, or after 5 ms without one: only a sender descheduled for
+            // > 5 ms (and the spin after the last datagram) times out. Half is the
+            // bound on a loaded machine (every quiet run here: > 95 %).
             eprintln!("busy poll: found {found} of {polls} spins for {N} datagrams");
-            assert!(polls >= 20, "{polls} spins for {N} datagrams");
-            assert!(found <= polls && found * 10 >= polls * 8, "found {found} of {polls} spins for {N} datagrams");
+            assert!(polls >= N / 2, "{polls} spins for {N} datagrams");
+            assert!(found <= polls && found >= N / 2, "found {found} of {polls} spins for {N} datagrams");
         } else {
             assert_eq!((polls, found), (0, 0), "no spinning without the flag");
         }
