@@ -324,7 +324,7 @@ fn failed_shard_select_is_a_counted_drop() {
 #[test]
 fn ipv6_group_steers_too() {
     if std::net::UdpSocket::bind("[::1]:0").is_err() {
-        testkit::skip("no IPv6 loopback here");
+        testkit::skip_optional("ipv6-loopback", "no IPv6 loopback here");
         return;
     }
     let Some(g) = group_at("[::1]:0", None, 2, 3, 4, None) else {
@@ -378,7 +378,9 @@ fn unprivileged_load_is_unsupported() {
             Err(LoadError::Unsupported(m)) => {
                 eprintln!("unprivileged attach refused as expected: {}", m)
             }
-            Ok(_) if unpriv.trim() == "0" => testkit::skip("unprivileged BPF is enabled here"),
+            Ok(_) if unpriv.trim() == "0" => {
+                testkit::skip_optional("unprivileged-bpf-off", "unprivileged BPF is enabled here")
+            }
             other => panic!("unprivileged attach: {other:?}"),
         }
     })
