@@ -48,4 +48,4 @@ pub use cid::{Decoded, Generation, KeySet, Prf, ServerId, Unroutable, CID_LEN};
 pub use decode_cache::{DecodeCache, Decoder, Uncached};
 pub use header::{Header, HeaderError, LongHeader, LongType};
 pub use pin::PinTable;
-pub use route::{Admission, Decision, InstanceInfo, NoAdmission, Reason, Router, Table, TrainRun};
+pub use route::{Admission, Decision, InstanceInfo, NoAdmission, OwnerInitial, Reason, Router, Table, TrainRun};
