@@ -128,7 +128,7 @@ impl Harvested {
 
     /// The k-th Initial of a source: offset 1 first, then alternating.
     fn nth(&mut self, k: u64) -> Vec<u8> {
-        if k % 2 == 0 {
+        if k.is_multiple_of(2) {
             self.offset1()
         } else {
             self.garbage()

@@ -1488,7 +1488,7 @@ mod live_dcid_initials {
             };
             assert_eq!((got, outcomes.first().copied()), want, "event {n}: {e:?} at {now:?}, {cfg:?}");
             assert!(outcomes.len() <= 1, "decided once per datagram or train: {outcomes:?}");
-            assert_eq!(segments, if stride > 0 { d.len() / stride } else { 1 });
+            assert_eq!(segments, d.len().checked_div(stride).unwrap_or(1));
             if let Some(o) = want.1 {
                 *seen.entry(o.name().to_string()).or_default() += 1;
             }

@@ -395,6 +395,15 @@ mod tests {
         ] {
             assert!(text.contains(want), "{want:?} missing from:\n{text}");
         }
+        // Client Initials on live DCIDs, by outcome (proto::limits::owner_initial).
+        let owner = serde_json::json!({ "owner_initial": { "follow_up": 3, "rate_limited": 398, "admitted": 2 } });
+        let text = pretty(&owner.to_string()).expect("valid JSON");
+        assert!(
+            text.contains(
+                "owner initials (live DCID):  token 0  placed 0  follow_up 3  admitted 2  dropped_pressure 0"
+            ) && text.contains("handshake_limited 0  rate_limited 398\n"),
+            "{text}"
+        );
         // Without forwarding and refusals: no peers line, refusals "none".
         let plain = pretty(&serde_json::json!({ "instances": [] }).to_string()).expect("valid JSON");
         assert!(!plain.contains("peers:") && plain.contains("trust refusals: none"), "{plain}");
