@@ -221,9 +221,10 @@ pub struct ShardAdmission<'a> {
     /// instance under pressure is dropped (the placement path's pressure is
     /// crate::dataplane::pressure::PressureAdmission).
     pub pressure: &'a [Pressure],
-    /// Client Initials on a live DCID by outcome (proto::limits::owner_initial), in
-    /// datagrams (a uniform GRO train counts its segments), for the shard's counters.
-    pub owner_initial: [u64; Outcome::COUNT],
+    /// The shard's counters (written by this thread only): client Initials on a live
+    /// DCID are counted by outcome (proto::limits::owner_initial), in datagrams (a
+    /// uniform GRO train counts its segments), when decided.
+    pub counters: &'a crate::dataplane::counters::ShardCounters,
 }
 
 impl ShardAdmission<'_> {
@@ -347,7 +348,7 @@ impl Admission for ShardAdmission<'_> {
         };
         let outcome = owner_initial::decide(self.limits.token_key.as_ref(), self.follow_ups, &q, &mut limits);
         let segments = if stride > 0 && stride < datagram.len() { datagram.len().div_ceil(stride) } else { 1 };
-        self.owner_initial[outcome.index()] += segments as u64;
+        crate::dataplane::counters::bump(&self.counters.owner_initial[outcome.index()], segments as u64);
         match outcome {
             Outcome::Placed => OwnerInitial::Place,
             o if o.to_owner() => OwnerInitial::Owner,
@@ -360,6 +361,9 @@ impl Admission for ShardAdmission<'_> {
 mod tests {
     use super::*;
 
+    use crate::dataplane::counters::ShardCounters;
+    use std::sync::atomic::Ordering::Relaxed;
+
     /// A shard's admission for `client` at `ms`, with no pressure.
     fn admission<'a>(
         limits: &'a Limits,
@@ -368,6 +372,7 @@ mod tests {
         unix: u64,
         retry: Option<&'a mut crate::dataplane::retry::RetryGate>,
         follow_ups: &'a mut FollowUps,
+        counters: &'a ShardCounters,
     ) -> ShardAdmission<'a> {
         ShardAdmission {
             limits,
@@ -378,7 +383,7 @@ mod tests {
             retry,
             follow_ups,
             pressure: &[],
-            owner_initial: [0; Outcome::COUNT],
+            counters,
         }
     }
 
@@ -423,8 +428,8 @@ mod tests {
         let info = [proto::InstanceInfo { server_id: proto::ServerId(1), placeable: true }];
         let table = Table::new(keys, [2; 16], &info).unwrap();
         let mut gate = crate::dataplane::retry::RetryGate::new(crate::dataplane::retry::RetryMode::Always);
-        let mut fu = FollowUps::new(64, [0; 16]);
-        let mut a = admission(&l, "192.0.2.1:1".parse().unwrap(), 0, 0, Some(&mut gate), &mut fu);
+        let (mut fu, c) = (FollowUps::new(64, [0; 16]), ShardCounters::new(1));
+        let mut a = admission(&l, "192.0.2.1:1".parse().unwrap(), 0, 0, Some(&mut gate), &mut fu, &c);
         let h = |ty, token| LongHeader { version: 1, ty, dcid: &[1; 8], scid: &[], token, packet_len: 1200 };
         assert_eq!(a.admit(&h(LongType::Initial, &[]), 1200, &table, 0), Err(Refusal::Retry { target: 0 }));
         let t = a.admit(&h(LongType::Initial, &[9; 40]), 1200, &table, 0).expect("token: limits, admitted");
@@ -450,8 +455,8 @@ mod tests {
         let valid = proto::token::TokenKey::new(&[4; 32]).seal(client, None, 100, [1; 16]).unwrap();
         let mut gate =
             crate::dataplane::retry::RetryGate::new(crate::dataplane::retry::RetryMode::Auto { above: 1000 });
-        let mut fu = FollowUps::new(64, [0; 16]);
-        let mut a = admission(&l, client, 0, 100, Some(&mut gate), &mut fu);
+        let (mut fu, c) = (FollowUps::new(64, [0; 16]), ShardCounters::new(1));
+        let mut a = admission(&l, client, 0, 100, Some(&mut gate), &mut fu, &c);
         let h = |version, ty, token| LongHeader { version, ty, dcid: &[1; 8], scid: &[], token, packet_len: 1200 };
         let t = a.admit(&h(1, LongType::Initial, &[]), 1200, &table, 0).expect("first: within the burst");
         let over = Err(Refusal::RetryOverLimit { target: 0, why: OverLimit::Rate });
@@ -496,11 +501,13 @@ mod tests {
         let unix = 1_800_000_000;
         // (outcome counts, routing result)
         let mut route = |client: &str, ms: u64, d: &[u8], pressure: &[Pressure], gate: Option<&mut RetryGate>| {
-            let mut a = admission(&l, client.parse().unwrap(), ms, unix, gate, &mut fu);
+            let c = ShardCounters::new(1);
+            let mut a = admission(&l, client.parse().unwrap(), ms, unix, gate, &mut fu, &c);
             a.pressure = pressure;
             let r = proto::Router::new(&table, &mut pins, Duration::from_millis(ms)).with_admission(&mut a).route(d);
-            let outcome = Outcome::ALL.into_iter().find(|o| a.owner_initial[o.index()] > 0);
-            assert!(a.owner_initial.iter().sum::<u64>() <= 1);
+            let counts: Vec<u64> = c.owner_initial.iter().map(|n| n.load(Relaxed)).collect();
+            let outcome = Outcome::ALL.into_iter().find(|o| counts[o.index()] > 0);
+            assert!(counts.iter().sum::<u64>() <= 1, "counted once: {counts:?}");
             (outcome, r)
         };
         let owner = |i| Ok(Decision { reason: Reason::Owner, target: Some(i) });

@@ -10,7 +10,7 @@ use crate::dataplane::pressure::PressureAdmission;
 use crate::dataplane::retry::{Minter, RetryGate};
 use crate::dataplane::snapshot::Snapshot;
 use crate::dataplane::socket::UdpSock;
-use proto::limits::{FollowUps, OwnerInitialOutcome};
+use proto::limits::FollowUps;
 use proto::wire::FrameMeta;
 use proto::{PinTable, Reason};
 use std::net::SocketAddr;
@@ -203,7 +203,7 @@ impl Router {
             retry: gate,
             follow_ups: &mut self.follow_ups,
             pressure: &snap.pressure,
-            owner_initial: [0; OwnerInitialOutcome::COUNT],
+            counters: c,
         };
         // Per-instance handshake pressure (crate::dataplane::pressure) comes first.
         let pressured = PressureAdmission { inner: &mut admission, pressure: &snap.pressure };
@@ -291,11 +291,6 @@ impl Router {
                 }
             }
         });
-        for (counter, &n) in c.owner_initial.iter().zip(&admission.owner_initial) {
-            if n > 0 {
-                bump(counter, n);
-            }
-        }
     }
 
     /// End of a batch: one sendmmsg per destination, and one per socket for the
