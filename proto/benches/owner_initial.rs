@@ -14,6 +14,13 @@
 //! - `owner_initial/unproven_garbage`: a flood's Initial that does not open, likewise.
 //! - `owner_initial/client_hello`: a ClientHello on a copied CID (found at the first
 //!   frame → placed).
+//!
+//! What the rule adds to opening the Initial, alone (what the whole-path figures
+//! above cannot resolve on a busy machine):
+//! - `owner_initial/follow_up_take`: `FollowUps::take` that finds the 4-tuple (one
+//!   SipHash-1-3, a window of 8 slots);
+//! - `owner_initial/unproven_limits`: step 4's questions over the real sketches for a
+//!   client whose rate is spent (pressure, Retry gate, cap look, rate).
 #![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 use criterion::{criterion_group, criterion_main, Criterion};
@@ -103,6 +110,7 @@ fn bench(c: &mut Criterion) {
         let d = leak(d);
         let h = leak_h(parse(d));
         let q = query(h, d, who);
+        limits.client = who;
         // The stranger's burst is spent first: the flood's steady state.
         while decide(Some(&key), &mut follow_ups, &q, &mut limits) == Outcome::Admitted {}
         assert_eq!(decide(Some(&key), &mut follow_ups, &q, &mut limits), want, "{name}");
@@ -114,6 +122,7 @@ fn bench(c: &mut Criterion) {
     let d = leak(ack);
     let h = leak_h(parse(d));
     let q = query(h, d, client);
+    limits.client = client;
     let mut follow_ups = FollowUps::with_allowance(1 << 16, [4; 16], 255, FOLLOW_UP_TTL);
     follow_ups.grant(client, owner_id, now);
     assert_eq!(decide(Some(&key), &mut follow_ups, &q, &mut limits), Outcome::FollowUp);
@@ -126,6 +135,26 @@ fn bench(c: &mut Criterion) {
                 calls = 0;
             }
             decide(Some(&key), &mut follow_ups, black_box(&q), &mut limits)
+        })
+    });
+
+    let mut calls = 0u32;
+    g.bench_function("follow_up_take", |b| {
+        b.iter(|| {
+            calls += 1;
+            if calls == 255 {
+                follow_ups.grant(client, owner_id, now);
+                calls = 0;
+            }
+            follow_ups.take(black_box(client), owner_id, now)
+        })
+    });
+    limits.client = stranger;
+    assert!(limits.handshakes_full() || !limits.charge_rate(), "the stranger's rate is spent");
+    g.bench_function("unproven_limits", |b| {
+        b.iter(|| {
+            let l = black_box(&mut limits);
+            l.pressured(0) || l.retrying() || l.handshakes_full() || !l.charge_rate()
         })
     });
     g.finish();

@@ -48,10 +48,11 @@ struct Slot {
     server: u16,
     /// Initials left; 0: free.
     left: u8,
-    at: Duration,
+    /// When it was granted, in ms of the router's clock.
+    at_ms: u64,
 }
 
-const FREE: Slot = Slot { ip: [0; 16], port: 0, server: 0, left: 0, at: Duration::ZERO };
+const FREE: Slot = Slot { ip: [0; 16], port: 0, server: 0, left: 0, at_ms: 0 };
 
 /// The per-shard table of follow-up allowances.
 pub struct FollowUps {
@@ -59,7 +60,7 @@ pub struct FollowUps {
     mask: usize,
     hasher: SipHasher13,
     allowance: u8,
-    ttl: Duration,
+    ttl_ms: u64,
     evicted: u64,
 }
 
@@ -71,6 +72,11 @@ impl std::fmt::Debug for FollowUps {
             .field("evicted", &self.evicted)
             .finish()
     }
+}
+
+/// The router's clock in ms (saturating: 584 million years).
+fn millis(t: Duration) -> u64 {
+    u64::try_from(t.as_millis()).unwrap_or(u64::MAX)
 }
 
 fn octets(ip: IpAddr) -> [u8; 16] {
@@ -96,7 +102,7 @@ impl FollowUps {
             mask: n - 1,
             hasher: SipHasher13::new_with_key(&hash_key),
             allowance,
-            ttl,
+            ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
             evicted: 0,
         }
     }
@@ -122,8 +128,8 @@ impl FollowUps {
     }
 
     #[inline]
-    fn live(&self, s: &Slot, now: Duration) -> bool {
-        s.left > 0 && now.saturating_sub(s.at) < self.ttl
+    fn live(&self, s: &Slot, now_ms: u64) -> bool {
+        s.left > 0 && now_ms.saturating_sub(s.at_ms) < self.ttl_ms
     }
 
     /// `client` had an Initial admitted and placed on `server` at `now`: it gets (back)
@@ -132,7 +138,7 @@ impl FollowUps {
         if self.allowance == 0 {
             return;
         }
-        let (ip, port) = (octets(client.ip()), client.port());
+        let (ip, port, now_ms) = (octets(client.ip()), client.port(), millis(now));
         let home = self.home(&ip, port, server.0);
         let mut free = None;
         let mut oldest = home;
@@ -143,10 +149,10 @@ impl FollowUps {
                 free = Some(i);
                 break;
             }
-            if free.is_none() && !self.live(s, now) {
+            if free.is_none() && !self.live(s, now_ms) {
                 free = Some(i);
             }
-            if s.at < self.slots[oldest].at {
+            if s.at_ms < self.slots[oldest].at_ms {
                 oldest = i;
             }
         }
@@ -154,18 +160,18 @@ impl FollowUps {
             self.evicted += 1;
             oldest
         });
-        self.slots[i] = Slot { ip, port, server: server.0, left: self.allowance, at: now };
+        self.slots[i] = Slot { ip, port, server: server.0, left: self.allowance, at_ms: now_ms };
     }
 
     /// Spends one Initial of `client`'s allowance for `server` if it has one left at
     /// `now`.
     pub fn take(&mut self, client: SocketAddr, server: ServerId, now: Duration) -> bool {
-        let (ip, port) = (octets(client.ip()), client.port());
+        let (ip, port, now_ms) = (octets(client.ip()), client.port(), millis(now));
         let home = self.home(&ip, port, server.0);
         for k in 0..WINDOW {
             let i = (home + k) & self.mask;
             let s = &self.slots[i];
-            if s.ip == ip && s.port == port && s.server == server.0 && self.live(s, now) {
+            if s.ip == ip && s.port == port && s.server == server.0 && self.live(s, now_ms) {
                 self.slots[i].left -= 1;
                 return true;
             }
@@ -228,6 +234,12 @@ mod tests {
         assert_eq!(f.evicted(), 1, "the spent slot of port 99 was free");
         f.grant(a("198.51.100.1:101"), ServerId(1), t + Duration::from_secs(11));
         assert_eq!(f.evicted(), 1, "everything else had expired");
+    }
+
+    /// 32 bytes a slot: 2 MiB per shard at the default pin capacity (65 536).
+    #[test]
+    fn a_slot_is_32_bytes() {
+        assert_eq!(std::mem::size_of::<Slot>(), 32);
     }
 
     #[test]
