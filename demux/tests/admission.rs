@@ -110,10 +110,12 @@ fn retries(sock: &UdpSocket, want: usize, within: Duration) -> Vec<(Vec<u8>, Vec
 /// Issue item 3, the attack: an over-limit source collects Retry SCIDs (each decodes
 /// to a live instance) and sends token-less ClientHello Initials with them as DCID —
 /// before the fix each went to its owner as `Owner`, past the rate limit, the
-/// handshake cap and Retry. Now each is counted as `owner_unvalidated`, goes through
-/// admission and is answered with an over-limit Retry; none is forwarded as Owner.
-/// The same DCID with the Retry's token, or an ACK-only Initial (a client after the
-/// server's first flight), still goes to its owner.
+/// handshake cap and Retry. Now each is counted as `owner_initial.placed`, goes
+/// through admission and is answered with an over-limit Retry; none is forwarded as
+/// Owner. The same DCID with the Retry's token (`owner_initial.token`), or an ACK-only
+/// Initial from this socket, which the data plane placed connections for
+/// (`owner_initial.follow_up`: a client after the server's first flight), still goes
+/// to its owner.
 #[test]
 fn copied_live_dcids_do_not_skip_admission() {
     let s = start("bypass", &[], 2, &[]);
@@ -156,17 +158,17 @@ fn copied_live_dcids_do_not_skip_admission() {
     let deadline = Instant::now() + Duration::from_secs(5);
     let mid = loop {
         let v = s.status();
-        if u(&v, "/owner_unvalidated") - u(&before, "/owner_unvalidated") >= sent || Instant::now() > deadline {
+        if u(&v, "/owner_initial/placed") - u(&before, "/owner_initial/placed") >= sent || Instant::now() > deadline {
             break v;
         }
         std::thread::sleep(Duration::from_millis(50));
     };
     let d = |p: &str| u(&mid, p) - u(&before, p);
     eprintln!(
-        "attack: {sent} sent; Owner +{}, owner_unvalidated +{}, Placed +{}, Pinned +{}, retry.sent_over_limit +{}, \
+        "attack: {sent} sent; Owner +{}, owner_initial.placed +{}, Placed +{}, Pinned +{}, retry.sent_over_limit +{}, \
          RateLimited +{}, retry.dropped +{}",
         d("/reasons/Owner"),
-        d("/owner_unvalidated"),
+        d("/owner_initial/placed"),
         d("/reasons/Placed"),
         d("/reasons/Pinned"),
         d("/retry/sent_over_limit"),
@@ -174,7 +176,7 @@ fn copied_live_dcids_do_not_skip_admission() {
         d("/retry/dropped"),
     );
     assert_eq!(d("/reasons/Owner"), 0, "a copied live DCID skipped admission: {mid}");
-    assert_eq!(d("/owner_unvalidated"), sent, "{mid}");
+    assert_eq!(d("/owner_initial/placed"), sent, "{mid}");
     // Over the limit (its rate is spent): answered with a Retry; the few the 10/s
     // refill admits are placed (and their DCID's later rounds follow the pin).
     let answered = d("/retry/sent_over_limit") + d("/retry/send_errors") + d("/retry/dropped");
@@ -187,14 +189,17 @@ fn copied_live_dcids_do_not_skip_admission() {
     let (scid, token) = &got[0];
     sock.send(&ch_initial(scid, token, 9)).expect("send");
     // An ACK-only Initial on a live DCID (what a client sends after the server's
-    // Initial, RFC 9000 §7.2) → Owner, no token needed.
+    // Initial, RFC 9000 §7.2) from this socket, whose Initials were placed on both
+    // instances → Owner as a follow-up, no token needed.
     let ack = proto::initial::build_client_initial(1, &got[1].0, &[0x5c; 8], &[], 1, &[2, 0, 0, 0, 0], 1200).unwrap();
     sock.send(&ack).expect("send");
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let v = s.status();
         if u(&v, "/reasons/Owner") - u(&mid, "/reasons/Owner") >= 2 {
-            assert_eq!(u(&v, "/owner_unvalidated"), u(&mid, "/owner_unvalidated"), "{v}");
+            assert_eq!(u(&v, "/owner_initial/placed"), u(&mid, "/owner_initial/placed"), "{v}");
+            assert_eq!(u(&v, "/owner_initial/token") - u(&mid, "/owner_initial/token"), 1, "{v}");
+            assert_eq!(u(&v, "/owner_initial/follow_up") - u(&mid, "/owner_initial/follow_up"), 1, "{v}");
             break;
         }
         assert!(Instant::now() < deadline, "valid token / ACK-only Initial not routed as Owner: {v}");

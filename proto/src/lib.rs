@@ -15,7 +15,7 @@
 //! - [`route`]: the ADR 0001 routing table as a function of datagram and snapshot.
 //! - [`pin`]: the fixed-capacity 10 s placement pin table.
 //! - [`rendezvous`]: keyed highest-random-weight hashing.
-//! - [`limits`]: per-source limits in fixed memory (GCRA and count-min lanes sketches).
+//! - [`limits`]: per-source limits in fixed memory (GCRA and count-min lanes sketches), and the rule for client Initials on a live DCID.
 //! - [`retry`]: Retry packets and their integrity tag (RFC 9000 §17.2.5, RFC 9001 §5.8); the Retry minter.
 //! - [`version_negotiation`]: Version Negotiation packets (RFC 9000 §17.2.1) for versions the workers do not speak.
 //! - [`keyfile`]: the shared-secrets file of the state directory.
@@ -48,4 +48,4 @@ pub use cid::{Decoded, Generation, KeySet, Prf, ServerId, Unroutable, CID_LEN};
 pub use decode_cache::{DecodeCache, Decoder, Uncached};
 pub use header::{Header, HeaderError, LongHeader, LongType};
 pub use pin::PinTable;
-pub use route::{Admission, Decision, InstanceInfo, NoAdmission, Reason, Router, Table, TrainRun};
+pub use route::{Admission, Decision, InstanceInfo, NoAdmission, OwnerInitial, Reason, Router, Table, TrainRun};

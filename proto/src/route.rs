@@ -244,19 +244,17 @@ pub trait Admission {
     /// evicted, retargeted, or never stored): called exactly once per payload other
     /// than [`crate::pin::NO_PAYLOAD`].
     fn release(&mut self, payload: u32);
-    /// A client Initial whose DCID decodes to live instance `owner`: may it go there
-    /// as `Owner`? `false` sends it on like any client-chosen DCID (pin, placement,
-    /// [`Admission::admit`], Retry). `datagram` is the whole datagram, or a uniform
-    /// GRO train of `stride`-byte segments when `stride > 0` (routed as one: the answer
-    /// covers every segment); empty from [`Router::route_header`]. Default `true`:
-    /// plain ADR 0001 routing.
+    /// A client Initial whose DCID decodes to live instance `owner`: does it go there
+    /// as `Owner`, is it placed like a client-chosen DCID (pin, placement,
+    /// [`Admission::admit`], Retry), or dropped? `datagram` is the whole datagram, or
+    /// a uniform GRO train of `stride`-byte segments when `stride > 0` (routed as one:
+    /// the answer covers every segment); empty from [`Router::route_header`]. Default
+    /// [`OwnerInitial::Owner`]: plain ADR 0001 routing.
     ///
     /// A DCID that decodes is no proof of anything: a CID of the sender's own
-    /// connection or a Retry's SCID is one anybody can copy.
-    /// The data plane's answer ([`crate::token`], [`crate::initial`]): yes when the
-    /// token validates for the client's address, else yes only when the datagram does
-    /// not start a connection (a client's Initial after the server's first flight,
-    /// RFC 9000 §7.2).
+    /// connection or a Retry's SCID is one anybody can copy. The data plane's answer:
+    /// [`crate::limits::owner_initial`] (docs/adr/0003-demux-retry.md "Initials on
+    /// live DCIDs").
     #[inline]
     fn owner_initial(
         &mut self,
@@ -265,9 +263,21 @@ pub trait Admission {
         _stride: usize,
         _table: &Table,
         _owner: usize,
-    ) -> bool {
-        true
+    ) -> OwnerInitial<Self::Refusal> {
+        OwnerInitial::Owner
     }
+}
+
+/// The admission's answer for a client Initial whose DCID decodes to a live instance
+/// ([`Admission::owner_initial`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnerInitial<R> {
+    /// To its owner, as `Owner`.
+    Owner,
+    /// Placed like a client-chosen DCID: pinned, or placed through [`Admission::admit`].
+    Place,
+    /// Dropped with the admission's refusal: nothing forwarded, nothing pinned.
+    Refuse(R),
 }
 
 /// Admits everything with no payload: plain ADR 0001 routing.
@@ -297,7 +307,14 @@ impl<A: Admission + ?Sized> Admission for &mut A {
         (**self).release(payload)
     }
     #[inline]
-    fn owner_initial(&mut self, h: &LongHeader<'_>, d: &[u8], stride: usize, t: &Table, owner: usize) -> bool {
+    fn owner_initial(
+        &mut self,
+        h: &LongHeader<'_>,
+        d: &[u8],
+        stride: usize,
+        t: &Table,
+        owner: usize,
+    ) -> OwnerInitial<Self::Refusal> {
         (**self).owner_initial(h, d, stride, t, owner)
     }
 }
@@ -406,10 +423,16 @@ impl<'r, A: Admission, D: Decoder> Router<'r, A, D> {
                 let owner = table.owner(l.dcid, decoder);
                 if let Owner::Live(i) = owner {
                     // An Initial's DCID proves nothing by itself (it may be copied):
-                    // the admission decides whether it goes to its owner or is placed
-                    // like a client-chosen DCID (Admission::owner_initial).
-                    if l.ty != LongType::Initial || admission.owner_initial(l, datagram, stride, table, i) {
-                        return Ok(Decision { reason: Reason::Owner, target: Some(i) });
+                    // the admission decides whether it goes to its owner, is placed
+                    // like a client-chosen DCID, or is dropped (Admission::owner_initial).
+                    let to_owner = Ok(Decision { reason: Reason::Owner, target: Some(i) });
+                    if l.ty != LongType::Initial {
+                        return to_owner;
+                    }
+                    match admission.owner_initial(l, datagram, stride, table, i) {
+                        OwnerInitial::Owner => return to_owner,
+                        OwnerInitial::Refuse(r) => return Err(r),
+                        OwnerInitial::Place => {}
                     }
                 }
                 match l.ty {
@@ -434,9 +457,9 @@ impl<'r, A: Admission, D: Decoder> Router<'r, A, D> {
     /// whole; otherwise each segment is routed by itself and consecutive segments with
     /// the same decision are merged. `out` receives the runs in order, each with the
     /// admission's refusal if it had one: then
-    /// `decision == Decision { reason: Placed, target: None }` (it would have been
-    /// placed; it is dropped, nothing was pinned). A uniform train is admitted once,
-    /// as it is routed once. An empty train has no runs.
+    /// `decision == Decision { reason: Placed, target: None }` (the admission dropped
+    /// it, before placement or on its way to its owner; nothing was pinned). A uniform
+    /// train is admitted once, as it is routed once. An empty train has no runs.
     pub fn route_train(&mut self, train: &[u8], stride: usize, mut out: impl FnMut(TrainRun, Option<A::Refusal>)) {
         if train.is_empty() {
             return;

@@ -215,29 +215,42 @@ impl TokenKey {
     }
 }
 
-/// The data plane's rule for a client Initial whose DCID decodes to a live id
-/// ([`crate::route::Admission::owner_initial`]): it goes to that owner when its token
-/// is valid for `client` (a Retry or NEW_TOKEN validated the address, RFC 9000 §8.1),
-/// or when no segment of it starts a connection ([`crate::initial::starts_connection`]:
-/// a client's Initial after the server's first flight, RFC 9000 §7.2, or one the
-/// owner's quinn drops anyway). Otherwise — a token-less or invalid-token ClientHello
-/// on a copied CID — it is placed and admitted like any new Initial.
-///
-/// Only such Initials pay: a token check (when there is a token) and, unless it
-/// validated, opening the Initial(s) of each segment.
-pub fn owner_initial_allowed(
-    key: &TokenKey,
+/// What a client Initial whose DCID decodes to a live id proves by itself, before the
+/// data plane's state and limits have a say (proto::limits::owner_initial, docs/adr/0003).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnerInitialProof {
+    /// Its token is valid for the client: a Retry or NEW_TOKEN validated the address
+    /// (RFC 9000 §8.1).
+    Token,
+    /// No valid token, and some segment starts a connection
+    /// ([`crate::initial::starts_connection`]): a ClientHello on a copied CID.
+    StartsConnection,
+    /// Neither: garbage, CRYPTO past offset 0, an ACK — a client's Initial after the
+    /// server's first flight (RFC 9000 §7.2) and an attacker's look the same here.
+    None,
+}
+
+/// Classifies a client Initial on a live DCID by its bytes alone. `datagram` is the
+/// whole datagram, or a uniform GRO train of `stride`-byte segments (`stride > 0`).
+/// Pays a token check when there is a token and, unless it validated, opening the
+/// Initial(s) of each segment.
+pub fn owner_initial_proof(
+    key: Option<&TokenKey>,
     h: &crate::header::LongHeader<'_>,
     datagram: &[u8],
     stride: usize,
     client: SocketAddr,
     now_unix: u64,
-) -> bool {
-    if !h.token.is_empty() && key.check(h.token, client, now_unix).is_valid() {
-        return true;
+) -> OwnerInitialProof {
+    if !h.token.is_empty() && key.is_some_and(|k| k.check(h.token, client, now_unix).is_valid()) {
+        return OwnerInitialProof::Token;
     }
     let stride = if stride == 0 { datagram.len().max(1) } else { stride };
-    !datagram.chunks(stride).any(|seg| crate::initial::starts_connection(seg) == Some(true))
+    if datagram.chunks(stride).any(|seg| crate::initial::starts_connection(seg) == Some(true)) {
+        OwnerInitialProof::StartsConnection
+    } else {
+        OwnerInitialProof::None
+    }
 }
 
 /// Appends to a fixed buffer; `None` once it is full.

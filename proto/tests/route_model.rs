@@ -942,195 +942,646 @@ fn mixed_train_is_routed_per_segment_and_merged() {
 }
 
 // ---------------------------------------------------------------------------------
-// Initials on a DCID that decodes to a live id: a copied
-// CID is no proof; only a token the data plane validates, or a datagram that does
-// not start a connection (a client's Initial after the server's first flight, RFC
-// 9000 §7.2), goes to the owner. The rest is placed and admitted like any new one.
+// Initials on a DCID that decodes to a live id (docs/adr/0003-demux-retry.md
+// "Initials on live DCIDs"). The model, written from the ADR's rule: in order,
+// 1. a token valid for the client → Owner;
+// 2. some packet opens with CRYPTO at offset 0 (a ClientHello) → placed and admitted
+//    like any client-chosen DCID;
+// 3. the 4-tuple was placed (admitted) on the owner's server id within the follow-up
+//    lifetime and has allowance left → Owner, one spent;
+// 4. else: owner under pressure → dropped; Retry on → dropped; the client holds its
+//    cap of tickets → dropped; its rate (GCRA) spent → dropped; else charged, Owner.
+// Placement (the data plane's composition): pinned → Pinned; token-less and the
+// winner under pressure → refused; token-less and Retry on → refused; the cap
+// (tickets held by unswept pins); the rate; then Placed, pinned with a ticket, and the
+// 4-tuple gets its follow-ups.
 // ---------------------------------------------------------------------------------
 
 mod live_dcid_initials {
     use super::*;
+    use proptest::prelude::*;
     use proto::header::{LongHeader, VERSION_1};
     use proto::initial::build_client_initial;
-    use proto::pin::NO_PAYLOAD;
-    use proto::route::Admission;
-    use proto::token::{owner_initial_allowed, TokenKey, RETRY_LIFETIME};
-    use std::net::SocketAddr;
+    use proto::limits::owner_initial::{decide, Outcome, OwnerInitialQuery, UnprovenLimits};
+    use proto::limits::{ClientKey, ConcurrencySketch, FollowUps, Gcra, RateSketch, Ticket, FOLLOW_UP_TTL};
+    use proto::route::{Admission, OwnerInitial};
+    use proto::token::TokenKey;
+    use std::collections::HashMap;
+    use std::net::{IpAddr, SocketAddr};
 
-    /// The data plane's hook (proto::token::owner_initial_allowed) plus a recording,
-    /// optionally refusing, admit.
-    struct Gate {
-        key: TokenKey,
-        client: SocketAddr,
-        now_unix: u64,
-        refuse: bool,
-        admitted: Vec<usize>,
-        asked: usize,
-    }
-    impl Admission for Gate {
-        type Refusal = ();
-        fn admit(&mut self, _: &LongHeader<'_>, _: usize, _: &Table, target: usize) -> Result<u32, ()> {
-            self.admitted.push(target);
-            if self.refuse {
-                Err(())
-            } else {
-                Ok(NO_PAYLOAD)
-            }
-        }
-        fn release(&mut self, _: u32) {}
-        fn owner_initial(&mut self, h: &LongHeader<'_>, d: &[u8], stride: usize, _: &Table, _: usize) -> bool {
-            self.asked += 1;
-            owner_initial_allowed(&self.key, h, d, stride, self.client, self.now_unix)
-        }
+    const NOW_UNIX: u64 = 1_800_000_000;
+    const TOKEN_SECRET: [u8; 32] = [9; 32];
+    /// Three client addresses (the limits' clients), two ports each (the 4-tuples
+    /// follow-ups belong to). The sketches' hash key is fixed and these addresses share
+    /// no lane in either sketch (checked in `sketches`), so both are exact here.
+    const IPS: [[u8; 4]; 3] = [[192, 0, 2, 1], [192, 0, 2, 2], [198, 51, 100, 7]];
+    const CLIENTS: usize = 6;
+    const SKETCH_KEY: [u8; 16] = [0x5e; 16];
+    const SKETCH_WORDS: usize = 1024;
+    /// The live instances (all placeable); an Initial for instance index 3 carries a
+    /// CID of id 99, which decodes but is not live.
+    const IDS: [u16; 4] = [10, 11, 12, 99];
+
+    fn client(i: usize) -> SocketAddr {
+        SocketAddr::new(IpAddr::from(IPS[i / 2]), 4000 + (i % 2) as u16)
     }
 
-    #[derive(Clone, Copy, Debug, PartialEq)]
-    enum Tok {
-        None,
-        Retry,
-        RetryOtherPort,
-        RetryExpired,
-        RetryOtherKey,
-        Validation,
-        ValidationOtherIp,
-        Garbage,
+    #[derive(Clone, Copy, Debug)]
+    struct Config {
+        burst: u32,
+        per_second: u32,
+        cap: u16,
+        allowance: u8,
     }
-    const TOKS: [Tok; 8] = [
-        Tok::None,
-        Tok::Retry,
-        Tok::RetryOtherPort,
-        Tok::RetryExpired,
-        Tok::RetryOtherKey,
-        Tok::Validation,
-        Tok::ValidationOtherIp,
-        Tok::Garbage,
-    ];
-    #[derive(Clone, Copy, Debug, PartialEq)]
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     enum Body {
-        /// A ClientHello's first CRYPTO frame: starts a connection.
-        ClientHello,
-        /// ACK only: the client's Initial after the server's first flight.
+        /// Does not open under its DCID's keys.
+        Garbage,
+        /// CRYPTO at offset 1: opens, does not start a connection.
+        CryptoAt1,
+        /// ACK only (the client's Initial after the server's first flight).
         Ack,
+        /// A ClientHello's first CRYPTO frame.
+        ClientHello,
         /// A second ClientHello after HelloRetryRequest: CRYPTO past offset 0.
         CryptoLater,
         /// A PING Initial with a ClientHello Initial coalesced after it.
         PingThenClientHello,
     }
-    const BODIES: [Body; 4] = [Body::ClientHello, Body::Ack, Body::CryptoLater, Body::PingThenClientHello];
+    const BODIES: [Body; 6] =
+        [Body::Garbage, Body::CryptoAt1, Body::Ack, Body::ClientHello, Body::CryptoLater, Body::PingThenClientHello];
 
-    const NOW: u64 = 1_800_000_000;
+    impl Body {
+        fn starts(self) -> bool {
+            matches!(self, Body::ClientHello | Body::PingThenClientHello)
+        }
+    }
 
-    fn token(t: Tok, key: &TokenKey, client: SocketAddr, rng: &mut Rng) -> Vec<u8> {
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Tok {
+        None,
+        Retry,
+        Validation,
+        RetryOtherPort,
+        Garbage,
+    }
+    const TOKS: [Tok; 5] = [Tok::None, Tok::Retry, Tok::Validation, Tok::RetryOtherPort, Tok::Garbage];
+
+    #[derive(Clone, Debug)]
+    enum Event {
+        Advance(u16),
+        /// A new connection's first Initial (a ClientHello) on a fresh client-chosen DCID.
+        Connect {
+            client: usize,
+            dcid: u64,
+            tok: Tok,
+        },
+        /// Initials with one CID of instance `instance` (seed `cid`): one datagram of
+        /// `bodies[0]` (`short`: 1100 bytes), or a uniform GRO train of 1200-byte ones.
+        Owner {
+            client: usize,
+            instance: usize,
+            cid: u8,
+            bodies: Vec<Body>,
+            tok: Tok,
+            short: bool,
+        },
+        Pressure(usize, bool),
+        Retrying(bool),
+    }
+
+    fn token(t: Tok, key: &TokenKey, client: SocketAddr, now_unix: u64, seed: u64) -> Vec<u8> {
         let mut nonce = [0u8; 16];
-        rng.fill(&mut nonce);
+        nonce[..8].copy_from_slice(&seed.to_le_bytes());
         let other_port = SocketAddr::new(client.ip(), client.port() ^ 1);
-        let other_ip: SocketAddr = "198.51.100.9:443".parse().unwrap();
-        let odcid = rng.bytes(8);
         match t {
             Tok::None => vec![],
-            Tok::Retry => key.seal(client, Some(&odcid), NOW - 3, nonce).unwrap(),
-            Tok::RetryOtherPort => key.seal(other_port, Some(&odcid), NOW, nonce).unwrap(),
-            Tok::RetryExpired => key.seal(client, Some(&odcid), NOW - RETRY_LIFETIME - 1, nonce).unwrap(),
-            Tok::RetryOtherKey => TokenKey::new(&[0x55; 32]).seal(client, Some(&odcid), NOW, nonce).unwrap(),
-            Tok::Validation => key.seal(client, None, NOW - 86_400, nonce).unwrap(),
-            Tok::ValidationOtherIp => key.seal(other_ip, None, NOW, nonce).unwrap(),
-            Tok::Garbage => {
-                let n = rng.range(1, 90);
-                rng.bytes(n)
+            Tok::Retry => key.seal(client, Some(&seed.to_be_bytes()), now_unix, nonce).unwrap(),
+            Tok::Validation => key.seal(client, None, now_unix, nonce).unwrap(),
+            Tok::RetryOtherPort => key.seal(other_port, Some(&[1; 8]), now_unix, nonce).unwrap(),
+            Tok::Garbage => seed.to_le_bytes().repeat(1 + (seed % 7) as usize),
+        }
+    }
+
+    /// One client Initial datagram of exactly `len` bytes.
+    fn datagram(b: Body, dcid: &[u8], tok: &[u8], len: usize) -> Vec<u8> {
+        let ch = [6, 0, 4, 1, 0, 0, 0];
+        let i = |pn, f: &[u8], min| build_client_initial(VERSION_1, dcid, &[7; 8], tok, pn, f, min).unwrap();
+        let d = match b {
+            Body::Garbage => {
+                let mut d = i(1, &[6, 1, 2, 0xaa, 0xbb], len);
+                let n = d.len();
+                d[n - 20] ^= 0x40;
+                d
+            }
+            Body::CryptoAt1 => i(1, &[6, 1, 2, 0xaa, 0xbb], len),
+            Body::Ack => i(1, &[2, 0, 0, 0, 0], len),
+            Body::ClientHello => i(0, &ch, len),
+            Body::CryptoLater => i(1, &[6, 0x41, 0x20, 2, 0xaa, 0xbb], len),
+            Body::PingThenClientHello => {
+                let ping = i(0, &[1], 0);
+                let rest = i(1, &ch, len - ping.len());
+                [ping, rest].concat()
+            }
+        };
+        assert_eq!(d.len(), len);
+        d
+    }
+
+    // -----------------------------------------------------------------------------
+    // The code under test: proto::Router with proto::limits::owner_initial::decide,
+    // proto::limits::FollowUps and the sketches, composed as the data plane composes
+    // them (demux/src/dataplane/{pressure,limits}.rs).
+    // -----------------------------------------------------------------------------
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Refused {
+        Owner(Outcome),
+        Pressure,
+        Retry,
+        Cap,
+        Rate,
+    }
+
+    struct Code {
+        table: Table,
+        pins: PinTable,
+        follow_ups: FollowUps,
+        rate: RateSketch,
+        conc: ConcurrencySketch,
+        cap: u16,
+        key: TokenKey,
+    }
+
+    struct Gate<'a> {
+        follow_ups: &'a mut FollowUps,
+        rate: &'a RateSketch,
+        conc: &'a ConcurrencySketch,
+        cap: u16,
+        key: &'a TokenKey,
+        client: SocketAddr,
+        now: Duration,
+        pressure: &'a [bool; 3],
+        retrying: bool,
+        outcomes: Vec<Outcome>,
+    }
+
+    struct Unproven<'a> {
+        rate: &'a RateSketch,
+        conc: &'a ConcurrencySketch,
+        cap: u16,
+        client: SocketAddr,
+        ms: u64,
+        pressure: &'a [bool; 3],
+        retrying: bool,
+    }
+
+    impl UnprovenLimits for Unproven<'_> {
+        fn pressured(&self, owner: usize) -> bool {
+            self.pressure[owner]
+        }
+        fn retrying(&mut self) -> bool {
+            self.retrying
+        }
+        fn handshakes_full(&self) -> bool {
+            self.conc.full(ClientKey::from(self.client), self.cap)
+        }
+        fn charge_rate(&mut self) -> bool {
+            self.rate.try_admit(ClientKey::from(self.client), self.ms)
+        }
+    }
+
+    impl Admission for Gate<'_> {
+        type Refusal = Refused;
+        fn admit(&mut self, h: &LongHeader<'_>, _: usize, table: &Table, target: usize) -> Result<u32, Refused> {
+            let token_less = h.ty == LongType::Initial && h.token.is_empty();
+            if token_less && self.pressure[target] {
+                return Err(Refused::Pressure);
+            }
+            if token_less && self.retrying {
+                return Err(Refused::Retry);
+            }
+            let key = ClientKey::from(self.client);
+            let t = self.conc.try_acquire(key, self.cap).ok_or(Refused::Cap)?;
+            if !self.rate.try_admit(key, self.now.as_millis() as u64) {
+                self.conc.release(t);
+                return Err(Refused::Rate);
+            }
+            self.follow_ups.grant(self.client, table.instance(target).unwrap().server_id, self.now);
+            Ok(t.to_raw())
+        }
+        fn release(&mut self, p: u32) {
+            self.conc.release(Ticket::from_raw(p).unwrap());
+        }
+        fn owner_initial(
+            &mut self,
+            h: &LongHeader<'_>,
+            datagram: &[u8],
+            stride: usize,
+            table: &Table,
+            owner: usize,
+        ) -> OwnerInitial<Refused> {
+            let q = OwnerInitialQuery {
+                header: h,
+                datagram,
+                stride,
+                client: self.client,
+                owner,
+                owner_id: table.instance(owner).unwrap().server_id,
+                now: self.now,
+                now_unix: NOW_UNIX + self.now.as_secs(),
+            };
+            let mut limits = Unproven {
+                rate: self.rate,
+                conc: self.conc,
+                cap: self.cap,
+                client: self.client,
+                ms: self.now.as_millis() as u64,
+                pressure: self.pressure,
+                retrying: self.retrying,
+            };
+            let o = decide(Some(self.key), self.follow_ups, &q, &mut limits);
+            self.outcomes.push(o);
+            match o {
+                Outcome::Placed => OwnerInitial::Place,
+                o if o.to_owner() => OwnerInitial::Owner,
+                o => OwnerInitial::Refuse(Refused::Owner(o)),
             }
         }
     }
 
-    fn datagram(b: Body, dcid: &[u8], tok: &[u8]) -> Vec<u8> {
-        let ch = [6, 0, 4, 1, 0, 0, 0];
-        let i = |pn, f: &[u8], min| build_client_initial(VERSION_1, dcid, &[7; 8], tok, pn, f, min).unwrap();
-        match b {
-            Body::ClientHello => i(0, &ch, 1200),
-            Body::Ack => i(1, &[2, 0, 0, 0, 0], 1200),
-            Body::CryptoLater => i(1, &[6, 0x41, 0x20, 2, 0xaa, 0xbb], 1200),
-            Body::PingThenClientHello => [i(0, &[1], 0), i(1, &ch, 1200)].concat(),
+    fn sketches(cfg: Config) -> (RateSketch, ConcurrencySketch) {
+        let gcra = Gcra::per_second(cfg.per_second, cfg.burst, 1000).unwrap();
+        let rate = RateSketch::new(SKETCH_WORDS, SKETCH_KEY, gcra, 0);
+        let conc = ConcurrencySketch::new(SKETCH_WORDS, SKETCH_KEY);
+        // No two clients share a lane: each sketch counts each client exactly.
+        for (i, a) in IPS.iter().enumerate() {
+            for b in &IPS[i + 1..] {
+                let (ka, kb) = (ClientKey::from(IpAddr::from(*a)), ClientKey::from(IpAddr::from(*b)));
+                for (wa, pa, wb, pb) in [
+                    (rate.locate(ka).0, rate.locate(ka).1, rate.locate(kb).0, rate.locate(kb).1),
+                    (conc.locate(ka).0, conc.locate(ka).1, conc.locate(kb).0, conc.locate(kb).1),
+                ] {
+                    let (a1, a2) = pa.lanes();
+                    let (b1, b2) = pb.lanes();
+                    assert!(wa != wb || ![b1, b2].iter().any(|l| *l == a1 || *l == a2), "{a:?} and {b:?} share a lane");
+                }
+            }
         }
+        (rate, conc)
     }
 
-    /// Written from the rule, not from route.rs: Owner iff the DCID decodes to a live
-    /// id and (the token is valid for this client, or nothing in the datagram starts a
-    /// connection); otherwise admitted once for the rendezvous winner, then Placed or
-    /// refused.
-    #[test]
-    fn owner_needs_a_valid_token_or_no_client_hello() {
-        let ks = keys();
-        let t = table(&ks, &[(10, true), (11, true), (12, false), (13, true)]);
-        let model = Model {
-            live_keys: [None, None, None],
-            instances: t.instances().collect(),
-            rendezvous: Rendezvous::new([7; 16]),
-            pins: vec![],
-        };
-        let key = TokenKey::new(&[9; 32]);
-        let mut rng = Rng::new(0x0e7_10ad);
-        let mut seen = std::collections::HashMap::new();
-        for _ in 0..4_000 {
-            let client: SocketAddr = SocketAddr::new([192, 0, 2, rng.u8()].into(), rng.range(1, 65535) as u16);
-            let (tk, body) = (TOKS[rng.below(TOKS.len())], BODIES[rng.below(BODIES.len())]);
-            // Live (incl. the draining 12), or an id that is not in the table.
-            let id = [10u16, 11, 12, 13, 99][rng.below(5)];
-            let mut nonce = [0u8; 10];
-            rng.fill(&mut nonce);
-            let dcid = ks.encode(ServerId(id), &nonce);
-            let tok = token(tk, &key, client, &mut rng);
-            let d = datagram(body, &dcid, &tok);
-            let refuse = rng.chance(1, 3);
-            let mut gate =
-                Gate { key: TokenKey::new(&[9; 32]), client, now_unix: NOW, refuse, admitted: vec![], asked: 0 };
-            let mut pins = PinTable::new(16, [1; 16]);
-            let got = Router::new(&t, &mut pins, Duration::ZERO).with_admission(&mut gate).route(&d);
+    impl Code {
+        fn new(cfg: Config) -> Code {
+            let (rate, conc) = sketches(cfg);
+            Code {
+                table: table(&keys(), &[(IDS[0], true), (IDS[1], true), (IDS[2], true)]),
+                pins: PinTable::new(1 << 12, [4; 16]),
+                follow_ups: FollowUps::with_allowance(1 << 12, [6; 16], cfg.allowance, FOLLOW_UP_TTL),
+                rate,
+                conc,
+                cap: cfg.cap,
+                key: TokenKey::new(&TOKEN_SECRET),
+            }
+        }
 
-            let owner = model.instances.iter().position(|i| i.server_id == ServerId(id));
-            let valid = matches!(tk, Tok::Retry | Tok::Validation);
-            let starts = matches!(body, Body::ClientHello | Body::PingThenClientHello);
-            let winner = model.argmax(&dcid, true).unwrap();
-            let want = match owner {
-                Some(o) if valid || !starts => Ok(to(Reason::Owner, o)),
-                _ if refuse => Err(()),
-                _ => Ok(to(Reason::Placed, winner)),
+        /// Routes a datagram (`stride` 0) or a train; its one run, and the outcomes
+        /// the rule gave.
+        fn route(
+            &mut self,
+            d: &[u8],
+            stride: usize,
+            client: SocketAddr,
+            now: Duration,
+            pressure: &[bool; 3],
+            retrying: bool,
+        ) -> ((Decision, Option<Refused>, usize), Vec<Outcome>) {
+            let mut gate = Gate {
+                follow_ups: &mut self.follow_ups,
+                rate: &self.rate,
+                conc: &self.conc,
+                cap: self.cap,
+                key: &self.key,
+                client,
+                now,
+                pressure,
+                retrying,
+                outcomes: vec![],
             };
-            assert_eq!(got, want, "{tk:?} {body:?} id {id} refuse {refuse}");
-            let placed = !matches!(want, Ok(Decision { reason: Reason::Owner, .. }));
-            assert_eq!(gate.admitted, if placed { vec![winner] } else { vec![] }, "{tk:?} {body:?}");
-            assert_eq!(gate.asked, usize::from(owner.is_some()), "asked only for a live DCID");
-            *seen.entry((tk as u8, body as u8, owner.is_some())).or_insert(0) += 1;
+            let mut runs = vec![];
+            Router::new(&self.table, &mut self.pins, now).with_admission(&mut gate).route_train(
+                d,
+                stride,
+                |r, refused| runs.push((r.decision, refused, r.segments)),
+            );
+            assert_eq!(runs.len(), 1, "one DCID, one run");
+            (runs[0], gate.outcomes)
         }
-        // Every (token, body, live) combination was exercised.
-        assert_eq!(seen.len(), TOKS.len() * BODIES.len() * 2, "{seen:?}");
     }
 
-    /// The same rule for a uniform GRO train: one segment that starts a connection
-    /// sends the whole train to admission.
-    #[test]
-    fn uniform_train_with_one_client_hello_is_admitted() {
-        let ks = keys();
-        let t = table(&ks, &[(10, true), (11, true)]);
-        let dcid = ks.encode(ServerId(10), &[3; 10]);
-        let client: SocketAddr = "192.0.2.7:5000".parse().unwrap();
-        // The ACK-only segment's packet ends before the segment does (zero padding
-        // after it, as some clients send): the segments must be looked at one by one.
-        let mut ack = build_client_initial(VERSION_1, &dcid, &[7; 8], &[], 1, &[2, 0, 0, 0, 0], 1000).unwrap();
-        ack.resize(1200, 0);
-        let ch = datagram(Body::ClientHello, &dcid, &[]);
-        assert_eq!((ack.len(), ch.len()), (1200, 1200));
-        for (train, owner) in [([ack.clone(), ack.clone()].concat(), true), ([ack.clone(), ch].concat(), false)] {
-            let mut gate =
-                Gate { key: TokenKey::new(&[9; 32]), client, now_unix: NOW, refuse: true, admitted: vec![], asked: 0 };
-            let mut pins = PinTable::new(16, [1; 16]);
-            let mut runs = vec![];
-            Router::new(&t, &mut pins, Duration::ZERO).with_admission(&mut gate).route_train(
-                &train,
-                1200,
-                |r, refused| runs.push((r.decision.reason, r.segments, refused)),
-            );
-            let want = if owner { (Reason::Owner, 2, None) } else { (Reason::Placed, 2, Some(())) };
-            assert_eq!(runs, vec![want]);
+    // -----------------------------------------------------------------------------
+    // The model.
+    // -----------------------------------------------------------------------------
+
+    struct RuleModel {
+        base: Model,
+        cfg: Config,
+        /// ms between admissions (T) and tau = (burst − 1)·T.
+        interval: u64,
+        tau: u64,
+        /// GCRA theoretical arrival time per client address, in ms.
+        tat: HashMap<IpAddr, u64>,
+        /// Pins not yet swept: (DCID, server id, time, holder of its ticket).
+        pins: Vec<(Vec<u8>, ServerId, Duration, IpAddr)>,
+        /// (4-tuple, server id, granted at, allowance left).
+        follow: Vec<(SocketAddr, ServerId, Duration, u8)>,
+    }
+
+    /// What the model says of a datagram or train.
+    type Expect = (Result<Decision, Refused>, Option<Outcome>);
+
+    impl RuleModel {
+        fn new(cfg: Config) -> RuleModel {
+            let g = |n| Generation::new(n).unwrap();
+            let ks = keys();
+            let mut live_keys = [None, None, None];
+            for gen in [g(0), g(1)] {
+                live_keys[gen.get() as usize] = Some((ks.prf(gen).unwrap(), *ks.secret(gen).unwrap()));
+            }
+            let interval = (1000 / u64::from(cfg.per_second)).max(1);
+            RuleModel {
+                base: Model {
+                    live_keys,
+                    instances: (0..3).map(|i| InstanceInfo { server_id: ServerId(IDS[i]), placeable: true }).collect(),
+                    rendezvous: Rendezvous::new([7; 16]),
+                    pins: vec![],
+                },
+                cfg,
+                interval,
+                tau: (u64::from(cfg.burst) - 1) * interval,
+                tat: HashMap::new(),
+                pins: vec![],
+                follow: vec![],
+            }
         }
+
+        fn tickets(&self, ip: IpAddr) -> usize {
+            self.pins.iter().filter(|p| p.3 == ip).count()
+        }
+
+        fn gcra(&mut self, ip: IpAddr, ms: u64) -> bool {
+            let tat = self.tat.get(&ip).copied().unwrap_or(0);
+            let start = tat.max(ms);
+            if start - ms > self.tau {
+                return false;
+            }
+            self.tat.insert(ip, start + self.interval);
+            true
+        }
+
+        /// A client-chosen DCID (or a ClientHello on a copied one), placed.
+        #[allow(clippy::too_many_arguments)]
+        fn place(
+            &mut self,
+            dcid: &[u8],
+            c: SocketAddr,
+            token_less: bool,
+            len: usize,
+            now: Duration,
+            pressure: &[bool; 3],
+            retrying: bool,
+        ) -> Result<Decision, Refused> {
+            if len < MIN_INITIAL {
+                return Ok(dropped(Reason::NotQuic));
+            }
+            let live = |at: Duration| now.saturating_sub(at) < PIN_TTL;
+            if let Some(p) = self.pins.iter().find(|p| p.0 == dcid && live(p.2)) {
+                return Ok(to(Reason::Pinned, self.base.index_of(p.1).unwrap()));
+            }
+            let w = self.base.argmax(dcid, true).unwrap();
+            if token_less && pressure[w] {
+                return Err(Refused::Pressure);
+            }
+            if token_less && retrying {
+                return Err(Refused::Retry);
+            }
+            if self.tickets(c.ip()) >= usize::from(self.cfg.cap) {
+                return Err(Refused::Cap);
+            }
+            if !self.gcra(c.ip(), now.as_millis() as u64) {
+                return Err(Refused::Rate);
+            }
+            // Inserting sweeps expired pins (their tickets go back) first.
+            self.pins.retain(|p| live(p.2));
+            let id = ServerId(IDS[w]);
+            self.pins.push((dcid.to_vec(), id, now, c.ip()));
+            if self.cfg.allowance > 0 {
+                self.follow.retain(|f| !(f.0 == c && f.1 == id));
+                self.follow.push((c, id, now, self.cfg.allowance));
+            }
+            Ok(to(Reason::Placed, w))
+        }
+
+        /// Initials with DCID `dcid` from `c`: `token_valid` / `token_less` / `starts`
+        /// are what the generator made them.
+        #[allow(clippy::too_many_arguments)]
+        fn route(
+            &mut self,
+            dcid: &[u8],
+            c: SocketAddr,
+            token_valid: bool,
+            token_less: bool,
+            starts: bool,
+            len: usize,
+            now: Duration,
+            pressure: &[bool; 3],
+            retrying: bool,
+        ) -> Expect {
+            let Some(i) = self.base.owner(dcid) else {
+                return (self.place(dcid, c, token_less, len, now, pressure, retrying), None);
+            };
+            if token_valid {
+                return (Ok(to(Reason::Owner, i)), Some(Outcome::Token));
+            }
+            if starts {
+                return (self.place(dcid, c, token_less, len, now, pressure, retrying), Some(Outcome::Placed));
+            }
+            let id = ServerId(IDS[i]);
+            if let Some(f) = self
+                .follow
+                .iter_mut()
+                .find(|f| f.0 == c && f.1 == id && f.3 > 0 && now.saturating_sub(f.2) < FOLLOW_UP_TTL)
+            {
+                f.3 -= 1;
+                return (Ok(to(Reason::Owner, i)), Some(Outcome::FollowUp));
+            }
+            let o = if pressure[i] {
+                Outcome::DroppedPressure
+            } else if retrying {
+                Outcome::DroppedRetry
+            } else if self.tickets(c.ip()) >= usize::from(self.cfg.cap) {
+                Outcome::HandshakeLimited
+            } else if !self.gcra(c.ip(), now.as_millis() as u64) {
+                Outcome::RateLimited
+            } else {
+                return (Ok(to(Reason::Owner, i)), Some(Outcome::Admitted));
+            };
+            (Err(Refused::Owner(o)), Some(o))
+        }
+    }
+
+    // -----------------------------------------------------------------------------
+    // Model and code, event by event.
+    // -----------------------------------------------------------------------------
+
+    /// Runs `events`; every decision must agree. The outcomes and placement refusals
+    /// seen, for coverage.
+    fn run(cfg: Config, events: &[Event]) -> HashMap<String, usize> {
+        let mut code = Code::new(cfg);
+        let mut model = RuleModel::new(cfg);
+        let ks = keys();
+        let mut now = Duration::ZERO;
+        let (mut pressure, mut retrying) = ([false; 3], false);
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for (n, e) in events.iter().enumerate() {
+            let now_unix = NOW_UNIX + now.as_secs();
+            let (d, stride, c, want) = match e {
+                Event::Advance(ms) => {
+                    now += Duration::from_millis(u64::from(*ms));
+                    continue;
+                }
+                Event::Pressure(i, on) => {
+                    pressure[*i] = *on;
+                    continue;
+                }
+                Event::Retrying(on) => {
+                    retrying = *on;
+                    continue;
+                }
+                Event::Connect { client: ci, dcid, tok } => {
+                    let c = client(*ci);
+                    let dcid = dcid.to_be_bytes();
+                    let t = token(*tok, &code.key, c, now_unix, *dcid.last().unwrap() as u64);
+                    let d = datagram(Body::ClientHello, &dcid, &t, 1200);
+                    let valid = matches!(tok, Tok::Retry | Tok::Validation);
+                    let want = model.route(&dcid, c, valid, t.is_empty(), true, 1200, now, &pressure, retrying);
+                    (d, 0, c, want)
+                }
+                Event::Owner { client: ci, instance, cid, bodies, tok, short } => {
+                    let c = client(*ci);
+                    let dcid = ks.encode(ServerId(IDS[*instance]), &[*cid; 10]);
+                    let t = token(*tok, &code.key, c, now_unix, u64::from(*cid) << 8 | n as u64);
+                    let valid = matches!(tok, Tok::Retry | Tok::Validation);
+                    let train = bodies.len() > 1;
+                    let len = if *short && !train { 1100 } else { 1200 };
+                    let d: Vec<u8> = bodies.iter().flat_map(|b| datagram(*b, &dcid, &t, len)).collect();
+                    let starts = bodies.iter().any(|b| b.starts());
+                    let want = model.route(&dcid, c, valid, t.is_empty(), starts, len, now, &pressure, retrying);
+                    (d, if train { len } else { 0 }, c, want)
+                }
+            };
+            let ((decision, refused, segments), outcomes) = code.route(&d, stride, c, now, &pressure, retrying);
+            let got = match refused {
+                Some(r) => Err(r),
+                None => Ok(decision),
+            };
+            assert_eq!((got, outcomes.first().copied()), want, "event {n}: {e:?} at {now:?}, {cfg:?}");
+            assert!(outcomes.len() <= 1, "decided once per datagram or train: {outcomes:?}");
+            assert_eq!(segments, d.len().checked_div(stride).unwrap_or(1));
+            if let Some(o) = want.1 {
+                *seen.entry(o.name().to_string()).or_default() += 1;
+            }
+            if let Err(r) = want.0 {
+                *seen.entry(format!("{r:?}")).or_default() += 1;
+            }
+        }
+        seen
+    }
+
+    fn config() -> impl Strategy<Value = Config> {
+        (1u32..=4, prop::sample::select(vec![1u32, 2, 10, 1000]), 0u16..=4, prop::sample::select(vec![0u8, 1, 2, 8]))
+            .prop_map(|(burst, per_second, cap, allowance)| Config { burst, per_second, cap, allowance })
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        let tok = prop::sample::select(TOKS.to_vec());
+        let body = prop::sample::select(BODIES.to_vec());
+        prop_oneof![
+            3 => (0u16..3000).prop_map(Event::Advance),
+            3 => (0..CLIENTS, 0u64..24, tok.clone()).prop_map(|(client, dcid, tok)| Event::Connect { client, dcid, tok }),
+            8 => (0..CLIENTS, 0..4usize, 0u8..6, body.clone(), tok.clone(), any::<bool>()).prop_map(
+                |(client, instance, cid, b, tok, short)| Event::Owner { client, instance, cid, bodies: vec![b], tok, short }
+            ),
+            2 => (0..CLIENTS, 0..3usize, 0u8..6, prop::collection::vec(body, 2..=3), tok).prop_map(
+                |(client, instance, cid, bodies, tok)| Event::Owner { client, instance, cid, bodies, tok, short: false }
+            ),
+            1 => (0..3usize, any::<bool>()).prop_map(|(i, on)| Event::Pressure(i, on)),
+            1 => prop::bool::weighted(0.3).prop_map(Event::Retrying),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// The rule and the placement around it, model against code, over random
+        /// configurations and event sequences.
+        #[test]
+        fn owner_initials_follow_the_rule(cfg in config(), events in prop::collection::vec(event(), 1..150)) {
+            run(cfg, &events);
+        }
+    }
+
+    /// Long deterministic runs with the default allowance: every outcome and every
+    /// placement refusal happens, many times (the proptest cannot say so of its
+    /// cases), and model and code agree throughout.
+    #[test]
+    fn every_outcome_is_exercised() {
+        let mut rng = common::rng::Rng::new(0x0e7_10ad);
+        let mut events = Vec::new();
+        for _ in 0..6_000 {
+            let e = match rng.below(18) {
+                0..=2 => Event::Advance(rng.below(4000) as u16),
+                3..=5 => {
+                    Event::Connect { client: rng.below(CLIENTS), dcid: rng.below(40) as u64, tok: *rng.pick(&TOKS) }
+                }
+                6..=14 => Event::Owner {
+                    client: rng.below(CLIENTS),
+                    instance: rng.below(4),
+                    cid: rng.below(6) as u8,
+                    bodies: vec![*rng.pick(&BODIES)],
+                    tok: *rng.pick(&TOKS),
+                    short: rng.chance(1, 8),
+                },
+                15 => Event::Owner {
+                    client: rng.below(CLIENTS),
+                    instance: rng.below(3),
+                    cid: rng.below(6) as u8,
+                    bodies: (0..rng.range(2, 3)).map(|_| *rng.pick(&BODIES)).collect(),
+                    tok: *rng.pick(&TOKS),
+                    short: false,
+                },
+                16 => Event::Pressure(rng.below(3), rng.chance(1, 3)),
+                _ => Event::Retrying(rng.chance(1, 4)),
+            };
+            events.push(e);
+        }
+        // One configuration where the rate binds first, one where the cap does (a
+        // client at its cap stays there until a placement sweeps its expired pins).
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for (burst, per_second, cap) in [(2, 5, 6), (2, 1, 3)] {
+            let cfg = Config { burst, per_second, cap, allowance: proto::limits::FOLLOW_UP_ALLOWANCE };
+            for (k, v) in run(cfg, &events) {
+                *seen.entry(k).or_default() += v;
+            }
+        }
+        for o in Outcome::ALL {
+            assert!(seen.get(o.name()).copied().unwrap_or(0) >= 20, "{}: {seen:?}", o.name());
+        }
+        for r in ["Pressure", "Retry", "Cap", "Rate"] {
+            assert!(seen.get(r).copied().unwrap_or(0) >= 20, "{r}: {seen:?}");
+        }
+        eprintln!("{seen:?}");
     }
 
     /// RFC 9001 Appendix A.2's client Initial (a ClientHello) starts a connection;
@@ -1148,7 +1599,32 @@ mod live_dcid_initials {
         let t = table(&ks, &[(10, true)]);
         let dcid = ks.encode(ServerId(10), &[3; 10]);
         let mut pins = PinTable::new(16, [1; 16]);
-        let d = datagram(Body::ClientHello, &dcid, &[]);
-        assert_eq!(route(&d, &t, &mut pins, Duration::ZERO), to(Reason::Owner, 0));
+        for b in BODIES {
+            let d = datagram(b, &dcid, &[], 1200);
+            assert_eq!(route(&d, &t, &mut pins, Duration::ZERO), to(Reason::Owner, 0));
+        }
+    }
+
+    /// A uniform GRO train of one DCID is decided once: one ClientHello among ACKs
+    /// sends the whole train to placement; the ACK-only segment's packet may end
+    /// before its segment does (zero padding after it, as some clients send).
+    #[test]
+    fn uniform_train_with_one_client_hello_is_placed() {
+        let cfg = Config { burst: 1, per_second: 1, cap: 4, allowance: 0 };
+        let ks = keys();
+        let dcid = ks.encode(ServerId(IDS[0]), &[3; 10]);
+        let c = client(0);
+        let mut ack = build_client_initial(VERSION_1, &dcid, &[7; 8], &[], 1, &[2, 0, 0, 0, 0], 1000).unwrap();
+        ack.resize(1200, 0);
+        let ch = datagram(Body::ClientHello, &dcid, &[], 1200);
+        let mut code = Code::new(cfg);
+        let now = Duration::from_secs(1);
+        let (run, outcomes) = code.route(&[ack.clone(), ack.clone()].concat(), 1200, c, now, &[false; 3], false);
+        assert_eq!((run, outcomes), ((to(Reason::Owner, 0), None, 2), vec![Outcome::Admitted]));
+        let (run, outcomes) = code.route(&[ack.clone(), ack].concat(), 1200, c, now, &[false; 3], false);
+        assert_eq!((run.1, outcomes), (Some(Refused::Owner(Outcome::RateLimited)), vec![Outcome::RateLimited]));
+        let (run, outcomes) =
+            code.route(&[datagram(Body::Ack, &dcid, &[], 1200), ch].concat(), 1200, c, now, &[false; 3], false);
+        assert_eq!((run.1, outcomes), (Some(Refused::Rate), vec![Outcome::Placed]));
     }
 }

@@ -9,6 +9,7 @@
 //! 24 KiB per shard) and reuses freed slots oldest-first, remembering a baseline so a
 //! reused slot reports only its new owner's traffic.
 
+use proto::limits::OwnerInitialOutcome;
 use proto::Reason;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -63,11 +64,11 @@ pub struct ShardCounters {
     /// Version Negotiations sent instead of a Retry: the Initial's version (QUIC v2)
     /// is not one the workers speak (crate::dataplane::retry::SPOKEN).
     pub version_negotiations_sent: AtomicU64,
-    /// Client Initials whose DCID decodes to a live id that were placed and admitted
-    /// instead of routed as Owner: no valid token, and they start a connection
-    /// (proto::token::owner_initial_allowed). Not a datagram count of its own: each
-    /// also counts where admission sent it.
-    pub owner_unvalidated: AtomicU64,
+    /// Client Initials whose DCID decodes to a live id, by outcome
+    /// ([`OwnerInitialOutcome::index`], proto::limits::owner_initial). `token`,
+    /// `follow_up` and `admitted` also count under `reasons.Owner`, `placed` where
+    /// placement sent it; the other outcomes are drops, counted only here.
+    pub owner_initial: [AtomicU64; OwnerInitialOutcome::COUNT],
     /// Handshake tickets given back early: the worker reported the handshake done
     /// (`HandshakeDone`, crate::dataplane::handshakes) while the pin still held it.
     pub tickets_released_done: AtomicU64,
@@ -111,7 +112,7 @@ impl ShardCounters {
             retries_sent: AtomicU64::new(0),
             retries_sent_over_limit: AtomicU64::new(0),
             version_negotiations_sent: AtomicU64::new(0),
-            owner_unvalidated: AtomicU64::new(0),
+            owner_initial: Default::default(),
             tickets_released_done: AtomicU64::new(0),
             retry_dropped: AtomicU64::new(0),
             held_for_rejoin: AtomicU64::new(0),

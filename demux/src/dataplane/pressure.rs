@@ -9,11 +9,14 @@
 //!   Minter; the client's next Initial carries a token and is admitted);
 //! - above `--pressure-drop-above`: dropped, counted (`refused.Overloaded`).
 //!
-//! Initials that carry a token, and everything else, pass unchanged.
+//! Initials that carry a token, and everything else, pass unchanged. A token-less
+//! Initial on a live DCID of a pressured instance that is neither a ClientHello nor a
+//! follow-up of a placement is dropped at either level (`owner_initial.dropped_pressure`;
+//! crate::dataplane::limits, proto::limits::owner_initial).
 
 use crate::dataplane::limits::Refusal;
 use proto::header::LongHeader;
-use proto::route::Admission;
+use proto::route::{Admission, OwnerInitial};
 use proto::Table;
 
 /// What a token-less Initial placed on the instance gets.
@@ -75,10 +78,18 @@ impl<A: Admission<Refusal = Refusal>> Admission for PressureAdmission<'_, A> {
         self.inner.release(payload);
     }
 
-    /// The inner admission decides whether an Initial on a live DCID may go to its
-    /// owner (token check): pressure must not make that check disappear.
+    /// The inner admission decides whether an Initial on a live DCID goes to its
+    /// owner (proto::limits::owner_initial); it applies the owner's pressure to the
+    /// unproven ones itself (crate::dataplane::limits::ShardAdmission::pressure).
     #[inline]
-    fn owner_initial(&mut self, h: &LongHeader<'_>, d: &[u8], stride: usize, t: &Table, owner: usize) -> bool {
+    fn owner_initial(
+        &mut self,
+        h: &LongHeader<'_>,
+        d: &[u8],
+        stride: usize,
+        t: &Table,
+        owner: usize,
+    ) -> OwnerInitial<Refusal> {
         self.inner.owner_initial(h, d, stride, t, owner)
     }
 }

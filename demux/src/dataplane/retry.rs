@@ -471,15 +471,17 @@ mod token_format {
         // The Retry SCID decodes to the target (the client's next DCID: Owner).
         assert_eq!(keys.decode(r.scid).map(|d| d.server_id), Ok(ServerId(3)));
         // And the client's post-Retry Initial (that token, DCID = the SCID) is one the
-        // data plane sends to its owner; without the token it would be admitted.
+        // data plane sends to its owner on its token; without it, it would be placed
+        // and admitted (proto::limits::owner_initial).
         let again =
             proto::initial::build_client_initial(1, r.scid, &[5; 8], r.token, 1, &[6, 0, 4, 1, 0, 0, 0], 1200).unwrap();
         let Ok(proto::Header::Long(h)) = proto::header::parse(&again, 12) else { panic!() };
-        assert!(proto::token::owner_initial_allowed(&key, &h, &again, 0, caddr, now));
+        use proto::token::{owner_initial_proof, OwnerInitialProof};
+        assert_eq!(owner_initial_proof(Some(&key), &h, &again, 0, caddr, now), OwnerInitialProof::Token);
         let bare =
             proto::initial::build_client_initial(1, r.scid, &[5; 8], &[], 1, &[6, 0, 4, 1, 0, 0, 0], 1200).unwrap();
         let Ok(proto::Header::Long(h)) = proto::header::parse(&bare, 12) else { panic!() };
-        assert!(!proto::token::owner_initial_allowed(&key, &h, &bare, 0, caddr, now));
+        assert_eq!(owner_initial_proof(Some(&key), &h, &bare, 0, caddr, now), OwnerInitialProof::StartsConnection);
     }
 }
 

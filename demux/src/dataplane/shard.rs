@@ -10,6 +10,7 @@ use crate::dataplane::pressure::PressureAdmission;
 use crate::dataplane::retry::{Minter, RetryGate};
 use crate::dataplane::snapshot::Snapshot;
 use crate::dataplane::socket::UdpSock;
+use proto::limits::FollowUps;
 use proto::wire::frame::FrameMeta;
 use proto::{PinTable, Reason};
 use std::net::SocketAddr;
@@ -49,6 +50,9 @@ pub struct SockInfo {
 
 pub struct Router {
     pins: PinTable,
+    /// Follow-up evidence of this shard's placements (proto::limits::follow_up),
+    /// one entry per placement at most: sized like the pin table.
+    follow_ups: FollowUps,
     cache: proto::DecodeCache,
     pub counters: Arc<ShardCounters>,
     pub fwd: Forwarder,
@@ -81,8 +85,11 @@ impl Router {
     pub fn new(setup: &ShardSetup) -> std::io::Result<Router> {
         let mut hash_key = [0u8; 16];
         sys::os_random(&mut hash_key)?;
+        let mut follow_up_key = [0u8; 16];
+        sys::os_random(&mut follow_up_key)?;
         Ok(Router {
             pins: PinTable::new(setup.pin_capacity, hash_key),
+            follow_ups: FollowUps::new(setup.pin_capacity, follow_up_key),
             cache: proto::DecodeCache::new(setup.decode_cache),
             counters: setup.counters.clone(),
             fwd: Forwarder::new(setup.index),
@@ -191,9 +198,12 @@ impl Router {
             limits: &self.limits,
             client,
             ms: self.ms,
+            now: self.now,
             unix: self.unix,
             retry: gate,
-            owner_unvalidated: 0,
+            follow_ups: &mut self.follow_ups,
+            pressure: &snap.pressure,
+            counters: c,
         };
         // Per-instance handshake pressure (crate::dataplane::pressure) comes first.
         let pressured = PressureAdmission { inner: &mut admission, pressure: &snap.pressure };
@@ -206,6 +216,9 @@ impl Router {
                 Some(Refusal::RateLimited) => return bump(&c.refused_rate, segs),
                 Some(Refusal::HandshakeLimited) => return bump(&c.refused_handshakes, segs),
                 Some(Refusal::Overloaded) => return bump(&c.refused_overloaded, segs),
+                // A client Initial on a live DCID dropped on its way to its owner:
+                // counted by the admission under owner_initial.<outcome>.
+                Some(Refusal::OwnerInitial(_)) => return,
                 // RFC 9000 §17.2.5: answered here with a Retry naming the instance it
                 // would have been placed on; not forwarded, nothing pinned. A train of
                 // one DCID's Initials gets one Retry (for its first segment).
@@ -278,9 +291,6 @@ impl Router {
                 }
             }
         });
-        if admission.owner_unvalidated > 0 {
-            bump(&c.owner_unvalidated, admission.owner_unvalidated);
-        }
     }
 
     /// End of a batch: one sendmmsg per destination, and one per socket for the

@@ -2,6 +2,7 @@
 //! `--control-socket`), as JSON, and its readable rendering for `demux lb-status`.
 
 use crate::dataplane::counters::{ShardCounters, SlotCounts};
+use proto::limits::OwnerInitialOutcome;
 use proto::wire::MAX_TEXT;
 use proto::Reason;
 use serde_json::{json, Map, Value};
@@ -69,7 +70,12 @@ fn shard_json(c: &ShardCounters) -> Map<String, Value> {
             "Overloaded": c.refused_overloaded.load(Relaxed),
         }),
     );
-    m.insert("owner_unvalidated".into(), json!(c.owner_unvalidated.load(Relaxed)));
+    // Client Initials on a live DCID, by outcome (proto::limits::owner_initial).
+    let mut owner = Map::new();
+    for o in OwnerInitialOutcome::ALL {
+        owner.insert(o.name().to_string(), json!(c.owner_initial[o.index()].load(Relaxed)));
+    }
+    m.insert("owner_initial".into(), Value::Object(owner));
     m.insert("tickets_released_done".into(), json!(c.tickets_released_done.load(Relaxed)));
     m.insert("held_for_rejoin".into(), json!(c.held_for_rejoin.load(Relaxed)));
     m.insert(
@@ -276,6 +282,11 @@ pub fn pretty(json_text: &str) -> Result<String, serde_json::Error> {
         g("/retry/dropped"),
         g("/retry/send_errors")
     );
+    s += "owner initials (live DCID):";
+    for o in OwnerInitialOutcome::ALL {
+        s += &format!("  {} {}", o.name(), g(&format!("/owner_initial/{}", o.name())));
+    }
+    s += "\n";
     s += &format!("socket drops (kernel, before a shard read them) {}\n", g("/socket_drops"));
     s += &pretty_fast_path(&v["fast_path"]);
     s += &pretty_peers(&v["peers"]);
@@ -404,6 +415,15 @@ mod tests {
         ] {
             assert!(text.contains(want), "{want:?} missing from:\n{text}");
         }
+        // Client Initials on live DCIDs, by outcome (proto::limits::owner_initial).
+        let owner = serde_json::json!({ "owner_initial": { "follow_up": 3, "rate_limited": 398, "admitted": 2 } });
+        let text = pretty(&owner.to_string()).expect("valid JSON");
+        assert!(
+            text.contains(
+                "owner initials (live DCID):  token 0  placed 0  follow_up 3  admitted 2  dropped_pressure 0"
+            ) && text.contains("handshake_limited 0  rate_limited 398\n"),
+            "{text}"
+        );
         // Without forwarding and refusals: no peers line, refusals "none".
         let plain = pretty(&serde_json::json!({ "instances": [] }).to_string()).expect("valid JSON");
         assert!(!plain.contains("peers:") && plain.contains("trust refusals: none"), "{plain}");

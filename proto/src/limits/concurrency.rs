@@ -124,6 +124,17 @@ impl ConcurrencySketch {
         }
     }
 
+    /// Whether [`ConcurrencySketch::try_acquire`] would refuse `client` now (both of
+    /// its lanes at `cap`): a look, nothing taken. For Initials that make no pin
+    /// (proto::limits::owner_initial) but must not come from a client at its cap.
+    #[inline]
+    pub fn full(&self, client: ClientKey, cap: u16) -> bool {
+        let cap = u64::from(cap.min(MAX_CAP));
+        let (index, pair) = self.layout.locate(client);
+        let mine = pair.high();
+        lanes_at_least(self.cells[index].load(Relaxed), cap) & mine == mine
+    }
+
     /// Gives back the two lanes `ticket` took: one `fetch_sub`.
     #[inline]
     pub fn release(&self, ticket: Ticket) {
@@ -131,5 +142,50 @@ impl ConcurrencySketch {
         let prev = self.cells[ticket.index as usize].fetch_sub(ones, Relaxed);
         // Both lanes were at least 1 (this ticket's own count): no borrow happened.
         debug_assert_eq!(lanes_at_least(prev, 1) & ticket.pair.high(), ticket.pair.high());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    /// `full` says exactly what `try_acquire` would do, and takes nothing: over
+    /// random acquisitions and releases of clients crowded into a small table (so
+    /// lanes are shared), with caps 0..=3.
+    #[test]
+    fn full_is_what_try_acquire_would_refuse() {
+        let s = ConcurrencySketch::new(4, [5; 16]);
+        let mut held: Vec<Ticket> = Vec::new();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut step = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..20_000 {
+            let r = step();
+            let client = ClientKey::from(Ipv4Addr::from(0xc000_0200 | (r & 15) as u32));
+            let cap = ((r >> 8) % 4) as u16;
+            if (r >> 16) % 3 == 0 && !held.is_empty() {
+                let i = (r >> 20) as usize % held.len();
+                s.release(held.swap_remove(i));
+                continue;
+            }
+            let words: Vec<u64> = (0..s.words()).map(|i| s.word(i)).collect();
+            let full = s.full(client, cap);
+            assert_eq!(words, (0..s.words()).map(|i| s.word(i)).collect::<Vec<_>>(), "full took something");
+            match s.try_acquire(client, cap) {
+                Some(t) => {
+                    assert!(!full, "full, yet admitted");
+                    held.push(t);
+                }
+                None => assert!(full, "not full, yet refused"),
+            }
+        }
+        for t in held {
+            s.release(t);
+        }
     }
 }

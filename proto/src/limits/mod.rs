@@ -8,6 +8,8 @@
 //!   plain update, one CAS to admit, one `fetch_sub` to release).
 //! - [`RateSketch`]: new connections per client (GCRA in lanes, conservative update,
 //!   one CAS per decision, epoch rebase).
+//! - [`owner_initial`]: the rule for client Initials on a live DCID (a token, a
+//!   ClientHello, a follow-up of a placement — [`follow_up`] — or the limits above).
 //!
 //! Both sketches only ever err on the strict side: a client is never admitted where an
 //! exact per-client counter would refuse it; an honest client is refused only when it
@@ -47,12 +49,16 @@
 
 pub mod client;
 pub mod concurrency;
+pub mod follow_up;
 pub mod lanes;
+pub mod owner_initial;
 pub mod rate;
 
 pub use client::{ClientHasher, ClientKey, MAX_WORDS};
 pub use concurrency::{ConcurrencySketch, Ticket, MAX_CAP};
+pub use follow_up::{FollowUps, FOLLOW_UP_ALLOWANCE, FOLLOW_UP_TTL};
 pub use lanes::{lane_pair, lanes_at_least, sub_sat, LanePair};
+pub use owner_initial::{Outcome as OwnerInitialOutcome, OwnerInitialQuery, UnprovenLimits};
 pub use rate::{Gcra, RateSketch};
 
 /// Ticks per second of the clock the defaults assume (1 ms ticks).
