@@ -12,13 +12,16 @@
 //!   Initial checks (RFC 9001 §5.2 header-protection key from the DCID, one AES
 //!   block), quinn's Retry token (HKDF-Expand of the token key, AES-256-GCM seal),
 //!   the integrity tag (RFC 9001 §5.8). `proto` is the production minter;
-//!   `hkdf=X,gcm=Y` is [`mint`] below with the key derivations from X and the GCM
+//!   `hkdf=X,gcm=Y` is `Minter::mint` below with the key derivations from X and the GCM
 //!   from Y, so each module's share of the whole is seen with the other held fixed.
 //!   Every variant's bytes are checked equal to the production minter's first.
 //! - `crypto_ab/cid_decode/*`: the ADR 0001 decode of a 12-byte CID under an
 //!   `hmac-sha256` generation: `proto` is `KeySet::decode`; `hand`/`crates` are
-//!   [`decode`] below with the HMAC from `proto::hkdf` or from `hmac`. Checked equal
-//!   to `KeySet::decode` over 4096 CIDs first.
+//!   `CidKeys::decode` below with the HMAC from `proto::hkdf` or from `hmac` (its
+//!   `Mac` API: `Hmac<Sha256>` cloned, updated, finalized); `crates_core` the same
+//!   `hmac` HMAC driven through `digest`'s core API (`HmacCore` cloned and finalized
+//!   over a block buffer, without the `CoreWrapper`). Checked equal to
+//!   `KeySet::decode` over 4096 CIDs first.
 //!
 //! Parts (`crypto_ab/part/*`): `hmac_9` (the CID mask: one HMAC of 9 bytes under a
 //! prepared key), `hp_key` (RFC 9001 §5.2 from the DCID to the `quic hp` key),
@@ -275,6 +278,25 @@ impl CidMac for Hmac<Sha256> {
     }
 }
 
+/// `hmac` 0.12's `HmacCore` driven through `digest`'s core API (no `CoreWrapper`).
+#[derive(Clone)]
+struct CoreMac(hmac::HmacCore<Sha256>);
+
+impl CidMac for CoreMac {
+    fn new(secret: &[u8; 32]) -> Self {
+        use hmac::digest::KeyInit;
+        CoreMac(hmac::HmacCore::<Sha256>::new_from_slice(secret).unwrap())
+    }
+    fn mask(&self, prefix: &[u8]) -> [u8; 2] {
+        use hmac::digest::core_api::{Buffer, FixedOutputCore};
+        let mut core = self.0.clone();
+        let mut buf = Buffer::<hmac::HmacCore<Sha256>>::new(prefix);
+        let mut out = Default::default();
+        core.finalize_fixed_core(&mut buf, &mut out);
+        [out[0], out[1]]
+    }
+}
+
 /// ADR 0001 decode ([`KeySet::decode`]'s steps) over live `hmac-sha256` generations.
 struct CidKeys<M> {
     slots: [Option<M>; 3],
@@ -360,6 +382,7 @@ fn benches<M: Measurement + 'static>(c: &mut Criterion<M>, p: &str) {
     let ks = KeySet::new((Generation::new(1).unwrap(), s1), Some((Generation::new(0).unwrap(), s0))).unwrap();
     let hand = CidKeys::<HmacSha256>::new(&[(1, s1), (0, s0)]);
     let crates = CidKeys::<Hmac<Sha256>>::new(&[(1, s1), (0, s0)]);
+    let core = CidKeys::<CoreMac>::new(&[(1, s1), (0, s0)]);
     let cids: Vec<[u8; 12]> = (0..4096u32)
         .map(|i| {
             let r: [u8; 10] = core::array::from_fn(|j| (i.wrapping_mul(2654435761) >> (j % 4 * 8)) as u8 ^ j as u8);
@@ -371,6 +394,7 @@ fn benches<M: Measurement + 'static>(c: &mut Criterion<M>, p: &str) {
         let want = Some((d.generation.get(), d.server_id.0));
         assert_eq!(hand.decode(cid), want);
         assert_eq!(crates.decode(cid), want);
+        assert_eq!(core.decode(cid), want);
     }
     let mut g = c.benchmark_group(format!("{p}crypto_ab/cid_decode"));
     g.sampling_mode(SamplingMode::Flat).throughput(Throughput::Elements(1));
@@ -382,6 +406,7 @@ fn benches<M: Measurement + 'static>(c: &mut Criterion<M>, p: &str) {
     g.bench_function("proto", |b| b.iter(|| ks.decode(next()).unwrap().server_id));
     g.bench_function("hand", |b| b.iter(|| hand.decode(next()).unwrap().1));
     g.bench_function("crates", |b| b.iter(|| crates.decode(next()).unwrap().1));
+    g.bench_function("crates_core", |b| b.iter(|| core.decode(next()).unwrap().1));
     g.finish();
 
     // Parts.
