@@ -1,10 +1,11 @@
-//! A/B: the hand-written `proto::hkdf` (HMAC-SHA-256 / HKDF with precomputed pads)
-//! and `proto::gcm` (AES-GCM on `aes` 0.9 + `ghash` 0.6) against the RustCrypto
-//! crates on the same primitives — `hmac` 0.12 + `hkdf` 0.12 (on the same `sha2`
-//! 0.10) and `aes-gcm` 0.11 (on the same `aes` 0.9 and `ghash` 0.6) — on the whole
-//! operations the data plane pays per datagram, and on their parts. Same inputs, one
-//! binary, each pair run back to back. Method and result: docs/benchmarks.md,
-//! "Crypto: crates against hand-written code".
+//! A/B: the hand-written HMAC-SHA-256 / HKDF (precomputed pads over the bare SHA-256
+//! compression) and AES-GCM (on `aes` 0.9 + `ghash` 0.6) that proto had as
+//! `proto::hkdf` and `proto::gcm` — kept in `baseline/` as the A side — against the
+//! RustCrypto crates proto uses now on the same primitives: `hmac` 0.12 + `hkdf` 0.12
+//! (on the same `sha2` 0.10) and `aes-gcm` 0.11 (on the same `aes` 0.9 and `ghash`
+//! 0.6), on the whole operations the data plane pays per datagram, and on their
+//! parts. Same inputs, one binary, each pair run back to back. Method, result and
+//! decision: docs/benchmarks.md, "Crypto: crates against hand-written code".
 //!
 //! Whole operations:
 //! - `crypto_ab/retry_mint/*`: a Retry for a token-less 1200-byte v1 client Initial
@@ -12,16 +13,18 @@
 //!   Initial checks (RFC 9001 §5.2 header-protection key from the DCID, one AES
 //!   block), quinn's Retry token (HKDF-Expand of the token key, AES-256-GCM seal),
 //!   the integrity tag (RFC 9001 §5.8). `proto` is the production minter;
-//!   `hkdf=X,gcm=Y` is `Minter::mint` below with the key derivations from X and the GCM
-//!   from Y, so each module's share of the whole is seen with the other held fixed.
-//!   Every variant's bytes are checked equal to the production minter's first.
+//!   `hkdf=X,gcm=Y` is `Minter::mint` below with the key derivations from X (`hand`:
+//!   the baseline; `crate`: `hmac` + `hkdf`) and the GCM from Y (`hand`: the
+//!   baseline; `crate`: `aes-gcm`), so each one's share of the whole is seen with the
+//!   other held fixed. Every variant's bytes are checked equal to the production
+//!   minter's first.
 //! - `crypto_ab/cid_decode/*`: the ADR 0001 decode of a 12-byte CID under an
 //!   `hmac-sha256` generation: `proto` is `KeySet::decode`; `hand`/`crates` are
-//!   `CidKeys::decode` below with the HMAC from `proto::hkdf` or from `hmac` (its
+//!   `CidKeys::decode` below with the HMAC from the baseline or from `hmac` (its
 //!   `Mac` API: `Hmac<Sha256>` cloned, updated, finalized); `crates_core` the same
 //!   `hmac` HMAC driven through `digest`'s core API (`HmacCore` cloned and finalized
-//!   over a block buffer, without the `CoreWrapper`). Checked equal to
-//!   `KeySet::decode` over 4096 CIDs first.
+//!   over a block buffer, without the `CoreWrapper`: what proto::prf does). Checked
+//!   equal to `KeySet::decode` over 4096 CIDs first.
 //!
 //! Parts (`crypto_ab/part/*`): `hmac_9` (the CID mask: one HMAC of 9 bytes under a
 //! prepared key), `hp_key` (RFC 9001 §5.2 from the DCID to the `quic hp` key),
@@ -42,12 +45,21 @@ use hkdf::{Hkdf, HkdfExtract};
 use hmac::{Hmac, Mac};
 use proto::cid::{Generation, KeySet, ServerId};
 use proto::header::VERSION_1;
-use proto::hkdf::HmacSha256;
 use proto::initial::build_client_initial;
 use proto::retry::{RetryMinter, MAX_RETRY};
 use sha2::Sha256;
 use std::hint::black_box;
 use std::net::{IpAddr, SocketAddr};
+
+/// The hand-written implementations proto had before the crates (the A side).
+#[allow(dead_code)] // whole modules, of which the bench calls a part
+mod baseline {
+    #[path = "../baseline/gcm.rs"]
+    pub mod gcm;
+    #[path = "../baseline/hkdf.rs"]
+    pub mod hkdf;
+}
+use baseline::hkdf::HmacSha256;
 
 // RFC 9001 §5.2: initial_salt of QUIC v1.
 const SALT_V1: [u8; 20] = [
@@ -80,7 +92,7 @@ trait Gcm {
     fn integrity_tag(&self, pseudo: &[u8]) -> [u8; 16];
 }
 
-/// `proto::hkdf`.
+/// The baseline HMAC/HKDF.
 struct HandKdf {
     salt: HmacSha256,
     token: HmacSha256,
@@ -88,17 +100,17 @@ struct HandKdf {
 
 impl Kdf for HandKdf {
     fn new(token_secret: &[u8; 32]) -> Self {
-        let prk = proto::hkdf::extract(&HmacSha256::new(TOKEN_SALT), token_secret);
+        let prk = baseline::hkdf::extract(&HmacSha256::new(TOKEN_SALT), token_secret);
         HandKdf { salt: HmacSha256::new(&SALT_V1), token: HmacSha256::new(&prk) }
     }
     fn hp_key(&self, dcid: &[u8]) -> [u8; 16] {
-        let initial = proto::hkdf::extract(&self.salt, dcid);
-        let client: [u8; 32] = proto::hkdf::expand_label(&HmacSha256::new(&initial), LABEL_CLIENT_IN);
-        proto::hkdf::expand_label(&HmacSha256::new(&client), LABEL_QUIC_HP)
+        let initial = baseline::hkdf::extract(&self.salt, dcid);
+        let client: [u8; 32] = baseline::hkdf::expand_label(&HmacSha256::new(&initial), LABEL_CLIENT_IN);
+        baseline::hkdf::expand_label(&HmacSha256::new(&client), LABEL_QUIC_HP)
     }
     fn token_key(&self, nonce: &[u8; 16]) -> [u8; 32] {
         let mut k = [0; 32];
-        proto::hkdf::expand(&self.token, nonce, &mut k).unwrap();
+        baseline::hkdf::expand(&self.token, nonce, &mut k).unwrap();
         k
     }
 }
@@ -132,18 +144,18 @@ impl Kdf for CrateKdf {
     }
 }
 
-/// `proto::gcm`.
-struct HandGcm(proto::gcm::FixedIvTagKey);
+/// The baseline AES-GCM.
+struct HandGcm(baseline::gcm::FixedIvTagKey);
 
 impl Gcm for HandGcm {
     fn new() -> Self {
-        HandGcm(proto::gcm::FixedIvTagKey::new_128(&V1_KEY, &V1_NONCE))
+        HandGcm(baseline::gcm::FixedIvTagKey::new_128(&V1_KEY, &V1_NONCE))
     }
     fn seal_256(&self, key: &[u8; 32], in_out: &mut [u8]) -> [u8; 16] {
-        proto::gcm::seal_256(key, &[0; 12], &[], in_out).unwrap()
+        baseline::gcm::seal_256(key, &[0; 12], &[], in_out).unwrap()
     }
     fn open_256(&self, key: &[u8; 32], in_out: &mut [u8], tag: &[u8; 16]) -> bool {
-        proto::gcm::open_256(key, &[0; 12], &[], in_out, tag).is_ok()
+        baseline::gcm::open_256(key, &[0; 12], &[], in_out, tag).is_ok()
     }
     fn integrity_tag(&self, pseudo: &[u8]) -> [u8; 16] {
         self.0.tag(pseudo)
@@ -193,15 +205,15 @@ impl<K: Kdf, G: Gcm> Minter<K, G> {
         nonce: [u8; 16],
         out: &mut [u8; MAX_RETRY],
     ) -> Option<usize> {
-        use aes09::cipher::{BlockCipherEncrypt, KeyInit};
+        use aes::cipher::{BlockCipherEncrypt, KeyInit};
         // The Initial checks (RFC 9000 §14.1, §7.2; RFC 9001 §5.4.2; RFC 9000 §17.2).
         let p = proto::initial_protection::parse(datagram).ok()?;
         if datagram.len() < 1200 || p.dcid.len() < 8 || !p.token.is_empty() {
             return None;
         }
         let sample: [u8; 16] = datagram.get(p.pn_offset + 4..p.pn_offset + 20)?.try_into().ok()?;
-        let mut mask = aes09::Block::from(sample);
-        aes09::Aes128Enc::new(&self.kdf.hp_key(p.dcid).into()).encrypt_block(&mut mask);
+        let mut mask = aes::Block::from(sample);
+        aes::Aes128Enc::new(&self.kdf.hp_key(p.dcid).into()).encrypt_block(&mut mask);
         if (datagram[0] ^ mask[0]) & 0x0c != 0 {
             return None;
         }
