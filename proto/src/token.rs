@@ -484,6 +484,27 @@ pub(crate) mod tests {
         }
     }
 
+    /// A forgery that puts a token's cleartext where its ciphertext goes, under any
+    /// tag, is refused: the payload is only read after the tag matched.
+    #[test]
+    fn cleartext_forgeries_are_refused() {
+        let k = TokenKey::new(&[7; 32]);
+        let c: SocketAddr = "192.0.2.1:4433".parse().unwrap();
+        let retry =
+            [&[0u8, 0, 192, 0, 2, 1][..], &4433u16.to_be_bytes(), &[8], &[1; 8], &1000u64.to_be_bytes()].concat();
+        let validation = [&[1u8, 0, 192, 0, 2, 1][..], &1000u64.to_be_bytes()].concat();
+        for (plain, kind) in [(retry, Some(&[1u8; 8][..])), (validation, None)] {
+            // The layout is the real one: sealing it gives a token that checks.
+            let real = k.seal(c, kind, 1000, [3; 16]).unwrap();
+            assert_eq!(real.len(), plain.len() + TAG_LEN + NONCE_LEN);
+            assert!(k.check(&real, c, 1000).is_valid());
+            for tag in [[0u8; TAG_LEN], [0xff; TAG_LEN], real[plain.len()..plain.len() + TAG_LEN].try_into().unwrap()] {
+                let forged = [&plain[..], &tag, &[3; 16]].concat();
+                assert_eq!(k.check(&forged, c, 1000), TokenCheck::Invalid, "cleartext under tag {tag:02x?}");
+            }
+        }
+    }
+
     #[test]
     fn retry_and_validation_tokens() {
         let k = TokenKey::new(&[7; 32]);
