@@ -7,7 +7,11 @@ use crate::header::{VERSION_1, VERSION_2};
 use crate::initial_protection::{InitialProtection, NotRetryable};
 use crate::token::{TokenCheck, TokenKey, MAX_RETRY_TOKEN, NONCE_LEN};
 use aes_gcm::aead::AeadInOut;
-use aes_gcm::{Aes128Gcm, KeyInit};
+use aes_gcm::{AesGcm, KeyInit};
+
+/// AES-128-GCM (the `aes-gcm` crate) on the encrypt-only AES-128 key schedule (GCM
+/// only ever encrypts blocks).
+type Aes128Gcm = AesGcm<aes::Aes128Enc, aes::cipher::consts::U12>;
 use std::net::SocketAddr;
 
 /// Length of the Retry Integrity Tag (RFC 9001 §5.8: AEAD_AES_128_GCM's tag).

@@ -32,7 +32,7 @@
 //! constant time before it decrypts).
 
 use aes_gcm::aead::AeadInOut;
-use aes_gcm::{Aes256Gcm, KeyInit};
+use aes_gcm::{AesGcm, KeyInit};
 use hkdf::Hkdf;
 use sha2::Sha256;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -73,6 +73,11 @@ impl std::fmt::Debug for TokenKey {
     }
 }
 
+/// AES-256-GCM (the `aes-gcm` crate) on the encrypt-only AES-256 key schedule: GCM
+/// only ever encrypts blocks, and `aes::Aes256` (what `aes_gcm::Aes256Gcm` uses)
+/// would also expand the decryption round keys of every fresh token key.
+type Aes256Gcm = AesGcm<aes::Aes256Enc, aes::cipher::consts::U12>;
+
 /// The random nonce appended to every token (quinn: a `u128`, little-endian).
 pub const NONCE_LEN: usize = 16;
 /// AES-256-GCM's full 128-bit tag (NIST SP 800-38D §5.2.1.2).
@@ -90,13 +95,9 @@ impl TokenKey {
         TokenKey(Hkdf::new(Some(TOKEN_SALT), secret))
     }
 
-    /// quinn's `aead_from_hkdf`: AES-256-GCM under the key HKDF-Expand(prk, info =
-    /// nonce, 32), i.e. T(1) = HMAC(prk, nonce ‖ 0x01) (RFC 5869 §2.3).
-    fn aead(&self, nonce: &[u8]) -> Option<Aes256Gcm> {
-        Some(Aes256Gcm::new(&self.token_key(nonce)?.into()))
-    }
-
-    /// The AES-256-GCM key of the token with `nonce`.
+    /// quinn's `aead_from_hkdf`: the AES-256-GCM key of the token with `nonce`,
+    /// HKDF-Expand(prk, info = nonce, 32), i.e. T(1) = HMAC(prk, nonce ‖ 0x01)
+    /// (RFC 5869 §2.3).
     fn token_key(&self, nonce: &[u8]) -> Option<[u8; 32]> {
         let mut key = [0u8; 32];
         self.0.expand(nonce, &mut key).ok()?;
@@ -121,7 +122,9 @@ impl TokenKey {
         // quinn: AES-256-GCM, zero nonce, no AAD (NIST SP 800-38D §7.2: the tag is
         // compared in constant time, and nothing is decrypted unless it matches).
         let tag = <[u8; TAG_LEN]>::try_from(tag).ok()?;
-        self.aead(nonce)?.decrypt_inout_detached(&ZERO_IV.into(), &[], plain.into(), &tag.into()).ok()?;
+        Aes256Gcm::new(&self.token_key(nonce)?.into())
+            .decrypt_inout_detached(&ZERO_IV.into(), &[], plain.into(), &tag.into())
+            .ok()?;
         let mut r = &plain[..];
         let ty = take(&mut r, 1)?[0];
         let ip = match take(&mut r, 1)?[0] {
@@ -190,8 +193,9 @@ impl TokenKey {
         let plain_len = w.pos;
         let out = w.out;
         // quinn: AES-256-GCM, zero nonce, no AAD (NIST SP 800-38D §7.1).
-        let tag =
-            self.aead(&nonce)?.encrypt_inout_detached(&ZERO_IV.into(), &[], out.get_mut(..plain_len)?.into()).ok()?;
+        let tag = Aes256Gcm::new(&self.token_key(&nonce)?.into())
+            .encrypt_inout_detached(&ZERO_IV.into(), &[], out.get_mut(..plain_len)?.into())
+            .ok()?;
         let end = plain_len + TAG_LEN + NONCE_LEN;
         out.get_mut(plain_len..plain_len + TAG_LEN)?.copy_from_slice(&tag);
         out.get_mut(plain_len + TAG_LEN..end)?.copy_from_slice(&nonce);
@@ -220,7 +224,9 @@ impl TokenKey {
             }
         }
         b.extend_from_slice(&issued_unix.to_be_bytes());
-        let tag = self.aead(&nonce)?.encrypt_inout_detached(&ZERO_IV.into(), &[], b.as_mut_slice().into()).ok()?;
+        let tag = Aes256Gcm::new(&self.token_key(&nonce)?.into())
+            .encrypt_inout_detached(&ZERO_IV.into(), &[], b.as_mut_slice().into())
+            .ok()?;
         b.extend_from_slice(&tag);
         b.extend_from_slice(&nonce);
         Some(b)
