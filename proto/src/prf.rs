@@ -145,7 +145,7 @@ impl PreparedPrf {
 
 /// RFC 2104 §2 HMAC-SHA-256 of `text` under a prepared key, through `digest`'s core
 /// API: the `HmacCore` copied and finished over one block buffer. The `Mac` wrapper
-/// (`Hmac<Sha256>`: clone, update, finalize) costs about a fifth more on a 9-byte
+/// (`Hmac<Sha256>`: clone, update, finalize) costs about a quarter more on a 9-byte
 /// CID prefix (proto/benches/crypto_crates.rs, `crypto_ab/cid_decode`).
 #[inline]
 fn hmac_sha256(key: &HmacCore<Sha256>, text: &[u8]) -> [u8; 32] {

@@ -305,8 +305,9 @@ mod minter_tests {
     use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM};
     use proptest::prelude::*;
 
-    /// The aws-lc-rs integrity key and tag this module had before proto::gcm: the
-    /// slow, obviously right model of `integrity_key` and `tag_with` (RFC 9001 §5.8).
+    /// The aws-lc-rs integrity key and tag this module had before the RustCrypto
+    /// GCM: the slow, obviously right model of `integrity_key` and `tag_with` (RFC
+    /// 9001 §5.8).
     fn model_integrity_key(key: &[u8; 16]) -> LessSafeKey {
         LessSafeKey::new(UnboundKey::new(&AES_128_GCM, key).unwrap())
     }
@@ -321,7 +322,7 @@ mod minter_tests {
         tag.as_ref().try_into().unwrap()
     }
 
-    /// `RetryMinter::mint` as it was before proto::hkdf (aws-lc-rs HMAC contexts and
+    /// `RetryMinter::mint` as it was on aws-lc-rs alone (aws-lc-rs HMAC contexts and
     /// header-protection keys), from the models of initial_protection and token: the
     /// slow, obviously right model of the minter.
     fn model_mint(

@@ -283,8 +283,8 @@ pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// The aws-lc-rs implementation this module had before proto::hkdf: the slow,
-    /// obviously right model of the token key and of `seal_retry`.
+    /// The aws-lc-rs implementation this module had before the RustCrypto crates: the
+    /// slow, obviously right model of the token key and of `seal_retry`.
     pub(crate) mod model {
         use super::super::{take, TokenCheck, Writer, RETRY_LIFETIME, TOKEN_SALT, VALIDATION_LIFETIME};
         use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
