@@ -17,58 +17,15 @@
 //! once the first one made the connection) carries a CRYPTO frame at offset 0 among
 //! the frames before the first one it cannot parse (where quinn stops, too).
 //!
-//! Cost: one HKDF-Extract and three HKDF-Expand-Label (HMAC-SHA-256), one AES-128
-//! header-protection mask and one AES-128-GCM open of the packet, per datagram.
+//! The Initial keys come from proto::initial_protection, the one derivation of RFC
+//! 9001 §5.2 (and RFC 9369 §3.3 for v2). Cost: one HKDF-Extract and four
+//! HKDF-Expand-Label (HMAC-SHA-256), one AES-128 header-protection mask and one
+//! AES-128-GCM open of the packet (aws-lc-rs), per datagram.
 
 use crate::header::{read_varint, VERSION_1, VERSION_2};
+use crate::initial_protection::client_initial_keys;
 use aws_lc_rs::aead::quic::{HeaderProtectionKey, AES_128};
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM};
-use aws_lc_rs::hkdf::{KeyType, Prk, Salt, HKDF_SHA256};
-
-// RFC 9001 §5.2: initial_salt of QUIC v1.
-const SALT_V1: [u8; 20] = [
-    0x38, 0x76, 0x2c, 0xf7, 0xf5, 0x59, 0x34, 0xb3, 0x4d, 0x17, 0x9a, 0xe6, 0xa4, 0xc8, 0x0c, 0xad, 0xcc, 0xbb, 0x7f,
-    0x0a,
-];
-// RFC 9369 §3.3.1: initial_salt of QUIC v2.
-const SALT_V2: [u8; 20] = [
-    0x0d, 0xed, 0xe3, 0xde, 0xf7, 0x00, 0xa6, 0xdb, 0x81, 0x93, 0x81, 0xbe, 0x6e, 0x26, 0x9d, 0xcb, 0xf9, 0xbd, 0x2e,
-    0xd9,
-];
-
-struct Len(usize);
-impl KeyType for Len {
-    fn len(&self) -> usize {
-        self.0
-    }
-}
-
-/// RFC 8446 §7.1 HKDF-Expand-Label with an empty context.
-fn expand_label(prk: &Prk, label: &[u8], out: &mut [u8]) -> Option<()> {
-    let len = u16::try_from(out.len()).ok()?.to_be_bytes();
-    let full_len = [u8::try_from(6 + label.len()).ok()?];
-    let info: [&[u8]; 5] = [&len, &full_len, b"tls13 ", label, &[0]];
-    prk.expand(&info, Len(out.len())).ok()?.fill(out).ok()
-}
-
-/// The client's Initial packet protection keys for `dcid` (RFC 9001 §5.2; RFC 9369
-/// §3.3.2 labels for v2): (AEAD key, IV, header-protection key).
-pub fn client_initial_keys(version: u32, dcid: &[u8]) -> Option<([u8; 16], [u8; 12], [u8; 16])> {
-    let (salt, key_l, iv_l, hp_l): (&[u8], &[u8], &[u8], &[u8]) = match version {
-        VERSION_1 => (&SALT_V1, b"quic key", b"quic iv", b"quic hp"),
-        VERSION_2 => (&SALT_V2, b"quicv2 key", b"quicv2 iv", b"quicv2 hp"),
-        _ => return None,
-    };
-    let initial = Salt::new(HKDF_SHA256, salt).extract(dcid);
-    let mut secret = [0u8; 32];
-    expand_label(&initial, b"client in", &mut secret)?;
-    let client = Prk::new_less_safe(HKDF_SHA256, &secret);
-    let (mut key, mut iv, mut hp) = ([0u8; 16], [0u8; 12], [0u8; 16]);
-    expand_label(&client, key_l, &mut key)?;
-    expand_label(&client, iv_l, &mut iv)?;
-    expand_label(&client, hp_l, &mut hp)?;
-    Some((key, iv, hp))
-}
 
 /// Long-header Initial type bits (RFC 9000 §17.2; RFC 9369 §3.2).
 fn is_initial(version: u32, first: u8) -> bool {
@@ -102,10 +59,10 @@ pub fn starts_connection(datagram: &[u8]) -> Option<bool> {
             break;
         }
         if keys.is_none() {
-            let (k, iv, hp) = client_initial_keys(p.version, p.dcid)?;
-            let aead = LessSafeKey::new(UnboundKey::new(&AES_128_GCM, &k).ok()?);
-            let hp = HeaderProtectionKey::new(&AES_128, &hp).ok()?;
-            keys = Some((p.dcid.to_vec(), Keys { aead, iv, hp }));
+            let k = client_initial_keys(p.version, p.dcid)?;
+            let aead = LessSafeKey::new(UnboundKey::new(&AES_128_GCM, &k.key).ok()?);
+            let hp = HeaderProtectionKey::new(&AES_128, &k.hp).ok()?;
+            keys = Some((p.dcid.to_vec(), Keys { aead, iv: k.iv, hp }));
         }
         let (_, k) = keys.as_ref()?;
         match open(k, &rest[..p.len], p.pn_offset) {
@@ -200,7 +157,7 @@ pub fn build_client_initial(
     frames: &[u8],
     min_len: usize,
 ) -> Option<Vec<u8>> {
-    let (k, iv, hp) = client_initial_keys(version, dcid)?;
+    let keys = client_initial_keys(version, dcid)?;
     let ty = if version == VERSION_2 { 1 } else { 0 };
     let mut p = vec![0xc0 | ty << 4 | 0x03];
     p.extend_from_slice(&version.to_be_bytes());
@@ -227,14 +184,15 @@ pub fn build_client_initial(
     p.extend_from_slice(&(0x4000 | length as u16).to_be_bytes());
     let pn_offset = p.len();
     p.extend_from_slice(&pn.to_be_bytes());
-    let mut nonce = iv;
+    let mut nonce = keys.iv;
     for (i, b) in u64::from(pn).to_be_bytes().iter().enumerate() {
         nonce[4 + i] ^= b;
     }
-    let aead = LessSafeKey::new(UnboundKey::new(&AES_128_GCM, &k).ok()?);
+    let aead = LessSafeKey::new(UnboundKey::new(&AES_128_GCM, &keys.key).ok()?);
     aead.seal_in_place_append_tag(Nonce::assume_unique_for_key(nonce), Aad::from(&p[..]), &mut payload).ok()?;
     p.extend_from_slice(&payload);
-    let mask = HeaderProtectionKey::new(&AES_128, &hp).ok()?.new_mask(p.get(pn_offset + 4..pn_offset + 20)?).ok()?;
+    let mask =
+        HeaderProtectionKey::new(&AES_128, &keys.hp).ok()?.new_mask(p.get(pn_offset + 4..pn_offset + 20)?).ok()?;
     p[0] ^= mask[0] & 0x0f;
     for i in 0..4 {
         p[pn_offset + i] ^= mask[1 + i];
@@ -322,29 +280,6 @@ fn crypto_at_zero(mut f: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    pub(crate) fn hex(s: &str) -> Vec<u8> {
-        let s: String = s.split_whitespace().collect();
-        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
-    }
-
-    /// RFC 9001 Appendix A.1: the client's Initial keys for DCID 0x8394c8f03e515708.
-    #[test]
-    fn rfc9001_a1_keys() {
-        let (key, iv, hp) = client_initial_keys(VERSION_1, &hex("8394c8f03e515708")).unwrap();
-        assert_eq!(key.to_vec(), hex("1f369613dd76d5467730efcbe3b1a22d"));
-        assert_eq!(iv.to_vec(), hex("fa044b2f42a3fd3b46fb255c"));
-        assert_eq!(hp.to_vec(), hex("9f50449e04a0e810283a1e9933adedd2"));
-    }
-
-    /// RFC 9369 Appendix A.1: the same for v2.
-    #[test]
-    fn rfc9369_a1_keys() {
-        let (key, iv, hp) = client_initial_keys(VERSION_2, &hex("8394c8f03e515708")).unwrap();
-        assert_eq!(key.to_vec(), hex("8b1a0bc121284290a29e0971b5cd045d"));
-        assert_eq!(iv.to_vec(), hex("91f73e2351d8fa91660e909f"));
-        assert_eq!(hp.to_vec(), hex("45b95e15235d6f45a6b19cbcb0294ba9"));
-    }
 
     #[test]
     fn frames() {

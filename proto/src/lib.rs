@@ -7,10 +7,8 @@
 //! - [`prf`]: the per-generation PRF that masks server ids (ADR 0004).
 //! - [`decode_cache`]: a per-shard cache of CID decodes (skips the HMAC for repeat DCIDs).
 //! - [`header`]: the cleartext QUIC header (RFC 8999, RFC 9000 §17, RFC 9369).
-//! - [`gcm`]: AES-GCM (NIST SP 800-38D, 96-bit IVs) on `aes` and `ghash`: the Retry token and integrity tag.
-//! - [`hkdf`]: HMAC-SHA-256 and HKDF-SHA-256 with precomputed pads (the Retry path's key derivations).
 //! - [`initial`]: client Initials opened with their public keys (does a datagram start a connection?).
-//! - [`initial_protection`]: the checks on a first Initial before a Retry (header protection, reserved bits).
+//! - [`initial_protection`]: the Initial keys (RFC 9001 §5.2, the one derivation) and the checks on a first Initial before a Retry.
 //! - [`token`]: quinn 0.11 address-validation tokens checked (Retry and NEW_TOKEN).
 //! - [`route`]: the ADR 0001 routing table as a function of datagram and snapshot.
 //! - [`pin`]: the fixed-capacity 10 s placement pin table.
@@ -25,9 +23,7 @@
 
 pub mod cid;
 pub mod decode_cache;
-pub mod gcm;
 pub mod header;
-pub mod hkdf;
 pub mod host;
 pub mod initial;
 pub mod initial_protection;

@@ -3,10 +3,15 @@
 //! [`RetryMinter`], which answers a client's first Initial with the Retry a quinn 0.11
 //! server would send (docs/adr/0003-demux-retry.md), without a quinn endpoint.
 
-use crate::gcm::{self, FixedIvTagKey};
 use crate::header::{VERSION_1, VERSION_2};
 use crate::initial_protection::{InitialProtection, NotRetryable};
 use crate::token::{TokenCheck, TokenKey, MAX_RETRY_TOKEN, NONCE_LEN};
+use aes_gcm::aead::AeadInOut;
+use aes_gcm::{AesGcm, KeyInit};
+
+/// AES-128-GCM (the `aes-gcm` crate) on the encrypt-only AES-128 key schedule (GCM
+/// only ever encrypts blocks).
+type Aes128Gcm = AesGcm<aes::Aes128Enc, aes::cipher::consts::U12>;
 use std::net::SocketAddr;
 
 /// Length of the Retry Integrity Tag (RFC 9001 §5.8: AEAD_AES_128_GCM's tag).
@@ -80,8 +85,7 @@ pub fn integrity_tag(version: u32, odcid: &[u8], retry_without_tag: &[u8]) -> Op
     pseudo.push(u8::try_from(odcid.len()).ok()?);
     pseudo.extend_from_slice(odcid);
     pseudo.extend_from_slice(retry_without_tag);
-    // NIST SP 800-38D §7.1 with an empty P: the tag is E_K(J0) ⊕ GHASH_H(A).
-    gcm::seal_128(&key, &nonce, &pseudo, &mut [])
+    integrity_key(&key, &nonce).tag(&pseudo)
 }
 
 /// Whether `packet` is a Retry whose integrity tag is right for original DCID
@@ -182,15 +186,15 @@ pub const MAX_RETRY: usize = 1 + 4 + 21 + 21 + MAX_RETRY_TOKEN + TAG_LEN;
 /// unused bits as zero), the integrity tag (RFC 9001 §5.8).
 ///
 /// Key schedules are made once: the v1 salt's HMAC pads, the token PRK's HMAC pads
-/// (proto::hkdf) and the fixed integrity AEAD key. Per Retry: the Initial's
-/// header-protection key (RFC 9001 §5.2: ten SHA-256 compressions) and one AES-128
-/// block for its mask, the token's AEAD key (RFC 5869 §2.3: one HMAC, two
+/// (the `hkdf` crate) and the fixed integrity AEAD key (`aes-gcm`). Per Retry: the
+/// Initial's header-protection key (RFC 9001 §5.2: ten SHA-256 compressions) and one
+/// AES-128 block for its mask, the token's AEAD key (RFC 5869 §2.3: one HMAC, two
 /// compressions; one AES-256-GCM key schedule), one GCM seal of the token and one
-/// GCM tag over the Retry pseudo-packet (proto::gcm). No allocation.
+/// GCM tag over the Retry pseudo-packet. No allocation.
 pub struct RetryMinter {
     protection: InitialProtection,
     token: TokenKey,
-    v1_integrity: FixedIvTagKey,
+    v1_integrity: IntegrityKey,
 }
 
 impl std::fmt::Debug for RetryMinter {
@@ -258,23 +262,38 @@ impl RetryMinter {
     }
 }
 
-/// RFC 9001 §5.8: the fixed integrity key and nonce, expanded once: GHASH's H and
-/// E_K(J0) (NIST SP 800-38D §7.1), so that each tag is GHASH alone.
-fn integrity_key(key: &[u8; 16], nonce: &[u8; 12]) -> FixedIvTagKey {
-    FixedIvTagKey::new_128(key, nonce)
+/// RFC 9001 §5.8 (RFC 9369 §3.3.3): a version's fixed integrity key, scheduled once
+/// (its AES round keys and GHASH's H, NIST SP 800-38D §7.1 step 1), with its fixed
+/// nonce.
+#[derive(Clone)]
+struct IntegrityKey {
+    aead: Aes128Gcm,
+    nonce: [u8; 12],
+}
+
+fn integrity_key(key: &[u8; 16], nonce: &[u8; 12]) -> IntegrityKey {
+    IntegrityKey { aead: Aes128Gcm::new(&(*key).into()), nonce: *nonce }
+}
+
+impl IntegrityKey {
+    /// AEAD_AES_128_GCM with an empty plaintext and `aad` as associated data: the
+    /// tag alone (NIST SP 800-38D §7.1). `None` only for an AAD beyond GCM's limit.
+    fn tag(&self, aad: &[u8]) -> Option<[u8; TAG_LEN]> {
+        let tag = self.aead.encrypt_inout_detached(&self.nonce.into(), aad, (&mut [][..]).into()).ok()?;
+        Some(tag.into())
+    }
 }
 
 /// RFC 9001 §5.8 under an already scheduled key, without allocating: the Retry
 /// Pseudo-Packet (ODCID length, ODCID, the Retry without its tag) is the AAD.
-fn tag_with(key: &FixedIvTagKey, odcid: &[u8], retry_without_tag: &[u8]) -> Option<[u8; TAG_LEN]> {
+fn tag_with(key: &IntegrityKey, odcid: &[u8], retry_without_tag: &[u8]) -> Option<[u8; TAG_LEN]> {
     let mut pseudo = [0u8; 1 + 20 + MAX_RETRY];
     let n = 1 + odcid.len() + retry_without_tag.len();
     let pseudo = pseudo.get_mut(..n)?;
     pseudo[0] = u8::try_from(odcid.len()).ok()?;
     pseudo[1..1 + odcid.len()].copy_from_slice(odcid);
     pseudo[1 + odcid.len()..].copy_from_slice(retry_without_tag);
-    // NIST SP 800-38D §7.1 with an empty P.
-    Some(key.tag(pseudo))
+    key.tag(pseudo)
 }
 
 #[cfg(test)]
@@ -286,8 +305,9 @@ mod minter_tests {
     use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM};
     use proptest::prelude::*;
 
-    /// The aws-lc-rs integrity key and tag this module had before proto::gcm: the
-    /// slow, obviously right model of `integrity_key` and `tag_with` (RFC 9001 §5.8).
+    /// The aws-lc-rs integrity key and tag this module had before the RustCrypto
+    /// GCM: the slow, obviously right model of `integrity_key` and `tag_with` (RFC
+    /// 9001 §5.8).
     fn model_integrity_key(key: &[u8; 16]) -> LessSafeKey {
         LessSafeKey::new(UnboundKey::new(&AES_128_GCM, key).unwrap())
     }
@@ -302,7 +322,7 @@ mod minter_tests {
         tag.as_ref().try_into().unwrap()
     }
 
-    /// `RetryMinter::mint` as it was before proto::hkdf (aws-lc-rs HMAC contexts and
+    /// `RetryMinter::mint` as it was on aws-lc-rs alone (aws-lc-rs HMAC contexts and
     /// header-protection keys), from the models of initial_protection and token: the
     /// slow, obviously right model of the minter.
     fn model_mint(

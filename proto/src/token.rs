@@ -25,14 +25,16 @@
 //! tested in demux/src/dataplane/retry.rs. The layout is quinn-proto 0.11.19's, and
 //! the workspace pins that exact version (Cargo.toml).
 //!
-//! Pure: time and nonce are passed in. Cost: one HKDF-Expand (one HMAC-SHA-256 under
-//! the PRK's precomputed pads, proto::hkdf: RFC 5869 §2.3 needs a single block for 32
-//! bytes, so two SHA-256 compressions), one AES-256 key expansion and the GCM seal or
-//! open of ≈ 40 bytes (proto::gcm: H, E_K(J0) and the key stream in one batch of
-//! AES blocks).
+//! Pure: time and nonce are passed in. Cost: one HKDF-Expand (the `hkdf` crate, one
+//! HMAC-SHA-256 under the PRK's pads compressed once: RFC 5869 §2.3 needs a single
+//! block for 32 bytes, so two SHA-256 compressions), one AES-256 key expansion and the
+//! GCM seal or open of ≈ 40 bytes (the `aes-gcm` crate; its open compares the tag in
+//! constant time before it decrypts).
 
-use crate::gcm;
-use crate::hkdf::{self, HmacSha256};
+use aes_gcm::aead::AeadInOut;
+use aes_gcm::{AesGcm, KeyInit};
+use hkdf::Hkdf;
+use sha2::Sha256;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 /// quinn's default `ServerConfig::retry_token_lifetime`, in seconds.
@@ -59,11 +61,11 @@ impl TokenCheck {
     }
 }
 
-/// The instances' shared token key: the HMAC-SHA-256 key of the PRK that
-/// HKDF-Extract(salt = [`TOKEN_SALT`], the key file's `token` secret) gives
-/// (RFC 5869 §2.2), its pads compressed once (proto::hkdf) so that each token's
-/// HKDF-Expand is one HMAC of one block: two SHA-256 compressions.
-pub struct TokenKey(HmacSha256);
+/// The instances' shared token key: the PRK that HKDF-Extract(salt = [`TOKEN_SALT`],
+/// the key file's `token` secret) gives (RFC 5869 §2.2), as an HKDF-Expand key whose
+/// HMAC pads are compressed once, so that each token's HKDF-Expand is one HMAC of one
+/// block: two SHA-256 compressions.
+pub struct TokenKey(Hkdf<Sha256>);
 
 impl std::fmt::Debug for TokenKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -71,11 +73,17 @@ impl std::fmt::Debug for TokenKey {
     }
 }
 
+/// AES-256-GCM (the `aes-gcm` crate) on the encrypt-only AES-256 key schedule: GCM
+/// only ever encrypts blocks, and `aes::Aes256` (what `aes_gcm::Aes256Gcm` uses)
+/// would also expand the decryption round keys of every fresh token key.
+type Aes256Gcm = AesGcm<aes::Aes256Enc, aes::cipher::consts::U12>;
+
 /// The random nonce appended to every token (quinn: a `u128`, little-endian).
 pub const NONCE_LEN: usize = 16;
-const TAG_LEN: usize = gcm::TAG_LEN;
+/// AES-256-GCM's full 128-bit tag (NIST SP 800-38D §5.2.1.2).
+const TAG_LEN: usize = 16;
 /// quinn seals every token with a zero nonce: each token has its own key.
-const ZERO_IV: [u8; gcm::IV_LEN] = [0; gcm::IV_LEN];
+const ZERO_IV: [u8; 12] = [0; 12];
 /// The longest Retry token: type, IPv6 (tag + 16), port, ODCID (length + 20), issue
 /// time, AEAD tag, nonce.
 pub const MAX_RETRY_TOKEN: usize = 1 + 17 + 2 + 21 + 8 + TAG_LEN + NONCE_LEN;
@@ -84,14 +92,16 @@ impl TokenKey {
     /// The key worker::secrets derives from the key file's `token` secret.
     pub fn new(secret: &[u8; 32]) -> TokenKey {
         // RFC 5869 §2.2: PRK = HKDF-Extract(salt, secret).
-        let prk = hkdf::extract(&HmacSha256::new(TOKEN_SALT), secret);
-        TokenKey(HmacSha256::new(&prk))
+        TokenKey(Hkdf::new(Some(TOKEN_SALT), secret))
     }
 
-    /// quinn's `aead_from_hkdf`: the AES-256-GCM key HKDF-Expand(prk, info = nonce,
-    /// 32), i.e. T(1) = HMAC(prk, nonce ‖ 0x01) (RFC 5869 §2.3).
-    fn token_key(&self, nonce: &[u8]) -> [u8; 32] {
-        self.0.sign_parts(&[nonce, &[1]])
+    /// quinn's `aead_from_hkdf`: the AES-256-GCM key of the token with `nonce`,
+    /// HKDF-Expand(prk, info = nonce, 32), i.e. T(1) = HMAC(prk, nonce ‖ 0x01)
+    /// (RFC 5869 §2.3).
+    fn token_key(&self, nonce: &[u8]) -> Option<[u8; 32]> {
+        let mut key = [0u8; 32];
+        self.0.expand(nonce, &mut key).ok()?;
+        Some(key)
     }
 
     /// Checks `token` from `client` at `now_unix` seconds (RFC 9000 §8.1.3–8.1.4).
@@ -109,8 +119,12 @@ impl TokenKey {
         let mut buf = [0u8; 256];
         let plain = &mut buf[..ct.len()];
         plain.copy_from_slice(ct);
-        // quinn: AES-256-GCM, zero nonce, no AAD (NIST SP 800-38D §7.2).
-        gcm::open_256(&self.token_key(nonce), &ZERO_IV, &[], plain, tag.try_into().ok()?).ok()?;
+        // quinn: AES-256-GCM, zero nonce, no AAD (NIST SP 800-38D §7.2: the tag is
+        // compared in constant time, and nothing is decrypted unless it matches).
+        let tag = <[u8; TAG_LEN]>::try_from(tag).ok()?;
+        Aes256Gcm::new(&self.token_key(nonce)?.into())
+            .decrypt_inout_detached(&ZERO_IV.into(), &[], plain.into(), &tag.into())
+            .ok()?;
         let mut r = &plain[..];
         let ty = take(&mut r, 1)?[0];
         let ip = match take(&mut r, 1)?[0] {
@@ -179,7 +193,9 @@ impl TokenKey {
         let plain_len = w.pos;
         let out = w.out;
         // quinn: AES-256-GCM, zero nonce, no AAD (NIST SP 800-38D §7.1).
-        let tag = gcm::seal_256(&self.token_key(&nonce), &ZERO_IV, &[], out.get_mut(..plain_len)?)?;
+        let tag = Aes256Gcm::new(&self.token_key(&nonce)?.into())
+            .encrypt_inout_detached(&ZERO_IV.into(), &[], out.get_mut(..plain_len)?.into())
+            .ok()?;
         let end = plain_len + TAG_LEN + NONCE_LEN;
         out.get_mut(plain_len..plain_len + TAG_LEN)?.copy_from_slice(&tag);
         out.get_mut(plain_len + TAG_LEN..end)?.copy_from_slice(&nonce);
@@ -208,7 +224,9 @@ impl TokenKey {
             }
         }
         b.extend_from_slice(&issued_unix.to_be_bytes());
-        let tag = gcm::seal_256(&self.token_key(&nonce), &ZERO_IV, &[], &mut b)?;
+        let tag = Aes256Gcm::new(&self.token_key(&nonce)?.into())
+            .encrypt_inout_detached(&ZERO_IV.into(), &[], b.as_mut_slice().into())
+            .ok()?;
         b.extend_from_slice(&tag);
         b.extend_from_slice(&nonce);
         Some(b)
@@ -278,8 +296,8 @@ pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// The aws-lc-rs implementation this module had before proto::hkdf: the slow,
-    /// obviously right model of the token key and of `seal_retry`.
+    /// The aws-lc-rs implementation this module had before the RustCrypto crates: the
+    /// slow, obviously right model of the token key and of `seal_retry`.
     pub(crate) mod model {
         use super::super::{take, TokenCheck, Writer, RETRY_LIFETIME, TOKEN_SALT, VALIDATION_LIFETIME};
         use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
@@ -410,7 +428,7 @@ pub(crate) mod tests {
         /// the model, for any secret and nonce.
         #[test]
         fn token_key_is_the_model(secret in any::<[u8; 32]>(), nonce in any::<[u8; 16]>()) {
-            prop_assert_eq!(TokenKey::new(&secret).token_key(&nonce), model::TokenKey::new(&secret).key_bytes(&nonce));
+            prop_assert_eq!(TokenKey::new(&secret).token_key(&nonce), Some(model::TokenKey::new(&secret).key_bytes(&nonce)));
         }
 
         /// `check` answers as the model for Retry and NEW_TOKEN tokens of any client,
@@ -456,6 +474,52 @@ pub(crate) mod tests {
                 prop_assert_eq!(&got[..n], &want[..n]);
                 let t = TokenKey::new(&secret).check(&got[..n], client, issued.saturating_sub(1));
                 prop_assert_eq!(t, TokenCheck::Retry);
+            }
+        }
+    }
+
+    /// NIST SP 800-38D §7.2 step 8: a token whose tag differs in any one byte — each
+    /// of the 16 positions, low and high bit — is refused, and so is one with any
+    /// other byte changed (ciphertext: the tag no longer matches; nonce: another key).
+    #[test]
+    fn tampered_tokens_are_refused() {
+        let k = TokenKey::new(&[7; 32]);
+        let c: SocketAddr = "192.0.2.1:4433".parse().unwrap();
+        for t in [k.seal(c, Some(&[1; 8]), 1000, [3; 16]).unwrap(), k.seal(c, None, 1000, [4; 16]).unwrap()] {
+            assert!(k.check(&t, c, 1000).is_valid());
+            let tag_at = t.len() - NONCE_LEN - TAG_LEN;
+            for i in 0..t.len() {
+                for bit in [0x01, 0x80] {
+                    let mut bad = t.clone();
+                    bad[i] ^= bit;
+                    let what = match i {
+                        _ if i < tag_at => format!("ciphertext byte {i}"),
+                        _ if i < tag_at + TAG_LEN => format!("tag byte {}", i - tag_at),
+                        _ => format!("nonce byte {}", i - tag_at - TAG_LEN),
+                    };
+                    assert_eq!(k.check(&bad, c, 1000), TokenCheck::Invalid, "{what} ^ {bit:#x}");
+                }
+            }
+        }
+    }
+
+    /// A forgery that puts a token's cleartext where its ciphertext goes, under any
+    /// tag, is refused: the payload is only read after the tag matched.
+    #[test]
+    fn cleartext_forgeries_are_refused() {
+        let k = TokenKey::new(&[7; 32]);
+        let c: SocketAddr = "192.0.2.1:4433".parse().unwrap();
+        let retry =
+            [&[0u8, 0, 192, 0, 2, 1][..], &4433u16.to_be_bytes(), &[8], &[1; 8], &1000u64.to_be_bytes()].concat();
+        let validation = [&[1u8, 0, 192, 0, 2, 1][..], &1000u64.to_be_bytes()].concat();
+        for (plain, kind) in [(retry, Some(&[1u8; 8][..])), (validation, None)] {
+            // The layout is the real one: sealing it gives a token that checks.
+            let real = k.seal(c, kind, 1000, [3; 16]).unwrap();
+            assert_eq!(real.len(), plain.len() + TAG_LEN + NONCE_LEN);
+            assert!(k.check(&real, c, 1000).is_valid());
+            for tag in [[0u8; TAG_LEN], [0xff; TAG_LEN], real[plain.len()..plain.len() + TAG_LEN].try_into().unwrap()] {
+                let forged = [&plain[..], &tag, &[3; 16]].concat();
+                assert_eq!(k.check(&forged, c, 1000), TokenCheck::Invalid, "cleartext under tag {tag:02x?}");
             }
         }
     }
