@@ -106,6 +106,9 @@ pub fn pretty(v: &Value) -> String {
         v["state_dir"].as_str().unwrap_or("?"),
         v["uptime_s"]
     );
+    if let Some(summary) = v["summary"].as_str() {
+        s += &format!("{summary}\n");
+    }
     s += &format!(
         "data plane pid {}  {}  restarts {}{}\n",
         dp["pid"],
@@ -343,7 +346,7 @@ fn prometheus(ctl: &Value, dp: &Value) -> String {
         vec![(String::new(), u(&ctl["worker_replacements"]))],
     );
     let mut by_state: std::collections::BTreeMap<String, u64> =
-        ["ready", "registered", "draining", "starting"].iter().map(|k| (k.to_string(), 0)).collect();
+        ["ready", "registered", "draining", "retiring", "starting"].iter().map(|k| (k.to_string(), 0)).collect();
     for w in ctl["workers"].as_array().into_iter().flatten() {
         *by_state.entry(w["state"].as_str().unwrap_or("unknown").to_string()).or_default() += 1;
     }
