@@ -844,12 +844,12 @@ impl<P: Process> Lifecycle<P> {
         self.workers.iter().position(|w| w.reg.is_some_and(|r| r.token == token))
     }
 
-    fn new_worker(&mut self, pid: u32, managed: Option<P>, now: Instant, phase: WorkerPhase) -> WorkerId {
+    /// A new record: `proc` for a worker of ours, `reg` for one known by its registration.
+    fn new_worker(&mut self, pid: u32, proc: Option<P>, reg: Option<Registration>, now: Instant, phase: WorkerPhase) {
         let id = WorkerId(self.next_worker);
         self.next_worker += 1;
-        let managed_flag = managed.is_some();
-        self.workers.push(Worker { id, pid, managed: managed_flag, proc: managed, started: now, reg: None, phase });
-        id
+        let managed = proc.is_some();
+        self.workers.push(Worker { id, pid, managed, proc, started: now, reg, phase });
     }
 
     /// Drops exited records that hold no registration any more.
@@ -935,7 +935,7 @@ impl<P: Process> Lifecycle<P> {
                     return refuse(Event::WorkerSpawned(proc), "no worker is wanted");
                 }
                 let pid = proc.pid() as u32;
-                self.new_worker(pid, Some(proc), now, WorkerPhase::Spawned);
+                self.new_worker(pid, Some(proc), None, now, WorkerPhase::Spawned);
                 Ok(())
             }
             Event::WorkerSpawnFailed(why) => {
@@ -957,7 +957,7 @@ impl<P: Process> Lifecycle<P> {
                 } else {
                     WorkerPhase::Spawned
                 };
-                self.new_worker(pid, Some(proc), now, phase);
+                self.new_worker(pid, Some(proc), None, now, phase);
                 tracing::info!(pid, retiring, "adopted a running worker");
                 Ok(())
             }
@@ -983,12 +983,7 @@ impl<P: Process> Lifecycle<P> {
                         // Draining or Retiring: it keeps that phase (it repeats Draining).
                         w.reg = Some(reg);
                     }
-                    None => {
-                        let id = self.new_worker(pid, None, now, WorkerPhase::Registered);
-                        if let Some(w) = self.workers.last_mut().filter(|w| w.id == id) {
-                            w.reg = Some(reg);
-                        }
-                    }
+                    None => self.new_worker(pid, None, Some(reg), now, WorkerPhase::Registered),
                 }
                 tracing::info!(server_id, pid, rejoined, "worker registered");
                 Ok(())
