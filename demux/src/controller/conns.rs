@@ -17,7 +17,8 @@
 //!   sends nothing within `HELLO_TIMEOUT` is closed; at most `pending_cap` such
 //!   connections are kept, a new one beyond that evicts the oldest.
 
-use super::{state, Conn, Ctl, Kind, WorkerState};
+use super::lifecycle::Event;
+use super::{state, Conn, Ctl, Kind};
 use crate::control_server::{self, ControlServer, Serves};
 use proto::wire::{Admin, ControlSocket, Message, Registration};
 use std::os::fd::{AsFd, AsRawFd, RawFd};
@@ -111,16 +112,12 @@ impl Ctl {
                 conn.kind = Kind::Operator;
                 true
             }
-            (Kind::Worker { state, server_id, .. }, Reg(Registration::Ready)) => {
-                if *state != WorkerState::Ready {
-                    tracing::info!(server_id = *server_id, "worker ready");
-                }
-                *state = WorkerState::Ready;
+            (Kind::Worker, Reg(Registration::Ready)) => {
+                self.lifecycle(Event::Said { token, ready: true });
                 true
             }
-            (Kind::Worker { state, server_id, .. }, Reg(Registration::Draining)) => {
-                tracing::info!(server_id = *server_id, "worker draining");
-                *state = WorkerState::Draining;
+            (Kind::Worker, Reg(Registration::Draining)) => {
+                self.lifecycle(Event::Said { token, ready: false });
                 true
             }
             (Kind::Pending | Kind::Operator, Adm(Admin::StatusRequest)) => {
@@ -159,7 +156,7 @@ impl Ctl {
 
     /// A worker's Hello (fresh id) or Rejoin (its id again).
     fn register(&mut self, token: u64, pid: u32, rejoin: Option<u16>) -> bool {
-        if self.shutdown.is_some() {
+        if !self.lc.accepts_registrations() {
             self.refuse(token, "the controller is shutting down");
             return false;
         }
@@ -215,15 +212,12 @@ impl Ctl {
             self.close(token, &format!("sending Assign: {e}"));
             return false;
         }
-        tracing::info!(server_id, pid, rejoined = rejoin.is_some(), "worker registered");
+        if !self.lifecycle(Event::Registered { token, pid, server_id, rejoined: rejoin.is_some() }) {
+            self.close(token, "registration refused by the lifecycle");
+            return false;
+        }
         if let Some(c) = self.conns.get_mut(&token) {
-            c.kind = Kind::Worker {
-                server_id,
-                pid,
-                state: WorkerState::Registered,
-                since: Instant::now(),
-                rejoined: rejoin.is_some(),
-            };
+            c.kind = Kind::Worker;
         }
         true
     }
@@ -234,7 +228,7 @@ impl Ctl {
     }
 
     fn id_held(&self, id: u16) -> bool {
-        self.conns.values().any(|c| matches!(c.kind, Kind::Worker { server_id, .. } if server_id == id))
+        self.lc.server_id_held(id)
     }
 
     /// The next server id, persisted before it is handed out; rotates the key
@@ -293,8 +287,15 @@ impl Ctl {
             return;
         };
         let _ = self.epoll.delete(c.fd.as_raw_fd());
-        if let Kind::Worker { server_id, pid, .. } = c.kind {
-            tracing::info!(server_id, pid, why, "worker left the controller");
+        if c.kind == Kind::Worker {
+            let who = self.lc.worker_by_token(token).map(|w| (w.server_id(), w.pid()));
+            tracing::info!(
+                server_id = who.and_then(|w| w.0),
+                pid = who.map(|w| w.1),
+                why,
+                "worker left the controller"
+            );
+            self.lifecycle(Event::RegistrationClosed { token });
             if let Err(e) = self.store_registrations(None) {
                 tracing::warn!(error = %format!("{e:#}"), "could not update the registrations file");
             }

@@ -12,16 +12,18 @@ use sys::seqpacket::Channel;
 pub(crate) type Link = Option<(i32, OwnedFd)>;
 
 impl Ctl {
-    /// Once per tick: (re)connects when the data plane runs and is not linked yet.
+    /// Once per tick: (re)connects when the data plane runs and is not linked yet
+    /// (dropped while none runs; kept while it stops).
     pub(super) fn keep_dataplane_link(&mut self) {
-        let Some(pid) = self.dp.proc.as_ref().map(|p| p.pid()) else {
+        let Some(pid) = self.lc.dataplane().pid() else {
             self.dp_link = None;
             return;
         };
         if self.dp_link.as_ref().is_some_and(|(p, _)| *p == pid) {
             return;
         }
-        if !self.dp.adopted && !self.paths.dataplane_ready().exists() {
+        // Ready (or adopted): its control socket answers.
+        if self.lc.dataplane_running() != Some(pid) {
             return;
         }
         let Ok(fd) = sys::seqpacket::connect(&self.paths.dataplane_sock()) else { return };

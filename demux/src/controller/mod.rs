@@ -6,11 +6,14 @@
 //! workers when it restarts.
 //!
 //! Modules, one concern each: `state` (files), `procs` (child processes),
-//! `conns` (the control socket), `supervise` (data plane, workers, reload,
-//! shutdown), `status` (status JSON, metrics), `client` (operator commands).
+//! `lifecycle` (the states of the data plane, the workers and the controller, and
+//! every change to them), `conns` (the control socket), `supervise` (carries out
+//! what the lifecycle decides), `status` (status JSON, metrics), `client`
+//! (operator commands).
 
 pub mod client;
 pub mod conns;
+mod lifecycle;
 mod link;
 pub mod ownership;
 pub mod pacing;
@@ -27,7 +30,7 @@ use anyhow::{bail, Context, Result};
 use proto::keyfile::KeyFile;
 use proto::wire::Admin;
 use state::{Counter, Paths};
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
@@ -46,40 +49,13 @@ const TICK_MS: i32 = 100;
 /// `--orphan-timeout` of a controller's data plane unless given (seconds).
 pub const ORPHAN_TIMEOUT_DEFAULT: u64 = 60;
 
-/// Where a registered worker is (docs/architecture.md "Processes and the
-/// data-connection protocol", step 4): `Ready` and `Draining` are its last message.
+/// What a control connection is; a worker's registration itself lives in the
+/// lifecycle (`lifecycle::Worker`), found by this connection's token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum WorkerState {
-    /// Registered (Assign sent), not yet `Ready`.
-    Registered,
-    /// Sent `Ready`: accepts new connections.
-    Ready,
-    /// Sent `Draining`: serves its connections, accepts no new ones.
-    Draining,
-}
-
-impl WorkerState {
-    /// The name in the status JSON (`workers[].state`).
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            WorkerState::Registered => "registered",
-            WorkerState::Ready => "ready",
-            WorkerState::Draining => "draining",
-        }
-    }
-}
-
-/// A registered (or registering) control connection.
 pub(crate) enum Kind {
     /// Before its first message.
     Pending,
-    Worker {
-        server_id: u16,
-        pid: u32,
-        state: WorkerState,
-        since: Instant,
-        rejoined: bool,
-    },
+    Worker,
     Operator,
 }
 
@@ -88,47 +64,6 @@ pub(crate) struct Conn {
     kind: Kind,
     /// Accepted then, no message yet: closed after `accept_guard::HELLO_TIMEOUT`.
     idle_since: Option<Instant>,
-}
-
-/// A worker process the controller started (or adopted from the previous one).
-pub(crate) struct Managed {
-    proc: procs::Proc,
-    spawned: Instant,
-    /// Being replaced (rolling reload) or drained: not counted toward
-    /// `--spawn-workers`, not replaced when it exits.
-    retiring: bool,
-    signaled: bool,
-}
-
-pub(crate) struct DataPlane {
-    proc: Option<procs::Proc>,
-    restarts: u64,
-    adopted: bool,
-    started: Instant,
-    backoff: Duration,
-    restart_at: Option<Instant>,
-    last_exit: Option<String>,
-}
-
-pub(crate) struct Reload {
-    queue: VecDeque<i32>,
-    step: Option<ReloadStep>,
-}
-
-/// One step of a rolling reload: the old worker `old` (a pid) being replaced.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ReloadStep {
-    /// `old` is retiring and its replacement starting (since `since`); `old` is
-    /// signalled once every non-retiring worker is ready.
-    AwaitReplacement { old: i32, since: Instant },
-    /// `old` was signalled (SIGTERM: drain); the step ends when it exits.
-    AwaitExit { old: i32 },
-}
-
-pub(crate) struct Shutdown {
-    deadline: Instant,
-    workers_signaled: bool,
-    dataplane_signaled: Option<Instant>,
 }
 
 pub(crate) struct Ctl {
@@ -147,8 +82,10 @@ pub(crate) struct Ctl {
     /// `--rejoin-grace-ms` for the data planes it restarts (supervise::REJOIN_GRACE_MS
     /// unless the operator gave one).
     rejoin_grace_ms: u32,
-    dp: DataPlane,
-    workers: Vec<Managed>,
+    /// The data plane, the workers and the controller's phase (lifecycle.rs).
+    lc: lifecycle::Lifecycle<procs::Proc>,
+    /// The last `DIR/workers` written.
+    workers_file: Option<String>,
     conns: HashMap<u64, Conn>,
     epoll: sys::Epoll,
     listener: OwnedFd,
@@ -159,11 +96,6 @@ pub(crate) struct Ctl {
     /// data plane (or issued the id itself).
     adopted_sockets: bool,
     issued_here: std::collections::HashSet<u16>,
-    reload: Option<Reload>,
-    shutdown: Option<Shutdown>,
-    worker_replacements: u64,
-    next_worker_spawn: Instant,
-    worker_backoff: Duration,
     started: Instant,
     status_out: Arc<Mutex<serde_json::Value>>,
     buf: Vec<u8>,
@@ -241,13 +173,13 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
     let mut dataplane_args = dataplane_args(&dp, &paths);
     dataplane_args.extend(trust::dataplane_trust_args(&paths, worker_user.as_ref()));
     // Adopt a running data plane (controller restart), else open the sockets.
-    let (udp, udp_addrs, dp_state) = match adopt_dataplane(&paths, &dp, cores.len())? {
+    let (udp, udp_addrs, adopted_dp) = match adopt_dataplane(&paths, &dp, cores.len())? {
         Some((pid, fds, addrs)) => {
             tracing::info!(pid, sockets = ?addrs, "adopted the running data plane and its sockets");
             let proc = procs::Proc::adopt(pid).context("pidfd_open on the adopted data plane")?;
             // Before the control socket exists (so before any worker rejoins).
             rotation::resync_adopted(&paths, pid, &keys)?;
-            (fds, addrs, DataPlane::new(Some(proc), true))
+            (fds, addrs, Some(proc))
         }
         None => {
             // One owner per port: not beside another appliance's (or orphan's) sockets.
@@ -256,17 +188,23 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
             let addrs: Vec<SocketAddr> = socks.iter().flatten().map(|s| s.local).collect();
             let fds: Vec<OwnedFd> = socks.into_iter().flatten().map(|s| s.fd).collect();
             tracing::info!(sockets = ?addrs, "UDP sockets open");
-            (fds, addrs, DataPlane::new(None, false))
+            (fds, addrs, None)
         }
     };
-    let adopted_sockets = dp_state.adopted;
-    let mut dp_state = dp_state;
+    let adopted_sockets = adopted_dp.is_some();
     // Restarts count per set of sockets: an adopted data plane continues the count.
-    dp_state.restarts = if adopted_sockets {
+    let restarts = if adopted_sockets {
         std::fs::read_to_string(paths.dataplane_restarts()).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0)
     } else {
         0
     };
+    let lc = lifecycle::Lifecycle::new(
+        Instant::now(),
+        opts.spawn_workers,
+        Duration::from_secs(opts.drain_timeout),
+        adopted_dp,
+        restarts,
+    );
 
     let signals = block_signals()?;
     let listener = sys::seqpacket::listen_private(&paths.control_sock())?;
@@ -294,8 +232,8 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
         per_shard: dp.listen.len(),
         dataplane_args,
         rejoin_grace_ms: dp.rejoin_grace_ms.unwrap_or(supervise::REJOIN_GRACE_MS),
-        dp: dp_state,
-        workers: Vec::new(),
+        lc,
+        workers_file: None,
         conns: HashMap::new(),
         epoll,
         listener,
@@ -303,11 +241,6 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
         next_token: FIRST_CONN_TOKEN,
         adopted_sockets,
         issued_here: Default::default(),
-        reload: None,
-        shutdown: None,
-        worker_replacements: 0,
-        next_worker_spawn: Instant::now(),
-        worker_backoff: supervise::WORKER_BACKOFF_MIN,
         started: Instant::now(),
         status_out,
         buf: vec![0u8; CONTROL_BUF],
@@ -350,20 +283,6 @@ fn add_rings_arg(opts: &mut ControllerOpts, forward: crate::cli::ForwardKind) {
     }
     opts.worker_args.push("--rings".into());
     opts.worker_args.push(if forward == crate::cli::ForwardKind::Ring { "on" } else { "off" }.into());
-}
-
-impl DataPlane {
-    fn new(proc: Option<procs::Proc>, adopted: bool) -> DataPlane {
-        DataPlane {
-            proc,
-            restarts: 0,
-            adopted,
-            started: Instant::now(),
-            backoff: supervise::DP_BACKOFF_MIN,
-            restart_at: None,
-            last_exit: None,
-        }
-    }
 }
 
 /// The data-plane flags the controller passes on (everything but the paths it owns).
@@ -666,13 +585,6 @@ pub mod tests {
         assert_eq!(rings_args(&["--forward", "seqpacket"]), ["--rings", "off"]);
         assert_eq!(rings_args(&["--forward", "ring"]), ["--rings", "on"]);
         assert_eq!(rings_args(&["--worker-arg=--rings=off"]), ["--rings=off"], "the operator's choice stays");
-    }
-
-    /// The status JSON's `workers[].state` (docs/operations.md, `demux status`).
-    #[test]
-    fn worker_state_names_are_the_status_names() {
-        let names = [WorkerState::Registered, WorkerState::Ready, WorkerState::Draining].map(WorkerState::name);
-        assert_eq!(names, ["registered", "ready", "draining"]);
     }
 
     /// `GetSockets` adoption receives every shard's sockets in one record: the

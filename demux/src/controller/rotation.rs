@@ -86,8 +86,7 @@ impl Ctl {
             "CID key generation rotated"
         );
         let changed = Registration::KeysChanged { keys: self.keys.keys.clone() };
-        let workers: Vec<u64> =
-            self.conns.iter().filter(|(_, c)| matches!(c.kind, Kind::Worker { .. })).map(|(t, _)| *t).collect();
+        let workers: Vec<u64> = self.conns.iter().filter(|(_, c)| c.kind == Kind::Worker).map(|(t, _)| *t).collect();
         for t in workers {
             let Some(c) = self.conns.get(&t) else { continue };
             if let Err(e) = Channel::<Registration>::new(c.fd.as_fd()).dont_wait().send(&changed) {

@@ -2,7 +2,7 @@
 //! controller's JSON, below), and the Prometheus text endpoint behind `--metrics`,
 //! which adds the data plane's counters (asked on its control socket per scrape).
 
-use super::{Ctl, Kind};
+use super::Ctl;
 use anyhow::{Context, Result};
 use proto::wire::Admin;
 use serde_json::{json, Value};
@@ -15,37 +15,24 @@ use std::time::Duration;
 
 impl Ctl {
     pub(super) fn status_json(&self) -> Value {
-        let mut workers: Vec<Value> = self
-            .conns
-            .values()
-            .filter_map(|c| match &c.kind {
-                Kind::Worker { server_id, pid, state, since, rejoined } => Some(json!({
-                    "server_id": server_id,
-                    "pid": pid,
-                    "state": state.name(),
-                    "managed": self.workers.iter().any(|w| w.proc.pid() as u32 == *pid),
-                    "rejoined": rejoined,
-                    "registered_for_s": since.elapsed().as_secs(),
-                })),
-                _ => None,
+        use super::lifecycle::{Phase, WorkerPhase};
+        // Registered workers by server id, then the ones not registered (yet).
+        let mut list: Vec<_> = self.lc.workers().iter().filter(|w| w.phase() != WorkerPhase::Exited).collect();
+        list.sort_by_key(|w| (w.server_id().is_none(), w.server_id()));
+        let workers: Vec<Value> = list
+            .into_iter()
+            .map(|w| {
+                let reg = w.registration();
+                json!({
+                    "server_id": w.server_id(),
+                    "pid": w.pid(),
+                    "state": w.phase().kind().name(),
+                    "managed": w.managed(),
+                    "rejoined": reg.is_some_and(|r| r.rejoined),
+                    "registered_for_s": reg.map_or(0, |r| r.since.elapsed().as_secs()),
+                })
             })
             .collect();
-        workers.sort_by_key(|w| w["server_id"].as_u64().unwrap_or(0));
-        let registered: Vec<u32> = self
-            .conns
-            .values()
-            .filter_map(|c| match c.kind {
-                Kind::Worker { pid, .. } => Some(pid),
-                _ => None,
-            })
-            .collect();
-        for w in &self.workers {
-            let pid = w.proc.pid() as u32;
-            if !registered.contains(&pid) {
-                workers.push(json!({ "server_id": null, "pid": pid, "state": "starting", "managed": true,
-                    "rejoined": false, "registered_for_s": 0 }));
-            }
-        }
         let sockets: Vec<Value> = self
             .udp
             .iter()
@@ -54,17 +41,18 @@ impl Ctl {
             .map(|(i, (fd, a))| json!({ "shard": i / self.per_shard.max(1), "addr": a.to_string(), "fd": fd.as_raw_fd() }))
             .collect();
         let k = &self.keys.keys;
+        let dp = self.lc.dataplane();
+        let phase = self.lc.phase();
         json!({
             "controller_pid": std::process::id(),
             "state_dir": self.paths.dir.display().to_string(),
             "uptime_s": self.started.elapsed().as_secs(),
             "dataplane": {
-                "pid": self.dp.proc.as_ref().map(|p| p.pid()),
-                "state": if self.dp.proc.is_none() { "restarting" }
-                         else if self.paths.dataplane_ready().exists() || self.dp.adopted { "running" } else { "starting" },
-                "restarts": self.dp.restarts,
-                "adopted": self.dp.adopted,
-                "last_exit": self.dp.last_exit,
+                "pid": dp.pid(),
+                "state": dp.kind().name(),
+                "restarts": self.lc.dataplane_restarts(),
+                "adopted": dp.adopted(),
+                "last_exit": self.lc.dataplane_last_exit(),
                 "control_socket": self.paths.dataplane_sock().display().to_string(),
                 "data_socket": self.paths.data_sock().display().to_string(),
             },
@@ -80,9 +68,14 @@ impl Ctl {
             "key_previous": k.previous.map(|p| p.generation.get()),
             "key_previous_prf": k.previous.map(|p| p.prf.as_str()),
             "spawn_workers": self.opts.spawn_workers,
-            "worker_replacements": self.worker_replacements,
-            "reloading": self.reload.is_some(),
-            "shutting_down": self.shutdown.is_some(),
+            "worker_replacements": self.lc.worker_replacements(),
+            // The controller's phase (lifecycle::Phase), and the same as booleans.
+            "phase": phase.kind().name(),
+            "reloading": matches!(phase, Phase::Reloading(_)),
+            "shutting_down": matches!(phase, Phase::ShuttingDown(_)),
+            "summary": self.lc.summary(),
+            // Lifecycle events refused since start (each is logged).
+            "refused_events": self.lc.refused(),
             "workers": workers,
             // control.sock accepts (crate::accept_guard).
             "accept": {
@@ -113,6 +106,9 @@ pub fn pretty(v: &Value) -> String {
         v["state_dir"].as_str().unwrap_or("?"),
         v["uptime_s"]
     );
+    if let Some(summary) = v["summary"].as_str() {
+        s += &format!("{summary}\n");
+    }
     s += &format!(
         "data plane pid {}  {}  restarts {}{}\n",
         dp["pid"],
@@ -350,7 +346,7 @@ fn prometheus(ctl: &Value, dp: &Value) -> String {
         vec![(String::new(), u(&ctl["worker_replacements"]))],
     );
     let mut by_state: std::collections::BTreeMap<String, u64> =
-        ["ready", "registered", "draining", "starting"].iter().map(|k| (k.to_string(), 0)).collect();
+        ["ready", "registered", "draining", "retiring", "starting"].iter().map(|k| (k.to_string(), 0)).collect();
     for w in ctl["workers"].as_array().into_iter().flatten() {
         *by_state.entry(w["state"].as_str().unwrap_or("unknown").to_string()).or_default() += 1;
     }

@@ -1,200 +1,172 @@
-//! Supervision, once per tick: the data plane (restarted on the same sockets with
-//! exponential backoff), the spawned workers (a crashed one is replaced; the
-//! replacement gets a new server id when it registers), the rolling reload (SIGHUP)
-//! and the shutdown (SIGTERM); docs/operations.md "Lifecycle events".
+//! Supervision, once per tick: feeds the lifecycle (`lifecycle.rs`) what happened
+//! to the processes (exits, the data plane's ready file), starts the data plane and
+//! workers when it asks for them, and carries out what it says (signals, kills,
+//! state files); docs/operations.md "Lifecycle events".
 
-use super::{procs, state, Ctl, Kind, Managed, Reload, ReloadStep, Shutdown, WorkerState};
+use super::lifecycle::{Became, Event, Output, Refused};
+use super::{procs, state, Ctl};
 use anyhow::Result;
-use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
-/// Longest wait for a reload step's new worker to become ready.
-const RELOAD_STEP_TIMEOUT: Duration = Duration::from_secs(120);
-/// Data-plane restart backoff bounds; a data plane that ran this long resets it.
-pub(super) const DP_BACKOFF_MIN: Duration = Duration::from_millis(200);
-const DP_BACKOFF_MAX: Duration = Duration::from_secs(5);
-const DP_STABLE: Duration = Duration::from_secs(10);
 /// `--rejoin-grace-ms` of a restarted data plane: workers retry their data connection
 /// with a backoff capped at 1 s (worker::datasock), so all are back well within 3 s.
 pub const REJOIN_GRACE_MS: u32 = 3000;
-/// Worker replacement backoff (a worker that dies within WORKER_STABLE doubles it,
-/// one that lived longer resets it).
-pub(super) const WORKER_BACKOFF_MIN: Duration = Duration::from_millis(500);
-const WORKER_BACKOFF_MAX: Duration = Duration::from_secs(10);
-const WORKER_STABLE: Duration = Duration::from_secs(5);
+/// How long killed processes get to die before they are reaped.
+const KILL_WAIT: Duration = Duration::from_millis(200);
 
 impl Ctl {
     /// One supervision pass; true when the controller should exit (shutdown done).
     pub(super) fn tick(&mut self) -> Result<bool> {
-        self.accept_tick(Instant::now());
+        let now = Instant::now();
+        self.accept_tick(now);
+        self.poll_exits();
         self.supervise_dataplane();
         self.keep_dataplane_link();
-        self.supervise_workers();
-        self.step_reload();
-        let done = self.step_shutdown();
+        self.spawn_workers();
+        self.lifecycle(Event::Tick);
+        self.store_workers();
         self.publish_status();
+        let done = self.lc.is_done();
+        if done {
+            self.remove_state_files();
+        }
         Ok(done)
     }
 
-    fn supervise_dataplane(&mut self) {
-        if let Some(p) = self.dp.proc.as_mut() {
-            if let Some(how) = p.poll_exit() {
-                let pid = p.pid();
-                self.dp.proc = None;
-                if self.shutdown.is_some() {
-                    tracing::info!(pid, how, "data plane stopped");
-                    return;
+    /// Feeds one event to the lifecycle and carries out its outputs; false when it
+    /// was refused (already logged and counted). A refused event that carried a
+    /// process we started: that process is not wanted, so it is stopped rather than
+    /// left unsupervised.
+    pub(super) fn lifecycle(&mut self, ev: Event<procs::Proc>) -> bool {
+        match self.lc.handle(Instant::now(), ev) {
+            Ok(outputs) => {
+                for o in outputs {
+                    self.carry_out(o);
                 }
-                let ran = self.dp.started.elapsed();
-                self.dp.backoff =
-                    if ran >= DP_STABLE { DP_BACKOFF_MIN } else { (self.dp.backoff * 2).min(DP_BACKOFF_MAX) };
-                tracing::error!(
-                    pid,
-                    how,
-                    ran_ms = ran.as_millis() as u64,
-                    backoff_ms = self.dp.backoff.as_millis() as u64,
-                    "data plane died; restarting it on the same sockets"
-                );
-                self.dp.last_exit = Some(how);
-                self.dp.restart_at = Some(Instant::now() + self.dp.backoff);
+                true
             }
-        }
-        if self.dp.proc.is_none() && self.shutdown.is_none() {
-            let due = match self.dp.restart_at {
-                Some(t) => Instant::now() >= t,
-                None => true,
-            };
-            if due {
-                self.start_dataplane();
+            Err(Refused { event: Event::DataPlaneSpawned(p) | Event::WorkerSpawned(p), .. }) => {
+                p.signal(libc::SIGTERM);
+                false
             }
+            Err(_) => false,
         }
     }
 
-    fn start_dataplane(&mut self) {
+    fn carry_out(&mut self, o: Output<procs::Proc>) {
+        match o {
+            Output::Signal { pid, sig } => {
+                // SAFETY: kill(2) on a pid the lifecycle holds (our child, not yet
+                // reaped, or an adopted process watched through its pidfd).
+                unsafe { libc::kill(pid, sig) };
+            }
+            Output::Kill(mut procs) => {
+                for p in &procs {
+                    p.signal(libc::SIGKILL);
+                }
+                std::thread::sleep(KILL_WAIT);
+                for p in &mut procs {
+                    let _ = p.poll_exit();
+                }
+            }
+            Output::Became(b) => self.became(b),
+        }
+    }
+
+    /// The moments a service manager cares about (lifecycle::Became).
+    fn became(&mut self, b: Became) {
+        match b {
+            Became::DataPlaneStarted { pid, restarts } => {
+                if let Err(e) = state::write_atomic(&self.paths.dataplane_pid(), &format!("{pid}\n")) {
+                    tracing::warn!(error = %format!("{e:#}"), "could not write dataplane.pid (a controller restart will not adopt it)");
+                }
+                if let Err(e) = state::write_atomic(&self.paths.dataplane_restarts(), &format!("{restarts}\n")) {
+                    tracing::warn!(error = %format!("{e:#}"), "could not write dataplane.restarts");
+                }
+                tracing::info!(pid, restarts, "data plane started");
+            }
+            Became::Placeable
+            | Became::ReloadStarted
+            | Became::ReloadDone
+            | Became::ReloadStopped
+            | Became::ShuttingDown
+            | Became::Stopped => tracing::debug!(?b, summary = %self.lc.summary(), "lifecycle"),
+        }
+    }
+
+    /// Child exits, reported to the lifecycle.
+    fn poll_exits(&mut self) {
+        let mut exits = Vec::new();
+        if let Some(how) = self.lc.dataplane_proc_mut().and_then(|p| p.poll_exit()) {
+            exits.push(Event::DataPlaneExited(how));
+        }
+        for (id, p) in self.lc.worker_procs_mut() {
+            if let Some(how) = p.poll_exit() {
+                exits.push(Event::WorkerExited { id, how });
+            }
+        }
+        for e in exits {
+            self.lifecycle(e);
+        }
+    }
+
+    /// The data plane's ready file appearing is its move to Running (the one place
+    /// the controller looks at it); a due (re)start is made.
+    fn supervise_dataplane(&mut self) {
+        use super::lifecycle::DataPlaneKind;
+        if self.lc.dataplane().kind() == DataPlaneKind::Starting && self.paths.dataplane_ready().exists() {
+            self.lifecycle(Event::DataPlaneReady);
+        }
+        let Some(rejoin_grace) = self.lc.dataplane_start_due(Instant::now()) else { return };
         let fds: Vec<RawFd> = self.udp.iter().map(|f| f.as_raw_fd()).collect();
         let _ = std::fs::remove_file(self.paths.dataplane_ready());
-        let first = self.dp.restart_at.is_none();
         // A restarted data plane (or a first one while adopted workers run) holds the
         // orphans of ids that are not live yet while the workers rejoin, one by one
         // after their reconnect backoff (at most 1 s apart): no stateless resets of
         // their established connections meanwhile.
         let mut args = self.dataplane_args.clone();
-        if !first || !self.workers.is_empty() {
+        if rejoin_grace {
             args.extend(["--rejoin-grace-ms".into(), self.rejoin_grace_ms.to_string()]);
         }
         match procs::spawn_dataplane(&self.exe, &fds, &args) {
-            Ok(child) => {
-                let pid = child.id();
-                if let Err(e) = state::write_atomic(&self.paths.dataplane_pid(), &format!("{pid}\n")) {
-                    tracing::warn!(error = %format!("{e:#}"), "could not write dataplane.pid (a controller restart will not adopt it)");
+            Ok(child) => self.lifecycle(Event::DataPlaneSpawned(procs::Proc::Child(child))),
+            Err(e) => self.lifecycle(Event::DataPlaneSpawnFailed(format!("{e:#}"))),
+        };
+    }
+
+    /// Workers connect to the data plane right after registering: the lifecycle
+    /// wants them only once it runs.
+    fn spawn_workers(&mut self) {
+        while self.lc.worker_wanted(Instant::now()) {
+            match procs::spawn_worker(
+                &self.worker_bin,
+                &self.paths.control_sock(),
+                &self.opts.worker_args,
+                self.worker_user.as_ref(),
+            ) {
+                Ok(child) => {
+                    tracing::info!(pid = child.id(), "worker started");
+                    self.lifecycle(Event::WorkerSpawned(procs::Proc::Child(child)));
                 }
-                if !first {
-                    self.dp.restarts += 1;
+                Err(e) => {
+                    self.lifecycle(Event::WorkerSpawnFailed(format!("{e:#}")));
+                    break;
                 }
-                let n = format!("{}\n", self.dp.restarts);
-                if let Err(e) = state::write_atomic(&self.paths.dataplane_restarts(), &n) {
-                    tracing::warn!(error = %format!("{e:#}"), "could not write dataplane.restarts");
-                }
-                tracing::info!(pid, restarts = self.dp.restarts, "data plane started");
-                self.dp.proc = Some(procs::Proc::Child(child));
-                self.dp.adopted = false;
-                self.dp.started = Instant::now();
-                self.dp.restart_at = None;
-            }
-            Err(e) => {
-                self.dp.backoff = (self.dp.backoff * 2).min(DP_BACKOFF_MAX);
-                tracing::error!(error = %format!("{e:#}"), "could not start the data plane; retrying");
-                self.dp.restart_at = Some(Instant::now() + self.dp.backoff);
             }
         }
     }
 
-    fn supervise_workers(&mut self) {
-        let mut changed = false;
-        let mut i = 0;
-        while i < self.workers.len() {
-            let w = &mut self.workers[i];
-            if let Some(how) = w.proc.poll_exit() {
-                let pid = w.proc.pid();
-                let expected = w.retiring || self.shutdown.is_some();
-                let lived = w.spawned.elapsed();
-                self.workers.remove(i);
-                changed = true;
-                if expected {
-                    tracing::info!(pid, how, "worker exited");
-                } else {
-                    self.worker_replacements += 1;
-                    if lived < WORKER_STABLE {
-                        self.worker_backoff = (self.worker_backoff * 2).min(WORKER_BACKOFF_MAX);
-                    } else {
-                        self.worker_backoff = WORKER_BACKOFF_MIN;
-                    }
-                    self.next_worker_spawn = Instant::now() + self.worker_backoff;
-                    tracing::error!(pid, how, "worker died; replacing it (the replacement gets a new server id)");
-                }
-                continue;
-            }
-            i += 1;
+    /// `DIR/workers`: the pids of the workers we supervise, for the next controller
+    /// (written when it changes).
+    fn store_workers(&mut self) {
+        let text = self.lc.workers_file();
+        if self.workers_file.as_ref() == Some(&text) {
+            return;
         }
-        // Workers connect to the data plane right after registering: start them once
-        // it runs.
-        let dp_running = self.dp.proc.is_some() && (self.dp.adopted || self.paths.dataplane_ready().exists());
-        if self.shutdown.is_none() && dp_running {
-            while self.workers.iter().filter(|w| !w.retiring).count() < self.opts.spawn_workers
-                && Instant::now() >= self.next_worker_spawn
-            {
-                match procs::spawn_worker(
-                    &self.worker_bin,
-                    &self.paths.control_sock(),
-                    &self.opts.worker_args,
-                    self.worker_user.as_ref(),
-                ) {
-                    Ok(child) => {
-                        tracing::info!(pid = child.id(), "worker started");
-                        self.workers.push(Managed {
-                            proc: procs::Proc::Child(child),
-                            spawned: Instant::now(),
-                            retiring: false,
-                            signaled: false,
-                        });
-                        changed = true;
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %format!("{e:#}"), "could not start a worker");
-                        self.next_worker_spawn = Instant::now() + self.worker_backoff;
-                        break;
-                    }
-                }
-            }
-        }
-        // More than --spawn-workers (a controller restarted with a smaller N adopted
-        // the old ones): drain the newest extras — scale-in.
-        if self.shutdown.is_none() && self.reload.is_none() {
-            while self.workers.iter().filter(|w| !w.retiring).count() > self.opts.spawn_workers {
-                let Some(w) = self.workers.iter_mut().rev().find(|w| !w.retiring) else { break };
-                tracing::info!(pid = w.proc.pid(), "more workers than --spawn-workers: draining one");
-                w.retiring = true;
-                w.signaled = true;
-                w.proc.signal(libc::SIGTERM);
-                changed = true;
-            }
-        }
-        if changed {
-            self.store_workers();
-        }
-    }
-
-    /// `DIR/workers`: the pids of the workers we supervise, for the next controller.
-    fn store_workers(&self) {
-        // `PID` or `PID retiring` (already told to drain: not counted, not replaced).
-        let text: String = self
-            .workers
-            .iter()
-            .map(|w| if w.signaled { format!("{} retiring\n", w.proc.pid()) } else { format!("{}\n", w.proc.pid()) })
-            .collect();
-        if let Err(e) = state::write_atomic(&self.paths.workers(), &text) {
-            tracing::warn!(error = %format!("{e:#}"), "could not write the workers file");
+        match state::write_atomic(&self.paths.workers(), &text) {
+            Ok(()) => self.workers_file = Some(text),
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), "could not write the workers file"),
         }
     }
 
@@ -214,8 +186,7 @@ impl Ctl {
             if self.adopted_sockets {
                 match procs::Proc::adopt(pid) {
                     Ok(proc) => {
-                        tracing::info!(pid, "adopted a running worker");
-                        self.workers.push(Managed { proc, spawned: Instant::now(), retiring, signaled: retiring });
+                        self.lifecycle(Event::WorkerAdopted { proc, retiring });
                     }
                     Err(e) => tracing::warn!(pid, error = %e, "could not adopt a worker"),
                 }
@@ -228,135 +199,17 @@ impl Ctl {
         self.store_workers();
     }
 
+    /// SIGHUP: a rolling reload of the spawned workers.
     pub(super) fn begin_reload(&mut self) {
-        if self.shutdown.is_some() {
-            return;
-        }
-        if self.reload.is_some() {
-            tracing::warn!("SIGHUP: a rolling reload is already running");
-            return;
-        }
-        let queue: VecDeque<i32> = self.workers.iter().filter(|w| !w.retiring).map(|w| w.proc.pid()).collect();
-        tracing::info!(workers = queue.len(), "SIGHUP: rolling reload");
-        self.reload = Some(Reload { queue, step: None });
+        self.lifecycle(Event::Reload);
     }
 
-    /// Whether every non-retiring spawned worker has registered and is ready.
-    fn all_ready(&self) -> bool {
-        self.workers.iter().filter(|w| !w.retiring).all(|w| {
-            let pid = w.proc.pid() as u32;
-            self.conns
-                .values()
-                .any(|c| matches!(c.kind, Kind::Worker { pid: p, state: WorkerState::Ready, .. } if p == pid))
-        })
-    }
-
-    fn step_reload(&mut self) {
-        let Some(mut r) = self.reload.take() else {
-            return;
-        };
-        if self.shutdown.is_some() {
-            return;
-        }
-        loop {
-            match r.step {
-                None => {
-                    let Some(old) = r.queue.pop_front() else {
-                        tracing::info!("rolling reload done");
-                        return;
-                    };
-                    let Some(w) = self.workers.iter_mut().find(|w| w.proc.pid() == old) else {
-                        continue;
-                    };
-                    // Retiring: the supervisor starts its replacement right away.
-                    w.retiring = true;
-                    r.step = Some(ReloadStep::AwaitReplacement { old, since: Instant::now() });
-                    break;
-                }
-                Some(ReloadStep::AwaitReplacement { old, since }) => {
-                    if self.all_ready()
-                        && self.workers.iter().filter(|w| !w.retiring).count() >= self.opts.spawn_workers
-                    {
-                        if let Some(w) = self.workers.iter_mut().find(|w| w.proc.pid() == old) {
-                            tracing::info!(pid = old, "reload: replacement ready; draining the old worker");
-                            w.proc.signal(libc::SIGTERM);
-                            w.signaled = true;
-                        }
-                        self.store_workers();
-                        r.step = Some(ReloadStep::AwaitExit { old });
-                    } else if since.elapsed() > RELOAD_STEP_TIMEOUT {
-                        tracing::error!(pid = old, "reload: the replacement did not become ready; reload stopped");
-                        if let Some(w) = self.workers.iter_mut().find(|w| w.proc.pid() == old) {
-                            w.retiring = false;
-                        }
-                        return;
-                    }
-                    break;
-                }
-                Some(ReloadStep::AwaitExit { old }) => {
-                    if self.workers.iter().any(|w| w.proc.pid() == old) {
-                        break;
-                    }
-                    r.step = None;
-                }
-            }
-        }
-        self.reload = Some(r);
-    }
-
+    /// SIGTERM / SIGINT: drain the workers, stop the data plane, exit.
     pub(super) fn begin_shutdown(&mut self) {
-        if self.shutdown.is_some() {
-            return;
-        }
-        tracing::info!(workers = self.workers.len(), "shutting down: draining the workers");
-        self.shutdown = Some(Shutdown {
-            deadline: Instant::now() + Duration::from_secs(self.opts.drain_timeout) + Duration::from_secs(5),
-            workers_signaled: false,
-            dataplane_signaled: None,
-        });
+        self.lifecycle(Event::Shutdown);
     }
 
-    /// True when done: workers drained (or the deadline passed), data plane stopped.
-    fn step_shutdown(&mut self) -> bool {
-        let Some(s) = self.shutdown.as_mut() else {
-            return false;
-        };
-        if !s.workers_signaled {
-            for w in &mut self.workers {
-                w.proc.signal(libc::SIGTERM);
-                w.signaled = true;
-            }
-            s.workers_signaled = true;
-        }
-        if !self.workers.is_empty() {
-            if Instant::now() < s.deadline {
-                return false;
-            }
-            tracing::warn!(left = self.workers.len(), "drain deadline passed; killing the remaining workers");
-            for w in &mut self.workers {
-                w.proc.signal(libc::SIGKILL);
-            }
-            std::thread::sleep(Duration::from_millis(200));
-            for w in &mut self.workers {
-                let _ = w.proc.poll_exit();
-            }
-            self.workers.clear();
-        }
-        match (self.dp.proc.as_ref(), s.dataplane_signaled) {
-            (Some(p), None) => {
-                p.signal(libc::SIGTERM);
-                s.dataplane_signaled = Some(Instant::now());
-                return false;
-            }
-            (Some(p), Some(t)) => {
-                if t.elapsed() < Duration::from_secs(5) {
-                    return false;
-                }
-                p.signal(libc::SIGKILL);
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            (None, _) => {}
-        }
+    fn remove_state_files(&self) {
         for p in [
             self.paths.dataplane_pid(),
             self.paths.dataplane_restarts(),
@@ -368,6 +221,5 @@ impl Ctl {
             let _ = std::fs::remove_file(p);
         }
         tracing::info!("controller stopped");
-        true
     }
 }

@@ -11,7 +11,7 @@
 //!   registration yet: the worker uid cannot register anything else, nor a second
 //!   identity.
 
-use super::{Ctl, Kind};
+use super::Ctl;
 use crate::cli::ControllerOpts;
 use crate::trust::{self as policy, PeerPolicy, Refusal, WorkerUser};
 use anyhow::{bail, Result};
@@ -58,15 +58,7 @@ impl Ctl {
     /// registration about to be answered: written before its `Assign`, so that the
     /// worker's data hello finds it).
     pub(super) fn store_registrations(&self, adding: Option<(u16, u32)>) -> Result<()> {
-        let mut lines: Vec<(u16, u32)> = self
-            .conns
-            .values()
-            .filter_map(|c| match c.kind {
-                Kind::Worker { server_id, pid, .. } => Some((server_id, pid)),
-                _ => None,
-            })
-            .chain(adding)
-            .collect();
+        let mut lines: Vec<(u16, u32)> = self.lc.registrations().chain(adding).collect();
         lines.sort_unstable();
         let text: String = lines.iter().map(|(id, pid)| format!("{id} {pid}\n")).collect();
         super::state::write_atomic(&registrations_path(&self.paths), &text)
@@ -114,17 +106,14 @@ impl Ctl {
                 if !ours {
                     // The worker uid is the one exposed to the internet: only processes
                     // we started may use it, each for one registration.
-                    if !self.workers.iter().any(|w| w.proc.pid() == cred.pid) {
+                    let pid = cred.pid as u32;
+                    if !self.lc.is_managed_pid(pid) {
                         return Some((
                             Refusal::NotSpawned,
                             format!("pid {} was not spawned by this controller", cred.pid),
                         ));
                     }
-                    let held = self
-                        .conns
-                        .values()
-                        .any(|c| matches!(c.kind, Kind::Worker { pid, .. } if i64::from(pid) == i64::from(cred.pid)));
-                    if held {
+                    if self.lc.pid_registered(pid) {
                         return Some((Refusal::AlreadyRegistered, format!("pid {} is already registered", cred.pid)));
                     }
                 }
