@@ -760,7 +760,7 @@ fn report(runs: &[Run], sums: &[Sum], o: &FastpathArgs, sat: f64, load_start: &s
             fixed(m.p999, 1),
         );
     }
-    let _ = writeln!(s, "\nTargets (the issue), from the medians above:\n");
+    let _ = writeln!(s, "\nTargets (docs/benchmarks.md), from the medians above:\n");
     let _ = writeln!(s, "| target | measured | limit | |");
     let _ = writeln!(s, "|---|---|---|---|");
     let mut pcts = vec![0.0];
@@ -960,7 +960,7 @@ mod tests {
         assert_eq!(load_name(25.0), "25 %");
     }
 
-    /// The targets are the issue's: (b) ÷ (a) CPU ≤ 1.1, (b)'s demux ≤ 2 % of (c)'s,
+    /// The targets (docs/benchmarks.md): (b) ÷ (a) CPU ≤ 1.1, (b)'s demux ≤ 2 % of (c)'s,
     /// (b) ÷ (a) latency ≤ 1.2 at p50 and p99 (paced loads only).
     #[test]
     fn targets_compare_the_right_contenders() {

@@ -625,7 +625,7 @@ fn round_order(contenders: &[String], rep: usize) -> Vec<String> {
     out
 }
 
-/// One target of the issue against a median.
+/// One target (docs/benchmarks.md) against a median.
 #[derive(Clone, Debug)]
 pub(crate) struct Target {
     pub(crate) what: String,
@@ -823,7 +823,7 @@ fn report(runs: &[Run], sums: &[Sum], o: &SaturationArgs, c: &Conditions) -> Str
     );
     let _ = writeln!(
         s,
-        "Targets (the issue), from the medians above. A target is met when the whole interval of its median is within \
+        "Targets (docs/benchmarks.md), from the medians above. A target is met when the whole interval of its median is within \
          the limit, missed when the whole interval is over it, and undecided otherwise (the interval: the sign test's, \
          x(k) … x(n+1−k) of the n rounds with the largest k for 95 %, or the least and the greatest round when there are \
          too few rounds for 95 %):\n"

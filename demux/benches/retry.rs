@@ -19,7 +19,7 @@
 //!   CPU-second.
 //!
 //! The Endpoint-driven minter this replaced is not kept: its figure (10.5 µs for
-//! `retry/mint` = the answer above) is in docs/benchmarks.md.
+//! `retry/mint` = the answer above) is in docs/journal/2026-11-30-to-12-02-benchmarks.md.
 //!
 //! Every benchmark runs twice: wall clock, and (prefix `cpu/`) thread CPU time.
 #![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup

@@ -107,7 +107,7 @@ fn retries(sock: &UdpSocket, want: usize, within: Duration) -> Vec<(Vec<u8>, Vec
     out
 }
 
-/// Issue item 3, the attack: an over-limit source collects Retry SCIDs (each decodes
+/// The attack: an over-limit source collects Retry SCIDs (each decodes
 /// to a live instance) and sends token-less ClientHello Initials with them as DCID —
 /// before the fix each went to its owner as `Owner`, past the rate limit, the
 /// handshake cap and Retry. Now each is counted as `owner_initial.placed`, goes

@@ -1,4 +1,4 @@
-//! Overload issue items 4 and 5 (docs/operations.md "Liveness and pressure"): a real
+//! Liveness and pressure (docs/operations.md "Liveness and pressure"): a real
 //! controller, its data plane and `worker` processes on 127.0.0.1.
 //!
 //! - a SIGSTOPped worker under load is marked stalled (not placeable) within about a

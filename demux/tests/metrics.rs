@@ -1,4 +1,4 @@
-//! Metrics carry every field of `lb-status --json` (trust and keys issue, item 7),
+//! Metrics carry every field of `lb-status --json` (docs/operations.md "Status"),
 //! with a controller and in dataplane-only mode: compared field for field on a
 //! quiescent data plane. Run: `cargo test --release -p demux --test metrics`.
 #![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
@@ -30,7 +30,7 @@ fn scrape(addr: SocketAddr) -> String {
     out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).expect("HTTP body")
 }
 
-/// The documented naming rule (docs/operations.md, "Metrics"), written out again
+/// The documented naming rule (docs/operations.md, the controller's "Status"), written out again
 /// here: `quicdemux_lb_` + the key path joined by `_` (CamelCase → snake_case);
 /// array elements labelled by `shard` / `server_id` (else `index`); booleans 0/1.
 fn expected(v: &Value) -> BTreeMap<String, f64> {
@@ -116,7 +116,7 @@ fn compare(lb: impl Fn() -> Value, metrics: SocketAddr) {
         assert!(moving.len() <= 8, "too many fields moved on an idle data plane: {moving:?}");
         let extra: Vec<&String> = got.keys().filter(|k| !want.contains_key(*k)).collect();
         assert!(extra.is_empty(), "/metrics samples that lb-status does not have: {extra:?}");
-        // The flood-defence counters the issue names are among them.
+        // The flood-defence counters are among them.
         for name in [
             "quicdemux_lb_refused_rate_limited",
             "quicdemux_lb_refused_handshake_limited",

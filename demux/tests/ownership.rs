@@ -1,4 +1,4 @@
-//! One owner per port (trust and keys issue, item 6): an orphaned data plane exits
+//! One owner per port: an orphaned data plane exits
 //! after `--orphan-timeout`; a controller refuses an address another process's
 //! socket holds, naming the pid. Run: `cargo test --release -p demux --test ownership`.
 #![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup

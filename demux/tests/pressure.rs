@@ -1,4 +1,4 @@
-//! The data plane's side of the overload issue (docs/operations.md "Liveness and
+//! The data plane's side of overload handling (docs/operations.md "Liveness and
 //! pressure"), with test workers speaking the protocol by hand: `Load` reports drive
 //! each instance's pressure level (Retry, then drop, for token-less Initials) and the
 //! stall rule (no `Load` for 1 s: not placeable, still live).

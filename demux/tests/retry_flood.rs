@@ -6,7 +6,7 @@
 //! legitimate quinn + h3 client completes a handshake (through a demux-minted Retry)
 //! and a 1 MiB download within 2 s, and the data plane's memory stays flat.
 //!
-//! Printed (and quoted in docs/benchmarks.md "Retry at line rate"): what share of the
+//! Printed (and quoted in docs/journal/2026-11-30-to-12-02-benchmarks.md, "Retry at line rate"): what share of the
 //! flood got a Retry, and what share was dropped, and why, from the data plane's
 //! counters. Bounded: the flood runs 8 s, every wait has a deadline.
 //!

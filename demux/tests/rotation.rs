@@ -1,4 +1,4 @@
-//! Key rotation without orphans or splits (trust and keys issue, items 1 and 2):
+//! Key rotation without orphans or splits (docs/adr/0001 rotation, pacing):
 //! pacing under live downloads, a data plane that does not confirm, an offline
 //! rotation picked up at start. Run: `cargo test --release -p demux --test rotation`.
 #![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup

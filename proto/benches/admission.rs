@@ -1,6 +1,6 @@
 //! What the per-source limits add to routing: `Router::route_train` (plain
 //! ADR 0001 routing) against the same with an admission (`Router::with_admission`)
-//! that does what the data plane's does (demux/src/limits.rs: concurrency ticket,
+//! that does what the data plane's does (demux/src/dataplane/limits.rs: concurrency ticket,
 //! then rate; the ticket stored with the pin and released when the pin leaves),
 //! default parameters and 2^16-word tables, 4 instances, a 65 536-pin table,
 //! single-threaded.

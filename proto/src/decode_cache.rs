@@ -1,6 +1,6 @@
 //! A per-shard cache of ADR 0001 CID decodes: every packet of an established
 //! connection carries one of a few DCIDs, so repeating the HMAC-SHA-256 of
-//! [`KeySet::decode`] (≈ 260–310 ns, docs/benchmarks.md) for each one is wasted work.
+//! [`KeySet::decode`] (≈ 90 ns, docs/benchmarks.md "Crypto: crates against hand-written code") for each one is wasted work.
 //! (A `siphash-2-4` generation, ADR 0004, decodes in ≈ 16 ns: the cache saves less.)
 //!
 //! Direct-mapped, a fixed power-of-two number of entries chosen at construction;

@@ -91,7 +91,7 @@ pub const PREFETCH_MAX: usize = 2048;
 
 /// Where the next record goes when it has a `body`-byte body too and the producer's
 /// tail is `tail`: the data-area bytes the producer asks the CPU to fetch for writing
-/// while it copies the current record (docs/benchmarks.md "Fifth pass"). At most
+/// while it copies the current record (docs/journal/2026-11-30-to-12-02-benchmarks.md, "Fifth pass"). At most
 /// [`PREFETCH_MAX`] bytes, always inside the data area; a record that would not fit
 /// before the end starts at offset 0, and so does this. `None`: no such record.
 pub fn next_span(tail: u64, capacity: u64, body: usize) -> Option<std::ops::Range<usize>> {

@@ -1,4 +1,4 @@
-//! Graceful drain (ADR-0041 lifecycle, RFC 9114 §5.2): one signal every connection
+//! Graceful drain (docs/operations.md "Lifecycle", RFC 9114 §5.2): one signal every connection
 //! task watches, and a count of open connections so the process can exit when idle.
 //!
 //! Order on SIGTERM (driven by the binary): `Draining` on the data connection (the

@@ -1,5 +1,5 @@
 //! An Initial flood below any Retry threshold against a real data plane and a real
-//! `worker` (the overload issue): real ClientHello Initials (quinn-proto clients, one
+//! `worker` under an Initial flood (docs/operations.md "Liveness and pressure"): real ClientHello Initials (quinn-proto clients, one
 //! unique DCID each) from `FLOOD_SOURCES` loopback addresses (127.1.x.y, one socket,
 //! the source address set per datagram with IP_PKTINFO), `FLOOD_PER_SOURCE` each, at
 //! `FLOOD_RATE`/s. The demux runs `--retry off --limits off --pressure-retry-above 0
@@ -417,7 +417,7 @@ fn initial_flood_is_bounded_and_memory_returns() {
         println!("legit errors: {:?}", &l.errors[..l.errors.len().min(5)]);
     }
     let _ = dlog_text;
-    assert!(sources >= 10_000 || std::env::var("FLOOD_SOURCES").is_ok(), "the issue's bound is ≥ 10 000 sources");
+    assert!(sources >= 10_000 || std::env::var("FLOOD_SOURCES").is_ok(), "the flood must come from ≥ 10 000 sources");
     assert!(errors == 0 || errors * 100 < sent, "flood sends failed: {errors}");
     assert!(peak_all < 300 * 1024, "worker RSS peaked at {} MiB (bound 300 MiB)", peak_all / 1024);
     assert!(back_after.is_some(), "RSS {} MiB 30 s after the flood, idle {} MiB", last / 1024, idle / 1024);

@@ -1,4 +1,4 @@
-//! One owner per port (trust and keys issue, item 6): a controller that opens new
+//! One owner per port: a controller that opens new
 //! sockets refuses to join a SO_REUSEPORT group another process already serves —
 //! another appliance, or an orphaned data plane — since the kernel would split the
 //! datagrams between them. Allowed holders: this directory's own workers (left from

@@ -1,4 +1,4 @@
-//! Rotation pacing (trust and keys issue, item 1): the data plane decodes only the
+//! Rotation pacing (docs/adr/0001): the data plane decodes only the
 //! newest and the previous key generation, so a rotation while connections still
 //! use CIDs of the previous one orphans them. Workers move their connections to
 //! newest-generation CIDs within one CID lifetime (`worker --cid-lifetime`), so a

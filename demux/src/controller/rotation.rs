@@ -1,4 +1,4 @@
-//! Key rotation without a split (trust and keys issue, item 2). Invariant: every
+//! Key rotation without a split (docs/adr/0001, docs/adr/0005). Invariant: every
 //! generation a worker may mint CIDs with is one the data plane decodes.
 //!
 //! 1. Pacing (`pacing`): refused within 2 × `--cid-lifetime` of the last rotation

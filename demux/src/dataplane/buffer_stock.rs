@@ -9,7 +9,7 @@
 //! last-in, first-out stack of free ones: a buffer whose datagram was copied into a
 //! ring, or dropped, comes back as soon as it is routed and is the next one offered.
 //! At saturation the same ≈ 128 buffers (≈ 170 KB of written lines) cycle, and stay
-//! in the core's L2 ("Seventh pass", docs/benchmarks.md: −0.04 µs per datagram).
+//! in the core's L2 ("Seventh pass", docs/journal/2026-11-30-to-12-02-benchmarks.md: −0.04 µs per datagram).
 //! Buffers a SEQPACKET frame points into are held until the round's flush, and then
 //! come back the same way; the rest of the buffers are there for them.
 

@@ -257,7 +257,7 @@ async fn run(a: Args) -> anyhow::Result<()> {
             tracing::warn!(%why, "draining: the sockets we send on may no longer be served");
         }
     }
-    // Drain (ADR-0041): unplaceable first, then GOAWAY everywhere.
+    // Drain (worker/src/drain.rs): unplaceable first, then GOAWAY everywhere.
     tracing::info!(open = drain.open_connections(), "draining");
     if let Err(e) = data.draining().await {
         tracing::warn!(error = %e, "could not send Draining");

@@ -1,4 +1,4 @@
-//! One owner per port (trust and keys issue, item 6): a data plane with no open
+//! One owner per port: a data plane with no open
 //! control connection (its controller holds one for as long as it runs) and no live
 //! instance for `--orphan-timeout` exits, removing its socket and ready files, so
 //! its SO_REUSEPORT sockets stop taking datagrams meant for whoever serves the port
