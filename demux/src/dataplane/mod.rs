@@ -163,7 +163,9 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
     let host = proto::host::HostLayout::new(a.host_bits, a.host_id)?;
     let peers = match (&a.peers, a.peer_listen) {
         (Some(file), Some(listen)) => {
-            Some(peers::Peers::start(host, &keyfile.reset_key, file.clone(), listen, bound.clone())?)
+            // ADR 0005 §4: the key file's forwarding secrets, which no worker receives.
+            let keys = proto::peer::FrameKeys::of(&keyfile);
+            Some(peers::Peers::start(host, keys, file.clone(), listen, bound.clone())?)
         }
         _ => None,
     };
