@@ -270,8 +270,8 @@ impl Peers {
             return false;
         }
         let Some(&to) = self.table.load().get(&host) else { return false };
-        let learned = self.outbound.get(usize::from(host)).and_then(|o| o.data());
-        let Some((to_epoch, seq)) = learned.filter(|_| self.alive(host)) else {
+        let learned = self.outbound.get(usize::from(host)).filter(|_| self.alive(host)).and_then(|o| o.data());
+        let Some((to_epoch, seq)) = learned else {
             self.counters.dead_peer.fetch_add(1, Relaxed);
             return false;
         };
@@ -381,8 +381,12 @@ impl Peers {
         let Some(&listed) = table.get(&h.from_host).filter(|a| same_endpoint(**a, from)) else {
             return bump(&c.refused_unknown_peer);
         };
-        let session = sessions.get_mut(usize::from(h.from_host))?;
-        let (outbound, ack) = (self.outbound.get(usize::from(h.from_host))?, self.acks.get(usize::from(h.from_host))?);
+        let i = usize::from(h.from_host);
+        // A listed id at or above 2^MAX_HOST_BITS owns no server id: not a peer.
+        let (Some(session), Some(outbound), Some(ack)) = (sessions.get_mut(i), self.outbound.get(i), self.acks.get(i))
+        else {
+            return bump(&c.refused_unknown_peer);
+        };
         let heartbeat = frame.body == Body::Heartbeat;
         let now = self.clock.now_ms();
         let verdict = session.receive(self.me, &h, now);
