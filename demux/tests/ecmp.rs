@@ -378,9 +378,17 @@ fn next_hop_changes(v6: bool) {
     // Host 2's flows crossed to host 1 while host 2 was out; host 3 owns nothing (it
     // joined after every connection was made), so all it carried was forwarded.
     assert!(p[0]["forwarded_to"]["2"].as_u64().unwrap_or(0) > 0, "host 1 forwarded nothing to host 2: {p:?}");
-    assert!(p[1]["injected"].as_u64().unwrap_or(0) > 0, "host 2 received nothing: {p:?}");
+    // Delivered: handed to the owning worker's data connection (its instance is
+    // live), or injected into the stack (not live here: a shard decides).
+    let delivered =
+        |v: &serde_json::Value| v["handed_over"].as_u64().unwrap_or(0) + v["injected"].as_u64().unwrap_or(0);
+    assert!(p[1]["handed_over"].as_u64().unwrap_or(0) > 0, "host 2 took nothing to its worker: {p:?}");
     assert!(p[2]["forwarded"].as_u64().unwrap_or(0) > 0, "the added host forwarded nothing: {p:?}");
-    assert_eq!(p[2]["injected"], 0, "nobody forwards to a host that owns no connection: {p:?}");
+    assert_eq!(delivered(&p[2]), 0, "nobody forwards to a host that owns no connection: {p:?}");
+    for v in &p {
+        assert_eq!(delivered(v), v["received"].as_u64().unwrap_or(0), "every accepted frame delivered: {v}");
+        assert_eq!(v["handed_over_dropped"], 0, "{v}");
+    }
     for (n, v) in p.iter().enumerate() {
         for (why, count) in v["refused"].as_object().expect("refused").iter() {
             assert_eq!(count.as_u64(), Some(0), "host {}: refused {why}: {v}", n + 1);

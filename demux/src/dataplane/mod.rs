@@ -169,6 +169,9 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
         }
         _ => None,
     };
+    if let Some(p) = &peers {
+        p.hand_over_to(shared.clone(), a.max_instances);
+    }
     let mut reg = registry::Registry::new(registry::RegistryConfig {
         keys: keyset,
         rendezvous_key: keyfile.rendezvous_key,

@@ -6,12 +6,15 @@
 //!   frame (proto::peer) and is not reset here.
 //! - **In:** one thread receives frames on `--peer-listen`, verifies the tag (the key
 //!   file's forwarding secrets, which no worker holds), checks the source against the
-//!   peer's listed address, applies the acceptance rule (proto::peer::session: this
-//!   host's id, this boot's epoch, a replay window per peer), and hands an accepted
-//!   datagram to this host's own stack through a raw socket with the client's address
-//!   as source and the local address it was sent to as destination — so it reaches
-//!   the owning worker by the kernel fast path or a shard exactly as if it had arrived
-//!   here, and the worker answers the client directly.
+//!   peer's listed address, and applies the acceptance rule (proto::peer::session:
+//!   this host's id, this boot's epoch, a replay window per peer). An accepted
+//!   datagram whose owner is live in the current routing snapshot is handed straight
+//!   to that worker's data connection (a frame with the client's and the local
+//!   address, as a shard would send it: [`Peers::hand_over_to`]); any other is
+//!   handed to this host's own stack through a raw socket with the client's address
+//!   as source and the local address it was sent to as destination, so that a shard
+//!   deals with it exactly as if it had arrived here (a held or reset id). Either way
+//!   the worker answers the client directly.
 //! - **Liveness and the handshake:** every [`HEARTBEAT`] each host sends every peer a
 //!   heartbeat (to its learned epoch, or a hello); a stale frame is answered at once
 //!   (proto::peer::session rule 2). A peer not heard from (an accepted frame) for
@@ -27,9 +30,13 @@
 //! are counted `inject_errors`, as are frames whose client and local addresses are of
 //! different families.
 
+use crate::dataplane::counters::ShardCounters;
+use crate::dataplane::forward::Forwarder;
+use crate::dataplane::snapshot::Snapshot;
 use proto::cid::KeySet;
 use proto::host::HostLayout;
 use proto::peer::{self, Body, Frame, FrameError, FrameKeys, Header, KeyUsed, Learned, Me, Outbound, Session, Verdict};
+use proto::wire::frame::FrameMeta;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
@@ -53,6 +60,8 @@ pub struct PeerCounters {
     pub forwarded: AtomicU64,
     pub forward_errors: AtomicU64,
     pub received: AtomicU64,
+    /// Handed to the owning worker's data connection (its drops: `handed_over_dropped`).
+    pub handed_over: AtomicU64,
     pub injected: AtomicU64,
     pub inject_errors: AtomicU64,
     /// Forwarded to an address this host does not serve (peers disagree on the
@@ -155,6 +164,8 @@ pub struct Peers {
     /// milliseconds plus one (0: never), per host id.
     last_seen: Box<[AtomicU64; HOSTS]>,
     clock: PeerClock,
+    /// Set once the routing snapshot exists ([`Peers::hand_over_to`]).
+    handoff: std::sync::OnceLock<Handoff>,
     stop: AtomicBool,
     receiver: Mutex<Option<std::thread::JoinHandle<()>>>,
     pub counters: PeerCounters,
@@ -199,6 +210,7 @@ impl Peers {
             serves,
             last_seen: Box::new(std::array::from_fn(|_| AtomicU64::new(0))),
             clock: PeerClock::new(),
+            handoff: std::sync::OnceLock::new(),
             stop: AtomicBool::new(false),
             receiver: Mutex::new(None),
             counters: PeerCounters::default(),
@@ -220,6 +232,12 @@ impl Peers {
             "host-to-host forwarding on"
         );
         Ok(p)
+    }
+
+    /// From now on, accepted datagrams whose owner is live in `shared` go straight to
+    /// its data connection. `max_instances`: the size of the counter slots.
+    pub fn hand_over_to(&self, shared: crate::dataplane::snapshot::Shared, max_instances: usize) {
+        let _ = self.handoff.set(Handoff { shared, counters: ShardCounters::new(max_instances) });
     }
 
     /// Stops the receiving thread and waits for it (tests: a data-plane restart in
@@ -330,6 +348,7 @@ impl Peers {
         let _ = self.socket.set_read_timeout(Some(HEARTBEAT / 2));
         let mut beat = Instant::now() - HEARTBEAT;
         let (mut stamp, mut checked) = (FileStamp::of(&self.file), Instant::now());
+        let mut fwd: Option<Forwarder> = None;
         while !self.stop.load(Relaxed) {
             if beat.elapsed() >= HEARTBEAT {
                 let now = self.clock.now_ms();
@@ -359,7 +378,11 @@ impl Peers {
                 }
             };
             if let Some(frame) = self.accept(&mut sessions, &buf[..n], from) {
-                self.deliver(&frame, &mut inject);
+                if self.handoff.get().is_some() && fwd.is_none() {
+                    // No ring of any shard: frames go on the data connection.
+                    fwd = Some(Forwarder::new(usize::MAX));
+                }
+                self.deliver(&frame, &mut inject, fwd.as_mut());
             }
         }
     }
@@ -422,19 +445,46 @@ impl Peers {
         }
     }
 
-    /// Hands an accepted data frame's datagram to this host's stack.
-    fn deliver(&self, frame: &Frame<'_>, inject: &mut Injector) {
+    /// Hands an accepted data frame's datagram to its owner's data connection, or to
+    /// this host's stack.
+    fn deliver(&self, frame: &Frame<'_>, inject: &mut Injector, fwd: Option<&mut Forwarder>) {
         let c = &self.counters;
         let Body::Data { client, local, datagram } = frame.body else { return };
         if !self.serves_addr(local) {
             c.inject_not_served.fetch_add(1, Relaxed);
             return;
         }
+        if let (Some(h), Some(fwd)) = (self.handoff.get(), fwd) {
+            let snap = h.shared.load();
+            if let Some(target) = self.owner(&snap, datagram) {
+                let meta = FrameMeta { client, local: Some(local), ecn: 0, segment_size: None };
+                // SAFETY: `datagram` lies in the receive buffer, which is not written
+                // again before the flush below returns (Forwarder::push's contract).
+                unsafe { fwd.push(&snap, target, &meta, datagram, 1, &h.counters) };
+                fwd.flush(&snap, &h.counters);
+                c.handed_over.fetch_add(1, Relaxed);
+                return;
+            }
+        }
         if inject.send(client, local, datagram) {
             c.injected.fetch_add(1, Relaxed);
         } else {
             c.inject_errors.fetch_add(1, Relaxed);
         }
+    }
+
+    /// The index (in `snap`) of the live local instance that owns `datagram`'s DCID.
+    /// Client-chosen DCIDs, other hosts' ids and ids not live here: `None` (they are
+    /// injected, and a shard applies its rules: placement, hold, reset).
+    fn owner(&self, snap: &Snapshot, datagram: &[u8]) -> Option<usize> {
+        if client_chosen_dcid(datagram) {
+            return None;
+        }
+        let d = snap.table.keys().decode(dcid(datagram)?).ok()?;
+        if !self.layout.is_local(d.server_id) {
+            return None;
+        }
+        snap.table.index_of(d.server_id).filter(|&t| t < snap.conns.len())
     }
 
     /// lb-status `peers`.
@@ -466,6 +516,10 @@ impl Peers {
             "forward_errors": c.forward_errors.load(Relaxed),
             "received": c.received.load(Relaxed),
             "injected": c.injected.load(Relaxed),
+            "handed_over": c.handed_over.load(Relaxed),
+            "handed_over_dropped": self.handoff.get().map_or(0, |h| {
+                h.counters.drops_full.load(Relaxed) + h.counters.drops_send_error.load(Relaxed)
+            }),
             "inject_errors": c.inject_errors.load(Relaxed),
             "inject_not_served": c.inject_not_served.load(Relaxed),
             "refused": {
@@ -479,6 +533,13 @@ impl Peers {
             },
         })
     }
+}
+
+/// The routing snapshot accepted datagrams are handed over with, and the counters
+/// the hand-over's forwarder keeps (its drops are shown as `handed_over_dropped`).
+struct Handoff {
+    shared: crate::dataplane::snapshot::Shared,
+    counters: ShardCounters,
 }
 
 /// Counts one and yields nothing (a refused frame).
@@ -921,6 +982,61 @@ mod tests {
         }
         assert!(b.count(|c| &c.peers_file_reloads) >= 1);
         assert_eq!(b.peers.status_json()["addresses"]["2"], moved.addr().to_string());
+        b.peers.shutdown();
+    }
+
+    /// With the routing snapshot given, an accepted datagram whose owner is live here
+    /// goes straight to the owner's data connection, as a shard's frame with the
+    /// client's and the local address; one for an id not live here is injected.
+    #[test]
+    fn a_datagram_for_a_live_owner_is_handed_to_its_data_connection() {
+        use crate::dataplane::snapshot::{DataConn, Snapshot};
+        use proto::route::{InstanceInfo, Table};
+        if !can_inject() {
+            return;
+        }
+        let keys = cluster_keys();
+        let ks = keys.key_set().unwrap();
+        let owner = ServerId(1 << 14);
+        let (ours, worker_end) = sys::seqpacket::pair().unwrap();
+        let table =
+            Table::new(ks.clone(), keys.rendezvous_key, &[InstanceInfo { server_id: owner, placeable: true }]).unwrap();
+        let conn = Arc::new(DataConn { fd: ours, server_id: owner.0, slot: 0, rings: Vec::new() });
+        let snap = Snapshot { table, conns: vec![conn], pressure: Vec::new(), version: 1, awaited: Default::default() };
+        let shared = Arc::new(arc_swap::ArcSwap::from_pointee(snap));
+        let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
+        sink.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let local = sink.local_addr().unwrap();
+        let mut a = Scripted::new(2, &keys.forwarding);
+        let b = Real::start(1, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], vec![local]);
+        b.peers.hand_over_to(shared, 16);
+        a.handshake(1, b.addr);
+        let short = |id: ServerId| {
+            let mut d = vec![0x40];
+            d.extend_from_slice(&ks.encode(id, &[9; proto::cid::CID_RANDOM_LEN]));
+            d.extend_from_slice(b" payload");
+            d
+        };
+        let d = short(owner);
+        a.data(1, b.addr, client(), local, &d);
+        let mut rec = [0u8; 2048];
+        // recv(2) on the worker's end (a SEQPACKET socket reads like a datagram one).
+        let worker_end = std::os::unix::net::UnixDatagram::from(worker_end);
+        worker_end.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let n = worker_end.recv(&mut rec).unwrap();
+        let (meta, payload) = proto::wire::frame::decode(&rec[..n]).unwrap();
+        assert_eq!((meta.client, meta.local, payload), (client(), Some(local), &d[..]));
+        wait("counted", Duration::from_secs(2), || b.count(|c| &c.handed_over) == 1);
+        // Another local id, not live: injected for a shard to deal with.
+        let other = short(ServerId((1 << 14) + 1));
+        a.data(1, b.addr, client(), local, &other);
+        let mut buf = [0u8; 64];
+        let (n, from) = sink.recv_from(&mut buf).unwrap();
+        assert_eq!((&buf[..n], from), (&other[..], client()));
+        // The datagram can arrive before the receiving thread counts it.
+        wait("injected counted", Duration::from_secs(2), || b.count(|c| &c.injected) == 1);
+        assert_eq!(b.count(|c| &c.handed_over), 1);
+        assert_eq!(b.peers.status_json()["handed_over_dropped"], 0);
         b.peers.shutdown();
     }
 
