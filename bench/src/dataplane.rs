@@ -252,8 +252,12 @@ pub(crate) fn sink(
     Ok(std::thread::spawn(move || {
         pin(core);
         let mut data = vec![0u8; DRAIN_MSG_LEN];
-        // `--forward ring`: drain the rings, then the sleep protocol (flag, re-check,
-        // poll the eventfds with a timeout so `stop` is seen).
+        // `--forward ring`: drain the rings, and the data connection once a poll saw
+        // it readable (it carries what the host-to-host receiver hands over,
+        // docs/scaling.md; no extra syscall per pass otherwise), then the sleep
+        // protocol (flag, re-check, poll the eventfds and the connection with a
+        // timeout so `stop` is seen).
+        let mut data_ready = false;
         while !rings.is_empty() && !stop.load(Ordering::Relaxed) {
             let mut n = 0u64;
             for r in &rings {
@@ -261,6 +265,17 @@ pub(crate) fn sink(
                     n += 1;
                 }
                 r.awake();
+            }
+            if data_ready {
+                let mut got = 0u64;
+                // SAFETY: recv(2) into a live buffer of its own length, without waiting.
+                while unsafe { libc::recv(fd.as_raw_fd(), data.as_mut_ptr().cast(), data.len(), libc::MSG_DONTWAIT) }
+                    > 0
+                {
+                    got += 1;
+                }
+                data_ready = got > 0;
+                n += got;
             }
             if n > 0 {
                 frames.fetch_add(n, Ordering::Relaxed);
@@ -271,8 +286,10 @@ pub(crate) fn sink(
             }
             let mut pfds: Vec<libc::pollfd> =
                 rings.iter().map(|r| libc::pollfd { fd: r.eventfd(), events: libc::POLLIN, revents: 0 }).collect();
+            pfds.push(libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 });
             // SAFETY: poll(2) on live pollfds.
             unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 100) };
+            data_ready = pfds.last().is_some_and(|p| p.revents & libc::POLLIN != 0);
             for r in &rings {
                 r.woke();
             }

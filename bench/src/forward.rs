@@ -9,7 +9,7 @@
 //!
 //! - **direct**: sent to host 2 (its own id: forwarded to the sink as usual);
 //! - **forwarded**: sent to host 1, which forwards each to host 2 in a frame; host 2
-//!   verifies it and injects it into its own stack, and it reaches the sink.
+//!   verifies it and hands it to the sink's data connection (the sink is live there).
 //!
 //! Reported: each data plane's CPU time (utime + stime of the whole process, all
 //! threads) per datagram the sink received, and the forward's extra CPU: (host 1 +

@@ -210,7 +210,7 @@ pub struct DataPlaneArgs {
     /// Cores to run one shard each on: `0-3`, `0,2`, `0-1,3`.
     #[arg(long, value_name = "LIST", default_value = "0")]
     pub cores: String,
-    /// Key file (quicdemux-keys 1 or 2; `demux gen-keys` writes one).
+    /// Key file (quicdemux-keys 1, 2 or 3; `demux gen-keys` writes one).
     #[arg(long, value_name = "FILE")]
     pub keys: Option<PathBuf>,
     /// Unix SOCK_SEQPACKET path the workers connect their data connections to.

@@ -2,29 +2,46 @@
 //! state directory (mode 0600) and read by standalone demux/worker/udpflood runs.
 //!
 //! ```text
-//! quicdemux-keys 2
+//! quicdemux-keys 3
 //! newest 1 siphash-2-4 <64 hex>     # generation 0..=2, its PRF (ADR 0004), its 32-byte CID key
 //! previous 0 hmac-sha256 <64 hex>   # optional: the generation still decodable
 //! reset <64 hex digits>             # stateless-reset key, identical on every instance
 //! token <64 hex digits>             # Retry/NEW_TOKEN key, identical on every instance
 //! rendezvous <32 hex digits>        # placement hash key of the demux
+//! forwarding <64 hex digits>        # cluster forwarding secret: frames are sealed with it
+//! forwarding-other <64 hex digits>  # optional: also accepted (staged next, or previous)
 //! ```
-//! PRF names: `hmac-sha256`, `siphash-2-4`. Version 1 files (`quicdemux-keys 1`) have
-//! no PRF field (`newest 1 <64 hex>`) and parse as `hmac-sha256`; [`KeyFile::to_text`]
-//! always writes version 2. Blank lines and lines starting with `#` are ignored.
-//! Parsing is strict: every required line exactly once, the field count of the file's
-//! version, no unknown keywords or PRF names.
+//! PRF names: `hmac-sha256`, `siphash-2-4`. Blank lines and lines starting with `#`
+//! are ignored. Parsing is strict: every required line exactly once, the field count
+//! of the file's version, no unknown keywords or PRF names. [`KeyFile::to_text`]
+//! always writes version 3. How each version reads:
+//!
+//! - **3**: as above; `forwarding` is required.
+//! - **2**: no `forwarding` lines (they are refused). The forwarding secret is
+//!   derived from the rendezvous key: HMAC-SHA-256(rendezvous key, [`V2_FORWARDING_LABEL`]).
+//!   Every host reading the same version 2 file derives the same secret, and the
+//!   rendezvous key, like the forwarding secret, never leaves the controller and the
+//!   data plane (ADR 0005 §4), so an upgraded cluster keeps forwarding.
+//! - **1**: as 2, and the generations have no PRF field (`newest 1 <64 hex>`): they
+//!   are `hmac-sha256` (ADR 0004).
+//!
+//! Workers get only [`KeyFile::assign`]'s contents: the CID keys, the reset key and
+//! the token key. The forwarding secret and the rendezvous key stay in the data plane
+//! (ADR 0005 §4: a worker must not be able to forge host-to-host frames).
 
-use crate::cid::{Generation, KeySet, KeySetError, Prf, KEY_LEN};
-use crate::wire::{KeyGen, Keys};
+use crate::cid::{Generation, KeySet, KeySetError, Prf, ServerId, KEY_LEN};
+use crate::wire::{KeyGen, Keys, Registration};
 
 /// Random bytes [`KeyFile::generate`] takes: the generation-0 CID key, the reset key
-/// and the token key (32 bytes each), then the 16-byte rendezvous key.
-pub const RANDOM_LEN: usize = KEY_LEN + 32 + 32 + 16;
+/// and the token key (32 bytes each), the 16-byte rendezvous key, then the 32-byte
+/// forwarding secret.
+pub const RANDOM_LEN: usize = KEY_LEN + 32 + 32 + 16 + 32;
 
 const MAGIC: &str = "quicdemux-keys";
 /// The version [`KeyFile::to_text`] writes.
-const VERSION: u8 = 2;
+const VERSION: u8 = 3;
+/// The label a version 1 or 2 file's forwarding secret is derived with.
+pub const V2_FORWARDING_LABEL: &[u8] = b"quicdemux forwarding secret of a version 2 key file";
 
 /// All shared secrets.
 #[derive(Clone, PartialEq, Eq)]
@@ -33,6 +50,12 @@ pub struct KeyFile {
     pub reset_key: [u8; 32],
     pub token_key: [u8; 32],
     pub rendezvous_key: [u8; 16],
+    /// The cluster forwarding secret host-to-host frames are sealed with
+    /// (proto::peer, ADR 0005 §4). Never sent to a worker.
+    pub forwarding: [u8; 32],
+    /// The other accepted forwarding secret: the staged next one while a generation
+    /// is staged ([`KeyFile::is_staged`]), else the previous one (or none).
+    pub forwarding_other: Option<[u8; 32]>,
 }
 
 impl std::fmt::Debug for KeyFile {
@@ -95,25 +118,52 @@ impl KeyFile {
         token_key.copy_from_slice(&random[64..96]);
         let mut rendezvous_key = [0u8; 16];
         rendezvous_key.copy_from_slice(&random[96..112]);
+        let mut forwarding = [0u8; 32];
+        forwarding.copy_from_slice(&random[112..144]);
         KeyFile {
             keys: Keys { newest: KeyGen { generation: Generation::ZERO, prf, secret: k }, previous: None },
             reset_key,
             token_key,
             rendezvous_key,
+            forwarding,
+            forwarding_other: None,
         }
+    }
+
+    /// What the controller sends a worker (`Assign`, docs/wire.md): the CID keys, the
+    /// reset key and the token key. Nothing else of this file reaches a worker.
+    pub fn assign(&self, server_id: ServerId) -> Registration {
+        Registration::Assign {
+            server_id,
+            keys: self.keys.clone(),
+            reset_key: self.reset_key,
+            token_key: self.token_key,
+        }
+    }
+
+    /// The forwarding secrets a receiver accepts: the current one first.
+    pub fn forwarding_secrets(&self) -> impl Iterator<Item = &[u8; 32]> {
+        std::iter::once(&self.forwarding).chain(self.forwarding_other.as_ref())
     }
 
     /// Two-phase rotation, first phase (ADR 0005 §3): `fresh` becomes the next
     /// generation, decodable but not issued: it takes the `previous` line (whose old
     /// generation is dropped), and `newest` — the generation new CIDs use — stays.
-    pub fn staged(&self, fresh: [u8; KEY_LEN], prf: Prf) -> KeyFile {
+    /// Likewise `fresh_forwarding` becomes the accepted other forwarding secret while
+    /// frames are still sealed with the current one.
+    pub fn staged(&self, fresh: [u8; KEY_LEN], fresh_forwarding: [u8; 32], prf: Prf) -> KeyFile {
         let next = KeyGen { generation: self.keys.newest.generation.next(), prf, secret: fresh };
-        KeyFile { keys: Keys { newest: self.keys.newest, previous: Some(next) }, ..self.clone() }
+        KeyFile {
+            keys: Keys { newest: self.keys.newest, previous: Some(next) },
+            forwarding_other: Some(fresh_forwarding),
+            ..self.clone()
+        }
     }
 
     /// Stages the generation `other` (another host's key file) staged, so every host
-    /// of a cluster decodes the same new key: `other` must be staged, issue the same
-    /// newest generation as this file, and hold the same shared secrets.
+    /// of a cluster decodes the same new key and accepts the same next forwarding
+    /// secret: `other` must be staged, issue the same newest generation as this file,
+    /// and hold the same shared secrets (the current forwarding secret included).
     pub fn staged_from(&self, other: &KeyFile) -> Result<KeyFile, String> {
         if !other.is_staged() {
             return Err("that key file has no staged generation".into());
@@ -126,12 +176,14 @@ impl KeyFile {
                 self.keys.newest.generation.get()
             ));
         }
-        if (other.reset_key, other.token_key, other.rendezvous_key)
-            != (self.reset_key, self.token_key, self.rendezvous_key)
+        if (other.reset_key, other.token_key, other.rendezvous_key, other.forwarding)
+            != (self.reset_key, self.token_key, self.rendezvous_key, self.forwarding)
         {
-            return Err("that key file has other reset, token or rendezvous keys: not the same cluster".into());
+            return Err(
+                "that key file has other reset, token, rendezvous or forwarding secrets: not the same cluster".into()
+            );
         }
-        Ok(KeyFile { keys: other.keys.clone(), ..self.clone() })
+        Ok(KeyFile { keys: other.keys.clone(), forwarding_other: other.forwarding_other, ..self.clone() })
     }
 
     /// Whether a staged generation waits for activation: the other decodable
@@ -142,14 +194,27 @@ impl KeyFile {
     }
 
     /// Two-phase rotation, second phase: the staged generation becomes the newest,
-    /// the current newest stays decodable. `None` when nothing is staged.
+    /// the current newest stays decodable; the staged forwarding secret seals frames,
+    /// the current one stays accepted. `None` when nothing is staged.
     pub fn activated(&self) -> Option<KeyFile> {
         let staged = self.keys.previous.filter(|_| self.is_staged())?;
-        Some(KeyFile { keys: Keys { newest: staged, previous: Some(self.keys.newest) }, ..self.clone() })
+        let (forwarding, forwarding_other) = match self.forwarding_other {
+            Some(next) => (next, Some(self.forwarding)),
+            // Staged by a version 2 controller: no next forwarding secret.
+            None => (self.forwarding, None),
+        };
+        Some(KeyFile {
+            keys: Keys { newest: staged, previous: Some(self.keys.newest) },
+            forwarding,
+            forwarding_other,
+            ..self.clone()
+        })
     }
 
     /// Rotation (ADR 0001): `fresh` becomes the next generation, with PRF `prf`
     /// (ADR 0004); the current newest stays decodable; the one before is dropped.
+    /// The forwarding secrets stay: they change only in the two phases every host of
+    /// a cluster runs ([`KeyFile::staged`], [`KeyFile::activated`]).
     pub fn rotated(&self, fresh: [u8; KEY_LEN], prf: Prf) -> KeyFile {
         let newest = KeyGen { generation: self.keys.newest.generation.next(), prf, secret: fresh };
         KeyFile { keys: Keys { newest, previous: Some(self.keys.newest) }, ..self.clone() }
@@ -170,7 +235,20 @@ impl KeyFile {
         s += &format!("reset {}\n", to_hex(&self.reset_key));
         s += &format!("token {}\n", to_hex(&self.token_key));
         s += &format!("rendezvous {}\n", to_hex(&self.rendezvous_key));
+        s += &format!("forwarding {}\n", to_hex(&self.forwarding));
+        if let Some(o) = &self.forwarding_other {
+            s += &format!("forwarding-other {}\n", to_hex(o));
+        }
         s
+    }
+
+    /// A version 1 or 2 file's forwarding secret (module docs).
+    pub fn v2_forwarding_secret(rendezvous_key: &[u8; 16]) -> [u8; 32] {
+        use aws_lc_rs::hmac;
+        let t = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, rendezvous_key), V2_FORWARDING_LABEL);
+        let mut out = [0u8; 32];
+        out.copy_from_slice(t.as_ref());
+        out
     }
 
     pub fn parse(text: &str) -> Result<KeyFile, KeyFileError> {
@@ -179,14 +257,18 @@ impl KeyFile {
             .enumerate()
             .map(|(i, l)| (i + 1, l.trim()))
             .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'));
-        // Version 1 has no PRF field (ADR 0004); version 2 names one per generation.
-        let v2 = match lines.next() {
-            Some((_, l)) if l == format!("{MAGIC} 1") => false,
-            Some((_, l)) if l == format!("{MAGIC} 2") => true,
-            Some((n, _)) => return Err(err(n, format!("expected '{MAGIC} 1' or '{MAGIC} 2'"))),
+        // Version 1 has no PRF field (ADR 0004); version 2 names one per generation;
+        // version 3 adds the forwarding secrets (ADR 0005 §4).
+        let version: u8 = match lines.next() {
+            Some((_, l)) if l == format!("{MAGIC} 1") => 1,
+            Some((_, l)) if l == format!("{MAGIC} 2") => 2,
+            Some((_, l)) if l == format!("{MAGIC} 3") => 3,
+            Some((n, _)) => return Err(err(n, format!("expected '{MAGIC} 1', '{MAGIC} 2' or '{MAGIC} 3'"))),
             None => return Err(err(0, "empty key file")),
         };
+        let v2 = version >= 2;
         let (mut newest, mut previous, mut reset, mut token, mut rdv) = (None, None, None, None, None);
+        let (mut forwarding, mut forwarding_other) = (None, None);
         let mut last = 1;
         for (n, l) in lines {
             last = n;
@@ -197,8 +279,7 @@ impl KeyFile {
                 if f.len() == want {
                     Ok(())
                 } else {
-                    let v = if v2 { 2 } else { 1 };
-                    Err(err(n, format!("'{keyword}' takes {want} fields in version {v}, found {}", f.len())))
+                    Err(err(n, format!("'{keyword}' takes {want} fields in version {version}, found {}", f.len())))
                 }
             };
             let once = |seen: bool| if seen { Err(err(n, format!("'{keyword}' given twice"))) } else { Ok(()) };
@@ -238,7 +319,13 @@ impl KeyFile {
                         }
                     }
                 }
-                k => return Err(err(n, format!("unexpected line starting '{k}'"))),
+                "forwarding" | "forwarding-other" if version >= 3 => {
+                    fields(2)?;
+                    let slot = if keyword == "forwarding" { &mut forwarding } else { &mut forwarding_other };
+                    once(slot.is_some())?;
+                    *slot = Some(hex(f[1], n)?);
+                }
+                k => return Err(err(n, format!("unexpected line starting '{k}' in version {version}"))),
             }
         }
         let missing = |what: &str| err(last, format!("missing '{what}' line"));
@@ -248,11 +335,19 @@ impl KeyFile {
                 return Err(err(last, "previous and newest share a generation"));
             }
         }
+        let rendezvous_key = rdv.ok_or_else(|| missing("rendezvous"))?;
+        let forwarding = match forwarding {
+            Some(f) => f,
+            None if version < 3 => KeyFile::v2_forwarding_secret(&rendezvous_key),
+            None => return Err(missing("forwarding")),
+        };
         Ok(KeyFile {
             keys: Keys { newest, previous },
             reset_key: reset.ok_or_else(|| missing("reset"))?,
             token_key: token.ok_or_else(|| missing("token"))?,
-            rendezvous_key: rdv.ok_or_else(|| missing("rendezvous"))?,
+            rendezvous_key,
+            forwarding,
+            forwarding_other,
         })
     }
 }
@@ -268,8 +363,9 @@ mod tests {
     fn staging_activation_and_staging_from_another_host() {
         let a = KeyFile::generate(&[7; RANDOM_LEN], Prf::SipHash24);
         assert!(!a.is_staged() && a.activated().is_none());
-        let staged = a.staged([9; KEY_LEN], Prf::SipHash24);
+        let staged = a.staged([9; KEY_LEN], [0xf9; 32], Prf::SipHash24);
         assert!(staged.is_staged());
+        assert_eq!((staged.forwarding, staged.forwarding_other), (a.forwarding, Some([0xf9; 32])));
         assert_eq!(staged.keys.newest, a.keys.newest);
         assert_eq!(
             staged.keys.previous.map(|g| (g.generation, g.secret)),
@@ -279,16 +375,88 @@ mod tests {
         // Host 2 (same cluster file, not staged) stages host 1's generation.
         assert_eq!(a.staged_from(&staged), Ok(staged.clone()));
         assert!(a.staged_from(&a).expect_err("nothing staged").contains("no staged generation"));
-        let other_cluster = KeyFile::generate(&[8; RANDOM_LEN], Prf::SipHash24).staged([9; KEY_LEN], Prf::SipHash24);
+        let other_cluster =
+            KeyFile::generate(&[8; RANDOM_LEN], Prf::SipHash24).staged([9; KEY_LEN], [0xf9; 32], Prf::SipHash24);
         assert!(a.staged_from(&other_cluster).expect_err("other keys").contains("another key"));
         let mut other_reset = staged.clone();
         other_reset.reset_key[0] ^= 1;
         assert!(a.staged_from(&other_reset).expect_err("other reset key").contains("not the same cluster"));
+        let mut other_forwarding = staged.clone();
+        other_forwarding.forwarding[0] ^= 1;
+        assert!(a.staged_from(&other_forwarding).expect_err("other forwarding").contains("not the same cluster"));
         let act = staged.activated().expect("staged");
         assert_eq!((act.keys.newest, act.keys.previous), (staged.keys.previous.unwrap(), Some(a.keys.newest)));
+        // The staged forwarding secret seals, the old one is still accepted.
+        assert_eq!((act.forwarding, act.forwarding_other), ([0xf9; 32], Some(a.forwarding)));
+        assert_eq!(act.forwarding_secrets().copied().collect::<Vec<_>>(), vec![[0xf9; 32], a.forwarding]);
+        assert_eq!(KeyFile::parse(&act.to_text()).expect("round trip"), act);
+        // The next stage drops the oldest forwarding secret.
+        let again = act.staged([3; KEY_LEN], [0xf3; 32], Prf::SipHash24);
+        assert_eq!((again.forwarding, again.forwarding_other), ([0xf9; 32], Some([0xf3; 32])));
+        // A plain rotation keeps the forwarding secrets (only the two phases change them).
+        let r = act.rotated([4; KEY_LEN], Prf::SipHash24);
+        assert_eq!((r.forwarding, r.forwarding_other), (act.forwarding, act.forwarding_other));
         assert!(!act.is_staged(), "after activation the other generation is the one before");
         // An ordinary rotation's previous is the one before: not staged.
         assert!(!a.rotated([5; KEY_LEN], Prf::SipHash24).is_staged());
+    }
+
+    /// ADR 0005 §4: a worker's `Assign` carries the CID keys, the reset key and the
+    /// token key, and no byte string of it is the forwarding secret (current or other)
+    /// or the rendezvous key the version 2 secret derives from.
+    #[test]
+    fn assign_carries_no_forwarding_secret() {
+        use crate::wire::Message;
+        let k = KeyFile::generate(&counting(), Prf::SipHash24).staged([0xee; 32], [0xdd; 32], Prf::HmacSha256);
+        let a = k.assign(ServerId(7));
+        assert_eq!(
+            a,
+            Registration::Assign {
+                server_id: ServerId(7),
+                keys: k.keys.clone(),
+                reset_key: k.reset_key,
+                token_key: k.token_key
+            }
+        );
+        let mut bytes = Vec::new();
+        a.encode(&mut bytes);
+        for secret in k.forwarding_secrets() {
+            assert!(!bytes.windows(32).any(|w| w == secret), "a forwarding secret in Assign");
+        }
+        assert!(!bytes.windows(16).any(|w| w == k.rendezvous_key), "the rendezvous key in Assign");
+        // …while the secrets a worker needs are there (the check above can fail).
+        assert!(bytes.windows(32).any(|w| w == k.reset_key));
+    }
+
+    /// Version 2 (and 1) files have no forwarding line: the secret is derived from
+    /// the rendezvous key, the same on every host reading the same file, and written
+    /// back as an explicit version 3 line; a forwarding line in version 2 is refused.
+    #[test]
+    fn version_2_files_get_a_derived_forwarding_secret() {
+        let v3 = KeyFile::generate(&counting(), Prf::SipHash24);
+        let v2: String = v3
+            .to_text()
+            .replace("quicdemux-keys 3", "quicdemux-keys 2")
+            .lines()
+            .filter(|l| !l.starts_with("forwarding"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let k = KeyFile::parse(&v2).expect("version 2");
+        let derived = {
+            use aws_lc_rs::hmac;
+            let t = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, &v3.rendezvous_key), V2_FORWARDING_LABEL);
+            t.as_ref().to_vec()
+        };
+        assert_eq!(k.forwarding.to_vec(), derived);
+        assert_ne!(k.forwarding, v3.forwarding);
+        assert_eq!(k.forwarding_other, None);
+        assert_eq!(KeyFile::parse(&v2).expect("again"), k, "deterministic: every host derives the same");
+        let text = k.to_text();
+        assert!(text.starts_with("quicdemux-keys 3\n"));
+        assert!(text.contains(&format!("\nforwarding {}\n", to_hex(&derived))), "{text}");
+        assert_eq!(KeyFile::parse(&text).expect("written back"), k);
+        let e = KeyFile::parse(&format!("{v2}forwarding {}\n", "00".repeat(32))).expect_err("not in version 2");
+        assert!(e.what.contains("unexpected line starting 'forwarding' in version 2"), "{e}");
     }
 
     fn counting() -> [u8; RANDOM_LEN] {
@@ -316,12 +484,14 @@ mod tests {
         let k = KeyFile::generate(&counting(), Prf::HmacSha256).rotated([0xab; 32], Prf::SipHash24);
         let text = k.to_text();
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines[0], "quicdemux-keys 2");
+        assert_eq!(lines[0], "quicdemux-keys 3");
         assert_eq!(lines[1], format!("newest 1 siphash-2-4 {}", "ab".repeat(32)));
         assert_eq!(lines[2], format!("previous 0 hmac-sha256 {}", to_hex(&counting()[..32])));
         assert!(
             lines[3].starts_with("reset ") && lines[4].starts_with("token ") && lines[5].starts_with("rendezvous ")
         );
+        assert_eq!(lines[6], format!("forwarding {}", to_hex(&counting()[112..144])));
+        assert_eq!(lines.len(), 7, "no forwarding-other before a stage");
         let back = KeyFile::parse(&text).unwrap();
         assert_eq!(back, k);
         assert_eq!((back.keys.newest.prf, back.keys.previous.unwrap().prf), (Prf::SipHash24, Prf::HmacSha256));
@@ -335,7 +505,7 @@ mod tests {
     }
 
     /// A version 1 file (no PRF field) still parses, every generation `hmac-sha256`,
-    /// and is written back as version 2.
+    /// and is written back as version 3.
     #[test]
     fn version_1_parses_as_hmac() {
         let v1 = format!(
@@ -356,7 +526,8 @@ mod tests {
             Some(KeyGen { generation: Generation::new(1).unwrap(), prf: Prf::HmacSha256, secret: [0x22; 32] })
         );
         assert_eq!((k.reset_key, k.token_key, k.rendezvous_key), ([0x33; 32], [0x44; 32], [0x55; 16]));
-        assert!(k.to_text().starts_with("quicdemux-keys 2\nnewest 2 hmac-sha256 "));
+        assert_eq!(k.forwarding, KeyFile::v2_forwarding_secret(&[0x55; 16]));
+        assert!(k.to_text().starts_with("quicdemux-keys 3\nnewest 2 hmac-sha256 "));
         assert_eq!(KeyFile::parse(&k.to_text()).unwrap(), k);
         // A PRF field in a version 1 file is a wrong field count, not a PRF.
         let with_prf = v1.replace("newest 2 ", "newest 2 siphash-2-4 ");
@@ -383,20 +554,26 @@ mod tests {
         }
         // Version 2 without the PRF field, or with one too many.
         let e = bad("newest 1 hmac-sha256 ", "newest 1 ");
-        assert_eq!((e.line, e.what.contains("'newest' takes 4 fields in version 2, found 3")), (2, true), "{e}");
+        assert_eq!((e.line, e.what.contains("'newest' takes 4 fields in version 3, found 3")), (2, true), "{e}");
         let e = bad("previous 0 siphash-2-4 ", "previous 0 siphash-2-4 siphash-2-4 ");
         assert_eq!((e.line, e.what.contains("found 5")), (3, true), "{e}");
         let e = bad("reset ", "reset 00 ");
         assert_eq!((e.line, e.what.contains("'reset' takes 2 fields")), (4, true), "{e}");
+        let e = bad("forwarding ", "forwarding 00 ");
+        assert_eq!((e.line, e.what.contains("'forwarding' takes 2 fields")), (7, true), "{e}");
         // Unknown versions.
-        for v in ["0", "3", "10", "2.0", ""] {
-            let e = bad("quicdemux-keys 2", &format!("quicdemux-keys {v}"));
+        for v in ["0", "4", "10", "3.0", ""] {
+            let e = bad("quicdemux-keys 3", &format!("quicdemux-keys {v}"));
             assert_eq!(e.line, 1, "{e}");
-            assert!(e.what.contains("expected 'quicdemux-keys 1' or 'quicdemux-keys 2'"), "{e}");
+            assert!(e.what.contains("expected 'quicdemux-keys 1', 'quicdemux-keys 2' or 'quicdemux-keys 3'"), "{e}");
         }
         // Twice.
         let e = KeyFile::parse(&format!("{good}previous 2 hmac-sha256 {}\n", "00".repeat(32))).unwrap_err();
-        assert_eq!((e.line, e.what.as_str()), (7, "'previous' given twice"));
+        assert_eq!((e.line, e.what.as_str()), (8, "'previous' given twice"));
+        let e = KeyFile::parse(&format!("{good}forwarding {}\n", "00".repeat(32))).unwrap_err();
+        assert_eq!((e.line, e.what.as_str()), (8, "'forwarding' given twice"));
+        let two = format!("{good}forwarding-other {}\nforwarding-other {}\n", "00".repeat(32), "01".repeat(32));
+        assert_eq!(KeyFile::parse(&two).unwrap_err().what, "'forwarding-other' given twice");
     }
 
     #[test]
@@ -405,7 +582,7 @@ mod tests {
         assert!(KeyFile::parse("").is_err());
         assert!(KeyFile::parse("quicdemux-keys 2\n").is_err());
         assert!(KeyFile::parse("quicdemux-keys 3\n").is_err());
-        for drop in ["newest", "reset", "token", "rendezvous"] {
+        for drop in ["newest", "reset", "token", "rendezvous", "forwarding"] {
             let t: String = good.lines().filter(|l| !l.starts_with(drop)).map(|l| format!("{l}\n")).collect();
             assert!(KeyFile::parse(&t).is_err(), "{drop} missing must fail");
         }

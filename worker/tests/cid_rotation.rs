@@ -31,7 +31,7 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 fn secrets() -> Secrets {
-    let mut seed = [0u8; 112];
+    let mut seed = [0u8; proto::keyfile::RANDOM_LEN];
     aws_lc_rs::rand::fill(&mut seed).expect("random");
     Secrets::from_key_file(&proto::keyfile::KeyFile::generate(&seed, proto::cid::Prf::HmacSha256))
 }

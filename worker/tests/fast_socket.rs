@@ -28,7 +28,7 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 fn secrets() -> worker::Secrets {
-    let mut random = [0u8; 3 * 32 + 16];
+    let mut random = [0u8; proto::keyfile::RANDOM_LEN];
     for (i, b) in random.iter_mut().enumerate() {
         *b = (i as u8).wrapping_mul(37).wrapping_add(11);
     }
@@ -222,7 +222,7 @@ fn serves_over_the_fast_socket_and_swaps_it_on_reconnect() {
 fn binary_hello(dir: &Path, extra: &[&str]) -> Data {
     static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let keys = dir.join("keys");
-    let random = [5u8; 3 * 32 + 16];
+    let random = [5u8; proto::keyfile::RANDOM_LEN];
     std::fs::write(&keys, proto::keyfile::KeyFile::generate(&random, proto::cid::Prf::SipHash24).to_text())
         .expect("key file");
     let path = dir.join(format!("d{}.sock", CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));

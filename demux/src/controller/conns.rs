@@ -193,12 +193,8 @@ impl Ctl {
             self.refuse(token, &format!("cannot record the registration: {e:#}"));
             return false;
         }
-        let assign = Registration::Assign {
-            server_id: proto::ServerId(server_id),
-            keys: self.keys.keys.clone(),
-            reset_key: self.keys.reset_key,
-            token_key: self.keys.token_key,
-        };
+        // ADR 0005 §4: only what `KeyFile::assign` shares (never the forwarding secret).
+        let assign = self.keys.assign(proto::ServerId(server_id));
         let shard0: Vec<RawFd> = self.udp[..self.per_shard].iter().map(|f| f.as_raw_fd()).collect();
         let sockets = Registration::Sockets { addrs: self.udp_addrs[..self.per_shard].to_vec() };
         let sent = match self.conns.get(&token) {

@@ -211,8 +211,9 @@ pub fn rotate_keys(
     from: Option<&Path>,
 ) -> Result<KeyFile> {
     use proto::wire::admin::RotatePhase;
-    let mut fresh = [0u8; 32];
+    let (mut fresh, mut fresh_forwarding) = ([0u8; 32], [0u8; 32]);
     sys::os_random(&mut fresh).context("getrandom")?;
+    sys::os_random(&mut fresh_forwarding).context("getrandom")?;
     let prf = prf.unwrap_or(current.keys.newest.prf);
     let staged_gen = current.keys.previous.map(|g| g.generation.get());
     let k = match phase {
@@ -222,7 +223,7 @@ pub fn rotate_keys(
         ),
         RotatePhase::Rotate => current.rotated(fresh, prf),
         RotatePhase::Stage => match from {
-            None => current.staged(fresh, prf),
+            None => current.staged(fresh, fresh_forwarding, prf),
             Some(f) => {
                 let text = read_private(f)?.with_context(|| format!("{} does not exist", f.display()))?;
                 let other = KeyFile::parse(&text).with_context(|| format!("key file {}", f.display()))?;

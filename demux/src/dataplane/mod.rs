@@ -163,10 +163,15 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
     let host = proto::host::HostLayout::new(a.host_bits, a.host_id)?;
     let peers = match (&a.peers, a.peer_listen) {
         (Some(file), Some(listen)) => {
-            Some(peers::Peers::start(host, &keyfile.reset_key, file.clone(), listen, bound.clone())?)
+            // ADR 0005 §4: the key file's forwarding secrets, which no worker receives.
+            let keys = proto::peer::FrameKeys::of(&keyfile);
+            Some(peers::Peers::start(host, keys, file.clone(), listen, bound.clone())?)
         }
         _ => None,
     };
+    if let Some(p) = &peers {
+        p.hand_over_to(shared.clone(), a.max_instances);
+    }
     let mut reg = registry::Registry::new(registry::RegistryConfig {
         keys: keyset,
         rendezvous_key: keyfile.rendezvous_key,

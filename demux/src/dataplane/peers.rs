@@ -1,42 +1,56 @@
-//! Host-to-host forwarding (docs/adr/0005-server-ids-across-hosts.md).
+//! Host-to-host forwarding (docs/adr/0005-server-ids-across-hosts.md §4).
 //!
 //! - **Out:** a shard that routes a datagram as an orphan first asks
 //!   [`Peers::forward`]: if its DCID decodes to a server id of another host listed in
-//!   `--peers`, the datagram goes there in an authenticated frame (proto::peer) and is
-//!   not reset here.
-//! - **In:** one thread receives frames on `--peer-listen`, verifies the tag (the
-//!   cluster key file's forwarding key), drops replays (a window per sending host),
-//!   and hands the datagram to this host's own stack through a raw socket with the
-//!   client's address as source and the local address it was sent to as destination
-//!   — so it reaches the owning worker by the kernel fast path or a shard exactly as
-//!   if it had arrived here, and the worker answers the client directly.
-//!
-//! - **Liveness:** every [`HEARTBEAT`] each host sends every peer an empty frame; a
-//!   peer not heard from (heartbeat or forwarded datagram) for [`PEER_DEAD`] is dead:
-//!   its ids are no longer forwarded, so they are orphans here and get this host's
-//!   stateless reset (every host has the cluster's reset key), and the client
-//!   reconnects.
+//!   `--peers`, live, whose epoch this host has learned, the datagram goes there in a
+//!   frame (proto::peer) and is not reset here.
+//! - **In:** one thread receives frames on `--peer-listen`, verifies the tag (the key
+//!   file's forwarding secrets, which no worker holds), checks the source against the
+//!   peer's listed address, and applies the acceptance rule (proto::peer::session:
+//!   this host's id, this boot's epoch, a replay window per peer). An accepted
+//!   datagram whose owner is live in the current routing snapshot is handed straight
+//!   to that worker's data connection (a frame with the client's and the local
+//!   address, as a shard would send it: [`Peers::hand_over_to`]); any other is
+//!   handed to this host's own stack through a raw socket with the client's address
+//!   as source and the local address it was sent to as destination, so that a shard
+//!   deals with it exactly as if it had arrived here (a held or reset id). Either way
+//!   the worker answers the client directly.
+//! - **Liveness and the handshake:** every [`HEARTBEAT`] each host sends every peer a
+//!   heartbeat (to its learned epoch, or a hello); a stale frame is answered at once
+//!   (proto::peer::session rule 2). A peer not heard from (an accepted frame) for
+//!   [`PEER_DEAD`] is dead: its ids are no longer forwarded, so they are orphans here
+//!   and get this host's stateless reset, and the client reconnects.
+//! - **The peers file** is re-read on SIGHUP, and when a stat every
+//!   [`PEERS_FILE_CHECK`] shows it changed (inode, size, modification or change time).
 //!
 //! Injection uses a raw IPv4 socket and a raw IPv6 one (IPV6_HDRINCL, with the UDP
-//! checksum IPv6 requires, sys::raw). Without IPv6 on the host (no raw IPv6 socket:
-//! one warning at start) an IPv6 frame is counted `inject_errors`, as is a frame
-//! whose client and local addresses are of different families.
+//! checksum IPv6 requires, sys::raw); IPv4-mapped IPv6 addresses go through the IPv4
+//! one. A raw IPv6 socket that could not be opened at start is tried again (at most
+//! once per [`PEERS_FILE_CHECK`]) when an IPv6 frame needs it; until then such frames
+//! are counted `inject_errors`, as are frames whose client and local addresses are of
+//! different families.
 
+use crate::dataplane::counters::ShardCounters;
+use crate::dataplane::forward::Forwarder;
+use crate::dataplane::snapshot::Snapshot;
 use proto::cid::KeySet;
 use proto::host::HostLayout;
-use proto::peer::{self, ForwardingKey, Frame, FrameError, ReplayWindow, Sequencer};
+use proto::peer::{self, Body, Frame, FrameError, FrameKeys, Header, KeyUsed, Learned, Me, Outbound, Session, Verdict};
+use proto::wire::frame::FrameMeta;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How often a host tells each peer it is alive.
 pub const HEARTBEAT: Duration = Duration::from_millis(250);
 /// A peer silent this long is dead: its ids are reset here, not forwarded.
 pub const PEER_DEAD: Duration = Duration::from_secs(1);
+/// How often the peers file is checked for changes.
+pub const PEERS_FILE_CHECK: Duration = Duration::from_secs(1);
 /// Host ids are below this (ADR 0005: at most 8 host bits).
 const HOSTS: usize = 1 << proto::host::MAX_HOST_BITS;
 
@@ -46,6 +60,8 @@ pub struct PeerCounters {
     pub forwarded: AtomicU64,
     pub forward_errors: AtomicU64,
     pub received: AtomicU64,
+    /// Handed to the owning worker's data connection (its drops: `handed_over_dropped`).
+    pub handed_over: AtomicU64,
     pub injected: AtomicU64,
     pub inject_errors: AtomicU64,
     /// Forwarded to an address this host does not serve (peers disagree on the
@@ -56,39 +72,123 @@ pub struct PeerCounters {
     pub refused_unauthenticated: AtomicU64,
     pub refused_replayed: AtomicU64,
     pub refused_unknown_peer: AtomicU64,
+    /// Sealed for another host (a frame replayed to a third host).
+    pub refused_wrong_receiver: AtomicU64,
+    /// Data frames sealed for another boot of this data plane (a replay across a
+    /// restart, or a peer that has not learned this boot's epoch yet).
+    pub refused_stale: AtomicU64,
     pub heartbeats_received: AtomicU64,
-    /// Orphans of a dead peer's ids (reset here).
+    /// Heartbeats for another boot: hellos of the handshake (answered), or replays.
+    pub heartbeats_stale: AtomicU64,
+    /// Orphans of a dead peer's ids (reset here), or of a peer whose epoch is not
+    /// learned yet.
     pub dead_peer: AtomicU64,
+    pub peers_file_reloads: AtomicU64,
+}
+
+/// The clock of liveness and pacing: monotonic milliseconds (never the wall clock:
+/// docs/adr/0005 §4). Tests step it to check that a clock going back breaks nothing.
+struct PeerClock {
+    base: Instant,
+    offset_ms: AtomicU64,
+}
+
+impl PeerClock {
+    /// Starts far from 0, so that a test can step it back by hours.
+    const START_MS: u64 = 1 << 40;
+
+    fn new() -> PeerClock {
+        PeerClock { base: Instant::now(), offset_ms: AtomicU64::new(Self::START_MS) }
+    }
+
+    fn now_ms(&self) -> u64 {
+        (self.base.elapsed().as_millis() as u64).wrapping_add(self.offset_ms.load(Relaxed))
+    }
+
+    #[cfg(test)]
+    fn step(&self, delta_ms: i64) {
+        let o = self.offset_ms.load(Relaxed).wrapping_add_signed(delta_ms);
+        self.offset_ms.store(o, Relaxed);
+    }
+}
+
+/// What identifies a version of the peers file (a change of any: re-read).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileStamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileStamp {
+    fn of(path: &std::path::Path) -> Option<FileStamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        Some(FileStamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
+    }
 }
 
 /// This host's forwarding state, shared by the shards and the receiving thread.
 pub struct Peers {
     layout: HostLayout,
-    key: ForwardingKey,
+    /// This host's id and this boot's epoch (random, nonzero).
+    me: Me,
+    keys: arc_swap::ArcSwap<FrameKeys>,
     file: PathBuf,
-    /// host id → its forwarding address (re-read on SIGHUP).
+    /// host id → its forwarding address.
     table: arc_swap::ArcSwap<HashMap<u16, SocketAddr>>,
     /// Forwarded datagrams per destination host (host ids are below 2^MAX_HOST_BITS).
     per_host: Box<[AtomicU64; HOSTS]>,
+    /// Per destination: its learned epoch and our sequence counter towards it.
+    outbound: Box<[Outbound; HOSTS]>,
+    /// Per peer: the `ack` our frames carry (the receiving thread's sessions'
+    /// `Session::ack`, mirrored for the shards).
+    acks: Box<[AtomicU64; HOSTS]>,
+    /// Per peer: which of our secrets verified its latest frame (0 current, 1
+    /// other); frames to it are sealed with that one (proto::peer::KeyUsed).
+    seal_with: Box<[AtomicU8; HOSTS]>,
     socket: UdpSocket,
-    /// The next frame's sequence number (proto::peer::Sequencer's numbering).
-    seq: AtomicU64,
     /// The addresses this host serves: a forwarded datagram is injected only towards
     /// one of them (anycast: every host serves the same), so a misconfigured peer
     /// cannot make two hosts bounce a datagram between them.
     serves: Vec<SocketAddr>,
-    /// When each peer was last heard from: milliseconds since `epoch`, plus one (0:
-    /// never), per host id.
+    /// When each peer was last heard from (an accepted frame): the clock's
+    /// milliseconds plus one (0: never), per host id.
     last_seen: Box<[AtomicU64; HOSTS]>,
-    epoch: Instant,
+    clock: PeerClock,
+    /// Set once the routing snapshot exists ([`Peers::hand_over_to`]).
+    handoff: std::sync::OnceLock<Handoff>,
+    stop: AtomicBool,
+    receiver: Mutex<Option<std::thread::JoinHandle<()>>>,
     pub counters: PeerCounters,
 }
 
+/// A fresh nonzero epoch from the OS's random source.
+fn draw_epoch() -> anyhow::Result<u64> {
+    loop {
+        let mut b = [0u8; 8];
+        sys::os_random(&mut b).map_err(|e| anyhow::anyhow!("getrandom: {e}"))?;
+        let e = u64::from_ne_bytes(b);
+        if e != 0 {
+            return Ok(e);
+        }
+    }
+}
+
 impl Peers {
-    /// Binds `listen` (frames in; also the source of frames out) and reads `file`.
+    /// Binds `listen` (frames in; also the source of frames out), reads `file` and
+    /// starts the receiving thread.
     pub fn start(
         layout: HostLayout,
-        reset_key: &[u8; 32],
+        keys: FrameKeys,
         file: PathBuf,
         listen: SocketAddr,
         serves: Vec<SocketAddr>,
@@ -96,48 +196,85 @@ impl Peers {
         use anyhow::Context;
         let table = read_table(&file)?;
         let socket = UdpSocket::bind(listen).with_context(|| format!("--peer-listen {listen}"))?;
-        let start = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs().min(u64::from(u32::MAX)) as u32);
         let p = Arc::new(Peers {
             layout,
-            key: ForwardingKey::derive(reset_key),
+            me: Me { host: layout.host(), epoch: draw_epoch()? },
+            keys: arc_swap::ArcSwap::from_pointee(keys),
             file,
             table: arc_swap::ArcSwap::from_pointee(table),
             per_host: Box::new(std::array::from_fn(|_| AtomicU64::new(0))),
+            outbound: Box::new(std::array::from_fn(|_| Outbound::default())),
+            acks: Box::new(std::array::from_fn(|_| AtomicU64::new(0))),
+            seal_with: Box::new(std::array::from_fn(|_| AtomicU8::new(0))),
             socket,
-            seq: AtomicU64::new(Sequencer::new(start).take()),
             serves,
             last_seen: Box::new(std::array::from_fn(|_| AtomicU64::new(0))),
-            epoch: Instant::now(),
+            clock: PeerClock::new(),
+            handoff: std::sync::OnceLock::new(),
+            stop: AtomicBool::new(false),
+            receiver: Mutex::new(None),
             counters: PeerCounters::default(),
         });
         let raw = sys::raw::RawIpv4::open().context("a raw IPv4 socket for forwarded datagrams (needs CAP_NET_RAW)")?;
         let raw6 = sys::raw::RawIpv6::open()
-            .map_err(|e| tracing::warn!(error = %e, "no raw IPv6 socket: forwarded IPv6 datagrams will be counted inject_errors"))
+            .map_err(|e| tracing::warn!(error = %e, "no raw IPv6 socket yet: tried again when an IPv6 frame arrives"))
             .ok();
         let rx = p.clone();
-        std::thread::Builder::new()
+        let handle = std::thread::Builder::new()
             .name("peers".into())
-            .spawn(move || rx.receive_loop(&raw, raw6.as_ref()))
+            .spawn(move || rx.receive_loop(Injector { raw, raw6, raw6_tried: Instant::now(), packet: Vec::new() }))
             .context("starting the peer receiver")?;
-        tracing::info!(listen = %listen, peers = p.table.load().len(), host = layout.host(), "host-to-host forwarding on");
+        if let Ok(mut r) = p.receiver.lock() {
+            *r = Some(handle);
+        }
+        tracing::info!(
+            listen = %listen, peers = p.table.load().len(), host = layout.host(), epoch = format!("{:016x}", p.me.epoch),
+            "host-to-host forwarding on"
+        );
         Ok(p)
     }
 
-    /// SIGHUP: re-reads the peers file; a bad file keeps the old table.
+    /// From now on, accepted datagrams whose owner is live in `shared` go straight to
+    /// its data connection. `max_instances`: the size of the counter slots.
+    pub fn hand_over_to(&self, shared: crate::dataplane::snapshot::Shared, max_instances: usize) {
+        let _ = self.handoff.set(Handoff { shared, counters: ShardCounters::new(max_instances) });
+    }
+
+    /// Stops the receiving thread and waits for it (tests: a data-plane restart in
+    /// one process; the socket closes when the last `Arc` goes).
+    pub fn shutdown(&self) {
+        self.stop.store(true, Relaxed);
+        let handle = self.receiver.lock().ok().and_then(|mut r| r.take());
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+    }
+
+    /// SIGHUP or a changed file: re-reads the peers file; a bad file keeps the old
+    /// table.
     pub fn reload(&self) {
         match read_table(&self.file) {
             Ok(t) => {
                 tracing::info!(peers = t.len(), "peers file re-read");
+                self.counters.peers_file_reloads.fetch_add(1, Relaxed);
                 self.table.store(Arc::new(t));
             }
             Err(e) => tracing::error!(error = %format!("{e:#}"), "peers file not re-read; keeping the old one"),
         }
     }
 
+    /// New forwarding secrets (a key-file rotation, ADR 0005 §3). Frames are sealed
+    /// with the current one again until a peer's frame shows it holds only the other.
+    pub fn set_keys(&self, keys: FrameKeys) {
+        self.keys.store(Arc::new(keys));
+        for s in self.seal_with.iter() {
+            s.store(0, Relaxed);
+        }
+    }
+
     /// An orphan datagram (its DCID names no live local instance): forwarded when the
-    /// DCID decodes to another host's server id with a known peer. `true`: it went.
+    /// DCID decodes to another host's server id with a known, live peer whose epoch
+    /// is learned. `true`: it went.
     pub fn forward(&self, keys: &KeySet, datagram: &[u8], client: SocketAddr, local: SocketAddr) -> bool {
         // A client's Initial or 0-RTT carries a DCID it chose (RFC 9000 §7.2): any
         // host it decodes to is chance. New connections are placed locally.
@@ -151,11 +288,13 @@ impl Peers {
             return false;
         }
         let Some(&to) = self.table.load().get(&host) else { return false };
-        if !self.alive(host) {
+        let learned = self.outbound.get(usize::from(host)).filter(|_| self.alive(host)).and_then(|o| o.data());
+        let Some((to_epoch, seq)) = learned else {
             self.counters.dead_peer.fetch_add(1, Relaxed);
             return false;
-        }
-        match self.send_frame(to, client, local, datagram) {
+        };
+        let body = Body::Data { client, local, datagram };
+        match self.send_frame(to, host, to_epoch, seq, body) {
             Ok(_) => {
                 self.counters.forwarded.fetch_add(1, Relaxed);
                 if let Some(n) = self.per_host.get(usize::from(host)) {
@@ -176,50 +315,58 @@ impl Peers {
 
     fn alive(&self, host: u16) -> bool {
         let Some(seen) = self.last_seen.get(usize::from(host)).map(|t| t.load(Relaxed)) else { return false };
-        seen != 0 && self.now_ms().saturating_sub(seen - 1) < PEER_DEAD.as_millis() as u64
+        seen != 0 && self.clock.now_ms().saturating_sub(seen - 1) < PEER_DEAD.as_millis() as u64
     }
 
-    fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
-    }
-
-    fn send_frame(
-        &self,
-        to: SocketAddr,
-        client: SocketAddr,
-        local: SocketAddr,
-        datagram: &[u8],
-    ) -> std::io::Result<usize> {
+    fn send_frame(&self, to: SocketAddr, host: u16, to_epoch: u64, seq: u64, body: Body<'_>) -> std::io::Result<usize> {
         thread_local! {
             // One frame buffer per shard thread (and the receiving thread's heartbeats).
             static FRAME: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(65_536));
         }
-        let seq = self.seq.fetch_add(1, Relaxed);
-        let f = Frame { from_host: self.layout.host(), seq, client, local, datagram };
+        let ack = self.acks.get(usize::from(host)).map_or(0, |a| a.load(Relaxed));
+        let header = Header { from_host: self.me.host, to_host: host, from_epoch: self.me.epoch, to_epoch, seq, ack };
+        let keys = self.keys.load();
+        let used = match self.seal_with.get(usize::from(host)).map(|s| s.load(Relaxed)) {
+            Some(1) => KeyUsed::Other,
+            _ => KeyUsed::Current,
+        };
         FRAME.with_borrow_mut(|frame| {
-            peer::seal(&self.key, &f, frame);
+            peer::seal(keys.sealing(used), &Frame { header, body }, frame);
             self.socket.send_to(frame, to)
         })
     }
 
-    /// An empty frame to every peer (its addresses unused).
-    fn heartbeat(&self) {
-        let none: SocketAddr = SocketAddr::from(([0, 0, 0, 0], 0));
-        for (_, &to) in self.table.load().iter() {
-            let _ = self.send_frame(to, none, none, &[]);
-        }
+    /// A heartbeat to `host` at `to`, for its epoch `to_epoch` (0: a hello).
+    fn heartbeat(&self, host: u16, to: SocketAddr, to_epoch: u64) {
+        let Some(o) = self.outbound.get(usize::from(host)) else { return };
+        let _ = self.send_frame(to, host, to_epoch, o.seq(), Body::Heartbeat);
     }
 
-    fn receive_loop(&self, raw: &sys::raw::RawIpv4, raw6: Option<&sys::raw::RawIpv6>) {
-        let mut windows: HashMap<u16, ReplayWindow> = HashMap::new();
+    fn receive_loop(&self, mut inject: Injector) {
+        let mut sessions: Vec<Session> = (0..HOSTS).map(|_| Session::default()).collect();
         let mut buf = vec![0u8; 65536];
-        let mut packet = Vec::with_capacity(65536);
         let _ = self.socket.set_read_timeout(Some(HEARTBEAT / 2));
         let mut beat = Instant::now() - HEARTBEAT;
-        loop {
+        let (mut stamp, mut checked) = (FileStamp::of(&self.file), Instant::now());
+        let mut fwd: Option<Forwarder> = None;
+        while !self.stop.load(Relaxed) {
             if beat.elapsed() >= HEARTBEAT {
-                self.heartbeat();
+                let now = self.clock.now_ms();
+                for (&host, &to) in self.table.load().iter() {
+                    if let Some(s) = sessions.get_mut(usize::from(host)) {
+                        s.tick(now);
+                        self.heartbeat(host, to, s.peer_epoch());
+                    }
+                }
                 beat = Instant::now();
+            }
+            if checked.elapsed() >= PEERS_FILE_CHECK {
+                let now = FileStamp::of(&self.file);
+                if now != stamp {
+                    stamp = now;
+                    self.reload();
+                }
+                checked = Instant::now();
             }
             let (n, from) = match self.socket.recv_from(&mut buf) {
                 Ok(r) => r,
@@ -230,61 +377,114 @@ impl Peers {
                     continue;
                 }
             };
-            let c = &self.counters;
-            let frame = match peer::open(&self.key, &buf[..n]) {
-                Ok(f) => f,
-                Err(FrameError::NotAFrame) => {
-                    c.refused_not_a_frame.fetch_add(1, Relaxed);
-                    continue;
+            if let Some(frame) = self.accept(&mut sessions, &buf[..n], from) {
+                if self.handoff.get().is_some() && fwd.is_none() {
+                    // No ring of any shard: frames go on the data connection.
+                    fwd = Some(Forwarder::new(usize::MAX));
                 }
-                Err(FrameError::Malformed) => {
-                    c.refused_malformed.fetch_add(1, Relaxed);
-                    continue;
-                }
-                Err(FrameError::Unauthenticated) => {
-                    c.refused_unauthenticated.fetch_add(1, Relaxed);
-                    continue;
-                }
-            };
-            // Authentic, but from a host we do not list (or from another address
-            // than its listed one): refused, and its numbers do not move a window.
-            if self.table.load().get(&frame.from_host).is_none_or(|a| a.ip() != from.ip()) {
-                c.refused_unknown_peer.fetch_add(1, Relaxed);
-                continue;
-            }
-            if !windows.entry(frame.from_host).or_default().accept(frame.seq) {
-                c.refused_replayed.fetch_add(1, Relaxed);
-                continue;
-            }
-            if let Some(t) = self.last_seen.get(usize::from(frame.from_host)) {
-                t.store(self.now_ms() + 1, Relaxed);
-            }
-            if frame.datagram.is_empty() {
-                c.heartbeats_received.fetch_add(1, Relaxed);
-                continue;
-            }
-            c.received.fetch_add(1, Relaxed);
-            if !self.serves_addr(frame.local) {
-                c.inject_not_served.fetch_add(1, Relaxed);
-                continue;
-            }
-            let sent = match (frame.client, frame.local) {
-                (SocketAddr::V4(src), SocketAddr::V4(dst)) => {
-                    sys::raw::ipv4_udp_packet(src, dst, frame.datagram, &mut packet).is_some()
-                        && raw.send(&packet, dst).is_ok()
-                }
-                (SocketAddr::V6(src), SocketAddr::V6(dst)) => raw6.is_some_and(|r| {
-                    sys::raw::ipv6_udp_packet(src, dst, frame.datagram, &mut packet).is_some()
-                        && r.send(&packet, dst).is_ok()
-                }),
-                _ => false,
-            };
-            if sent {
-                c.injected.fetch_add(1, Relaxed);
-            } else {
-                c.inject_errors.fetch_add(1, Relaxed);
+                self.deliver(&frame, &mut inject, fwd.as_mut());
             }
         }
+    }
+
+    /// Verifies a frame and applies the acceptance rule; `Some` for an accepted data
+    /// frame. Every refusal is counted; heartbeats are answered where the rule says.
+    fn accept<'a>(&self, sessions: &mut [Session], bytes: &'a [u8], from: SocketAddr) -> Option<Frame<'a>> {
+        let c = &self.counters;
+        let (frame, used) = match peer::open_with(&self.keys.load(), bytes) {
+            Ok(f) => f,
+            Err(FrameError::NotAFrame) => return bump(&c.refused_not_a_frame),
+            Err(FrameError::Malformed) => return bump(&c.refused_malformed),
+            Err(FrameError::Unauthenticated) => return bump(&c.refused_unauthenticated),
+        };
+        let h = frame.header;
+        // Authentic, but from a host we do not list, or from another address than
+        // its listed one: refused, and it moves no window.
+        let table = self.table.load();
+        let Some(&listed) = table.get(&h.from_host).filter(|a| same_endpoint(**a, from)) else {
+            return bump(&c.refused_unknown_peer);
+        };
+        let i = usize::from(h.from_host);
+        // A listed id at or above 2^MAX_HOST_BITS owns no server id: not a peer.
+        let (Some(session), Some(outbound), Some(ack)) = (sessions.get_mut(i), self.outbound.get(i), self.acks.get(i))
+        else {
+            return bump(&c.refused_unknown_peer);
+        };
+        let heartbeat = frame.body == Body::Heartbeat;
+        let now = self.clock.now_ms();
+        let verdict = session.receive(self.me, &h, now);
+        if matches!(verdict, Verdict::Fresh { .. } | Verdict::Stale { .. }) {
+            if let Some(s) = self.seal_with.get(usize::from(h.from_host)) {
+                s.store(u8::from(used == KeyUsed::Other), Relaxed);
+            }
+        }
+        match verdict {
+            Verdict::WrongReceiver => bump(&c.refused_wrong_receiver),
+            Verdict::Replayed => bump(&c.refused_replayed),
+            Verdict::Stale { ack: their_ack, nudge } => {
+                outbound.raise(their_ack);
+                if let Some(e) = nudge {
+                    self.heartbeat(h.from_host, listed, e);
+                }
+                bump(if heartbeat { &c.heartbeats_stale } else { &c.refused_stale })
+            }
+            Verdict::Fresh { learned } => {
+                ack.store(session.ack(), Relaxed);
+                if let Some(l @ Learned { .. }) = learned {
+                    outbound.learn(l);
+                }
+                if let Some(t) = self.last_seen.get(usize::from(h.from_host)) {
+                    t.store(now + 1, Relaxed);
+                }
+                if heartbeat {
+                    return bump(&c.heartbeats_received);
+                }
+                c.received.fetch_add(1, Relaxed);
+                Some(frame)
+            }
+        }
+    }
+
+    /// Hands an accepted data frame's datagram to its owner's data connection, or to
+    /// this host's stack.
+    fn deliver(&self, frame: &Frame<'_>, inject: &mut Injector, fwd: Option<&mut Forwarder>) {
+        let c = &self.counters;
+        let Body::Data { client, local, datagram } = frame.body else { return };
+        if !self.serves_addr(local) {
+            c.inject_not_served.fetch_add(1, Relaxed);
+            return;
+        }
+        if let (Some(h), Some(fwd)) = (self.handoff.get(), fwd) {
+            let snap = h.shared.load();
+            if let Some(target) = self.owner(&snap, datagram) {
+                let meta = FrameMeta { client, local: Some(local), ecn: 0, segment_size: None };
+                // SAFETY: `datagram` lies in the receive buffer, which is not written
+                // again before the flush below returns (Forwarder::push's contract).
+                unsafe { fwd.push(&snap, target, &meta, datagram, 1, &h.counters) };
+                fwd.flush(&snap, &h.counters);
+                c.handed_over.fetch_add(1, Relaxed);
+                return;
+            }
+        }
+        if inject.send(client, local, datagram) {
+            c.injected.fetch_add(1, Relaxed);
+        } else {
+            c.inject_errors.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// The index (in `snap`) of the live local instance that owns `datagram`'s DCID.
+    /// Client-chosen DCIDs, other hosts' ids and ids not live here: `None` (they are
+    /// injected, and a shard applies its rules: placement, hold, reset).
+    fn owner(&self, snap: &Snapshot, datagram: &[u8]) -> Option<usize> {
+        if client_chosen_dcid(datagram) {
+            return None;
+        }
+        let d = snap.table.keys().decode(dcid(datagram)?).ok()?;
+        if !self.layout.is_local(d.server_id) {
+            return None;
+        }
+        snap.table.index_of(d.server_id).filter(|&t| t < snap.conns.len())
     }
 
     /// lb-status `peers`.
@@ -296,18 +496,30 @@ impl Peers {
             .enumerate()
             .filter_map(|(h, n)| Some(n.load(Relaxed)).filter(|n| *n > 0).map(|n| (h.to_string(), json!(n))))
             .collect();
-        let alive = self.table.load().keys().filter(|h| self.alive(**h)).count();
+        let table = self.table.load();
+        let alive = table.keys().filter(|h| self.alive(**h)).count();
+        let addresses: serde_json::Map<String, Value> =
+            table.iter().map(|(h, a)| (h.to_string(), json!(a.to_string()))).collect();
         json!({
             "host": self.layout.host(),
-            "peers": self.table.load().len(),
+            "epoch": format!("{:016x}", self.me.epoch),
+            "forwarding_keys": self.keys.load().ids.clone(),
+            "peers": table.len(),
             "peers_alive": alive,
+            "addresses": addresses,
+            "peers_file_reloads": c.peers_file_reloads.load(Relaxed),
             "heartbeats_received": c.heartbeats_received.load(Relaxed),
+            "heartbeats_stale": c.heartbeats_stale.load(Relaxed),
             "dead_peer": c.dead_peer.load(Relaxed),
             "forwarded": c.forwarded.load(Relaxed),
             "forwarded_to": per,
             "forward_errors": c.forward_errors.load(Relaxed),
             "received": c.received.load(Relaxed),
             "injected": c.injected.load(Relaxed),
+            "handed_over": c.handed_over.load(Relaxed),
+            "handed_over_dropped": self.handoff.get().map_or(0, |h| {
+                h.counters.drops_full.load(Relaxed) + h.counters.drops_send_error.load(Relaxed)
+            }),
             "inject_errors": c.inject_errors.load(Relaxed),
             "inject_not_served": c.inject_not_served.load(Relaxed),
             "refused": {
@@ -316,8 +528,67 @@ impl Peers {
                 "unauthenticated": c.refused_unauthenticated.load(Relaxed),
                 "replayed": c.refused_replayed.load(Relaxed),
                 "unknown_peer": c.refused_unknown_peer.load(Relaxed),
+                "wrong_receiver": c.refused_wrong_receiver.load(Relaxed),
+                "stale": c.refused_stale.load(Relaxed),
             },
         })
+    }
+}
+
+/// The routing snapshot accepted datagrams are handed over with, and the counters
+/// the hand-over's forwarder keeps (its drops are shown as `handed_over_dropped`).
+struct Handoff {
+    shared: crate::dataplane::snapshot::Shared,
+    counters: ShardCounters,
+}
+
+/// Counts one and yields nothing (a refused frame).
+fn bump<T>(c: &AtomicU64) -> Option<T> {
+    c.fetch_add(1, Relaxed);
+    None
+}
+
+/// Whether a frame from `from` comes from the peer listed at `listed`: the same IP
+/// (IPv4-mapped IPv6 compared as IPv4) and port (frames leave from `--peer-listen`).
+fn same_endpoint(listed: SocketAddr, from: SocketAddr) -> bool {
+    listed.ip().to_canonical() == from.ip().to_canonical() && listed.port() == from.port()
+}
+
+/// The raw sockets a forwarded datagram is injected through.
+struct Injector {
+    raw: sys::raw::RawIpv4,
+    raw6: Option<sys::raw::RawIpv6>,
+    raw6_tried: Instant,
+    packet: Vec<u8>,
+}
+
+impl Injector {
+    /// Sends `datagram` from `client` to `local` into this host's stack.
+    fn send(&mut self, client: SocketAddr, local: SocketAddr, datagram: &[u8]) -> bool {
+        let canonical = |a: SocketAddr| SocketAddr::new(a.ip().to_canonical(), a.port());
+        match (canonical(client), canonical(local)) {
+            (SocketAddr::V4(src), SocketAddr::V4(dst)) => {
+                sys::raw::ipv4_udp_packet(src, dst, datagram, &mut self.packet).is_some()
+                    && self.raw.send(&self.packet, dst).is_ok()
+            }
+            (SocketAddr::V6(src), SocketAddr::V6(dst)) => {
+                if self.raw6.is_none() && self.raw6_tried.elapsed() >= PEERS_FILE_CHECK {
+                    self.raw6_tried = Instant::now();
+                    match sys::raw::RawIpv6::open() {
+                        Ok(r) => {
+                            tracing::info!("raw IPv6 socket open: forwarded IPv6 datagrams are injected");
+                            self.raw6 = Some(r);
+                        }
+                        Err(e) => tracing::warn!(error = %e, "still no raw IPv6 socket"),
+                    }
+                }
+                self.raw6.as_ref().is_some_and(|r| {
+                    sys::raw::ipv6_udp_packet(src, dst, datagram, &mut self.packet).is_some()
+                        && r.send(&self.packet, dst).is_ok()
+                })
+            }
+            _ => false,
+        }
     }
 }
 
@@ -329,9 +600,13 @@ fn read_table(file: &std::path::Path) -> anyhow::Result<HashMap<u16, SocketAddr>
 
 /// Whether `a` is one of the listen addresses `list` (a wildcard one serves every IP
 /// of its family on its port).
+/// IPv4-mapped IPv6 addresses compare as IPv4.
 fn serves(list: &[SocketAddr], a: SocketAddr) -> bool {
-    list.iter()
-        .any(|s| s.port() == a.port() && (s.ip() == a.ip() || (s.ip().is_unspecified() && s.is_ipv4() == a.is_ipv4())))
+    let ip = a.ip().to_canonical();
+    list.iter().any(|s| {
+        let sip = s.ip().to_canonical();
+        s.port() == a.port() && (sip == ip || (sip.is_unspecified() && sip.is_ipv4() == ip.is_ipv4()))
+    })
 }
 
 /// A v1 long header of type Initial or 0-RTT (RFC 9000 §17.2: type bits 0b00, 0b01).
@@ -351,52 +626,465 @@ fn dcid(d: &[u8]) -> Option<&[u8]> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // the tests' own set-up
 mod tests {
-    use super::dcid;
+    use super::{dcid, Peers};
+    use proto::cid::{Prf, ServerId};
+    use proto::host::HostLayout;
+    use proto::keyfile::KeyFile;
+    use proto::peer::{self, Body, Frame, FrameKeys, Header, Me, Outbound, Session, Verdict};
+    use std::collections::HashMap;
+    use std::net::{SocketAddr, UdpSocket};
+    use std::sync::atomic::Ordering::Relaxed;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
 
-    /// As root: an authenticated frame from a listed peer whose client and local
-    /// addresses are IPv6 is injected, and the UDP socket it names receives the
-    /// datagram from the client's address (was: counted inject_errors).
+    /// Raw sockets need root (CAP_NET_RAW), which CI has.
+    fn can_inject() -> bool {
+        if sys::raw::RawIpv4::open().is_err() {
+            testkit::skip("raw sockets need CAP_NET_RAW");
+            return false;
+        }
+        true
+    }
+
+    fn cluster_keys() -> KeyFile {
+        let mut random = [0u8; proto::keyfile::RANDOM_LEN];
+        sys::os_random(&mut random).unwrap();
+        KeyFile::generate(&random, Prf::SipHash24)
+    }
+
+    /// A real `Peers` (host `id` of 4, `--host-bits 2`) on 127.0.0.1, serving
+    /// `serves`, with a peers file listing `peers`.
+    struct Real {
+        peers: Arc<Peers>,
+        file: std::path::PathBuf,
+        addr: SocketAddr,
+    }
+
+    impl Real {
+        fn start(
+            id: u16,
+            keys: &KeyFile,
+            listen: SocketAddr,
+            peers: &[(u16, SocketAddr)],
+            serves: Vec<SocketAddr>,
+        ) -> Real {
+            let dir = testkit::temp_dir("peers");
+            let file = dir.join("peers");
+            Real::write(&file, peers);
+            let layout = HostLayout::new(2, id).unwrap();
+            let p = Peers::start(layout, FrameKeys::of(keys), file.clone(), listen, serves).unwrap();
+            let addr = p.socket.local_addr().unwrap();
+            Real { peers: p, file, addr }
+        }
+
+        fn write(file: &std::path::Path, peers: &[(u16, SocketAddr)]) {
+            let text: String = peers.iter().map(|(h, a)| format!("{h} {a}\n")).collect();
+            std::fs::write(file, text).unwrap();
+        }
+
+        /// Lists `peers` and re-reads the file at once (as SIGHUP does).
+        fn list(&self, peers: &[(u16, SocketAddr)]) {
+            Real::write(&self.file, peers);
+            self.peers.reload();
+        }
+
+        fn count(&self, f: impl Fn(&super::PeerCounters) -> &std::sync::atomic::AtomicU64) -> u64 {
+            f(&self.peers.counters).load(Relaxed)
+        }
+    }
+
+    fn wait(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
+        let deadline = Instant::now() + within;
+        while !ok() {
+            assert!(Instant::now() < deadline, "{what} within {within:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// A scripted peer: the protocol (proto::peer::session) by hand on a UDP socket,
+    /// so that a test can capture, replay and forge frames.
+    struct Scripted {
+        sock: UdpSocket,
+        me: Me,
+        keys: FrameKeys,
+        sessions: HashMap<u16, Session>,
+        outbound: HashMap<u16, Outbound>,
+    }
+
+    impl Scripted {
+        fn new(host: u16, secret: &[u8; 32]) -> Scripted {
+            let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+            sock.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+            let mut epoch = [0u8; 8];
+            sys::os_random(&mut epoch).unwrap();
+            let me = Me { host, epoch: u64::from_ne_bytes(epoch) | 1 };
+            Scripted {
+                sock,
+                me,
+                keys: FrameKeys::new(secret, None),
+                sessions: HashMap::new(),
+                outbound: HashMap::new(),
+            }
+        }
+
+        fn addr(&self) -> SocketAddr {
+            self.sock.local_addr().unwrap()
+        }
+
+        fn seal(&mut self, to_host: u16, to_epoch: u64, seq: u64, body: Body<'_>) -> Vec<u8> {
+            let ack = self.sessions.entry(to_host).or_default().ack();
+            let header = Header { from_host: self.me.host, to_host, from_epoch: self.me.epoch, to_epoch, seq, ack };
+            let mut out = Vec::new();
+            peer::seal(&self.keys.current, &Frame { header, body }, &mut out);
+            out
+        }
+
+        fn heartbeat(&mut self, to_host: u16, to: SocketAddr, to_epoch: u64) {
+            let seq = self.outbound.entry(to_host).or_default().seq();
+            let f = self.seal(to_host, to_epoch, seq, Body::Heartbeat);
+            self.sock.send_to(&f, to).unwrap();
+        }
+
+        /// Receives for `for_ms`, applying the rules (and answering stale frames).
+        fn pump(&mut self, to: &HashMap<u16, SocketAddr>, for_ms: u64) {
+            let end = Instant::now() + Duration::from_millis(for_ms);
+            let mut buf = [0u8; 2048];
+            while Instant::now() < end {
+                let Ok((n, _)) = self.sock.recv_from(&mut buf) else { continue };
+                let Ok(f) = peer::open(&self.keys, &buf[..n]) else { continue };
+                let h = f.header;
+                let now = 0;
+                let v = self.sessions.entry(h.from_host).or_default().receive(self.me, &h, now);
+                let o = self.outbound.entry(h.from_host).or_default();
+                match v {
+                    Verdict::Stale { ack, nudge } => {
+                        o.raise(ack);
+                        if let (Some(e), Some(&a)) = (nudge, to.get(&h.from_host)) {
+                            self.heartbeat(h.from_host, a, e);
+                        }
+                    }
+                    Verdict::Fresh { learned: Some(l) } => o.learn(l),
+                    _ => {}
+                }
+            }
+        }
+
+        /// Hellos until `host` at `to` is learned, then one heartbeat to its epoch,
+        /// after which the real host has learned ours.
+        fn handshake(&mut self, host: u16, to: SocketAddr) {
+            let table = HashMap::from([(host, to)]);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while self.outbound.get(&host).is_none_or(|o| o.epoch() == 0) {
+                assert!(Instant::now() < deadline, "host {host} never answered");
+                self.heartbeat(host, to, 0);
+                self.pump(&table, 50);
+            }
+            let e = self.outbound[&host].epoch();
+            self.heartbeat(host, to, e);
+            self.pump(&table, 50);
+        }
+
+        /// A data frame to `host` at `to` (its learned epoch), sent; its bytes back.
+        fn data(&mut self, host: u16, to: SocketAddr, client: SocketAddr, local: SocketAddr, d: &[u8]) -> Vec<u8> {
+            let (e, seq) = self.outbound[&host].data().unwrap();
+            let f = self.seal(host, e, seq, Body::Data { client, local, datagram: d });
+            self.sock.send_to(&f, to).unwrap();
+            f
+        }
+    }
+
+    fn client() -> SocketAddr {
+        "127.0.0.1:40000".parse().unwrap()
+    }
+
+    /// ADR 0005 §4: a process holding everything a worker is ever sent — the
+    /// `Assign` contents: CID keys, reset key, token key — cannot get a frame
+    /// accepted. Every 32-byte string of the encoded `Assign`, used as the forwarding
+    /// secret, and the old derivation from the reset key, make frames that are
+    /// counted `unauthenticated`; the cluster's secret itself is accepted.
     #[test]
-    #[allow(clippy::unwrap_used)] // the test's own set-up
-    fn an_ipv6_frame_is_injected_with_the_clients_address() {
-        use proto::peer::{seal, ForwardingKey, Frame};
-        use std::net::{SocketAddr, UdpSocket};
-        use std::sync::atomic::Ordering::Relaxed;
-        if sys::raw::RawIpv6::open().is_err() || sys::raw::RawIpv4::open().is_err() {
-            eprintln!("SKIPPED: raw sockets need CAP_NET_RAW (and IPv6 for the v6 one)");
+    fn the_assign_contents_forge_no_frame() {
+        use proto::wire::Message;
+        if !can_inject() {
+            return;
+        }
+        let keys = cluster_keys();
+        let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let local = sink.local_addr().unwrap();
+        let mut good = Scripted::new(2, &keys.forwarding);
+        let b = Real::start(1, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, good.addr())], vec![local]);
+        good.handshake(1, b.addr);
+        let epoch = good.outbound[&1].epoch();
+        let mut assign = Vec::new();
+        keys.assign(ServerId(1 << 14)).encode(&mut assign);
+        let mut candidates: Vec<[u8; 32]> = assign.windows(32).map(|w| w.try_into().unwrap()).collect();
+        // The version-1 frame key: HMAC-SHA-256(reset key, label).
+        let old = aws_lc_rs::hmac::sign(
+            &aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, &keys.reset_key),
+            b"quicdemux peer forwarding v1",
+        );
+        candidates.push(old.as_ref().try_into().unwrap());
+        for secret in &candidates {
+            let mut forger = Scripted::new(2, secret);
+            // From the listed peer's own socket, to the right epoch, with a fresh number.
+            forger.sock = good.sock.try_clone().unwrap();
+            let f = forger.seal(1, epoch, 1 << 40, Body::Data { client: client(), local, datagram: b"forged" });
+            forger.sock.send_to(&f, b.addr).unwrap();
+        }
+        let n = candidates.len() as u64;
+        wait("the forgeries counted", Duration::from_secs(5), || b.count(|c| &c.refused_unauthenticated) == n);
+        assert_eq!(b.count(|c| &c.received), 0);
+        // The control: the same frame under the cluster's forwarding secret goes through.
+        good.data(1, b.addr, client(), local, b"genuine");
+        wait("the genuine frame received", Duration::from_secs(5), || b.count(|c| &c.received) == 1);
+        let mut buf = [0u8; 16];
+        sink.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let (n, from) = sink.recv_from(&mut buf).unwrap();
+        assert_eq!((&buf[..n], from), (&b"genuine"[..], client()));
+        b.peers.shutdown();
+    }
+
+    /// A frame A → B replayed to C from A's address is refused by C (wrong
+    /// receiver); replayed to B, it is refused as a replay.
+    #[test]
+    fn a_frame_replayed_to_a_third_host_is_refused() {
+        if !can_inject() {
+            return;
+        }
+        let keys = cluster_keys();
+        let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let local = sink.local_addr().unwrap();
+        let mut a = Scripted::new(2, &keys.forwarding);
+        let b = Real::start(1, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], vec![local]);
+        let c = Real::start(3, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], vec![local]);
+        a.handshake(1, b.addr);
+        a.handshake(3, c.addr);
+        let ab = a.data(1, b.addr, client(), local, b"for B");
+        wait("B received it", Duration::from_secs(5), || b.count(|c| &c.received) == 1);
+        a.sock.send_to(&ab, c.addr).unwrap();
+        a.sock.send_to(&ab, b.addr).unwrap();
+        wait("C refused it", Duration::from_secs(5), || c.count(|c| &c.refused_wrong_receiver) == 1);
+        wait("B refused the replay", Duration::from_secs(5), || b.count(|c| &c.refused_replayed) == 1);
+        assert_eq!((b.count(|c| &c.received), c.count(|c| &c.received)), (1, 0));
+        b.peers.shutdown();
+        c.peers.shutdown();
+    }
+
+    /// A frame captured before the receiver's data plane restarted is refused after
+    /// it (stale), and the sender gets through to the new boot once it has answered
+    /// the new boot's hello.
+    #[test]
+    fn a_frame_captured_before_a_restart_is_refused_after_it() {
+        if !can_inject() {
+            return;
+        }
+        let keys = cluster_keys();
+        let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let local = sink.local_addr().unwrap();
+        let mut a = Scripted::new(2, &keys.forwarding);
+        let b = Real::start(1, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], vec![local]);
+        a.handshake(1, b.addr);
+        let captured = a.data(1, b.addr, client(), local, b"before");
+        wait("received before the restart", Duration::from_secs(5), || b.count(|c| &c.received) == 1);
+        let at = b.addr;
+        b.peers.shutdown();
+        drop(b);
+        let b = Real::start(1, &keys, at, &[(2, a.addr())], vec![local]);
+        a.sock.send_to(&captured, b.addr).unwrap();
+        wait("the captured frame refused", Duration::from_secs(5), || b.count(|c| &c.refused_stale) == 1);
+        assert_eq!((b.count(|c| &c.received), b.count(|c| &c.refused_replayed)), (0, 0));
+        // The new boot's answers teach A its epoch.
+        a.pump(&HashMap::from([(1, b.addr)]), 300);
+        a.data(1, b.addr, client(), local, b"after");
+        wait("received after the restart", Duration::from_secs(5), || b.count(|c| &c.received) == 1);
+        b.peers.shutdown();
+    }
+
+    /// Two real hosts: a sender whose clock steps back an hour (and forward again)
+    /// keeps being accepted, and so is a restarted sender whose clock is an hour
+    /// behind; nothing is refused as a replay, and a forwarded datagram arrives.
+    #[test]
+    fn clock_steps_and_a_restarted_sender_are_accepted() {
+        if !can_inject() {
+            return;
+        }
+        let keys = cluster_keys();
+        let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
+        sink.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let local = sink.local_addr().unwrap();
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let a = Real::start(1, &keys, any, &[], vec![local]);
+        let b = Real::start(2, &keys, any, &[(1, a.addr)], vec![local]);
+        a.list(&[(2, b.addr)]);
+        let both_alive = |a: &Real, b: &Real| a.peers.alive(2) && b.peers.alive(1);
+        wait("the handshake", Duration::from_secs(3), || both_alive(&a, &b));
+        let hour = 3_600_000;
+        a.peers.clock.step(-hour);
+        let beats = b.count(|c| &c.heartbeats_received);
+        wait("heartbeats after the step back", Duration::from_secs(2), || {
+            b.count(|c| &c.heartbeats_received) >= beats + 3
+        });
+        assert!(both_alive(&a, &b), "both still alive after a step back");
+        a.peers.clock.step(2 * hour);
+        wait("heartbeats after a step forward", Duration::from_secs(2), || {
+            b.count(|c| &c.heartbeats_received) >= beats + 6
+        });
+        assert!(both_alive(&a, &b));
+        // A forwarded datagram for one of host 2's ids reaches host 2's served socket.
+        let ks = keys.key_set().unwrap();
+        let mut d = vec![0x40];
+        d.extend_from_slice(&ks.encode(ServerId(2 << 14), &[7; proto::cid::CID_RANDOM_LEN]));
+        d.extend_from_slice(b" forwarded");
+        assert!(a.peers.forward(&ks, &d, client(), local));
+        let mut buf = [0u8; 64];
+        let (n, from) = sink.recv_from(&mut buf).unwrap();
+        assert_eq!((&buf[..n], from), (&d[..], client()));
+        // A restarts an hour behind: B accepts it within a second of its first hello.
+        let at = a.addr;
+        a.peers.shutdown();
+        drop(a);
+        let a = Real::start(1, &keys, at, &[(2, b.addr)], vec![local]);
+        a.peers.clock.step(-hour);
+        wait("the restarted sender accepted", Duration::from_secs(1), || both_alive(&a, &b));
+        assert!(a.peers.forward(&ks, &d, client(), local));
+        let (n, _) = sink.recv_from(&mut buf).unwrap();
+        assert_eq!(&buf[..n], &d[..]);
+        for r in [&a, &b] {
+            assert_eq!(r.count(|c| &c.refused_replayed), 0);
+            assert_eq!(r.count(|c| &c.refused_unauthenticated), 0);
+        }
+        a.peers.shutdown();
+        b.peers.shutdown();
+    }
+
+    /// The peers file is watched: a peer's new address is used without SIGHUP, within
+    /// a second or two of the file changing.
+    #[test]
+    fn a_peer_that_moves_is_followed_without_sighup() {
+        if !can_inject() {
+            return;
+        }
+        let keys = cluster_keys();
+        let mut a = Scripted::new(2, &keys.forwarding);
+        let b = Real::start(1, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], vec![]);
+        a.handshake(1, b.addr);
+        wait("A alive at B", Duration::from_secs(2), || b.peers.alive(2));
+        // A moves (a new socket, another port); only the file says so.
+        let mut moved = Scripted::new(2, &keys.forwarding);
+        Real::write(&b.file, &[(2, moved.addr())]);
+        let table = HashMap::from([(1, b.addr)]);
+        let deadline = Instant::now() + Duration::from_secs(4);
+        while moved.outbound.get(&1).is_none_or(|o| o.epoch() == 0) {
+            assert!(Instant::now() < deadline, "B never sent to A's new address");
+            moved.pump(&table, 50);
+        }
+        assert!(b.count(|c| &c.peers_file_reloads) >= 1);
+        assert_eq!(b.peers.status_json()["addresses"]["2"], moved.addr().to_string());
+        b.peers.shutdown();
+    }
+
+    /// With the routing snapshot given, an accepted datagram whose owner is live here
+    /// goes straight to the owner's data connection, as a shard's frame with the
+    /// client's and the local address; one for an id not live here is injected.
+    #[test]
+    fn a_datagram_for_a_live_owner_is_handed_to_its_data_connection() {
+        use crate::dataplane::snapshot::{DataConn, Snapshot};
+        use proto::route::{InstanceInfo, Table};
+        if !can_inject() {
+            return;
+        }
+        let keys = cluster_keys();
+        let ks = keys.key_set().unwrap();
+        let owner = ServerId(1 << 14);
+        let (ours, worker_end) = sys::seqpacket::pair().unwrap();
+        let table =
+            Table::new(ks.clone(), keys.rendezvous_key, &[InstanceInfo { server_id: owner, placeable: true }]).unwrap();
+        let conn = Arc::new(DataConn { fd: ours, server_id: owner.0, slot: 0, rings: Vec::new() });
+        let snap = Snapshot { table, conns: vec![conn], pressure: Vec::new(), version: 1, awaited: Default::default() };
+        let shared = Arc::new(arc_swap::ArcSwap::from_pointee(snap));
+        let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
+        sink.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let local = sink.local_addr().unwrap();
+        let mut a = Scripted::new(2, &keys.forwarding);
+        let b = Real::start(1, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], vec![local]);
+        b.peers.hand_over_to(shared, 16);
+        a.handshake(1, b.addr);
+        let short = |id: ServerId| {
+            let mut d = vec![0x40];
+            d.extend_from_slice(&ks.encode(id, &[9; proto::cid::CID_RANDOM_LEN]));
+            d.extend_from_slice(b" payload");
+            d
+        };
+        let d = short(owner);
+        a.data(1, b.addr, client(), local, &d);
+        let mut rec = [0u8; 2048];
+        // recv(2) on the worker's end (a SEQPACKET socket reads like a datagram one).
+        let worker_end = std::os::unix::net::UnixDatagram::from(worker_end);
+        worker_end.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let n = worker_end.recv(&mut rec).unwrap();
+        let (meta, payload) = proto::wire::frame::decode(&rec[..n]).unwrap();
+        assert_eq!((meta.client, meta.local, payload), (client(), Some(local), &d[..]));
+        wait("counted", Duration::from_secs(2), || b.count(|c| &c.handed_over) == 1);
+        // Another local id, not live: injected for a shard to deal with.
+        let other = short(ServerId((1 << 14) + 1));
+        a.data(1, b.addr, client(), local, &other);
+        let mut buf = [0u8; 64];
+        let (n, from) = sink.recv_from(&mut buf).unwrap();
+        assert_eq!((&buf[..n], from), (&other[..], client()));
+        // The datagram can arrive before the receiving thread counts it.
+        wait("injected counted", Duration::from_secs(2), || b.count(|c| &c.injected) == 1);
+        assert_eq!(b.count(|c| &c.handed_over), 1);
+        assert_eq!(b.peers.status_json()["handed_over_dropped"], 0);
+        b.peers.shutdown();
+    }
+
+    /// An authenticated frame from a listed peer whose client and local addresses
+    /// are IPv6 is injected, and the UDP socket it names receives the datagram from
+    /// the client's address; IPv4-mapped addresses go through the IPv4 socket.
+    #[test]
+    fn ipv6_and_mapped_frames_are_injected_with_the_clients_address() {
+        if !can_inject() {
             return;
         }
         let Ok(rx) = UdpSocket::bind("[::1]:0") else {
-            eprintln!("SKIPPED: no IPv6 loopback");
+            testkit::skip_optional("ipv6-loopback", "no IPv6 loopback");
             return;
         };
-        rx.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
-        let local = rx.local_addr().unwrap();
-        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let dir = std::env::temp_dir().join(format!("qd-peers-v6-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("peers");
-        std::fs::write(&file, format!("2 {}\n", peer.local_addr().unwrap())).unwrap();
-        let reset = [0x42; 32];
-        let layout = proto::host::HostLayout::new(2, 1).unwrap();
-        let p = super::Peers::start(layout, &reset, file, "127.0.0.1:0".parse().unwrap(), vec![local]).unwrap();
-        let _ = std::fs::remove_dir_all(&dir);
-        let to = p.socket.local_addr().unwrap();
-        let client: SocketAddr = "[2001:db8::5]:4321".parse().unwrap();
-        let mut frame = Vec::new();
-        let f = Frame { from_host: 2, seq: 1 << 32, client, local, datagram: b"a forwarded datagram" };
-        seal(&ForwardingKey::derive(&reset), &f, &mut frame);
-        peer.send_to(&frame, to).unwrap();
+        rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let rx4 = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx4.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let (local, local4) = (rx.local_addr().unwrap(), rx4.local_addr().unwrap());
+        let keys = cluster_keys();
+        let mut a = Scripted::new(2, &keys.forwarding);
+        let b = Real::start(1, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], vec![local, local4]);
+        a.handshake(1, b.addr);
+        let client6: SocketAddr = "[2001:db8::5]:4321".parse().unwrap();
+        a.data(1, b.addr, client6, local, b"a forwarded datagram");
         let mut buf = [0u8; 64];
         let (n, from) = rx.recv_from(&mut buf).expect("the datagram is injected");
-        assert_eq!((&buf[..n], from), (&b"a forwarded datagram"[..], client));
-        // The datagram can arrive before the receiving thread counts it.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        while p.counters.injected.load(Relaxed) == 0 && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        assert_eq!((p.counters.injected.load(Relaxed), p.counters.inject_errors.load(Relaxed)), (1, 0));
+        assert_eq!((&buf[..n], from), (&b"a forwarded datagram"[..], client6));
+        let mapped = |a: SocketAddr| match a {
+            SocketAddr::V4(v4) => SocketAddr::new(v4.ip().to_ipv6_mapped().into(), v4.port()),
+            v6 => v6,
+        };
+        a.data(1, b.addr, mapped(client()), mapped(local4), b"mapped");
+        let (n, from) = rx4.recv_from(&mut buf).expect("the mapped datagram is injected");
+        assert_eq!((&buf[..n], from), (&b"mapped"[..], client()));
+        wait("counted", Duration::from_secs(2), || b.count(|c| &c.injected) == 2);
+        assert_eq!(b.count(|c| &c.inject_errors), 0);
+        b.peers.shutdown();
+    }
+
+    #[test]
+    fn frames_come_from_the_listed_ip_and_port() {
+        use super::same_endpoint;
+        let a = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
+        assert!(same_endpoint(a("198.18.2.2:4434"), a("198.18.2.2:4434")));
+        assert!(same_endpoint(a("198.18.2.2:4434"), a("[::ffff:198.18.2.2]:4434")), "IPv4-mapped");
+        assert!(!same_endpoint(a("198.18.2.2:4434"), a("198.18.2.2:4435")), "another port on the peer's host");
+        assert!(!same_endpoint(a("198.18.2.2:4434"), a("198.18.2.3:4434")));
     }
 
     #[test]
@@ -410,6 +1098,8 @@ mod tests {
         assert!(serves(&list, a("10.1.2.3:8443")), "a wildcard serves every IPv4 address on its port");
         assert!(!serves(&list, a("[2001:db8::1]:8443")), "but not IPv6");
         assert!(!serves(&[], a("198.19.9.9:443")));
+        assert!(serves(&list, a("[::ffff:198.19.9.9]:443")), "IPv4-mapped");
+        assert!(serves(&[a("[::ffff:198.19.9.9]:443")], a("198.19.9.9:443")));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! New CID keys: `KeysChanged` on the control socket, or SIGHUP (standalone
 //! rotation), which re-reads the key file. Either publishes a new snapshot and
-//! updates the kernel fast path.
+//! updates the kernel fast path; either makes forwarding take the key file's
+//! forwarding secrets (ADR 0005 §3).
 
 use super::Registry;
 use proto::KeySet;
@@ -36,16 +37,41 @@ impl Registry {
         if let Some(p) = &self.peers {
             p.reload();
         }
-        let loaded = std::fs::read_to_string(&self.keys_path)
-            .map_err(|e| e.to_string())
-            .and_then(|t| proto::keyfile::KeyFile::parse(&t).map_err(|e| e.to_string()))
-            .and_then(|k| k.key_set().map(|ks| (ks, k.rendezvous_key)).map_err(|e| format!("{e:?}")));
+        let loaded = self.read_key_file().and_then(|k| k.key_set().map(|ks| (ks, k)).map_err(|e| format!("{e:?}")));
         match loaded {
-            Ok((ks, rendezvous_key)) => {
-                self.rendezvous_key = rendezvous_key;
+            Ok((ks, k)) => {
+                self.rendezvous_key = k.rendezvous_key;
+                self.set_forwarding_keys(&k);
                 self.set_keys(ks, "SIGHUP: key file re-read");
             }
             Err(e) => tracing::warn!(path = %self.keys_path.display(), error = %e, "SIGHUP: key file not reloaded"),
+        }
+    }
+
+    fn read_key_file(&self) -> Result<proto::keyfile::KeyFile, String> {
+        let t = std::fs::read_to_string(&self.keys_path).map_err(|e| e.to_string())?;
+        proto::keyfile::KeyFile::parse(&t).map_err(|e| e.to_string())
+    }
+
+    fn set_forwarding_keys(&self, k: &proto::keyfile::KeyFile) {
+        if let Some(p) = &self.peers {
+            p.set_keys(proto::peer::FrameKeys::of(k));
+        }
+    }
+
+    /// `KeysChanged` (a rotation by the controller, which wrote the key file first):
+    /// the forwarding secrets, which that message does not carry (ADR 0005 §4: they
+    /// travel only in the key file), are re-read from the file. A file that does not
+    /// read keeps the current ones.
+    pub(super) fn reload_forwarding_keys(&self) {
+        if self.peers.is_none() {
+            return;
+        }
+        match self.read_key_file() {
+            Ok(k) => self.set_forwarding_keys(&k),
+            Err(e) => tracing::warn!(
+                path = %self.keys_path.display(), error = %e, "forwarding secrets not re-read; keeping the current ones"
+            ),
         }
     }
 }

@@ -505,6 +505,7 @@ impl Registry {
             // stays decodable. (The controller sends this; operators may too.)
             Admin::KeysChanged { keys } => match keys.key_set() {
                 Ok(ks) => {
+                    self.reload_forwarding_keys();
                     self.set_keys(ks, "KeysChanged on the control socket");
                     true
                 }
