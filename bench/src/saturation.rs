@@ -388,6 +388,20 @@ fn start(kind: &str, train: usize, o: &SaturationArgs, bins: &Path, dir: &Path) 
     }
 }
 
+/// `progress()` once two reads 50 ms apart agree (at most 2 s of reads).
+fn settled(progress: &dyn Fn() -> u64) -> u64 {
+    let mut last = progress();
+    for _ in 0..40 {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = progress();
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    last
+}
+
 /// The core the sender fills from (`--fill-core`). The contender is stopped
 /// meanwhile, so the shard core is free.
 fn fill_core(o: &SaturationArgs) -> usize {
@@ -406,9 +420,12 @@ fn run_one(kind: &str, train: usize, rep: usize, o: &SaturationArgs, bins: &Path
     raise_queue(pid, port, o.queue)?;
     // Counters first: a stopped demux answers no status request.
     let batches = |r: &Running| r.batches.as_ref().map(|b| b()).transpose();
-    let (c0, p0, b0) = ((r.counts)()?, (r.progress)(), batches(&r)?);
+    let (c0, b0) = ((r.counts)()?, batches(&r)?);
     stop(r.pid)?;
     let stopped = Stopped(r.pid);
+    // What the contender sent just before it stopped (a start-up probe's answer) may
+    // still be on its way through loopback: progress is read once it holds still.
+    let p0 = settled(&*r.progress);
     // `BENCH_PERF`: attached while the contender is stopped, so it sees the whole drain.
     let perf = crate::sys::Perf::start(r.pid, &format!("saturation-{kind}-{train}-{rep}"))?;
     let (cpu0, wait0, (user0, sys0)) =
