@@ -304,8 +304,10 @@ fn appendix_b_cr3_vector_is_config_0() {
         cid: "125779c9cc86beb3a3a4a3ca96fce4bfe0cdbc",
         key: Some(APPENDIX_B_KEY),
     };
-    // 9 + 9 bytes: an even length over 16, four passes; three to decode.
+    // 9 + 9 bytes: an even length over 16, four passes; three to decode (the server
+    // id is exactly the left half).
     check_vector(&v3, Algorithm::FourPass);
+    assert!(config(0, 9, 9, Some(key(APPENDIX_B_KEY))).three_pass_decode());
     assert_eq!(ConfigId::of_first_octet(0x12), ConfigId::new(0));
     let cr3 = config(3, 9, 9, Some(key(APPENDIX_B_KEY)));
     let printed = hex(v3.cid);
