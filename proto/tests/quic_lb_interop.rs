@@ -35,12 +35,7 @@ fn hex(b: &[u8]) -> String {
 /// Sends every request line to one reference decoder process and returns its answers,
 /// one per request (a writer thread, so neither pipe can fill up and block both sides).
 fn ask_reference(requests: Vec<String>) -> Vec<String> {
-    let mut child = Command::new("python3")
-        .arg(script())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = Command::new("python3").arg(script()).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
     let mut stdin = child.stdin.take().unwrap();
     let n = requests.len();
     let writer = std::thread::spawn(move || {
