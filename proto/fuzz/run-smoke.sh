@@ -10,7 +10,7 @@ secs="${1:-15}"
 if ! rustc --version | grep -q nightly; then
     export RUSTC_BOOTSTRAP=1
 fi
-targets=(header route wire_frame wire_registration wire_data wire_admin keyfile peer_frame retry_mint owner_initial)
+targets=(header route wire_frame wire_registration wire_data wire_admin keyfile peer_frame retry_mint owner_initial quic_lb_decode)
 cargo fuzz build
 for t in "${targets[@]}"; do
     mkdir -p "corpus/$t"

@@ -5,6 +5,7 @@
 //!
 //! - [`cid`]: ADR 0001 connection IDs (encode / decode, key generations).
 //! - [`prf`]: the per-generation PRF that masks server ids (ADR 0004).
+//! - [`quic_lb`]: QUIC-LB connection IDs (draft-ietf-quic-load-balancers-21): plaintext, single-pass AES, four-pass Feistel.
 //! - [`decode_cache`]: a per-shard cache of CID decodes (skips the HMAC for repeat DCIDs).
 //! - [`header`]: the cleartext QUIC header (RFC 8999, RFC 9000 §17, RFC 9369).
 //! - [`initial`]: client Initials opened with their public keys (does a datagram start a connection?).
@@ -32,6 +33,7 @@ pub mod limits;
 pub mod peer;
 pub mod pin;
 pub mod prf;
+pub mod quic_lb;
 pub mod rendezvous;
 pub mod retry;
 pub mod ring;
