@@ -35,12 +35,11 @@ use std::fmt;
 use std::future::Future;
 use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
-use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::task::{ready, Context, Poll};
-use sys::seqpacket::MAX_BATCH;
+use sys::mmsg::RecvMmsg;
 
 /// Datagrams one `RecvMeta` may describe: quinn sizes each receive buffer as
 /// `max_udp_payload_size × max_receive_segments`, and a GRO train from the data
@@ -65,7 +64,12 @@ pub struct DemuxSocket {
     /// Forwarding rings: one per data-plane shard, read before the connection;
     /// replaced when a restarted data plane offers new ones.
     rings: Swap<RingSet>,
+    /// The data connection's recvmmsg headers (one receiver at a time: quinn's driver).
+    records: Mutex<RecvMmsg>,
 }
+
+/// Most records one read of the data connection takes.
+const MAX_BATCH: usize = 64;
 
 const BLOCKED_SHARED: usize = usize::MAX;
 
@@ -88,6 +92,15 @@ impl<T> Swap<T> {
         match self.0.read() {
             Ok(g) => Arc::clone(&g),
             Err(p) => Arc::clone(&p.into_inner()),
+        }
+    }
+
+    /// Installs what `made` holds, or `fallback()` when it is an error (returned);
+    /// the old value (freed when its last reader is done).
+    fn set_or(&self, made: io::Result<T>, fallback: impl FnOnce() -> T) -> (Arc<T>, io::Result<()>) {
+        match made {
+            Ok(v) => (self.set(v), Ok(())),
+            Err(e) => (self.set(fallback()), Err(e)),
         }
     }
 
@@ -137,6 +150,7 @@ impl DemuxSocket {
             fast_replaced: tokio::sync::Notify::new(),
             blocked: AtomicUsize::new(BLOCKED_SHARED),
             turn: AtomicUsize::new(0),
+            records: Mutex::new(RecvMmsg::new(MAX_BATCH, 0)),
             local,
             rings: Swap::new(rings),
         }))
@@ -150,11 +164,8 @@ impl DemuxSocket {
     /// Replaces the forwarding rings (a restarted data plane's `Rings`; empty: SEQPACKET
     /// from now on). The old rings are unmapped once the last receive using them returns.
     pub fn replace_rings(&self, rings: Vec<Consumer>) -> io::Result<()> {
-        let (new, res) = match RingSet::new(rings) {
-            Ok(r) => (r, Ok(())),
-            Err(e) => (RingSet::default(), Err(e)),
-        };
-        drop(self.rings.set(new));
+        let (old, res) = self.rings.set_or(RingSet::new(rings), RingSet::default);
+        drop(old);
         res
     }
 
@@ -179,11 +190,7 @@ impl DemuxSocket {
     /// are dropped anyway (their datagrams then come over the data connection) and the
     /// error returned.
     pub fn replace_fast_sockets(&self, fast: Vec<SharedSocketFd>) -> io::Result<()> {
-        let (new, res) = match FastUdp::new(fast) {
-            Ok(f) => (f, Ok(())),
-            Err(e) => (FastUdp::empty(), Err(e)),
-        };
-        let old = self.fast.set(new);
+        let (old, res) = self.fast.set_or(FastUdp::new(fast), FastUdp::empty);
         self.blocked.store(BLOCKED_SHARED, Ordering::Relaxed);
         self.fast_replaced.notify_waiters();
         drop(old);
@@ -438,7 +445,12 @@ impl DemuxSocket {
                 }
             };
             let got = match guard.try_io(|inner| {
-                sys::seqpacket::recv_batch(inner.get_ref().as_fd(), &mut bufs[..n], &mut lens[..n], &mut trunc[..n])
+                let mut records = self.records.lock().unwrap_or_else(PoisonError::into_inner);
+                let got = records.recv_into(inner.get_ref(), &mut bufs[..n], libc::MSG_DONTWAIT)?;
+                for (i, r) in records.iter().enumerate() {
+                    (lens[i], trunc[i]) = (r.len, r.truncated());
+                }
+                Ok(got)
             }) {
                 Err(_would_block) => continue,
                 Ok(Ok(got)) => got,
