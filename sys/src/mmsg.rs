@@ -347,15 +347,19 @@ impl<'d> SendBatch<'_, 'd> {
             // The kernel only reads from a send's iovecs.
             *iov = libc::iovec { iov_base: b.as_ptr().cast_mut().cast(), iov_len: b.len() };
         }
-        let mut control = cmsg::Encoder::new(&mut self.m.control[i * cmsg::SEND_SPACE..(i + 1) * cmsg::SEND_SPACE]);
-        // SEND_SPACE holds the larger source address and a segment size: cannot fail.
-        if let Some(ip) = meta.source {
-            let _ = control.source(ip);
-        }
-        if let Some(size) = meta.segment_size {
-            let _ = control.segment_size(size);
-        }
-        let controllen = control.len();
+        let controllen = if meta.source.is_none() && meta.segment_size.is_none() {
+            0
+        } else {
+            let mut control = cmsg::Encoder::new(&mut self.m.control[i * cmsg::SEND_SPACE..(i + 1) * cmsg::SEND_SPACE]);
+            // SEND_SPACE holds the larger source address and a segment size: cannot fail.
+            if let Some(ip) = meta.source {
+                let _ = control.source(ip);
+            }
+            if let Some(size) = meta.segment_size {
+                let _ = control.segment_size(size);
+            }
+            control.len()
+        };
         let m = &mut self.m.hdrs[i];
         let h = &mut m.msg_hdr;
         // The kernel only reads a send's name.
