@@ -356,6 +356,7 @@ impl AsyncUdpSocket for DemuxSocket {
         if n == 0 {
             return Poll::Ready(Ok(0));
         }
+        let (bufs, meta) = (&mut bufs[..n], &mut meta[..n]);
         let fast = self.fast();
         if fast.is_empty() {
             return self.poll_demux(cx, bufs, meta);
@@ -368,7 +369,7 @@ impl AsyncUdpSocket for DemuxSocket {
                 return Poll::Ready(r);
             }
         }
-        if let Poll::Ready((got, listen)) = fast.poll_recv(cx, &mut bufs[..n], &mut meta[..n], &self.data.stats) {
+        if let Poll::Ready((got, listen)) = fast.poll_recv(cx, bufs, meta, &self.data.stats) {
             // Replies leave from the port the client used (with several listen ports
             // of one family); frames teach this via their local address, the fast
             // path via the socket the datagrams arrived on.
@@ -407,7 +408,8 @@ impl AsyncUdpSocket for DemuxSocket {
 
 impl DemuxSocket {
     /// Receives from the rings and the data connection (`Pending` with `cx`
-    /// registered on them when nothing is waiting).
+    /// registered on them when nothing is waiting) into `bufs`, as many as `meta`
+    /// (1 to MAX_BATCH: `poll_recv` cuts them).
     fn poll_demux(
         &self,
         cx: &mut Context<'_>,
@@ -415,9 +417,6 @@ impl DemuxSocket {
         meta: &mut [RecvMeta],
     ) -> Poll<io::Result<usize>> {
         let n = bufs.len().min(meta.len()).min(MAX_BATCH);
-        if n == 0 {
-            return Poll::Ready(Ok(0));
-        }
         let mut lens = [0usize; MAX_BATCH];
         let mut trunc = [false; MAX_BATCH];
         let rings = self.rings();
@@ -606,6 +605,20 @@ mod tests {
         assert_eq!(&bufs[1][..4100], &train[..]);
         assert_eq!(data.stats.control.load(Ordering::Relaxed), 1);
         assert_eq!(data.stats.malformed.load(Ordering::Relaxed), 2);
+        assert_eq!(data.stats.frames.load(Ordering::Relaxed), 2);
+
+        // 6: a frame longer than quinn's buffer, cut by the kernel (MSG_TRUNC): counted,
+        // never delivered.
+        send(&frame::encode(&FrameMeta { client, local: None, ecn: 0, segment_size: None }, &[7; 200]));
+        let mut small = [0u8; 100];
+        let mut small_bufs = [IoSliceMut::new(&mut small)];
+        let r = tokio::time::timeout(
+            Duration::from_millis(200),
+            std::future::poll_fn(|cx| sock.poll_recv(cx, &mut small_bufs, &mut meta[..1])),
+        )
+        .await;
+        assert!(r.is_err(), "nothing for quinn");
+        assert_eq!(data.stats.truncated.load(Ordering::Relaxed), 1);
         assert_eq!(data.stats.frames.load(Ordering::Relaxed), 2);
 
         // The data plane goes away: no error reaches quinn, the socket just waits.
