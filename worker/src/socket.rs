@@ -514,6 +514,17 @@ mod tests {
     use std::os::fd::{AsFd, OwnedFd};
     use std::time::Duration;
 
+    /// What `sock` gives quinn within `t`: the number of datagrams (`None`: nothing).
+    async fn recv_within(
+        sock: &DemuxSocket,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+        t: Duration,
+    ) -> Option<usize> {
+        let got = tokio::time::timeout(t, std::future::poll_fn(|cx| sock.poll_recv(cx, bufs, meta))).await.ok()?;
+        Some(got.expect("poll_recv never fails"))
+    }
+
     /// The data plane's end of a handshake: reads DataHello, answers `reply` with `fds`.
     fn fake_plane(plane: OwnedFd, reply: Data, fds: Vec<OwnedFd>) -> std::thread::JoinHandle<(OwnedFd, Data)> {
         std::thread::spawn(move || {
@@ -589,13 +600,7 @@ mod tests {
         let mut store = vec![0u8; 8 * 70_000];
         let mut bufs: Vec<IoSliceMut<'_>> = store.chunks_mut(70_000).map(IoSliceMut::new).collect();
         let mut meta = [RecvMeta::default(); 8];
-        let n = tokio::time::timeout(
-            Duration::from_secs(2),
-            std::future::poll_fn(|cx| sock.poll_recv(cx, &mut bufs, &mut meta)),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+        let n = recv_within(&sock, &mut bufs, &mut meta, Duration::from_secs(2)).await.expect("datagrams");
         assert_eq!(n, 2, "two datagrams, compacted to the front");
         assert_eq!((meta[0].addr, meta[0].len, meta[0].stride), (client, 100, 100));
         assert_eq!(meta[0].dst_ip, Some(local.ip()));
@@ -612,23 +617,15 @@ mod tests {
         send(&frame::encode(&FrameMeta { client, local: None, ecn: 0, segment_size: None }, &[7; 200]));
         let mut small = [0u8; 100];
         let mut small_bufs = [IoSliceMut::new(&mut small)];
-        let r = tokio::time::timeout(
-            Duration::from_millis(200),
-            std::future::poll_fn(|cx| sock.poll_recv(cx, &mut small_bufs, &mut meta[..1])),
-        )
-        .await;
-        assert!(r.is_err(), "nothing for quinn");
+        let r = recv_within(&sock, &mut small_bufs, &mut meta[..1], Duration::from_millis(200)).await;
+        assert!(r.is_none(), "nothing for quinn");
         assert_eq!(data.stats.truncated.load(Ordering::Relaxed), 1);
         assert_eq!(data.stats.frames.load(Ordering::Relaxed), 2);
 
         // The data plane goes away: no error reaches quinn, the socket just waits.
         drop(plane);
-        let r = tokio::time::timeout(
-            Duration::from_millis(200),
-            std::future::poll_fn(|cx| sock.poll_recv(cx, &mut bufs, &mut meta)),
-        )
-        .await;
-        assert!(r.is_err(), "pending while disconnected");
+        let r = recv_within(&sock, &mut bufs, &mut meta, Duration::from_millis(200)).await;
+        assert!(r.is_none(), "pending while disconnected");
         assert!(!data.is_connected());
         assert_eq!(data.stats.disconnects.load(Ordering::Relaxed), 1);
         assert!(!sock.may_fragment());
@@ -665,13 +662,7 @@ mod tests {
         for _ in 0..4 {
             let mut bufs = [IoSliceMut::new(&mut store)];
             let mut meta = [RecvMeta::default(); 1];
-            let n = tokio::time::timeout(
-                Duration::from_secs(2),
-                std::future::poll_fn(|cx| sock.poll_recv(cx, &mut bufs, &mut meta)),
-            )
-            .await
-            .expect("a datagram")
-            .unwrap();
+            let n = recv_within(&sock, &mut bufs, &mut meta, Duration::from_secs(2)).await.expect("a datagram");
             assert_eq!(n, 1);
             got.push((bufs[0][0], meta[0].len, meta[0].dst_ip));
         }
@@ -799,13 +790,9 @@ mod tests {
         let mut store = vec![0u8; 4 * 70_000];
         let mut bufs: Vec<IoSliceMut<'_>> = store.chunks_mut(70_000).map(IoSliceMut::new).collect();
         let mut meta = [RecvMeta::default(); 4];
-        let n = tokio::time::timeout(
-            Duration::from_secs(10),
-            std::future::poll_fn(|cx| sock.poll_recv(cx, &mut bufs, &mut meta)),
-        )
-        .await
-        .expect("a frame after reconnecting")
-        .unwrap();
+        let n = recv_within(&sock, &mut bufs, &mut meta, Duration::from_secs(10))
+            .await
+            .expect("a frame after reconnecting");
         assert_eq!((n, &bufs[0][..meta[0].len]), (1, &b"after"[..]));
         let seen = tokio::task::spawn_blocking(move || plane.join().unwrap()).await.unwrap();
         let hello = Data::DataHello { server_id: ServerId(11) };
