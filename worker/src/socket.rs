@@ -416,7 +416,8 @@ impl DemuxSocket {
         bufs: &mut [IoSliceMut<'_>],
         meta: &mut [RecvMeta],
     ) -> Poll<io::Result<usize>> {
-        let n = bufs.len().min(meta.len()).min(MAX_BATCH);
+        debug_assert!(bufs.len() == meta.len() && (1..=MAX_BATCH).contains(&meta.len()));
+        let n = meta.len();
         let mut lens = [0usize; MAX_BATCH];
         let mut trunc = [false; MAX_BATCH];
         let rings = self.rings();
