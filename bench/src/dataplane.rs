@@ -2,7 +2,7 @@
 
 use crate::cli::DataplaneArgs;
 use crate::load::{flow_payloads, flow_sockets, FLOWS, LOOPBACK_ANY, SETTLE};
-use crate::sys::{cpu_model, drain_count, pin, schedstat_ns, Perf, Schedstat, DRAIN_MSG_LEN};
+use crate::sys::{cpu_model, drain_count, pin, schedstat_ns, sink_timeout, Perf, Schedstat, DRAIN_MSG_LEN};
 use anyhow::{bail, Context, Result};
 use proto::keyfile::KeyFile;
 use proto::wire::{Admin, Data, Message};
@@ -248,7 +248,7 @@ pub(crate) fn sink(
         }
     }
     send_rec(fd.as_fd(), &Data::Ready)?;
-    let _ = sys::sockopt::set_recv_timeout(fd.as_raw_fd(), Some(SINK_RCVTIMEO));
+    sink_timeout(&fd, SINK_RCVTIMEO);
     Ok(std::thread::spawn(move || {
         pin(core);
         let mut data = vec![0u8; DRAIN_MSG_LEN];
@@ -294,7 +294,7 @@ pub(crate) fn sink(
                 r.woke();
             }
         }
-        drain_count(fd.as_raw_fd(), &stop, &frames);
+        drain_count(fd.as_fd(), &stop, &frames);
     }))
 }
 

@@ -28,7 +28,7 @@ use crate::dataplane::{
 };
 use crate::load::{flow_payloads, flow_sockets, DCID, FLOWS, LOOPBACK_ANY, SETTLE};
 use crate::report::{command_output, fixed, loadavg, loadavg_now, median, replace_block, thousands};
-use crate::sys::{cpu_model, pin, schedstat_ns, Schedstat};
+use crate::sys::{cpu_model, pin, schedstat_ns, sink_timeout, Schedstat};
 use anyhow::{bail, Context, Result};
 use proto::cid::KeySet;
 use proto::keyfile::KeyFile;
@@ -38,15 +38,16 @@ use proto::wire::Data;
 use proto::ServerId;
 use serde_json::{json, Value};
 use std::fmt::Write as _;
-use std::mem::{size_of, zeroed};
+use std::mem::size_of;
 use std::net::{SocketAddr, UdpSocket};
 use std::ops::Range;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use sys::mmsg::{RecvMmsg, SendMeta, SendMmsg};
 use sys::seqpacket::{Channel, Incoming};
 
 /// The sink's server id.
@@ -62,7 +63,7 @@ const RECV_LEN: usize = 2048;
 /// How long the demux may take until the sink is placeable.
 const LIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The demux socket's receive buffer (demux/src/dataplane/socket.rs): the floor's too.
-const RCVBUF: libc::c_int = 8 << 20;
+const RCVBUF: usize = 8 << 20;
 /// Markers of the generated block in the doc.
 const BEGIN: &str = "<!-- bench fastpath: begin";
 const END: &str = "<!-- bench fastpath: end -->";
@@ -135,11 +136,6 @@ fn ksoftirqd_pids() -> Vec<u32> {
     v
 }
 
-fn setsockopt_int(fd: RawFd, level: i32, name: i32, v: libc::c_int) -> i32 {
-    // SAFETY: a live c_int of the right size.
-    unsafe { libc::setsockopt(fd, level, name, (&v as *const libc::c_int).cast(), size_of::<libc::c_int>() as u32) }
-}
-
 /// What the sink thread counted.
 struct SinkOut {
     datagrams: u64,
@@ -182,12 +178,12 @@ impl Sink {
             };
             match src {
                 Source::Udp(u) => {
-                    let _ = sys::sockopt::set_recv_timeout(u.as_raw_fd(), Some(SINK_RCVTIMEO));
-                    recv_loop(u.as_raw_fd(), 0, &st, &mut out);
+                    sink_timeout(&u, SINK_RCVTIMEO);
+                    recv_loop(u.as_fd(), 0, &st, &mut out);
                 }
                 Source::Seqpacket => {
-                    let fd = conn.as_ref().expect("data connection").as_raw_fd();
-                    let _ = sys::sockopt::set_recv_timeout(fd, Some(SINK_RCVTIMEO));
+                    let fd = conn.as_ref().expect("data connection").as_fd();
+                    sink_timeout(fd, SINK_RCVTIMEO);
                     recv_loop(fd, FRAME_HEADER_LEN, &st, &mut out);
                 }
                 Source::Rings(rings) => {
@@ -228,33 +224,19 @@ fn record(out: &mut SinkOut, rec: &[u8], skip: usize, t: u64) {
 }
 
 /// recvmmsg (MSG_WAITFORONE) until `stop`: one time stamp per batch.
-fn recv_loop(fd: RawFd, skip: usize, stop: &AtomicBool, out: &mut SinkOut) {
-    let mut data = vec![0u8; RECV_BATCH * RECV_LEN];
-    let mut iovs: Vec<libc::iovec> = (0..RECV_BATCH)
-        .map(|i| libc::iovec { iov_base: data[i * RECV_LEN..].as_mut_ptr().cast(), iov_len: RECV_LEN })
-        .collect();
-    // SAFETY: plain old data.
-    let mut msgs: Vec<libc::mmsghdr> = (0..RECV_BATCH).map(|_| unsafe { zeroed() }).collect();
-    for (m, iov) in msgs.iter_mut().zip(iovs.iter_mut()) {
-        m.msg_hdr.msg_iov = iov;
-        m.msg_hdr.msg_iovlen = 1;
-    }
+fn recv_loop(fd: BorrowedFd<'_>, skip: usize, stop: &AtomicBool, out: &mut SinkOut) {
+    let mut batch = RecvMmsg::new(RECV_BATCH, RECV_LEN);
     while !stop.load(Ordering::Relaxed) {
-        // SAFETY: msgs point at live buffers.
-        let r = unsafe {
-            libc::recvmmsg(fd, msgs.as_mut_ptr(), RECV_BATCH as u32, libc::MSG_WAITFORONE, std::ptr::null_mut())
-        };
-        if r == 0 {
-            return;
-        }
-        if r < 0 {
-            continue;
-        }
-        let t = now_ns();
-        out.batches += 1;
-        for (i, m) in msgs.iter().take(r as usize).enumerate() {
-            let len = (m.msg_len as usize).min(RECV_LEN);
-            record(out, &data[i * RECV_LEN..i * RECV_LEN + len], skip, t);
+        match batch.recv(fd, libc::MSG_WAITFORONE) {
+            Ok(0) => return,
+            Ok(_) => {
+                let t = now_ns();
+                out.batches += 1;
+                for m in batch.iter() {
+                    record(out, m.data, skip, t);
+                }
+            }
+            Err(_) => continue,
         }
     }
 }
@@ -367,17 +349,12 @@ fn hello(d: &Demux, caps: u32) -> Result<(OwnedFd, Option<UdpSocket>, Vec<worker
 /// The floor's socket: set up as the data plane sets up its own (socket.rs).
 fn floor_socket() -> Result<UdpSocket> {
     let u = UdpSocket::bind(LOOPBACK_ANY)?;
-    let fd = u.as_raw_fd();
     for (level, name) in
         [(libc::SOL_UDP, libc::UDP_GRO), (libc::IPPROTO_IP, libc::IP_PKTINFO), (libc::IPPROTO_IP, libc::IP_RECVTOS)]
     {
-        if setsockopt_int(fd, level, name, 1) != 0 {
-            bail!("setsockopt: {}", std::io::Error::last_os_error());
-        }
+        sys::sockopt::setsockopt_int(u.as_fd(), level, name, 1).context("setsockopt")?;
     }
-    if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, RCVBUF) != 0 {
-        setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, RCVBUF);
-    }
+    sys::sockopt::set_recv_buffer(&u, RCVBUF);
     Ok(u)
 }
 
@@ -460,9 +437,7 @@ fn send(addr: SocketAddr, ks: &KeySet, seconds: f64, rate: f64, core: usize) -> 
             let mut sent = 0u64;
             let start = Instant::now();
             let end = start + Duration::from_secs_f64(seconds);
-            let mut iovs = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; SEND_BATCH];
-            // SAFETY: plain old data.
-            let mut msgs: [libc::mmsghdr; SEND_BATCH] = unsafe { zeroed() };
+            let mut sender = SendMmsg::new(SEND_BATCH, 1);
             let mut k = 0usize;
             loop {
                 let now = Instant::now();
@@ -477,17 +452,11 @@ fn send(addr: SocketAddr, ks: &KeySet, seconds: f64, rate: f64, core: usize) -> 
                 }
                 let f = k % FLOWS;
                 k += 1;
-                let p = &mut payloads[f];
-                p[TS_AT].copy_from_slice(&now_ns().to_be_bytes());
-                for (m, iov) in msgs.iter_mut().zip(iovs.iter_mut()) {
-                    iov.iov_base = p.as_ptr() as *mut _;
-                    iov.iov_len = p.len();
-                    m.msg_hdr.msg_iov = iov;
-                    m.msg_hdr.msg_iovlen = 1;
-                }
-                // SAFETY: msgs point at live buffers (read only by the kernel).
-                let r = unsafe { libc::sendmmsg(socks[f].as_raw_fd(), msgs.as_mut_ptr(), SEND_BATCH as u32, 0) };
-                if r > 0 {
+                payloads[f][TS_AT].copy_from_slice(&now_ns().to_be_bytes());
+                let p = &payloads[f][..];
+                let mut batch = sender.batch();
+                while batch.push(&[p], SendMeta::default()) {}
+                if let Ok(r) = batch.send_from(&socks[f], 0, 0) {
                     sent += r as u64;
                 }
             }

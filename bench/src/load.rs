@@ -3,14 +3,15 @@
 
 use crate::dataplane::DATAGRAM;
 use crate::sys::pin;
-use anyhow::{bail, Result};
+use anyhow::Result;
 use proto::cid::{KeySet, CID_LEN, CID_RANDOM_LEN};
 use proto::ServerId;
-use std::mem::{size_of, zeroed};
-use std::net::{SocketAddr, UdpSocket};
+use socket2::SockAddr;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::ops::Range;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
+use sys::mmsg::{SendMeta, SendMmsg};
 
 /// CPU ns of the calling thread.
 fn thread_cpu_ns() -> u64 {
@@ -69,20 +70,9 @@ pub(crate) fn flow_sockets(addr: SocketAddr, train: usize) -> Result<Vec<UdpSock
     for s in &socks {
         s.connect(addr)?;
         if train > 1 {
-            let seg: libc::c_int = DATAGRAM as libc::c_int;
-            // SAFETY: udp(7) UDP_SEGMENT with a live c_int.
-            if unsafe {
-                libc::setsockopt(
-                    s.as_raw_fd(),
-                    libc::SOL_UDP,
-                    libc::UDP_SEGMENT,
-                    (&seg as *const libc::c_int).cast(),
-                    size_of::<libc::c_int>() as u32,
-                )
-            } != 0
-            {
-                bail!("UDP_SEGMENT: {}", std::io::Error::last_os_error());
-            }
+            // udp(7): every send of this socket is a train of DATAGRAM-byte segments.
+            sys::sockopt::setsockopt_int(s.as_fd(), libc::SOL_UDP, libc::UDP_SEGMENT, DATAGRAM as libc::c_int)
+                .map_err(|e| anyhow::anyhow!("UDP_SEGMENT: {e}"))?;
         }
     }
     Ok(socks)
@@ -175,7 +165,7 @@ pub(crate) fn send_messages_until<'p>(
     mut more: impl FnMut(u64, Duration) -> bool + Send,
 ) -> Result<Load> {
     let train = payload(0, 0).0.len().div_ceil(DATAGRAM).max(1);
-    let name = to.map(|a| ::sys::addr::to_sockaddr(&a));
+    let name = to.map(SockAddr::from);
     std::thread::scope(|sc| {
         sc.spawn(|| {
             pin(core);
@@ -188,12 +178,7 @@ pub(crate) fn send_messages_until<'p>(
             let mut sent = 0u64;
             let start = Instant::now();
             let mut k = 0usize;
-            let mut iovs: Vec<libc::iovec> =
-                vec![libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MSGS_PER_CALL];
-            // SAFETY: plain old data.
-            let mut msgs: Vec<libc::mmsghdr> = (0..MSGS_PER_CALL).map(|_| unsafe { zeroed() }).collect();
-            // u64 backing store: cmsg buffers must be aligned for cmsghdr.
-            let mut controls: Vec<::sys::pktinfo::SourceControl> = vec![[0; 8]; MSGS_PER_CALL];
+            let mut sender = SendMmsg::new(MSGS_PER_CALL, 1);
             loop {
                 let now = Instant::now();
                 if !more(sent, now - start) {
@@ -207,27 +192,14 @@ pub(crate) fn send_messages_until<'p>(
                 }
                 let f = k % socks.len();
                 k += 1;
-                for (j, ((m, iov), control)) in
-                    msgs.iter_mut().zip(iovs.iter_mut()).zip(controls.iter_mut()).enumerate()
-                {
+                let mut batch = sender.batch();
+                for j in 0..MSGS_PER_CALL {
                     let (p, src) = payload(k - 1, j);
-                    iov.iov_base = p.as_ptr() as *mut _;
-                    iov.iov_len = p.len();
-                    m.msg_hdr.msg_iov = iov;
-                    m.msg_hdr.msg_iovlen = 1;
-                    if let Some((ss, len)) = &name {
-                        m.msg_hdr.msg_name = ss as *const libc::sockaddr_storage as *mut libc::c_void;
-                        m.msg_hdr.msg_namelen = *len;
-                    }
-                    m.msg_hdr.msg_controllen = 0;
-                    if let Some(ip) = src {
-                        ::sys::pktinfo::set_source(&mut m.msg_hdr, control, ip.into());
-                    }
+                    let meta = SendMeta { to: name.as_ref(), source: src.map(IpAddr::V4), segment_size: None };
+                    batch.push(&[p], meta);
                 }
-                // SAFETY: msgs point at live buffers (read only by the kernel).
-                let r = unsafe { libc::sendmmsg(socks[f].as_raw_fd(), msgs.as_mut_ptr(), MSGS_PER_CALL as u32, 0) };
-                if r > 0 {
-                    sent += (r as usize * train) as u64;
+                if let Ok(r) = batch.send_from(&socks[f], 0, 0) {
+                    sent += (r * train) as u64;
                 }
             }
             Load { sent, secs: start.elapsed().as_secs_f64(), cpu_s: (thread_cpu_ns() - cpu0) as f64 / 1e9 }

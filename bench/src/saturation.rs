@@ -305,7 +305,7 @@ fn raise_queue(pid: u32, port: u16, bytes: u64) -> Result<()> {
     let q = udp_queue_of(pid, port).with_context(|| format!("no UDP socket on port {port} in /proc/{pid}/net/udp"))?;
     let fd = socket_fd_of(pid, q.inode).with_context(|| format!("pid {pid} holds no socket:[{}]", q.inode))?;
     let sock = dup_from_process(pid, fd)?;
-    ::sys::sockopt::set_recv_buffer(sock.as_raw_fd(), (bytes / 2) as usize);
+    ::sys::sockopt::set_recv_buffer(&sock, (bytes / 2) as usize);
     let got = recv_buffer(&sock)?;
     if got < bytes {
         bail!("the receive queue is {got} bytes, not {bytes}: SO_RCVBUFFORCE needs CAP_NET_ADMIN (run as root)");

@@ -19,11 +19,14 @@ use crate::cli::{BaselineArgs, FloorArgs, RetryFloorArgs, ServerArgs};
 use anyhow::{bail, Context, Result};
 use proto::keyfile::KeyFile;
 use proto::wire::frame::{self, FrameMeta, HEADER_LEN as FRAME_HEADER_LEN};
+use socket2::SockAddr;
 use std::mem::{size_of, zeroed};
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use sys::cmsg;
+use sys::mmsg::{RecvMmsg, SendMeta, SendMmsg};
 
 /// `n` u64 counters in a file mapped MAP_SHARED by the server and the bench.
 pub(crate) struct Counters {
@@ -123,46 +126,22 @@ pub fn floor(a: FloorArgs) -> Result<()> {
     const N: usize = 32;
     const LEN: usize = 65_536;
     const CMSG: usize = 64;
-    let mut data = vec![0u8; N * LEN];
-    let mut ctl = vec![0u8; N * CMSG];
-    let mut iovs: Vec<libc::iovec> =
-        (0..N).map(|i| libc::iovec { iov_base: data[i * LEN..].as_mut_ptr().cast(), iov_len: LEN }).collect();
-    // SAFETY: plain old data.
-    let mut msgs: Vec<libc::mmsghdr> = (0..N).map(|_| unsafe { zeroed() }).collect();
+    let mut batch = RecvMmsg::new(N, LEN).with_control(if a.gro { CMSG } else { 0 });
     loop {
-        for (i, (m, iov)) in msgs.iter_mut().zip(iovs.iter_mut()).enumerate() {
-            m.msg_hdr.msg_iov = iov;
-            m.msg_hdr.msg_iovlen = 1;
-            if a.gro {
-                m.msg_hdr.msg_control = ctl[i * CMSG..].as_mut_ptr().cast();
-                m.msg_hdr.msg_controllen = CMSG;
-            }
-        }
-        // SAFETY: msgs point at live buffers.
-        let r = unsafe {
-            libc::recvmmsg(s.as_raw_fd(), msgs.as_mut_ptr(), N as u32, libc::MSG_WAITFORONE, std::ptr::null_mut())
-        };
-        if r <= 0 {
+        let Ok(got) = batch.recv(&s, libc::MSG_WAITFORONE) else { continue };
+        if got == 0 {
             continue;
         }
-        let mut n = r as u64;
+        let mut n = got as u64;
         if a.gro {
-            n = 0;
-            for m in &msgs[..r as usize] {
-                let len = m.msg_len as usize;
-                let mut seg = len;
-                // SAFETY: walks the control buffer the kernel filled.
-                unsafe {
-                    let mut cm = libc::CMSG_FIRSTHDR(&m.msg_hdr);
-                    while !cm.is_null() {
-                        if (*cm).cmsg_level == libc::SOL_UDP && (*cm).cmsg_type == libc::UDP_GRO {
-                            seg = std::ptr::read_unaligned(libc::CMSG_DATA(cm).cast::<i32>()) as usize;
-                        }
-                        cm = libc::CMSG_NXTHDR(&m.msg_hdr, cm);
-                    }
-                }
-                n += len.div_ceil(seg.max(1)) as u64;
-            }
+            n = batch
+                .iter()
+                .map(|m| {
+                    let gro = cmsg::iter(m.control).find(|c| (c.level, c.ty) == (libc::SOL_UDP, libc::UDP_GRO));
+                    let seg = gro.and_then(|c| c.int()).map_or(m.len, |v| v as usize);
+                    m.len.div_ceil(seg.max(1)) as u64
+                })
+                .sum();
         }
         c.add(RECEIVED, n);
     }
@@ -185,47 +164,26 @@ pub fn retry_floor(a: RetryFloorArgs) -> Result<()> {
     const N: usize = 64;
     const LEN: usize = 2048;
     let reply_len = a.reply_len.min(LEN);
-    let mut data = vec![0u8; N * LEN];
-    // SAFETY: plain old data, all-zero is valid.
-    let mut names: Vec<libc::sockaddr_storage> = (0..N).map(|_| unsafe { zeroed() }).collect();
-    let mut iovs: Vec<libc::iovec> =
-        (0..N).map(|i| libc::iovec { iov_base: data[i * LEN..].as_mut_ptr().cast(), iov_len: LEN }).collect();
-    // SAFETY: plain old data.
-    let mut msgs: Vec<libc::mmsghdr> = (0..N).map(|_| unsafe { zeroed() }).collect();
+    let mut batch = RecvMmsg::new(N, LEN).with_names();
+    let mut replies = SendMmsg::new(N, 1);
+    let mut to: Vec<Option<SockAddr>> = Vec::with_capacity(N);
     loop {
-        for ((m, iov), name) in msgs.iter_mut().zip(iovs.iter_mut()).zip(names.iter_mut()) {
-            iov.iov_len = LEN;
-            m.msg_hdr.msg_iov = iov;
-            m.msg_hdr.msg_iovlen = 1;
-            m.msg_hdr.msg_name = (name as *mut libc::sockaddr_storage).cast();
-            m.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as u32;
-        }
-        // SAFETY: msgs point at live buffers and names.
-        let r = unsafe {
-            libc::recvmmsg(s.as_raw_fd(), msgs.as_mut_ptr(), N as u32, libc::MSG_WAITFORONE, std::ptr::null_mut())
-        };
-        if r <= 0 {
+        let Ok(got) = batch.recv(&s, libc::MSG_WAITFORONE) else { continue };
+        if got == 0 {
             continue;
         }
-        let n = r as usize;
-        c.add(RECEIVED, n as u64);
-        for (m, iov) in msgs[..n].iter_mut().zip(iovs.iter_mut()) {
-            iov.iov_len = reply_len.min(m.msg_len as usize);
-        }
-        let mut sent = 0;
-        while sent < n {
-            // SAFETY: the first n messages name live buffers and the addresses recvmmsg wrote.
-            let k = unsafe {
-                libc::sendmmsg(s.as_raw_fd(), msgs[sent..n].as_mut_ptr(), (n - sent) as u32, libc::MSG_DONTWAIT)
-            };
-            if k > 0 {
-                c.add(FORWARDED, k as u64);
-                sent += k as usize;
-            } else {
-                c.add(DROPPED, 1);
-                sent += 1;
+        c.add(RECEIVED, got as u64);
+        to.clear();
+        to.extend(batch.iter().map(|m| m.source().map(SockAddr::from)));
+        let mut out = replies.batch();
+        for (m, to) in batch.iter().zip(&to) {
+            match to {
+                Some(to) => _ = out.push(&[&m.data[..reply_len.min(m.len)]], SendMeta::to(to)),
+                None => c.add(DROPPED, 1),
             }
         }
+        let sent = out.send_skipping(&s, libc::MSG_DONTWAIT, |_, _| c.add(DROPPED, 1));
+        c.add(FORWARDED, sent as u64);
     }
 }
 

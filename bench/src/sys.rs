@@ -2,11 +2,11 @@
 //! loop, /proc figures and `BENCH_PERF` profiles.
 
 use anyhow::{Context, Result};
-use std::mem::zeroed;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
+use sys::mmsg::RecvMmsg;
 
 /// Pins the calling thread to `core`.
 pub(crate) fn pin(core: usize) {
@@ -21,28 +21,22 @@ pub(crate) const DRAIN_MSG_LEN: usize = 65_536 + 64;
 /// recvmmsg (up to `DRAIN_BATCH`, MSG_WAITFORONE) on `fd` and add the messages to
 /// `count` until `stop` is set or the peer closes; `fd` should have a receive
 /// timeout (SO_RCVTIMEO) so that `stop` is seen.
-pub(crate) fn drain_count(fd: RawFd, stop: &AtomicBool, count: &AtomicU64) {
-    let mut data = vec![0u8; DRAIN_BATCH * DRAIN_MSG_LEN];
-    let mut iovs: Vec<libc::iovec> = (0..DRAIN_BATCH)
-        .map(|i| libc::iovec { iov_base: data[i * DRAIN_MSG_LEN..].as_mut_ptr().cast(), iov_len: DRAIN_MSG_LEN })
-        .collect();
-    // SAFETY: plain old data.
-    let mut msgs: Vec<libc::mmsghdr> = (0..DRAIN_BATCH).map(|_| unsafe { zeroed() }).collect();
-    for (m, iov) in msgs.iter_mut().zip(iovs.iter_mut()) {
-        m.msg_hdr.msg_iov = iov;
-        m.msg_hdr.msg_iovlen = 1;
-    }
+pub(crate) fn drain_count(fd: BorrowedFd<'_>, stop: &AtomicBool, count: &AtomicU64) {
+    let mut batch = RecvMmsg::new(DRAIN_BATCH, DRAIN_MSG_LEN);
     while !stop.load(Ordering::Relaxed) {
-        // SAFETY: msgs point at live buffers; MSG_WAITFORONE returns after one.
-        let r = unsafe {
-            libc::recvmmsg(fd, msgs.as_mut_ptr(), DRAIN_BATCH as u32, libc::MSG_WAITFORONE, std::ptr::null_mut())
-        };
-        if r > 0 {
-            count.fetch_add(r as u64, Ordering::Relaxed);
-        } else if r == 0 {
-            return;
+        match batch.recv(fd, libc::MSG_WAITFORONE) {
+            Ok(0) => return,
+            Ok(n) => {
+                count.fetch_add(n as u64, Ordering::Relaxed);
+            }
+            Err(_) => {}
         }
     }
+}
+
+/// SO_RCVTIMEO on a sink's socket, so that its receive loop sees `stop` (best effort).
+pub(crate) fn sink_timeout(fd: impl AsFd, t: Duration) {
+    let _ = rustix::net::sockopt::set_socket_timeout(fd, rustix::net::sockopt::Timeout::Recv, Some(t));
 }
 
 /// schedstat(5) fields, in nanoseconds.
@@ -287,7 +281,7 @@ mod tests {
         let q = udp_queue_of(me, port).expect("in /proc/net/udp");
         assert_eq!(socket_fd_of(me, q.inode), Some(u.as_raw_fd()));
         let dup = dup_from_process(me, u.as_raw_fd()).unwrap();
-        assert_eq!(sys::addr::local_addr(&dup).unwrap().port(), port);
+        assert_eq!(socket2::SockRef::from(&dup).local_addr().unwrap().as_socket().unwrap().port(), port);
         assert!(!all_threads_stopped(me));
     }
 }

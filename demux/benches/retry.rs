@@ -135,7 +135,7 @@ fn benches<M: Measurement + Clock + 'static>(c: &mut Criterion<M>, p: &str) {
 
     // recv + answer, fed from 256 distinct quinn-valid Initials (fresh DCIDs).
     let srv2 = UdpSocket::bind("127.0.0.1:0").unwrap();
-    sys::sockopt::set_recv_buffer(srv2.as_raw_fd(), 8 << 20);
+    sys::sockopt::set_recv_buffer(&srv2, 8 << 20);
     let local2 = srv2.local_addr().unwrap();
     let initials = (0..CHUNK)
         .map(|i| {
@@ -155,7 +155,7 @@ fn benches<M: Measurement + Clock + 'static>(c: &mut Criterion<M>, p: &str) {
         buf: vec![0; 2048],
         queued: 0,
     };
-    sys::sockopt::set_recv_buffer(d.flooder.as_raw_fd(), 1 << 16);
+    sys::sockopt::set_recv_buffer(&d.flooder, 1 << 16);
     g.bench_function("recv_answer", |b| {
         b.iter_custom(|iters| {
             d.fill();

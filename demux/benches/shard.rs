@@ -90,7 +90,7 @@ impl Shard {
         let (mut conns, mut workers) = (Vec::new(), Vec::new());
         for (slot, info) in ids.iter().enumerate() {
             let (ours, theirs) = socketpair();
-            sys::sockopt::set_send_buffer(ours.as_raw_fd(), DATA_SNDBUF as usize);
+            sys::sockopt::set_send_buffer(&ours, DATA_SNDBUF as usize);
             conns.push(Arc::new(DataConn { fd: ours, server_id: info.server_id.0, slot, rings: Vec::new() }));
             workers.push(theirs);
         }

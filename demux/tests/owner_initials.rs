@@ -178,27 +178,24 @@ fn counted(s: &Setup, before: &Value, sent: u64) -> Value {
 /// Sends datagrams from any 127/8 source: a wildcard-bound socket with IP_PKTINFO.
 struct Spoofer {
     sock: UdpSocket,
-    to: (libc::sockaddr_storage, libc::socklen_t),
+    to: socket2::SockAddr,
+    batch: std::cell::RefCell<sys::mmsg::SendMmsg>,
 }
 
 impl Spoofer {
     fn new(target: SocketAddr) -> Spoofer {
-        Spoofer { sock: UdpSocket::bind("0.0.0.0:0").expect("bind"), to: sys::addr::to_sockaddr(&target) }
+        Spoofer {
+            sock: UdpSocket::bind("0.0.0.0:0").expect("bind"),
+            to: socket2::SockAddr::from(target),
+            batch: std::cell::RefCell::new(sys::mmsg::SendMmsg::new(1, 1)),
+        }
     }
 
     fn send(&self, src: Ipv4Addr, d: &[u8]) -> bool {
-        use std::os::fd::AsRawFd;
-        let mut iov = libc::iovec { iov_base: d.as_ptr() as *mut libc::c_void, iov_len: d.len() };
-        // SAFETY: plain old data; all-zero is a valid empty msghdr.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_name = &self.to.0 as *const libc::sockaddr_storage as *mut libc::c_void;
-        msg.msg_namelen = self.to.1;
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        let mut control = [0u64; 8];
-        sys::pktinfo::set_source(&mut msg, &mut control, IpAddr::V4(src));
-        // SAFETY: msg points at live locals (address, iovec over `d`, control) for the call.
-        unsafe { libc::sendmsg(self.sock.as_raw_fd(), &msg, 0) == d.len() as isize }
+        let mut mm = self.batch.borrow_mut();
+        let mut batch = mm.batch();
+        let meta = sys::mmsg::SendMeta { to: Some(&self.to), source: Some(IpAddr::V4(src)), segment_size: None };
+        batch.push(&[d], meta) && batch.send_from(&self.sock, 0, 0).is_ok_and(|n| n == 1)
     }
 }
 

@@ -5,10 +5,10 @@
 //! reply.
 
 use crate::seqpacket::{self, Channel, Incoming};
-use crate::sockopt::{set_recv_timeout, set_send_timeout};
 use proto::wire::Message;
+use rustix::net::sockopt::{set_socket_timeout, Timeout};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
 
@@ -28,8 +28,8 @@ pub struct Reply<M> {
 /// Connects to the control socket at `path`, with [`REPLY_TIMEOUT`] on both directions.
 pub fn connect(path: &Path) -> io::Result<OwnedFd> {
     let fd = seqpacket::connect(path)?;
-    set_recv_timeout(fd.as_raw_fd(), Some(REPLY_TIMEOUT))?;
-    set_send_timeout(fd.as_raw_fd(), Some(REPLY_TIMEOUT))?;
+    set_socket_timeout(&fd, Timeout::Recv, Some(REPLY_TIMEOUT))?;
+    set_socket_timeout(&fd, Timeout::Send, Some(REPLY_TIMEOUT))?;
     Ok(fd)
 }
 
@@ -82,7 +82,7 @@ mod tests {
         let _ = std::fs::create_dir_all(&dir);
         let path = dir.join("c.sock");
         let l = seqpacket::listen_private(&path).unwrap();
-        crate::sockopt::set_nonblocking(l.as_fd(), false).unwrap();
+        socket2::SockRef::from(&l).set_nonblocking(false).unwrap();
         let server = std::thread::spawn(move || {
             let mut buf = [0u8; 256];
             // 1: answer the second record.
@@ -105,7 +105,7 @@ mod tests {
         let e = request(&path, &[&Admin::StatusRequest]).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
         let fd = connect(&path).unwrap();
-        set_recv_timeout(fd.as_raw_fd(), Some(Duration::from_millis(50))).unwrap();
+        set_socket_timeout(&fd, Timeout::Recv, Some(Duration::from_millis(50))).unwrap();
         let e = request_on(fd.as_fd(), &[&Admin::StatusRequest]).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut);
         drop(server.join().unwrap());

@@ -1,14 +1,20 @@
-//! The Linux system calls quicdemux needs beyond std, written once for demux, worker,
-//! bench, udpflood and fastpath. Every function is small and every `unsafe` block
-//! carries a `// SAFETY:` note; `proto` (the sans-IO core) stays free of `unsafe`.
+//! The Linux system calls quicdemux needs beyond std, socket2 and rustix, written once
+//! for demux, worker, bench, udpflood and fastpath. Every function is small and every
+//! `unsafe` block carries a `// SAFETY:` note; `proto` (the sans-IO core) stays free of
+//! `unsafe`.
 //!
 //! - [`seqpacket`]: AF_UNIX SOCK_SEQPACKET connect / listen / accept, one record in or
-//!   out with SCM_RIGHTS descriptors, a batch of records in (`recvmmsg`), and
-//!   [`seqpacket::Channel`], a connection typed by its conversation (`proto::wire`).
+//!   out with SCM_RIGHTS descriptors, and [`seqpacket::Channel`], a connection typed by
+//!   its conversation (`proto::wire`).
+//! - [`mmsg`]: recvmmsg / sendmmsg batches over preallocated headers, iovecs, names and
+//!   control buffers (the only place they are called).
+//! - [`cmsg`]: control messages read and written as bytes (pktinfo, UDP_SEGMENT,
+//!   SCM_RIGHTS).
 //! - [`control`]: one admin request, one reply on a control socket, under [`control::REPLY_TIMEOUT`].
-//! - [`sockopt`]: socket options, O_NONBLOCK, SO_TYPE.
-//! - [`addr`]: `SocketAddr` ⇄ `sockaddr` conversions.
-//! - [`raw`]: a raw IPv4 socket that sends UDP with any source (forwarded datagrams).
+//! - [`sockopt`]: the socket options socket2 and rustix lack (any int option, forced
+//!   buffer sizes, SO_PEERCRED, SO_MEMINFO).
+//! - [`addr`]: a socket address from the bytes the kernel wrote.
+//! - [`raw`]: raw IPv4 / IPv6 sockets that send UDP with any source (forwarded datagrams).
 //! - [`ring`]: the memfd mapping of a forwarding ring (index arithmetic: `proto::ring`).
 //! - [`epoll`], [`signals`]: an epoll instance; blocked signals and signalfd.
 
@@ -16,9 +22,10 @@ use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 
 pub mod addr;
+pub mod cmsg;
 pub mod control;
 pub mod epoll;
-pub mod pktinfo;
+pub mod mmsg;
 pub mod raw;
 pub mod ring;
 pub mod seqpacket;

@@ -3,10 +3,9 @@
 //! stack, so it reaches the owning worker (kernel fast path or data plane) exactly as
 //! if the client had sent it here. Root (CAP_NET_RAW) only.
 
-use crate::{cvt, cvt_isize};
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::io;
 use std::net::{SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// IPv4 (20 bytes, no options) and UDP (8 bytes) headers.
 pub const HEADERS: usize = 20 + 8;
@@ -94,20 +93,14 @@ fn fold(mut sum: u32) -> u16 {
 
 /// `socket(AF_INET6, SOCK_RAW, IPPROTO_RAW)` with IPV6_HDRINCL: sends whole IPv6
 /// packets (raw(7), ipv6(7)).
-pub struct RawIpv6(OwnedFd);
-
-/// linux/in6.h: the IPv6 header is supplied by the sender.
-const IPV6_HDRINCL: libc::c_int = 36;
+pub struct RawIpv6(Socket);
 
 impl RawIpv6 {
     pub fn open() -> io::Result<RawIpv6> {
-        // SAFETY: socket(2) with constant arguments; the result is checked.
-        let fd = cvt(unsafe { libc::socket(libc::AF_INET6, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::IPPROTO_RAW) })?;
-        // SAFETY: `fd` is a new descriptor that nothing else owns.
-        let s = RawIpv6(unsafe { OwnedFd::from_raw_fd(fd) });
+        let s = Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::from(libc::IPPROTO_RAW)))?;
         // IPPROTO_RAW implies it on Linux; set it explicitly all the same.
-        crate::sockopt::setsockopt_int(s.0.as_raw_fd(), libc::IPPROTO_IPV6, IPV6_HDRINCL, 1)?;
-        Ok(s)
+        s.set_header_included_v6(true)?;
+        Ok(RawIpv6(s))
     }
 
     /// Sends one packet built by [`ipv6_udp_packet`] towards `dst`. (A raw IPv6
@@ -119,19 +112,8 @@ impl RawIpv6 {
 }
 
 /// sendto(2) of one whole packet.
-fn send_to(fd: &OwnedFd, packet: &[u8], dst: SocketAddr) -> io::Result<()> {
-    let (ss, len) = crate::addr::to_sockaddr(&dst);
-    // SAFETY: `packet` and `ss` are live for the call; `len` is `ss`'s length.
-    let n = cvt_isize(unsafe {
-        libc::sendto(
-            fd.as_raw_fd(),
-            packet.as_ptr().cast(),
-            packet.len(),
-            0,
-            (&ss as *const libc::sockaddr_storage).cast(),
-            len,
-        )
-    })?;
+fn send_to(s: &Socket, packet: &[u8], dst: SocketAddr) -> io::Result<()> {
+    let n = s.send_to(packet, &SockAddr::from(dst))?;
     if n != packet.len() {
         return Err(io::Error::new(io::ErrorKind::WriteZero, "raw send was short"));
     }
@@ -139,14 +121,11 @@ fn send_to(fd: &OwnedFd, packet: &[u8], dst: SocketAddr) -> io::Result<()> {
 }
 
 /// `socket(AF_INET, SOCK_RAW, IPPROTO_RAW)`: sends whole IPv4 packets.
-pub struct RawIpv4(OwnedFd);
+pub struct RawIpv4(Socket);
 
 impl RawIpv4 {
     pub fn open() -> io::Result<RawIpv4> {
-        // SAFETY: socket(2) with constant arguments; the result is checked.
-        let fd = cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::IPPROTO_RAW) })?;
-        // SAFETY: `fd` is a new descriptor that nothing else owns.
-        Ok(RawIpv4(unsafe { OwnedFd::from_raw_fd(fd) }))
+        Ok(RawIpv4(Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::from(libc::IPPROTO_RAW)))?))
     }
 
     /// Sends one packet built by [`ipv4_udp_packet`] towards `dst`.

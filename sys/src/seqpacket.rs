@@ -1,10 +1,11 @@
 //! Unix SOCK_SEQPACKET sockets (unix(7)): connect, listen, accept, one record out or
-//! in with SCM_RIGHTS descriptors, a batch of records in (`recvmmsg`), and
-//! [`Channel`]: a connection typed by the conversation it carries
-//! (`proto::wire::{Registration, Data, Admin}`).
+//! in with SCM_RIGHTS descriptors, and [`Channel`]: a connection typed by the
+//! conversation it carries (`proto::wire::{Registration, Data, Admin}`). A batch of
+//! records in or out is [`crate::mmsg`]'s.
 
-use crate::{cvt, cvt_isize, owned};
+use crate::{cmsg, cvt_isize};
 use proto::wire::{Message, WireError};
+use socket2::{Domain, SockAddr, SockRef, Socket, Type};
 use std::io;
 use std::marker::PhantomData;
 use std::mem::{self, size_of};
@@ -16,74 +17,58 @@ use std::path::Path;
 /// Most descriptors one record may carry (the kernel's SCM_MAX_FD).
 pub const MAX_FDS: usize = 253;
 
-/// Size of the control buffer for [`MAX_FDS`] descriptors, rounded up generously.
-const CMSG_BUF_LEN: usize = 64 + MAX_FDS * size_of::<RawFd>();
-
-/// Control-message buffer with the alignment `cmsghdr` needs.
-#[repr(C, align(8))]
-struct CmsgBuf([u8; CMSG_BUF_LEN]);
+/// Room for the control data of [`MAX_FDS`] descriptors.
+const CMSG_BUF_LEN: usize = cmsg::space(MAX_FDS * size_of::<RawFd>());
 
 /// `e`, its message prefixed with `what` and `path` (e.g. "connect /run/x.sock: …").
 fn at_path(e: io::Error, what: &str, path: &Path) -> io::Error {
     io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
 }
 
-fn sockaddr_un(path: &Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+/// The address of the socket file `path` (never an abstract name: a leading NUL is
+/// refused, as any NUL is).
+fn unix_addr(path: &Path) -> io::Result<SockAddr> {
     let bytes = path.as_os_str().as_bytes();
-    // SAFETY: sockaddr_un is plain old data; all-zero is a valid value.
-    let mut addr: libc::sockaddr_un = unsafe { mem::zeroed() };
-    if bytes.is_empty() || bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
-        return Err(io::Error::new(
+    let bad = || {
+        io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!(
-                "unix socket path {} is empty, contains NUL or is longer than {} bytes",
-                path.display(),
-                addr.sun_path.len() - 1
-            ),
-        ));
+            format!("unix socket path {} is empty, contains NUL or is longer than {MAX_PATH} bytes", path.display()),
+        )
+    };
+    if bytes.is_empty() || bytes.contains(&0) {
+        return Err(bad());
     }
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
-        *d = *s as libc::c_char;
-    }
-    let len = size_of::<libc::sa_family_t>() + bytes.len() + 1;
-    Ok((addr, len as libc::socklen_t))
+    SockAddr::unix(path).map_err(|_| bad())
 }
+
+/// sizeof(sun_path) − 1: the longest path a unix socket address holds.
+const MAX_PATH: usize = 107;
 
 /// A new, unconnected AF_UNIX SOCK_SEQPACKET socket (close-on-exec).
 pub fn socket(nonblocking: bool) -> io::Result<OwnedFd> {
-    let flags = libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | if nonblocking { libc::SOCK_NONBLOCK } else { 0 };
-    // SAFETY: plain syscall with constant arguments; no pointers.
-    owned(unsafe { libc::socket(libc::AF_UNIX, flags, 0) })
+    let ty = if nonblocking { Type::SEQPACKET.nonblocking() } else { Type::SEQPACKET };
+    Ok(Socket::new(Domain::UNIX, ty, None)?.into())
 }
 
 /// A connected pair of SEQPACKET sockets (tests, in-process forwarders).
 pub fn pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [-1 as RawFd; 2];
-    // SAFETY: `fds` is a valid, writable array of two c_ints, as socketpair(2) requires.
-    cvt(unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) })?;
-    // SAFETY: socketpair succeeded, so both are fresh descriptors owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    let (a, b) = Socket::pair(Domain::UNIX, Type::SEQPACKET, None)?;
+    Ok((a.into(), b.into()))
 }
 
 /// Connects (blocking) to the SEQPACKET listener at `path`.
 pub fn connect(path: &Path) -> io::Result<OwnedFd> {
-    let (addr, len) = sockaddr_un(path)?;
+    let addr = unix_addr(path)?;
     let fd = socket(false)?;
-    // SAFETY: `addr` is a valid sockaddr_un that outlives the call and `len` covers
-    // only its initialised prefix.
-    cvt(unsafe { libc::connect(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) })
-        .map_err(|e| at_path(e, "connect", path))?;
+    SockRef::from(&fd).connect(&addr).map_err(|e| at_path(e, "connect", path))?;
     Ok(fd)
 }
 
 fn bind_listen(fd: &OwnedFd, path: &Path, backlog: i32) -> io::Result<()> {
-    let (addr, len) = sockaddr_un(path)?;
-    // SAFETY: as in `connect`.
-    cvt(unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) })
-        .map_err(|e| at_path(e, "bind", path))?;
-    // SAFETY: plain syscall on a bound socket we own.
-    cvt(unsafe { libc::listen(fd.as_raw_fd(), backlog) }).map_err(|e| at_path(e, "listen", path))?;
+    let addr = unix_addr(path)?;
+    let s = SockRef::from(fd);
+    s.bind(&addr).map_err(|e| at_path(e, "bind", path))?;
+    s.listen(backlog).map_err(|e| at_path(e, "listen", path))?;
     Ok(())
 }
 
@@ -120,20 +105,17 @@ pub fn listen_private(path: &Path) -> io::Result<OwnedFd> {
 
 /// Accepts one connection (close-on-exec; blocking unless the listener is non-blocking).
 pub fn accept(listener: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-    // SAFETY: null address pointers are allowed by accept4(2) when the peer address
-    // is not wanted.
-    owned(unsafe {
-        libc::accept4(listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC)
-    })
+    Ok(SockRef::from(&listener).accept()?.0.into())
 }
 
 /// Accepts one connection, itself non-blocking; `None` when none is waiting (EAGAIN,
 /// EINTR, ECONNABORTED).
 pub fn accept_nonblocking(listener: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
-    let flags = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
-    // SAFETY: as in `accept`.
-    match owned(unsafe { libc::accept4(listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), flags) }) {
-        Ok(fd) => Ok(Some(fd)),
+    match SockRef::from(&listener).accept() {
+        Ok((s, _)) => {
+            s.set_nonblocking(true)?;
+            Ok(Some(s.into()))
+        }
         Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EINTR | libc::ECONNABORTED)) => Ok(None),
         Err(e) => Err(e),
     }
@@ -157,39 +139,24 @@ pub fn send_record_raw(fd: RawFd, rec: &[u8], fds: &[RawFd], flags: libc::c_int)
     if fds.len() > MAX_FDS {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many descriptors for one record"));
     }
+    let mut cbuf = [0u8; CMSG_BUF_LEN];
+    let mut control = cmsg::Encoder::new(&mut cbuf);
+    if !fds.is_empty() {
+        control.rights(fds).map_err(|_| io::Error::other("control buffer too small"))?;
+    }
+    let controllen = control.len();
     let mut iov = libc::iovec { iov_base: rec.as_ptr() as *mut libc::c_void, iov_len: rec.len() };
-    let mut cbuf = CmsgBuf([0; CMSG_BUF_LEN]);
     // SAFETY: msghdr is plain old data; all-zero is a valid "no name, no control" value.
     let mut msg: libc::msghdr = unsafe { mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
-    if !fds.is_empty() {
-        let payload = mem::size_of_val(fds) as libc::c_uint;
-        // SAFETY: CMSG_SPACE is a pure size computation.
-        let space = unsafe { libc::CMSG_SPACE(payload) } as usize;
-        msg.msg_control = cbuf.0.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
-        // SAFETY: msg_control points at `space` (≤ CMSG_BUF_LEN) aligned bytes, so the
-        // first header exists and is writable.
-        let cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
-        if cmsg.is_null() {
-            return Err(io::Error::other("control buffer too small"));
-        }
-        // SAFETY: `cmsg` points into `cbuf` (checked non-null above); CMSG_DATA lies
-        // within the `space` bytes reserved for `payload`, and write_unaligned copes
-        // with any alignment of the data area.
-        unsafe {
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(payload) as _;
-            let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
-            for (i, f) in fds.iter().enumerate() {
-                data.add(i).write_unaligned(*f);
-            }
-        }
+    if controllen > 0 {
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = controllen as _;
     }
-    // SAFETY: `msg` points at `iov` (valid for `rec.len()` bytes) and at `cbuf`, both
-    // alive for the duration of the call.
+    // SAFETY: `msg` points at `iov` (valid for `rec.len()` bytes) and at the first
+    // `controllen` bytes of `cbuf`, both alive for the duration of the call; the
+    // kernel only reads them.
     cvt_isize(unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | flags) })
 }
 
@@ -213,17 +180,17 @@ pub fn recv_record(fd: BorrowedFd<'_>, buf: &mut [u8], flags: libc::c_int) -> io
 /// [`recv_record`] on a raw descriptor (an invalid one fails with EBADF).
 pub fn recv_record_raw(fd: RawFd, buf: &mut [u8], flags: libc::c_int) -> io::Result<Received> {
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    let mut cbuf = CmsgBuf([0; CMSG_BUF_LEN]);
+    let mut cbuf = [0u8; CMSG_BUF_LEN];
     // SAFETY: msghdr is plain old data; all-zero is a valid value.
     let mut msg: libc::msghdr = unsafe { mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.0.as_mut_ptr().cast();
+    msg.msg_control = cbuf.as_mut_ptr().cast();
     msg.msg_controllen = CMSG_BUF_LEN as _;
     // SAFETY: `msg` points at `iov` (valid for `buf.len()` writable bytes) and at
     // `cbuf` (CMSG_BUF_LEN writable bytes), both alive for the duration of the call.
     let len = cvt_isize(unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC | flags) })?;
-    let fds = take_passed_fds(&msg);
+    let fds = take_passed_fds(&cbuf[..(msg.msg_controllen as usize).min(CMSG_BUF_LEN)]);
     if msg.msg_flags & libc::MSG_CTRUNC != 0 {
         // Some descriptors were dropped by the kernel; the ones we got close on drop.
         return Err(io::Error::other("control data truncated (too many descriptors)"));
@@ -231,35 +198,15 @@ pub fn recv_record_raw(fd: RawFd, buf: &mut [u8], flags: libc::c_int) -> io::Res
     Ok(Received { len, truncated: msg.msg_flags & libc::MSG_TRUNC != 0, fds })
 }
 
-/// The SCM_RIGHTS descriptors of a message recvmsg(2) just filled, owned.
-fn take_passed_fds(msg: &libc::msghdr) -> Vec<OwnedFd> {
-    let mut fds = Vec::new();
-    // SAFETY: the kernel filled `msg_control`/`msg_controllen`; CMSG_FIRSTHDR only
-    // reads those fields.
-    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(msg) };
-    while !cmsg.is_null() {
-        // SAFETY: CMSG_FIRSTHDR/CMSG_NXTHDR return null or a header lying entirely
-        // inside the kernel-filled control buffer.
-        let (level, ty, clen) = unsafe { ((*cmsg).cmsg_level, (*cmsg).cmsg_type, (*cmsg).cmsg_len as usize) };
-        if level == libc::SOL_SOCKET && ty == libc::SCM_RIGHTS {
-            // SAFETY: CMSG_LEN is a pure size computation.
-            let hdr = unsafe { libc::CMSG_LEN(0) } as usize;
-            let n = clen.saturating_sub(hdr) / size_of::<RawFd>();
-            // SAFETY: the data area of this header holds `n` descriptors written by the
-            // kernel; read_unaligned copes with any alignment.
-            let data = unsafe { libc::CMSG_DATA(cmsg).cast::<RawFd>() };
-            for i in 0..n {
-                // SAFETY: `i < n`, inside the data area (see above).
-                let raw = unsafe { data.add(i).read_unaligned() };
-                // SAFETY: SCM_RIGHTS installed `raw` as a new descriptor in this process;
-                // nothing else owns it.
-                fds.push(unsafe { OwnedFd::from_raw_fd(raw) });
-            }
-        }
-        // SAFETY: `cmsg` is a valid header of `msg` (see above).
-        cmsg = unsafe { libc::CMSG_NXTHDR(msg, cmsg) };
-    }
-    fds
+/// The SCM_RIGHTS descriptors in the control data recvmsg(2) just wrote, owned.
+fn take_passed_fds(control: &[u8]) -> Vec<OwnedFd> {
+    cmsg::iter(control)
+        .filter(|c| (c.level, c.ty) == (libc::SOL_SOCKET, libc::SCM_RIGHTS))
+        .flat_map(|c| cmsg::rights(c.data))
+        // SAFETY: SCM_RIGHTS installed each of these as a new descriptor in this
+        // process (the kernel wrote this control data just now); nothing else owns it.
+        .map(|raw| unsafe { OwnedFd::from_raw_fd(raw) })
+        .collect()
 }
 
 /// A connection that carries one conversation, `M` (`proto::wire::Registration`,
@@ -357,47 +304,14 @@ impl<'fd, M: Message> Channel<'fd, M> {
     }
 }
 
-/// Most records one [`recv_batch`] call takes.
-pub const MAX_BATCH: usize = 64;
-
-/// Receives up to `bufs.len()` (at most [`MAX_BATCH`]) records without blocking,
-/// one record per buffer (`recvmmsg` with MSG_DONTWAIT). For each received record
-/// `lens[i]` is its length in `bufs[i]` and `trunc[i]` whether it was cut (MSG_TRUNC).
-/// Returns the number of records, or `WouldBlock` if none is waiting.
-pub fn recv_batch(
-    fd: BorrowedFd<'_>,
-    bufs: &mut [io::IoSliceMut<'_>],
-    lens: &mut [usize],
-    trunc: &mut [bool],
-) -> io::Result<usize> {
-    let n = bufs.len().min(lens.len()).min(trunc.len()).min(MAX_BATCH);
-    if n == 0 {
-        return Ok(0);
-    }
-    // SAFETY: mmsghdr is plain old data; all-zero is a valid value.
-    let mut hdrs: [libc::mmsghdr; MAX_BATCH] = unsafe { mem::zeroed() };
-    for (h, b) in hdrs.iter_mut().zip(bufs.iter_mut()).take(n) {
-        // IoSliceMut is guaranteed ABI-compatible with `struct iovec` on Unix.
-        h.msg_hdr.msg_iov = (b as *mut io::IoSliceMut<'_>).cast::<libc::iovec>();
-        h.msg_hdr.msg_iovlen = 1;
-    }
-    // SAFETY: the first `n` headers each point at one live iovec (`bufs[i]`, writable
-    // for its length); no name or control buffers; null timeout is allowed.
-    let got = cvt(unsafe {
-        libc::recvmmsg(fd.as_raw_fd(), hdrs.as_mut_ptr(), n as libc::c_uint, libc::MSG_DONTWAIT, std::ptr::null_mut())
-    })? as usize;
-    for i in 0..got {
-        lens[i] = hdrs[i].msg_len as usize;
-        trunc[i] = hdrs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
-    }
-    Ok(got)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sockopt::{is_nonblocking, set_nonblocking, set_recv_timeout, socket_type};
     use std::os::fd::AsFd;
+
+    fn socket_type(fd: BorrowedFd<'_>) -> io::Result<Type> {
+        SockRef::from(&fd).r#type()
+    }
 
     #[test]
     fn record_round_trip_with_fds() {
@@ -410,7 +324,7 @@ mod tests {
         assert_eq!(&buf[..r.len], b"hello");
         assert!(!r.truncated);
         assert_eq!(r.fds.len(), 2);
-        assert_eq!(socket_type(r.fds[0].as_fd()).unwrap(), libc::SOCK_DGRAM);
+        assert_eq!(socket_type(r.fds[0].as_fd()).unwrap(), Type::DGRAM);
         // The passed descriptor is the same socket: its local address matches.
         let dup = std::net::UdpSocket::from(r.fds.into_iter().next().unwrap());
         assert_eq!(dup.local_addr().unwrap(), udp_addr);
@@ -428,27 +342,28 @@ mod tests {
     }
 
     #[test]
-    fn batch_receive_and_eof() {
+    fn eof_reads_as_an_empty_record() {
         let (a, b) = pair().unwrap();
-        let mut bufs_store = vec![vec![0u8; 32]; 4];
-        {
-            let mut bufs: Vec<io::IoSliceMut<'_>> = bufs_store.iter_mut().map(|v| io::IoSliceMut::new(v)).collect();
-            let (mut lens, mut trunc) = ([0usize; 4], [false; 4]);
-            let e = recv_batch(b.as_fd(), &mut bufs, &mut lens, &mut trunc).unwrap_err();
-            assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
-            for i in 0..3u8 {
-                send_record(a.as_fd(), &vec![i; 5 + usize::from(i) * 20], &[], 0).unwrap();
-            }
-            let got = recv_batch(b.as_fd(), &mut bufs, &mut lens, &mut trunc).unwrap();
-            assert_eq!(got, 3);
-            assert_eq!(&lens[..3], &[5, 25, 32]);
-            assert_eq!(&trunc[..3], &[false, false, true]);
-        }
-        assert_eq!(&bufs_store[1][..25], &[1u8; 25][..]);
         drop(a);
         let mut buf = [0u8; 8];
         let r = recv_record(b.as_fd(), &mut buf, libc::MSG_DONTWAIT).unwrap();
         assert_eq!(r.len, 0, "EOF reads as an empty record");
+    }
+
+    /// More descriptors than one record carries are refused before sending; the most
+    /// it carries arrive, every one of them owned.
+    #[test]
+    fn the_most_descriptors_a_record_carries() {
+        let (a, b) = pair().unwrap();
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let many = vec![udp.as_fd(); MAX_FDS + 1];
+        let e = send_record(a.as_fd(), b"x", &many, 0).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        send_record(a.as_fd(), b"x", &many[..MAX_FDS], 0).unwrap();
+        let mut buf = [0u8; 4];
+        let r = recv_record(b.as_fd(), &mut buf, 0).unwrap();
+        assert_eq!(r.fds.len(), MAX_FDS);
+        assert!(r.fds.iter().all(|f| socket_type(f.as_fd()).unwrap() == Type::DGRAM));
     }
 
     /// A typed channel: the message and its descriptors arrive as sent; another
@@ -467,7 +382,7 @@ mod tests {
             Incoming::Message { msg, fds } => {
                 assert_eq!(msg, Data::Sockets { addrs: vec![addr] });
                 assert_eq!(fds.len(), 1);
-                assert_eq!(socket_type(fds[0].as_fd()).unwrap(), libc::SOCK_DGRAM);
+                assert_eq!(socket_type(fds[0].as_fd()).unwrap(), Type::DGRAM);
             }
             other => panic!("{other:?}"),
         }
@@ -506,15 +421,31 @@ mod tests {
         let l = listen(&path, 64).unwrap();
         let c = connect(&path).unwrap();
         let s = accept(l.as_fd()).unwrap();
-        assert!(!is_nonblocking(c.as_fd()).unwrap());
-        set_nonblocking(c.as_fd(), true).unwrap();
-        assert!(is_nonblocking(c.as_fd()).unwrap());
-        set_recv_timeout(s.as_fd(), Some(std::time::Duration::from_millis(20))).unwrap();
+        assert!(!SockRef::from(&c).nonblocking().unwrap());
+        assert!(!SockRef::from(&s).nonblocking().unwrap());
+        SockRef::from(&l).set_nonblocking(true).unwrap();
+        let nb = accept_nonblocking(l.as_fd()).unwrap();
+        assert!(nb.is_none(), "nobody waiting");
+        let _c2 = connect(&path).unwrap();
+        let s2 = accept_nonblocking(l.as_fd()).unwrap().expect("one waiting");
+        assert!(SockRef::from(&s2).nonblocking().unwrap());
+        rustix::net::sockopt::set_socket_timeout(
+            &s,
+            rustix::net::sockopt::Timeout::Recv,
+            Some(std::time::Duration::from_millis(20)),
+        )
+        .unwrap();
         let mut buf = [0u8; 4];
         let e = recv_record(s.as_fd(), &mut buf, 0).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
         assert!(connect(&dir.join("missing.sock")).is_err());
         assert!(connect(Path::new(&"x".repeat(200))).is_err());
+        // Paths: a file name of up to 107 bytes, never empty, never a NUL (no abstract names).
+        assert!(unix_addr(Path::new(&"x".repeat(MAX_PATH))).is_ok());
+        for bad in ["x".repeat(MAX_PATH + 1), String::new(), "\0abstract".into(), "a\0b".into()] {
+            let e = unix_addr(Path::new(&bad)).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{bad:?}");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

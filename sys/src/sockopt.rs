@@ -1,10 +1,13 @@
-//! Socket options and descriptor flags.
+//! The socket options socket2 and rustix do not cover (every other one is set with
+//! `socket2::SockRef` or `rustix::net::sockopt` where it is needed): any `int` option
+//! (UDP_GRO, IP_PKTINFO, SO_ATTACH_REUSEPORT_EBPF …), a buffer size forced past the
+//! sysctl limit with a fallback, SO_PEERCRED with a pid that may be 0, SO_MEMINFO.
 
 use crate::cvt;
+use rustix::net::sockopt;
 use std::io;
 use std::mem::size_of;
-use std::os::fd::{AsRawFd, BorrowedFd};
-use std::time::Duration;
+use std::os::fd::{AsFd, AsRawFd};
 
 /// setsockopt(2) with an `int` value.
 pub fn setsockopt_int(fd: impl AsRawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
@@ -21,96 +24,26 @@ pub fn setsockopt_int(fd: impl AsRawFd, level: libc::c_int, name: libc::c_int, v
     .map(drop)
 }
 
-fn setsockopt_timeval(fd: impl AsRawFd, name: libc::c_int, t: Option<Duration>) -> io::Result<()> {
-    let tv = match t {
-        Some(t) => libc::timeval {
-            tv_sec: t.as_secs().min(i32::MAX as u64) as libc::time_t,
-            // A zero timeout would mean "none": round it up to 1 µs.
-            tv_usec: t.subsec_micros().max(u32::from(t.is_zero())) as libc::suseconds_t,
-        },
-        None => libc::timeval { tv_sec: 0, tv_usec: 0 },
-    };
-    // SAFETY: `tv` is a valid timeval that outlives the call; the length matches it.
-    cvt(unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            name,
-            (&tv as *const libc::timeval).cast(),
-            size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    })
-    .map(drop)
-}
-
-/// SO_RCVTIMEO: blocking receives give up with `WouldBlock` after `t` (`None`: never).
-pub fn set_recv_timeout(fd: impl AsRawFd, t: Option<Duration>) -> io::Result<()> {
-    setsockopt_timeval(fd, libc::SO_RCVTIMEO, t)
-}
-
-/// SO_SNDTIMEO: blocking sends give up with `WouldBlock` after `t` (`None`: never).
-pub fn set_send_timeout(fd: impl AsRawFd, t: Option<Duration>) -> io::Result<()> {
-    setsockopt_timeval(fd, libc::SO_SNDTIMEO, t)
-}
-
 /// A `bytes` send buffer; as root SO_SNDBUFFORCE passes net.core.wmem_max (best effort).
-pub fn set_send_buffer(fd: impl AsRawFd, bytes: usize) {
-    let v = bytes.min(i32::MAX as usize) as libc::c_int;
-    let fd = fd.as_raw_fd();
-    if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, v).is_err() {
-        let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, v);
+pub fn set_send_buffer(fd: impl AsFd, bytes: usize) {
+    let bytes = bytes.min(i32::MAX as usize);
+    if sockopt::set_socket_send_buffer_size_force(&fd, bytes).is_err() {
+        let _ = sockopt::set_socket_send_buffer_size(&fd, bytes);
     }
 }
 
 /// A `bytes` receive buffer; as root SO_RCVBUFFORCE passes net.core.rmem_max (best effort).
-pub fn set_recv_buffer(fd: impl AsRawFd, bytes: usize) {
-    let v = bytes.min(i32::MAX as usize) as libc::c_int;
-    let fd = fd.as_raw_fd();
-    if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, v).is_err() {
-        let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, v);
+pub fn set_recv_buffer(fd: impl AsFd, bytes: usize) {
+    let bytes = bytes.min(i32::MAX as usize);
+    if sockopt::set_socket_recv_buffer_size_force(&fd, bytes).is_err() {
+        let _ = sockopt::set_socket_recv_buffer_size(&fd, bytes);
     }
-}
-
-/// Sets or clears O_NONBLOCK on a descriptor we own exclusively (never on the shared
-/// UDP sockets: that flag lives in the open file description the data plane shares).
-pub fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
-    // SAFETY: fcntl(F_GETFL) on a valid descriptor; no pointers.
-    let flags = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
-    let new = if on { flags | libc::O_NONBLOCK } else { flags & !libc::O_NONBLOCK };
-    if new != flags {
-        // SAFETY: fcntl(F_SETFL) with an int argument on a valid descriptor.
-        cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, new) })?;
-    }
-    Ok(())
-}
-
-/// Whether O_NONBLOCK is set on the open file description behind `fd`.
-pub fn is_nonblocking(fd: BorrowedFd<'_>) -> io::Result<bool> {
-    // SAFETY: fcntl(F_GETFL) on a valid descriptor; no pointers.
-    let flags = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
-    Ok(flags & libc::O_NONBLOCK != 0)
-}
-
-/// The socket type (SO_TYPE) of a descriptor, e.g. `libc::SOCK_DGRAM`.
-pub fn socket_type(fd: BorrowedFd<'_>) -> io::Result<libc::c_int> {
-    let mut ty: libc::c_int = 0;
-    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `ty` and `len` are valid for writes and `len` holds the size of `ty`.
-    cvt(unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_TYPE,
-            (&mut ty as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    })?;
-    Ok(ty)
 }
 
 /// The credentials (pid, uid, gid) of the process at the other end of a connected
 /// Unix socket, as the kernel recorded them at connect(2) time (SO_PEERCRED, unix(7)):
-/// nothing the peer sends can change them.
+/// nothing the peer sends can change them. (Not rustix's `socket_peercred`: its pid is
+/// non-zero, but the kernel reports 0 for a peer outside our pid namespace.)
 pub fn peer_cred(fd: std::os::fd::RawFd) -> std::io::Result<libc::ucred> {
     let mut cred = libc::ucred { pid: 0, uid: u32::MAX, gid: u32::MAX };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
@@ -153,7 +86,7 @@ mod kernel_drops_tests {
     #[test]
     fn queued_plus_dropped_is_everything_sent() {
         let rx = UdpSocket::bind("127.0.0.1:0").expect("bind");
-        super::setsockopt_int(rx.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 4096).expect("SO_RCVBUF");
+        socket2::SockRef::from(&rx).set_recv_buffer_size(4096).expect("SO_RCVBUF");
         let tx = UdpSocket::bind("127.0.0.1:0").expect("bind");
         assert_eq!(kernel_drops(rx.as_raw_fd()).expect("SO_MEMINFO"), 0);
         let sent = 200u32;

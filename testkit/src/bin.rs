@@ -73,6 +73,39 @@ pub fn dataplane_files<'c>(
     cmd.arg("--ready-file").arg(ready)
 }
 
+/// A data plane a test started, with its files in one directory.
+pub struct TestDataplane {
+    pub child: Child,
+    pub keys: PathBuf,
+    pub data: PathBuf,
+    pub control: PathBuf,
+    pub log: PathBuf,
+    /// Its ready file's text (`udp ADDR` lines: [`ready_udp_addrs`]).
+    pub ready_text: String,
+}
+
+/// Writes a key file with `demux gen-keys` (the binary at `demux`) into `dir` and
+/// starts `demux dataplane --cores 0 --io mmsg` on each of `listen` with it, its files
+/// in `dir` (`keys`, `d.sock`, `c.sock`, `ready`, `demux.log`) and `extra` flags last;
+/// returns once its ready file is written (panics with its log after `within`).
+pub fn start_dataplane(demux: &Path, dir: &Path, listen: &[&str], extra: &[&str], within: Duration) -> TestDataplane {
+    let keys = dir.join("keys");
+    let st = Command::new(demux).args(["gen-keys", "--out"]).arg(&keys).status().expect("demux gen-keys");
+    assert!(st.success(), "demux gen-keys failed");
+    let (data, control, ready, log) =
+        (dir.join("d.sock"), dir.join("c.sock"), dir.join("ready"), dir.join("demux.log"));
+    let mut cmd = Command::new(demux);
+    cmd.arg("dataplane").args(listen.iter().flat_map(|l| ["--listen", l])).args(["--cores", "0", "--io", "mmsg"]);
+    let mut child = dataplane_files(&mut cmd, &keys, &data, &control, &ready)
+        .args(extra)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("demux log"))
+        .spawn()
+        .expect("spawn demux");
+    let ready_text = wait_ready_file(&ready, &mut child, &log, "demux", within);
+    TestDataplane { child, keys, data, control, log, ready_text }
+}
+
 /// Kills a child process and reaps it (errors ignored: it may be gone already).
 pub fn kill_and_reap(child: &mut Child) {
     let _ = child.kill();

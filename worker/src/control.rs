@@ -17,10 +17,11 @@
 //!    keep sending on sockets nobody reads.
 
 use crate::cid_gen::CidKeys;
-use crate::datasock::{HandshakeError, SharedSocketFd};
+use crate::datasock::{recv_timeout, HandshakeError, SharedSocketFd};
 use crate::secrets::Secrets;
 use proto::wire::{Registration, WireError, MAX_TEXT};
 use proto::ServerId;
+use socket2::SockRef;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
@@ -63,10 +64,10 @@ pub fn rejoin(path: &Path, server_id: ServerId, timeout: Duration) -> Result<Ass
 }
 
 fn register_with(conn: OwnedFd, first: &Registration, timeout: Duration) -> Result<Assignment, HandshakeError> {
-    sys::sockopt::set_nonblocking(conn.as_fd(), false)?;
+    SockRef::from(&conn).set_nonblocking(false)?;
     let controller = Channel::<Registration>::new(conn.as_fd());
     controller.send(first)?;
-    sys::sockopt::set_recv_timeout(conn.as_fd(), Some(timeout))?;
+    recv_timeout(&conn, Some(timeout))?;
     let mut buf = vec![0u8; 16 + MAX_TEXT];
     let mut assigned: Option<(ServerId, Secrets, Vec<OwnedFd>)> = None;
     loop {
@@ -94,13 +95,13 @@ fn register_with(conn: OwnedFd, first: &Registration, timeout: Duration) -> Resu
                 keys.key_set().map_err(|e| HandshakeError::Protocol(format!("Assign keys: {e}")))?;
                 assigned = Some((server_id, Secrets { keys, reset_key, token_key }, fds));
                 // Give a following Sockets a moment, not the whole timeout.
-                sys::sockopt::set_recv_timeout(conn.as_fd(), Some(Duration::from_millis(200)))?;
+                recv_timeout(&conn, Some(Duration::from_millis(200)))?;
             }
             Incoming::Message { msg: Registration::Sockets { addrs }, fds: more } if assigned.is_some() => {
                 let (id, secrets, mut fds) = assigned.take().ok_or(HandshakeError::Closed)?;
                 fds.extend(more);
                 let sockets = pair_sockets(addrs, fds)?;
-                sys::sockopt::set_recv_timeout(conn.as_fd(), None)?;
+                recv_timeout(&conn, None)?;
                 return Ok(Assignment { server_id: id, secrets, sockets, conn });
             }
             Incoming::Message { msg: Registration::Error { reason }, .. } => {
@@ -112,7 +113,7 @@ fn register_with(conn: OwnedFd, first: &Registration, timeout: Duration) -> Resu
         }
     }
     let (server_id, secrets, _fds_without_addresses) = assigned.ok_or(HandshakeError::Closed)?;
-    sys::sockopt::set_recv_timeout(conn.as_fd(), None)?;
+    recv_timeout(&conn, None)?;
     Ok(Assignment { server_id, secrets, sockets: Vec::new(), conn })
 }
 
@@ -124,7 +125,7 @@ fn pair_sockets(addrs: Vec<std::net::SocketAddr>, fds: Vec<OwnedFd>) -> Result<V
         .into_iter()
         .zip(fds)
         .map(|(addr, fd)| {
-            if sys::sockopt::socket_type(fd.as_fd())? != libc::SOCK_DGRAM {
+            if SockRef::from(&fd).r#type()? != socket2::Type::DGRAM {
                 return Err(HandshakeError::Protocol(format!("descriptor for {addr} is not a UDP socket")));
             }
             Ok(SharedSocketFd { addr, fd })
@@ -141,7 +142,7 @@ pub struct ControlConn {
 impl ControlConn {
     /// Takes over the registered connection. Call inside tokio.
     pub fn new(conn: OwnedFd) -> io::Result<Arc<ControlConn>> {
-        sys::sockopt::set_nonblocking(conn.as_fd(), true)?;
+        SockRef::from(&conn).set_nonblocking(true)?;
         Ok(Arc::new(ControlConn { fd: crate::async_fd::register(conn, Interest::READABLE | Interest::WRITABLE)? }))
     }
 

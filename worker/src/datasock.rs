@@ -19,6 +19,7 @@
 use proto::wire::data::{CAP_FAST_PATH, CAP_RINGS};
 use proto::wire::{frame, Data, Message, WireError, MAX_TEXT};
 use proto::ServerId;
+use socket2::SockRef;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
@@ -120,6 +121,12 @@ const CONTROL_BUF: usize = 16 + MAX_TEXT;
 /// Runs the data-connection handshake on an already connected SEQPACKET socket:
 /// sends `DataHello`, waits up to `timeout` for `Sockets` and its fds. Data frames
 /// that arrive before it (none should) are skipped.
+/// SO_RCVTIMEO on a connection being handshaken (`None`: wait forever; a zero
+/// timeout is refused, as std refuses it).
+pub(crate) fn recv_timeout(conn: &OwnedFd, t: Option<Duration>) -> io::Result<()> {
+    Ok(rustix::net::sockopt::set_socket_timeout(conn, rustix::net::sockopt::Timeout::Recv, t)?)
+}
+
 pub fn handshake_on(conn: OwnedFd, server_id: ServerId, timeout: Duration) -> Result<Handshake, HandshakeError> {
     handshake_on_opts(conn, server_id, timeout, DataOptions { rings: false, fast_path: false })
 }
@@ -141,7 +148,7 @@ fn udp_fds(
     }
     let mut sockets = Vec::with_capacity(addrs.len());
     for (addr, fd) in addrs.into_iter().zip(fds) {
-        if sys::sockopt::socket_type(fd.as_fd())? != libc::SOCK_DGRAM {
+        if SockRef::from(&fd).r#type()? != socket2::Type::DGRAM {
             return Err(HandshakeError::Protocol(format!("{what}: descriptor for {addr} is not a UDP socket")));
         }
         sockets.push(SharedSocketFd { addr, fd });
@@ -159,7 +166,7 @@ pub fn handshake_on_opts(
     timeout: Duration,
     opts: DataOptions,
 ) -> Result<Handshake, HandshakeError> {
-    sys::sockopt::set_nonblocking(conn.as_fd(), false)?;
+    SockRef::from(&conn).set_nonblocking(false)?;
     let caps = opts.caps();
     let v2 = caps != 0;
     let hello = if v2 { Data::DataHelloV2 { server_id, caps } } else { Data::DataHello { server_id } };
@@ -167,7 +174,7 @@ pub fn handshake_on_opts(
     plane.send(&hello)?;
     let mut got_sockets: Option<Vec<SharedSocketFd>> = None;
     let mut got_fast: Option<Vec<SharedSocketFd>> = None;
-    sys::sockopt::set_recv_timeout(conn.as_fd(), Some(timeout))?;
+    recv_timeout(&conn, Some(timeout))?;
     let deadline = std::time::Instant::now() + timeout;
     let mut buf = vec![0u8; CONTROL_BUF.max(frame::HEADER_LEN + frame::MAX_PAYLOAD)];
     loop {
@@ -194,7 +201,7 @@ pub fn handshake_on_opts(
                     got_sockets = Some(sockets);
                     continue;
                 }
-                sys::sockopt::set_recv_timeout(conn.as_fd(), None)?;
+                recv_timeout(&conn, None)?;
                 return Ok(Handshake { conn, sockets, fast: Vec::new(), rings: Vec::new() });
             }
             Incoming::Message { msg: Data::FastSockets { addrs }, fds } => {
@@ -217,7 +224,7 @@ pub fn handshake_on_opts(
                 while let (Some(memfd), Some(efd)) = (fds.next(), fds.next()) {
                     rings.push(crate::ring::Consumer::open(memfd, efd, bytes)?);
                 }
-                sys::sockopt::set_recv_timeout(conn.as_fd(), None)?;
+                recv_timeout(&conn, None)?;
                 let sockets = got_sockets.take().unwrap_or_default();
                 let fast = match got_fast.take() {
                     Some(f) => f,
@@ -331,7 +338,7 @@ impl DataConn {
         path: Option<PathBuf>,
         opts: DataOptions,
     ) -> io::Result<Arc<DataConn>> {
-        sys::sockopt::set_nonblocking(conn.as_fd(), true)?;
+        SockRef::from(&conn).set_nonblocking(true)?;
         let fd = crate::async_fd::register(conn, Interest::READABLE | Interest::WRITABLE)?;
         Ok(Arc::new(DataConn {
             server_id,
@@ -506,7 +513,7 @@ impl DataConn {
     }
 
     fn install(&self, conn: OwnedFd) -> io::Result<()> {
-        sys::sockopt::set_nonblocking(conn.as_fd(), true)?;
+        SockRef::from(&conn).set_nonblocking(true)?;
         let fd = Arc::new(crate::async_fd::register(conn, Interest::READABLE | Interest::WRITABLE)?);
         *self.fd.write().map_err(|_| poisoned())? = Some(fd);
         if let Some(w) = self.waker.lock().map_err(|_| poisoned())?.take() {

@@ -35,12 +35,11 @@ use std::fmt;
 use std::future::Future;
 use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
-use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::task::{ready, Context, Poll};
-use sys::seqpacket::MAX_BATCH;
+use sys::mmsg::RecvMmsg;
 
 /// Datagrams one `RecvMeta` may describe: quinn sizes each receive buffer as
 /// `max_udp_payload_size × max_receive_segments`, and a GRO train from the data
@@ -65,7 +64,12 @@ pub struct DemuxSocket {
     /// Forwarding rings: one per data-plane shard, read before the connection;
     /// replaced when a restarted data plane offers new ones.
     rings: Swap<RingSet>,
+    /// The data connection's recvmmsg headers (one receiver at a time: quinn's driver).
+    records: Mutex<RecvMmsg>,
 }
+
+/// Most records one read of the data connection takes.
+const MAX_BATCH: usize = 64;
 
 const BLOCKED_SHARED: usize = usize::MAX;
 
@@ -88,6 +92,15 @@ impl<T> Swap<T> {
         match self.0.read() {
             Ok(g) => Arc::clone(&g),
             Err(p) => Arc::clone(&p.into_inner()),
+        }
+    }
+
+    /// Installs what `made` holds, or `fallback()` when it is an error (returned);
+    /// the old value (freed when its last reader is done).
+    fn set_or(&self, made: io::Result<T>, fallback: impl FnOnce() -> T) -> (Arc<T>, io::Result<()>) {
+        match made {
+            Ok(v) => (self.set(v), Ok(())),
+            Err(e) => (self.set(fallback()), Err(e)),
         }
     }
 
@@ -137,6 +150,7 @@ impl DemuxSocket {
             fast_replaced: tokio::sync::Notify::new(),
             blocked: AtomicUsize::new(BLOCKED_SHARED),
             turn: AtomicUsize::new(0),
+            records: Mutex::new(RecvMmsg::new(MAX_BATCH, 0)),
             local,
             rings: Swap::new(rings),
         }))
@@ -150,11 +164,8 @@ impl DemuxSocket {
     /// Replaces the forwarding rings (a restarted data plane's `Rings`; empty: SEQPACKET
     /// from now on). The old rings are unmapped once the last receive using them returns.
     pub fn replace_rings(&self, rings: Vec<Consumer>) -> io::Result<()> {
-        let (new, res) = match RingSet::new(rings) {
-            Ok(r) => (r, Ok(())),
-            Err(e) => (RingSet::default(), Err(e)),
-        };
-        drop(self.rings.set(new));
+        let (old, res) = self.rings.set_or(RingSet::new(rings), RingSet::default);
+        drop(old);
         res
     }
 
@@ -179,11 +190,7 @@ impl DemuxSocket {
     /// are dropped anyway (their datagrams then come over the data connection) and the
     /// error returned.
     pub fn replace_fast_sockets(&self, fast: Vec<SharedSocketFd>) -> io::Result<()> {
-        let (new, res) = match FastUdp::new(fast) {
-            Ok(f) => (f, Ok(())),
-            Err(e) => (FastUdp::empty(), Err(e)),
-        };
-        let old = self.fast.set(new);
+        let (old, res) = self.fast.set_or(FastUdp::new(fast), FastUdp::empty);
         self.blocked.store(BLOCKED_SHARED, Ordering::Relaxed);
         self.fast_replaced.notify_waiters();
         drop(old);
@@ -349,6 +356,7 @@ impl AsyncUdpSocket for DemuxSocket {
         if n == 0 {
             return Poll::Ready(Ok(0));
         }
+        let (bufs, meta) = (&mut bufs[..n], &mut meta[..n]);
         let fast = self.fast();
         if fast.is_empty() {
             return self.poll_demux(cx, bufs, meta);
@@ -361,7 +369,7 @@ impl AsyncUdpSocket for DemuxSocket {
                 return Poll::Ready(r);
             }
         }
-        if let Poll::Ready((got, listen)) = fast.poll_recv(cx, &mut bufs[..n], &mut meta[..n], &self.data.stats) {
+        if let Poll::Ready((got, listen)) = fast.poll_recv(cx, bufs, meta, &self.data.stats) {
             // Replies leave from the port the client used (with several listen ports
             // of one family); frames teach this via their local address, the fast
             // path via the socket the datagrams arrived on.
@@ -400,17 +408,16 @@ impl AsyncUdpSocket for DemuxSocket {
 
 impl DemuxSocket {
     /// Receives from the rings and the data connection (`Pending` with `cx`
-    /// registered on them when nothing is waiting).
+    /// registered on them when nothing is waiting) into `bufs`, as many as `meta`
+    /// (1 to MAX_BATCH: `poll_recv` cuts them).
     fn poll_demux(
         &self,
         cx: &mut Context<'_>,
         bufs: &mut [IoSliceMut<'_>],
         meta: &mut [RecvMeta],
     ) -> Poll<io::Result<usize>> {
-        let n = bufs.len().min(meta.len()).min(MAX_BATCH);
-        if n == 0 {
-            return Poll::Ready(Ok(0));
-        }
+        debug_assert!(bufs.len() == meta.len() && (1..=MAX_BATCH).contains(&meta.len()));
+        let n = meta.len();
         let mut lens = [0usize; MAX_BATCH];
         let mut trunc = [false; MAX_BATCH];
         let rings = self.rings();
@@ -438,7 +445,12 @@ impl DemuxSocket {
                 }
             };
             let got = match guard.try_io(|inner| {
-                sys::seqpacket::recv_batch(inner.get_ref().as_fd(), &mut bufs[..n], &mut lens[..n], &mut trunc[..n])
+                let mut records = self.records.lock().unwrap_or_else(PoisonError::into_inner);
+                let got = records.recv_into(inner.get_ref(), &mut bufs[..n], libc::MSG_DONTWAIT)?;
+                for (i, r) in records.iter().enumerate() {
+                    (lens[i], trunc[i]) = (r.len, r.truncated());
+                }
+                Ok(got)
             }) {
                 Err(_would_block) => continue,
                 Ok(Ok(got)) => got,
@@ -502,6 +514,17 @@ mod tests {
     use proto::ServerId;
     use std::os::fd::{AsFd, OwnedFd};
     use std::time::Duration;
+
+    /// What `sock` gives quinn within `t`: the number of datagrams (`None`: nothing).
+    async fn recv_within(
+        sock: &DemuxSocket,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+        t: Duration,
+    ) -> Option<usize> {
+        let got = tokio::time::timeout(t, std::future::poll_fn(|cx| sock.poll_recv(cx, bufs, meta))).await.ok()?;
+        Some(got.expect("poll_recv never fails"))
+    }
 
     /// The data plane's end of a handshake: reads DataHello, answers `reply` with `fds`.
     fn fake_plane(plane: OwnedFd, reply: Data, fds: Vec<OwnedFd>) -> std::thread::JoinHandle<(OwnedFd, Data)> {
@@ -578,13 +601,7 @@ mod tests {
         let mut store = vec![0u8; 8 * 70_000];
         let mut bufs: Vec<IoSliceMut<'_>> = store.chunks_mut(70_000).map(IoSliceMut::new).collect();
         let mut meta = [RecvMeta::default(); 8];
-        let n = tokio::time::timeout(
-            Duration::from_secs(2),
-            std::future::poll_fn(|cx| sock.poll_recv(cx, &mut bufs, &mut meta)),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+        let n = recv_within(&sock, &mut bufs, &mut meta, Duration::from_secs(2)).await.expect("datagrams");
         assert_eq!(n, 2, "two datagrams, compacted to the front");
         assert_eq!((meta[0].addr, meta[0].len, meta[0].stride), (client, 100, 100));
         assert_eq!(meta[0].dst_ip, Some(local.ip()));
@@ -596,14 +613,20 @@ mod tests {
         assert_eq!(data.stats.malformed.load(Ordering::Relaxed), 2);
         assert_eq!(data.stats.frames.load(Ordering::Relaxed), 2);
 
+        // 6: a frame longer than quinn's buffer, cut by the kernel (MSG_TRUNC): counted,
+        // never delivered.
+        send(&frame::encode(&FrameMeta { client, local: None, ecn: 0, segment_size: None }, &[7; 200]));
+        let mut small = [0u8; 100];
+        let mut small_bufs = [IoSliceMut::new(&mut small)];
+        let r = recv_within(&sock, &mut small_bufs, &mut meta[..1], Duration::from_millis(200)).await;
+        assert!(r.is_none(), "nothing for quinn");
+        assert_eq!(data.stats.truncated.load(Ordering::Relaxed), 1);
+        assert_eq!(data.stats.frames.load(Ordering::Relaxed), 2);
+
         // The data plane goes away: no error reaches quinn, the socket just waits.
         drop(plane);
-        let r = tokio::time::timeout(
-            Duration::from_millis(200),
-            std::future::poll_fn(|cx| sock.poll_recv(cx, &mut bufs, &mut meta)),
-        )
-        .await;
-        assert!(r.is_err(), "pending while disconnected");
+        let r = recv_within(&sock, &mut bufs, &mut meta, Duration::from_millis(200)).await;
+        assert!(r.is_none(), "pending while disconnected");
         assert!(!data.is_connected());
         assert_eq!(data.stats.disconnects.load(Ordering::Relaxed), 1);
         assert!(!sock.may_fragment());
@@ -640,13 +663,7 @@ mod tests {
         for _ in 0..4 {
             let mut bufs = [IoSliceMut::new(&mut store)];
             let mut meta = [RecvMeta::default(); 1];
-            let n = tokio::time::timeout(
-                Duration::from_secs(2),
-                std::future::poll_fn(|cx| sock.poll_recv(cx, &mut bufs, &mut meta)),
-            )
-            .await
-            .expect("a datagram")
-            .unwrap();
+            let n = recv_within(&sock, &mut bufs, &mut meta, Duration::from_secs(2)).await.expect("a datagram");
             assert_eq!(n, 1);
             got.push((bufs[0][0], meta[0].len, meta[0].dst_ip));
         }
@@ -774,13 +791,9 @@ mod tests {
         let mut store = vec![0u8; 4 * 70_000];
         let mut bufs: Vec<IoSliceMut<'_>> = store.chunks_mut(70_000).map(IoSliceMut::new).collect();
         let mut meta = [RecvMeta::default(); 4];
-        let n = tokio::time::timeout(
-            Duration::from_secs(10),
-            std::future::poll_fn(|cx| sock.poll_recv(cx, &mut bufs, &mut meta)),
-        )
-        .await
-        .expect("a frame after reconnecting")
-        .unwrap();
+        let n = recv_within(&sock, &mut bufs, &mut meta, Duration::from_secs(10))
+            .await
+            .expect("a frame after reconnecting");
         assert_eq!((n, &bufs[0][..meta[0].len]), (1, &b"after"[..]));
         let seen = tokio::task::spawn_blocking(move || plane.join().unwrap()).await.unwrap();
         let hello = Data::DataHello { server_id: ServerId(11) };

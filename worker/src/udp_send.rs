@@ -19,7 +19,7 @@ use quinn_udp::{Transmit, UdpSockRef, UdpSocketState};
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -86,7 +86,7 @@ impl SharedUdp {
         let state = probe_state(only_v6)?;
         let mut socks = Vec::with_capacity(sockets.len());
         for s in sockets {
-            let fd = if sys::sockopt::is_nonblocking(s.fd.as_fd())? {
+            let fd = if socket2::SockRef::from(&s.fd).nonblocking()? {
                 Fd::Async(crate::async_fd::register(s.fd, Interest::WRITABLE)?)
             } else {
                 tracing::info!(addr = %s.addr, "shared UDP socket is blocking: sends may block briefly");
@@ -264,7 +264,7 @@ mod tests {
     #[tokio::test]
     async fn sends_from_the_shared_socket_without_touching_its_flags() {
         let (socks, udp) = shared(&["127.0.0.1:0"]);
-        assert!(!sys::sockopt::is_nonblocking(socks[0].as_fd()).unwrap(), "flags of the shared description unchanged");
+        assert!(!socket2::SockRef::from(&socks[0]).nonblocking().unwrap(), "flags of the shared description unchanged");
         let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
         peer.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         let t = Transmit {

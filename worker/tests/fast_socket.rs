@@ -238,7 +238,12 @@ fn binary_hello(dir: &Path, extra: &[&str]) -> Data {
         .stderr(std::fs::File::create(&log).expect("log"))
         .spawn()
         .expect("spawn worker");
-    sys::sockopt::set_recv_timeout(listener.as_fd(), Some(Duration::from_secs(20))).expect("timeout");
+    rustix::net::sockopt::set_socket_timeout(
+        &listener,
+        rustix::net::sockopt::Timeout::Recv,
+        Some(Duration::from_secs(20)),
+    )
+    .expect("timeout");
     let conn = sys::seqpacket::accept(listener.as_fd());
     let hello = conn.map(|c| read_control(&c));
     let _ = child.kill();

@@ -17,7 +17,7 @@ use proto::keyfile::KeyFile;
 use std::any::Any;
 use std::mem::{size_of, zeroed};
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -100,10 +100,10 @@ impl Drop for Sinks {
 
 /// A thread on `core` that counts what arrives on `fd` until `stop`.
 fn drain(fd: OwnedFd, core: usize, stop: Arc<AtomicBool>, count: Arc<AtomicU64>) -> std::thread::JoinHandle<()> {
-    let _ = sys::sockopt::set_recv_timeout(fd.as_raw_fd(), Some(SINK_RCVTIMEO));
+    crate::sys::sink_timeout(&fd, SINK_RCVTIMEO);
     std::thread::spawn(move || {
         pin(core);
-        drain_count(fd.as_raw_fd(), &stop, &count);
+        drain_count(fd.as_fd(), &stop, &count);
     })
 }
 
@@ -183,7 +183,11 @@ pub(crate) fn start_server(kind: &str, cores: Cores, dir: &Path, train: usize) -
             let _ = std::fs::remove_file(&p);
             let l = sys::seqpacket::listen(&p, WORKER_BACKLOG)?;
             // accept waits at most this long.
-            sys::sockopt::set_recv_timeout(l.as_raw_fd(), Some(WORKER_CONNECT_TIMEOUT))?;
+            rustix::net::sockopt::set_socket_timeout(
+                &l,
+                rustix::net::sockopt::Timeout::Recv,
+                Some(WORKER_CONNECT_TIMEOUT),
+            )?;
             listeners.push(l);
             cmd.arg("--worker").arg(format!("{id}={}", p.display()));
         }

@@ -138,7 +138,7 @@ fn probe_sink(
     let mut buf = vec![0u8; PROBE_BUF];
     let fd = data_hello(d, id, false, &mut buf)?;
     send_rec(fd.as_fd(), &Data::Ready)?;
-    let _ = sys::sockopt::set_recv_timeout(fd.as_raw_fd(), Some(SINK_RCVTIMEO));
+    crate::sys::sink_timeout(&fd, SINK_RCVTIMEO);
     Ok(std::thread::spawn(move || {
         let mut h = probe_thread(core, rt);
         while !stop.load(Ordering::Relaxed) {

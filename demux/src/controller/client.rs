@@ -5,7 +5,7 @@
 use super::state::{self, Paths};
 use anyhow::{bail, Context, Result};
 use proto::wire::Admin;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::time::Duration;
 
@@ -20,7 +20,8 @@ fn ask(dir: &Path, m: &Admin) -> Result<serde_json::Value> {
     // The controller may itself wait up to REPLY_TIMEOUT on the data plane (a
     // rotation's acknowledgement) before it answers: wait longer than that, so its
     // answer (e.g. "rolled back") reaches the operator instead of our own timeout.
-    sys::sockopt::set_recv_timeout(fd.as_raw_fd(), Some(OPERATOR_WAIT)).context("SO_RCVTIMEO")?;
+    rustix::net::sockopt::set_socket_timeout(&fd, rustix::net::sockopt::Timeout::Recv, Some(OPERATOR_WAIT))
+        .context("SO_RCVTIMEO")?;
     let hello = Admin::Hello { pid: std::process::id() };
     let reply = sys::control::request_on(fd.as_fd(), &[&hello, m]).context("the controller did not answer")?;
     match reply.msg {

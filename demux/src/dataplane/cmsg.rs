@@ -1,8 +1,7 @@
-//! Parsing the control messages of a received datagram, from raw bytes (recvmsg's
-//! control buffer or io_uring's RecvMsgOut control slice). Safe code only: every
-//! header field is read with bounds checks.
+//! What the control messages of a received datagram say, from raw bytes (recvmsg's
+//! control buffer or io_uring's RecvMsgOut control slice), walked by
+//! `sys::cmsg::iter`. Safe code only: every field is read with bounds checks.
 
-use std::mem::size_of;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// What the control messages tell about one datagram (or GRO train).
@@ -16,31 +15,12 @@ pub struct RecvMeta {
     pub gro_size: Option<u16>,
 }
 
-const HDR: usize = size_of::<libc::cmsghdr>();
-const ALIGN: usize = size_of::<usize>();
-
-fn align(n: usize) -> usize {
-    (n + ALIGN - 1) & !(ALIGN - 1)
-}
-
-fn int_at(d: &[u8]) -> Option<i32> {
-    Some(i32::from_ne_bytes(d.get(..4)?.try_into().ok()?))
-}
-
-/// Walks the cmsg list (CMSG_FIRSTHDR / CMSG_NXTHDR semantics, cmsg(3)).
+/// Reads the control messages of one datagram (`sys::cmsg::iter`).
 pub fn parse(control: &[u8]) -> RecvMeta {
     let mut m = RecvMeta::default();
-    let mut off = 0usize;
-    while off + HDR <= control.len() {
-        let h = &control[off..off + HDR];
-        let len = usize::from_ne_bytes(h[..ALIGN].try_into().unwrap_or([0; ALIGN]));
-        let level = i32::from_ne_bytes(h[ALIGN..ALIGN + 4].try_into().unwrap_or([0; 4]));
-        let ty = i32::from_ne_bytes(h[ALIGN + 4..ALIGN + 8].try_into().unwrap_or([0; 4]));
-        if len < HDR || len > control.len() - off {
-            break;
-        }
-        let data = &control[off + align(HDR)..off + len.max(align(HDR))];
-        match (level, ty) {
+    for c in sys::cmsg::iter(control) {
+        let data = c.data;
+        match (c.level, c.ty) {
             // ip(7) IP_PKTINFO: struct in_pktinfo { int ifindex; in_addr spec_dst; in_addr addr; }
             (libc::IPPROTO_IP, libc::IP_PKTINFO) if data.len() >= 12 => {
                 m.local_ip = Some(IpAddr::V4(Ipv4Addr::new(data[8], data[9], data[10], data[11])));
@@ -55,13 +35,13 @@ pub fn parse(control: &[u8]) -> RecvMeta {
             }
             // RFC 3542 §6.5: traffic class as an int.
             (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
-                if let Some(v) = int_at(data) {
+                if let Some(v) = c.int() {
                     m.ecn = (v & 0x03) as u8;
                 }
             }
             // udp(7): UDP_GRO carries the segment size as an int.
             (libc::SOL_UDP, libc::UDP_GRO) => {
-                if let Some(v) = int_at(data) {
+                if let Some(v) = c.int() {
                     if v > 0 && v <= i32::from(u16::MAX) {
                         m.gro_size = Some(v as u16);
                     }
@@ -69,7 +49,6 @@ pub fn parse(control: &[u8]) -> RecvMeta {
             }
             _ => {}
         }
-        off += align(len);
     }
     m
 }
@@ -78,24 +57,16 @@ pub fn parse(control: &[u8]) -> RecvMeta {
 mod tests {
     use super::*;
 
-    fn push(buf: &mut Vec<u8>, level: i32, ty: i32, data: &[u8]) {
-        let len = HDR + data.len();
-        buf.extend_from_slice(&len.to_ne_bytes());
-        buf.extend_from_slice(&level.to_ne_bytes());
-        buf.extend_from_slice(&ty.to_ne_bytes());
-        buf.extend_from_slice(data);
-        while !buf.len().is_multiple_of(ALIGN) {
-            buf.push(0);
-        }
-    }
-
     #[test]
     fn parses_v4_and_gro() {
-        let mut b = Vec::new();
-        push(&mut b, libc::IPPROTO_IP, libc::IP_PKTINFO, &[1, 0, 0, 0, 0, 0, 0, 0, 127, 0, 0, 2]);
-        push(&mut b, libc::IPPROTO_IP, libc::IP_TOS, &[0x03]);
-        push(&mut b, libc::SOL_UDP, libc::UDP_GRO, &1200i32.to_ne_bytes());
-        let m = parse(&b);
+        let mut b = [0u8; 128];
+        let mut e = sys::cmsg::Encoder::new(&mut b);
+        e.push(libc::IPPROTO_IP, libc::IP_PKTINFO, &[1, 0, 0, 0, 0, 0, 0, 0, 127, 0, 0, 2]).unwrap();
+        e.push(libc::IPPROTO_IP, libc::IP_TOS, &[0x03]).unwrap();
+        e.push(libc::SOL_UDP, libc::UDP_GRO, &1200i32.to_ne_bytes()).unwrap();
+        let n = e.len();
+        let b = &b[..n];
+        let m = parse(b);
         assert_eq!(m.local_ip, Some("127.0.0.2".parse().unwrap()));
         assert_eq!(m.ecn, 3);
         assert_eq!(m.gro_size, Some(1200));
@@ -103,6 +74,10 @@ mod tests {
         for i in 0..b.len() {
             let _ = parse(&b[..i]);
         }
+        // The last message cut inside its int (its padding is 4 bytes): the first two
+        // still read.
+        let cut = parse(&b[..n - 5]);
+        assert_eq!((cut.local_ip, cut.ecn, cut.gro_size), (m.local_ip, 3, None));
         // Garbage lengths do not loop or panic.
         let _ = parse(&[0xff; 64]);
         let _ = parse(&[0; 64]);

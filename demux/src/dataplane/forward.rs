@@ -15,7 +15,7 @@
 use crate::dataplane::counters::{bump, ShardCounters};
 use crate::dataplane::snapshot::Snapshot;
 use proto::wire::frame::{self, FrameMeta};
-use std::os::fd::AsRawFd;
+use sys::mmsg::{SendMeta, SendMmsg};
 
 /// Frames one batch may hold before a forced flush.
 pub const MAX_PENDING: usize = 1024;
@@ -31,8 +31,8 @@ struct Pending {
 pub struct Forwarder {
     pending: Vec<Pending>,
     order: Vec<(u32, u32)>,
-    iovs: Vec<[libc::iovec; 2]>,
-    msgs: Vec<libc::mmsghdr>,
+    /// One destination's frames: header and payload, two slices a message.
+    send: SendMmsg,
     /// This shard's index: its ring in `DataConn::rings` (`--forward ring`).
     shard: usize,
     /// The targets (indexes of `Snapshot::conns`) whose rings were pushed to since
@@ -45,13 +45,10 @@ pub struct Forwarder {
 impl Forwarder {
     /// The forwarder of shard `shard` (which ring of a worker's rings is ours).
     pub fn new(shard: usize) -> Forwarder {
-        let empty_iov = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
         Forwarder {
             pending: Vec::with_capacity(MAX_PENDING),
             order: Vec::with_capacity(MAX_PENDING),
-            iovs: vec![[empty_iov, empty_iov]; MAX_PENDING],
-            // SAFETY: mmsghdr is plain old data; all-zero is a valid (empty) value.
-            msgs: (0..MAX_PENDING).map(|_| unsafe { std::mem::zeroed::<libc::mmsghdr>() }).collect(),
+            send: SendMmsg::new(MAX_PENDING, 2),
             shard,
             rings_written: Vec::new(),
             rings_written_bits: Vec::new(),
@@ -195,49 +192,30 @@ impl Forwarder {
             bump(&counters.drops_send_error, segs);
             return;
         };
-        for (k, &(_, i)) in self.order[start..end].iter().enumerate() {
+        let mut batch = self.send.batch();
+        for &(_, i) in &self.order[start..end] {
             let p = &self.pending[i as usize];
-            self.iovs[k] = [
-                libc::iovec { iov_base: p.hdr.as_ptr() as *mut libc::c_void, iov_len: frame::HEADER_LEN },
-                libc::iovec { iov_base: p.payload as *mut libc::c_void, iov_len: p.len },
-            ];
-            let h = &mut self.msgs[k].msg_hdr;
-            h.msg_name = std::ptr::null_mut();
-            h.msg_namelen = 0;
-            h.msg_iov = self.iovs[k].as_mut_ptr();
-            h.msg_iovlen = 2;
-            h.msg_control = std::ptr::null_mut();
-            h.msg_controllen = 0;
-            h.msg_flags = 0;
-            self.msgs[k].msg_len = 0;
+            // SAFETY: `p.payload` and `p.len` are a payload the caller keeps valid and
+            // unchanged until flush returns (Forwarder::push contract).
+            let payload = unsafe { std::slice::from_raw_parts(p.payload, p.len) };
+            batch.push(&[&p.hdr, payload], SendMeta::default());
         }
         let inst = counters.instances.get(conn.slot);
         let mut sent = 0usize;
         let mut failure = None;
         while sent < n {
             bump(&counters.sendmmsg_calls, 1);
-            // SAFETY: msgs[sent..n] are initialised above and point into `self.iovs`,
-            // the headers in `self.pending` and payloads the caller keeps alive until
-            // flush returns (Forwarder::push contract).
-            let r = unsafe {
-                libc::sendmmsg(
-                    conn.fd.as_raw_fd(),
-                    self.msgs[sent..n].as_mut_ptr(),
-                    (n - sent) as libc::c_uint,
-                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                )
-            };
-            if r > 0 {
-                sent += r as usize;
-                continue;
+            match batch.send_from(&conn.fd, sent, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) {
+                Ok(k) if k > 0 => sent += k,
+                Ok(_) => {
+                    failure = Some(false);
+                    break;
+                }
+                Err(e) => {
+                    failure = Some(matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::ENOBUFS)));
+                    break;
+                }
             }
-            let e = std::io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EINTR) => continue,
-                Some(libc::EAGAIN | libc::ENOBUFS) => failure = Some(true),
-                _ => failure = Some(false),
-            }
-            break;
         }
         for (k, &(_, i)) in self.order[start..end].iter().enumerate() {
             let p = &self.pending[i as usize];

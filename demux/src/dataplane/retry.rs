@@ -36,9 +36,11 @@ use proto::token::NONCE_LEN;
 use proto::version_negotiation;
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
+use socket2::SockAddr;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::RawFd;
+use std::os::fd::{BorrowedFd, RawFd};
 use std::time::{SystemTime, UNIX_EPOCH};
+use sys::mmsg::{SendMeta, SendMmsg};
 
 /// Wall-clock Unix seconds, as Retry tokens carry them (0 before 1970).
 pub fn unix_now() -> u64 {
@@ -126,7 +128,7 @@ struct Queued {
     /// A Version Negotiation, not a Retry (counted as retry.version_negotiations).
     negotiation: bool,
     len: usize,
-    dst: (libc::sockaddr_storage, libc::socklen_t),
+    dst: SockAddr,
     src: Option<IpAddr>,
     bytes: [u8; MAX_RETRY],
 }
@@ -144,17 +146,16 @@ pub struct Minter {
     /// place, never moved.
     queue: Vec<Queued>,
     queued: usize,
-    /// sendmmsg's arrays, built at flush over `queue` (allocated once).
-    iovs: Vec<libc::iovec>,
-    controls: Vec<sys::pktinfo::SourceControl>,
-    msgs: Vec<libc::mmsghdr>,
+    /// sendmmsg's arrays, filled at flush over `queue` (allocated once).
+    send: SendMmsg,
 }
 
 impl Minter {
+    /// `sockets`: (local address, fd) of the shard's sockets, which stay open as long as
+    /// the minter lives.
     pub fn new(cfg: &RetryConfig, sockets: Vec<(SocketAddr, RawFd)>) -> anyhow::Result<Minter> {
         let mut seed = [0u8; 32];
         sys::os_random(&mut seed)?;
-        let empty_iov = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
         Ok(Minter {
             minter: RetryMinter::new(&cfg.token_secret),
             rng: StdRng::from_seed(seed),
@@ -166,16 +167,13 @@ impl Minter {
                     over_limit: false,
                     negotiation: false,
                     len: 0,
-                    dst: sockaddr(UNSPECIFIED),
+                    dst: SockAddr::from(UNSPECIFIED),
                     src: None,
                     bytes: [0; MAX_RETRY],
                 })
                 .collect(),
             queued: 0,
-            iovs: vec![empty_iov; RETRY_BATCH],
-            controls: vec![[0u64; 8]; RETRY_BATCH],
-            // SAFETY: mmsghdr is plain old data; all-zero is a valid (empty) value.
-            msgs: (0..RETRY_BATCH).map(|_| unsafe { std::mem::zeroed::<libc::mmsghdr>() }).collect(),
+            send: SendMmsg::new(RETRY_BATCH, 1),
         })
     }
 
@@ -258,7 +256,7 @@ impl Minter {
                 q.fd = fd;
                 q.over_limit = over_limit;
                 q.negotiation = negotiation;
-                q.dst = sockaddr(client);
+                q.dst = SockAddr::from(client);
                 q.src = src;
             }
             // Not a first Initial quinn would retry (too short, DCID under 8 bytes,
@@ -283,17 +281,6 @@ impl Minter {
         if n == 0 {
             return;
         }
-        for (k, q) in self.queue[..n].iter_mut().enumerate() {
-            self.iovs[k] = libc::iovec { iov_base: q.bytes.as_mut_ptr().cast(), iov_len: q.len };
-            let h = &mut self.msgs[k].msg_hdr;
-            h.msg_name = (&mut q.dst.0 as *mut libc::sockaddr_storage).cast();
-            h.msg_namelen = q.dst.1;
-            h.msg_iov = &mut self.iovs[k];
-            h.msg_iovlen = 1;
-            h.msg_flags = 0;
-            set_source(h, &mut self.controls[k], q.src);
-            self.msgs[k].msg_len = 0;
-        }
         let mut start = 0;
         while start < n {
             let fd = self.queue[start].fd;
@@ -301,14 +288,21 @@ impl Minter {
             while end < n && self.queue[end].fd == fd {
                 end += 1;
             }
-            let queue = &self.queue;
+            let queue = &self.queue[start..end];
+            let mut batch = self.send.batch();
+            for q in queue {
+                batch.push(&[&q.bytes[..q.len]], SendMeta { to: Some(&q.dst), source: q.src, segment_size: None });
+            }
             let (mut refused_over_limit, mut refused_negotiations) = (0, 0);
-            let sent = sendmmsg_all(fd, &mut self.msgs[start..end], |k| {
-                let q = &queue[start + k];
+            // SAFETY: `fd` is one of the shard's sockets, open while this minter lives
+            // (Minter::new).
+            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+            let sent = batch.send_skipping(fd, libc::MSG_DONTWAIT, |k, _| {
+                let q = &queue[k];
                 refused_over_limit += u64::from(q.over_limit && !q.negotiation);
                 refused_negotiations += u64::from(q.negotiation);
             });
-            let count = |f: fn(&Queued) -> bool| queue[start..end].iter().filter(|q| f(q)).count() as u64;
+            let count = |f: fn(&Queued) -> bool| queue.iter().filter(|q| f(q)).count() as u64;
             let negotiations = count(|q| q.negotiation) - refused_negotiations;
             bump(&c.retries_sent, sent as u64 - negotiations);
             bump(&c.version_negotiations_sent, negotiations);
@@ -343,71 +337,6 @@ fn mint_into(
     };
     let scid = keys.encode(target, cid_rand);
     minter.mint(datagram, client, &scid, now_unix, nonce, out)
-}
-
-/// sendmmsg(2) of `msgs` on `fd`; how many the kernel took. A message it refuses (a
-/// full socket buffer, an unreachable address) is skipped, told to `refused(index)`,
-/// and the rest still go; EINTR is retried. At most one call per message.
-fn sendmmsg_all(fd: RawFd, msgs: &mut [libc::mmsghdr], mut refused: impl FnMut(usize)) -> usize {
-    let (mut next, mut ok) = (0, 0);
-    while next < msgs.len() {
-        // SAFETY: msgs[next..] are initialised by flush and point into the minter's
-        // queue, iovecs and control buffers, which live and stay put for the call.
-        let r = unsafe {
-            libc::sendmmsg(fd, msgs[next..].as_mut_ptr(), (msgs.len() - next) as libc::c_uint, libc::MSG_DONTWAIT)
-        };
-        if r > 0 {
-            next += r as usize;
-            ok += r as usize;
-        } else if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-            continue;
-        } else {
-            refused(next);
-            next += 1;
-        }
-    }
-    ok
-}
-
-/// Points `msg`'s control data at `control` with the source address `src` (IP_PKTINFO
-/// / IPV6_PKTINFO) when given, or at nothing.
-fn set_source(msg: &mut libc::msghdr, control: &mut sys::pktinfo::SourceControl, src: Option<IpAddr>) {
-    msg.msg_control = std::ptr::null_mut();
-    msg.msg_controllen = 0;
-    if let Some(ip) = src {
-        sys::pktinfo::set_source(msg, control, ip);
-    }
-}
-
-fn sockaddr(a: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
-    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    match a {
-        SocketAddr::V4(v4) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: v4.port().to_be(),
-                sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(v4.ip().octets()) },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_in fits in sockaddr_storage (which is larger and aligned
-            // for any sockaddr).
-            unsafe { std::ptr::write(&mut ss as *mut _ as *mut libc::sockaddr_in, sin) };
-            (ss, std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t)
-        }
-        SocketAddr::V6(v6) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: v6.port().to_be(),
-                sin6_flowinfo: v6.flowinfo(),
-                sin6_addr: libc::in6_addr { s6_addr: v6.ip().octets() },
-                sin6_scope_id: v6.scope_id(),
-            };
-            // SAFETY: as above, for sockaddr_in6.
-            unsafe { std::ptr::write(&mut ss as *mut _ as *mut libc::sockaddr_in6, sin6) };
-            (ss, std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t)
-        }
-    }
 }
 
 #[cfg(test)]
@@ -500,7 +429,7 @@ mod batching {
         let cfg = RetryConfig { mode: RetryMode::Always, token_secret: [3; 32] };
         let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        sys::sockopt::set_recv_buffer(client.as_raw_fd(), 4 << 20);
+        sys::sockopt::set_recv_buffer(&client, 4 << 20);
         client.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let (local, caddr) = (server.local_addr().unwrap(), client.local_addr().unwrap());
         let nowhere: SocketAddr = "127.0.0.1:0".parse().unwrap();

@@ -1,13 +1,21 @@
 //! The shards' UDP sockets: one SO_REUSEPORT socket per (shard, listen address).
 
 use anyhow::{Context, Result};
+use socket2::{Domain, SockAddr, SockRef, Socket, Type};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use sys::sockopt::setsockopt_int;
-use sys::{cvt, owned};
 
 /// Requested receive buffer per socket (best effort; root may force it).
-const RCVBUF: libc::c_int = 8 << 20;
+const RCVBUF: usize = 8 << 20;
+
+/// The address `fd` is bound to.
+fn local_addr(fd: &OwnedFd) -> std::io::Result<SocketAddr> {
+    SockRef::from(fd)
+        .local_addr()?
+        .as_socket()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "not an IP socket"))
+}
 
 /// One bound UDP socket of a shard.
 #[derive(Debug)]
@@ -23,10 +31,9 @@ pub struct UdpSock {
 /// Creates, configures and binds one socket. Options are set before bind so the
 /// first datagram already carries its control messages.
 pub fn bind_udp(addr: SocketAddr, listen_index: usize) -> Result<UdpSock> {
-    let domain = if addr.is_ipv6() { libc::AF_INET6 } else { libc::AF_INET };
-    // SAFETY: plain syscall.
-    let fd = owned(unsafe { libc::socket(domain, libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) })
-        .with_context(|| format!("socket() for {addr}"))?;
+    let fd: OwnedFd = Socket::new(Domain::for_address(addr), Type::DGRAM.nonblocking(), None)
+        .with_context(|| format!("socket() for {addr}"))?
+        .into();
     let raw = fd.as_raw_fd();
     let opt = |level, name, value, what: &str| {
         setsockopt_int(raw, level, name, value).with_context(|| format!("setsockopt {what} on {addr}"))
@@ -62,14 +69,9 @@ pub fn bind_udp(addr: SocketAddr, listen_index: usize) -> Result<UdpSock> {
     } else {
         opt(libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_PROBE, "IP_MTU_DISCOVER")?;
     }
-    if setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, RCVBUF).is_err() {
-        let _ = setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_RCVBUF, RCVBUF);
-    }
-    let (ss, len) = sys::addr::to_sockaddr(&addr);
-    // SAFETY: ss/len describe a valid sockaddr of the socket's family.
-    cvt(unsafe { libc::bind(raw, (&ss as *const libc::sockaddr_storage).cast(), len) })
-        .with_context(|| format!("bind {addr}"))?;
-    let local = sys::addr::local_addr(&fd).with_context(|| format!("getsockname after bind {addr}"))?;
+    sys::sockopt::set_recv_buffer(&fd, RCVBUF);
+    SockRef::from(&fd).bind(&SockAddr::from(addr)).with_context(|| format!("bind {addr}"))?;
+    let local = local_addr(&fd).with_context(|| format!("getsockname after bind {addr}"))?;
     Ok(UdpSock { fd, local, listen_index })
 }
 
@@ -117,23 +119,14 @@ pub fn from_inherited(fds: &[i32], shards: usize) -> Result<Vec<Vec<UdpSock>>> {
             // SAFETY: `raw` is open (checked above), listed once, and was passed to us
             // by our parent for us to own; nothing else in this process uses it.
             let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-            let mut ty: libc::c_int = 0;
-            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-            // SAFETY: SO_TYPE writes one c_int into `ty`.
-            cvt(unsafe {
-                libc::getsockopt(raw, libc::SOL_SOCKET, libc::SO_TYPE, (&mut ty as *mut libc::c_int).cast(), &mut len)
-            })
-            .with_context(|| format!("--inherit-fds: fd {raw} is not a socket"))?;
-            if ty != libc::SOCK_DGRAM {
+            let sock = SockRef::from(&fd);
+            let ty = sock.r#type().with_context(|| format!("--inherit-fds: fd {raw} is not a socket"))?;
+            if ty != Type::DGRAM {
                 anyhow::bail!("--inherit-fds: fd {raw} is not a UDP socket");
             }
-            // SAFETY: plain fcntl calls on an fd we own.
-            unsafe {
-                cvt(libc::fcntl(raw, libc::F_SETFD, libc::FD_CLOEXEC)).context("F_SETFD")?;
-                let fl = cvt(libc::fcntl(raw, libc::F_GETFL)).context("F_GETFL")?;
-                cvt(libc::fcntl(raw, libc::F_SETFL, fl | libc::O_NONBLOCK)).context("F_SETFL")?;
-            }
-            let local = sys::addr::local_addr(&fd).with_context(|| format!("getsockname on inherited fd {raw}"))?;
+            sock.set_cloexec(true).context("F_SETFD")?;
+            sock.set_nonblocking(true).context("F_SETFL")?;
+            let local = local_addr(&fd).with_context(|| format!("getsockname on inherited fd {raw}"))?;
             if let Some(first) = out.first() {
                 if first[li].local != local {
                     anyhow::bail!("--inherit-fds: shard {shard} serves {local} but shard 0 serves {}", first[li].local);

@@ -10,7 +10,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use testkit::bin::{wait_ready_file, workspace_bin as build_bin};
+use testkit::bin::{ready_udp_addrs, start_dataplane, wait_ready_file, workspace_bin as build_bin};
 use testkit::h3client::H3;
 use testkit::temp_dir;
 
@@ -49,25 +49,13 @@ pub fn start(tag: &str, extra: &[&str], workers: u16, worker_extra: &[&str]) -> 
 /// As [`start`], listening on `listen`; a wildcard address is reached on 127.0.0.1.
 pub fn start_on(tag: &str, listen: &str, extra: &[&str], workers: u16, worker_extra: &[&str]) -> Setup {
     let dir = temp_dir(tag);
-    let keys = dir.join("keys");
-    assert!(Command::new(DEMUX).args(["gen-keys", "--out"]).arg(&keys).status().expect("gen-keys").success());
-    let (data, control, ready, log) =
-        (dir.join("d.sock"), dir.join("c.sock"), dir.join("ready"), dir.join("demux.log"));
-    let mut cmd = Command::new(DEMUX);
-    cmd.args(["dataplane", "--listen", listen, "--cores", "0", "--io", "mmsg"]);
-    let mut child = testkit::bin::dataplane_files(&mut cmd, &keys, &data, &control, &ready)
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log"))
-        .spawn()
-        .expect("spawn demux");
-    let text = wait_file(&ready, &mut child, &log, "demux");
-    let mut addr: SocketAddr =
-        text.lines().find_map(|l| l.strip_prefix("udp ")).and_then(|a| a.parse().ok()).expect("udp line");
+    let dp = start_dataplane(Path::new(DEMUX), &dir, &[listen], extra, Duration::from_secs(60));
+    let mut addr: SocketAddr = *ready_udp_addrs(&dp.ready_text).first().expect("udp line");
     if addr.ip().is_unspecified() {
         addr.set_ip(if addr.is_ipv4() { Ipv4Addr::LOCALHOST.into() } else { std::net::Ipv6Addr::LOCALHOST.into() });
     }
-    let mut kids = Kids(vec![child]);
+    let (keys, data, control) = (dp.keys, dp.data, dp.control);
+    let mut kids = Kids(vec![dp.child]);
     let cert = testkit::h3client::cert(&dir);
     let (cert_path, key_path) = (&cert.cert, &cert.key);
     let worker = build_bin("worker", "worker");

@@ -240,10 +240,6 @@ pub fn recv_record(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>
     Ok((r.len, r.fds))
 }
 
-fn set_rcvtimeo(fd: RawFd, d: Duration) {
-    let _ = sys::sockopt::set_recv_timeout(fd, Some(d));
-}
-
 // ---------------------------------------------------------------------------------
 // Test worker
 // ---------------------------------------------------------------------------------
@@ -355,7 +351,11 @@ impl Worker {
         if ready {
             send_record(fd.as_raw_fd(), &Message::to_record(&Data::Ready), &[]).unwrap();
         }
-        set_rcvtimeo(fd.as_raw_fd(), Duration::from_millis(50));
+        let _ = rustix::net::sockopt::set_socket_timeout(
+            &fd,
+            rustix::net::sockopt::Timeout::Recv,
+            Some(Duration::from_millis(50)),
+        );
         let fd = Arc::new(fd);
         let frames = Arc::new(Mutex::new(Vec::new()));
         let bad_frames = Arc::new(AtomicU64::new(0));

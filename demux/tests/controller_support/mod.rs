@@ -497,7 +497,8 @@ impl Load {
 
 pub fn seqpacket_connect(path: &Path) -> std::os::fd::OwnedFd {
     let fd = sys::seqpacket::connect(path).unwrap_or_else(|e| panic!("{e}"));
-    sys::sockopt::set_recv_timeout(fd.as_fd(), Some(Duration::from_secs(10))).expect("SO_RCVTIMEO");
+    rustix::net::sockopt::set_socket_timeout(&fd, rustix::net::sockopt::Timeout::Recv, Some(Duration::from_secs(10)))
+        .expect("SO_RCVTIMEO");
     fd
 }
 

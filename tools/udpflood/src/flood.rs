@@ -329,7 +329,7 @@ pub fn run(cfg: &Config, stop: Arc<AtomicBool>) -> anyhow::Result<Summary> {
             (Some(n), SocketAddr::V4(target)) => {
                 let s = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))
                     .map_err(|e| anyhow::anyhow!("binding the spoofing socket: {e}"))?;
-                sys::set_send_buffer(&s, 4 << 20);
+                ::sys::sockopt::set_send_buffer(&s, 4 << 20);
                 socks.push(s);
                 let cap = BATCH.max(1);
                 Some(Spoof {
@@ -344,7 +344,7 @@ pub fn run(cfg: &Config, stop: Arc<AtomicBool>) -> anyhow::Result<Summary> {
         for _ in 0..if spoof.is_some() { 0 } else { share(cfg.sources as u64, cfg.threads, t) } {
             let s = source_socket(cfg.target).map_err(|e| anyhow::anyhow!("binding a loopback source socket: {e}"))?;
             s.connect(cfg.target).map_err(|e| anyhow::anyhow!("connecting to {}: {e}", cfg.target))?;
-            sys::set_send_buffer(&s, 4 << 20);
+            ::sys::sockopt::set_send_buffer(&s, 4 << 20);
             socks.push(s);
         }
         let pool = Pool::build(&spec, pool_n, &mut rng).map_err(anyhow::Error::msg)?;

@@ -149,8 +149,8 @@ pub fn run(cfg: &Config, stop: Arc<AtomicBool>) -> anyhow::Result<Report> {
     cfg.validate().map_err(anyhow::Error::msg)?;
     let total = cfg.total();
     let sock = flood::source_socket(cfg.target).map_err(|e| anyhow::anyhow!("binding the probe socket: {e}"))?;
-    sys::set_recv_buffer(&sock, 4 << 20);
-    sys::set_send_buffer(&sock, 4 << 20);
+    ::sys::sockopt::set_recv_buffer(&sock, 4 << 20);
+    ::sys::sockopt::set_send_buffer(&sock, 4 << 20);
     sock.set_read_timeout(Some(Duration::from_millis(20)))?;
     let send_sock = sock.try_clone()?;
     let mut rng = Rng::from_entropy(0x1a7e);

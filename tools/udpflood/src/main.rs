@@ -263,43 +263,25 @@ fn run_latency(a: &Args, keys: Option<KeySet>, ids: Vec<ServerId>) -> anyhow::Re
         std::fs::write(p, hgrm::percentile_distribution(&r.hist, 5, 1000.0))
             .with_context(|| format!("writing {}", p.display()))?;
     }
-    let q = [0.5, 0.9, 0.99, 0.999];
+    let [p50, p90, p99, p999] = [0.5, 0.9, 0.99, 0.999].map(|q| r.us(q));
+    let (max, mean) = (r.max_us(), if r.hist.is_empty() { 0.0 } else { r.hist.mean() / 1000.0 });
+    let (sent, received, lost, dup) = (r.sent, r.received, r.lost, r.duplicates);
     let bg_sent = r.background.as_ref().map(|b| b.sent);
     if a.json {
+        let bg = bg_sent.map_or("null".to_string(), |v| v.to_string());
         println!(
-            "{{\"target\":{},\"rate\":{},\"size\":{},\"sent\":{},\"received\":{},\"lost\":{},\"duplicates\":{},\"send_errors\":{},\"ignored\":{},\"p50_us\":{:.3},\"p90_us\":{:.3},\"p99_us\":{:.3},\"p999_us\":{:.3},\"max_us\":{:.3},\"mean_us\":{:.3},\"elapsed_s\":{:.6},\"background_sent\":{}}}",
+            "{{\"target\":{},\"rate\":{rate},\"size\":{},\"sent\":{sent},\"received\":{received},\"lost\":{lost},\"duplicates\":{dup},\"send_errors\":{},\"ignored\":{},\"p50_us\":{p50:.3},\"p90_us\":{p90:.3},\"p99_us\":{p99:.3},\"p999_us\":{p999:.3},\"max_us\":{max:.3},\"mean_us\":{mean:.3},\"elapsed_s\":{:.6},\"background_sent\":{bg}}}",
             json_str(&a.target()?.to_string()),
-            rate,
             a.size,
-            r.sent,
-            r.received,
-            r.lost,
-            r.duplicates,
             r.send_errors,
             r.ignored,
-            r.us(q[0]),
-            r.us(q[1]),
-            r.us(q[2]),
-            r.us(q[3]),
-            r.max_us(),
-            if r.hist.is_empty() { 0.0 } else { r.hist.mean() / 1000.0 },
             r.elapsed.as_secs_f64(),
-            bg_sent.map_or("null".to_string(), |v| v.to_string())
         );
     } else {
+        let bg = bg_sent.map(|v| format!(" | background sent {v}")).unwrap_or_default();
         println!(
-            "udpflood latency -> {}: probes sent {} received {} lost {} dup {} | RTT p50 {:.1} µs  p90 {:.1} µs  p99 {:.1} µs  p99.9 {:.1} µs  max {:.1} µs{}",
+            "udpflood latency -> {}: probes sent {sent} received {received} lost {lost} dup {dup} | RTT p50 {p50:.1} µs  p90 {p90:.1} µs  p99 {p99:.1} µs  p99.9 {p999:.1} µs  max {max:.1} µs{bg}",
             cfg.target,
-            r.sent,
-            r.received,
-            r.lost,
-            r.duplicates,
-            r.us(q[0]),
-            r.us(q[1]),
-            r.us(q[2]),
-            r.us(q[3]),
-            r.max_us(),
-            bg_sent.map(|v| format!(" | background sent {v}")).unwrap_or_default()
         );
     }
     Ok(())
@@ -329,42 +311,24 @@ fn run_h3(a: &Args) -> anyhow::Result<()> {
         std::fs::write(p, hgrm::percentile_distribution(&r.hist, 5, 1000.0))
             .with_context(|| format!("writing {}", p.display()))?;
     }
-    let h = &r.hist;
+    let (h, hs) = (&r.hist, &r.handshake);
+    let [p50, p90, p99, p999, max] = [0.5, 0.9, 0.99, 0.999, 1.0].map(|q| us(h, q));
+    let (hs50, hs_max) = (us(hs, 0.5), us(hs, 1.0));
+    let (ok, failed) = (r.requests_ok, r.requests_failed);
+    let (c_ok, c_failed) = (r.connections_ok, r.connections_failed);
     if a.json {
+        let per_s = ok as f64 / r.elapsed.as_secs_f64().max(1e-9);
         println!(
-            "{{\"url\":{},\"connections_ok\":{},\"connections_failed\":{},\"requests_ok\":{},\"requests_failed\":{},\"p50_us\":{:.3},\"p90_us\":{:.3},\"p99_us\":{:.3},\"p999_us\":{:.3},\"max_us\":{:.3},\"handshake_p50_us\":{:.3},\"handshake_max_us\":{:.3},\"elapsed_s\":{:.6},\"requests_per_s\":{:.1},\"last_error\":{}}}",
+            "{{\"url\":{},\"connections_ok\":{c_ok},\"connections_failed\":{c_failed},\"requests_ok\":{ok},\"requests_failed\":{failed},\"p50_us\":{p50:.3},\"p90_us\":{p90:.3},\"p99_us\":{p99:.3},\"p999_us\":{p999:.3},\"max_us\":{max:.3},\"handshake_p50_us\":{hs50:.3},\"handshake_max_us\":{hs_max:.3},\"elapsed_s\":{:.6},\"requests_per_s\":{per_s:.1},\"last_error\":{}}}",
             json_str(&cfg.target.uri.to_string()),
-            r.connections_ok,
-            r.connections_failed,
-            r.requests_ok,
-            r.requests_failed,
-            us(h, 0.5),
-            us(h, 0.9),
-            us(h, 0.99),
-            us(h, 0.999),
-            us(h, 1.0),
-            us(&r.handshake, 0.5),
-            us(&r.handshake, 1.0),
             r.elapsed.as_secs_f64(),
-            r.requests_ok as f64 / r.elapsed.as_secs_f64().max(1e-9),
             r.last_error.as_deref().map_or("null".to_string(), json_str)
         );
     } else {
+        let last = r.last_error.as_ref().map(|e| format!(" (last error: {e})")).unwrap_or_default();
         println!(
-            "udpflood h3 latency -> {}: connections {} ok {} failed | requests {} ok {} failed | p50 {:.1} µs  p90 {:.1} µs  p99 {:.1} µs  p99.9 {:.1} µs  max {:.1} µs | handshake p50 {:.1} µs max {:.1} µs{}",
+            "udpflood h3 latency -> {}: connections {c_ok} ok {c_failed} failed | requests {ok} ok {failed} failed | p50 {p50:.1} µs  p90 {p90:.1} µs  p99 {p99:.1} µs  p99.9 {p999:.1} µs  max {max:.1} µs | handshake p50 {hs50:.1} µs max {hs_max:.1} µs{last}",
             cfg.target.uri,
-            r.connections_ok,
-            r.connections_failed,
-            r.requests_ok,
-            r.requests_failed,
-            us(h, 0.5),
-            us(h, 0.9),
-            us(h, 0.99),
-            us(h, 0.999),
-            us(h, 1.0),
-            us(&r.handshake, 0.5),
-            us(&r.handshake, 1.0),
-            r.last_error.map(|e| format!(" (last error: {e})")).unwrap_or_default()
         );
     }
     if r.requests_ok == 0 {

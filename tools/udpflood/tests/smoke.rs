@@ -29,7 +29,7 @@ fn key_file() -> (PathBuf, KeyFile) {
 }
 
 fn rcvbuf(s: &UdpSocket, bytes: i32) {
-    sys::sockopt::set_recv_buffer(s.as_raw_fd(), bytes.max(0) as usize);
+    sys::sockopt::set_recv_buffer(s, bytes.max(0) as usize);
 }
 
 use testkit::json_num;

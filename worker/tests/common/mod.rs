@@ -75,26 +75,13 @@ impl Demux {
     }
 
     fn start_opts(tag: &str, listen: &[&str], rings: bool, extra: &[&str]) -> Demux {
-        let bin = demux_bin();
         let dir = temp_dir(tag);
-        let keys_path = dir.join("keys");
-        let st = Command::new(&bin).args(["gen-keys", "--out"]).arg(&keys_path).status().expect("gen-keys");
-        assert!(st.success(), "demux gen-keys failed");
-        let keys = KeyFile::parse(&std::fs::read_to_string(&keys_path).expect("key file")).expect("parse key file");
-        let (data, control, ready, log) =
-            (dir.join("d.sock"), dir.join("c.sock"), dir.join("ready"), dir.join("demux.log"));
-        let mut cmd = Command::new(&bin);
-        cmd.arg("dataplane").args(listen.iter().flat_map(|l| ["--listen", l])).args(["--cores", "0", "--io", "mmsg"]);
-        let mut child = testkit::bin::dataplane_files(&mut cmd, &keys_path, &data, &control, &ready)
-            .args(forward_args(rings))
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log"))
-            .spawn()
-            .expect("spawn demux");
-        let text = wait_file(&ready, &mut child, &log, "demux");
-        let addrs = testkit::bin::ready_udp_addrs(&text);
+        let flags: Vec<&str> = forward_args(rings).iter().chain(extra).copied().collect();
+        let dp = testkit::bin::start_dataplane(&demux_bin(), &dir, listen, &flags, Duration::from_secs(30));
+        let keys = KeyFile::parse(&std::fs::read_to_string(&dp.keys).expect("key file")).expect("parse key file");
+        let addrs = testkit::bin::ready_udp_addrs(&dp.ready_text);
         let addr = *addrs.first().expect("udp line in ready file");
+        let (child, data, control, keys_path) = (dp.child, dp.data, dp.control, dp.keys);
         Demux { child, dir, addr, addrs, data, control, keys_path, keys, rings }
     }
 

@@ -405,7 +405,7 @@ impl Registry {
                         continue;
                     }
                     if !control {
-                        sys::sockopt::set_send_buffer(fd.as_raw_fd(), DATA_SNDBUF);
+                        sys::sockopt::set_send_buffer(&fd, DATA_SNDBUF);
                     }
                     let conn = if control {
                         Conn::Control { fd, idle_since: Some(now) }
