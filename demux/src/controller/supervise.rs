@@ -27,6 +27,15 @@ const WORKER_STABLE: Duration = Duration::from_secs(5);
 impl Ctl {
     /// One supervision pass; true when the controller should exit (shutdown done).
     pub(super) fn tick(&mut self) -> Result<bool> {
+        if self.handover {
+            // SIGUSR2: the data plane and the workers stay; the next controller adopts them.
+            self.store_workers();
+            tracing::info!(
+                workers = self.workers.len(),
+                "handed over: exiting without stopping the data plane and workers"
+            );
+            return Ok(true);
+        }
         self.accept_tick(Instant::now());
         self.supervise_dataplane();
         self.keep_dataplane_link();
@@ -34,16 +43,89 @@ impl Ctl {
         self.step_reload();
         let done = self.step_shutdown();
         self.publish_status();
+        self.notify_systemd();
         Ok(done)
     }
 
+    /// `READY=1` once a client can be served (the data plane runs and lists a
+    /// placeable instance; with no spawned workers, once the data plane runs), and
+    /// again when a reload is done; the watchdog ping (controller/systemd.rs).
+    fn notify_systemd(&mut self) {
+        self.sd.watchdog_tick();
+        if !self.sd.enabled() || self.sd.is_ready() || self.shutdown.is_some() {
+            return;
+        }
+        if self.reload.is_some() || self.dp.planned.is_some() || !self.serving() {
+            return;
+        }
+        let line = super::systemd::status_line(&self.status_json(), None);
+        self.sd.ready(&line);
+    }
+
+    /// Whether a client can be served now.
+    fn serving(&self) -> bool {
+        let dp_running = self.dp.proc.is_some() && (self.dp.adopted || self.paths.dataplane_ready().exists());
+        if !dp_running {
+            return false;
+        }
+        if self.opts.spawn_workers == 0 {
+            return true;
+        }
+        // A worker says Ready to the data plane before it tells us: when we know of
+        // one, ask the data plane whether it places connections on it yet.
+        let any_ready = self.conns.values().any(|c| matches!(c.kind, Kind::Worker { state: WorkerState::Ready, .. }));
+        any_ready
+            && super::status::dataplane_status(&self.paths.dataplane_sock()).is_ok_and(|v| {
+                v["instances"].as_array().is_some_and(|l| l.iter().any(|i| i["placeable"].as_bool() == Some(true)))
+            })
+    }
+
+    /// SIGUSR2: exit at the next tick leaving the data plane and the workers running
+    /// (what a crash does, on purpose): the next controller adopts them, so their
+    /// connections survive (docs/operations.md "Running under systemd").
+    pub(super) fn begin_handover(&mut self) {
+        if self.shutdown.is_some() {
+            tracing::warn!("SIGUSR2 ignored: shutting down already");
+            return;
+        }
+        tracing::info!("SIGUSR2: handing the data plane and workers over to the next controller");
+        self.sd.status("handing over to the next controller");
+        self.handover = true;
+    }
+
     fn supervise_dataplane(&mut self) {
+        if self.dp.planned.as_ref().is_some_and(|p| p.started)
+            && self.dp.proc.is_some()
+            && self.paths.dataplane_ready().exists()
+        {
+            tracing::info!("the data plane runs with the new configuration");
+            self.dp.planned = None;
+        }
         if let Some(p) = self.dp.proc.as_mut() {
             if let Some(how) = p.poll_exit() {
                 let pid = p.pid();
                 self.dp.proc = None;
                 if self.shutdown.is_some() {
                     tracing::info!(pid, how, "data plane stopped");
+                    return;
+                }
+                if let Some(planned) = self.dp.planned.as_mut() {
+                    if planned.started {
+                        // The new options did not come up: back to the previous ones.
+                        tracing::error!(
+                            pid,
+                            how,
+                            "the data plane exited before it was ready with the new configuration; restarting it with \
+                             the previous one"
+                        );
+                        self.dataplane_args = std::mem::take(&mut planned.previous_args);
+                        self.dp_opts = planned.previous_opts.clone();
+                        self.dp.planned = None;
+                    } else {
+                        tracing::info!(pid, how, "data plane stopped for the new configuration; starting the new one");
+                    }
+                    self.dp.last_exit = Some(how);
+                    self.dp.restart_at = Some(Instant::now());
                     return;
                 }
                 let ran = self.dp.started.elapsed();
@@ -86,6 +168,9 @@ impl Ctl {
         match procs::spawn_dataplane(&self.exe, &fds, &args) {
             Ok(child) => {
                 let pid = child.id();
+                if let Some(p) = self.dp.planned.as_mut() {
+                    p.started = true;
+                }
                 if let Err(e) = state::write_atomic(&self.paths.dataplane_pid(), &format!("{pid}\n")) {
                     tracing::warn!(error = %format!("{e:#}"), "could not write dataplane.pid (a controller restart will not adopt it)");
                 }
@@ -309,6 +394,7 @@ impl Ctl {
             return;
         }
         tracing::info!(workers = self.workers.len(), "shutting down: draining the workers");
+        self.sd.stopping(&format!("stopping: draining {} worker(s)", self.workers.len()));
         self.shutdown = Some(Shutdown {
             deadline: Instant::now() + Duration::from_secs(self.opts.drain_timeout) + Duration::from_secs(5),
             workers_signaled: false,
