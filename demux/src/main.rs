@@ -18,6 +18,7 @@ fn main() {
         Ok(l) => l,
         Err(e) => fail(anyhow::anyhow!("logging: {e}")),
     };
+    let json = cli.log.log_format == demux::cli::LogFormat::Json;
     let controller_run = |dp, mut opts: demux::cli::ControllerOpts| {
         opts.argv = argv.clone();
         controller::run(dp, opts, cli.log.clone(), logging)
@@ -57,6 +58,11 @@ fn main() {
         }
     };
     if let Err(e) = r {
+        if json {
+            // Every line JSON under --log-format json, the last one too.
+            tracing::error!(error = %format!("{e:#}"), "demux: error");
+            std::process::exit(1);
+        }
         fail(e);
     }
 }

@@ -37,12 +37,23 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let json = format == sys::logging::Format::Json;
     match rt.block_on(run(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("worker: {e:#}");
+            plain_or_event(json, &format!("worker: {e:#}"));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The fatal error: as is on stderr, or as an event under `--log-format json`, so
+/// that every line is JSON there.
+fn plain_or_event(json: bool, line: &str) {
+    if json {
+        tracing::error!(target: "worker", line, "worker failed");
+    } else {
+        eprintln!("{line}");
     }
 }
 
@@ -197,7 +208,7 @@ async fn run(a: Args) -> anyhow::Result<()> {
     let s = &ctx.stats;
     let d = &data.stats;
     let u = socket.udp();
-    eprintln!(
+    let line = format!(
         "worker exit: server_id={} connections={} requests={} ok={} retries={} refused={} overload_retries={} \
          overload_ignored={} handshake_timeouts={} frames={} malformed={} \
          udp_sends={} udp_bytes={} udp_errors={} gso_max={} fast_sockets={} fast_datagrams={} fast_bytes={} \
@@ -226,6 +237,11 @@ async fn run(a: Args) -> anyhow::Result<()> {
         d.ring_frames.load(Ordering::Relaxed),
         finished,
     );
+    if a.log_format == "json" {
+        tracing::info!(target: "worker", line, "worker exit");
+    } else {
+        eprintln!("{line}");
+    }
     Ok(())
 }
 
