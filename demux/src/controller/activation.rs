@@ -98,10 +98,7 @@ pub fn inspect(fd: OwnedFd, name: String) -> Result<Passed> {
     if is_connected(raw) {
         bail!("{} is connected to a peer: it would receive from that peer only", what());
     }
-    let inode = {
-        use std::os::unix::fs::MetadataExt;
-        std::fs::metadata(format!("/proc/self/fd/{raw}")).with_context(|| format!("fstat {}", what()))?.ino()
-    };
+    let inode = inode_of(raw).with_context(|| format!("fstat {}", what()))?;
     let shard = stored_shard(&name);
     Ok(Passed { fd, from_socket_unit: shard.is_none(), shard, name, local, inode })
 }
@@ -233,9 +230,15 @@ fn prepare_passed(p: &Passed) -> Result<()> {
 
 /// With an adopted data plane the sockets are its own: what systemd passed must be
 /// among them (the store's are the very sockets; a socket unit's must be one).
-pub fn check_adopted(passed: &[Passed], adopted: &[SocketAddr]) -> Result<()> {
+/// Returns the stored names to forget: stored sockets the data plane does not serve.
+pub fn check_adopted(passed: &[Passed], adopted: &[OwnedFd]) -> Result<Vec<String>> {
+    let inodes: Vec<u64> = adopted.iter().filter_map(|fd| inode_of(fd.as_raw_fd()).ok()).collect();
+    let mut forget = Vec::new();
     for p in passed {
-        if p.from_socket_unit && !adopted.contains(&p.local) {
+        if inodes.contains(&p.inode) {
+            continue;
+        }
+        if p.from_socket_unit {
             bail!(
                 "the socket unit passes {} ({}), which the running data plane does not serve; stop the data plane, or \
                  match the socket unit to listen.addresses",
@@ -243,8 +246,14 @@ pub fn check_adopted(passed: &[Passed], adopted: &[SocketAddr]) -> Result<()> {
                 p.name
             );
         }
+        forget.push(p.name.clone());
     }
-    Ok(())
+    Ok(forget)
+}
+
+fn inode_of(fd: RawFd) -> std::io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    Ok(std::fs::metadata(format!("/proc/self/fd/{fd}"))?.ino())
 }
 
 #[cfg(test)]

@@ -323,7 +323,7 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts, log: LogArgs, logging: ::sys
             rotation::resync_adopted(&paths, pid, &keys)?;
             // What systemd passed are the same sockets (its file-descriptor store) or
             // must be among them (a socket unit's).
-            activation::check_adopted(&passed, &addrs)?;
+            sd.forget_fds(&activation::check_adopted(&passed, &fds)?);
             (fds, addrs, DataPlane::new(Some(proc), true))
         }
         None => {
