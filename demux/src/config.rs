@@ -310,15 +310,24 @@ pub struct ConfigError {
 
 /// Line and column (1-based) of a byte offset.
 pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
-    let before = &text[..offset.min(text.len())];
+    let before = prefix(text, offset);
     let line = before.matches('\n').count() + 1;
     let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
     (line, column)
 }
 
+/// `text` up to byte `offset`, or up to the char boundary before it.
+fn prefix(text: &str, offset: usize) -> &str {
+    let mut at = offset.min(text.len());
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    &text[..at]
+}
+
 /// The `[section]` a byte offset is in (the last table header before it).
 fn section_at(text: &str, offset: usize) -> Option<String> {
-    text[..offset.min(text.len())]
+    prefix(text, offset)
         .lines()
         .rev()
         .map(str::trim)
@@ -332,8 +341,9 @@ fn section_at(text: &str, offset: usize) -> Option<String> {
 fn describe_toml_error(text: &str, offset: usize, message: &str) -> String {
     let message = message.trim();
     let section = section_at(text, offset).unwrap_or_default();
-    let line = text[..offset.min(text.len())].rsplit('\n').next().unwrap_or("");
-    let rest = text[offset.min(text.len())..].split('\n').next().unwrap_or("");
+    let before = prefix(text, offset);
+    let line = before.rsplit('\n').next().unwrap_or("");
+    let rest = text[before.len()..].split('\n').next().unwrap_or("");
     let whole = format!("{line}{rest}");
     let whole = whole.trim();
     if whole.starts_with('[') {
@@ -549,5 +559,64 @@ pub fn reread(
         Some(crate::cli::Command::Controller { dataplane, controller }) => Ok((dataplane, controller, cli.log)),
         None => Ok((cli.dataplane, cli.controller, cli.log)),
         Some(_) => bail!("not a controller command line"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn load_text(text: &str) -> std::result::Result<Loaded, Vec<ConfigError>> {
+        let dir = std::env::temp_dir().join(format!("qd-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(format!("{:x}.toml", {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            text.hash(&mut h);
+            h.finish()
+        }));
+        std::fs::write(&p, text).unwrap();
+        let r = load(&p);
+        let _ = std::fs::remove_file(&p);
+        r
+    }
+
+    #[test]
+    fn line_and_column_of_offsets() {
+        let t = "a = 1\n[x]\nkey = \"é\"\n";
+        assert_eq!(line_col(t, 0), (1, 1));
+        assert_eq!(line_col(t, 6), (2, 1));
+        assert_eq!(line_col(t, 12), (3, 3));
+        // Inside the two bytes of é: the char before it.
+        let inside = t.find('é').unwrap() + 1;
+        assert_eq!(line_col(t, inside), (3, 8));
+        assert_eq!(line_col(t, 999), (4, 1));
+        assert_eq!(section_at(t, 13).as_deref(), Some("x"));
+    }
+
+    proptest! {
+        /// Any text: an error with a place (or a valid file), never a panic.
+        #[test]
+        fn any_text_loads_or_fails_cleanly(text in "\\PC{0,200}") {
+            match load_text(&text) {
+                // Every key set renders to its flags (the value kind fits the flag).
+                Ok(l) => l.settings.iter().for_each(|s| drop(s.args())),
+                Err(e) => prop_assert!(!e.is_empty() && e.iter().all(|e| !e.message.is_empty())),
+            }
+        }
+
+        /// The example with one byte replaced (often still TOML, with odd values).
+        #[test]
+        fn the_example_with_a_byte_changed_never_panics(at in 0usize..6000, byte in any::<u8>()) {
+            let example = include_str!("../../dist/quicdemux.toml");
+            let mut bytes = example.as_bytes().to_vec();
+            let at = at % bytes.len();
+            bytes[at] = byte;
+            let text = String::from_utf8_lossy(&bytes).into_owned();
+            if let Err(e) = load_text(&text) {
+                prop_assert!(e.iter().all(|e| e.line >= 1 && !e.message.is_empty()));
+            }
+        }
     }
 }

@@ -236,10 +236,10 @@ impl Plan {
 /// The checks of [`run`] that change nothing (docs/operations.md "Configuration").
 pub fn plan(dp: &DataPlaneArgs, opts: &ControllerOpts) -> Result<Plan> {
     if opts.state_dir.is_none() {
-        bail!("--state-dir DIR is required");
+        bail!("--state-dir DIR (controller.state_dir) is required");
     }
     if dp.listen.is_empty() {
-        bail!("--listen ADDR:PORT is required (repeatable)");
+        bail!("--listen ADDR:PORT (listen.addresses) is required (repeatable)");
     }
     for (flag, set) in [
         ("--keys", dp.keys.is_some()),
