@@ -576,3 +576,88 @@ fn unusable_passed_sockets_stop_the_start_with_a_reason() {
     let out = run(&["--datagram"], &cfg, &|a| drop(UdpSocket::bind("127.0.0.1:0").unwrap().send_to(&[0], a)), addr);
     assert!(out.contains("which no listen address names"), "{out}");
 }
+
+/// IPv6: an activated socket on `[::1]` is served and the controller's other shard
+/// joins its group; a dual-stack `[::]` socket is refused (IPv4 would arrive on it
+/// and on 0.0.0.0).
+#[test]
+fn ipv6_activated_sockets() {
+    let _g = serial();
+    if !testkit::have_tool(
+        Command::new("systemd-socket-activate").arg("--version").output().is_ok(),
+        "systemd-socket-activate",
+    ) {
+        return;
+    }
+    if UdpSocket::bind("[::1]:0").is_err() {
+        testkit::skip_optional("ipv6-loopback", "no IPv6 loopback");
+        return;
+    }
+    let dir = testkit::temp_dir("sd-ipv6");
+    let c = cert(&dir);
+    let port = UdpSocket::bind("[::1]:0").unwrap().local_addr().unwrap().port();
+    let addr: SocketAddr = format!("[::1]:{port}").parse().unwrap();
+    let cfg = config(&dir, &addr.to_string(), 1, &c);
+    let mut notify = Notify::new(&dir, "notify.sock");
+    let log = dir.join("controller.log");
+    let mut child = Command::new("systemd-socket-activate")
+        .args(["--datagram", "-l", &addr.to_string()])
+        .arg("-E")
+        .arg(format!("NOTIFY_SOCKET={}", notify.path.display()))
+        .arg(DEMUX)
+        .arg("--config")
+        .arg(&cfg)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    testkit::wait_until("listening", Duration::from_secs(10), || tail(&log).contains("Listening on").then_some(()));
+    UdpSocket::bind("[::1]:0").unwrap().send_to(&[0x00, 1], addr).unwrap();
+    notify.wait_for(0, "READY", "1", Duration::from_secs(60), &mut child, &log);
+    let store = stored(&mut notify, 0);
+    assert_eq!(store.len(), 2);
+    let v6only: Vec<i32> = store
+        .iter()
+        .map(|(_, fd)| sys::sockopt::getsockopt_int(fd.as_raw_fd(), libc::IPPROTO_IPV6, libc::IPV6_V6ONLY).unwrap())
+        .collect();
+    assert_eq!(v6only, [1, 1], "IPV6_V6ONLY on both (a reuseport group's members agree)");
+    assert_eq!(Some(inode(&store[0].1)), socket_inode(child.id() as i64, 3));
+    let rt = runtime();
+    let ep = {
+        let _g = rt.enter();
+        testkit::h3client::client_endpoint_on(&c, "[::1]:0")
+    };
+    let r = rt.block_on(async {
+        let mut h = H3::connect(&ep, addr).await.expect("connect over IPv6");
+        h.get("/bytes/1000").await.expect("GET")
+    });
+    assert_eq!((r.status, r.len), (200, 1000));
+    kill(child.id() as i64, libc::SIGTERM);
+    assert!(wait_exit(&mut child, Duration::from_secs(40)).is_some_and(|s| s.success()), "{}", tail(&log));
+
+    // `[::]` as the kernel binds it by default (net.ipv6.bindv6only = 0): dual-stack.
+    let dual = std::fs::read_to_string("/proc/sys/net/ipv6/bindv6only").is_ok_and(|v| v.trim() == "0");
+    if !dual {
+        return;
+    }
+    let port = UdpSocket::bind("[::]:0").unwrap().local_addr().unwrap().port();
+    let any: SocketAddr = format!("[::]:{port}").parse().unwrap();
+    let cfg = config(&dir, &any.to_string(), 0, &c);
+    let log = dir.join("dual.log");
+    let mut child = Command::new("systemd-socket-activate")
+        .args(["--datagram", "-l", &any.to_string()])
+        .arg(DEMUX)
+        .arg("--config")
+        .arg(&cfg)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    testkit::wait_until("listening", Duration::from_secs(10), || tail(&log).contains("Listening on").then_some(()));
+    UdpSocket::bind("[::1]:0").unwrap().send_to(&[0x00, 1], format!("[::1]:{port}")).unwrap();
+    let st = wait_exit(&mut child, Duration::from_secs(20)).expect("refused");
+    assert!(!st.success());
+    assert!(tail(&log).contains("dual-stack"), "{}", tail(&log));
+}

@@ -10,7 +10,7 @@
 //! address, the socket unit's socket is a shard socket (systemd keeps it open, so
 //! it must be read), stored sockets fill the other shards in their stored order,
 //! and missing ones are bound beside them with SO_REUSEPORT (joining their group:
-//! same address, same uid, same IPV6_V6ONLY). Stored sockets left over (fewer
+//! same address, same uid, IPV6_V6ONLY set). Stored sockets left over (fewer
 //! `--cores` now, an address no longer listened on) are dropped from the store.
 
 use crate::dataplane::socket::{self, UdpSock};
@@ -172,17 +172,11 @@ pub fn assemble(passed: Vec<Passed>, listen: &[SocketAddr], shards: usize) -> Re
             from_systemd += 1;
         }
         while socks.len() < shards {
-            let s = match socks.first() {
-                // Beside the passed ones: same address and port, same IPV6_V6ONLY (a
-                // reuseport group's members must agree on it).
-                Some(first) => {
-                    let v6only = !first.local.is_ipv6()
-                        || ::sys::sockopt::getsockopt_int(first.fd.as_raw_fd(), libc::IPPROTO_IPV6, libc::IPV6_V6ONLY)
-                            .is_ok_and(|v| v != 0);
-                    socket::bind_udp_v6only(first.local, li, v6only)?
-                }
-                None => socket::bind_udp(want, li)?,
-            };
+            // Beside the passed ones: same address and port, IPV6_V6ONLY like theirs
+            // (a reuseport group's members must agree: the kernel sets it on every
+            // socket bound to a specific IPv6 address, and a wildcard one without it
+            // was refused above).
+            let s = socket::bind_udp(socks.first().map_or(want, |f: &UdpSock| f.local), li)?;
             // With port 0 the first socket picks the port and the others join it.
             socks.push(s);
         }

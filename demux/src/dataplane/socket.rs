@@ -22,13 +22,6 @@ pub struct UdpSock {
 /// Creates, configures and binds one socket. Options are set before bind so the
 /// first datagram already carries its control messages.
 pub fn bind_udp(addr: SocketAddr, listen_index: usize) -> Result<UdpSock> {
-    bind_udp_v6only(addr, listen_index, true)
-}
-
-/// As [`bind_udp`], with IPV6_V6ONLY as given (an IPv6 socket joining a reuseport
-/// group must match its members' flag: a socket systemd bound, docs/operations.md
-/// "Socket activation").
-pub fn bind_udp_v6only(addr: SocketAddr, listen_index: usize, v6only: bool) -> Result<UdpSock> {
     let domain = if addr.is_ipv6() { libc::AF_INET6 } else { libc::AF_INET };
     // SAFETY: plain syscall.
     let fd = owned(unsafe { libc::socket(domain, libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) })
@@ -37,7 +30,7 @@ pub fn bind_udp_v6only(addr: SocketAddr, listen_index: usize, v6only: bool) -> R
     setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)
         .with_context(|| format!("setsockopt SO_REUSEPORT on {addr}"))?;
     if addr.is_ipv6() {
-        setsockopt_int(raw, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, libc::c_int::from(v6only))
+        setsockopt_int(raw, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)
             .with_context(|| format!("setsockopt IPV6_V6ONLY on {addr}"))?;
     }
     configure(&fd, addr)?;
