@@ -325,6 +325,11 @@ fn socket_activation_readiness_reload_and_stop() {
 /// Starts `demux --config cfg` as systemd would after a restart: `fds` as
 /// descriptors 3… (`LISTEN_FDS`, `LISTEN_FDNAMES`, `LISTEN_PID` = the new process).
 fn start_with_fds(cfg: &Path, notify: &Path, fds: &[(String, OwnedFd)], log: &Path) -> Child {
+    start_with_fds_for(cfg, notify, fds, log, "$$")
+}
+
+/// [`start_with_fds`] with `LISTEN_PID` set to `listen_pid` (shell syntax).
+fn start_with_fds_for(cfg: &Path, notify: &Path, fds: &[(String, OwnedFd)], log: &Path, listen_pid: &str) -> Child {
     // Out of the way of 3…3+n first, then into place between fork and exec.
     let high: Vec<RawFd> = fds
         .iter()
@@ -335,7 +340,8 @@ fn start_with_fds(cfg: &Path, notify: &Path, fds: &[(String, OwnedFd)], log: &Pa
     let names: Vec<&str> = fds.iter().map(|(n, _)| n.as_str()).collect();
     let mut cmd = Command::new("sh");
     // LISTEN_PID must be the pid that reads it: the shell's, kept by exec.
-    cmd.args(["-c", "LISTEN_PID=$$ exec \"$@\"", "sh", DEMUX, "--config"])
+    let script = format!("LISTEN_PID={listen_pid} exec \"$@\"");
+    cmd.args(["-c", &script, "sh", DEMUX, "--config"])
         .arg(cfg)
         .env("LISTEN_FDS", fds.len().to_string())
         .env("LISTEN_FDNAMES", names.join(":"))
@@ -575,6 +581,18 @@ fn unusable_passed_sockets_stop_the_start_with_a_reason() {
     let cfg = config(&dir, "127.0.0.2:4433", 0, &c);
     let out = run(&["--datagram"], &cfg, &|a| drop(UdpSocket::bind("127.0.0.1:0").unwrap().send_to(&[0], a)), addr);
     assert!(out.contains("which no listen address names"), "{out}");
+
+    // Descriptors meant for another process (LISTEN_PID not ours) are not taken: the
+    // same TCP socket is ignored, the controller binds and starts.
+    let tcp = OwnedFd::from(std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    let cfg = config(&dir, "127.0.0.1:0", 0, &c);
+    let mut notify = Notify::new(&dir, "notify-other.sock");
+    let log = dir.join("other-pid.log");
+    let mut child = start_with_fds_for(&cfg, &notify.path, &[("x".into(), tcp)], &log, "1");
+    notify.wait_for(0, "READY", "1", Duration::from_secs(60), &mut child, &log);
+    assert!(!tail(&log).contains("sockets from systemd"), "{}", tail(&log));
+    kill(child.id() as i64, libc::SIGTERM);
+    assert!(wait_exit(&mut child, Duration::from_secs(30)).is_some_and(|s| s.success()), "{}", tail(&log));
 }
 
 /// IPv6: an activated socket on `[::1]` is served and the controller's other shard

@@ -51,6 +51,11 @@ pub struct Passed {
 /// ours), each checked: a bound UDP socket of IPv4 or IPv6, not connected.
 /// Duplicates (a socket both in the store and the socket unit) are merged.
 pub fn take() -> Result<Vec<Passed>> {
+    // Not ours: a parent's variables, inherited (sd-notify 0.5 would then compare
+    // the parent's LISTEN_FDNAMES with no descriptors and fail).
+    if std::env::var("LISTEN_PID").ok().and_then(|p| p.parse::<u32>().ok()) != Some(std::process::id()) {
+        return Ok(Vec::new());
+    }
     let fds: Vec<(RawFd, String)> =
         sd_notify::listen_fds_with_names().context("LISTEN_FDS / LISTEN_FDNAMES")?.collect();
     let mut out: Vec<Passed> = Vec::new();
