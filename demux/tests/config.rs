@@ -386,6 +386,7 @@ fn cmdline(pid: i64) -> String {
 fn sighup_applies_what_it_can_and_keeps_the_rest() {
     let _g = serial();
     let dir = testkit::temp_dir("cfg-reload");
+    let _reap = testkit::bin::Reaper(dir.clone());
     let c = controller_support::cert(&dir);
     let state = dir.join("state");
     let write = |extra: &str, listen: &str, cores: &str, count: usize| {

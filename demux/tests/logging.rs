@@ -48,6 +48,7 @@ fn run_pair(
     env: &dyn Fn(&mut Command, &Path),
 ) -> (String, String) {
     let dir = testkit::temp_dir(tag);
+    let _reap = testkit::bin::Reaper(dir.clone());
     let keys = dir.join("keys");
     assert!(Command::new(DEMUX).arg("gen-keys").arg("--out").arg(&keys).status().unwrap().success());
     let (dp_log, w_log) = (dir.join("dataplane.log"), dir.join("worker.log"));
@@ -92,6 +93,7 @@ fn a_terminal_gets_colours() {
         return;
     }
     let dir = testkit::temp_dir("log-tty");
+    let _reap = testkit::bin::Reaper(dir.clone());
     let cmd = format!(
         "timeout -s TERM 2 {DEMUX} --listen 127.0.0.1:0 --cores 0 --state-dir {} --log-level info",
         dir.join("state").display()
@@ -157,6 +159,7 @@ fn journald_lines_carry_their_priority_and_no_timestamp() {
 #[test]
 fn the_controller_passes_the_format_to_its_children() {
     let dir = testkit::temp_dir("log-ctl");
+    let _reap = testkit::bin::Reaper(dir.clone());
     let log = dir.join("controller.log");
     let mut c = logged(Path::new(DEMUX), &log);
     c.args(["--listen", "127.0.0.1:0", "--cores", "0", "--spawn-workers", "1", "--log-format", "json"])

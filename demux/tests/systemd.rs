@@ -208,6 +208,7 @@ fn socket_activation_readiness_reload_and_stop() {
         return;
     }
     let dir = testkit::temp_dir("sd-activate");
+    let _reap = testkit::bin::Reaper(dir.clone());
     let c = cert(&dir);
     let port = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
@@ -392,6 +393,7 @@ fn start_notified(cfg: &Path, notify: &Path, log: &Path) -> Child {
 fn a_restart_serves_the_stored_sockets_and_never_closes_the_port() {
     let _g = serial();
     let dir = testkit::temp_dir("sd-restart");
+    let _reap = testkit::bin::Reaper(dir.clone());
     let c = cert(&dir);
     let cfg = config(&dir, "127.0.0.1:0", 1, &c);
     let mut notify = Notify::new(&dir, "notify.sock");
@@ -466,6 +468,7 @@ fn a_restart_serves_the_stored_sockets_and_never_closes_the_port() {
 fn a_hand_over_keeps_established_connections() {
     let _g = serial();
     let dir = testkit::temp_dir("sd-handover");
+    let _reap = testkit::bin::Reaper(dir.clone());
     let c = cert(&dir);
     let cfg = config(&dir, "127.0.0.1:0", 1, &c);
     let mut notify = Notify::new(&dir, "notify.sock");
@@ -551,6 +554,7 @@ fn unusable_passed_sockets_stop_the_start_with_a_reason() {
         return;
     }
     let dir = testkit::temp_dir("sd-refuse");
+    let _reap = testkit::bin::Reaper(dir.clone());
     let c = cert(&dir);
     let run = |args: &[&str], cfg: &Path, trigger: &dyn Fn(SocketAddr), addr: SocketAddr| -> String {
         let log = dir.join("refused.log");
@@ -612,6 +616,7 @@ fn ipv6_activated_sockets() {
         return;
     }
     let dir = testkit::temp_dir("sd-ipv6");
+    let _reap = testkit::bin::Reaper(dir.clone());
     let c = cert(&dir);
     let port = UdpSocket::bind("[::1]:0").unwrap().local_addr().unwrap().port();
     let addr: SocketAddr = format!("[::1]:{port}").parse().unwrap();
