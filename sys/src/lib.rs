@@ -11,6 +11,7 @@
 //! - [`raw`]: a raw IPv4 socket that sends UDP with any source (forwarded datagrams).
 //! - [`ring`]: the memfd mapping of a forwarding ring (index arithmetic: `proto::ring`).
 //! - [`epoll`], [`signals`]: an epoll instance; blocked signals and signalfd.
+//! - [`logging`]: stderr logging as text or JSON, journald-aware, reloadable filter.
 
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -18,6 +19,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 pub mod addr;
 pub mod control;
 pub mod epoll;
+pub mod logging;
 pub mod pktinfo;
 pub mod raw;
 pub mod ring;

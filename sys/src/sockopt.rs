@@ -93,19 +93,16 @@ pub fn is_nonblocking(fd: BorrowedFd<'_>) -> io::Result<bool> {
 
 /// The socket type (SO_TYPE) of a descriptor, e.g. `libc::SOCK_DGRAM`.
 pub fn socket_type(fd: BorrowedFd<'_>) -> io::Result<libc::c_int> {
-    let mut ty: libc::c_int = 0;
+    getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TYPE)
+}
+
+/// getsockopt(2) of an `int` option.
+pub fn getsockopt_int(fd: impl AsRawFd, level: libc::c_int, name: libc::c_int) -> io::Result<libc::c_int> {
+    let mut v: libc::c_int = 0;
     let mut len = size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `ty` and `len` are valid for writes and `len` holds the size of `ty`.
-    cvt(unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_TYPE,
-            (&mut ty as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    })?;
-    Ok(ty)
+    // SAFETY: `v` and `len` are valid for writes and `len` holds the size of `v`.
+    cvt(unsafe { libc::getsockopt(fd.as_raw_fd(), level, name, (&mut v as *mut libc::c_int).cast(), &mut len) })?;
+    Ok(v)
 }
 
 /// The credentials (pid, uid, gid) of the process at the other end of a connected
