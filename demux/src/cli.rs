@@ -6,12 +6,20 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+/// `--version`: the package version, the git commit and the wire-format versions.
+pub static VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    proto::wire_version::version_line(env!("CARGO_PKG_VERSION"), env!("QUICDEMUX_GIT_COMMIT"))
+});
+
+/// Flags the controller gives the processes it starts, hidden from `--help`
+/// (docs/operations.md "Internal flags" documents each).
 #[derive(Debug, Parser)]
 #[command(
     name = "demux",
-    version,
-    about = "quicdemux data plane: shares one UDP address among QUIC server processes",
-    args_conflicts_with_subcommands = true
+    version = VERSION.as_str(),
+    about = "quicdemux: shares one UDP address among QUIC server processes (the controller with --state-dir or --config, else the data plane)",
+    args_conflicts_with_subcommands = true,
+    args_override_self = true
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -22,11 +30,51 @@ pub struct Cli {
     /// Controller flags: with `--state-dir` the bare `demux` is the controller.
     #[command(flatten)]
     pub controller: ControllerOpts,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+/// `--log-format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl LogFormat {
+    pub fn to_sys(self) -> sys::logging::Format {
+        match self {
+            LogFormat::Text => sys::logging::Format::Text,
+            LogFormat::Json => sys::logging::Format::Json,
+        }
+    }
+}
+
+/// Logging, for every subcommand (sys::logging). The controller passes both on to
+/// its data plane and workers.
+#[derive(Clone, Debug, Args)]
+pub struct LogArgs {
+    /// Log filter: error, warn, info, debug, trace, or directives such as
+    /// `info,demux::controller=debug`. Default: $DEMUX_LOG, else info.
+    #[arg(long, value_name = "LEVEL", global = true, value_parser = sys::logging::parse_level)]
+    pub log_level: Option<String>,
+    /// Log lines as `text` or `json` (one object per line). Colours only on a terminal.
+    #[arg(long, value_name = "FORMAT", value_enum, global = true, default_value = "text")]
+    pub log_format: LogFormat,
 }
 
 /// The controller: `demux --listen … --state-dir DIR [--spawn-workers N]`.
 #[derive(Clone, Debug, Args)]
 pub struct ControllerOpts {
+    /// Read every option from this TOML file (dist/quicdemux.toml lists each key);
+    /// flags given here override its keys. Re-read on SIGHUP.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The command line as given (for SIGHUP's re-read of `--config`); set by main.
+    #[arg(skip)]
+    pub argv: Vec<std::ffi::OsString>,
     /// State directory (0700): keys, server-id counter, sockets, pid files. Makes
     /// `demux` the controller, which runs the data plane as its child.
     #[arg(long, value_name = "DIR")]
@@ -65,7 +113,20 @@ pub struct ControllerOpts {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the data plane (the default when no subcommand is given).
+    #[command(
+        args_override_self = true,
+        mut_arg("keys", |a| a.hide(false)),
+        mut_arg("data_socket", |a| a.hide(false)),
+        mut_arg("control_socket", |a| a.hide(false)),
+        mut_arg("ready_file", |a| a.hide(false))
+    )]
     Dataplane(DataPlaneArgs),
+    /// Check a configuration file (`--config`): every error with its key and line;
+    /// exit 0 with a one-line summary when it is valid.
+    CheckConfig {
+        /// The TOML file.
+        file: PathBuf,
+    },
     /// Write a fresh key file (OS randomness, mode 0600).
     GenKeys {
         /// Where to write the key file; refuses to overwrite an existing file.
@@ -76,6 +137,7 @@ pub enum Command {
         force: bool,
     },
     /// The controller (same as the bare `demux … --state-dir DIR`).
+    #[command(args_override_self = true)]
     Controller {
         #[command(flatten)]
         dataplane: DataPlaneArgs,
@@ -210,11 +272,13 @@ pub struct DataPlaneArgs {
     /// Cores to run one shard each on: `0-3`, `0,2`, `0-1,3`.
     #[arg(long, value_name = "LIST", default_value = "0")]
     pub cores: String,
-    /// Key file (quicdemux-keys 1, 2 or 3; `demux gen-keys` writes one).
-    #[arg(long, value_name = "FILE")]
+    /// Key file (quicdemux-keys 1, 2 or 3; `demux gen-keys` writes one). Standalone data
+    /// plane only: the controller keeps it in the state directory.
+    #[arg(long, value_name = "FILE", hide = true)]
     pub keys: Option<PathBuf>,
     /// Unix SOCK_SEQPACKET path the workers connect their data connections to.
-    #[arg(long, value_name = "PATH")]
+    /// Standalone data plane only.
+    #[arg(long, value_name = "PATH", hide = true)]
     pub data_socket: Option<PathBuf>,
     /// Receive backend.
     #[arg(long, value_enum, default_value = "auto")]
@@ -235,8 +299,9 @@ pub struct DataPlaneArgs {
     /// datagrams straight to their worker's own socket; everything else comes here.
     #[arg(long, value_enum, default_value = "auto")]
     pub fast_path: FastPathMode,
-    /// Unix SOCK_SEQPACKET path answering StatusRequest (mode 0600).
-    #[arg(long, value_name = "PATH")]
+    /// Unix SOCK_SEQPACKET path answering StatusRequest (mode 0600). Standalone data
+    /// plane only.
+    #[arg(long, value_name = "PATH", hide = true)]
     pub control_socket: Option<PathBuf>,
     /// Placement pins per shard (ADR 0001: 10 s each; the oldest is evicted when full).
     #[arg(long, default_value_t = 65_536)]
@@ -304,26 +369,27 @@ pub struct DataPlaneArgs {
     #[arg(long, default_value_t = 32)]
     pub batch: usize,
     /// Written once every socket is bound: one line `udp ADDR:PORT` per listen address,
-    /// then `data PATH` (atomic rename; for tests and supervisors).
-    #[arg(long, value_name = "PATH")]
+    /// then `data PATH` (atomic rename; for tests and supervisors). Standalone data
+    /// plane only.
+    #[arg(long, value_name = "PATH", hide = true)]
     pub ready_file: Option<PathBuf>,
     /// Use these already bound UDP sockets (inherited fds, shard-major:
     /// `[shard][listen index]`) instead of binding: how the controller runs the data
     /// plane, so that a restarted data plane serves the very same sockets.
-    #[arg(long, value_name = "FD,FD,...", value_delimiter = ',')]
+    #[arg(long, value_name = "FD,FD,...", value_delimiter = ',', hide = true)]
     pub inherit_fds: Vec<i32>,
     /// Also accept data connections from this uid (SO_PEERCRED; besides our own uid).
     /// The controller passes its `--worker-user`'s uid (docs/operations.md "Trust model").
-    #[arg(long, value_name = "UID")]
+    #[arg(long, value_name = "UID", hide = true)]
     pub worker_uid: Option<u32>,
     /// Make the data socket group-accessible (0660) to this gid (the controller passes
     /// its `--worker-user`'s group).
-    #[arg(long, value_name = "GID")]
+    #[arg(long, value_name = "GID", hide = true)]
     pub worker_gid: Option<u32>,
     /// The controller's registrations file (`SERVER_ID PID` lines, 0600, ours): a data
     /// hello for a server id must come from the pid that registered it (SO_PEERCRED).
     /// Without it (dataplane-only), data.sock checks the peer's uid only.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", hide = true)]
     pub registrations: Option<PathBuf>,
 }
 

@@ -1,10 +1,12 @@
 //! quicdemux's `demux`: the data plane (`dataplane`, docs/architecture.md), the
 //! controller that supervises it and the workers (`controller`, docs/operations.md),
-//! and the operator commands (`operator`). `main.rs` only dispatches arguments.
+//! the operator commands (`operator`), and the configuration file (`config`).
+//! `main.rs` only dispatches arguments.
 //! Modules are public so that benches and tests can drive the internals.
 
 pub mod accept_guard;
 pub mod cli;
+pub mod config;
 pub mod control_server;
 pub mod controller;
 pub mod dataplane;

@@ -1,25 +1,45 @@
 //! `demux`: argument dispatch only (the roles live in the library: `demux::dataplane`,
-//! `demux::controller`, `demux::operator`).
+//! `demux::controller`, `demux::operator`; `--config FILE` is read by `demux::config`).
 
 use clap::Parser;
 use demux::cli::{Cli, Command};
-use demux::{controller, dataplane, operator};
+use demux::{config, controller, dataplane, operator};
+use std::ffi::OsString;
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("DEMUX_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    let cli = Cli::parse();
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    // `--config FILE`: the file's keys become flags before the command line's own.
+    let effective = match config::effective_argv(argv.clone()) {
+        Ok(a) => a,
+        Err(e) => fail(e),
+    };
+    let cli = Cli::parse_from(&effective);
+    let logging = match sys::logging::init(cli.log.log_level.as_deref(), cli.log.log_format.to_sys(), "DEMUX_LOG") {
+        Ok(l) => l,
+        Err(e) => fail(anyhow::anyhow!("logging: {e}")),
+    };
+    let json = cli.log.log_format == demux::cli::LogFormat::Json;
+    let controller_run = |dp, mut opts: demux::cli::ControllerOpts| {
+        opts.argv = argv.clone();
+        controller::run(dp, opts, cli.log.clone(), logging)
+    };
     let r = match cli.command {
-        None if cli.controller.state_dir.is_some() => controller::run(cli.dataplane, cli.controller),
+        None if cli.controller.state_dir.is_some() || cli.controller.config.is_some() => {
+            controller_run(cli.dataplane, cli.controller)
+        }
         None => dataplane::run(cli.dataplane),
         Some(Command::Dataplane(a)) => dataplane::run(a),
-        Some(Command::Controller { dataplane, controller }) => controller::run(dataplane, controller),
+        Some(Command::Controller { dataplane, controller }) => controller_run(dataplane, controller),
+        Some(Command::CheckConfig { file }) => match config::check(&file) {
+            Ok(summary) => {
+                println!("{summary}");
+                Ok(())
+            }
+            Err(errors) => {
+                eprintln!("{errors}");
+                std::process::exit(1);
+            }
+        },
         Some(Command::Status { state_dir, json }) => controller::client::status(&state_dir, json),
         Some(Command::RotateKeys { state_dir, prf, force, stage, activate, from }) => {
             let phase = match (stage, activate) {
@@ -38,7 +58,16 @@ fn main() {
         }
     };
     if let Err(e) = r {
-        eprintln!("demux: error: {e:#}");
-        std::process::exit(1);
+        if json {
+            // Every line JSON under --log-format json, the last one too.
+            tracing::error!(error = %format!("{e:#}"), "demux: error");
+            std::process::exit(1);
+        }
+        fail(e);
     }
+}
+
+fn fail(e: anyhow::Error) -> ! {
+    eprintln!("demux: error: {e:#}");
+    std::process::exit(1);
 }

@@ -19,6 +19,7 @@
 //! - [`version_negotiation`]: Version Negotiation packets (RFC 9000 §17.2.1) for versions the workers do not speak.
 //! - [`keyfile`]: the shared-secrets file of the state directory.
 //! - [`wire`]: data frames, and one message type per conversation between processes (registration, data, admin).
+//! - [`wire_version`]: the versions of those formats, as `--version` prints them.
 //! - [`ring`]: layout and index arithmetic of the shared-memory forwarding ring.
 #![forbid(unsafe_code)]
 
@@ -41,6 +42,7 @@ pub mod route;
 pub mod token;
 pub mod version_negotiation;
 pub mod wire;
+pub mod wire_version;
 
 pub use cid::{Decoded, Generation, KeySet, Prf, ServerId, Unroutable, CID_LEN};
 pub use decode_cache::{DecodeCache, Decoder, Uncached};

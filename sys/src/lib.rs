@@ -17,6 +17,7 @@
 //! - [`raw`]: raw IPv4 / IPv6 sockets that send UDP with any source (forwarded datagrams).
 //! - [`ring`]: the memfd mapping of a forwarding ring (index arithmetic: `proto::ring`).
 //! - [`epoll`], [`signals`]: an epoll instance; blocked signals and signalfd.
+//! - [`logging`]: stderr logging as text or JSON, journald-aware, reloadable filter.
 
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -25,6 +26,7 @@ pub mod addr;
 pub mod cmsg;
 pub mod control;
 pub mod epoll;
+pub mod logging;
 pub mod mmsg;
 pub mod raw;
 pub mod ring;

@@ -24,6 +24,15 @@ pub fn setsockopt_int(fd: impl AsRawFd, level: libc::c_int, name: libc::c_int, v
     .map(drop)
 }
 
+/// getsockopt(2) of an `int` option (the reading side of [`setsockopt_int`]).
+pub fn getsockopt_int(fd: impl AsRawFd, level: libc::c_int, name: libc::c_int) -> io::Result<libc::c_int> {
+    let mut v: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `v` and `len` are valid for writes and `len` holds the size of `v`.
+    cvt(unsafe { libc::getsockopt(fd.as_raw_fd(), level, name, (&mut v as *mut libc::c_int).cast(), &mut len) })?;
+    Ok(v)
+}
+
 /// A `bytes` send buffer; as root SO_SNDBUFFORCE passes net.core.wmem_max (best effort).
 pub fn set_send_buffer(fd: impl AsFd, bytes: usize) {
     let bytes = bytes.min(i32::MAX as usize);

@@ -140,3 +140,30 @@ pub fn run_bounded(cmd: &mut Command, within: Duration) -> (bool, String) {
         }
     }
 }
+
+/// Kills (SIGKILL), when dropped, every process whose command line names `dir` (a
+/// test's own temporary directory): a test that fails half-way leaves none of the
+/// controllers, data planes and workers it started running, though they run in
+/// process groups of their own.
+pub struct Reaper(pub PathBuf);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        // `DIR/`: a path inside it (`DIR-1` is another test's directory).
+        let mut needle = self.0.as_os_str().as_encoded_bytes().to_vec();
+        needle.push(b'/');
+        let me = std::process::id();
+        let Ok(procs) = std::fs::read_dir("/proc") else { return };
+        for e in procs.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+            if pid == me {
+                continue;
+            }
+            let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else { continue };
+            if cmdline.windows(needle.len()).any(|w| w == needle.as_slice()) {
+                // SAFETY: kill(2) on a process that names this test's own directory.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            }
+        }
+    }
+}

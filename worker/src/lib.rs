@@ -13,7 +13,8 @@
 //! - [`secrets::Secrets`]: shared reset and token keys, `grease_quic_bit(false)`.
 //! - [`load_report`]: the `Load` heartbeat and handshake-pressure report (every 250 ms).
 //! - [`control`]: registration with the controller (server id, keys, rotations).
-//! - [`h3_server`], [`drain`], [`echo`], [`tls`]: the `worker` binary's HTTP/3 server.
+//! - [`h3_server`], [`drain`], [`echo`], [`tls`]: the `worker` binary's HTTP/3 server;
+//!   [`cli`]: its command line.
 //!
 //! Minimal use (see docs/worker.md):
 //!
@@ -31,6 +32,7 @@
 pub mod alloc;
 pub mod async_fd;
 pub mod cid_gen;
+pub mod cli;
 pub mod control;
 pub mod datasock;
 pub mod drain;

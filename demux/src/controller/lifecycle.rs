@@ -2,20 +2,25 @@
 //! (docs/architecture.md "The controller", docs/operations.md "Lifecycle events"):
 //!
 //! - [`DataPlane`]: `Backoff` → `Starting` → `Running` → (exit) `Backoff` …; at
-//!   shutdown `Stopping` → `Stopped`. Adoption is a way into `Running`.
+//!   shutdown `Stopping` → `Stopped`. Adoption is a way into `Running`. A restart
+//!   with new options (SIGHUP with a changed configuration) is `Running` →
+//!   `Replacing` → (exit) `Backoff` → `Starting` → `Running`, and the states on
+//!   that way hold the previous options: a new data plane that exits before it is
+//!   ready is started again with them (rollback).
 //! - [`Worker`] / [`WorkerPhase`]: one record per worker, whether this controller
 //!   spawned (or adopted) its process or it registered by itself: `Spawned` →
 //!   `Registered` → `Ready` → `Draining` (said by the worker) or `Retiring` (told by
 //!   the controller) → `Exited`.
 //! - [`Phase`]: the controller's own `Serving`, `Reloading` (SIGHUP),
-//!   `ShuttingDown` (SIGTERM).
+//!   `ShuttingDown` (SIGTERM), `HandingOver` (SIGUSR2: it exits and leaves the data
+//!   plane and the workers running for the next controller).
 //!
 //! Events go in ([`Lifecycle::handle`]): signals, child exits, the data plane's
-//! readiness, registrations and what workers say on them, and the supervision
-//! tick. What the controller must do and the moments a service manager cares about
-//! come out ([`Output`], [`Became`]). This module starts no process, sends no signal
-//! and touches no file, so every transition is tested without processes
-//! (`lifecycle/tests.rs`).
+//! readiness and what it says it places on, registrations and what workers say on
+//! them, and the supervision tick. What the controller must do and the moments a
+//! service manager cares about come out ([`Output`], [`Became`]). This module
+//! starts no process, sends no signal and touches no file, so every transition is
+//! tested without processes (`lifecycle/tests.rs`).
 //!
 //! Every move goes through a `move_to_*` method that refuses an illegal move
 //! ([`Illegal`]) and leaves the state as it was; an event the state does not take is
@@ -70,12 +75,18 @@ impl fmt::Display for Illegal {
 
 // ---------------------------------------------------------------- data plane
 
+/// The data plane's command line, but the inherited sockets and what the
+/// controller adds at each start (`--rejoin-grace-ms`, the log flags): the options
+/// a restart with new options changes, and a rollback brings back.
+pub(crate) type Options = Vec<String>;
+
 /// The data plane's state, without its payload (status names, the transition table).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) enum DataPlaneKind {
     Backoff,
     Starting,
     Running,
+    Replacing,
     Stopping,
     Stopped,
 }
@@ -87,6 +98,7 @@ impl DataPlaneKind {
             DataPlaneKind::Backoff => "restarting",
             DataPlaneKind::Starting => "starting",
             DataPlaneKind::Running => "running",
+            DataPlaneKind::Replacing => "replacing",
             DataPlaneKind::Stopping => "stopping",
             DataPlaneKind::Stopped => "stopped",
         }
@@ -94,15 +106,22 @@ impl DataPlaneKind {
 }
 
 /// The data plane, a supervised child on the controller's sockets.
+///
+/// `rollback`: the options of the data plane that ran before a restart with new
+/// options. They stay with the restart until a data plane with the new options is
+/// ready (then they go) or exits before (then they are the options again).
 pub(crate) enum DataPlane<P> {
     /// Not running; (re)started once `until` has passed. `first`: no data plane has
     /// run on these sockets yet, so its start is not a restart.
-    Backoff { until: Instant, first: bool },
+    Backoff { until: Instant, first: bool, rollback: Option<Options> },
     /// Spawned; not ready yet (its ready file has not appeared).
-    Starting { proc: P, since: Instant },
+    Starting { proc: P, since: Instant, rollback: Option<Options> },
     /// Ready, or adopted from the previous controller: workers start, and the
     /// controller holds its link. `since`: when it was started or adopted.
     Running { proc: P, since: Instant, adopted: bool },
+    /// Told to stop (SIGTERM at `since`) so that one with new options replaces it
+    /// on the same sockets; `rollback` are the options it ran with.
+    Replacing { proc: P, since: Instant, adopted: bool, rollback: Options },
     /// Shutting down: told to stop (SIGTERM) at `since`; killed after DP_STOP_GRACE.
     Stopping { proc: P, since: Instant, adopted: bool },
     /// Shutting down: gone, and not started again.
@@ -115,6 +134,7 @@ impl<P: Process> DataPlane<P> {
             DataPlane::Backoff { .. } => DataPlaneKind::Backoff,
             DataPlane::Starting { .. } => DataPlaneKind::Starting,
             DataPlane::Running { .. } => DataPlaneKind::Running,
+            DataPlane::Replacing { .. } => DataPlaneKind::Replacing,
             DataPlane::Stopping { .. } => DataPlaneKind::Stopping,
             DataPlane::Stopped => DataPlaneKind::Stopped,
         }
@@ -122,18 +142,20 @@ impl<P: Process> DataPlane<P> {
 
     pub(crate) fn proc(&self) -> Option<&P> {
         match self {
-            DataPlane::Starting { proc, .. } | DataPlane::Running { proc, .. } | DataPlane::Stopping { proc, .. } => {
-                Some(proc)
-            }
+            DataPlane::Starting { proc, .. }
+            | DataPlane::Running { proc, .. }
+            | DataPlane::Replacing { proc, .. }
+            | DataPlane::Stopping { proc, .. } => Some(proc),
             DataPlane::Backoff { .. } | DataPlane::Stopped => None,
         }
     }
 
     fn proc_mut(&mut self) -> Option<&mut P> {
         match self {
-            DataPlane::Starting { proc, .. } | DataPlane::Running { proc, .. } | DataPlane::Stopping { proc, .. } => {
-                Some(proc)
-            }
+            DataPlane::Starting { proc, .. }
+            | DataPlane::Running { proc, .. }
+            | DataPlane::Replacing { proc, .. }
+            | DataPlane::Stopping { proc, .. } => Some(proc),
             DataPlane::Backoff { .. } | DataPlane::Stopped => None,
         }
     }
@@ -144,69 +166,157 @@ impl<P: Process> DataPlane<P> {
 
     /// The adopted data plane of the previous controller (still the current one).
     pub(crate) fn adopted(&self) -> bool {
-        matches!(self, DataPlane::Running { adopted: true, .. } | DataPlane::Stopping { adopted: true, .. })
+        matches!(
+            self,
+            DataPlane::Running { adopted: true, .. }
+                | DataPlane::Replacing { adopted: true, .. }
+                | DataPlane::Stopping { adopted: true, .. }
+        )
+    }
+
+    /// The options to go back to: a restart with new options is under way.
+    pub(crate) fn rollback(&self) -> Option<&Options> {
+        match self {
+            DataPlane::Backoff { rollback, .. } | DataPlane::Starting { rollback, .. } => rollback.as_ref(),
+            DataPlane::Replacing { rollback, .. } => Some(rollback),
+            DataPlane::Running { .. } | DataPlane::Stopping { .. } | DataPlane::Stopped => None,
+        }
     }
 
     fn illegal(&self, to: DataPlaneKind) -> Illegal {
         Illegal { what: "the data plane", from: self.kind().name(), to: to.name() }
     }
 
-    /// Backoff → Starting. Returns whether this is the first data plane on these
-    /// sockets; an illegal move hands `proc` back.
+    /// Backoff → Starting (the rollback goes along). Returns whether this is the
+    /// first data plane on these sockets; an illegal move hands `proc` back.
     fn move_to_starting(&mut self, proc: P, now: Instant) -> Result<bool, (Illegal, P)> {
-        match *self {
-            DataPlane::Backoff { first, .. } => {
-                *self = DataPlane::Starting { proc, since: now };
+        match self {
+            DataPlane::Backoff { first, rollback, .. } => {
+                let (first, rollback) = (*first, rollback.take());
+                *self = DataPlane::Starting { proc, since: now, rollback };
                 Ok(first)
             }
             _ => Err((self.illegal(DataPlaneKind::Starting), proc)),
         }
     }
 
-    /// Starting → Running.
-    fn move_to_running(&mut self) -> Result<(), Illegal> {
+    /// Starting → Running (a rollback is dropped: the new options work). Returns
+    /// whether it started with new options.
+    fn move_to_running(&mut self) -> Result<bool, Illegal> {
         if !matches!(self, DataPlane::Starting { .. }) {
             return Err(self.illegal(DataPlaneKind::Running));
         }
-        if let DataPlane::Starting { proc, since } = std::mem::replace(self, DataPlane::Stopped) {
-            *self = DataPlane::Running { proc, since, adopted: false };
+        match std::mem::replace(self, DataPlane::Stopped) {
+            DataPlane::Starting { proc, since, rollback } => {
+                *self = DataPlane::Running { proc, since, adopted: false };
+                Ok(rollback.is_some())
+            }
+            other => {
+                *self = other;
+                Err(self.illegal(DataPlaneKind::Running))
+            }
         }
-        Ok(())
     }
 
-    /// Starting | Running → Backoff (it exited: its pid and how long it ran), or
-    /// Backoff → Backoff (a start failed: None).
-    fn move_to_backoff(&mut self, until: Instant, now: Instant) -> Result<Option<(i32, Duration)>, Illegal> {
+    /// Starting | Running → Replacing: told to stop for a restart with new options;
+    /// `rollback` are the options it runs with. Returns its pid (to signal).
+    fn move_to_replacing(&mut self, rollback: Options, now: Instant) -> Result<i32, Illegal> {
+        if !matches!(self, DataPlane::Starting { rollback: None, .. } | DataPlane::Running { .. }) {
+            return Err(self.illegal(DataPlaneKind::Replacing));
+        }
+        match std::mem::replace(self, DataPlane::Stopped) {
+            DataPlane::Starting { proc, .. } => {
+                let pid = proc.pid();
+                *self = DataPlane::Replacing { proc, since: now, adopted: false, rollback };
+                Ok(pid)
+            }
+            DataPlane::Running { proc, adopted, .. } => {
+                let pid = proc.pid();
+                *self = DataPlane::Replacing { proc, since: now, adopted, rollback };
+                Ok(pid)
+            }
+            other => {
+                *self = other;
+                Err(self.illegal(DataPlaneKind::Replacing))
+            }
+        }
+    }
+
+    /// Starting | Running | Replacing → Backoff (it exited: its pid and how long it
+    /// ran), or Backoff → Backoff (a start failed: None, or a restart with new
+    /// options planned while none runs: `plan`). The rollback of Backoff and
+    /// Replacing goes along (the next start has the new options); one of Starting
+    /// is dropped (the caller went back to those options).
+    fn move_to_backoff(
+        &mut self,
+        until: Instant,
+        now: Instant,
+        plan: Option<Options>,
+    ) -> Result<Option<(i32, Duration)>, Illegal> {
+        let ran = |proc: &P, since: &Instant| (proc.pid(), now.saturating_duration_since(*since));
         match self {
-            DataPlane::Backoff { first, .. } => {
-                let first = *first;
-                *self = DataPlane::Backoff { until, first };
+            DataPlane::Backoff { first, rollback, .. } => {
+                if plan.is_some() && rollback.is_some() {
+                    return Err(self.illegal(DataPlaneKind::Backoff));
+                }
+                let (first, rollback) = (*first, plan.or(rollback.take()));
+                *self = DataPlane::Backoff { until, first, rollback };
                 Ok(None)
             }
-            DataPlane::Starting { proc, since } | DataPlane::Running { proc, since, .. } => {
-                let ran = (proc.pid(), now.saturating_duration_since(*since));
-                *self = DataPlane::Backoff { until, first: false };
+            _ if plan.is_some() => Err(self.illegal(DataPlaneKind::Backoff)),
+            DataPlane::Starting { proc, since, .. } | DataPlane::Running { proc, since, .. } => {
+                let ran = ran(proc, since);
+                *self = DataPlane::Backoff { until, first: false, rollback: None };
+                Ok(Some(ran))
+            }
+            DataPlane::Replacing { proc, since, rollback, .. } => {
+                let (ran, rollback) = (ran(proc, since), std::mem::take(rollback));
+                *self = DataPlane::Backoff { until, first: false, rollback: Some(rollback) };
                 Ok(Some(ran))
             }
             DataPlane::Stopping { .. } | DataPlane::Stopped => Err(self.illegal(DataPlaneKind::Backoff)),
         }
     }
 
-    /// Starting | Running → Stopping (told to stop at `now`).
-    fn move_to_stopping(&mut self, now: Instant) -> Result<i32, Illegal> {
-        if !matches!(self, DataPlane::Starting { .. } | DataPlane::Running { .. }) {
+    /// Replacing → Backoff, handing back the process to kill (it did not stop when
+    /// told); the rollback goes along.
+    fn move_to_backoff_killed(&mut self, until: Instant) -> Result<P, Illegal> {
+        if !matches!(self, DataPlane::Replacing { .. }) {
+            return Err(self.illegal(DataPlaneKind::Backoff));
+        }
+        match std::mem::replace(self, DataPlane::Stopped) {
+            DataPlane::Replacing { proc, rollback, .. } => {
+                *self = DataPlane::Backoff { until, first: false, rollback: Some(rollback) };
+                Ok(proc)
+            }
+            other => {
+                *self = other;
+                Err(self.illegal(DataPlaneKind::Backoff))
+            }
+        }
+    }
+
+    /// Starting | Running → Stopping (told to stop at `now`), or Replacing →
+    /// Stopping (told already, at its `since`). Returns the pid to signal (None:
+    /// told already).
+    fn move_to_stopping(&mut self, now: Instant) -> Result<Option<i32>, Illegal> {
+        if !matches!(self, DataPlane::Starting { .. } | DataPlane::Running { .. } | DataPlane::Replacing { .. }) {
             return Err(self.illegal(DataPlaneKind::Stopping));
         }
         match std::mem::replace(self, DataPlane::Stopped) {
             DataPlane::Starting { proc, .. } => {
                 let pid = proc.pid();
                 *self = DataPlane::Stopping { proc, since: now, adopted: false };
-                Ok(pid)
+                Ok(Some(pid))
             }
             DataPlane::Running { proc, adopted, .. } => {
                 let pid = proc.pid();
                 *self = DataPlane::Stopping { proc, since: now, adopted };
-                Ok(pid)
+                Ok(Some(pid))
+            }
+            DataPlane::Replacing { proc, since, adopted, .. } => {
+                *self = DataPlane::Stopping { proc, since, adopted };
+                Ok(None)
             }
             other => {
                 *self = other;
@@ -215,16 +325,17 @@ impl<P: Process> DataPlane<P> {
         }
     }
 
-    /// Backoff | Starting | Running | Stopping → Stopped; returns the process it
-    /// held (to kill and reap), if any.
+    /// Backoff | Starting | Running | Replacing | Stopping → Stopped; returns the
+    /// process it held (to kill and reap), if any.
     fn move_to_stopped(&mut self) -> Result<Option<P>, Illegal> {
         if matches!(self, DataPlane::Stopped) {
             return Err(self.illegal(DataPlaneKind::Stopped));
         }
         Ok(match std::mem::replace(self, DataPlane::Stopped) {
-            DataPlane::Starting { proc, .. } | DataPlane::Running { proc, .. } | DataPlane::Stopping { proc, .. } => {
-                Some(proc)
-            }
+            DataPlane::Starting { proc, .. }
+            | DataPlane::Running { proc, .. }
+            | DataPlane::Replacing { proc, .. }
+            | DataPlane::Stopping { proc, .. } => Some(proc),
             DataPlane::Backoff { .. } | DataPlane::Stopped => None,
         })
     }
@@ -440,9 +551,14 @@ pub(crate) struct Reload {
     step: Option<ReloadStep>,
 }
 
-/// One step of a rolling reload: the old worker `old` being replaced.
+/// One step of a rolling reload: the data plane being restarted with new options,
+/// or the old worker `old` being replaced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ReloadStep {
+    /// A restart of the data plane with new options is under way (since `since`):
+    /// the workers are replaced once a data plane runs again (with the new options,
+    /// or the previous ones after a rollback).
+    DataPlaneRestarting { since: Instant },
     /// Its replacement is starting (since `since`); `old` serves on, not counted,
     /// and is told to drain once every counted worker is ready.
     AwaitReplacement { old: WorkerId, since: Instant },
@@ -456,7 +572,7 @@ pub(crate) struct Shutdown {
     deadline: Instant,
 }
 
-/// The controller's own phase. ShuttingDown is final.
+/// The controller's own phase. ShuttingDown and HandingOver are final.
 ///
 /// `demux upgrade` (a new binary) will be one more phase, `Upgrading(..)`, beside
 /// `Reloading`: replace the data plane, then roll the workers as a reload does,
@@ -467,6 +583,10 @@ pub(crate) enum Phase {
     Serving,
     Reloading(Reload),
     ShuttingDown(Shutdown),
+    /// SIGUSR2: the controller exits and leaves the running data plane and every
+    /// worker as they are, for the next controller to adopt. Nothing changes any
+    /// more: every event but the tick is refused.
+    HandingOver,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -474,6 +594,7 @@ pub(crate) enum PhaseKind {
     Serving,
     Reloading,
     ShuttingDown,
+    HandingOver,
 }
 
 impl PhaseKind {
@@ -483,6 +604,7 @@ impl PhaseKind {
             PhaseKind::Serving => "serving",
             PhaseKind::Reloading => "reloading",
             PhaseKind::ShuttingDown => "shutting_down",
+            PhaseKind::HandingOver => "handing_over",
         }
     }
 }
@@ -493,6 +615,7 @@ impl Phase {
             Phase::Serving => PhaseKind::Serving,
             Phase::Reloading(_) => PhaseKind::Reloading,
             Phase::ShuttingDown(_) => PhaseKind::ShuttingDown,
+            Phase::HandingOver => PhaseKind::HandingOver,
         }
     }
 
@@ -529,7 +652,19 @@ impl Phase {
                 *self = Phase::ShuttingDown(s);
                 Ok(())
             }
-            Phase::ShuttingDown(_) => Err(self.illegal(PhaseKind::ShuttingDown)),
+            Phase::ShuttingDown(_) | Phase::HandingOver => Err(self.illegal(PhaseKind::ShuttingDown)),
+        }
+    }
+
+    /// Serving | Reloading → HandingOver (a reload in progress is left as it is:
+    /// the next controller counts the workers anew).
+    fn move_to_handing_over(&mut self) -> Result<(), Illegal> {
+        match self {
+            Phase::Serving | Phase::Reloading(_) => {
+                *self = Phase::HandingOver;
+                Ok(())
+            }
+            Phase::ShuttingDown(_) | Phase::HandingOver => Err(self.illegal(PhaseKind::HandingOver)),
         }
     }
 }
@@ -543,11 +678,31 @@ pub(crate) enum Event<P> {
     Reload,
     /// SIGTERM / SIGINT.
     Shutdown,
+    /// SIGUSR2: exit, leaving the data plane and the workers running.
+    HandOver,
+    /// SIGHUP's re-read of the configuration: `--spawn-workers` and
+    /// `--drain-timeout`, in force at once.
+    Configure {
+        spawn_workers: usize,
+        drain_timeout: Duration,
+    },
+    /// SIGHUP's re-read changed the data plane's options: restart it on the same
+    /// sockets with `options`, and go back to the present ones if the new data
+    /// plane exits before it is ready.
+    RestartDataPlane {
+        options: Options,
+    },
     /// A data plane was spawned (after [`Lifecycle::dataplane_start_due`]).
     DataPlaneSpawned(P),
     DataPlaneSpawnFailed(String),
     /// The starting data plane wrote its ready file.
     DataPlaneReady,
+    /// The running data plane places new connections on these server ids
+    /// (its status: `instances[].placeable`), asked while
+    /// [`Lifecycle::placeable_check_wanted`].
+    DataPlanePlaces {
+        server_ids: Vec<u16>,
+    },
     /// The data plane's process ended (how).
     DataPlaneExited(String),
     /// A worker was spawned (after [`Lifecycle::worker_wanted`]).
@@ -589,9 +744,13 @@ impl<P> Event<P> {
         match self {
             Event::Reload => "reload",
             Event::Shutdown => "shutdown",
+            Event::HandOver => "hand over",
+            Event::Configure { .. } => "configure",
+            Event::RestartDataPlane { .. } => "restart the data plane",
             Event::DataPlaneSpawned(_) => "data plane spawned",
             Event::DataPlaneSpawnFailed(_) => "data plane spawn failed",
             Event::DataPlaneReady => "data plane ready",
+            Event::DataPlanePlaces { .. } => "data plane places",
             Event::DataPlaneExited(_) => "data plane exited",
             Event::WorkerSpawned(_) => "worker spawned",
             Event::WorkerSpawnFailed(_) => "worker spawn failed",
@@ -618,8 +777,9 @@ pub(crate) struct Refused<P> {
 pub(crate) enum Became {
     /// A data plane was started (`restarts`: starts on these sockets after the first).
     DataPlaneStarted { pid: i32, restarts: u64 },
-    /// First time only: the data plane runs and every `--spawn-workers` worker is
-    /// ready (placeable).
+    /// First time only: the data plane runs, every `--spawn-workers` worker is
+    /// ready, and the data plane places new connections on each of them (with no
+    /// `--spawn-workers`: once the data plane runs). A client can be served.
     Placeable,
     /// SIGHUP taken: a rolling reload runs.
     ReloadStarted,
@@ -629,6 +789,8 @@ pub(crate) enum Became {
     ReloadStopped,
     /// SIGTERM taken: the workers drain.
     ShuttingDown,
+    /// SIGUSR2 taken: the controller exits now; the data plane and the workers run on.
+    HandingOver,
     /// Workers gone, data plane stopped: the controller exits.
     Stopped,
 }
@@ -649,6 +811,9 @@ pub(crate) enum Output<P> {
 /// counters and timers that go with them.
 pub(crate) struct Lifecycle<P> {
     dp: DataPlane<P>,
+    /// The options the next data plane starts with (those of the running one,
+    /// unless a restart with new options is under way).
+    dp_options: Options,
     dp_backoff: Duration,
     dp_restarts: u64,
     dp_last_exit: Option<String>,
@@ -674,19 +839,22 @@ fn refuse<P>(event: Event<P>, why: impl fmt::Display) -> Step<P> {
 impl<P: Process> Lifecycle<P> {
     /// `adopted`: the previous controller's data plane (now Running), whose restart
     /// count on these sockets was `restarts`; otherwise one is started at once.
+    /// `options`: the data plane's options (an adopted one is taken to run with them).
     pub(crate) fn new(
         now: Instant,
         spawn_workers: usize,
         drain_timeout: Duration,
+        options: Options,
         adopted: Option<P>,
         restarts: u64,
     ) -> Lifecycle<P> {
         let dp = match adopted {
             Some(proc) => DataPlane::Running { proc, since: now, adopted: true },
-            None => DataPlane::Backoff { until: now, first: true },
+            None => DataPlane::Backoff { until: now, first: true, rollback: None },
         };
         Lifecycle {
             dp,
+            dp_options: options,
             dp_backoff: DP_BACKOFF_MIN,
             dp_restarts: restarts,
             dp_last_exit: None,
@@ -720,11 +888,19 @@ impl<P: Process> Lifecycle<P> {
             _ => None,
         }
     }
+    /// The options the next data plane starts with.
+    pub(crate) fn dataplane_options(&self) -> &Options {
+        &self.dp_options
+    }
     pub(crate) fn dataplane_restarts(&self) -> u64 {
         self.dp_restarts
     }
     pub(crate) fn dataplane_last_exit(&self) -> Option<&str> {
         self.dp_last_exit.as_deref()
+    }
+    /// `--spawn-workers` in force (SIGHUP's re-read may change it: `Event::Configure`).
+    pub(crate) fn spawn_workers(&self) -> usize {
+        self.spawn_workers
     }
     pub(crate) fn phase(&self) -> &Phase {
         &self.phase
@@ -761,15 +937,34 @@ impl<P: Process> Lifecycle<P> {
     pub(crate) fn pid_registered(&self, pid: u32) -> bool {
         self.registrations().any(|(_, p)| p == pid)
     }
-    /// Whether a new registration may be answered (not while shutting down).
+    /// Whether a new registration may be answered, and processes started (not
+    /// while shutting down or handing over).
     pub(crate) fn accepts_registrations(&self) -> bool {
-        !matches!(self.phase, Phase::ShuttingDown(_))
+        matches!(self.phase, Phase::Serving | Phase::Reloading(_))
     }
     /// Shutdown done: the controller exits.
     pub(crate) fn is_done(&self) -> bool {
         matches!(self.phase, Phase::ShuttingDown(_))
             && matches!(self.dp, DataPlane::Stopped)
             && !self.workers.iter().any(|w| w.proc.is_some())
+    }
+    /// SIGUSR2 taken: the controller exits, stopping nothing.
+    pub(crate) fn handed_over(&self) -> bool {
+        self.phase == Phase::HandingOver
+    }
+    /// `Became::Placeable` was told: a client could be served.
+    pub(crate) fn told_placeable(&self) -> bool {
+        self.told_placeable
+    }
+    /// Whether to ask the running data plane which server ids it places on
+    /// ([`Event::DataPlanePlaces`]): Placeable is not told yet, and every wanted
+    /// worker said Ready.
+    pub(crate) fn placeable_check_wanted(&self) -> bool {
+        !self.told_placeable
+            && self.spawn_workers > 0
+            && self.accepts_registrations()
+            && self.dataplane_running().is_some()
+            && self.all_ready(None)
     }
 
     /// `DIR/workers`: `PID` or `PID retiring` per live managed worker, for the next
@@ -793,7 +988,17 @@ impl<P: Process> Lifecycle<P> {
             Some(pid) => format!("data plane {} (pid {pid})", self.dp.kind().name()),
             None => format!("data plane {}", self.dp.kind().name()),
         };
-        format!("{}; {dp}; workers {ready} ready of {counted} (want {})", self.phase.kind().name(), self.spawn_workers)
+        let draining = self
+            .workers
+            .iter()
+            .filter(|w| matches!(w.phase, WorkerPhase::Draining | WorkerPhase::Retiring { .. }))
+            .count();
+        let draining = if draining > 0 { format!(", {draining} draining") } else { String::new() };
+        format!(
+            "{}; {dp}; workers {ready} ready of {counted} (want {}){draining}",
+            self.phase.kind().name(),
+            self.spawn_workers
+        )
     }
 
     /// When to start a data plane: `Some(rejoin_grace)` once one is due. A restarted
@@ -801,7 +1006,7 @@ impl<P: Process> Lifecycle<P> {
     /// that are not back yet (`--rejoin-grace-ms`).
     pub(crate) fn dataplane_start_due(&self, now: Instant) -> Option<bool> {
         match self.dp {
-            DataPlane::Backoff { until, first } if now >= until && self.accepts_registrations() => {
+            DataPlane::Backoff { until, first, .. } if now >= until && self.accepts_registrations() => {
                 Some(!first || !self.workers.is_empty())
             }
             _ => None,
@@ -866,14 +1071,13 @@ impl<P: Process> Lifecycle<P> {
         match self.apply(now, ev, &mut out) {
             Ok(()) => {
                 self.forget_exited();
+                // With workers to wait for, Placeable comes with DataPlanePlaces.
                 if !self.told_placeable
+                    && self.spawn_workers == 0
                     && self.accepts_registrations()
                     && self.dataplane_running().is_some()
-                    && self.all_ready(None)
                 {
-                    self.told_placeable = true;
-                    tracing::info!(summary = %self.summary(), "serving: every worker is placeable");
-                    out.push(Output::Became(Became::Placeable));
+                    self.tell_placeable(&mut out);
                 }
                 if !self.told_stopped && self.is_done() {
                     self.told_stopped = true;
@@ -889,10 +1093,32 @@ impl<P: Process> Lifecycle<P> {
         }
     }
 
+    fn tell_placeable(&mut self, out: &mut Vec<Output<P>>) {
+        self.told_placeable = true;
+        tracing::info!(summary = %self.summary(), "serving: every worker is placeable");
+        out.push(Output::Became(Became::Placeable));
+    }
+
     fn apply(&mut self, now: Instant, ev: Event<P>, out: &mut Vec<Output<P>>) -> Step<P> {
+        if self.phase == Phase::HandingOver && !matches!(ev, Event::Tick) {
+            return refuse(ev, "the controller handed over: it exits and changes nothing");
+        }
         match ev {
             Event::Reload => self.on_reload(ev, out),
             Event::Shutdown => self.on_shutdown(now, ev, out),
+            Event::HandOver => self.on_hand_over(ev, out),
+            Event::Configure { spawn_workers, drain_timeout } => {
+                if !self.accepts_registrations() {
+                    return refuse(ev, format!("the controller is {}", self.phase.kind().name()));
+                }
+                if spawn_workers != self.spawn_workers {
+                    tracing::info!(from = self.spawn_workers, to = spawn_workers, "workers wanted (--spawn-workers)");
+                }
+                self.spawn_workers = spawn_workers;
+                self.drain_timeout = drain_timeout;
+                Ok(())
+            }
+            Event::RestartDataPlane { options } => self.on_restart_dataplane(now, options, out),
             Event::DataPlaneSpawned(proc) => {
                 if self.dataplane_start_due(now).is_none() {
                     let why = format!("no data plane start is due ({})", self.dp.kind().name());
@@ -915,7 +1141,7 @@ impl<P: Process> Lifecycle<P> {
                     return refuse(Event::DataPlaneSpawnFailed(why), "no data plane start is due");
                 }
                 let backoff = (self.dp_backoff * 2).min(DP_BACKOFF_MAX);
-                if let Err(e) = self.dp.move_to_backoff(now + backoff, now) {
+                if let Err(e) = self.dp.move_to_backoff(now + backoff, now, None) {
                     return refuse(Event::DataPlaneSpawnFailed(why), e);
                 }
                 self.dp_backoff = backoff;
@@ -923,12 +1149,27 @@ impl<P: Process> Lifecycle<P> {
                 Ok(())
             }
             Event::DataPlaneReady => match self.dp.move_to_running() {
-                Ok(()) => {
+                Ok(false) => {
                     tracing::info!(pid = self.dp.pid(), "data plane ready");
+                    Ok(())
+                }
+                Ok(true) => {
+                    tracing::info!(pid = self.dp.pid(), "data plane ready: it runs with the new options");
                     Ok(())
                 }
                 Err(e) => refuse(ev, e),
             },
+            Event::DataPlanePlaces { server_ids } => {
+                if self.dataplane_running().is_none() {
+                    let why = format!("no data plane runs ({})", self.dp.kind().name());
+                    return refuse(Event::DataPlanePlaces { server_ids }, why);
+                }
+                let placed = |w: &Worker<P>| w.server_id().is_some_and(|id| server_ids.contains(&id));
+                if self.placeable_check_wanted() && self.workers.iter().filter(|w| w.counted()).all(placed) {
+                    self.tell_placeable(out);
+                }
+                Ok(())
+            }
             Event::DataPlaneExited(how) => self.on_dataplane_exit(now, how),
             Event::WorkerSpawned(proc) => {
                 if !self.worker_wanted(now) {
@@ -1036,9 +1277,16 @@ impl<P: Process> Lifecycle<P> {
             }
             Event::Tick => {
                 match self.phase {
-                    Phase::Serving => self.scale_in(now, out),
-                    Phase::Reloading(_) => self.step_reload(now, out),
+                    Phase::Serving => {
+                        self.kill_stuck_replaced(now, out);
+                        self.scale_in(now, out);
+                    }
+                    Phase::Reloading(_) => {
+                        self.kill_stuck_replaced(now, out);
+                        self.step_reload(now, out);
+                    }
                     Phase::ShuttingDown(_) => self.step_shutdown(now, out),
+                    Phase::HandingOver => {}
                 }
                 Ok(())
             }
@@ -1058,6 +1306,62 @@ impl<P: Process> Lifecycle<P> {
                 refuse(ev, format!("{e}: a rolling reload is already running"))
             }
             Err(e) => refuse(ev, e),
+        }
+    }
+
+    /// SIGUSR2: only with a running data plane (one the next controller can adopt:
+    /// its control socket answers, and no restart is under way), and nothing is
+    /// stopped or signalled.
+    fn on_hand_over(&mut self, ev: Event<P>, out: &mut Vec<Output<P>>) -> Step<P> {
+        if self.dataplane_running().is_none() {
+            let why = format!(
+                "the data plane is {}: the next controller could not adopt it; hand over once it runs",
+                self.dp.kind().name()
+            );
+            return refuse(ev, why);
+        }
+        if let Err(e) = self.phase.move_to_handing_over() {
+            return refuse(ev, e);
+        }
+        let managed = self.workers.iter().filter(|w| w.proc.is_some()).count();
+        tracing::info!(
+            pid = self.dp.pid(),
+            workers = managed,
+            "SIGUSR2: handing the data plane and the workers over to the next controller"
+        );
+        out.push(Output::Became(Became::HandingOver));
+        Ok(())
+    }
+
+    /// New options for the data plane: the running (or starting) one is told to
+    /// stop and one with the new options starts on the same sockets; with none
+    /// running, the next start has them. Refused while a restart with new options
+    /// is under way, and when shutting down.
+    fn on_restart_dataplane(&mut self, now: Instant, options: Options, out: &mut Vec<Output<P>>) -> Step<P> {
+        if !self.accepts_registrations() {
+            let why = format!("the controller is {}", self.phase.kind().name());
+            return refuse(Event::RestartDataPlane { options }, why);
+        }
+        if self.dp.rollback().is_some() {
+            let why = "the data plane is still restarting with the previous new options; reload again once it runs";
+            return refuse(Event::RestartDataPlane { options }, why);
+        }
+        let previous = self.dp_options.clone();
+        let moved = match self.dp {
+            DataPlane::Backoff { until, .. } => self.dp.move_to_backoff(until, now, Some(previous)).map(|_| None),
+            _ => self.dp.move_to_replacing(previous, now).map(Some),
+        };
+        match moved {
+            Ok(pid) => {
+                tracing::info!(pid, "new data-plane options: restarting the data plane on the same sockets");
+                self.dp_options = options;
+                if let Some(pid) = pid {
+                    // Its exit is the restart (on_dataplane_exit), with no backoff.
+                    out.push(Output::Signal { pid, sig: libc::SIGTERM });
+                }
+                Ok(())
+            }
+            Err(e) => refuse(Event::RestartDataPlane { options }, e),
         }
     }
 
@@ -1086,6 +1390,34 @@ impl<P: Process> Lifecycle<P> {
 
     fn on_dataplane_exit(&mut self, now: Instant, how: String) -> Step<P> {
         match self.dp.kind() {
+            // Told to stop for new options: the new one starts at once.
+            DataPlaneKind::Replacing if self.accepts_registrations() => match self.dp.move_to_backoff(now, now, None) {
+                Ok(exited) => {
+                    let pid = exited.map(|(p, _)| p);
+                    tracing::info!(pid, how, "data plane stopped for the new options; starting the new one");
+                    self.dp_last_exit = Some(how);
+                    Ok(())
+                }
+                Err(e) => refuse(Event::DataPlaneExited(how), e),
+            },
+            // The new options did not come up: back to the previous ones, at once.
+            DataPlaneKind::Starting if self.accepts_registrations() && self.dp.rollback().is_some() => {
+                let previous = self.dp.rollback().cloned().unwrap_or_default();
+                match self.dp.move_to_backoff(now, now, None) {
+                    Ok(exited) => {
+                        tracing::error!(
+                            pid = exited.map(|(p, _)| p),
+                            how,
+                            "the data plane exited before it was ready with the new options; restarting it with the \
+                             previous one"
+                        );
+                        self.dp_options = previous;
+                        self.dp_last_exit = Some(how);
+                        Ok(())
+                    }
+                    Err(e) => refuse(Event::DataPlaneExited(how), e),
+                }
+            }
             DataPlaneKind::Starting | DataPlaneKind::Running if self.accepts_registrations() => {
                 let ran = match &self.dp {
                     DataPlane::Starting { since, .. } | DataPlane::Running { since, .. } => {
@@ -1094,7 +1426,7 @@ impl<P: Process> Lifecycle<P> {
                     _ => Duration::ZERO,
                 };
                 let backoff = if ran >= DP_STABLE { DP_BACKOFF_MIN } else { (self.dp_backoff * 2).min(DP_BACKOFF_MAX) };
-                match self.dp.move_to_backoff(now + backoff, now) {
+                match self.dp.move_to_backoff(now + backoff, now, None) {
                     Ok(exited) => {
                         self.dp_backoff = backoff;
                         tracing::error!(
@@ -1110,7 +1442,7 @@ impl<P: Process> Lifecycle<P> {
                     Err(e) => refuse(Event::DataPlaneExited(how), e),
                 }
             }
-            DataPlaneKind::Starting | DataPlaneKind::Running | DataPlaneKind::Stopping => {
+            DataPlaneKind::Starting | DataPlaneKind::Running | DataPlaneKind::Replacing | DataPlaneKind::Stopping => {
                 let pid = self.dp.pid();
                 match self.dp.move_to_stopped() {
                     Ok(_) => {
@@ -1155,6 +1487,19 @@ impl<P: Process> Lifecycle<P> {
         Ok(())
     }
 
+    /// A data plane told to stop for new options that has not stopped after
+    /// DP_STOP_GRACE is killed; the new one starts at once.
+    fn kill_stuck_replaced(&mut self, now: Instant, out: &mut Vec<Output<P>>) {
+        let DataPlane::Replacing { since, .. } = self.dp else { return };
+        if now.saturating_duration_since(since) < DP_STOP_GRACE {
+            return;
+        }
+        tracing::warn!(pid = self.dp.pid(), "the data plane did not stop for the new options; killing it");
+        if let Ok(proc) = self.dp.move_to_backoff_killed(now) {
+            out.push(Output::Kill(vec![proc]));
+        }
+    }
+
     /// More counted workers than `--spawn-workers` (a controller restarted with a
     /// smaller N adopted the old ones): the newest extras retire (scale-in).
     fn scale_in(&mut self, now: Instant, out: &mut Vec<Output<P>>) {
@@ -1185,6 +1530,30 @@ impl<P: Process> Lifecycle<P> {
         loop {
             let Some(step) = self.reload_mut().map(|r| r.step) else { return };
             match step {
+                None if self.dp.rollback().is_some() => {
+                    if let Some(r) = self.reload_mut() {
+                        r.step = Some(ReloadStep::DataPlaneRestarting { since: now });
+                    }
+                    return;
+                }
+                Some(ReloadStep::DataPlaneRestarting { since }) => {
+                    if self.dp.rollback().is_none() && self.dataplane_running().is_some() {
+                        if let Some(r) = self.reload_mut() {
+                            r.step = None;
+                        }
+                        continue;
+                    }
+                    if now.saturating_duration_since(since) > RELOAD_STEP_TIMEOUT {
+                        tracing::error!(
+                            dataplane = self.dp.kind().name(),
+                            "reload: the data plane did not run again in time; reload stopped"
+                        );
+                        if self.phase.move_to_serving().is_ok() {
+                            out.push(Output::Became(Became::ReloadStopped));
+                        }
+                    }
+                    return;
+                }
                 None => {
                     let next = self.reload_mut().and_then(|r| r.queue.pop_front());
                     let Some(old) = next else {
@@ -1203,7 +1572,9 @@ impl<P: Process> Lifecycle<P> {
                     return;
                 }
                 Some(ReloadStep::AwaitReplacement { old, since }) => {
-                    if self.all_ready(Some(old)) {
+                    // Not while the data plane restarts with new options (a SIGHUP
+                    // during the reload): the old worker serves on until it runs.
+                    if self.all_ready(Some(old)) && self.dp.rollback().is_none() {
                         if let Some(i) = self.index(old).filter(|i| self.workers[*i].counted()) {
                             let w = &mut self.workers[i];
                             let signal = w.phase != WorkerPhase::Draining;
@@ -1257,8 +1628,9 @@ impl<P: Process> Lifecycle<P> {
             out.push(Output::Kill(procs));
         }
         match self.dp {
-            DataPlane::Starting { .. } | DataPlane::Running { .. } => {
-                if let Ok(pid) = self.dp.move_to_stopping(now) {
+            DataPlane::Starting { .. } | DataPlane::Running { .. } | DataPlane::Replacing { .. } => {
+                // A replacing one was told already (None).
+                if let Ok(Some(pid)) = self.dp.move_to_stopping(now) {
                     out.push(Output::Signal { pid, sig: libc::SIGTERM });
                 }
             }

@@ -8,9 +8,12 @@
 //! Modules, one concern each: `state` (files), `procs` (child processes),
 //! `lifecycle` (the states of the data plane, the workers and the controller, and
 //! every change to them), `conns` (the control socket), `supervise` (carries out
-//! what the lifecycle decides), `status` (status JSON, metrics), `client`
-//! (operator commands).
+//! what the lifecycle decides), `reconfigure` (SIGHUP's re-read of `--config`),
+//! `status` (status JSON, metrics), `client` (operator commands), `systemd`
+//! (readiness, status and watchdog notifications), `activation` (sockets passed
+//! by systemd, the file-descriptor store).
 
+pub mod activation;
 pub mod client;
 pub mod conns;
 mod lifecycle;
@@ -18,14 +21,16 @@ mod link;
 pub mod ownership;
 pub mod pacing;
 pub mod procs;
+mod reconfigure;
 mod rotation;
 pub mod state;
 pub mod status;
 pub mod supervise;
+pub mod systemd;
 mod trust;
 
-use crate::cli::{ControllerOpts, DataPlaneArgs};
-use crate::dataplane::{cores, socket};
+use crate::cli::{ControllerOpts, DataPlaneArgs, LogArgs};
+use crate::dataplane::cores;
 use anyhow::{bail, Context, Result};
 use proto::keyfile::KeyFile;
 use proto::wire::Admin;
@@ -78,7 +83,6 @@ pub(crate) struct Ctl {
     udp: Vec<OwnedFd>,
     udp_addrs: Vec<SocketAddr>,
     per_shard: usize,
-    dataplane_args: Vec<String>,
     /// `--rejoin-grace-ms` for the data planes it restarts (supervise::REJOIN_GRACE_MS
     /// unless the operator gave one).
     rejoin_grace_ms: u32,
@@ -107,13 +111,53 @@ pub(crate) struct Ctl {
     worker_user: Option<crate::trust::WorkerUser>,
     /// `--host-bits`/`--host-id` (ADR 0005): the server ids this host issues.
     host: proto::host::HostLayout,
+    /// The data-plane flags as the configuration last gave them (SIGHUP compares
+    /// the keys that need a restart with them; the data plane's command line in
+    /// force is the lifecycle's, `Lifecycle::dataplane_options`).
+    dp_opts: DataPlaneArgs,
+    /// `--log-level`/`--log-format` in force, and the filter to change on SIGHUP.
+    log: LogArgs,
+    logging: sys::logging::Logging,
+    /// Notifications to systemd (no-ops without NOTIFY_SOCKET).
+    sd: systemd::Notifier,
 }
 
-/// Entry point: `demux --state-dir DIR …` / `demux controller …`.
-pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
-    let Some(dir) = opts.state_dir.clone() else { bail!("--state-dir DIR is required") };
+/// What the controller checks before it opens anything: the options alone, and
+/// this machine's cores, user and executables (`demux check-config` stops here).
+pub struct Plan {
+    pub host: proto::host::HostLayout,
+    pub cores: Vec<core_affinity::CoreId>,
+    pub rotate_every: u32,
+    pub exe: PathBuf,
+    pub worker_bin: PathBuf,
+    pub worker_user: Option<crate::trust::WorkerUser>,
+}
+
+impl Plan {
+    /// One line for `demux check-config`.
+    pub fn summary(&self, dp: &DataPlaneArgs, opts: &ControllerOpts) -> String {
+        let listen: Vec<String> = dp.listen.iter().map(|a| a.to_string()).collect();
+        let user = self.worker_user.as_ref().map_or_else(|| "the controller's user".to_string(), |u| u.name.clone());
+        format!(
+            "listen {}; {} shard(s) on cores {}; {} worker(s) ({}) as {}; state {}",
+            listen.join(" "),
+            self.cores.len(),
+            dp.cores,
+            opts.spawn_workers,
+            self.worker_bin.display(),
+            user,
+            opts.state_dir.as_deref().map_or_else(|| "-".into(), |d| d.display().to_string())
+        )
+    }
+}
+
+/// The checks of [`run`] that change nothing (docs/operations.md "Configuration").
+pub fn plan(dp: &DataPlaneArgs, opts: &ControllerOpts) -> Result<Plan> {
+    if opts.state_dir.is_none() {
+        bail!("--state-dir DIR (controller.state_dir) is required");
+    }
     if dp.listen.is_empty() {
-        bail!("--listen ADDR:PORT is required (repeatable)");
+        bail!("--listen ADDR:PORT (listen.addresses) is required (repeatable)");
     }
     for (flag, set) in [
         ("--keys", dp.keys.is_some()),
@@ -133,12 +177,12 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
             bail!("--listen {l} given twice");
         }
     }
+    crate::dataplane::check_args(dp)?;
     let host = proto::host::HostLayout::new(dp.host_bits, dp.host_id)?;
     // Two live generations × rotate-every starts must stay below the host's ids.
     let max_rotate_every = host.per_host() / 2;
-    let mut opts = opts;
-    opts.rotate_every = opts.rotate_every_arg.unwrap_or(DEFAULT_ROTATE_EVERY.min(max_rotate_every));
-    if opts.rotate_every == 0 || opts.rotate_every > max_rotate_every {
+    let rotate_every = opts.rotate_every_arg.unwrap_or(DEFAULT_ROTATE_EVERY.min(max_rotate_every));
+    if rotate_every == 0 || rotate_every > max_rotate_every {
         bail!(
             "--rotate-every must be 1..={max_rotate_every} (two live key generations must not span the host's {} server \
              ids)",
@@ -157,7 +201,23 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
     if opts.spawn_workers > 0 && !worker_bin.exists() {
         bail!("worker executable {} not found (build it, or pass --worker-bin PATH)", worker_bin.display());
     }
+    let worker_user = opts.worker_user.as_deref().map(crate::trust::WorkerUser::resolve).transpose()?;
+    Ok(Plan { host, cores, rotate_every, exe, worker_bin, worker_user })
+}
 
+/// Entry point: `demux --state-dir DIR …` / `demux controller …` / `demux --config FILE`.
+pub fn run(dp: DataPlaneArgs, opts: ControllerOpts, log: LogArgs, logging: sys::logging::Logging) -> Result<()> {
+    // Before any thread starts: the sockets systemd passed, if any (LISTEN_FDS).
+    let passed = activation::take().context("the sockets systemd passed (LISTEN_FDS)")?;
+    let sd = systemd::Notifier::from_env();
+    let plan = plan(&dp, &opts)?;
+    let Some(dir) = opts.state_dir.clone() else { bail!("--state-dir DIR is required") };
+    let host = plan.host;
+    let mut opts = opts;
+    opts.rotate_every = plan.rotate_every;
+    let cores = plan.cores.clone();
+    let exe = plan.exe.clone();
+    let worker_bin = plan.worker_bin.clone();
     let worker_user = trust::resolve_worker_user(&opts)?;
     let paths = Paths::new(&dir);
     state::prepare_dir_for(&dir, worker_user.as_ref().map(|u| u.gid))?;
@@ -170,27 +230,34 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
         key_newest = keys.keys.newest.generation.get(), "controller starting"
     );
 
-    let mut dataplane_args = dataplane_args(&dp, &paths);
-    dataplane_args.extend(trust::dataplane_trust_args(&paths, worker_user.as_ref()));
-    // Adopt a running data plane (controller restart), else open the sockets.
+    let dataplane_options = dataplane_options(&dp, &paths, worker_user.as_ref());
+    // Adopt a running data plane (controller restart), else open the sockets (or
+    // take those systemd passed).
     let (udp, udp_addrs, adopted_dp) = match adopt_dataplane(&paths, &dp, cores.len())? {
         Some((pid, fds, addrs)) => {
             tracing::info!(pid, sockets = ?addrs, "adopted the running data plane and its sockets");
             let proc = procs::Proc::adopt(pid).context("pidfd_open on the adopted data plane")?;
             // Before the control socket exists (so before any worker rejoins).
             rotation::resync_adopted(&paths, pid, &keys)?;
+            // What systemd passed are the same sockets (its file-descriptor store) or
+            // must be among them (a socket unit's).
+            sd.forget_fds(&activation::check_adopted(&passed, &fds)?);
             (fds, addrs, Some(proc))
         }
         None => {
-            // One owner per port: not beside another appliance's (or orphan's) sockets.
+            // One owner per port: not beside another appliance's (or orphan's)
+            // sockets. Sockets systemd passed us are ours (we hold them).
             ownership::refuse_if_held(&dp.listen, &paths)?;
-            let socks = socket::bind_all(&dp.listen, cores.len())?;
-            let addrs: Vec<SocketAddr> = socks.iter().flatten().map(|s| s.local).collect();
-            let fds: Vec<OwnedFd> = socks.into_iter().flatten().map(|s| s.fd).collect();
-            tracing::info!(sockets = ?addrs, "UDP sockets open");
+            let a = activation::assemble(passed, &dp.listen, cores.len())?;
+            sd.forget_fds(&a.forget);
+            let addrs: Vec<SocketAddr> = a.socks.iter().flatten().map(|s| s.local).collect();
+            let fds: Vec<OwnedFd> = a.socks.into_iter().flatten().map(|s| s.fd).collect();
+            tracing::info!(sockets = ?addrs, from_systemd = a.from_systemd, "UDP sockets open");
             (fds, addrs, None)
         }
     };
+    // A restart of the service hands them back (LISTEN_FDS): the port never closes.
+    sd.store_fds(&udp, &udp_addrs, dp.listen.len());
     let adopted_sockets = adopted_dp.is_some();
     // Restarts count per set of sockets: an adopted data plane continues the count.
     let restarts = if adopted_sockets {
@@ -202,6 +269,7 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
         Instant::now(),
         opts.spawn_workers,
         Duration::from_secs(opts.drain_timeout),
+        dataplane_options,
         adopted_dp,
         restarts,
     );
@@ -216,11 +284,11 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
     if let Some(addr) = dp.metrics {
         status::spawn_metrics(addr, Some(status_out.clone()), paths.dataplane_sock())?;
     }
-
-    if opts.spawn_workers > 0 {
-        add_cid_lifetime_arg(&mut opts);
-        add_rings_arg(&mut opts, dp.forward);
+    if sd.enabled() {
+        systemd::spawn_status(status_out.clone(), paths.dataplane_sock())?;
     }
+
+    add_worker_contract_args(&mut opts, &dp, &log);
     let mut ctl = Ctl {
         paths,
         exe,
@@ -230,7 +298,6 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
         udp,
         udp_addrs,
         per_shard: dp.listen.len(),
-        dataplane_args,
         rejoin_grace_ms: dp.rejoin_grace_ms.unwrap_or(supervise::REJOIN_GRACE_MS),
         lc,
         workers_file: None,
@@ -250,11 +317,61 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts) -> Result<()> {
         opts,
         worker_user,
         host,
+        dp_opts: dp,
+        log,
+        logging,
+        sd,
     };
     ctl.take_over_workers();
     let r = ctl.run();
     drop(lock);
     r
+}
+
+/// The arguments every spawned worker gets from the controller besides the
+/// operator's (`--worker-arg`, `[workers]`): `--cid-lifetime`, `--rings`, and the
+/// log flags when set. Part of the worker's command-line contract.
+fn add_worker_contract_args(opts: &mut ControllerOpts, dp: &DataPlaneArgs, log: &LogArgs) {
+    if opts.spawn_workers == 0 {
+        return;
+    }
+    add_cid_lifetime_arg(opts);
+    add_rings_arg(opts, dp.forward);
+    add_log_args(opts, log);
+}
+
+/// `--log-level`/`--log-format` reach the spawned workers when set (a worker binary
+/// of the operator's own need not know them otherwise), unless the operator passed
+/// them in the worker arguments.
+fn add_log_args(opts: &mut ControllerOpts, log: &LogArgs) {
+    if let Some(level) = &log.log_level {
+        if !opts.worker_args.iter().any(|a| a.starts_with("--log-level")) {
+            opts.worker_args.push(format!("--log-level={level}"));
+        }
+    }
+    if log.log_format != crate::cli::LogFormat::Text && !opts.worker_args.iter().any(|a| a.starts_with("--log-format"))
+    {
+        opts.worker_args.push(format!("--log-format={}", flag_value(log.log_format)));
+    }
+}
+
+/// The data plane's options (`lifecycle::Options`): every argument of the data
+/// plane the controller starts but the fds and what each start adds
+/// ([`log_args`], `--rejoin-grace-ms`).
+fn dataplane_options(dp: &DataPlaneArgs, paths: &Paths, user: Option<&crate::trust::WorkerUser>) -> Vec<String> {
+    let mut v = dataplane_args(dp, paths);
+    v.extend(trust::dataplane_trust_args(paths, user));
+    v
+}
+
+/// `--log-format` and `--log-level` (when set) for a data plane: those in force
+/// when it starts (a new log level alone restarts nothing).
+fn log_args(log: &LogArgs) -> Vec<String> {
+    let mut v = vec![format!("--log-format={}", flag_value(log.log_format))];
+    if let Some(level) = &log.log_level {
+        v.push(format!("--log-level={level}"));
+    }
+    v
 }
 
 /// `--rotate-every` unless given (and the host has the ids for it).
@@ -407,7 +524,7 @@ pub(crate) fn set_timeout(fd: RawFd, t: Duration) {
     }
 }
 
-/// Blocks SIGTERM, SIGINT, SIGHUP and SIGCHLD in this thread (and so in every thread
+/// Blocks SIGTERM, SIGINT, SIGHUP, SIGUSR2 and SIGCHLD in this thread (and so in every thread
 /// spawned later) and returns a signalfd for them. Children get a clean mask (std
 /// resets it between fork and exec).
 fn block_signals() -> Result<OwnedFd> {
@@ -415,7 +532,7 @@ fn block_signals() -> Result<OwnedFd> {
     let set = unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD] {
+        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR2, libc::SIGCHLD] {
             libc::sigaddset(&mut set, s);
         }
         set
@@ -461,7 +578,8 @@ impl Ctl {
             }
             match info.ssi_signo as libc::c_int {
                 libc::SIGTERM | libc::SIGINT => self.begin_shutdown(),
-                libc::SIGHUP => self.begin_reload(),
+                libc::SIGHUP => self.on_sighup(),
+                libc::SIGUSR2 => self.begin_hand_over(),
                 _ => {} // SIGCHLD: the next tick reaps.
             }
         }

@@ -71,6 +71,9 @@ pub fn spawn_dataplane(exe: &Path, fds: &[RawFd], args: &[String]) -> Result<Chi
     let mut cmd = Command::new(exe);
     cmd.arg("dataplane").arg("--inherit-fds").arg(list).args(args);
     cmd.stdin(Stdio::null()).process_group(0);
+    for v in super::systemd::MAIN_ONLY_ENV {
+        cmd.env_remove(v);
+    }
     let keep = fds.to_vec();
     // SAFETY: the closure runs in the forked child before exec and only calls
     // fcntl(2) and sigprocmask(2), which are async-signal-safe; it allocates nothing
@@ -116,6 +119,9 @@ pub fn spawn_worker(
     let mut cmd = Command::new(bin);
     cmd.arg("--server-id-from-controller").arg("--control").arg(control).args(extra);
     cmd.stdin(Stdio::null()).process_group(0);
+    for v in super::systemd::MAIN_ONLY_ENV {
+        cmd.env_remove(v);
+    }
     let user = user.cloned();
     // SAFETY: the closure runs between fork and exec and only calls sigprocmask(2),
     // setgroups(2), setgid(2) and setuid(2), all async-signal-safe; it allocates

@@ -67,7 +67,7 @@ impl Ctl {
             "key_newest_prf": k.newest.prf.as_str(),
             "key_previous": k.previous.map(|p| p.generation.get()),
             "key_previous_prf": k.previous.map(|p| p.prf.as_str()),
-            "spawn_workers": self.opts.spawn_workers,
+            "spawn_workers": self.lc.spawn_workers(),
             "worker_replacements": self.lc.worker_replacements(),
             // The controller's phase (lifecycle::Phase), and the same as booleans.
             "phase": phase.kind().name(),

@@ -1,12 +1,15 @@
 //! Supervision, once per tick: feeds the lifecycle (`lifecycle.rs`) what happened
-//! to the processes (exits, the data plane's ready file), starts the data plane and
-//! workers when it asks for them, and carries out what it says (signals, kills,
-//! state files); docs/operations.md "Lifecycle events".
+//! to the processes (exits, the data plane's ready file, what it places on),
+//! starts the data plane and workers when it asks for them, and carries out what
+//! it says (signals, kills, state files, and the notifications to systemd in
+//! [`Ctl::became`]); docs/operations.md "Lifecycle events".
 
 use super::lifecycle::{Became, Event, Output, Refused};
 use super::{procs, state, Ctl};
 use anyhow::Result;
-use std::os::fd::{AsRawFd, RawFd};
+use proto::wire::Admin;
+use serde_json::Value;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
 /// `--rejoin-grace-ms` of a restarted data plane: workers retry their data connection
@@ -14,16 +17,30 @@ use std::time::{Duration, Instant};
 pub const REJOIN_GRACE_MS: u32 = 3000;
 /// How long killed processes get to die before they are reaped.
 const KILL_WAIT: Duration = Duration::from_millis(200);
+/// Longest wait for the data plane's status while the controller checks that it
+/// places on every worker (`Event::DataPlanePlaces`): the loop is not held up for
+/// longer, and an answer that is late is asked for again at the next tick.
+const PLACES_TIMEOUT: Duration = Duration::from_millis(100);
 
 impl Ctl {
-    /// One supervision pass; true when the controller should exit (shutdown done).
+    /// One supervision pass; true when the controller should exit (shutdown done,
+    /// or handed over).
     pub(super) fn tick(&mut self) -> Result<bool> {
+        if self.lc.handed_over() {
+            // SIGUSR2: the data plane and the workers stay; the next controller adopts
+            // them (DIR/dataplane.pid, DIR/workers stay too).
+            self.store_workers();
+            tracing::info!(summary = %self.lc.summary(), "handed over: exiting; the data plane and the workers run on");
+            return Ok(true);
+        }
         let now = Instant::now();
+        self.sd.watchdog_tick();
         self.accept_tick(now);
         self.poll_exits();
         self.supervise_dataplane();
         self.keep_dataplane_link();
         self.spawn_workers();
+        self.check_placeable();
         self.lifecycle(Event::Tick);
         self.store_workers();
         self.publish_status();
@@ -74,8 +91,11 @@ impl Ctl {
         }
     }
 
-    /// The moments a service manager cares about (lifecycle::Became).
+    /// The moments a service manager cares about (lifecycle::Became): the one
+    /// place that notifies systemd (controller/systemd.rs), with the lifecycle's
+    /// summary as `STATUS=`.
     fn became(&mut self, b: Became) {
+        let summary = self.lc.summary();
         match b {
             Became::DataPlaneStarted { pid, restarts } => {
                 if let Err(e) = state::write_atomic(&self.paths.dataplane_pid(), &format!("{pid}\n")) {
@@ -86,13 +106,49 @@ impl Ctl {
                 }
                 tracing::info!(pid, restarts, "data plane started");
             }
-            Became::Placeable
-            | Became::ReloadStarted
-            | Became::ReloadDone
-            | Became::ReloadStopped
-            | Became::ShuttingDown
-            | Became::Stopped => tracing::debug!(?b, summary = %self.lc.summary(), "lifecycle"),
+            // A client can be served.
+            Became::Placeable => self.sd.ready(&summary),
+            Became::ReloadStarted => self.sd.reloading(&summary),
+            // Ready again, unless it never was (then Placeable says it).
+            Became::ReloadDone | Became::ReloadStopped if self.lc.told_placeable() => self.sd.ready(&summary),
+            Became::ShuttingDown => self.sd.stopping(&summary),
+            Became::HandingOver => self.sd.status(&summary),
+            Became::ReloadDone | Became::ReloadStopped | Became::Stopped => {}
         }
+        tracing::debug!(?b, %summary, "lifecycle");
+    }
+
+    /// While the lifecycle waits to tell Placeable: asks the data plane (bounded by
+    /// PLACES_TIMEOUT) which server ids it places new connections on. A worker says
+    /// Ready to the data plane before it tells the controller, but the data plane
+    /// places on it only once its data connection is up and it is not stalled.
+    fn check_placeable(&mut self) {
+        if !self.lc.placeable_check_wanted() {
+            return;
+        }
+        let asked = sys::control::connect(&self.paths.dataplane_sock()).and_then(|fd| {
+            let s = socket2::SockRef::from(&fd);
+            s.set_read_timeout(Some(PLACES_TIMEOUT))?;
+            s.set_write_timeout(Some(PLACES_TIMEOUT))?;
+            sys::control::request_on(fd.as_fd(), &[&Admin::StatusRequest])
+        });
+        let status = match asked {
+            Ok(sys::control::Reply { msg: Admin::Status { json }, .. }) => serde_json::from_str::<Value>(&json),
+            Ok(_) => return,
+            Err(e) => {
+                tracing::debug!(error = %e, "the data plane's status (is it placing on the workers?)");
+                return;
+            }
+        };
+        let Ok(status) = status else { return };
+        let server_ids: Vec<u16> = status["instances"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|i| i["placeable"].as_bool() == Some(true))
+            .filter_map(|i| i["server_id"].as_u64().and_then(|id| u16::try_from(id).ok()))
+            .collect();
+        self.lifecycle(Event::DataPlanePlaces { server_ids });
     }
 
     /// Child exits, reported to the lifecycle.
@@ -125,7 +181,8 @@ impl Ctl {
         // orphans of ids that are not live yet while the workers rejoin, one by one
         // after their reconnect backoff (at most 1 s apart): no stateless resets of
         // their established connections meanwhile.
-        let mut args = self.dataplane_args.clone();
+        let mut args = self.lc.dataplane_options().clone();
+        args.extend(super::log_args(&self.log));
         if rejoin_grace {
             args.extend(["--rejoin-grace-ms".into(), self.rejoin_grace_ms.to_string()]);
         }
@@ -199,9 +256,11 @@ impl Ctl {
         self.store_workers();
     }
 
-    /// SIGHUP: a rolling reload of the spawned workers.
-    pub(super) fn begin_reload(&mut self) {
-        self.lifecycle(Event::Reload);
+    /// SIGUSR2: exit at the next tick leaving the data plane and the workers running
+    /// (what a crash does, on purpose): the next controller adopts them, so their
+    /// connections survive (docs/operations.md "Running under systemd").
+    pub(super) fn begin_hand_over(&mut self) {
+        self.lifecycle(Event::HandOver);
     }
 
     /// SIGTERM / SIGINT: drain the workers, stop the data plane, exit.

@@ -79,6 +79,25 @@ pub fn load_keys(path: &Path) -> Result<KeyFile> {
     KeyFile::parse(&text).with_context(|| format!("key file {}", path.display()))
 }
 
+/// The checks of the options alone (the controller makes them too, before it
+/// starts a data plane, and `demux check-config`).
+pub fn check_args(a: &DataPlaneArgs) -> Result<()> {
+    if a.listen.len() > proto::wire::MAX_SOCKETS {
+        bail!("at most {} --listen addresses", proto::wire::MAX_SOCKETS);
+    }
+    if !a.uring_buffers.is_power_of_two() {
+        bail!("--uring-buffers must be a power of two");
+    }
+    if a.max_instances == 0 || a.max_instances > 65_536 {
+        bail!("--max-instances must be 1..=65536");
+    }
+    if a.busy_poll_us > 0 && a.io == IoKind::Mmsg {
+        bail!("--busy-poll-us needs the io_uring backend (--io uring): the recvmmsg backend sleeps in epoll_wait");
+    }
+    cores::parse(&a.cores)?;
+    Ok(())
+}
+
 /// `demux dataplane …` (and the controller's child): binds or inherits the UDP
 /// sockets, starts one shard per core and runs the registry on this thread.
 pub fn run(a: DataPlaneArgs) -> Result<()> {
@@ -92,15 +111,7 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
             bail!("--listen {l} given twice");
         }
     }
-    if a.listen.len() > proto::wire::MAX_SOCKETS {
-        bail!("at most {} --listen addresses", proto::wire::MAX_SOCKETS);
-    }
-    if !a.uring_buffers.is_power_of_two() {
-        bail!("--uring-buffers must be a power of two");
-    }
-    if a.max_instances == 0 || a.max_instances > 65_536 {
-        bail!("--max-instances must be 1..=65536");
-    }
+    check_args(&a)?;
     let keyfile = load_keys(keys_path)?;
     let keyset = keyfile.key_set().map_err(|e| anyhow::anyhow!("key file {}: {e:?}", keys_path.display()))?;
     let cores = cores::resolve(&a.cores)?;

@@ -10,7 +10,7 @@ use sys::sockopt::setsockopt_int;
 const RCVBUF: usize = 8 << 20;
 
 /// The address `fd` is bound to.
-fn local_addr(fd: &OwnedFd) -> std::io::Result<SocketAddr> {
+pub(crate) fn local_addr(fd: &OwnedFd) -> std::io::Result<SocketAddr> {
     SockRef::from(fd)
         .local_addr()?
         .as_socket()
@@ -35,10 +35,25 @@ pub fn bind_udp(addr: SocketAddr, listen_index: usize) -> Result<UdpSock> {
         .with_context(|| format!("socket() for {addr}"))?
         .into();
     let raw = fd.as_raw_fd();
+    setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)
+        .with_context(|| format!("setsockopt SO_REUSEPORT on {addr}"))?;
+    if addr.is_ipv6() {
+        setsockopt_int(raw, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)
+            .with_context(|| format!("setsockopt IPV6_V6ONLY on {addr}"))?;
+    }
+    configure(&fd, addr)?;
+    SockRef::from(&fd).bind(&SockAddr::from(addr)).with_context(|| format!("bind {addr}"))?;
+    let local = local_addr(&fd).with_context(|| format!("getsockname after bind {addr}"))?;
+    Ok(UdpSock { fd, local, listen_index })
+}
+
+/// The options of a shard socket that may be set before or after bind: a socket
+/// bound by someone else (systemd's socket activation) gets them after.
+pub fn configure(fd: &OwnedFd, addr: SocketAddr) -> Result<()> {
+    let raw = fd.as_raw_fd();
     let opt = |level, name, value, what: &str| {
         setsockopt_int(raw, level, name, value).with_context(|| format!("setsockopt {what} on {addr}"))
     };
-    opt(libc::SOL_SOCKET, libc::SO_REUSEPORT, 1, "SO_REUSEPORT")?;
     // Linux udp(7): UDP_GRO — the kernel may coalesce a flow's datagrams into one
     // train; the segment size arrives as a (SOL_UDP, UDP_GRO) control message.
     opt(libc::SOL_UDP, libc::UDP_GRO, 1, "UDP_GRO")?;
@@ -48,7 +63,6 @@ pub fn bind_udp(addr: SocketAddr, listen_index: usize) -> Result<UdpSock> {
     // a control message per receive (as nginx asks for it only on wildcard listeners).
     let wildcard = addr.ip().is_unspecified();
     if addr.is_ipv6() {
-        opt(libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1, "IPV6_V6ONLY")?;
         // RFC 3542 §6.1 / §6.5: destination address and traffic class per datagram.
         if wildcard {
             opt(libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1, "IPV6_RECVPKTINFO")?;
@@ -69,10 +83,8 @@ pub fn bind_udp(addr: SocketAddr, listen_index: usize) -> Result<UdpSock> {
     } else {
         opt(libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_PROBE, "IP_MTU_DISCOVER")?;
     }
-    sys::sockopt::set_recv_buffer(&fd, RCVBUF);
-    SockRef::from(&fd).bind(&SockAddr::from(addr)).with_context(|| format!("bind {addr}"))?;
-    let local = local_addr(&fd).with_context(|| format!("getsockname after bind {addr}"))?;
-    Ok(UdpSock { fd, local, listen_index })
+    sys::sockopt::set_recv_buffer(fd, RCVBUF);
+    Ok(())
 }
 
 /// Binds `shards` sockets for every listen address. With port 0 the first socket

@@ -10,117 +10,26 @@ use anyhow::{anyhow, Context};
 use clap::Parser;
 use proto::wire::Registration;
 use proto::ServerId;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
+use worker::cli::Args;
 use worker::control::{self, ControlConn, ControlLink};
 use worker::drain::Drain;
 use worker::h3_server::{self, Ctx, ServerOptions, H3_NO_ERROR};
 use worker::tls::{self, Identity, ALPN_H3, ALPN_HQ};
 use worker::{echo, Secrets};
 
-#[derive(Debug, Parser)]
-#[command(name = "worker", version, about = "HTTP/3 server instance behind the quicdemux data plane")]
-struct Args {
-    /// This instance's 16-bit server id (ADR 0001); standalone mode.
-    #[arg(long, value_name = "N")]
-    server_id: Option<u16>,
-    /// Shared key file (`demux gen-keys --out FILE`).
-    #[arg(long, value_name = "FILE")]
-    keys: Option<PathBuf>,
-    /// The data plane's --data-socket.
-    #[arg(long, value_name = "PATH")]
-    data_socket: Option<PathBuf>,
-    /// Certificate chain (PEM); without --cert/--key a self-signed one is made.
-    #[arg(long, value_name = "PEM", requires = "key")]
-    cert: Option<PathBuf>,
-    /// Private key (PEM).
-    #[arg(long, value_name = "PEM", requires = "cert")]
-    key: Option<PathBuf>,
-    /// Serve static files below DIR.
-    #[arg(long, value_name = "DIR")]
-    root: Option<PathBuf>,
-    /// Answer token-less Initials with Retry (address validation, RFC 9000 §8.1.2).
-    #[arg(long)]
-    retry: bool,
-    /// Echo every forwarded datagram back to its source, bypassing QUIC (latency tool).
-    #[arg(long)]
-    echo: bool,
-    /// Longest graceful drain after SIGTERM.
-    #[arg(long, value_name = "SECS", default_value_t = 30)]
-    drain_timeout: u64,
-    /// Written (atomically) once the instance is placeable: `ready SERVER_ID`.
-    #[arg(long, value_name = "PATH")]
-    ready_file: Option<PathBuf>,
-    /// Register with the controller and take the server id and keys from it.
-    #[arg(long, requires = "control", conflicts_with_all = ["server_id", "keys"])]
-    server_id_from_controller: bool,
-    /// The controller's control socket.
-    #[arg(long, value_name = "PATH")]
-    control: Option<PathBuf>,
-    /// After losing the controller, how long to try re-registering before draining.
-    #[arg(long, value_name = "SECS", default_value_t = 60)]
-    controller_grace: u64,
-    /// Ask the data plane for the kernel fast path (own SO_REUSEPORT sockets its
-    /// SK_REUSEPORT program steers established datagrams to): on or off.
-    #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
-    fast_path: bool,
-    /// Ask the data plane for shared-memory forwarding rings (granted by `demux
-    /// --forward ring`, its default; otherwise frames come on the data connection):
-    /// on or off. Asked again after every data-plane restart.
-    #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
-    rings: bool,
-    /// Most TLS handshakes in progress at once; beyond it token-less Initials get a
-    /// stateless Retry and the rest are ignored (0: no limit).
-    #[arg(long, value_name = "N", default_value_t = h3_server::DEFAULT_MAX_HANDSHAKES)]
-    max_handshakes: usize,
-    /// Abandon a handshake not complete after this long.
-    #[arg(long, value_name = "SECS", default_value = "5", value_parser = secs)]
-    handshake_timeout: Duration,
-    /// quinn `max_incoming`: Initials queued before the server takes them; beyond it
-    /// quinn ignores new ones before deriving any key.
-    #[arg(long, value_name = "N", default_value_t = worker::Limits::default().max_incoming)]
-    max_incoming: usize,
-    /// quinn `incoming_buffer_size`: bytes of further datagrams buffered per queued Initial.
-    #[arg(long, value_name = "BYTES", default_value_t = worker::Limits::default().incoming_buffer_size)]
-    incoming_buffer_size: u64,
-    /// quinn `incoming_buffer_size_total`: the same over all queued Initials.
-    #[arg(long, value_name = "BYTES", default_value_t = worker::Limits::default().incoming_buffer_size_total)]
-    incoming_buffer_size_total: u64,
-    /// CID lifetime: quinn replaces older CIDs (newest key generation), so rotations
-    /// must be at least two lifetimes apart; 0: CIDs never expire.
-    #[arg(long, value_name = "SECS", default_value = "600", value_parser = secs)]
-    cid_lifetime: Duration,
-    /// Return freed heap to the OS (glibc `malloc_trim`) when connections close.
-    #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
-    malloc_trim: bool,
-}
-
-fn secs(s: &str) -> Result<Duration, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && (0.0..=1e9).contains(&v) => Ok(Duration::from_secs_f64(v)),
-        _ => Err(format!("expected seconds (e.g. 5 or 0.5), not {s:?}")),
-    }
-}
-
-fn on_off(s: &str) -> Result<bool, String> {
-    match s {
-        "on" => Ok(true),
-        "off" => Ok(false),
-        _ => Err(format!("expected on or off, not {s:?}")),
-    }
-}
-
 fn main() -> ExitCode {
     let args = Args::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    // No colour codes when stderr is a file (e.g. a spawned worker logging into the
-    // controller's log).
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
+    // sys::logging: colours only on a terminal, journald-aware, text or JSON.
+    let format = args.log_format.parse().unwrap_or(sys::logging::Format::Text);
+    if let Err(e) = sys::logging::init(args.log_level.as_deref(), format, "RUST_LOG") {
+        eprintln!("worker: logging: {e}");
+        return ExitCode::FAILURE;
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -128,12 +37,23 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let json = format == sys::logging::Format::Json;
     match rt.block_on(run(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("worker: {e:#}");
+            plain_or_event(json, &format!("worker: {e:#}"));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The fatal error: as is on stderr, or as an event under `--log-format json`, so
+/// that every line is JSON there.
+fn plain_or_event(json: bool, line: &str) {
+    if json {
+        tracing::error!(target: "worker", line, "worker failed");
+    } else {
+        eprintln!("{line}");
     }
 }
 
@@ -288,7 +208,7 @@ async fn run(a: Args) -> anyhow::Result<()> {
     let s = &ctx.stats;
     let d = &data.stats;
     let u = socket.udp();
-    eprintln!(
+    let line = format!(
         "worker exit: server_id={} connections={} requests={} ok={} retries={} refused={} overload_retries={} \
          overload_ignored={} handshake_timeouts={} frames={} malformed={} \
          udp_sends={} udp_bytes={} udp_errors={} gso_max={} fast_sockets={} fast_datagrams={} fast_bytes={} \
@@ -317,6 +237,11 @@ async fn run(a: Args) -> anyhow::Result<()> {
         d.ring_frames.load(Ordering::Relaxed),
         finished,
     );
+    if a.log_format == "json" {
+        tracing::info!(target: "worker", line, "worker exit");
+    } else {
+        eprintln!("{line}");
+    }
     Ok(())
 }
 

@@ -9,13 +9,19 @@
 //! Each `move_to_*` is also checked on its own, every from-state × every move
 //! (`*_MOVES`), since the event handlers guard most illegal moves before they get
 //! there.
+//!
+//! Beyond the tables, [`World::check`] holds what the service relies on: a data
+//! plane restarted with new options runs with them once ready and with the
+//! previous ones if it exits before; a hand-over (SIGUSR2) signals, kills and
+//! moves nothing, then and after; Placeable (READY=1) is told only when the data
+//! plane places on every wanted worker.
 
 use super::*;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
-use DataPlaneKind::{Backoff, Running, Starting, Stopped, Stopping};
-use PhaseKind::{Reloading, Serving, ShuttingDown};
+use PhaseKind::{HandingOver, Reloading, Serving, ShuttingDown};
 use WorkerKind::{Draining, Exited, Ready, Registered, Retiring, Spawned};
+use D::{Backoff, BackoffNew, Replacing, Running, Starting, StartingNew, Stopped, Stopping};
 
 /// A process that is only a pid.
 #[derive(Debug, PartialEq, Eq)]
@@ -29,11 +35,49 @@ impl Process for Fake {
 
 // ------------------------------------------------------------ the tables
 
-/// Whether the controller is shutting down when the event arrives.
+/// The data plane as the tables see it: its kind, and for Backoff and Starting
+/// whether it holds options to roll back to (`…New`: a restart with new options is
+/// under way; Replacing always holds them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum D {
+    Backoff,
+    BackoffNew,
+    Starting,
+    StartingNew,
+    Running,
+    Replacing,
+    Stopping,
+    Stopped,
+}
+
+fn d_of(dp: &DataPlane<Fake>) -> D {
+    match (dp.kind(), dp.rollback().is_some()) {
+        (DataPlaneKind::Backoff, false) => Backoff,
+        (DataPlaneKind::Backoff, true) => BackoffNew,
+        (DataPlaneKind::Starting, false) => Starting,
+        (DataPlaneKind::Starting, true) => StartingNew,
+        (DataPlaneKind::Running, _) => Running,
+        (DataPlaneKind::Replacing, _) => Replacing,
+        (DataPlaneKind::Stopping, _) => Stopping,
+        (DataPlaneKind::Stopped, _) => Stopped,
+    }
+}
+
+/// The controller's phase when the event arrives: serving or reloading (Up),
+/// shutting down (Down), handed over (Gone).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum When {
     Up,
     Down,
+    Gone,
+}
+
+fn when_of(phase: PhaseKind) -> When {
+    match phase {
+        Serving | Reloading => When::Up,
+        ShuttingDown => When::Down,
+        HandingOver => When::Gone,
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,25 +89,41 @@ enum DpEv {
     SpawnFailedEarly,
     Ready,
     Exited,
+    /// New options (SIGHUP's re-read of the configuration).
+    Restart,
 }
 
 /// Data-plane events: (from, event, when) → to. Every other combination is refused.
-const DATA_PLANE: &[(DataPlaneKind, DpEv, When, DataPlaneKind)] = &[
+/// The options: a Restart takes the new ones (the previous ones held to roll back
+/// to); a StartingNew that exits in Up rolls back; nothing else changes them.
+const DATA_PLANE: &[(D, DpEv, When, D)] = &[
     (Backoff, DpEv::SpawnedDue, When::Up, Starting),
+    (BackoffNew, DpEv::SpawnedDue, When::Up, StartingNew),
     (Backoff, DpEv::SpawnFailedDue, When::Up, Backoff),
+    (BackoffNew, DpEv::SpawnFailedDue, When::Up, BackoffNew),
     (Starting, DpEv::Ready, When::Up, Running),
     (Starting, DpEv::Ready, When::Down, Running),
+    (StartingNew, DpEv::Ready, When::Up, Running),
+    (StartingNew, DpEv::Ready, When::Down, Running),
     (Starting, DpEv::Exited, When::Up, Backoff),
+    (StartingNew, DpEv::Exited, When::Up, Backoff),
     (Running, DpEv::Exited, When::Up, Backoff),
+    (Replacing, DpEv::Exited, When::Up, BackoffNew),
     (Starting, DpEv::Exited, When::Down, Stopped),
+    (StartingNew, DpEv::Exited, When::Down, Stopped),
     (Running, DpEv::Exited, When::Down, Stopped),
+    (Replacing, DpEv::Exited, When::Down, Stopped),
     (Stopping, DpEv::Exited, When::Down, Stopped),
+    (Backoff, DpEv::Restart, When::Up, BackoffNew),
+    (Starting, DpEv::Restart, When::Up, Replacing),
+    (Running, DpEv::Restart, When::Up, Replacing),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum PhaseEv {
     Reload,
     Shutdown,
+    HandOver,
 }
 
 /// Signals: (from, event) → to. Every other combination is refused.
@@ -73,8 +133,12 @@ const PHASE: &[(PhaseKind, PhaseEv, PhaseKind)] = &[
     (Reloading, PhaseEv::Shutdown, ShuttingDown),
 ];
 
+/// SIGUSR2: (from, data plane) → to, only with a data plane the next controller
+/// can adopt. Every other combination is refused.
+const HAND_OVER: &[(PhaseKind, D, PhaseKind)] = &[(Serving, Running, HandingOver), (Reloading, Running, HandingOver)];
+
 /// What SIGTERM to the controller does to the data plane: from → to (else unchanged).
-const SHUTDOWN_DATA_PLANE: &[(DataPlaneKind, DataPlaneKind)] = &[(Backoff, Stopped)];
+const SHUTDOWN_DATA_PLANE: &[(D, D)] = &[(Backoff, Stopped), (BackoffNew, Stopped)];
 
 /// Who started a worker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -154,8 +218,18 @@ const SHUTDOWN_WORKER: &[(WorkerKind, WorkerKind, bool)] = &[
 /// The supervision tick's moves (anything else is unchanged); which of them may
 /// happen when is checked in [`World::check_tick`].
 const TICK_PHASE: &[(PhaseKind, PhaseKind)] = &[(Reloading, Serving)];
-const TICK_DATA_PLANE: &[(DataPlaneKind, DataPlaneKind)] =
-    &[(Starting, Stopping), (Running, Stopping), (Stopping, Stopped)];
+const TICK_DATA_PLANE: &[(D, D)] = &[
+    // Shutting down: told to stop once the workers are gone (a replacing one was
+    // told already), killed after DP_STOP_GRACE.
+    (Starting, Stopping),
+    (StartingNew, Stopping),
+    (Running, Stopping),
+    (Replacing, Stopping),
+    (Stopping, Stopped),
+    // Serving or reloading: a replacing one that did not stop in DP_STOP_GRACE is
+    // killed, and the new one is due.
+    (Replacing, BackoffNew),
+];
 const TICK_WORKER: &[(WorkerKind, To)] = &[
     // Scale-in (serving) or a reload step (reloading).
     (Spawned, To::Is(Retiring)),
@@ -167,12 +241,15 @@ const TICK_WORKER: &[(WorkerKind, To)] = &[
     (Retiring, To::Gone),
 ];
 
-fn data_plane_move(from: DataPlaneKind, ev: DpEv, when: When) -> Option<DataPlaneKind> {
+fn data_plane_move(from: D, ev: DpEv, when: When) -> Option<D> {
     DATA_PLANE.iter().find(|r| (r.0, r.1, r.2) == (from, ev, when)).map(|r| r.3)
 }
 
-fn phase_move(from: PhaseKind, ev: PhaseEv) -> Option<PhaseKind> {
-    PHASE.iter().find(|r| (r.0, r.1) == (from, ev)).map(|r| r.2)
+fn phase_move(from: PhaseKind, ev: PhaseEv, dp: D) -> Option<PhaseKind> {
+    match ev {
+        PhaseEv::HandOver => HAND_OVER.iter().find(|r| (r.0, r.1) == (from, dp)).map(|r| r.2),
+        _ => PHASE.iter().find(|r| (r.0, r.1) == (from, ev)).map(|r| r.2),
+    }
 }
 
 fn worker_move(from: WorkerKind, held: bool, who: Who, ev: WEv) -> Option<To> {
@@ -181,9 +258,9 @@ fn worker_move(from: WorkerKind, held: bool, who: Who, ev: WEv) -> Option<To> {
 
 // ------------------------------------------------------------ guards, from the state
 
-/// A data-plane start is due: backing off, the time passed, not shutting down.
+/// A data-plane start is due: backing off, the time passed, serving or reloading.
 fn due(lc: &Lifecycle<Fake>, now: Instant) -> bool {
-    matches!(lc.dp, DataPlane::Backoff { until, .. } if now >= until) && lc.phase.kind() != ShuttingDown
+    matches!(lc.dp, DataPlane::Backoff { until, .. } if now >= until) && when_of(lc.phase.kind()) == When::Up
 }
 
 /// A worker is wanted: the data plane runs, not shutting down, the replacement
@@ -200,9 +277,26 @@ fn wanted(lc: &Lifecycle<Fake>, now: Instant) -> bool {
         .filter(|w| Some(w.id) != replacing)
         .count();
     matches!(lc.dp, DataPlane::Running { .. })
-        && lc.phase.kind() != ShuttingDown
+        && when_of(lc.phase.kind()) == When::Up
         && now >= lc.next_worker_spawn
         && counted < lc.spawn_workers
+}
+
+/// What [`Lifecycle::placeable_check_wanted`] should say: Placeable not told,
+/// workers wanted, the data plane running, every wanted worker ready.
+fn placeable_wanted(s: &Snap) -> bool {
+    let counted: Vec<&W> = s.workers.values().filter(|w| w.counted).collect();
+    !s.told_placeable
+        && s.spawn_workers > 0
+        && when_of(s.phase) == When::Up
+        && s.dp == Running
+        && counted.len() >= s.spawn_workers
+        && counted.iter().all(|w| w.kind == Ready)
+}
+
+/// The options of the `n`-th RestartDataPlane (0: the first data plane's).
+fn options(n: u32) -> Options {
+    vec!["--generation".into(), n.to_string()]
 }
 
 // ------------------------------------------------------------ snapshots
@@ -220,9 +314,15 @@ struct W {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Snap {
-    dp: DataPlaneKind,
+    dp: D,
     dp_pid: Option<i32>,
     dp_due: bool,
+    /// Replacing: told to stop then.
+    dp_replacing_since: Option<Instant>,
+    options: Options,
+    rollback: Option<Options>,
+    told_placeable: bool,
+    spawn_workers: usize,
     phase: PhaseKind,
     replacing: Option<WorkerId>,
     workers: BTreeMap<WorkerId, W>,
@@ -244,9 +344,12 @@ fn snap(lc: &Lifecycle<Fake>, now: Instant) -> Snap {
         })
         .collect();
     let dp_all = match &lc.dp {
-        DataPlane::Backoff { until, first } => format!("backoff {until:?} {first}"),
-        DataPlane::Starting { proc, since } => format!("starting {proc:?} {since:?}"),
+        DataPlane::Backoff { until, first, rollback } => format!("backoff {until:?} {first} {rollback:?}"),
+        DataPlane::Starting { proc, since, rollback } => format!("starting {proc:?} {since:?} {rollback:?}"),
         DataPlane::Running { proc, since, adopted } => format!("running {proc:?} {since:?} {adopted}"),
+        DataPlane::Replacing { proc, since, adopted, rollback } => {
+            format!("replacing {proc:?} {since:?} {adopted} {rollback:?}")
+        }
         DataPlane::Stopping { proc, since, adopted } => format!("stopping {proc:?} {since:?} {adopted}"),
         DataPlane::Stopped => "stopped".into(),
     };
@@ -256,13 +359,15 @@ fn snap(lc: &Lifecycle<Fake>, now: Instant) -> Snap {
         .map(|w| format!("{:?} {} {} {:?} {:?} {:?} {:?}", w.id, w.pid, w.managed, w.proc, w.started, w.reg, w.phase))
         .collect();
     let all = format!(
-        "{dp_all} | {:?} {} {:?} | {workers_all:?} {} | {:?} {} {} {:?} {:?} {} {}",
+        "{dp_all} {:?} | {:?} {} {:?} | {workers_all:?} {} | {:?} {} {:?} {} {:?} {:?} {} {}",
+        lc.dp_options,
         lc.dp_backoff,
         lc.dp_restarts,
         lc.dp_last_exit,
         lc.next_worker,
         lc.phase,
         lc.spawn_workers,
+        lc.drain_timeout,
         lc.worker_replacements,
         lc.worker_backoff,
         lc.next_worker_spawn,
@@ -270,9 +375,17 @@ fn snap(lc: &Lifecycle<Fake>, now: Instant) -> Snap {
         lc.told_stopped,
     );
     Snap {
-        dp: lc.dp.kind(),
+        dp: d_of(&lc.dp),
         dp_pid: lc.dp.pid(),
         dp_due: due(lc, now),
+        dp_replacing_since: match lc.dp {
+            DataPlane::Replacing { since, .. } => Some(since),
+            _ => None,
+        },
+        options: lc.dp_options.clone(),
+        rollback: lc.dp.rollback().cloned(),
+        told_placeable: lc.told_placeable,
+        spawn_workers: lc.spawn_workers,
         phase: lc.phase.kind(),
         replacing: lc.reload_replacing(),
         workers,
@@ -290,6 +403,14 @@ fn snap(lc: &Lifecycle<Fake>, now: Instant) -> Snap {
 enum Op {
     Reload,
     Shutdown,
+    HandOver,
+    /// SIGHUP's re-read: `--spawn-workers` becomes n.
+    Configure(usize),
+    /// SIGHUP's re-read: new data-plane options.
+    RestartDataPlane,
+    /// The data plane says it places on these of the registered server ids (a
+    /// bit mask over them; `u64::MAX`: on all).
+    Places(u64),
     /// Time passes (ms), then the supervision tick.
     Advance(u64),
     /// A controller's tick: start what is due, spawn what is wanted, tick.
@@ -320,6 +441,10 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         2 => Just(Op::Reload),
         1 => Just(Op::Shutdown),
+        1 => Just(Op::HandOver),
+        1 => (0usize..4).prop_map(Op::Configure),
+        2 => Just(Op::RestartDataPlane),
+        2 => prop_oneof![Just(u64::MAX), any::<u64>()].prop_map(Op::Places),
         6 => prop_oneof![0u64..300, 0u64..12_000, 0u64..130_000].prop_map(Op::Advance),
         8 => Just(Op::Supervise),
         2 => Just(Op::SpawnDataPlane),
@@ -355,6 +480,14 @@ struct World {
     seen_exited: BTreeSet<WorkerId>,
     seen_retiring: BTreeSet<WorkerId>,
     seen_shutting_down: bool,
+    seen_handed_over: bool,
+    /// SIGTERMs sent to data-plane processes, per pid.
+    dp_terms: BTreeMap<i32, u32>,
+    /// Options handed out to RestartDataPlane so far.
+    generation: u32,
+    /// The step being checked is a DataPlanePlaces: whether its ids cover every
+    /// counted worker's.
+    places_cover: Option<bool>,
     told_placeable: u32,
     told_stopped: u32,
     log: Vec<String>,
@@ -389,6 +522,10 @@ enum Class {
         wanted: bool,
         failed: bool,
     },
+    /// SIGHUP's new `--spawn-workers`.
+    Configure,
+    /// What the data plane places on.
+    Places,
     Tick,
 }
 
@@ -396,7 +533,7 @@ impl World {
     fn new(spawn_workers: usize, adopt_dp: bool, adopted: &[bool]) -> Result<World, TestCaseError> {
         let now = Instant::now();
         let mut w = World {
-            lc: Lifecycle::new(now, spawn_workers, Duration::from_secs(30), None, 0),
+            lc: Lifecycle::new(now, spawn_workers, Duration::from_secs(30), options(0), None, 0),
             now,
             next_pid: 1000,
             next_token: 100,
@@ -408,6 +545,10 @@ impl World {
             seen_exited: BTreeSet::new(),
             seen_retiring: BTreeSet::new(),
             seen_shutting_down: false,
+            seen_handed_over: false,
+            dp_terms: BTreeMap::new(),
+            generation: 0,
+            places_cover: None,
             told_placeable: 0,
             told_stopped: 0,
             log: Vec::new(),
@@ -417,7 +558,7 @@ impl World {
         if adopt_dp {
             let pid = w.pid();
             w.dp_procs.insert(pid);
-            w.lc = Lifecycle::new(now, spawn_workers, Duration::from_secs(30), Some(Fake(pid)), 7);
+            w.lc = Lifecycle::new(now, spawn_workers, Duration::from_secs(30), options(0), Some(Fake(pid)), 7);
             check!(&w, w.lc.dp.adopted() && w.lc.dataplane_running() == Some(pid), "adoption is a way into Running");
         }
         for &retiring in adopted {
@@ -441,11 +582,7 @@ impl World {
     }
 
     fn when(&self) -> When {
-        if self.lc.phase.kind() == ShuttingDown {
-            When::Down
-        } else {
-            When::Up
-        }
+        when_of(self.lc.phase.kind())
     }
 
     fn worker_id_of_pid(&self, pid: i32) -> Option<WorkerId> {
@@ -457,6 +594,28 @@ impl World {
         match op {
             Op::Reload => self.feed(Event::Reload, Class::Phase(PhaseEv::Reload)),
             Op::Shutdown => self.feed(Event::Shutdown, Class::Phase(PhaseEv::Shutdown)),
+            Op::HandOver => self.feed(Event::HandOver, Class::Phase(PhaseEv::HandOver)),
+            Op::Configure(n) => {
+                let ev = Event::Configure { spawn_workers: n, drain_timeout: Duration::from_secs(30) };
+                self.feed(ev, Class::Configure)
+            }
+            Op::RestartDataPlane => {
+                self.generation += 1;
+                let ev = Event::RestartDataPlane { options: options(self.generation) };
+                self.feed(ev, Class::Dp(DpEv::Restart))
+            }
+            Op::Places(mask) => {
+                let ids: Vec<u16> = self
+                    .lc
+                    .workers
+                    .iter()
+                    .filter_map(|w| w.server_id())
+                    .enumerate()
+                    .filter(|(i, _)| mask & (1u64 << (i % 64)) != 0)
+                    .map(|(_, id)| id)
+                    .collect();
+                self.places(ids)
+            }
             Op::Advance(ms) => {
                 self.now += Duration::from_millis(ms);
                 self.feed(Event::Tick, Class::Tick)
@@ -478,7 +637,9 @@ impl World {
             }
             Op::DataPlaneReady => self.feed(Event::DataPlaneReady, Class::Dp(DpEv::Ready)),
             Op::DataPlaneExits => {
-                if let Some(pid) = self.lc.dp.pid() {
+                // After a hand-over nobody hears it (the controller exits): the world
+                // keeps what the lifecycle holds.
+                if let Some(pid) = self.lc.dp.pid().filter(|_| !self.lc.handed_over()) {
                     self.dp_procs.remove(&pid);
                 }
                 self.feed(Event::DataPlaneExited("exit code 1".into()), Class::Dp(DpEv::Exited))
@@ -497,7 +658,9 @@ impl World {
                 let running: Vec<i32> = self.worker_procs.iter().copied().collect();
                 let Some(&pid) = running.get(i % running.len().max(1)) else { return Ok(()) };
                 let Some(id) = self.worker_id_of_pid(pid) else { return Ok(()) };
-                self.worker_procs.remove(&pid);
+                if !self.lc.handed_over() {
+                    self.worker_procs.remove(&pid);
+                }
                 self.feed(Event::WorkerExited { id, how: "exit code 0".into() }, Class::Worker(Some(id), WEv::Exit))
             }
             Op::BogusWorkerExit => {
@@ -550,6 +713,16 @@ impl World {
         }
     }
 
+    /// The data plane says it places on `ids`.
+    fn places(&mut self, ids: Vec<u16>) -> Result<(), TestCaseError> {
+        let cover =
+            self.lc.workers.iter().filter(|w| w.counted()).all(|w| w.server_id().is_some_and(|i| ids.contains(&i)));
+        self.places_cover = Some(cover);
+        let r = self.feed(Event::DataPlanePlaces { server_ids: ids }, Class::Places);
+        self.places_cover = None;
+        r
+    }
+
     /// What `Ctl::tick` does, with processes that are only pids.
     fn supervise(&mut self) -> Result<(), TestCaseError> {
         check!(self, self.lc.dataplane_start_due(self.now).is_some() == due(&self.lc, self.now), "dataplane_start_due");
@@ -570,6 +743,15 @@ impl World {
             let pid = self.pid();
             self.worker_procs.insert(pid);
             self.feed(Event::WorkerSpawned(Fake(pid)), Class::Spawn { wanted: true, failed: false })?;
+        }
+        let asks = self.lc.placeable_check_wanted();
+        let b = snap(&self.lc, self.now);
+        check!(self, asks == placeable_wanted(&b), "placeable_check_wanted says {asks}");
+        if asks {
+            // A data plane that places on every worker that said Ready.
+            let ids = self.lc.workers.iter().filter(|w| w.phase == WorkerPhase::Ready).filter_map(|w| w.server_id());
+            let ids = ids.collect();
+            self.places(ids)?;
         }
         self.feed(Event::Tick, Class::Tick)
     }
@@ -610,7 +792,7 @@ impl World {
                     self.worker_procs.remove(&pid);
                 }
                 self.check_table(&class, &before, &after, false)?;
-                return self.check(&before, &after, &[]);
+                return self.check(&before, &after, &[], false);
             }
         };
         // Killed processes are gone.
@@ -628,12 +810,15 @@ impl World {
             }
         }
         self.check_table(&class, &before, &after, true)?;
-        self.check(&before, &after, &outputs)
+        self.check(&before, &after, &outputs, true)
     }
 
     /// The step against the tables.
     fn check_table(&mut self, class: &Class, b: &Snap, a: &Snap, taken: bool) -> Result<(), TestCaseError> {
-        let when = if b.phase == ShuttingDown { When::Down } else { When::Up };
+        let when = when_of(b.phase);
+        if !matches!(class, Class::Dp(_)) {
+            check!(self, a.options == b.options, "options changed by {} event", "a non-data-plane");
+        }
         let others_unchanged =
             |skip: Option<WorkerId>| b.workers.iter().all(|(id, w)| Some(*id) == skip || a.workers.get(id) == Some(w));
         match *class {
@@ -652,9 +837,47 @@ impl World {
                     check!(self, a.dp == to, "data plane {:?} × {ev:?}: went to {:?}, table says {to:?}", b.dp, a.dp);
                 }
                 check!(self, a.phase == b.phase && others_unchanged(None), "a data-plane event moved something else");
+                // The options: new ones with the previous ones held; back to the
+                // previous ones when a data plane with the new ones exits before ready.
+                let restarted = taken && ev == DpEv::Restart;
+                let rolled_back = taken && (b.dp, ev, when) == (StartingNew, DpEv::Exited, When::Up);
+                if restarted {
+                    check!(
+                        self,
+                        a.options != b.options && a.rollback.as_ref() == Some(&b.options),
+                        "a restart with new options: options {:?} → {:?}, rollback {:?}",
+                        b.options,
+                        a.options,
+                        a.rollback
+                    );
+                } else if rolled_back {
+                    check!(
+                        self,
+                        Some(&a.options) == b.rollback.as_ref() && a.rollback.is_none(),
+                        "no rollback: options {:?} → {:?}, held {:?}",
+                        b.options,
+                        a.options,
+                        b.rollback
+                    );
+                } else {
+                    check!(
+                        self,
+                        a.options == b.options,
+                        "options changed by {ev:?}: {:?} → {:?}",
+                        b.options,
+                        a.options
+                    );
+                }
+                if a.dp == Running && b.dp == StartingNew {
+                    check!(
+                        self,
+                        a.rollback.is_none(),
+                        "a data plane that is ready with the new options still rolls back"
+                    );
+                }
             }
             Class::Phase(ev) => {
-                let want = phase_move(b.phase, ev);
+                let want = phase_move(b.phase, ev, b.dp);
                 if want.is_some() {
                     self.hits.insert(format!("phase {:?} {ev:?}", b.phase));
                 }
@@ -696,13 +919,18 @@ impl World {
                         );
                     }
                 } else {
-                    check!(self, a.dp == b.dp && others_unchanged(None), "a reload moved a worker or the data plane");
+                    check!(
+                        self,
+                        a.dp == b.dp && a.dp_pid == b.dp_pid && others_unchanged(None),
+                        "a reload or a hand-over moved a worker or the data plane"
+                    );
                 }
             }
             Class::Worker(id, ev) => {
                 let want = id.and_then(|id| b.workers.get(&id)).and_then(|w| worker_move(w.kind, w.held, w.who, ev));
-                // Nothing registers while the controller shuts down.
-                let want = if ev == WEv::Register && when == When::Down { None } else { want };
+                // Nothing registers while the controller shuts down, and nothing
+                // changes once it handed over.
+                let want = if (ev == WEv::Register && when == When::Down) || when == When::Gone { None } else { want };
                 if let (Some(w), Some(_)) = (id.and_then(|i| b.workers.get(&i)), want) {
                     self.hits.insert(format!("worker {:?} {} {:?} {ev:?}", w.kind, w.held, w.who));
                 }
@@ -745,6 +973,14 @@ impl World {
                     self.lc.spawn_workers
                 );
             }
+            Class::Configure => {
+                check!(self, taken == (when == When::Up), "configure taken {taken} while {:?}", b.phase);
+                check!(self, a.dp == b.dp && a.phase == b.phase && others_unchanged(None), "configure moved something");
+            }
+            Class::Places => {
+                check!(self, taken == (b.dp == Running && when != When::Gone), "places taken {taken} with {:?}", b.dp);
+                check!(self, a.dp == b.dp && a.phase == b.phase && others_unchanged(None), "places moved something");
+            }
             Class::Tick => {
                 check!(self, taken, "the tick is never refused");
                 self.check_tick(b, a)?;
@@ -781,7 +1017,11 @@ impl World {
             b.dp,
             a.dp
         );
-        if a.dp != b.dp {
+        if (b.dp, a.dp) == (Replacing, BackoffNew) {
+            // Killed: it was told to stop for new options DP_STOP_GRACE ago.
+            let told = b.dp_replacing_since.is_some_and(|t| self.now.saturating_duration_since(t) >= DP_STOP_GRACE);
+            check!(self, told && when_of(b.phase) == When::Up, "a replacing data plane killed early");
+        } else if a.dp != b.dp {
             check!(self, b.phase == ShuttingDown, "the data plane stops only when shutting down");
             if a.dp == Stopping {
                 let left = a.workers.values().any(|w| w.proc.is_some());
@@ -807,6 +1047,7 @@ impl World {
                 (Reloading, To::Is(Retiring)) => {
                     // The reload's old worker retires once the others are ready.
                     check!(self, b.replacing == Some(*id), "a reload retired a worker it was not replacing");
+                    check!(self, b.rollback.is_none(), "a reload retired a worker while the data plane restarts");
                     let ready = a.workers.values().filter(|w| w.counted && w.kind == Ready).count();
                     let counted = a.workers.values().filter(|w| w.counted).count();
                     check!(
@@ -827,7 +1068,7 @@ impl World {
     }
 
     /// Invariants after every step, taken or refused.
-    fn check(&mut self, b: &Snap, a: &Snap, outputs: &[Output<Fake>]) -> Result<(), TestCaseError> {
+    fn check(&mut self, b: &Snap, a: &Snap, outputs: &[Output<Fake>], taken: bool) -> Result<(), TestCaseError> {
         // At most one data-plane process runs, and it is the one the lifecycle holds.
         let held: BTreeSet<i32> = a.dp_pid.into_iter().collect();
         check!(self, self.dp_procs == held, "data-plane processes {:?}, the lifecycle holds {:?}", self.dp_procs, held);
@@ -870,6 +1111,24 @@ impl World {
         }
         check!(self, !self.seen_shutting_down || a.phase == ShuttingDown, "ShuttingDown went back to {:?}", a.phase);
         self.seen_shutting_down |= a.phase == ShuttingDown;
+        // A hand-over leaves everything as it is, then and after: the next
+        // controller adopts the data plane and every worker.
+        check!(self, !self.seen_handed_over || a.phase == HandingOver, "HandingOver went back to {:?}", a.phase);
+        if a.phase == HandingOver {
+            let stopped = outputs.iter().any(|o| matches!(o, Output::Signal { .. } | Output::Kill(_)));
+            check!(self, !stopped, "the hand-over signalled or killed something");
+            check!(
+                self,
+                a.dp == Running && a.dp_pid == b.dp_pid && a.workers == b.workers,
+                "the hand-over moved the data plane or a worker: {:?} → {:?}",
+                b.dp,
+                a.dp
+            );
+            if self.seen_handed_over {
+                check!(self, outputs.is_empty() && a.all == b.all, "something changed after the hand-over");
+            }
+        }
+        self.seen_handed_over |= a.phase == HandingOver;
         if a.phase == ShuttingDown {
             check!(
                 self,
@@ -878,7 +1137,8 @@ impl World {
             );
         }
         // A start is a restart unless it is the first on these sockets.
-        if a.dp == Starting && b.dp != Starting {
+        let starting = |d: D| matches!(d, Starting | StartingNew);
+        if starting(a.dp) && !starting(b.dp) {
             check!(self, a.restarts == b.restarts || a.restarts == b.restarts + 1, "restarts jumped");
         } else {
             check!(self, a.restarts == b.restarts, "restarts changed without a start");
@@ -909,12 +1169,18 @@ impl World {
             match o {
                 Output::Signal { pid, sig } => {
                     check!(self, *sig == libc::SIGTERM, "only SIGTERM is signalled (SIGKILL goes with Kill)");
-                    if Some(*pid) == a.dp_pid {
+                    if Some(*pid) == b.dp_pid {
+                        // Told to stop once: to shut down, or to be replaced.
                         check!(
                             self,
-                            a.dp == Stopping && b.dp != Stopping,
-                            "SIGTERM to a data plane that is not stopping"
+                            a.dp_pid == b.dp_pid && matches!(a.dp, Stopping | Replacing),
+                            "SIGTERM to a data plane that is not stopping: {:?} → {:?}",
+                            b.dp,
+                            a.dp
                         );
+                        let n = self.dp_terms.entry(*pid).or_default();
+                        *n += 1;
+                        check!(self, *n == 1, "data plane {pid} was told to stop twice");
                     } else {
                         let w = a.workers.values().find(|w| w.proc == Some(*pid));
                         check!(
@@ -936,6 +1202,11 @@ impl World {
                 Output::Became(x) => became.push(*x),
             }
         }
+        // A data plane told to stop is signalled as it moves: to Replacing, or to
+        // Stopping unless it was replacing (told already).
+        let told = matches!((b.dp, a.dp), (Starting | StartingNew | Running, Stopping | Replacing));
+        let signalled = outputs.iter().any(|o| matches!(o, Output::Signal { pid, .. } if Some(*pid) == b.dp_pid));
+        check!(self, told == signalled, "data plane {:?} → {:?}: signalled {signalled}", b.dp, a.dp);
         let reload_started = b.phase == Serving && a.phase == Reloading;
         let reload_ended = b.phase == Reloading && a.phase == Serving;
         let count = |x: Became| became.iter().filter(|b| **b == x).count();
@@ -950,20 +1221,34 @@ impl World {
             count(Became::ShuttingDown) == usize::from(b.phase != ShuttingDown && a.phase == ShuttingDown),
             "ShuttingDown: {became:?}"
         );
+        check!(
+            self,
+            count(Became::HandingOver) == usize::from(b.phase != HandingOver && a.phase == HandingOver),
+            "HandingOver: {became:?}"
+        );
         let started = became.iter().filter(|x| matches!(x, Became::DataPlaneStarted { .. })).count();
-        check!(self, started == usize::from(a.dp == Starting && b.dp != Starting), "DataPlaneStarted: {became:?}");
+        check!(self, started == usize::from(starting(a.dp) && !starting(b.dp)), "DataPlaneStarted: {became:?}");
+        // Placeable (READY=1) exactly when a client can be served for the first
+        // time: with workers to wait for, when the data plane says it places on
+        // every one of them, all ready; without, once the data plane runs.
+        let should_tell = taken
+            && !b.told_placeable
+            && if a.spawn_workers == 0 {
+                a.dp == Running && when_of(a.phase) == When::Up
+            } else {
+                self.places_cover == Some(true) && placeable_wanted(b)
+            };
+        check!(
+            self,
+            count(Became::Placeable) == usize::from(should_tell),
+            "Placeable told {} times, should {should_tell} (places cover {:?}): {:?} {:?}",
+            count(Became::Placeable),
+            self.places_cover,
+            a.dp,
+            a.workers
+        );
         if count(Became::Placeable) > 0 {
             self.told_placeable += 1;
-            let counted: Vec<&W> = a.workers.values().filter(|w| w.counted).collect();
-            check!(
-                self,
-                a.dp == Running
-                    && a.phase != ShuttingDown
-                    && counted.len() >= self.lc.spawn_workers
-                    && counted.iter().all(|w| w.kind == Ready),
-                "Placeable while not every wanted worker is ready: {:?} {counted:?}",
-                a.dp
-            );
         }
         check!(self, self.told_placeable <= 1, "Placeable told twice");
         if count(Became::Stopped) > 0 {
@@ -986,8 +1271,12 @@ impl World {
     fn behave(&mut self, steps: usize, drains_end: bool) -> Result<(), TestCaseError> {
         for _ in 0..steps {
             self.log.push("behave".into());
+            if self.lc.handed_over() {
+                // The controller exits; a last tick changes nothing.
+                return self.feed(Event::Tick, Class::Tick);
+            }
             self.supervise()?;
-            if self.lc.dp.kind() == Starting {
+            if matches!(d_of(&self.lc.dp), Starting | StartingNew) {
                 self.feed(Event::DataPlaneReady, Class::Dp(DpEv::Ready))?;
             }
             let termed: Vec<i32> = self
@@ -1005,7 +1294,7 @@ impl World {
                     )?;
                 }
             }
-            if self.lc.dp.kind() == Stopping {
+            if matches!(d_of(&self.lc.dp), Stopping | Replacing) {
                 if let Some(pid) = self.lc.dp.pid() {
                     self.dp_procs.remove(&pid);
                 }
@@ -1055,11 +1344,19 @@ fn run_case(
     w.behave(20, false)?;
     // Backoffs are at most 10 s, a reload step waits at most 120 s.
     w.behave(200, true)?;
+    if w.lc.handed_over() {
+        // Handed over: the data plane and every worker process of ours still run
+        // and are still held (World::check), for the next controller.
+        prop_assert_eq!(d_of(&w.lc.dp), Running);
+        prop_assert_eq!(w.told_stopped, 0);
+        prop_assert!(!w.lc.is_done());
+        return Ok(w.hits);
+    }
     if w.lc.phase.kind() != ShuttingDown {
         prop_assert_eq!(w.lc.phase.kind(), Serving, "{}", w.lc.summary());
-        prop_assert_eq!(w.lc.dp.kind(), Running);
+        prop_assert_eq!(d_of(&w.lc.dp), Running);
         let counted: Vec<&Worker<Fake>> = w.lc.workers.iter().filter(|x| x.counted()).collect();
-        prop_assert_eq!(counted.len(), spawn_workers, "{}", w.lc.summary());
+        prop_assert_eq!(counted.len(), w.lc.spawn_workers, "{}", w.lc.summary());
         prop_assert!(counted.iter().all(|x| x.phase == WorkerPhase::Ready), "{}", w.lc.summary());
         prop_assert_eq!(w.told_placeable, 1, "Placeable was told once it served");
         w.log.push("Shutdown".into());
@@ -1099,6 +1396,12 @@ fn every_row_is_reached() {
     // signalled again).
     let directed = vec![Op::RegisterOurs(1), Op::Say(0, false), Op::Advance(0)];
     let mut hits = run_case(1, true, vec![false, false], directed).expect("the directed case passes");
+    // A starting data plane that exits while shutting down.
+    let directed = vec![Op::Supervise, Op::Shutdown, Op::DataPlaneExits];
+    hits.extend(run_case(1, false, vec![], directed).expect("the directed case passes"));
+    // A worker of ours that drains by itself, loses its connection and registers again.
+    let directed = vec![Op::RegisterOurs(0), Op::Say(0, false), Op::Close(0), Op::RegisterOurs(0)];
+    hits.extend(run_case(1, true, vec![false], directed).expect("the directed case passes"));
     for _ in 0..512 {
         let (n, adopt, adopted, ops) = case().new_tree(&mut runner).expect("a case").current();
         hits.extend(run_case(n, adopt, adopted, ops).expect("the case passes"));
@@ -1106,6 +1409,7 @@ fn every_row_is_reached() {
     let mut rows: Vec<String> = Vec::new();
     rows.extend(DATA_PLANE.iter().map(|r| format!("dp {:?} {:?} {:?}", r.0, r.1, r.2)));
     rows.extend(PHASE.iter().map(|r| format!("phase {:?} {:?}", r.0, r.1)));
+    rows.extend(HAND_OVER.iter().map(|r| format!("phase {:?} {:?}", r.0, PhaseEv::HandOver)));
     rows.extend(WORKER.iter().map(|r| format!("worker {:?} {} {:?} {:?}", r.0, r.1, r.2, r.3)));
     rows.extend(SHUTDOWN_WORKER.iter().map(|r| format!("shutdown {:?}", r.0)));
     rows.extend(TICK_PHASE.iter().map(|r| format!("tick phase {:?} {:?}", r.0, r.1)));
@@ -1124,7 +1428,7 @@ fn tables_have_no_duplicate_rows() {
     }
     let mut seen = BTreeSet::new();
     for r in DATA_PLANE {
-        assert!(seen.insert((r.0, r.1 as u8, r.2 == When::Up)), "duplicate data-plane row {r:?}");
+        assert!(seen.insert((r.0, r.1 as u8, r.2 as u8)), "duplicate data-plane row {r:?}");
     }
     let mut seen = BTreeSet::new();
     for r in PHASE {
@@ -1150,34 +1454,193 @@ fn a_reload_replaces_each_worker_after_its_replacement_is_ready() {
     assert_eq!(w.lc.worker_replacements, 0, "a reload is not a replacement");
 }
 
+/// SIGHUP with new data-plane options during a reload: the running data plane is
+/// told to stop once, the new one starts with the new options at once (no
+/// backoff, a restart), and the workers are replaced only after it runs.
+#[test]
+fn a_restart_with_new_options_keeps_them_once_ready_and_the_reload_waits_for_it() {
+    let mut w = World::new(1, false, &[]).unwrap();
+    w.behave(10, true).unwrap();
+    let old_dp = w.lc.dp.pid().unwrap();
+    let old_worker = w.lc.workers[0].pid;
+    w.run(Op::RestartDataPlane).unwrap();
+    w.run(Op::Reload).unwrap();
+    assert_eq!(d_of(&w.lc.dp), Replacing);
+    assert_eq!(w.dp_terms.get(&old_dp), Some(&1));
+    // It exits; the reload does not replace the worker meanwhile.
+    w.run(Op::DataPlaneExits).unwrap();
+    assert_eq!(d_of(&w.lc.dp), BackoffNew);
+    w.run(Op::Supervise).unwrap();
+    assert_eq!(d_of(&w.lc.dp), StartingNew, "started at once");
+    assert_eq!(w.lc.dp_restarts, 1);
+    assert!(matches!(w.lc.phase, Phase::Reloading(Reload { step: Some(ReloadStep::DataPlaneRestarting { .. }), .. })));
+    assert!(w.terms.is_empty(), "no worker retired while the data plane restarts");
+    w.behave(30, true).unwrap();
+    assert_eq!(w.lc.phase.kind(), Serving, "{}", w.lc.summary());
+    assert_eq!((d_of(&w.lc.dp), w.lc.dp_options.clone()), (Running, options(1)));
+    assert_eq!(w.terms.get(&(old_worker as i32)), Some(&1), "the worker was replaced after");
+}
+
+/// A data plane with new options that exits before it is ready: the previous
+/// options come back for the next start, and a later SIGHUP may try again.
+#[test]
+fn a_restart_with_new_options_rolls_back_when_the_new_one_fails() {
+    let mut w = World::new(1, false, &[]).unwrap();
+    w.behave(10, true).unwrap();
+    w.run(Op::RestartDataPlane).unwrap();
+    w.run(Op::DataPlaneExits).unwrap();
+    w.run(Op::Supervise).unwrap();
+    assert_eq!((d_of(&w.lc.dp), w.lc.dp_options.clone()), (StartingNew, options(1)));
+    // A second SIGHUP is refused while the first restart runs.
+    w.run(Op::RestartDataPlane).unwrap();
+    assert_eq!(w.lc.dp_options, options(1));
+    w.run(Op::DataPlaneExits).unwrap();
+    assert_eq!((d_of(&w.lc.dp), w.lc.dp_options.clone()), (Backoff, options(0)), "rolled back");
+    w.behave(10, true).unwrap();
+    assert_eq!(d_of(&w.lc.dp), Running);
+    w.run(Op::RestartDataPlane).unwrap();
+    assert_eq!((d_of(&w.lc.dp), w.lc.dp_options.clone()), (Replacing, options(3)), "tried again");
+}
+
+/// SIGUSR2 during a reload, with a worker retiring: nothing is signalled,
+/// killed or moved, and every later event but the tick is refused (World::check).
+/// While a restart with new options runs it is refused (the next controller
+/// could not adopt the data plane).
+#[test]
+fn a_hand_over_leaves_everything_running() {
+    let mut w = World::new(2, false, &[]).unwrap();
+    w.behave(10, true).unwrap();
+    w.run(Op::RestartDataPlane).unwrap();
+    w.run(Op::HandOver).unwrap();
+    assert_eq!(w.lc.phase.kind(), Serving, "refused while the data plane is replaced");
+    w.behave(10, true).unwrap();
+    w.run(Op::Reload).unwrap();
+    w.behave(2, false).unwrap();
+    let before: Vec<(u32, WorkerPhase)> = w.lc.workers.iter().map(|x| (x.pid, x.phase)).collect();
+    let terms = w.terms.clone();
+    w.run(Op::HandOver).unwrap();
+    assert!(w.lc.handed_over());
+    for op in [Op::Shutdown, Op::Reload, Op::Advance(200_000), Op::Supervise, Op::WorkerExits(0), Op::RestartDataPlane]
+    {
+        w.run(op).unwrap();
+    }
+    let after: Vec<(u32, WorkerPhase)> = w.lc.workers.iter().map(|x| (x.pid, x.phase)).collect();
+    assert_eq!(before, after);
+    assert_eq!(w.terms, terms);
+    assert!(w.lc.workers_file().lines().count() >= 2, "{}", w.lc.workers_file());
+}
+
+/// Placeable (READY=1) waits for the data plane to place on every wanted worker:
+/// Ready said to the controller is not enough.
+#[test]
+fn placeable_waits_for_the_data_plane_to_place_on_every_worker() {
+    let mut w = World::new(2, false, &[]).unwrap();
+    for _ in 0..5 {
+        w.run(Op::Supervise).unwrap();
+        if d_of(&w.lc.dp) == Starting {
+            w.feed(Event::DataPlaneReady, Class::Dp(DpEv::Ready)).unwrap();
+        }
+    }
+    let ours: Vec<(WorkerId, u32)> = w.lc.workers.iter().map(|x| (x.id, x.pid)).collect();
+    assert_eq!(ours.len(), 2);
+    let mut ids = Vec::new();
+    for (id, pid) in ours {
+        let token = w.token();
+        ids.push((token % 60_000) as u16);
+        let ev = Event::Registered { token, pid, server_id: (token % 60_000) as u16, rejoined: false };
+        w.feed(ev, Class::Worker(Some(id), WEv::Register)).unwrap();
+        w.feed(Event::Said { token, ready: true }, Class::Worker(Some(id), WEv::SaidReady)).unwrap();
+    }
+    assert!(w.lc.placeable_check_wanted());
+    w.places(vec![ids[0]]).unwrap();
+    assert!(!w.lc.told_placeable, "one of two placed");
+    w.places(ids.clone()).unwrap();
+    assert!(w.lc.told_placeable);
+    assert!(!w.lc.placeable_check_wanted());
+}
+
 /// The status names (docs/operations.md, `demux status`).
 #[test]
 fn status_names() {
     let w = [Spawned, Registered, Ready, Draining, Retiring, Exited].map(WorkerKind::name);
     assert_eq!(w, ["starting", "registered", "ready", "draining", "retiring", "exited"]);
-    let d = [Backoff, Starting, Running, Stopping, Stopped].map(DataPlaneKind::name);
-    assert_eq!(d, ["restarting", "starting", "running", "stopping", "stopped"]);
-    let p = [Serving, Reloading, ShuttingDown].map(PhaseKind::name);
-    assert_eq!(p, ["serving", "reloading", "shutting_down"]);
+    use DataPlaneKind as K;
+    let d = [K::Backoff, K::Starting, K::Running, K::Replacing, K::Stopping, K::Stopped].map(DataPlaneKind::name);
+    assert_eq!(d, ["restarting", "starting", "running", "replacing", "stopping", "stopped"]);
+    let p = [Serving, Reloading, ShuttingDown, HandingOver].map(PhaseKind::name);
+    assert_eq!(p, ["serving", "reloading", "shutting_down", "handing_over"]);
 }
 
 // ------------------------------------------------------------ the move_to_* methods
 
-/// Data-plane moves: from → the `move_to_*` that are legal. Every other one is
-/// refused and leaves the state as it was.
-const DATA_PLANE_MOVES: &[(DataPlaneKind, &[DataPlaneKind])] = &[
-    (Backoff, &[Starting, Backoff, Stopped]),
-    (Starting, &[Running, Backoff, Stopping, Stopped]),
-    (Running, &[Backoff, Stopping, Stopped]),
-    (Stopping, &[Stopped]),
+/// A data-plane `move_to_*` (Backoff comes three ways: an exit or failed start, a
+/// restart with new options planned while none runs, a kill of one that did not
+/// stop for them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Move {
+    Starting,
+    Running,
+    Replacing,
+    Backoff,
+    BackoffPlan,
+    BackoffKilled,
+    Stopping,
+    Stopped,
+}
+
+/// Data-plane moves: from → the legal `move_to_*` and where each goes. Every other
+/// one is refused and leaves the state as it was.
+const DATA_PLANE_MOVES: &[(D, &[(Move, D)])] = &[
+    (
+        Backoff,
+        &[
+            (Move::Starting, Starting),
+            (Move::Backoff, Backoff),
+            (Move::BackoffPlan, BackoffNew),
+            (Move::Stopped, Stopped),
+        ],
+    ),
+    (BackoffNew, &[(Move::Starting, StartingNew), (Move::Backoff, BackoffNew), (Move::Stopped, Stopped)]),
+    (
+        Starting,
+        &[
+            (Move::Running, Running),
+            (Move::Replacing, Replacing),
+            (Move::Backoff, Backoff),
+            (Move::Stopping, Stopping),
+            (Move::Stopped, Stopped),
+        ],
+    ),
+    (
+        StartingNew,
+        &[(Move::Running, Running), (Move::Backoff, Backoff), (Move::Stopping, Stopping), (Move::Stopped, Stopped)],
+    ),
+    (
+        Running,
+        &[(Move::Replacing, Replacing), (Move::Backoff, Backoff), (Move::Stopping, Stopping), (Move::Stopped, Stopped)],
+    ),
+    (
+        Replacing,
+        &[
+            (Move::Backoff, BackoffNew),
+            (Move::BackoffKilled, BackoffNew),
+            (Move::Stopping, Stopping),
+            (Move::Stopped, Stopped),
+        ],
+    ),
+    (Stopping, &[(Move::Stopped, Stopped)]),
     (Stopped, &[]),
 ];
 
-fn data_plane(kind: DataPlaneKind, now: Instant) -> DataPlane<Fake> {
-    match kind {
-        Backoff => DataPlane::Backoff { until: now, first: false },
-        Starting => DataPlane::Starting { proc: Fake(7), since: now },
+fn data_plane(d: D, now: Instant) -> DataPlane<Fake> {
+    let old = || Some(options(1));
+    match d {
+        Backoff => DataPlane::Backoff { until: now, first: false, rollback: None },
+        BackoffNew => DataPlane::Backoff { until: now, first: false, rollback: old() },
+        Starting => DataPlane::Starting { proc: Fake(7), since: now, rollback: None },
+        StartingNew => DataPlane::Starting { proc: Fake(7), since: now, rollback: old() },
         Running => DataPlane::Running { proc: Fake(7), since: now, adopted: true },
+        Replacing => DataPlane::Replacing { proc: Fake(7), since: now, adopted: true, rollback: options(1) },
         Stopping => DataPlane::Stopping { proc: Fake(7), since: now, adopted: true },
         Stopped => DataPlane::Stopped,
     }
@@ -1186,26 +1649,53 @@ fn data_plane(kind: DataPlaneKind, now: Instant) -> DataPlane<Fake> {
 #[test]
 fn data_plane_moves_follow_their_table() {
     let now = Instant::now();
-    let all = [Backoff, Starting, Running, Stopping, Stopped];
+    let all = [
+        Move::Starting,
+        Move::Running,
+        Move::Replacing,
+        Move::Backoff,
+        Move::BackoffPlan,
+        Move::BackoffKilled,
+        Move::Stopping,
+        Move::Stopped,
+    ];
     for (from, legal) in DATA_PLANE_MOVES {
-        for to in all {
+        for m in all {
             let mut dp = data_plane(*from, now);
-            let (ok, back) = match to {
-                Starting => match dp.move_to_starting(Fake(8), now) {
+            let (ok, back) = match m {
+                Move::Starting => match dp.move_to_starting(Fake(8), now) {
                     Ok(_) => (true, None),
-                    Err((_, p)) => (false, Some(p)),
+                    Err((_, p)) => (false, Some(p.0)),
                 },
-                Running => (dp.move_to_running().is_ok(), None),
-                Backoff => (dp.move_to_backoff(now, now).is_ok(), None),
-                Stopping => (dp.move_to_stopping(now).is_ok(), None),
-                Stopped => (dp.move_to_stopped().is_ok(), None),
+                Move::Running => (dp.move_to_running().is_ok(), None),
+                Move::Replacing => (dp.move_to_replacing(options(2), now).is_ok(), None),
+                Move::Backoff => (dp.move_to_backoff(now, now, None).is_ok(), None),
+                Move::BackoffPlan => (dp.move_to_backoff(now, now, Some(options(2))).is_ok(), None),
+                Move::BackoffKilled => match dp.move_to_backoff_killed(now) {
+                    Ok(p) => (true, Some(p.0)),
+                    Err(_) => (false, None),
+                },
+                Move::Stopping => (dp.move_to_stopping(now).is_ok(), None),
+                Move::Stopped => (dp.move_to_stopped().is_ok(), None),
             };
-            assert_eq!(ok, legal.contains(&to), "data plane {from:?} → {to:?}");
-            if ok {
-                assert_eq!(dp.kind(), to, "{from:?} → {to:?}");
-            } else {
-                assert_eq!((dp.kind(), dp.pid()), (*from, data_plane(*from, now).pid()), "a refused move changed it");
-                assert_eq!(back.map(|p| p.0), (to == Starting).then_some(8), "the process is handed back");
+            let want = legal.iter().find(|(x, _)| *x == m).map(|(_, to)| *to);
+            assert_eq!(ok, want.is_some(), "data plane {from:?} × {m:?}");
+            match want {
+                Some(to) => {
+                    assert_eq!(d_of(&dp), to, "{from:?} × {m:?}");
+                    if m == Move::BackoffKilled {
+                        assert_eq!(back, Some(7), "the process to kill is handed back");
+                    }
+                }
+                None => {
+                    let before = data_plane(*from, now);
+                    assert_eq!(
+                        (d_of(&dp), dp.pid(), dp.rollback()),
+                        (*from, before.pid(), before.rollback()),
+                        "a refused move changed it"
+                    );
+                    assert_eq!(back, (m == Move::Starting).then_some(8), "the process is handed back");
+                }
             }
         }
     }
@@ -1265,24 +1755,31 @@ fn worker_moves_follow_their_table() {
     }
 }
 
-/// Phase moves: from → the `move_to_*` that are legal. ShuttingDown goes nowhere.
-const PHASE_MOVES: &[(PhaseKind, &[PhaseKind])] =
-    &[(Serving, &[Reloading, ShuttingDown]), (Reloading, &[Serving, ShuttingDown]), (ShuttingDown, &[])];
+/// Phase moves: from → the `move_to_*` that are legal. ShuttingDown and
+/// HandingOver go nowhere.
+const PHASE_MOVES: &[(PhaseKind, &[PhaseKind])] = &[
+    (Serving, &[Reloading, ShuttingDown, HandingOver]),
+    (Reloading, &[Serving, ShuttingDown, HandingOver]),
+    (ShuttingDown, &[]),
+    (HandingOver, &[]),
+];
 
 #[test]
 fn phase_moves_follow_their_table() {
     let now = Instant::now();
     for (from, legal) in PHASE_MOVES {
-        for to in [Serving, Reloading, ShuttingDown] {
+        for to in [Serving, Reloading, ShuttingDown, HandingOver] {
             let mut p = match from {
                 Serving => Phase::Serving,
                 Reloading => Phase::Reloading(Reload { queue: VecDeque::new(), step: None }),
                 ShuttingDown => Phase::ShuttingDown(Shutdown { deadline: now }),
+                HandingOver => Phase::HandingOver,
             };
             let ok = match to {
                 Serving => p.move_to_serving().is_ok(),
                 Reloading => p.move_to_reloading(Reload { queue: VecDeque::new(), step: None }).is_ok(),
                 ShuttingDown => p.move_to_shutting_down(Shutdown { deadline: now }).is_ok(),
+                HandingOver => p.move_to_handing_over().is_ok(),
             };
             assert_eq!(ok, legal.contains(&to), "phase {from:?} → {to:?}");
             assert_eq!(p.kind(), if ok { to } else { *from });
