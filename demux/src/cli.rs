@@ -62,6 +62,18 @@ pub struct ControllerOpts {
     pub worker_user: Option<String>,
 }
 
+impl Cli {
+    /// `--protocol-version` of the data plane or controller being started (hidden,
+    /// tests only: `sys::protocol::relabel`).
+    pub fn protocol_version(&self) -> Option<u8> {
+        match &self.command {
+            None => self.dataplane.protocol_version,
+            Some(Command::Dataplane(dp) | Command::Controller { dataplane: dp, .. }) => dp.protocol_version,
+            Some(_) => None,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the data plane (the default when no subcommand is given).
@@ -178,6 +190,12 @@ pub const MAX_BUSY_POLL_US: u32 = 10_000;
 
 #[derive(Clone, Debug, Args)]
 pub struct DataPlaneArgs {
+    /// Tests only (hidden): announce protocol version V (and V-1) instead of this
+    /// build's, standing for a build that differs only in its version number
+    /// (docs/wire.md "Versions"); V is this build's version up to 2 above it. A
+    /// controller passes it on to the data plane it runs. Command line only.
+    #[arg(long, value_name = "V", hide = true)]
+    pub protocol_version: Option<u8>,
     /// Several hosts behind one anycast address (ADR 0005): this many top bits of
     /// every server id name the host (0..=8; 0 is one host).
     #[arg(long, value_name = "B", default_value_t = 0)]

@@ -15,6 +15,12 @@ fn main() {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
+    if let Some(v) = cli.protocol_version() {
+        if let Err(e) = sys::protocol::relabel(v) {
+            eprintln!("demux: error: {e}");
+            std::process::exit(2);
+        }
+    }
     let r = match cli.command {
         None if cli.controller.state_dir.is_some() => controller::run(cli.dataplane, cli.controller),
         None => dataplane::run(cli.dataplane),

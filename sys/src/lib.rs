@@ -6,6 +6,7 @@
 //!   out with SCM_RIGHTS descriptors, a batch of records in (`recvmmsg`), and
 //!   [`seqpacket::Channel`], a connection typed by its conversation (`proto::wire`).
 //! - [`control`]: one admin request, one reply on a control socket, under [`control::REPLY_TIMEOUT`].
+//! - [`protocol`]: this process's protocol window (the versions it announces and reads).
 //! - [`sockopt`]: socket options, O_NONBLOCK, SO_TYPE.
 //! - [`addr`]: `SocketAddr` ⇄ `sockaddr` conversions.
 //! - [`raw`]: a raw IPv4 socket that sends UDP with any source (forwarded datagrams).
@@ -19,6 +20,7 @@ pub mod addr;
 pub mod control;
 pub mod epoll;
 pub mod pktinfo;
+pub mod protocol;
 pub mod raw;
 pub mod ring;
 pub mod seqpacket;

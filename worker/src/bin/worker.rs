@@ -97,6 +97,11 @@ struct Args {
     /// Return freed heap to the OS (glibc `malloc_trim`) when connections close.
     #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
     malloc_trim: bool,
+    /// Tests only (hidden): announce protocol version V (and V-1) instead of this
+    /// build's, standing for a build that differs only in its version number
+    /// (docs/wire.md "Versions"); V is this build's version up to 2 above it.
+    #[arg(long, value_name = "V", hide = true)]
+    protocol_version: Option<u8>,
 }
 
 fn secs(s: &str) -> Result<Duration, String> {
@@ -116,6 +121,12 @@ fn on_off(s: &str) -> Result<bool, String> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(v) = args.protocol_version {
+        if let Err(e) = sys::protocol::relabel(v) {
+            eprintln!("worker: {e}");
+            return ExitCode::from(2);
+        }
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     // No colour codes when stderr is a file (e.g. a spawned worker logging into the
     // controller's log).
@@ -147,7 +158,7 @@ async fn run(a: Args) -> anyhow::Result<()> {
             .context("registration task")?
             .with_context(|| format!("registering with the controller at {}", path.display()))?;
         tracing::info!(server_id = %asg.server_id, "registered with the controller");
-        let cc = ControlConn::new(asg.conn)?;
+        let cc = ControlConn::new(asg.conn, asg.version)?;
         let link = ControlLink::new(&path, asg.server_id, cc, Duration::from_secs(a.controller_grace));
         (asg.server_id, asg.secrets, Some(link))
     } else {
