@@ -635,6 +635,8 @@ pub mod tests {
             "/tmp/peers",
             "--peer-listen",
             "127.0.0.1:4434",
+            "--protocol-version",
+            "4",
         ]);
         let paths = Paths::new(std::path::Path::new("/tmp/x"));
         let mut argv = vec!["demux".to_string(), "dataplane".to_string(), "--listen".into(), "127.0.0.1:4433".into()];
@@ -664,6 +666,9 @@ pub mod tests {
         assert_eq!(dp.keys.as_deref(), Some(paths.keys().as_path()));
         assert_eq!(dp.orphan_timeout, Some(ORPHAN_TIMEOUT_DEFAULT), "a controller's data plane exits when orphaned");
         assert_eq!(dp.metrics, None, "the controller serves the metrics, not its data plane");
+        assert_eq!(dp.protocol_version, Some(4), "our binary runs the data plane: it speaks what we speak");
+        let plain = parse(&["demux", "--listen", "127.0.0.1:4433", "--state-dir", "/tmp/x"]);
+        assert!(!dataplane_args(&plain.dataplane, &paths).iter().any(|a| a == "--protocol-version"));
     }
 
     /// Spawned workers ask for rings exactly when the data plane offers them, and an
