@@ -66,7 +66,7 @@ pub enum Command {
     /// Whole system, established short headers: floor, kernel fast path, SEQPACKET, ring.
     ///
     /// (a) a sink on its own UDP socket, no demux; (b) the kernel fast path into the
-    /// same sink (DataHelloV2 with CAP_FAST_PATH, its own socket); (c) the user path
+    /// same sink (DataHello with CAP_FAST_PATH, its own socket); (c) the user path
     /// with SEQPACKET; (d) with `--forward ring`. CPU per datagram of every receiving
     /// process (and, separately, the sender's), one-way latency at 25/50/75 % of the
     /// floor's unpaced rate. Prints Markdown; `--doc`/`--svg` write it into the docs.

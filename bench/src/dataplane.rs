@@ -195,29 +195,41 @@ pub(crate) fn recv_rec<M: Message + std::fmt::Debug>(fd: BorrowedFd<'_>, buf: &m
 }
 
 pub(crate) fn status(d: &Demux) -> Result<Value> {
-    let fd = sys::seqpacket::connect(&d.control)?;
-    send_rec(fd.as_fd(), &Admin::StatusRequest)?;
-    let mut buf = vec![0u8; 128 * 1024];
-    match recv_rec(fd.as_fd(), &mut buf)? {
+    match sys::control::request(&d.control, &[&Admin::StatusRequest])?.msg {
         Admin::Status { json } => Ok(serde_json::from_str(&json)?),
         other => bail!("unexpected {other:?}"),
     }
 }
 
-/// A data connection to the demux as server id `id`: DataHello (DataHelloV2 with
-/// CAP_RINGS when `rings`), then the demux's Sockets record, received into `buf`.
+/// The hello of a data connection with capabilities `caps`, and its `Welcome`
+/// (docs/wire.md "Versions").
+pub(crate) fn send_data_hello(fd: BorrowedFd<'_>, id: u16, caps: u64, buf: &mut [u8]) -> Result<()> {
+    let announce = proto::wire::Announce { window: sys::protocol::window(), caps };
+    send_rec(fd, &Data::DataHello { announce, server_id: ServerId(id) })?;
+    match recv_rec(fd, buf)? {
+        Data::Welcome { .. } => Ok(()),
+        other => bail!("expected Welcome, got {other:?}"),
+    }
+}
+
+/// A data connection to the demux as server id `id`: DataHello (with CAP_RINGS when
+/// `rings`), then the demux's Welcome and Sockets records, received into `buf`;
+/// without rings also the (empty) Rings that ends the answer.
 pub(crate) fn data_hello(d: &Demux, id: u16, rings: bool, buf: &mut [u8]) -> Result<OwnedFd> {
     let fd = sys::seqpacket::connect(&d.data)?;
-    if rings {
-        let caps = proto::wire::data::CAP_RINGS;
-        send_rec(fd.as_fd(), &Data::DataHelloV2 { server_id: ServerId(id), caps })?;
-    } else {
-        send_rec(fd.as_fd(), &Data::DataHello { server_id: ServerId(id) })?;
-    }
+    let caps = if rings { proto::wire::data::CAP_RINGS } else { 0 };
+    send_data_hello(fd.as_fd(), id, caps, buf)?;
     match recv_rec(fd.as_fd(), buf)? {
-        Data::Sockets { .. } => Ok(fd),
+        Data::Sockets { .. } => {}
         other => bail!("expected Sockets, got {other:?}"),
     }
+    if !rings {
+        match recv_rec(fd.as_fd(), buf)? {
+            Data::Rings { count: 0, .. } => {}
+            other => bail!("expected Rings without rings, got {other:?}"),
+        }
+    }
+    Ok(fd)
 }
 
 /// Receive timeout of the bench's sink and probe connections, so their loops see `stop`.

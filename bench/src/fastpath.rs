@@ -6,7 +6,7 @@
 //!   (the socket set up like the data plane's: UDP_GRO, IP_PKTINFO, IP_RECVTOS,
 //!   8 MiB receive buffer).
 //! - `fast`: the release demux (`--fast-path on`, one shard); the same sink connects
-//!   with `DataHelloV2 { caps: CAP_FAST_PATH }`, takes its own socket from
+//!   with `DataHello` and `CAP_FAST_PATH`, takes its own socket from
 //!   `FastSockets` and reads it exactly as the floor reads its socket. The
 //!   SK_REUSEPORT program steers the short headers there; the demux never sees them.
 //! - `seqpacket`: the demux (`--fast-path off`), the sink reads its data connection.
@@ -35,7 +35,6 @@ use proto::keyfile::KeyFile;
 use proto::wire::data::{CAP_FAST_PATH, CAP_RINGS};
 use proto::wire::frame::HEADER_LEN as FRAME_HEADER_LEN;
 use proto::wire::Data;
-use proto::ServerId;
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 use std::mem::size_of;
@@ -303,12 +302,13 @@ fn start_demux(bin: &Path, kind: &str, core: usize, extra: &[&str]) -> Result<De
     start_demux_with(bin, &format!("fp-{kind}"), core, &[&["--io", "uring"][..], extra].concat())
 }
 
-/// The sink's data connection: DataHelloV2 with `caps`, then Sockets, FastSockets
-/// (with CAP_FAST_PATH: the fast socket, returned) and Rings (consumers, returned).
-fn hello(d: &Demux, caps: u32) -> Result<(OwnedFd, Option<UdpSocket>, Vec<worker::ring::Consumer>)> {
+/// The sink's data connection: DataHello with `caps`, then Welcome, Sockets,
+/// FastSockets (with CAP_FAST_PATH: the fast socket, returned) and Rings (consumers,
+/// returned).
+fn hello(d: &Demux, caps: u64) -> Result<(OwnedFd, Option<UdpSocket>, Vec<worker::ring::Consumer>)> {
     let fd = sys::seqpacket::connect(&d.data)?;
-    send_rec(fd.as_fd(), &Data::DataHelloV2 { server_id: ServerId(SINK_ID), caps })?;
     let mut buf = vec![0u8; 4096];
+    crate::dataplane::send_data_hello(fd.as_fd(), SINK_ID, caps, &mut buf)?;
     let next = |buf: &mut Vec<u8>| -> Result<(Data, Vec<OwnedFd>)> {
         match Channel::<Data>::new(fd.as_fd()).recv(buf)? {
             Incoming::Message { msg, fds } => Ok((msg, fds)),

@@ -110,6 +110,18 @@ pub struct ControllerOpts {
     pub worker_user: Option<String>,
 }
 
+impl Cli {
+    /// `--protocol-version` of the data plane or controller being started (hidden,
+    /// tests only: `sys::protocol::relabel`).
+    pub fn protocol_version(&self) -> Option<u8> {
+        match &self.command {
+            None => self.dataplane.protocol_version,
+            Some(Command::Dataplane(dp) | Command::Controller { dataplane: dp, .. }) => dp.protocol_version,
+            Some(_) => None,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the data plane (the default when no subcommand is given).
@@ -240,6 +252,12 @@ pub const MAX_BUSY_POLL_US: u32 = 10_000;
 
 #[derive(Clone, Debug, Args)]
 pub struct DataPlaneArgs {
+    /// Tests only (hidden): announce protocol version V (and V-1) instead of this
+    /// build's, standing for a build that differs only in its version number
+    /// (docs/wire.md "Versions"); V is this build's version up to 2 above it. A
+    /// controller passes it on to the data plane it runs. Command line only.
+    #[arg(long, value_name = "V", hide = true)]
+    pub protocol_version: Option<u8>,
     /// Several hosts behind one anycast address (ADR 0005): this many top bits of
     /// every server id name the host (0..=8; 0 is one host).
     #[arg(long, value_name = "B", default_value_t = 0)]
@@ -284,7 +302,7 @@ pub struct DataPlaneArgs {
     #[arg(long, value_enum, default_value = "auto")]
     pub io: IoKind,
     /// How frames reach the workers: `ring` (a shared-memory ring per shard and
-    /// worker, for workers that ask for it with `DataHelloV2 { CAP_RINGS }`, as the
+    /// worker, for workers that ask for it with `CAP_RINGS` in their `DataHello`, as the
     /// `worker` binary does unless `--rings off`; others keep SEQPACKET) or
     /// `seqpacket` (one record per frame on the data connection, for every worker).
     #[arg(long, value_enum, default_value = "ring")]

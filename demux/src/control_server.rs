@@ -1,9 +1,11 @@
 //! Serving control connections from an epoll loop (the controller's control.sock,
 //! the data plane's data and control sockets): every record waiting on a readable
 //! connection is decoded as that connection's conversation (`proto::wire`) and handed
-//! to the server; EOF, an error, an over-long or a malformed record ends it.
+//! to the server; EOF, an error, an over-long or a malformed record ends it, and so
+//! does a record in a protocol version this process does not speak (refused as a
+//! version mismatch, crate::versions).
 
-use proto::wire::Message;
+use proto::wire::{Message, WireError};
 use sys::seqpacket::{Channel, Incoming};
 
 /// Records read from one connection per readiness event at most, so one chatty peer
@@ -16,6 +18,9 @@ pub trait ControlServer {
     fn close(&mut self, token: u64, why: &str);
     /// Answers `Error{why}` and closes (a bad record).
     fn refuse(&mut self, token: u64, why: &str);
+    /// Refuses a record in protocol version `version`, which this process does not
+    /// speak (`crate::versions::refuse_record`), and closes.
+    fn refuse_version(&mut self, token: u64, version: u8);
     /// The receive buffer, lent to [`serve_ready`] while it drains.
     fn recv_buf(&mut self) -> &mut Vec<u8>;
 }
@@ -50,6 +55,7 @@ fn drain<M: Message, S: Serves<M>>(s: &mut S, token: u64, buf: &mut [u8], ev: u3
             }
             Ok(Incoming::Closed) => return s.close(token, "peer closed"),
             Ok(Incoming::TooLong) => return s.refuse(token, "record too long"),
+            Ok(Incoming::Malformed(WireError::UnsupportedVersion(v))) => return s.refuse_version(token, v),
             Ok(Incoming::Malformed(e)) => return s.refuse(token, &format!("malformed control message: {e}")),
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => break,
             Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,

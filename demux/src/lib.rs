@@ -12,3 +12,4 @@ pub mod controller;
 pub mod dataplane;
 pub mod operator;
 pub mod trust;
+pub mod versions;

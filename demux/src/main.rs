@@ -18,6 +18,12 @@ fn main() {
         Ok(l) => l,
         Err(e) => fail(anyhow::anyhow!("logging: {e}")),
     };
+    if let Some(v) = cli.protocol_version() {
+        if let Err(e) = sys::protocol::relabel(v) {
+            eprintln!("demux: error: {e}");
+            std::process::exit(2);
+        }
+    }
     let json = cli.log.log_format == demux::cli::LogFormat::Json;
     let controller_run = |dp, mut opts: demux::cli::ControllerOpts| {
         opts.argv = argv.clone();

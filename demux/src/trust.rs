@@ -73,10 +73,13 @@ pub enum Refusal {
     WrongPid,
     /// A data hello for a server id that another data connection holds.
     IdAlreadyLive,
+    /// A hello (or record) in protocol versions this build does not speak
+    /// (docs/wire.md "Versions", crate::versions).
+    Version,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 9] = [
+    pub const ALL: [Refusal; 10] = [
         Refusal::WrongUid,
         Refusal::NoCredentials,
         Refusal::PidMismatch,
@@ -86,6 +89,7 @@ impl Refusal {
         Refusal::Unregistered,
         Refusal::WrongPid,
         Refusal::IdAlreadyLive,
+        Refusal::Version,
     ];
 
     /// The counter's key (snake_case).
@@ -100,6 +104,7 @@ impl Refusal {
             Refusal::Unregistered => "unregistered",
             Refusal::WrongPid => "wrong_pid",
             Refusal::IdAlreadyLive => "id_already_live",
+            Refusal::Version => "version",
         }
     }
 }
@@ -108,8 +113,9 @@ impl Refusal {
 const ZERO: AtomicU64 = AtomicU64::new(0);
 /// Refusals by [`Refusal`] (its index in [`Refusal::ALL`]), every socket of this process.
 static REFUSED: [AtomicU64; Refusal::ALL.len()] = [ZERO; Refusal::ALL.len()];
-/// When the last refusal was logged, and how many were not logged since.
-static LOG_STATE: Mutex<(Option<Instant>, u64)> = Mutex::new((None, 0));
+/// Per [`Refusal`]: when the last one was logged, and how many were not logged
+/// since (so a flood of one kind cannot hide another kind's line).
+static LOG_STATE: Mutex<[(Option<Instant>, u64); Refusal::ALL.len()]> = Mutex::new([(None, 0); Refusal::ALL.len()]);
 
 fn counter(why: Refusal) -> &'static AtomicU64 {
     &REFUSED[why as usize]
@@ -127,12 +133,13 @@ pub fn refused_json() -> serde_json::Value {
     serde_json::Value::Object(m)
 }
 
-/// Counts a refusal by `why` and logs it unless one was logged less than
-/// [`LOG_INTERVAL`] ago.
+/// Counts a refusal by `why` and logs it unless one of the same kind was logged
+/// less than [`LOG_INTERVAL`] ago.
 pub fn note_refusal(socket: &str, cred: Option<&libc::ucred>, why: Refusal, reason: &str) {
     counter(why).fetch_add(1, Ordering::Relaxed);
     let total = refused_total();
-    let mut st = LOG_STATE.lock().unwrap_or_else(|p| p.into_inner());
+    let mut all = LOG_STATE.lock().unwrap_or_else(|p| p.into_inner());
+    let st = &mut all[why as usize];
     let now = Instant::now();
     if st.0.is_some_and(|t| now.duration_since(t) < LOG_INTERVAL) {
         st.1 += 1;
@@ -140,7 +147,7 @@ pub fn note_refusal(socket: &str, cred: Option<&libc::ucred>, why: Refusal, reas
     }
     let suppressed = std::mem::take(&mut st.1);
     st.0 = Some(now);
-    drop(st);
+    drop(all);
     let (pid, uid) = cred.map_or((-1, u32::MAX), |c| (c.pid, c.uid));
     let kind = why.key();
     tracing::warn!(
@@ -164,7 +171,7 @@ pub fn send_error<M: Message>(fd: BorrowedFd<'_>, reason: &str) {
 /// Reads and drops what the peer already sent (a few records at most, without
 /// blocking), so that closing does not reset the connection and the peer reads our
 /// `Error` (a Unix socket closed with unread data reports ECONNRESET to its peer).
-fn discard_pending(fd: RawFd) {
+pub(crate) fn discard_pending(fd: RawFd) {
     let mut b = [0u8; 512];
     for _ in 0..8 {
         // SAFETY: receives into a live buffer of the given length.

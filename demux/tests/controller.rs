@@ -51,14 +51,18 @@ fn scale_out_new_worker_gets_only_new_connections_after_ready() {
 
     // A registered instance that is live but never says Ready receives nothing, even
     // while new connections arrive (a minimal worker speaking the protocol by hand).
-    use proto::wire::{Data, Message, Registration};
+    use proto::wire::{Announce, Data, Message, Registration, Window, PROTOCOL_VERSION};
     let ctl = seqpacket_connect(&c.control_sock());
-    send_raw(&ctl, &Registration::Hello { pid: std::process::id() }.to_record());
+    let announce = Announce::plain(Window::OWN);
+    send_raw(&ctl, &Registration::Hello { announce, pid: std::process::id() }.to_record());
+    let welcome = Registration::decode(&recv_raw(&ctl));
+    assert_eq!(welcome, Ok(Registration::Welcome { version: PROTOCOL_VERSION, caps: 0 }), "{}", c.logs());
     let Ok(Registration::Assign { server_id: unready, .. }) = Registration::decode(&recv_raw(&ctl)) else {
         panic!("no Assign{}", c.logs())
     };
     let data = seqpacket_connect(&c.state.join("data.sock"));
-    send_raw(&data, &Data::DataHello { server_id: unready }.to_record());
+    send_raw(&data, &Data::DataHello { announce, server_id: unready }.to_record());
+    assert!(matches!(Data::decode(&recv_raw(&data)), Ok(Data::Welcome { .. })));
     assert!(matches!(Data::decode(&recv_raw(&data)), Ok(Data::Sockets { .. })));
     wait_until("the unready instance to be live", Duration::from_secs(20), || {
         c.instances().iter().any(|i| i.0 == u64::from(unready.0) && !i.1).then_some(())
@@ -660,7 +664,7 @@ fn malformed_control_messages_and_bad_state_files() {
     let mut c = Controller::start("bad", 1, &[]);
     let fd = seqpacket_connect(&c.control_sock());
     use proto::wire::{Message, Registration};
-    send_raw(&fd, &[0xc7, proto::wire::CONTROL_VERSION, 0xf0, 1, 2, 3]);
+    send_raw(&fd, &[0xc7, proto::wire::PROTOCOL_VERSION, 0xf0, 1, 2, 3]);
     let reply = recv_raw(&fd);
     let m = Registration::decode(&reply).expect("an Error reply");
     assert!(matches!(&m, Registration::Error { reason } if reason.contains("malformed")), "{m:?}");

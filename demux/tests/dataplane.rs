@@ -578,7 +578,9 @@ fn data_connection_protocol(io: &str) {
     // Duplicate id.
     let fd = seqpacket_connect(&d.data).unwrap();
     use std::os::fd::AsRawFd;
-    send_record(fd.as_raw_fd(), &Data::DataHello { server_id: proto::ServerId(81) }.to_record(), &[]).unwrap();
+    let announce = proto::wire::Announce::plain(proto::wire::Window::OWN);
+    send_record(fd.as_raw_fd(), &Data::DataHello { announce, server_id: proto::ServerId(81) }.to_record(), &[])
+        .unwrap();
     let mut buf = vec![0u8; 4096];
     let (n, fds) = recv_record(fd.as_raw_fd(), &mut buf).unwrap();
     assert!(fds.is_empty());
@@ -863,11 +865,14 @@ fn key_rotation(io: &str) {
     // Counted when routed; delivered to a worker a little later: wait for it, or it
     // could land after the clear() below and count as a misrouted datagram.
     wait_for("orphan delivered", || w1.datagrams() + w2.datagrams() == 1);
-    // KeysChanged on the control socket.
+    // KeysChanged on the control socket, sent right behind the hello in this build's
+    // version (the controller's best-effort rollback does so, docs/wire.md "Versions").
     {
         use std::os::fd::AsRawFd;
         let fd = seqpacket_connect(&d.control).unwrap();
+        let hello = Admin::Hello { announce: proto::wire::Announce::plain(proto::wire::Window::OWN), pid: 1 };
         let m = Admin::KeysChanged { keys: k1.keys.clone() };
+        send_record(fd.as_raw_fd(), &hello.to_record(), &[]).unwrap();
         send_record(fd.as_raw_fd(), &m.to_record(), &[]).unwrap();
     }
     let s = d.wait_status("generation 1", |s| u64_at(s, "/key_newest") == 1);

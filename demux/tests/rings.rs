@@ -65,11 +65,14 @@ fn hostile_consumer_only_loses_its_own_datagrams(io: &str) {
     let d = Demux::start_with(io, "0", &["--ring-bytes", "131072"]);
     assert!(d.rings, "a ring test");
     let honest = Worker::connect(&d, 1, true);
-    // The hostile worker's own handshake: DataHelloV2 { CAP_RINGS } → Sockets, Rings.
+    // The hostile worker's own handshake: DataHello { CAP_RINGS } → Welcome, Sockets, Rings.
     let fd = seqpacket_connect(&d.data).unwrap();
-    let hello = Data::DataHelloV2 { server_id: ServerId(2), caps: CAP_RINGS };
+    let announce = proto::wire::Announce { window: proto::wire::Window::OWN, caps: CAP_RINGS };
+    let hello = Data::DataHello { announce, server_id: ServerId(2) };
     send_record(fd.as_raw_fd(), &hello.to_record(), &[]).unwrap();
     let mut buf = vec![0u8; 4096];
+    let (n, _) = recv_record(fd.as_raw_fd(), &mut buf).unwrap();
+    assert!(matches!(Data::decode(&buf[..n]), Ok(Data::Welcome { .. })));
     let (n, _udp) = recv_record(fd.as_raw_fd(), &mut buf).unwrap();
     assert!(matches!(Data::decode(&buf[..n]), Ok(Data::Sockets { .. })));
     let (n, fds) = recv_record(fd.as_raw_fd(), &mut buf).unwrap();

@@ -98,17 +98,27 @@ fn probe_helper() {
     let sock = std::path::PathBuf::from(std::env::var("QD_PROBE_SOCK").unwrap_or_default());
     let words: Vec<&str> = spec.split(' ').collect();
     let pid = |w: &str| if w == "self" { std::process::id() } else { w.parse().unwrap() };
-    let msg = match words[0] {
-        "hello" => Registration::Hello { pid: pid(words[1]) }.to_record(),
-        "rejoin" => Registration::Rejoin { server_id: proto::ServerId(words[2].parse().unwrap()), pid: pid(words[1]) }
-            .to_record(),
-        "rotate" => {
-            Admin::RotateKeys { prf: None, force: false, phase: proto::wire::admin::RotatePhase::Rotate, from: None }
-                .to_record()
+    // An operator request goes behind the admin hello (docs/wire.md "Versions").
+    let admin = |m: Admin| vec![admin_hello(), m.to_record()];
+    let msgs = match words[0] {
+        "hello" => vec![Registration::Hello { announce: own(0), pid: pid(words[1]) }.to_record()],
+        "rejoin" => vec![Registration::Rejoin {
+            announce: own(0),
+            server_id: proto::ServerId(words[2].parse().unwrap()),
+            pid: pid(words[1]),
         }
-        "status" => Admin::StatusRequest.to_record(),
-        "getsockets" => Admin::GetSockets.to_record(),
-        "datahello" => Data::DataHelloV2 { server_id: proto::ServerId(words[1].parse().unwrap()), caps: 3 }.to_record(),
+        .to_record()],
+        "rotate" => admin(Admin::RotateKeys {
+            prf: None,
+            force: false,
+            phase: proto::wire::admin::RotatePhase::Rotate,
+            from: None,
+        }),
+        "status" => admin(Admin::StatusRequest),
+        "getsockets" => admin(Admin::GetSockets),
+        "datahello" => {
+            vec![Data::DataHello { announce: own(3), server_id: proto::ServerId(words[1].parse().unwrap()) }.to_record()]
+        }
         "hello-twice" => return hello_twice(&sock),
         "register-then-datahello" => return register_then_datahello(&sock),
         "read" => {
@@ -121,7 +131,16 @@ fn probe_helper() {
         }
         other => panic!("unknown probe {other}"),
     };
-    println!("PROBE: {}", exchange(&sock, &msg, 4).0);
+    println!("PROBE: {}", exchange(&sock, &msgs, 4).0);
+}
+
+/// This build's window and capabilities `caps`.
+fn own(caps: u64) -> proto::wire::Announce {
+    proto::wire::Announce { window: proto::wire::Window::OWN, caps }
+}
+
+fn admin_hello() -> Vec<u8> {
+    Admin::Hello { announce: own(0), pid: std::process::id() }.to_record()
 }
 
 /// What a received record is, whichever conversation it belongs to: `Error(reason)`
@@ -136,9 +155,9 @@ fn describe(rec: &[u8]) -> String {
     }
 }
 
-/// Sends the record `msg` on a new connection to `sock`; the records received until
+/// Sends the records `msgs` on a new connection to `sock`; the records received until
 /// close (at most `max`), as the report line of [`probe_helper`], and the connection.
-fn exchange(sock: &Path, msg: &[u8], max: usize) -> (String, Option<std::os::fd::OwnedFd>) {
+fn exchange(sock: &Path, msgs: &[Vec<u8>], max: usize) -> (String, Option<std::os::fd::OwnedFd>) {
     let fd = match sys::seqpacket::connect(sock) {
         Ok(fd) => fd,
         Err(e) => {
@@ -158,8 +177,11 @@ fn exchange(sock: &Path, msg: &[u8], max: usize) -> (String, Option<std::os::fd:
         )
     };
     let mut report = Vec::new();
-    if let Err(e) = sys::seqpacket::send_record_raw(fd.as_raw_fd(), msg, &[], 0) {
-        report.push(format!("send-error {e}"));
+    for msg in msgs {
+        if let Err(e) = sys::seqpacket::send_record_raw(fd.as_raw_fd(), msg, &[], 0) {
+            report.push(format!("send-error {e}"));
+            break;
+        }
     }
     let mut buf = vec![0u8; 70_000];
     let mut got = 0;
@@ -196,8 +218,8 @@ fn exchange(sock: &Path, msg: &[u8], max: usize) -> (String, Option<std::os::fd:
 /// The fake spawned worker of [`a_spawned_worker_registers_only_once`]: registers,
 /// keeps that registration and registers again; writes both answers to QD_PROBE_OUT.
 fn hello_twice(sock: &Path) {
-    let hello = Registration::Hello { pid: std::process::id() }.to_record();
-    let (first, _keep) = exchange(sock, &hello, 2);
+    let hello = vec![Registration::Hello { announce: own(0), pid: std::process::id() }.to_record()];
+    let (first, _keep) = exchange(sock, &hello, 3);
     let (second, _) = exchange(sock, &hello, 4);
     let out = std::path::PathBuf::from(std::env::var("QD_PROBE_OUT").expect("QD_PROBE_OUT"));
     let tmp = out.with_extension(format!("tmp{}", std::process::id()));
@@ -214,9 +236,11 @@ fn hello_twice(sock: &Path) {
 /// that id itself on `QD_PROBE_DATA` and prints the answer.
 fn register_then_datahello(ctl: &Path) {
     let fd = sys::seqpacket::connect(ctl).expect("connect control.sock");
-    let hello = Registration::Hello { pid: std::process::id() };
+    let hello = Registration::Hello { announce: own(0), pid: std::process::id() };
     sys::seqpacket::send_record_raw(fd.as_raw_fd(), &hello.to_record(), &[], 0).expect("send Hello");
     let mut buf = vec![0u8; 70_000];
+    let n = sys::seqpacket::recv_record_raw(fd.as_raw_fd(), &mut buf, 0).expect("recv Welcome").len;
+    assert!(matches!(Registration::decode(&buf[..n]), Ok(Registration::Welcome { .. })));
     let n = sys::seqpacket::recv_record_raw(fd.as_raw_fd(), &mut buf, 0).expect("recv Assign").len;
     let Ok(Registration::Assign { server_id, .. }) = Registration::decode(&buf[..n]) else {
         println!("PROBE-ID: none ({:?})", Registration::decode(&buf[..n]));
@@ -226,7 +250,7 @@ fn register_then_datahello(ctl: &Path) {
     let mut line = String::new();
     let _ = std::io::stdin().read_line(&mut line);
     let data = std::path::PathBuf::from(std::env::var("QD_PROBE_DATA").expect("QD_PROBE_DATA"));
-    let (report, _data_conn) = exchange(&data, &Data::DataHelloV2 { server_id, caps: 0 }.to_record(), 2);
+    let (report, _data_conn) = exchange(&data, &[Data::DataHello { announce: own(0), server_id }.to_record()], 3);
     println!("PROBE: {report}");
     drop(fd);
 }
@@ -292,7 +316,7 @@ fn unprivileged_peer_with_open_socket_modes_is_refused_everywhere() {
     }
     let (ctl, data, dp) = (c.control_sock(), c.state.join("data.sock"), c.state.join("dataplane.sock"));
     // The probe itself works: as root it gets a status.
-    assert!(probe(None, &ctl, Probe::Status).starts_with("Status fds=0"), "probe sanity");
+    assert!(probe(None, &ctl, Probe::Status).starts_with("Welcome fds=0; Status fds=0"), "probe sanity");
     let not_allowed = format!("uid {} is not allowed to connect", ids.0);
     let me = Some(ids);
     assert_refused("Hello", &probe(me, &ctl, Probe::Hello { pid: None }), &not_allowed);
@@ -301,7 +325,7 @@ fn unprivileged_peer_with_open_socket_modes_is_refused_everywhere() {
     assert_refused("StatusRequest", &probe(me, &ctl, Probe::Status), &not_allowed);
     assert_refused("GetSockets", &probe(me, &dp, Probe::GetSockets), &not_allowed);
     assert_refused("StatusRequest (data plane)", &probe(me, &dp, Probe::Status), &not_allowed);
-    assert_refused("DataHelloV2", &probe(me, &data, Probe::DataHello { server_id: 4242 }), &not_allowed);
+    assert_refused("DataHello", &probe(me, &data, Probe::DataHello { server_id: 4242 }), &not_allowed);
     // Counted by reason: 4 on control.sock (controller), 3 on the data plane's sockets.
     let (ctl_after, dp_after) = (c.status_wait(), c.lb_wait());
     assert_eq!(refused(&ctl_after, "wrong_uid"), refused(&ctl_before, "wrong_uid") + 4, "{ctl_after}");
@@ -471,7 +495,7 @@ fn a_spawned_worker_registers_only_once() {
         wait_until("the controller's exit on SIGTERM", Duration::from_secs(30), || child.try_wait().ok().flatten());
     let (first, second) = got.trim_end().split_once('\n').expect("two lines");
     assert!(
-        first.starts_with("Assign fds=0; Sockets fds=1"),
+        first.starts_with("Welcome fds=0; Assign fds=0; Sockets fds=1"),
         "first Hello: {first} {}",
         std::fs::read_to_string(&log).unwrap_or_default()
     );
@@ -525,10 +549,10 @@ fn a_data_hello_must_come_from_the_registering_pid() {
     assert_eq!(refused(&after, "wrong_pid"), refused(&before, "wrong_pid") + 1, "{after}");
     assert_eq!(refused(&after, "unregistered"), refused(&before, "unregistered") + 1, "{after}");
     assert!(!c.instances().iter().any(|i| i.0 == u64::from(id)), "the refused id is not live");
-    // The registering process itself: Sockets (one fd per listen address), then Rings.
+    // The registering process itself: Welcome, Sockets (one fd per listen address), Rings.
     owner.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
     let got = next_line("PROBE: ");
-    assert!(got.starts_with("Sockets fds=1; Rings fds=0"), "the owner's own data hello: {got}");
+    assert!(got.starts_with("Welcome fds=0; Sockets fds=1; Rings fds=0"), "the owner's own data hello: {got}");
     let _ = owner.wait();
     assert_eq!(download_ok(&c, "/bytes/1000", 1000), served_by as u16);
     assert!(c.stop(Duration::from_secs(60)));

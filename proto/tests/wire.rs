@@ -1,7 +1,8 @@
 //! The data frame and the three control conversations (registration, data, admin):
-//! round trips against a model encoder written from docs/wire.md, truncations,
-//! single-byte corruptions, reserved bits, and that no conversation's decoder reads
-//! another conversation's record.
+//! round trips against a model encoder written from docs/wire.md (in every protocol
+//! version), truncations, single-byte corruptions, reserved bits, that no
+//! conversation's decoder reads another conversation's record, and the version
+//! negotiation of the hellos against a model (docs/wire.md "Versions").
 #![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 mod common;
@@ -12,12 +13,13 @@ use proto::cid::{Generation, Prf, ServerId};
 use proto::wire::admin::{RotatePhase, KEEP_PRF};
 use proto::wire::data::{CAPS_KNOWN, CAP_FAST_PATH, CAP_RINGS, LOAD_INTERVAL_MS, MAX_ODCID_LEN, MAX_RINGS};
 use proto::wire::frame::{self, FrameMeta, HEADER_LEN, MAX_PAYLOAD};
+use proto::wire::version::{common_caps, VersionRefused, FIRST_VERSION};
 use proto::wire::*;
 use std::fmt::Debug;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 
 const M: u8 = CONTROL_MAGIC;
-const V: u8 = CONTROL_VERSION;
+const V: u8 = PROTOCOL_VERSION;
 
 // ---------------------------------------------------------------------------------
 // The model: each message as (tag, fields), serialised by the docs/wire.md rules.
@@ -37,8 +39,8 @@ enum Field<'a> {
     Keys(&'a Keys),
 }
 
-fn model_record(tag: u8, fields: &[Field]) -> Vec<u8> {
-    let mut v = vec![0xc7, 2, tag];
+fn model_record(version: u8, tag: u8, fields: &[Field]) -> Vec<u8> {
+    let mut v = vec![0xc7, version, tag];
     for f in fields {
         match f {
             Field::U8(x) => v.push(*x),
@@ -86,47 +88,59 @@ fn model_record(tag: u8, fields: &[Field]) -> Vec<u8> {
     v
 }
 
-/// docs/wire.md "Registration".
-fn model_registration(m: &Registration) -> Vec<u8> {
+/// A hello (docs/wire.md "Versions"): the version byte is the sender's newest, the
+/// body starts with its oldest and its capabilities, then the conversation's fields.
+fn model_hello(tag: u8, a: &Announce, fields: &[Field]) -> Vec<u8> {
+    let mut v = model_record(a.window.newest, tag, &[Field::U8(a.window.oldest), Field::U64(a.caps)]);
+    v.extend_from_slice(&model_record(0, 0, fields)[3..]);
+    v
+}
+
+/// docs/wire.md "Registration", in protocol version `v`.
+fn model_registration(m: &Registration, v: u8) -> Vec<u8> {
     use Field::*;
     match m {
-        Registration::Hello { pid } => model_record(0x20, &[U32(*pid)]),
-        Registration::Rejoin { server_id, pid } => model_record(0x21, &[U16(server_id.0), U32(*pid)]),
-        Registration::Assign { server_id, keys, reset_key, token_key } => {
-            model_record(0x22, &[U16(server_id.0), Keys(keys), Bytes(reset_key), Bytes(token_key)])
+        Registration::Hello { announce, pid } => model_hello(0x20, announce, &[U32(*pid)]),
+        Registration::Rejoin { announce, server_id, pid } => {
+            model_hello(0x21, announce, &[U16(server_id.0), U32(*pid)])
         }
-        Registration::Sockets { addrs } => model_record(0x23, &[Addrs(addrs)]),
-        Registration::Ready => model_record(0x24, &[]),
-        Registration::Draining => model_record(0x25, &[]),
-        Registration::KeysChanged { keys } => model_record(0x26, &[Keys(keys)]),
-        Registration::Error { reason } => model_record(0x01, &[Text(reason)]),
+        Registration::Welcome { version, caps } => model_record(*version, 0x02, &[U64(*caps)]),
+        Registration::Assign { server_id, keys, reset_key, token_key } => {
+            model_record(v, 0x22, &[U16(server_id.0), Keys(keys), Bytes(reset_key), Bytes(token_key)])
+        }
+        Registration::Sockets { addrs } => model_record(v, 0x23, &[Addrs(addrs)]),
+        Registration::Ready => model_record(v, 0x24, &[]),
+        Registration::Draining => model_record(v, 0x25, &[]),
+        Registration::KeysChanged { keys } => model_record(v, 0x26, &[Keys(keys)]),
+        Registration::Error { reason } => model_record(v, 0x01, &[Text(reason)]),
     }
 }
 
-/// docs/wire.md "Data connection".
-fn model_data(m: &Data) -> Vec<u8> {
+/// docs/wire.md "Data connection", in protocol version `v`.
+fn model_data(m: &Data, v: u8) -> Vec<u8> {
     use Field::*;
     match m {
-        Data::DataHello { server_id } => model_record(0x40, &[U16(server_id.0)]),
-        Data::DataHelloV2 { server_id, caps } => model_record(0x41, &[U16(server_id.0), U32(*caps)]),
-        Data::Sockets { addrs } => model_record(0x42, &[Addrs(addrs)]),
-        Data::FastSockets { addrs } => model_record(0x43, &[Addrs(addrs)]),
-        Data::Rings { count, bytes } => model_record(0x44, &[U8(*count), U64(*bytes)]),
-        Data::Ready => model_record(0x45, &[]),
-        Data::Draining => model_record(0x46, &[]),
-        Data::Load { handshakes, incoming_bytes } => model_record(0x47, &[U32(*handshakes), U32(*incoming_bytes)]),
-        Data::HandshakeDone { odcid } => model_record(0x48, &[U8(odcid.len() as u8), Bytes(odcid)]),
-        Data::Error { reason } => model_record(0x01, &[Text(reason)]),
+        Data::DataHello { announce, server_id } => model_hello(0x40, announce, &[U16(server_id.0)]),
+        Data::Welcome { version, caps } => model_record(*version, 0x02, &[U64(*caps)]),
+        Data::Sockets { addrs } => model_record(v, 0x42, &[Addrs(addrs)]),
+        Data::FastSockets { addrs } => model_record(v, 0x43, &[Addrs(addrs)]),
+        Data::Rings { count, bytes } => model_record(v, 0x44, &[U8(*count), U64(*bytes)]),
+        Data::Ready => model_record(v, 0x45, &[]),
+        Data::Draining => model_record(v, 0x46, &[]),
+        Data::Load { handshakes, incoming_bytes } => model_record(v, 0x47, &[U32(*handshakes), U32(*incoming_bytes)]),
+        Data::HandshakeDone { odcid } => model_record(v, 0x48, &[U8(odcid.len() as u8), Bytes(odcid)]),
+        Data::Error { reason } => model_record(v, 0x01, &[Text(reason)]),
     }
 }
 
-/// docs/wire.md "Admin".
-fn model_admin(m: &Admin) -> Vec<u8> {
+/// docs/wire.md "Admin", in protocol version `v`.
+fn model_admin(m: &Admin, v: u8) -> Vec<u8> {
     use Field::*;
     match m {
-        Admin::Hello { pid } => model_record(0x60, &[U32(*pid)]),
-        Admin::StatusRequest => model_record(0x61, &[]),
-        Admin::Status { json } => model_record(0x62, &[Text(json)]),
+        Admin::Hello { announce, pid } => model_hello(0x60, announce, &[U32(*pid)]),
+        Admin::Welcome { version, caps } => model_record(*version, 0x02, &[U64(*caps)]),
+        Admin::StatusRequest => model_record(v, 0x61, &[]),
+        Admin::Status { json } => model_record(v, 0x62, &[Text(json)]),
         Admin::RotateKeys { prf, force, phase, from } => {
             let code = match prf {
                 None => 0xff,
@@ -140,14 +154,14 @@ fn model_admin(m: &Admin) -> Vec<u8> {
             };
             let flags = u8::from(*force) | phase << 1 | if from.is_some() { 8 } else { 0 };
             match from {
-                Some(f) => model_record(0x63, &[U8(code), U8(flags), Text(f)]),
-                None => model_record(0x63, &[U8(code), U8(flags)]),
+                Some(f) => model_record(v, 0x63, &[U8(code), U8(flags), Text(f)]),
+                None => model_record(v, 0x63, &[U8(code), U8(flags)]),
             }
         }
-        Admin::KeysChanged { keys } => model_record(0x64, &[Keys(keys)]),
-        Admin::GetSockets => model_record(0x65, &[]),
-        Admin::Sockets { addrs } => model_record(0x66, &[Addrs(addrs)]),
-        Admin::Error { reason } => model_record(0x01, &[Text(reason)]),
+        Admin::KeysChanged { keys } => model_record(v, 0x64, &[Keys(keys)]),
+        Admin::GetSockets => model_record(v, 0x65, &[]),
+        Admin::Sockets { addrs } => model_record(v, 0x66, &[Addrs(addrs)]),
+        Admin::Error { reason } => model_record(v, 0x01, &[Text(reason)]),
     }
 }
 
@@ -222,14 +236,39 @@ fn keys() -> impl Strategy<Value = Keys> {
     )
 }
 
+/// A protocol version a record may be in: from the first negotiated one on.
+fn version() -> impl Strategy<Value = u8> {
+    prop_oneof![Just(PROTOCOL_VERSION), FIRST_VERSION..=u8::MAX]
+}
+
+/// A valid window (`FIRST_VERSION <= oldest <= newest`).
+fn window() -> impl Strategy<Value = Window> {
+    prop_oneof![
+        (FIRST_VERSION..=u8::MAX).prop_map(Window::ending_at),
+        (FIRST_VERSION..=u8::MAX, FIRST_VERSION..=u8::MAX)
+            .prop_map(|(a, b)| Window { oldest: a.min(b), newest: a.max(b) }),
+    ]
+}
+
+/// Any window and capability set: bits this build does not know included.
+fn announce() -> impl Strategy<Value = Announce> {
+    (window(), prop_oneof![Just(0u64), Just(CAPS_KNOWN), any::<u64>()])
+        .prop_map(|(window, caps)| Announce { window, caps })
+}
+
 fn text() -> impl Strategy<Value = String> {
     prop_oneof![".{0,40}", "[a-z{}\":, ]{0,300}", Just(String::new())]
 }
 
 fn registration() -> impl Strategy<Value = Registration> {
     prop_oneof![
-        any::<u32>().prop_map(|pid| Registration::Hello { pid }),
-        (any::<u16>(), any::<u32>()).prop_map(|(id, pid)| Registration::Rejoin { server_id: ServerId(id), pid }),
+        (announce(), any::<u32>()).prop_map(|(announce, pid)| Registration::Hello { announce, pid }),
+        (announce(), any::<u16>(), any::<u32>()).prop_map(|(announce, id, pid)| Registration::Rejoin {
+            announce,
+            server_id: ServerId(id),
+            pid
+        }),
+        (version(), any::<u64>()).prop_map(|(version, caps)| Registration::Welcome { version, caps }),
         (any::<u16>(), keys(), any::<[u8; 32]>(), any::<[u8; 32]>()).prop_map(|(id, keys, reset_key, token_key)| {
             Registration::Assign { server_id: ServerId(id), keys, reset_key, token_key }
         }),
@@ -243,8 +282,8 @@ fn registration() -> impl Strategy<Value = Registration> {
 
 fn data() -> impl Strategy<Value = Data> {
     prop_oneof![
-        any::<u16>().prop_map(|id| Data::DataHello { server_id: ServerId(id) }),
-        (any::<u16>(), 0u32..=CAPS_KNOWN).prop_map(|(id, caps)| Data::DataHelloV2 { server_id: ServerId(id), caps }),
+        (announce(), any::<u16>()).prop_map(|(announce, id)| Data::DataHello { announce, server_id: ServerId(id) }),
+        (version(), any::<u64>()).prop_map(|(version, caps)| Data::Welcome { version, caps }),
         addrs().prop_map(|addrs| Data::Sockets { addrs }),
         addrs().prop_map(|addrs| Data::FastSockets { addrs }),
         (1u8..=MAX_RINGS, 17u32..=30).prop_map(|(count, shift)| Data::Rings { count, bytes: 1u64 << shift }),
@@ -259,7 +298,8 @@ fn data() -> impl Strategy<Value = Data> {
 
 fn admin() -> impl Strategy<Value = Admin> {
     prop_oneof![
-        any::<u32>().prop_map(|pid| Admin::Hello { pid }),
+        (announce(), any::<u32>()).prop_map(|(announce, pid)| Admin::Hello { announce, pid }),
+        (version(), any::<u64>()).prop_map(|(version, caps)| Admin::Welcome { version, caps }),
         Just(Admin::StatusRequest),
         text().prop_map(|json| Admin::Status { json }),
         (
@@ -280,10 +320,11 @@ fn admin() -> impl Strategy<Value = Admin> {
 // Checks shared by the conversations
 // ---------------------------------------------------------------------------------
 
-/// A record that decoded must re-encode to exactly the bytes it came from.
+/// A record that decoded must re-encode, in the version it came in, to exactly the
+/// bytes it came from.
 fn reencodes<T: Message + Debug>(rec: &[u8]) -> Result<(), TestCaseError> {
     if let Ok(m) = T::decode(rec) {
-        prop_assert_eq!(m.to_record(), rec.to_vec());
+        prop_assert_eq!(m.to_record_at(rec[1]), rec.to_vec());
     }
     Ok(())
 }
@@ -295,11 +336,12 @@ fn frame_reencodes(rec: &[u8]) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-/// Encodes as the model says and decodes back to `m`.
-fn round_trip<T: Message + Debug + PartialEq>(m: &T, model: fn(&T) -> Vec<u8>) -> Result<(), TestCaseError> {
-    let rec = m.to_record();
-    prop_assert_eq!(&rec, &model(m), "{:?} against the model", m);
+/// Encodes in version `v` as the model says and decodes back to `m`.
+fn round_trip<T: Message + Debug + PartialEq>(m: &T, v: u8, model: fn(&T, u8) -> Vec<u8>) -> Result<(), TestCaseError> {
+    let rec = m.to_record_at(v);
+    prop_assert_eq!(&rec, &model(m, v), "{:?} against the model in version {}", m, v);
     prop_assert_eq!(&T::decode(&rec).unwrap(), m);
+    prop_assert_eq!(record_version(&rec), Some(rec[1]));
     Ok(())
 }
 
@@ -325,16 +367,16 @@ fn name_is_the_variant<T: Message + Debug>(m: &T) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-/// Which conversation a record of `m` is on (None: `Error`, shared by all).
+/// Which conversation a record of `m` is on (None: `Error` and `Welcome`, shared by all).
 fn conversation_of_record(rec: &[u8]) -> Option<Conversation> {
     Conversation::of_tag(rec[2])
 }
 
 /// Every other conversation's decoder refuses `rec` (a `conv` record) as belonging to
-/// `conv`; `Error` alone is read the same by all.
+/// `conv`; `Error` and `Welcome` alone are read the same by all.
 fn others_refuse(rec: &[u8], conv: Conversation) -> Result<(), TestCaseError> {
     let tag = rec[2];
-    if tag == ERROR {
+    if tag == ERROR || tag == WELCOME {
         let r = Registration::decode(rec).ok().map(|m| m.to_record());
         prop_assert_eq!(Data::decode(rec).ok().map(|m| m.to_record()), r.clone());
         prop_assert_eq!(Admin::decode(rec).ok().map(|m| m.to_record()), r);
@@ -358,20 +400,20 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
 
     #[test]
-    fn registration_round_trip_matches_the_model(m in registration()) {
-        round_trip(&m, model_registration)?;
+    fn registration_round_trip_matches_the_model(m in registration(), v in version()) {
+        round_trip(&m, v, model_registration)?;
         name_is_the_variant(&m)?;
     }
 
     #[test]
-    fn data_round_trip_matches_the_model(m in data()) {
-        round_trip(&m, model_data)?;
+    fn data_round_trip_matches_the_model(m in data(), v in version()) {
+        round_trip(&m, v, model_data)?;
         name_is_the_variant(&m)?;
     }
 
     #[test]
-    fn admin_round_trip_matches_the_model(m in admin()) {
-        round_trip(&m, model_admin)?;
+    fn admin_round_trip_matches_the_model(m in admin(), v in version()) {
+        round_trip(&m, v, model_admin)?;
         name_is_the_variant(&m)?;
     }
 
@@ -396,13 +438,15 @@ proptest! {
     fn the_control_socket_tells_registration_from_admin(r in registration(), d in data(), a in admin()) {
         let got = ControlSocket::decode(&r.to_record()).unwrap();
         prop_assert_eq!(got.to_record(), r.to_record());
-        if !matches!(r, Registration::Error { .. }) {
-            prop_assert_eq!(got, ControlSocket::Registration(r));
+        prop_assert_eq!(got, ControlSocket::Registration(r));
+        // Error and Welcome are every conversation's: control.sock reads them as registration.
+        let shared = |rec: &[u8]| rec[2] == ERROR || rec[2] == WELCOME;
+        let got = ControlSocket::decode(&a.to_record()).unwrap();
+        prop_assert_eq!(got.to_record(), a.to_record());
+        if !shared(&a.to_record()) {
+            prop_assert_eq!(got, ControlSocket::Admin(a));
         }
-        if !matches!(a, Admin::Error { .. }) {
-            prop_assert_eq!(ControlSocket::decode(&a.to_record()).unwrap(), ControlSocket::Admin(a));
-        }
-        if !matches!(d, Data::Error { .. }) {
+        if !shared(&d.to_record()) {
             let rec = d.to_record();
             let wrong = WireError::WrongConversation { tag: rec[2], belongs_to: Conversation::Data };
             prop_assert_eq!(ControlSocket::decode(&rec).err(), Some(wrong));
@@ -503,6 +547,7 @@ proptest! {
 fn each_decoder_refuses_every_other_conversations_tags() {
     for a in Conversation::ALL {
         assert!(!a.tags().contains(&ERROR), "{a:?} holds the Error tag");
+        assert!(!a.tags().contains(&WELCOME), "{a:?} holds the Welcome tag");
         for b in Conversation::ALL {
             if a != b {
                 assert!(a.tags().all(|t| !b.tags().contains(&t)), "{a:?} and {b:?} overlap");
@@ -532,7 +577,9 @@ fn each_decoder_refuses_every_other_conversations_tags() {
                             "{conv:?} tag {tag:#x}"
                         )
                     }
-                    None if tag != ERROR => assert_eq!(e, Some(WireError::UnknownMessage(tag)), "{conv:?} {tag:#x}"),
+                    None if tag != ERROR && tag != WELCOME => {
+                        assert_eq!(e, Some(WireError::UnknownMessage(tag)), "{conv:?} {tag:#x}")
+                    }
                     _ => assert!(
                         !matches!(e, Some(WireError::WrongConversation { .. })),
                         "{conv:?} refused its own tag {tag:#x}"
@@ -558,6 +605,20 @@ fn error_is_one_record_in_every_conversation() {
     assert_eq!(ControlSocket::decode(&rec), Ok(ControlSocket::error(reason)));
 }
 
+/// `Welcome` is the same record in every conversation too, its version byte the
+/// negotiated version.
+#[test]
+fn welcome_is_one_record_in_every_conversation() {
+    let rec = Registration::Welcome { version: 4, caps: 0x0102 }.to_record_at(9);
+    assert_eq!(rec, [M, 4, WELCOME, 0, 0, 0, 0, 0, 0, 1, 2], "its own version, whatever the channel's");
+    assert_eq!(Data::Welcome { version: 4, caps: 0x0102 }.to_record(), rec);
+    assert_eq!(Admin::Welcome { version: 4, caps: 0x0102 }.to_record(), rec);
+    assert_eq!(Registration::decode(&rec), Ok(Registration::welcome(4, 0x0102)));
+    assert_eq!(Data::decode(&rec), Ok(Data::welcome(4, 0x0102)));
+    assert_eq!(Admin::decode(&rec), Ok(Admin::welcome(4, 0x0102)));
+    assert_eq!(ControlSocket::decode(&rec), Ok(ControlSocket::welcome(4, 0x0102)));
+}
+
 /// Descriptors travel with exactly the messages docs/wire.md marks "(+ fds)".
 #[test]
 fn descriptors_travel_with_the_documented_messages() {
@@ -565,8 +626,9 @@ fn descriptors_travel_with_the_documented_messages() {
     let with: Vec<&str> = [
         Registration::Assign { server_id: ServerId(1), keys: k.clone(), reset_key: [0; 32], token_key: [0; 32] },
         Registration::Sockets { addrs: vec![] },
-        Registration::Hello { pid: 1 },
-        Registration::Rejoin { server_id: ServerId(1), pid: 1 },
+        Registration::Hello { announce: Announce::plain(Window::OWN), pid: 1 },
+        Registration::Rejoin { announce: Announce::plain(Window::OWN), server_id: ServerId(1), pid: 1 },
+        Registration::Welcome { version: V, caps: 0 },
         Registration::Ready,
         Registration::Draining,
         Registration::KeysChanged { keys: k.clone() },
@@ -578,8 +640,8 @@ fn descriptors_travel_with_the_documented_messages() {
     .collect();
     assert_eq!(with, ["Assign", "Sockets"]);
     let with: Vec<&str> = [
-        Data::DataHello { server_id: ServerId(1) },
-        Data::DataHelloV2 { server_id: ServerId(1), caps: 0 },
+        Data::DataHello { announce: Announce::plain(Window::OWN), server_id: ServerId(1) },
+        Data::Welcome { version: V, caps: 0 },
         Data::Sockets { addrs: vec![] },
         Data::FastSockets { addrs: vec![] },
         Data::Rings { count: 0, bytes: 0 },
@@ -595,7 +657,8 @@ fn descriptors_travel_with_the_documented_messages() {
     .collect();
     assert_eq!(with, ["Sockets", "FastSockets", "Rings"]);
     let with: Vec<&str> = [
-        Admin::Hello { pid: 1 },
+        Admin::Hello { announce: Announce::plain(Window::OWN), pid: 1 },
+        Admin::Welcome { version: V, caps: 0 },
         Admin::StatusRequest,
         Admin::Status { json: String::new() },
         Admin::RotateKeys { prf: None, force: false, phase: RotatePhase::Rotate, from: None },
@@ -645,12 +708,16 @@ fn exhaustive_single_byte_corruption() {
     }
     let k = sample_keys();
     let recs = [
-        Registration::Hello { pid: 77 }.to_record(),
+        Registration::Hello { announce: Announce { window: Window::ending_at(5), caps: 3 }, pid: 77 }.to_record(),
+        Registration::Welcome { version: 4, caps: 1 }.to_record(),
         Registration::Assign { server_id: ServerId(3), keys: k.clone(), reset_key: [1; 32], token_key: [2; 32] }
             .to_record(),
         Registration::Sockets { addrs: vec![v4, v6] }.to_record(),
-        Registration::Rejoin { server_id: ServerId(0x1234), pid: 0xdead_beef }.to_record(),
-        Data::DataHelloV2 { server_id: ServerId(2), caps: CAP_RINGS }.to_record(),
+        Registration::Rejoin { announce: Announce::plain(Window::OWN), server_id: ServerId(0x1234), pid: 0xdead_beef }
+            .to_record(),
+        Data::DataHello { announce: Announce { window: Window::OWN, caps: CAP_RINGS }, server_id: ServerId(2) }
+            .to_record(),
+        Data::Load { handshakes: 3, incoming_bytes: 4 }.to_record_at(V + 1),
         Data::Rings { count: 2, bytes: 1 << 20 }.to_record(),
         Data::HandshakeDone { odcid: vec![1, 2, 3] }.to_record(),
         Admin::Status { json: "{\"é\":1}".into() }.to_record(),
@@ -770,7 +837,11 @@ fn control_reserved_values() {
     assert_eq!(dec(&[0xc6, V, 0x61]), Err(WireError::BadMagic));
     assert_eq!(dec(&[frame::MAGIC, V, 0x61]), Err(WireError::BadMagic), "a frame is no control record");
     assert_eq!(dec(&[M, 1, 0x61]), Err(WireError::UnsupportedVersion(1)), "the flat layout before conversations");
-    assert_eq!(dec(&[M, 3, 0x61]), Err(WireError::UnsupportedVersion(3)));
+    assert_eq!(dec(&[M, 2, 0x61]), Err(WireError::UnsupportedVersion(2)), "the records before negotiation");
+    assert_eq!(dec(&[M, 0, 0x61]), Err(WireError::UnsupportedVersion(0)));
+    // Which versions a process speaks is its window's business (sys::seqpacket::Channel).
+    assert_eq!(dec(&[M, V + 1, 0x61]), Ok(Admin::StatusRequest));
+    assert_eq!(dec(&[M, 255, 0x61]), Ok(Admin::StatusRequest));
     assert_eq!(dec(&[M, V, 0]), Err(WireError::UnknownMessage(0)));
     assert_eq!(dec(&[M, V, 0x67]), Err(WireError::UnknownMessage(0x67)), "an unused tag of admin's own range");
     assert_eq!(dec(&[M, V, 0x80]), Err(WireError::UnknownMessage(0x80)));
@@ -926,20 +997,33 @@ fn keys_layout() {
 
 #[test]
 fn registration_layout() {
-    assert_eq!(Registration::Hello { pid: 0x0102_0304 }.to_record(), [M, V, 0x20, 1, 2, 3, 4]);
+    let a = Announce { window: Window { oldest: 3, newest: 4 }, caps: 0x0a0b };
     assert_eq!(
-        Registration::Rejoin { server_id: ServerId(0x0102), pid: 0x0304_0506 }.to_record(),
-        [M, V, 0x21, 1, 2, 3, 4, 5, 6]
+        Registration::Hello { announce: a, pid: 0x0102_0304 }.to_record(),
+        [M, 4, 0x20, 3, 0, 0, 0, 0, 0, 0, 0x0a, 0x0b, 1, 2, 3, 4]
+    );
+    assert_eq!(
+        Registration::Rejoin {
+            announce: Announce::plain(Window::ending_at(3)),
+            server_id: ServerId(0x0102),
+            pid: 0x0304_0506
+        }
+        .to_record_at(7),
+        [M, 3, 0x21, 3, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6],
+        "a hello's version byte is its newest, whatever the channel's"
     );
     assert_eq!(Registration::Ready.to_record(), [M, V, 0x24]);
-    assert_eq!(Registration::Draining.to_record(), [M, V, 0x25]);
-    assert!(Registration::decode(&[M, V, 0x21, 1, 2, 3]).is_err());
+    assert_eq!(Registration::Draining.to_record_at(9), [M, 9, 0x25]);
+    assert!(Registration::decode(&[M, V, 0x21, 3, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3]).is_err());
 }
 
 #[test]
 fn admin_layout() {
     assert_eq!(Admin::GetSockets.to_record(), [M, V, 0x65]);
-    assert_eq!(Admin::Hello { pid: 7 }.to_record(), [M, V, 0x60, 0, 0, 0, 7]);
+    assert_eq!(
+        Admin::Hello { announce: Announce::plain(Window::ending_at(3)), pid: 7 }.to_record(),
+        [M, 3, 0x60, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7]
+    );
     assert!(Admin::decode(&[M, V, 0x65, 0]).is_err());
     // rotate-keys [--prf] [--force] [--stage|--activate]: a PRF code (0 hmac-sha256,
     // 1 siphash-2-4) or 0xff (keep), then flags: bit 0 force, bits 1-2 the phase
@@ -964,13 +1048,32 @@ fn admin_layout() {
 
 #[test]
 fn data_hello_and_rings_layout() {
+    let a = Announce { window: Window::ending_at(3), caps: CAP_RINGS };
+    let hello = [M, 3, 0x40, 3, 0, 0, 0, 0, 0, 0, 0, 1, 1, 2];
+    assert_eq!(Data::DataHello { announce: a, server_id: ServerId(0x0102) }.to_record(), hello);
     assert_eq!(
-        Data::DataHelloV2 { server_id: ServerId(0x0102), caps: CAP_RINGS }.to_record(),
-        [M, V, 0x41, 1, 2, 0, 0, 0, 1]
+        Data::decode(&[M, V, 0x41, 1, 2, 0, 0, 0, 1]),
+        Err(WireError::UnknownMessage(0x41)),
+        "DataHelloV2 is gone"
     );
     assert_eq!(Data::Rings { count: 2, bytes: 1 << 20 }.to_record(), [M, V, 0x44, 2, 0, 0, 0, 0, 0, 0x10, 0, 0]);
-    // Unknown capability bits, zero or too many rings, a capacity that is no power of two.
-    assert_eq!(Data::decode(&[M, V, 0x41, 1, 2, 0, 0, 0, 4]), Err(WireError::ReservedBits));
+    // Unknown capability bits are read (and ignored by the reader, `common_caps`).
+    let mut unknown = hello;
+    unknown[4] = 0x80;
+    unknown[11] = 0xf5;
+    let caps = 0x8000_0000_0000_00f4 | CAP_RINGS;
+    assert_eq!(
+        Data::decode(&unknown),
+        Ok(Data::DataHello { announce: Announce { window: a.window, caps }, server_id: ServerId(0x0102) })
+    );
+    assert_eq!(common_caps(CAPS_KNOWN, caps, CAPS_KNOWN), CAP_RINGS);
+    // A window that is none: oldest above newest, or below the first version.
+    let mut bad = hello;
+    bad[3] = 4;
+    assert_eq!(Data::decode(&bad), Err(WireError::BadWindow { oldest: 4, newest: 3 }));
+    bad[3] = 2;
+    assert_eq!(Data::decode(&bad), Err(WireError::BadWindow { oldest: 2, newest: 3 }));
+    // Zero or too many rings, a capacity that is no power of two.
     assert_eq!(Data::decode(&[M, V, 0x44, 0, 0, 0, 0, 0, 0, 0x10, 0, 0]), Err(WireError::ReservedBits));
     assert_eq!(Data::decode(&[M, V, 0x44, 0, 0, 0, 0, 0, 0, 0, 0, 0]), Ok(Data::Rings { count: 0, bytes: 0 }));
     assert_eq!(Data::decode(&[M, V, 0x44, 65, 0, 0, 0, 0, 0, 0x10, 0, 0]), Err(WireError::TooMany));
@@ -982,9 +1085,10 @@ fn data_hello_and_rings_layout() {
 fn fast_path_messages_layout() {
     // FastSockets, laid out exactly as Sockets; CAP_FAST_PATH = bit 1.
     assert_eq!(CAP_FAST_PATH, 2);
+    let a = Announce { window: Window::ending_at(3), caps: CAP_RINGS | CAP_FAST_PATH };
     assert_eq!(
-        Data::DataHelloV2 { server_id: ServerId(7), caps: CAP_RINGS | CAP_FAST_PATH }.to_record(),
-        [M, V, 0x41, 0, 7, 0, 0, 0, 3]
+        Data::DataHello { announce: a, server_id: ServerId(7) }.to_record(),
+        [M, 3, 0x40, 3, 0, 0, 0, 0, 0, 0, 0, 3, 0, 7]
     );
     let a = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), 0x1151);
     let mut want = vec![M, V, 0x43, 1, 4, 127, 0, 0, 1];
@@ -1024,5 +1128,128 @@ fn load_message_layout() {
     assert_eq!(
         Data::decode(&[M, V, 0x47, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]),
         Ok(Data::Load { handshakes: u32::MAX, incoming_bytes: 0 })
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// Versions (docs/wire.md "Versions"): negotiation against a model, hellos across
+// versions and capability sets.
+// ---------------------------------------------------------------------------------
+
+/// The model: the highest version both windows contain, found by trying them all.
+fn model_negotiate(a: Window, b: Window) -> Option<u8> {
+    (0..=u8::MAX).rev().find(|&v| (a.oldest..=a.newest).contains(&v) && (b.oldest..=b.newest).contains(&v))
+}
+
+/// The record a responder of `ours` answers a hello with (what `demux`'s
+/// `versions::answer` sends): `Welcome` in the negotiated version with its
+/// capabilities, or `Error` with the refusal text, in the peer's newest version.
+fn answer(ours: Window, our_caps: u64, hello: &[u8]) -> Vec<u8> {
+    let Ok(Data::DataHello { announce, .. }) = Data::decode(hello) else { panic!("not a hello") };
+    match ours.negotiate(announce.window) {
+        Ok(v) => Data::Welcome { version: v, caps: our_caps }.to_record(),
+        Err(refused) => Data::Error { reason: refused.to_string() }.to_record_at(announce.window.newest),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
+
+    /// Negotiation is the highest common version (the model), the same from either
+    /// side, and refused exactly when there is none, naming both windows.
+    #[test]
+    fn negotiation_matches_the_model(a in window(), b in window()) {
+        let got = a.negotiate(b);
+        prop_assert_eq!(got.ok(), model_negotiate(a, b), "{:?} with {:?}", a, b);
+        prop_assert_eq!(got.ok(), b.negotiate(a).ok(), "symmetric");
+        if let Ok(v) = got {
+            prop_assert!(a.speaks(v) && b.speaks(v));
+        } else {
+            let text = got.unwrap_err().to_string();
+            prop_assert_eq!(text, format!("protocol version {} not supported: this build speaks {}", b.newest, a));
+        }
+    }
+
+    /// A hello in any window with any capabilities, through the whole exchange: the
+    /// initiator's hello is read in full (unknown bits kept), the responder answers
+    /// `Welcome` in the lower version of two adjacent builds' windows and an `Error`
+    /// that names both versions across a gap; the capabilities in effect are the
+    /// known ones both announced.
+    #[test]
+    fn hellos_negotiate_across_versions_and_capabilities(
+        n in (FIRST_VERSION + 2)..=u8::MAX, ours in any::<u64>(), theirs in any::<u64>(), id in any::<u16>()
+    ) {
+        let build = Window::ending_at;
+        for (initiator, responder) in [(build(n - 1), build(n)), (build(n), build(n - 1)), (build(n), build(n))] {
+            let hello = Data::DataHello { announce: Announce { window: initiator, caps: theirs }, server_id: ServerId(id) };
+            let rec = hello.to_record();
+            prop_assert_eq!(rec[1], initiator.newest, "a hello is in its sender's newest version");
+            prop_assert_eq!(Data::decode(&rec), Ok(hello));
+            let lower = initiator.newest.min(responder.newest);
+            let welcome = answer(responder, ours, &rec);
+            prop_assert_eq!(Data::decode(&welcome), Ok(Data::Welcome { version: lower, caps: ours }));
+            prop_assert_eq!(welcome[1], lower, "the answer is in the lower version");
+            prop_assert!(initiator.speaks(welcome[1]) && responder.speaks(welcome[1]));
+            let effective = common_caps(theirs, ours, CAPS_KNOWN);
+            prop_assert_eq!(effective & !CAPS_KNOWN, 0, "unknown capabilities are ignored");
+            prop_assert_eq!(effective, theirs & ours & (CAP_RINGS | CAP_FAST_PATH));
+        }
+        // A gap of two: refused, both ways, the text naming both versions.
+        for (initiator, responder) in [(build(n - 2), build(n)), (build(n), build(n - 2))] {
+            let rec = Data::DataHello { announce: Announce { window: initiator, caps: theirs }, server_id: ServerId(id) }
+                .to_record();
+            let refusal = answer(responder, ours, &rec);
+            prop_assert_eq!(refusal[1], initiator.newest, "the refused peer reads its own version");
+            let want = format!("protocol version {} not supported: this build speaks {}", initiator.newest, responder);
+            prop_assert_eq!(Data::decode(&refusal), Ok(Data::Error { reason: want }));
+        }
+    }
+
+    /// The frozen records read alike in every version byte; everything else carries
+    /// the version it is encoded in.
+    #[test]
+    fn frozen_records_read_in_every_version(v in version(), w in version(), caps in any::<u64>(), pid in any::<u32>()) {
+        let error = Admin::Error { reason: "no".into() };
+        prop_assert_eq!(Admin::decode(&error.to_record_at(v)), Ok(error));
+        let welcome = Admin::Welcome { version: v, caps };
+        prop_assert_eq!(welcome.to_record_at(w)[1], v);
+        prop_assert_eq!(Admin::decode(&welcome.to_record_at(w)), Ok(welcome));
+        let hello = Admin::Hello { announce: Announce { window: Window::ending_at(v), caps }, pid };
+        prop_assert_eq!(hello.to_record_at(w)[1], v);
+        prop_assert_eq!(Admin::decode(&hello.to_record_at(w)), Ok(hello.clone()));
+        prop_assert_eq!(Admin::StatusRequest.to_record_at(v)[1], v);
+        for m in [Admin::error(String::new()), Admin::welcome(v, 0), hello] {
+            prop_assert!(m.is_frozen(), "{:?}", m);
+        }
+        prop_assert!(!Admin::StatusRequest.is_frozen() && !Data::Ready.is_frozen() && !Registration::Ready.is_frozen());
+    }
+}
+
+/// Two builds one apart negotiate to the older one; two apart are refused with the
+/// documented text (docs/wire.md "Versions"), whichever side is newer.
+#[test]
+fn adjacent_builds_negotiate_and_a_gap_of_two_is_refused() {
+    let n = PROTOCOL_VERSION + 2;
+    let build = Window::ending_at;
+    assert_eq!(build(n).negotiate(build(n - 1)), Ok(n - 1));
+    assert_eq!(build(n - 1).negotiate(build(n)), Ok(n - 1));
+    assert_eq!(build(n).negotiate(build(n)), Ok(n));
+    let refused = build(n).negotiate(build(n - 2)).unwrap_err();
+    assert_eq!(refused, VersionRefused { ours: build(n), theirs: build(n - 2) });
+    assert_eq!(
+        refused.to_string(),
+        format!("protocol version {} not supported: this build speaks {} and {}", n - 2, n, n - 1)
+    );
+    assert_eq!(
+        build(n - 2).negotiate(build(n)).unwrap_err().to_string(),
+        format!("protocol version {n} not supported: this build speaks {}", n - 2)
+    );
+    // This build: it speaks only its own version until a later one exists (versions
+    // 1 and 2 were the formats before negotiation).
+    assert_eq!(Window::OWN, Window { oldest: 3, newest: 3 });
+    assert_eq!(Window::OWN.negotiate(build(PROTOCOL_VERSION + 1)), Ok(PROTOCOL_VERSION));
+    assert_eq!(
+        Window::OWN.negotiate(Window { oldest: 2, newest: 2 }).unwrap_err().to_string(),
+        "protocol version 2 not supported: this build speaks 3"
     );
 }

@@ -11,6 +11,7 @@
 //! - [`cmsg`]: control messages read and written as bytes (pktinfo, UDP_SEGMENT,
 //!   SCM_RIGHTS).
 //! - [`control`]: one admin request, one reply on a control socket, under [`control::REPLY_TIMEOUT`].
+//! - [`protocol`]: this process's protocol window (the versions it announces and reads).
 //! - [`sockopt`]: the socket options socket2 and rustix lack (any int option, forced
 //!   buffer sizes, SO_PEERCRED, SO_MEMINFO).
 //! - [`addr`]: a socket address from the bytes the kernel wrote.
@@ -28,6 +29,7 @@ pub mod control;
 pub mod epoll;
 pub mod logging;
 pub mod mmsg;
+pub mod protocol;
 pub mod raw;
 pub mod ring;
 pub mod seqpacket;

@@ -214,9 +214,15 @@ fn take_passed_fds(control: &[u8]) -> Vec<OwnedFd> {
 /// receives only `M`'s messages, so a registration connection cannot be sent an admin
 /// message. Descriptors travel only with the messages that carry them
 /// ([`Message::carries_fds`]).
+///
+/// Versions (docs/wire.md "Versions"): it sends in the connection's negotiated
+/// protocol version ([`Channel::at`]; before the hello is answered, in this
+/// process's newest) and reads a record only in a version this process speaks
+/// ([`crate::protocol::window`]; the frozen hello, `Welcome` and `Error` in any).
 pub struct Channel<'fd, M> {
     fd: BorrowedFd<'fd>,
     flags: libc::c_int,
+    version: Option<u8>,
     conversation: PhantomData<fn(M) -> M>,
 }
 
@@ -229,7 +235,11 @@ impl<M> Copy for Channel<'_, M> {}
 
 impl<M> std::fmt::Debug for Channel<'_, M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Channel").field("fd", &self.fd).field("flags", &self.flags).finish()
+        f.debug_struct("Channel")
+            .field("fd", &self.fd)
+            .field("flags", &self.flags)
+            .field("version", &self.version)
+            .finish()
     }
 }
 
@@ -245,14 +255,25 @@ pub enum Incoming<M> {
     /// The record was longer than the buffer (MSG_TRUNC): its tail is lost.
     TooLong,
     /// A record this conversation does not read (a data frame on the data connection
-    /// is `BadMagic`).
+    /// is `BadMagic`; one in a protocol version this process does not speak is
+    /// `UnsupportedVersion`).
     Malformed(WireError),
 }
 
 impl<'fd, M: Message> Channel<'fd, M> {
     /// Sends and receives on `fd` as its blocking mode says.
     pub fn new(fd: BorrowedFd<'fd>) -> Self {
-        Channel { fd, flags: 0, conversation: PhantomData }
+        Channel { fd, flags: 0, version: None, conversation: PhantomData }
+    }
+
+    /// Sends in protocol version `version`: the connection's negotiated one.
+    pub fn at(self, version: u8) -> Self {
+        Channel { version: Some(version), ..self }
+    }
+
+    /// The version records go out in: the negotiated one, or this process's newest.
+    pub fn version(&self) -> u8 {
+        self.version.unwrap_or_else(|| crate::protocol::window().newest)
     }
 
     /// Never waits: every call adds MSG_DONTWAIT (a full or empty socket is `WouldBlock`).
@@ -281,7 +302,7 @@ impl<'fd, M: Message> Channel<'fd, M> {
         if !fds.is_empty() && !m.carries_fds() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} carries no descriptors", m.name())));
         }
-        send_record_raw(self.fd.as_raw_fd(), &m.to_record(), fds, self.flags).map(drop)
+        send_record_raw(self.fd.as_raw_fd(), &m.to_record_at(self.version()), fds, self.flags).map(drop)
     }
 
     /// Receives one record into `buf` (sized for the largest record expected) and
@@ -294,7 +315,12 @@ impl<'fd, M: Message> Channel<'fd, M> {
         if r.truncated {
             return Ok(Incoming::TooLong);
         }
-        Ok(match M::decode(&buf[..r.len]) {
+        let rec = &buf[..r.len];
+        let version = proto::wire::record_version(rec).unwrap_or(0);
+        Ok(match M::decode(rec) {
+            Ok(msg) if !msg.is_frozen() && !crate::protocol::window().speaks(version) => {
+                Incoming::Malformed(WireError::UnsupportedVersion(version))
+            }
             Ok(msg) => {
                 let fds = if msg.carries_fds() { r.fds } else { Vec::new() };
                 Incoming::Message { msg, fds }
@@ -364,6 +390,48 @@ mod tests {
         let r = recv_record(b.as_fd(), &mut buf, 0).unwrap();
         assert_eq!(r.fds.len(), MAX_FDS);
         assert!(r.fds.iter().all(|f| socket_type(f.as_fd()).unwrap() == Type::DGRAM));
+    }
+
+    /// Versions: a channel sends in the version it is set to (else this process's
+    /// newest) and reads only the versions this process speaks, except the frozen
+    /// hello, `Welcome` and `Error`, which it reads in any.
+    #[test]
+    fn channel_sends_in_its_version_and_reads_only_spoken_ones() {
+        use proto::wire::{Announce, Data, Window, PROTOCOL_VERSION};
+        let (a, b) = pair().unwrap();
+        let rx = Channel::<Data>::new(b.as_fd());
+        let mut buf = [0u8; 256];
+        let mut raw = [0u8; 256];
+        let own = crate::protocol::window();
+        assert_eq!(own, Window::OWN, "this test process is not relabelled");
+        assert_eq!(Channel::<Data>::new(a.as_fd()).version(), PROTOCOL_VERSION);
+        // In the process's version: read. One it does not speak: UnsupportedVersion.
+        for (v, spoken) in [(own.newest, true), (own.newest + 1, false), (own.oldest - 1, false)] {
+            let tx = Channel::<Data>::new(a.as_fd()).at(v);
+            assert_eq!(tx.version(), v);
+            tx.send(&Data::Ready).unwrap();
+            let r = recv_record(b.as_fd(), &mut raw, libc::MSG_PEEK).unwrap();
+            assert_eq!(&raw[..r.len], &Data::Ready.to_record_at(v)[..], "sent in version {v}");
+            match rx.recv(&mut buf).unwrap() {
+                Incoming::Message { msg: Data::Ready, .. } if spoken => {}
+                Incoming::Malformed(WireError::UnsupportedVersion(got)) if !spoken && got == v => {}
+                other => panic!("version {v}: {other:?}"),
+            }
+        }
+        // Frozen records in versions this process does not speak are still read.
+        let far = own.newest + 7;
+        let tx = Channel::<Data>::new(a.as_fd());
+        tx.send(&Data::Welcome { version: far, caps: u64::MAX }).unwrap();
+        assert!(
+            matches!(rx.recv(&mut buf).unwrap(), Incoming::Message { msg: Data::Welcome { version, .. }, .. } if version == far)
+        );
+        let announce = Announce { window: Window::ending_at(far), caps: 0 };
+        tx.send(&Data::DataHello { announce, server_id: proto::ServerId(4) }).unwrap();
+        assert!(
+            matches!(rx.recv(&mut buf).unwrap(), Incoming::Message { msg: Data::DataHello { announce: a, .. }, .. } if a == announce)
+        );
+        tx.at(far).send(&Data::Error { reason: "far".into() }).unwrap();
+        assert!(matches!(rx.recv(&mut buf).unwrap(), Incoming::Message { msg: Data::Error { .. }, .. }));
     }
 
     /// A typed channel: the message and its descriptors arrive as sent; another

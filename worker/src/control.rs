@@ -1,10 +1,13 @@
 //! Registration with the controller (`--server-id-from-controller --control PATH`),
 //! the registration conversation of `proto::wire` ([`Registration`]):
 //!
-//! 1. worker → controller: `Hello { pid }`;
-//! 2. controller → worker: `Assign { server_id, keys, reset_key, token_key }` — the
-//!    UDP socket fds may travel with it or with a following `Sockets` (both are
-//!    accepted; the worker sends on the sockets its data connection hands over);
+//! 1. worker → controller: `Hello { announce, pid }` (this process's protocol
+//!    window, docs/wire.md "Versions");
+//! 2. controller → worker: `Welcome { version, .. }` (the negotiated version, which
+//!    both sides encode in from then on), `Assign { server_id, keys, reset_key,
+//!    token_key }` — the UDP socket fds may travel with it or with a following
+//!    `Sockets` (both are accepted; the worker sends on the sockets its data
+//!    connection hands over); or `Error` (a version outside its window, a refusal);
 //! 3. worker → controller: `Ready` / `Draining` (the data connection has its own);
 //! 4. controller → worker: `KeysChanged { keys }` (rotation: new CIDs use the newest
 //!    generation at once, ADR 0001).
@@ -19,7 +22,7 @@
 use crate::cid_gen::CidKeys;
 use crate::datasock::{recv_timeout, HandshakeError, SharedSocketFd};
 use crate::secrets::Secrets;
-use proto::wire::{Registration, WireError, MAX_TEXT};
+use proto::wire::{Announce, Registration, WireError, MAX_TEXT};
 use proto::ServerId;
 use socket2::SockRef;
 use std::io;
@@ -40,6 +43,13 @@ pub struct Assignment {
     pub sockets: Vec<SharedSocketFd>,
     /// The control connection (blocking mode).
     pub conn: OwnedFd,
+    /// The protocol version the hello negotiated: the connection's from now on.
+    pub version: u8,
+}
+
+/// This process's hello announcement (no registration capability is defined yet).
+fn announce() -> Announce {
+    Announce::plain(sys::protocol::window())
 }
 
 /// Connects to the controller and registers (blocking; run in `spawn_blocking`).
@@ -50,13 +60,17 @@ pub fn register(path: &Path, timeout: Duration) -> Result<Assignment, HandshakeE
 
 /// Registers on an already connected control socket.
 pub fn register_on(conn: OwnedFd, timeout: Duration) -> Result<Assignment, HandshakeError> {
-    register_with(conn, &Registration::Hello { pid: std::process::id() }, timeout)
+    register_with(conn, &Registration::Hello { announce: announce(), pid: std::process::id() }, timeout)
 }
 
 /// Registers again under `server_id` after losing the controller (`Rejoin`).
 pub fn rejoin(path: &Path, server_id: ServerId, timeout: Duration) -> Result<Assignment, HandshakeError> {
     let conn = sys::seqpacket::connect(path)?;
-    let a = register_with(conn, &Registration::Rejoin { server_id, pid: std::process::id() }, timeout)?;
+    let a = register_with(
+        conn,
+        &Registration::Rejoin { announce: announce(), server_id, pid: std::process::id() },
+        timeout,
+    )?;
     if a.server_id != server_id {
         return Err(HandshakeError::Refused(format!("rejoin as {server_id} answered with server id {}", a.server_id)));
     }
@@ -70,6 +84,11 @@ fn register_with(conn: OwnedFd, first: &Registration, timeout: Duration) -> Resu
     recv_timeout(&conn, Some(timeout))?;
     let mut buf = vec![0u8; 16 + MAX_TEXT];
     let mut assigned: Option<(ServerId, Secrets, Vec<OwnedFd>)> = None;
+    let window = sys::protocol::window();
+    let mut version: Option<u8> = None;
+    let other_version = |v: u8| {
+        HandshakeError::Protocol(format!("the controller answered in protocol version {v}: this build speaks {window}"))
+    };
     loop {
         let got = match controller.recv(&mut buf) {
             Ok(r) => r,
@@ -90,7 +109,19 @@ fn register_with(conn: OwnedFd, first: &Registration, timeout: Duration) -> Resu
             Incoming::TooLong | Incoming::Malformed(WireError::BadMagic) => {
                 return Err(HandshakeError::Protocol("unexpected record from the controller".into()))
             }
+            Incoming::Malformed(WireError::UnsupportedVersion(v)) => return Err(other_version(v)),
             Incoming::Malformed(e) => return Err(HandshakeError::Protocol(format!("undecodable control record: {e}"))),
+            Incoming::Message { msg: Registration::Welcome { version: v, .. }, .. } if version.is_none() => {
+                if !window.speaks(v) {
+                    return Err(other_version(v));
+                }
+                version = Some(v);
+            }
+            Incoming::Message { msg: Registration::Assign { .. } | Registration::Sockets { .. }, .. }
+                if version.is_none() =>
+            {
+                return Err(HandshakeError::Protocol("the controller answered without Welcome".into()))
+            }
             Incoming::Message { msg: Registration::Assign { server_id, keys, reset_key, token_key }, fds } => {
                 keys.key_set().map_err(|e| HandshakeError::Protocol(format!("Assign keys: {e}")))?;
                 assigned = Some((server_id, Secrets { keys, reset_key, token_key }, fds));
@@ -102,7 +133,8 @@ fn register_with(conn: OwnedFd, first: &Registration, timeout: Duration) -> Resu
                 fds.extend(more);
                 let sockets = pair_sockets(addrs, fds)?;
                 recv_timeout(&conn, None)?;
-                return Ok(Assignment { server_id: id, secrets, sockets, conn });
+                let version = version.unwrap_or(window.newest);
+                return Ok(Assignment { server_id: id, secrets, sockets, conn, version });
             }
             Incoming::Message { msg: Registration::Error { reason }, .. } => {
                 return Err(HandshakeError::Refused(reason))
@@ -114,7 +146,8 @@ fn register_with(conn: OwnedFd, first: &Registration, timeout: Duration) -> Resu
     }
     let (server_id, secrets, _fds_without_addresses) = assigned.ok_or(HandshakeError::Closed)?;
     recv_timeout(&conn, None)?;
-    Ok(Assignment { server_id, secrets, sockets: Vec::new(), conn })
+    let version = version.unwrap_or(window.newest);
+    Ok(Assignment { server_id, secrets, sockets: Vec::new(), conn, version })
 }
 
 fn pair_sockets(addrs: Vec<std::net::SocketAddr>, fds: Vec<OwnedFd>) -> Result<Vec<SharedSocketFd>, HandshakeError> {
@@ -137,19 +170,23 @@ fn pair_sockets(addrs: Vec<std::net::SocketAddr>, fds: Vec<OwnedFd>) -> Result<V
 #[derive(Debug)]
 pub struct ControlConn {
     fd: AsyncFd<OwnedFd>,
+    /// The negotiated protocol version.
+    version: u8,
 }
 
 impl ControlConn {
-    /// Takes over the registered connection. Call inside tokio.
-    pub fn new(conn: OwnedFd) -> io::Result<Arc<ControlConn>> {
+    /// Takes over the registered connection, whose hello negotiated `version`
+    /// ([`Assignment::version`]). Call inside tokio.
+    pub fn new(conn: OwnedFd, version: u8) -> io::Result<Arc<ControlConn>> {
         SockRef::from(&conn).set_nonblocking(true)?;
-        Ok(Arc::new(ControlConn { fd: crate::async_fd::register(conn, Interest::READABLE | Interest::WRITABLE)? }))
+        let fd = crate::async_fd::register(conn, Interest::READABLE | Interest::WRITABLE)?;
+        Ok(Arc::new(ControlConn { fd, version }))
     }
 
     pub async fn send(&self, m: &Registration) -> io::Result<()> {
         loop {
             let mut g = self.fd.writable().await?;
-            match g.try_io(|inner| Channel::new(inner.get_ref().as_fd()).dont_wait().send(m)) {
+            match g.try_io(|inner| Channel::new(inner.get_ref().as_fd()).dont_wait().at(self.version).send(m)) {
                 Ok(r) => return r,
                 Err(_would_block) => continue,
             }
@@ -264,7 +301,7 @@ impl ControlLink {
                 let (p, id) = (self.path.clone(), self.server_id);
                 let r = tokio::task::spawn_blocking(move || rejoin(&p, id, Duration::from_secs(5))).await;
                 match r {
-                    Ok(Ok(asg)) => match (asg.secrets.keys.key_set(), ControlConn::new(asg.conn)) {
+                    Ok(Ok(asg)) => match (asg.secrets.keys.key_set(), ControlConn::new(asg.conn, asg.version)) {
                         (Ok(ks), Ok(cc)) => {
                             keys.replace(ks);
                             if let Ok(mut g) = self.current.lock() {
@@ -305,6 +342,10 @@ mod tests {
         KeyFile::generate(&[3; proto::keyfile::RANDOM_LEN], proto::cid::Prf::SipHash24)
     }
 
+    fn welcome() -> Vec<u8> {
+        Message::to_record(&Registration::Welcome { version: proto::wire::PROTOCOL_VERSION, caps: 0 })
+    }
+
     fn assign(k: &KeyFile) -> Registration {
         Registration::Assign {
             server_id: ServerId(9),
@@ -322,7 +363,12 @@ mod tests {
         let t = std::thread::spawn(move || {
             let mut buf = [0u8; 64];
             let r = sys::seqpacket::recv_record(c.as_fd(), &mut buf, 0).unwrap();
-            assert!(matches!(Registration::decode(&buf[..r.len]).unwrap(), Registration::Hello { .. }));
+            let hello = Registration::decode(&buf[..r.len]).unwrap();
+            assert!(
+                matches!(hello, Registration::Hello { announce, pid } if announce.window == sys::protocol::window() && pid == std::process::id()),
+                "{hello:?}"
+            );
+            sys::seqpacket::send_record(c.as_fd(), &welcome(), &[], 0).unwrap();
             sys::seqpacket::send_record(c.as_fd(), &Message::to_record(&assign(&keys())), &[], 0).unwrap();
             let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
             let addrs = vec![udp.local_addr().unwrap()];
@@ -337,6 +383,7 @@ mod tests {
         });
         let a = register_on(w, Duration::from_secs(5)).unwrap();
         assert_eq!(a.server_id, ServerId(9));
+        assert_eq!(a.version, proto::wire::PROTOCOL_VERSION);
         assert_eq!(a.secrets.reset_key, k.reset_key);
         assert_eq!(a.sockets.len(), 1);
         drop(t.join());
@@ -346,6 +393,7 @@ mod tests {
         let t = std::thread::spawn(move || {
             let mut buf = [0u8; 64];
             sys::seqpacket::recv_record(c.as_fd(), &mut buf, 0).unwrap();
+            sys::seqpacket::send_record(c.as_fd(), &welcome(), &[], 0).unwrap();
             sys::seqpacket::send_record(c.as_fd(), &Message::to_record(&assign(&keys())), &[], 0).unwrap();
             std::thread::sleep(Duration::from_millis(400));
             c
@@ -369,12 +417,53 @@ mod tests {
         assert!(register_on(w, Duration::from_millis(100)).is_err());
     }
 
+    /// docs/wire.md "Versions": the answer to the hello is `Welcome` in a version we
+    /// speak; one in another version, or an `Assign` without it, is refused with the
+    /// versions named; a refusal's text reaches the caller.
+    #[test]
+    fn registration_needs_a_welcome_in_a_version_we_speak() {
+        let own = sys::protocol::window();
+        let answer = |recs: Vec<Vec<u8>>| {
+            let (w, c) = sys::seqpacket::pair().unwrap();
+            for r in &recs {
+                sys::seqpacket::send_record(c.as_fd(), r, &[], 0).unwrap();
+            }
+            let r = register_on(w, Duration::from_secs(5));
+            drop(c);
+            r
+        };
+        let newer = Message::to_record(&Registration::Welcome { version: own.newest + 1, caps: 0 });
+        match answer(vec![newer, Message::to_record(&assign(&keys()))]) {
+            Err(HandshakeError::Protocol(p)) => {
+                assert_eq!(
+                    p,
+                    format!("the controller answered in protocol version {}: this build speaks {own}", own.newest + 1)
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        match answer(vec![Message::to_record(&assign(&keys()))]) {
+            Err(HandshakeError::Protocol(p)) => assert!(p.contains("without Welcome"), "{p}"),
+            other => panic!("{other:?}"),
+        }
+        // Assign in a version we do not speak, after a good Welcome.
+        match answer(vec![welcome(), assign(&keys()).to_record_at(own.newest + 1)]) {
+            Err(HandshakeError::Protocol(p)) => {
+                assert!(p.contains(&format!("protocol version {}", own.newest + 1)), "{p}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let refusal = "protocol version 3 not supported: this build speaks 5 and 4";
+        let err = Registration::Error { reason: refusal.into() }.to_record_at(own.newest);
+        assert!(matches!(answer(vec![err]), Err(HandshakeError::Refused(r)) if r == refusal));
+    }
+
     #[tokio::test]
     async fn keys_changed_rotates_the_cid_keys_and_lifecycle_goes_out() {
         let (w, c) = sys::seqpacket::pair().unwrap();
         let k = keys();
         let cid_keys = CidKeys::new(k.key_set().unwrap());
-        let cc = ControlConn::new(w).unwrap();
+        let cc = ControlConn::new(w, proto::wire::PROTOCOL_VERSION).unwrap();
         cc.send(&Registration::Ready).await.unwrap();
         let mut buf = [0u8; 128];
         let r = sys::seqpacket::recv_record(c.as_fd(), &mut buf, 0).unwrap();
@@ -387,7 +476,7 @@ mod tests {
             0,
         )
         .unwrap();
-        sys::seqpacket::send_record(c.as_fd(), &[0xc7, proto::wire::CONTROL_VERSION, 0x3f], &[], 0).unwrap(); // malformed: logged, ignored
+        sys::seqpacket::send_record(c.as_fd(), &[0xc7, proto::wire::PROTOCOL_VERSION, 0x3f], &[], 0).unwrap(); // malformed: logged, ignored
         drop(c);
         tokio::time::timeout(Duration::from_secs(2), cc.run(cid_keys.clone())).await.unwrap();
         assert_eq!(cid_keys.load().newest(), rotated.newest.generation);
@@ -405,7 +494,8 @@ mod tests {
         let newest = rotated.keys.newest.generation;
         let (w, c) = sys::seqpacket::pair().unwrap();
         let cid_keys = CidKeys::new(k.key_set().unwrap());
-        let link = ControlLink::new(&path, ServerId(9), ControlConn::new(w).unwrap(), Duration::from_secs(10));
+        let cc = ControlConn::new(w, proto::wire::PROTOCOL_VERSION).unwrap();
+        let link = ControlLink::new(&path, ServerId(9), cc, Duration::from_secs(10));
         link.send(&Registration::Ready).await.unwrap();
         // The fake controller: drop the first connection (controller death), take the
         // Rejoin and answer with the same id and rotated keys, expect Ready repeated,
@@ -421,6 +511,7 @@ mod tests {
                 Registration::decode(&buf[..r.len]).unwrap(),
                 Registration::Rejoin { server_id: ServerId(9), .. }
             ));
+            sys::seqpacket::send_record(conn.as_fd(), &welcome(), &[], 0).unwrap();
             let a = Registration::Assign {
                 server_id: ServerId(9),
                 keys: rotated.keys.clone(),

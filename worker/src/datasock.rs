@@ -1,13 +1,16 @@
 //! The data connection to the data plane (docs/architecture.md, "Processes and the
 //! data-connection protocol"; the data conversation of `proto::wire`, [`Data`]):
 //!
-//! 1. worker → data plane: `DataHello { server_id }`, or `DataHelloV2 { server_id,
-//!    caps }` with `CAP_FAST_PATH` and/or `CAP_RINGS` ([`DataOptions`]);
-//! 2. data plane → worker: `Sockets { addrs }` with one UDP socket fd per listen
-//!    address (SCM_RIGHTS), or `Error { reason }` and close; after a `DataHelloV2`
-//!    also `FastSockets { addrs }` (only when `CAP_FAST_PATH` was asked: one fd per
-//!    address, the worker's own kernel-fast-path sockets, possibly none) and then
-//!    `Rings { count, bytes }` (docs/wire.md);
+//! 1. worker → data plane: `DataHello { announce, server_id }`: this process's
+//!    protocol window and the capabilities `CAP_FAST_PATH` and/or `CAP_RINGS`
+//!    ([`DataOptions`]);
+//! 2. data plane → worker: `Welcome { version, caps }` (the negotiated protocol
+//!    version, in which both sides encode from then on, docs/wire.md "Versions"),
+//!    then `Sockets { addrs }` with one UDP socket fd per listen address
+//!    (SCM_RIGHTS), `FastSockets { addrs }` (only when both announced
+//!    `CAP_FAST_PATH`: one fd per address, the worker's own kernel-fast-path sockets,
+//!    possibly none) and `Rings { count, bytes }` (docs/wire.md); or `Error { reason
+//!    }` and close (a version outside the data plane's window, a refusal);
 //! 3. worker → data plane: `Ready` when the endpoint accepts connections, `Draining`
 //!    when it stops (the id stays live until the connection closes);
 //! 4. closing the connection makes the id dead at once.
@@ -16,15 +19,16 @@
 //! plane goes away, reconnects and repeats the handshake (a restarted data plane
 //! learns the table again from its workers' data connections).
 
-use proto::wire::data::{CAP_FAST_PATH, CAP_RINGS};
-use proto::wire::{frame, Data, Message, WireError, MAX_TEXT};
+use proto::wire::data::{CAPS_KNOWN, CAP_FAST_PATH, CAP_RINGS};
+use proto::wire::version::common_caps;
+use proto::wire::{frame, Announce, Data, Message, WireError, MAX_TEXT};
 use proto::ServerId;
 use socket2::SockRef;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::Waker;
 use std::time::Duration;
@@ -53,6 +57,10 @@ pub struct Handshake {
     /// `--forward ring` data planes, the default): one ring per shard. Empty: frames
     /// come on the data connection (SEQPACKET).
     pub rings: Vec<crate::ring::Consumer>,
+    /// The protocol version the hello negotiated: the connection's from now on.
+    pub version: u8,
+    /// The data capabilities in effect (announced by both sides).
+    pub caps: u64,
 }
 
 /// What a worker asks the data plane for in its hello.
@@ -73,8 +81,8 @@ impl Default for DataOptions {
 }
 
 impl DataOptions {
-    /// The `DataHelloV2` capability bits; 0 means the plain `DataHello`.
-    pub fn caps(&self) -> u32 {
+    /// The capability bits of the `DataHello`.
+    pub fn caps(&self) -> u64 {
         let mut caps = 0;
         if self.rings {
             caps |= CAP_RINGS;
@@ -118,15 +126,16 @@ impl From<io::Error> for HandshakeError {
 /// Largest control record we expect on a data connection.
 const CONTROL_BUF: usize = 16 + MAX_TEXT;
 
-/// Runs the data-connection handshake on an already connected SEQPACKET socket:
-/// sends `DataHello`, waits up to `timeout` for `Sockets` and its fds. Data frames
-/// that arrive before it (none should) are skipped.
 /// SO_RCVTIMEO on a connection being handshaken (`None`: wait forever; a zero
 /// timeout is refused, as std refuses it).
 pub(crate) fn recv_timeout(conn: &OwnedFd, t: Option<Duration>) -> io::Result<()> {
     Ok(rustix::net::sockopt::set_socket_timeout(conn, rustix::net::sockopt::Timeout::Recv, t)?)
 }
 
+/// Runs the data-connection handshake on an already connected SEQPACKET socket
+/// without capabilities: sends `DataHello`, waits up to `timeout` for `Welcome`,
+/// `Sockets` with its fds and `Rings` (count 0). Data frames that arrive before it
+/// (none should) are skipped.
 pub fn handshake_on(conn: OwnedFd, server_id: ServerId, timeout: Duration) -> Result<Handshake, HandshakeError> {
     handshake_on_opts(conn, server_id, timeout, DataOptions { rings: false, fast_path: false })
 }
@@ -156,10 +165,10 @@ fn udp_fds(
     Ok(sockets)
 }
 
-/// The handshake with the capabilities of `opts`: `DataHello` when neither is asked
-/// (then `Sockets` ends it), else `DataHelloV2 { caps }`, answered by `Sockets`, then
-/// `FastSockets` (only when `opts.fast_path`), then `Rings`. A data plane that does
-/// not know `CAP_FAST_PATH` answers `Rings` right after `Sockets`: no fast path then.
+/// The handshake with the capabilities of `opts`: `DataHello { announce }`, answered
+/// by `Welcome` (the negotiated version and the data plane's capabilities), then
+/// `Sockets`, `FastSockets` (only when both sides announced `CAP_FAST_PATH`), then
+/// `Rings`.
 pub fn handshake_on_opts(
     conn: OwnedFd,
     server_id: ServerId,
@@ -167,11 +176,15 @@ pub fn handshake_on_opts(
     opts: DataOptions,
 ) -> Result<Handshake, HandshakeError> {
     SockRef::from(&conn).set_nonblocking(false)?;
-    let caps = opts.caps();
-    let v2 = caps != 0;
-    let hello = if v2 { Data::DataHelloV2 { server_id, caps } } else { Data::DataHello { server_id } };
+    let window = sys::protocol::window();
+    let hello = Data::DataHello { announce: Announce { window, caps: opts.caps() }, server_id };
     let plane = Channel::<Data>::new(conn.as_fd());
     plane.send(&hello)?;
+    let other_version = |v: u8| {
+        HandshakeError::Protocol(format!("the data plane answered in protocol version {v}: this build speaks {window}"))
+    };
+    // The negotiated version and the capabilities in effect.
+    let mut welcome: Option<(u8, u64)> = None;
     let mut got_sockets: Option<Vec<SharedSocketFd>> = None;
     let mut got_fast: Option<Vec<SharedSocketFd>> = None;
     recv_timeout(&conn, Some(timeout))?;
@@ -194,20 +207,27 @@ pub fn handshake_on_opts(
             // A data frame before Sockets: not expected, harmless.
             Incoming::Malformed(WireError::BadMagic) => continue,
             Incoming::TooLong => return Err(HandshakeError::Protocol("control record too long".into())),
+            Incoming::Malformed(WireError::UnsupportedVersion(v)) => return Err(other_version(v)),
             Incoming::Malformed(e) => return Err(HandshakeError::Protocol(format!("undecodable control record: {e}"))),
-            Incoming::Message { msg: Data::Sockets { addrs }, fds } if got_sockets.is_none() => {
-                let sockets = udp_fds("Sockets", addrs, fds, false)?;
-                if v2 {
-                    got_sockets = Some(sockets);
-                    continue;
+            Incoming::Message { msg: Data::Welcome { version, caps }, .. } if welcome.is_none() => {
+                if !window.speaks(version) {
+                    return Err(other_version(version));
                 }
-                recv_timeout(&conn, None)?;
-                return Ok(Handshake { conn, sockets, fast: Vec::new(), rings: Vec::new() });
+                welcome = Some((version, common_caps(opts.caps(), caps, CAPS_KNOWN)));
+            }
+            Incoming::Message { msg: Data::Sockets { .. } | Data::FastSockets { .. } | Data::Rings { .. }, .. }
+                if welcome.is_none() =>
+            {
+                return Err(HandshakeError::Protocol("the data plane answered without Welcome".into()))
+            }
+            Incoming::Message { msg: Data::Sockets { addrs }, fds } if got_sockets.is_none() => {
+                got_sockets = Some(udp_fds("Sockets", addrs, fds, false)?);
             }
             Incoming::Message { msg: Data::FastSockets { addrs }, fds } => {
-                if !opts.fast_path || got_sockets.is_none() || got_fast.is_some() {
+                let asked = welcome.is_some_and(|(_, caps)| caps & CAP_FAST_PATH != 0);
+                if !asked || got_sockets.is_none() || got_fast.is_some() {
                     return Err(HandshakeError::Protocol(
-                        "FastSockets out of order (not asked for, before Sockets, or twice)".into(),
+                        "FastSockets out of order (not announced by both, before Sockets, or twice)".into(),
                     ));
                 }
                 got_fast = Some(udp_fds("FastSockets", addrs, fds, true)?);
@@ -226,6 +246,7 @@ pub fn handshake_on_opts(
                 }
                 recv_timeout(&conn, None)?;
                 let sockets = got_sockets.take().unwrap_or_default();
+                let (version, caps) = welcome.unwrap_or((window.newest, 0));
                 let fast = match got_fast.take() {
                     Some(f) => f,
                     None => {
@@ -235,7 +256,7 @@ pub fn handshake_on_opts(
                         Vec::new()
                     }
                 };
-                return Ok(Handshake { conn, sockets, fast, rings });
+                return Ok(Handshake { conn, sockets, fast, rings, version, caps });
             }
             Incoming::Message { msg: Data::Error { reason }, .. } => return Err(HandshakeError::Refused(reason)),
             Incoming::Message { msg: other, .. } => {
@@ -309,6 +330,9 @@ pub struct DataConn {
     path: Option<PathBuf>,
     /// What reconnections ask for (the same as the first handshake).
     opts: DataOptions,
+    /// The current connection's negotiated protocol version (set before the fd, so a
+    /// sender that sees the new fd sends in its version).
+    version: AtomicU8,
     /// `None` while disconnected.
     fd: RwLock<Option<Arc<AsyncFd<OwnedFd>>>>,
     lifecycle: Mutex<Lifecycle>,
@@ -325,18 +349,22 @@ fn poisoned() -> io::Error {
 }
 
 impl DataConn {
-    /// Wraps a handshaken connection. `path` enables reconnection (which asks for the
-    /// fast path and rings, [`DataOptions::default`]); call from within a tokio runtime.
+    /// Wraps a connection handshaken in this process's newest protocol version.
+    /// `path` enables reconnection (which asks for the fast path and rings,
+    /// [`DataOptions::default`]); call from within a tokio runtime.
     pub fn new(conn: OwnedFd, server_id: ServerId, path: Option<PathBuf>) -> io::Result<Arc<DataConn>> {
-        DataConn::with_options(conn, server_id, path, DataOptions::default())
+        let version = sys::protocol::window().newest;
+        DataConn::with_options(conn, server_id, path, DataOptions::default(), version)
     }
 
-    /// [`DataConn::new`]; reconnections ask for `opts`.
+    /// [`DataConn::new`] for a connection whose hello negotiated `version`;
+    /// reconnections ask for `opts`.
     pub fn with_options(
         conn: OwnedFd,
         server_id: ServerId,
         path: Option<PathBuf>,
         opts: DataOptions,
+        version: u8,
     ) -> io::Result<Arc<DataConn>> {
         SockRef::from(&conn).set_nonblocking(true)?;
         let fd = crate::async_fd::register(conn, Interest::READABLE | Interest::WRITABLE)?;
@@ -344,6 +372,7 @@ impl DataConn {
             server_id,
             path,
             opts,
+            version: AtomicU8::new(version),
             fd: RwLock::new(Some(Arc::new(fd))),
             lifecycle: Mutex::new(Lifecycle::default()),
             waker: Mutex::new(None),
@@ -360,6 +389,12 @@ impl DataConn {
     /// The current connection, or `None` while disconnected.
     pub fn current(&self) -> Option<Arc<AsyncFd<OwnedFd>>> {
         self.fd.read().ok().and_then(|g| g.clone())
+    }
+
+    /// The protocol version the current connection negotiated (docs/wire.md
+    /// "Versions"): what control messages go out in.
+    pub fn version(&self) -> u8 {
+        self.version.load(Ordering::Acquire)
     }
 
     /// Registers `waker` to be woken when a connection is (re)established; returns
@@ -394,7 +429,7 @@ impl DataConn {
         let fd = self.current().ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "data connection down"))?;
         loop {
             let mut guard = fd.writable().await?;
-            match guard.try_io(|inner| Channel::new(inner.as_fd()).dont_wait().send(m)) {
+            match guard.try_io(|inner| Channel::new(inner.as_fd()).dont_wait().at(self.version()).send(m)) {
                 Ok(r) => return r,
                 Err(_would_block) => continue,
             }
@@ -485,7 +520,7 @@ impl DataConn {
                     let res =
                         tokio::task::spawn_blocking(move || handshake_opts(&p, id, Duration::from_secs(5), opts)).await;
                     match res {
-                        Ok(Ok(h)) => match me.install(h.conn) {
+                        Ok(Ok(h)) => match me.install(h.conn, h.version) {
                             Ok(()) => {
                                 on_sockets(NewSockets { shared: h.sockets, fast: h.fast, rings: h.rings });
                                 break;
@@ -512,10 +547,14 @@ impl DataConn {
         }))
     }
 
-    fn install(&self, conn: OwnedFd) -> io::Result<()> {
+    fn install(&self, conn: OwnedFd, version: u8) -> io::Result<()> {
         SockRef::from(&conn).set_nonblocking(true)?;
         let fd = Arc::new(crate::async_fd::register(conn, Interest::READABLE | Interest::WRITABLE)?);
-        *self.fd.write().map_err(|_| poisoned())? = Some(fd);
+        let mut g = self.fd.write().map_err(|_| poisoned())?;
+        // A new data plane may speak another version than the last one.
+        self.version.store(version, Ordering::Release);
+        *g = Some(fd);
+        drop(g);
         if let Some(w) = self.waker.lock().map_err(|_| poisoned())?.take() {
             w.wake();
         }

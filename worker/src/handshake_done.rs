@@ -33,7 +33,7 @@ pub fn report(odcid: &[u8]) {
     }
     let Some(fd) = data.current() else { return };
     let done = Data::HandshakeDone { odcid: odcid.to_vec() };
-    if let Err(e) = Channel::new(fd.get_ref().as_fd()).dont_wait().send(&done) {
+    if let Err(e) = Channel::new(fd.get_ref().as_fd()).dont_wait().at(data.version()).send(&done) {
         tracing::debug!(error = %e, "HandshakeDone not sent (the ticket leaves with its pin)");
     }
 }

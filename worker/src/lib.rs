@@ -6,7 +6,7 @@
 //! - [`socket::DemuxSocket`]: a quinn `AsyncUdpSocket` that receives the datagrams
 //!   the data plane forwards on the data connection and sends replies straight out
 //!   of the shared UDP socket (quinn-udp: GSO, ECN, IP_PKTINFO source address).
-//! - [`datasock`]: the data-connection handshake (`DataHello(V2)` → `Sockets` + fds,
+//! - [`datasock`]: the data-connection handshake (`DataHello` → `Welcome`, `Sockets` + fds,
 //!   `FastSockets`, `Rings`) and lifecycle (`Ready`, `Draining`), with reconnection.
 //! - [`fast_udp`]: the kernel fast path's own sockets, read and written with quinn-udp.
 //! - [`cid_gen::AdrCidGenerator`]: ADR 0001 connection IDs.
@@ -128,7 +128,7 @@ pub async fn connect_socket_with(
     if !h.fast.is_empty() {
         tracing::info!(addrs = ?h.fast.iter().map(|s| s.addr).collect::<Vec<_>>(), "kernel fast path active");
     }
-    let data = DataConn::with_options(h.conn, server_id, Some(path), opts)?;
+    let data = DataConn::with_options(h.conn, server_id, Some(path), opts, h.version)?;
     // A reconnection (data plane restart) repeats this handshake with the same
     // options: the new data plane's rings and fast sockets replace these.
     // The heartbeat and handshake-pressure report (docs/wire.md `Load`).

@@ -526,16 +526,31 @@ mod tests {
         Some(got.expect("poll_recv never fails"))
     }
 
-    /// The data plane's end of a handshake: reads DataHello, answers `reply` with `fds`.
+    /// The data plane's end of a handshake: reads DataHello, answers `Welcome` (unless
+    /// `reply` is an `Error`), `reply` with `fds` and, after `Sockets`, an empty `Rings`.
     fn fake_plane(plane: OwnedFd, reply: Data, fds: Vec<OwnedFd>) -> std::thread::JoinHandle<(OwnedFd, Data)> {
         std::thread::spawn(move || {
             let mut buf = [0u8; 256];
             let r = sys::seqpacket::recv_record(plane.as_fd(), &mut buf, 0).unwrap();
             let hello = Data::decode(&buf[..r.len]).unwrap();
+            let send = |m: &Data, fds: &[std::os::fd::BorrowedFd<'_>]| {
+                sys::seqpacket::send_record(plane.as_fd(), &Message::to_record(m), fds, 0).unwrap();
+            };
+            if !matches!(reply, Data::Error { .. }) {
+                send(&Data::Welcome { version: proto::wire::PROTOCOL_VERSION, caps: 0 }, &[]);
+            }
             let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
-            sys::seqpacket::send_record(plane.as_fd(), &Message::to_record(&reply), &borrowed, 0).unwrap();
+            send(&reply, &borrowed);
+            if matches!(reply, Data::Sockets { .. }) {
+                send(&Data::Rings { count: 0, bytes: 0 }, &[]);
+            }
             (plane, hello)
         })
+    }
+
+    fn plain_hello(id: u16) -> Data {
+        let announce = proto::wire::Announce::plain(sys::protocol::window());
+        Data::DataHello { announce, server_id: ServerId(id) }
     }
 
     fn udp_pair() -> (std::net::UdpSocket, SocketAddr, OwnedFd) {
@@ -552,7 +567,8 @@ mod tests {
         let t = fake_plane(p, Data::Sockets { addrs: vec![addr] }, vec![fd]);
         let h = handshake_on(w, ServerId(42), Duration::from_secs(5)).unwrap();
         let (_p, hello) = t.join().unwrap();
-        assert_eq!(hello, Data::DataHello { server_id: ServerId(42) });
+        assert_eq!(hello, plain_hello(42));
+        assert_eq!((h.version, h.caps), (proto::wire::PROTOCOL_VERSION, 0));
         assert_eq!(h.sockets.len(), 1);
         assert_eq!(h.sockets[0].addr, addr);
 
@@ -764,6 +780,8 @@ mod tests {
                 let mut buf = [0u8; 256];
                 let r = sys::seqpacket::recv_record(c.as_fd(), &mut buf, 0).unwrap();
                 seen.push(Data::decode(&buf[..r.len]).unwrap());
+                let welcome = Data::Welcome { version: proto::wire::PROTOCOL_VERSION, caps: 0 };
+                sys::seqpacket::send_record(c.as_fd(), &Message::to_record(&welcome), &[], 0).unwrap();
                 let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
                 sys::seqpacket::send_record(
                     c.as_fd(),
@@ -772,6 +790,8 @@ mod tests {
                     0,
                 )
                 .unwrap();
+                let no_rings = Data::Rings { count: 0, bytes: 0 };
+                sys::seqpacket::send_record(c.as_fd(), &Message::to_record(&no_rings), &[], 0).unwrap();
                 let r = sys::seqpacket::recv_record(c.as_fd(), &mut buf, 0).unwrap();
                 seen.push(Data::decode(&buf[..r.len]).unwrap());
                 if round == 1 {
@@ -784,7 +804,7 @@ mod tests {
             }
             seen
         });
-        // The legacy hello (no rings, no fast path): `DataHello`, `Sockets` ends it.
+        // A hello without capabilities (no rings, no fast path).
         let legacy = crate::DataOptions { rings: false, fast_path: false };
         let sock = crate::connect_socket_with(&path, ServerId(11), legacy).await.unwrap();
         sock.data().ready().await.unwrap();
@@ -796,7 +816,7 @@ mod tests {
             .expect("a frame after reconnecting");
         assert_eq!((n, &bufs[0][..meta[0].len]), (1, &b"after"[..]));
         let seen = tokio::task::spawn_blocking(move || plane.join().unwrap()).await.unwrap();
-        let hello = Data::DataHello { server_id: ServerId(11) };
+        let hello = plain_hello(11);
         assert_eq!(seen, vec![hello.clone(), Data::Ready, hello, Data::Ready]);
         assert_eq!(sock.data().stats.reconnects.load(Ordering::Relaxed), 1);
         let _ = std::fs::remove_dir_all(&dir);

@@ -1,6 +1,6 @@
 //! The kernel fast path from the worker's side, against a fake data plane in the test:
-//! a SOCK_SEQPACKET listener that answers the worker's `DataHelloV2` with `Sockets`,
-//! `FastSockets` and `Rings { 0, 0 }`. No eBPF: the quinn client talks to the fast
+//! a SOCK_SEQPACKET listener that answers the worker's `DataHello` with `Welcome`,
+//! `Sockets`, `FastSockets` and `Rings { 0, 0 }`. No eBPF: the quinn client talks to the fast
 //! socket's port directly, so every datagram of its connection arrives on the fast
 //! socket and every reply must leave from it (a quinn client drops datagrams from
 //! any other address).
@@ -9,8 +9,8 @@
 mod common;
 
 use common::*;
-use proto::wire::data::{CAP_FAST_PATH, CAP_RINGS};
-use proto::wire::{Data, Message};
+use proto::wire::data::{CAPS_KNOWN, CAP_FAST_PATH, CAP_RINGS};
+use proto::wire::{Announce, Data, Message, Window, PROTOCOL_VERSION};
 use proto::ServerId;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, OwnedFd};
@@ -62,6 +62,7 @@ fn send(conn: &OwnedFd, m: &Data, fds: &[&UdpSocket]) {
 /// `fast: None`: an empty `FastSockets` (fast path not active).
 fn answer(conn: &OwnedFd, fast: Option<UdpSocket>) -> Data {
     let hello = read_control(conn);
+    send(conn, &Data::Welcome { version: PROTOCOL_VERSION, caps: CAPS_KNOWN }, &[]);
     let shared = UdpSocket::bind("127.0.0.1:0").expect("shared socket");
     let listen = fast.as_ref().map_or(shared.local_addr(), |f| f.local_addr()).expect("listen addr");
     send(conn, &Data::Sockets { addrs: vec![listen] }, &[&shared]);
@@ -145,12 +146,13 @@ fn serves_over_the_fast_socket_and_swaps_it_on_reconnect() {
         let att = worker::attach_with(&path, ServerId(9), &secrets(), sc, opts).await.expect("attach");
         let hello = hello_rx.recv().expect("hello");
         match hello {
-            Data::DataHelloV2 { server_id, caps } => {
+            Data::DataHello { announce, server_id } => {
                 assert_eq!(server_id, ServerId(9));
-                assert_ne!(caps & CAP_FAST_PATH, 0, "CAP_FAST_PATH asked");
-                assert_ne!(caps & CAP_RINGS, 0, "CAP_RINGS asked (this plane grants none)");
+                assert_eq!(announce.window, sys::protocol::window());
+                assert_ne!(announce.caps & CAP_FAST_PATH, 0, "CAP_FAST_PATH asked");
+                assert_ne!(announce.caps & CAP_RINGS, 0, "CAP_RINGS asked (this plane grants none)");
             }
-            other => panic!("expected DataHelloV2, got {other:?}"),
+            other => panic!("expected DataHello, got {other:?}"),
         }
         assert_eq!(att.socket.fast().addrs().collect::<Vec<_>>(), vec![p1]);
         let ctx = worker::h3_server::Ctx::new(
@@ -175,7 +177,7 @@ fn serves_over_the_fast_socket_and_swaps_it_on_reconnect() {
         restart_tx.send(()).expect("restart");
         let hello = tokio::task::block_in_place(|| hello_rx.recv_timeout(Duration::from_secs(10))).expect("hello 2");
         assert!(
-            matches!(hello, Data::DataHelloV2 { caps, .. } if caps & CAP_FAST_PATH != 0),
+            matches!(hello, Data::DataHello { announce, .. } if announce.caps & CAP_FAST_PATH != 0),
             "the reconnection asks for the fast path again: {hello:?}"
         );
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -198,7 +200,7 @@ fn serves_over_the_fast_socket_and_swaps_it_on_reconnect() {
         // Restarted again, without the fast path: the worker drops its fast socket.
         restart_tx.send(()).expect("restart 2");
         let hello = tokio::task::block_in_place(|| hello_rx.recv_timeout(Duration::from_secs(10))).expect("hello 3");
-        assert!(matches!(hello, Data::DataHelloV2 { caps, .. } if caps & CAP_FAST_PATH != 0), "{hello:?}");
+        assert!(matches!(hello, Data::DataHello { announce, .. } if announce.caps & CAP_FAST_PATH != 0), "{hello:?}");
         let deadline = Instant::now() + Duration::from_secs(10);
         while stats.reconnects.load(Ordering::Relaxed) < 2 {
             assert!(Instant::now() < deadline, "second reconnection");
@@ -252,17 +254,32 @@ fn binary_hello(dir: &Path, extra: &[&str]) -> Data {
 }
 
 /// `--fast-path off` leaves CAP_FAST_PATH out and `--rings off` CAP_RINGS (both off:
-/// the plain `DataHello`); by default the worker asks for both. No environment
-/// variable changes that.
+/// no capability); by default the worker asks for both. No environment variable
+/// changes that. The hello announces this build's protocol window, or with the
+/// hidden test flag `--protocol-version V` (this build's to 2 above) V and V-1.
 #[test]
 fn fast_path_and_rings_flags_set_the_capabilities() {
     let dir = temp_dir("fastflag");
-    let hello = |caps| Data::DataHelloV2 { server_id: ServerId(5), caps };
+    let hello_in = |window, caps| Data::DataHello { announce: Announce { window, caps }, server_id: ServerId(5) };
+    let hello = |caps| hello_in(Window::OWN, caps);
     assert_eq!(binary_hello(&dir, &[]), hello(CAP_FAST_PATH | CAP_RINGS), "both by default");
+    assert_eq!(binary_hello(&dir, &["--fast-path", "off", "--rings", "off"]), hello(0));
+    let v = PROTOCOL_VERSION + 2;
     assert_eq!(
-        binary_hello(&dir, &["--fast-path", "off", "--rings", "off"]),
-        Data::DataHello { server_id: ServerId(5) }
+        binary_hello(&dir, &["--protocol-version", &v.to_string()]),
+        hello_in(Window { oldest: v - 1, newest: v }, CAP_FAST_PATH | CAP_RINGS),
+        "relabelled"
     );
+    for bad in [PROTOCOL_VERSION - 1, PROTOCOL_VERSION + 3] {
+        let out = std::process::Command::new(WORKER)
+            .args(["--protocol-version", &bad.to_string(), "--server-id", "5"])
+            .output()
+            .expect("run worker");
+        assert_eq!(out.status.code(), Some(2), "--protocol-version {bad} is refused");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("a test relabelling"), "{out:?}");
+    }
+    let help = std::process::Command::new(WORKER).arg("--help").output().expect("worker --help");
+    assert!(!String::from_utf8_lossy(&help.stdout).contains("protocol-version"), "the test flag is hidden");
     assert_eq!(binary_hello(&dir, &["--fast-path", "off"]), hello(CAP_RINGS));
     assert_eq!(binary_hello(&dir, &["--rings", "off"]), hello(CAP_FAST_PATH));
     assert_eq!(binary_hello(&dir, &["--fast-path", "on", "--rings", "on"]), hello(CAP_FAST_PATH | CAP_RINGS));
@@ -310,13 +327,14 @@ fn handshake_against(
 fn fast_sockets_handshake_checks() {
     let fast = || DataOptions { rings: false, fast_path: true };
     let sockets = |p: &OwnedFd| {
+        send(p, &Data::Welcome { version: PROTOCOL_VERSION, caps: CAPS_KNOWN }, &[]);
         let s = UdpSocket::bind("127.0.0.1:0").expect("udp");
         send(p, &Data::Sockets { addrs: vec![s.local_addr().expect("addr")] }, &[&s]);
     };
     let a: SocketAddr = "127.0.0.1:4433".parse().expect("addr");
 
     let r = handshake_against(fast(), move |p, hello| {
-        assert!(matches!(hello, Data::DataHelloV2 { caps, .. } if caps & CAP_FAST_PATH != 0));
+        assert!(matches!(hello, Data::DataHello { announce, .. } if announce.caps & CAP_FAST_PATH != 0));
         sockets(p);
         // Nothing after it: the worker hangs up at once (a send would race EPIPE).
         send(p, &Data::FastSockets { addrs: vec![a] }, &[]);
@@ -363,9 +381,30 @@ fn fast_sockets_handshake_checks() {
 
     // Not asked for: FastSockets is out of order.
     let r = handshake_against(DataOptions { rings: true, fast_path: false }, move |p, hello| {
-        assert!(matches!(hello, Data::DataHelloV2 { caps, .. } if caps == CAP_RINGS));
+        assert!(matches!(hello, Data::DataHello { announce, .. } if announce.caps == CAP_RINGS));
         sockets(p);
         send(p, &Data::FastSockets { addrs: vec![] }, &[]);
     });
     assert!(matches!(&r, Err(HandshakeError::Protocol(_))), "{r:?}");
+
+    // A data plane whose Welcome lacks CAP_FAST_PATH (a build that does not know it;
+    // unknown bits set): no fast path, and FastSockets from it would be out of order.
+    let unknown = 0xffff_0000_0000_0000;
+    let no_fast = move |p: &OwnedFd| {
+        send(p, &Data::Welcome { version: PROTOCOL_VERSION, caps: CAP_RINGS | unknown }, &[]);
+        let s = UdpSocket::bind("127.0.0.1:0").expect("udp");
+        send(p, &Data::Sockets { addrs: vec![s.local_addr().expect("addr")] }, &[&s]);
+    };
+    let h = handshake_against(fast(), move |p, _| {
+        no_fast(p);
+        send(p, &Data::Rings { count: 0, bytes: 0 }, &[]);
+    })
+    .expect("no fast path from that data plane");
+    assert!(h.fast.is_empty());
+    assert_eq!(h.caps, 0, "the capabilities in effect: both announced and known");
+    let r = handshake_against(fast(), move |p, _| {
+        no_fast(p);
+        send(p, &Data::FastSockets { addrs: vec![] }, &[]);
+    });
+    assert!(matches!(&r, Err(HandshakeError::Protocol(m)) if m.contains("FastSockets out of order")), "{r:?}");
 }

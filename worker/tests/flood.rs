@@ -69,15 +69,9 @@ fn wait_for(path: &Path, child: &mut Child, log: &Path, what: &str) -> String {
 /// The data plane's status JSON (`reasons`: Placed, Owner, dropped…; per-instance
 /// datagrams), or Null when it does not answer.
 fn demux_status(control: &Path) -> serde_json::Value {
-    use proto::wire::{Admin, Message};
-    use std::os::fd::AsFd;
-    let Ok(fd) = sys::seqpacket::connect(control) else { return serde_json::Value::Null };
-    if sys::seqpacket::send_record(fd.as_fd(), &Admin::StatusRequest.to_record(), &[], 0).is_err() {
-        return serde_json::Value::Null;
-    }
-    let mut buf = vec![0u8; 128 * 1024];
-    match sys::seqpacket::recv_record(fd.as_fd(), &mut buf, 0).map(|r| Admin::decode(&buf[..r.len])) {
-        Ok(Ok(Admin::Status { json })) => serde_json::from_str(&json).unwrap_or_default(),
+    use proto::wire::Admin;
+    match sys::control::request(control, &[&Admin::StatusRequest]).map(|r| r.msg) {
+        Ok(Admin::Status { json }) => serde_json::from_str(&json).unwrap_or_default(),
         _ => serde_json::Value::Null,
     }
 }

@@ -137,6 +137,8 @@ fn registers_with_a_controller() {
         };
         let hello = read(&conn);
         assert!(matches!(hello, Registration::Hello { .. }), "{hello:?}");
+        let welcome = Registration::Welcome { version: proto::wire::PROTOCOL_VERSION, caps: 0 };
+        sys::seqpacket::send_record(conn.as_fd(), &Message::to_record(&welcome), &[], 0).expect("Welcome");
         let assign = Registration::Assign {
             server_id: proto::ServerId(501),
             keys: keys.keys.clone(),

@@ -22,8 +22,7 @@ fn ask(dir: &Path, m: &Admin) -> Result<serde_json::Value> {
     // answer (e.g. "rolled back") reaches the operator instead of our own timeout.
     rustix::net::sockopt::set_socket_timeout(&fd, rustix::net::sockopt::Timeout::Recv, Some(OPERATOR_WAIT))
         .context("SO_RCVTIMEO")?;
-    let hello = Admin::Hello { pid: std::process::id() };
-    let reply = sys::control::request_on(fd.as_fd(), &[&hello, m]).context("the controller did not answer")?;
+    let reply = sys::control::request_on(fd.as_fd(), &[m]).context("the controller did not answer")?;
     match reply.msg {
         Admin::Status { json } => serde_json::from_str(&json).context("status is not valid JSON"),
         Admin::Error { reason } => bail!("the controller refused: {reason}"),

@@ -3,6 +3,10 @@
 //! Two conversations share the socket (`proto::wire::ControlSocket`): a worker's
 //! registration and an operator's admin requests; the first record tells which.
 //!
+//! - every connection opens with a hello (worker `Hello` / `Rejoin`, operator
+//!   `Hello`), answered by `Welcome` in the protocol version both speak, which the
+//!   connection uses from then on; no version in common is refused
+//!   (crate::versions, docs/wire.md "Versions").
 //! - worker `Hello` → a fresh server id (persisted before it is handed out),
 //!   `Assign{server_id, keys, reset_key, token_key}`, then `Sockets` with shard 0's
 //!   UDP fds (SCM_RIGHTS). The data socket is `DIR/data.sock` by convention.
@@ -20,7 +24,7 @@
 use super::lifecycle::Event;
 use super::{state, Conn, Ctl, Kind};
 use crate::control_server::{self, ControlServer, Serves};
-use proto::wire::{Admin, ControlSocket, Message, Registration};
+use proto::wire::{admin, registration, Admin, ControlSocket, Message, Registration, Window};
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::time::Instant;
 use sys::seqpacket::Channel;
@@ -50,7 +54,7 @@ impl Ctl {
                         tracing::warn!(error = %e, "epoll_ctl ADD control connection");
                         continue;
                     }
-                    self.conns.insert(token, Conn { fd, kind: Kind::Pending, idle_since: Some(now) });
+                    self.conns.insert(token, Conn { fd, kind: Kind::Pending, idle_since: Some(now), version: None });
                 }
                 Ok(None) => return,
                 Err(e) => {
@@ -104,13 +108,20 @@ impl Ctl {
         conn.idle_since = None;
         use ControlSocket::{Admin as Adm, Registration as Reg};
         match (&mut conn.kind, m) {
-            (Kind::Pending, Reg(Registration::Hello { pid })) => self.register(token, pid, None),
-            (Kind::Pending, Reg(Registration::Rejoin { server_id, pid })) => {
-                self.register(token, pid, Some(server_id.0))
+            (Kind::Pending, Reg(Registration::Hello { announce, pid })) => {
+                self.negotiate::<Registration>(token, announce.window, registration::CAPS_KNOWN)
+                    && self.register(token, pid, None)
             }
-            (Kind::Pending, Adm(Admin::Hello { .. })) => {
-                conn.kind = Kind::Operator;
-                true
+            (Kind::Pending, Reg(Registration::Rejoin { announce, server_id, pid })) => {
+                self.negotiate::<Registration>(token, announce.window, registration::CAPS_KNOWN)
+                    && self.register(token, pid, Some(server_id.0))
+            }
+            (Kind::Pending, Adm(Admin::Hello { announce, .. })) => {
+                let ok = self.negotiate::<Admin>(token, announce.window, admin::CAPS_KNOWN);
+                if let Some(c) = self.conns.get_mut(&token).filter(|_| ok) {
+                    c.kind = Kind::Operator;
+                }
+                ok
             }
             (Kind::Worker, Reg(Registration::Ready)) => {
                 self.lifecycle(Event::Said { token, ready: true });
@@ -120,11 +131,11 @@ impl Ctl {
                 self.lifecycle(Event::Said { token, ready: false });
                 true
             }
-            (Kind::Pending | Kind::Operator, Adm(Admin::StatusRequest)) => {
+            (Kind::Operator, Adm(Admin::StatusRequest)) => {
                 let json = self.status_json().to_string();
                 self.reply(token, &Admin::Status { json })
             }
-            (Kind::Pending | Kind::Operator, Adm(Admin::RotateKeys { prf, force, phase, from })) => {
+            (Kind::Operator, Adm(Admin::RotateKeys { prf, force, phase, from })) => {
                 let from = from.map(std::path::PathBuf::from);
                 match self.rotate("demux rotate-keys", prf, force, phase, from.as_deref()) {
                     Ok(()) => {
@@ -144,10 +155,28 @@ impl Ctl {
         }
     }
 
+    /// The hello's protocol version (crate::versions): `Welcome` with `caps` sent and
+    /// the version kept for the connection, or refused and closed.
+    fn negotiate<M: Message>(&mut self, token: u64, theirs: Window, caps: u64) -> bool {
+        let Some(c) = self.conns.get(&token) else { return false };
+        match crate::versions::answer::<M>(c.fd.as_fd(), "control.sock", theirs, caps) {
+            Some(v) => {
+                if let Some(c) = self.conns.get_mut(&token) {
+                    c.version = Some(v);
+                }
+                true
+            }
+            None => {
+                self.close(token, "hello refused");
+                false
+            }
+        }
+    }
+
     /// Answers an operator's request; a failure closes the connection.
     fn reply(&mut self, token: u64, m: &Admin) -> bool {
         let Some(c) = self.conns.get(&token) else { return false };
-        if let Err(e) = Channel::<Admin>::new(c.fd.as_fd()).dont_wait().send(m) {
+        if let Err(e) = c.channel::<Admin>().dont_wait().send(m) {
             self.close(token, &format!("reply: {e}"));
             return false;
         }
@@ -199,7 +228,7 @@ impl Ctl {
         let sockets = Registration::Sockets { addrs: self.udp_addrs[..self.per_shard].to_vec() };
         let sent = match self.conns.get(&token) {
             Some(c) => {
-                let ch = Channel::<Registration>::new(c.fd.as_fd()).dont_wait();
+                let ch = c.channel::<Registration>().dont_wait();
                 ch.send(&assign).and_then(|()| ch.send_with_raw_fds(&sockets, &shard0))
             }
             None => Err(std::io::Error::from_raw_os_error(libc::EBADF)),
@@ -316,14 +345,31 @@ impl ControlServer for Ctl {
     fn refuse(&mut self, token: u64, why: &str) {
         Ctl::refuse(self, token, why)
     }
+    fn refuse_version(&mut self, token: u64, version: u8) {
+        if let Some(c) = self.conns.get(&token) {
+            crate::versions::refuse_record::<ControlSocket>(c.fd.as_fd(), "control.sock", version);
+        }
+        Ctl::close(self, token, "protocol version not supported")
+    }
     fn recv_buf(&mut self) -> &mut Vec<u8> {
         &mut self.buf
     }
 }
 
+impl Conn {
+    /// This connection, in its negotiated protocol version once it said its hello.
+    pub(super) fn channel<M: Message>(&self) -> Channel<'_, M> {
+        let ch = Channel::new(self.fd.as_fd());
+        match self.version {
+            Some(v) => ch.at(v),
+            None => ch,
+        }
+    }
+}
+
 impl Serves<ControlSocket> for Ctl {
     fn channel(&self, token: u64) -> Option<Channel<'_, ControlSocket>> {
-        self.conns.get(&token).map(|c| Channel::new(c.fd.as_fd()))
+        self.conns.get(&token).map(Conn::channel)
     }
     fn on_message(&mut self, token: u64, m: ControlSocket) -> bool {
         Ctl::on_message(self, token, m)

@@ -4,7 +4,7 @@
 //! instance is live; `dataplane::registry::orphan`).
 
 use super::Ctl;
-use proto::wire::Admin;
+use proto::wire::{Admin, Announce};
 use std::os::fd::{AsFd, OwnedFd};
 use sys::seqpacket::Channel;
 
@@ -27,7 +27,7 @@ impl Ctl {
             return;
         }
         let Ok(fd) = sys::seqpacket::connect(&self.paths.dataplane_sock()) else { return };
-        let hello = Admin::Hello { pid: std::process::id() };
+        let hello = Admin::Hello { announce: Announce::plain(sys::protocol::window()), pid: std::process::id() };
         if Channel::<Admin>::new(fd.as_fd()).dont_wait().send(&hello).is_ok() {
             tracing::debug!(pid, "holding a connection to the data plane");
             self.dp_link = Some((pid, fd));

@@ -69,6 +69,8 @@ pub(crate) struct Conn {
     kind: Kind,
     /// Accepted then, no message yet: closed after `accept_guard::HELLO_TIMEOUT`.
     idle_since: Option<Instant>,
+    /// The protocol version its hello negotiated (docs/wire.md "Versions").
+    version: Option<u8>,
 }
 
 pub(crate) struct Ctl {
@@ -432,6 +434,10 @@ fn dataplane_args(dp: &DataPlaneArgs, p: &Paths) -> Vec<String> {
         v.push(value);
     }
     v.extend(["--host-bits".into(), dp.host_bits.to_string(), "--host-id".into(), dp.host_id.to_string()]);
+    // Our own binary runs the data plane: it speaks what we speak (docs/wire.md "Versions").
+    if let Some(p) = dp.protocol_version {
+        v.extend(["--protocol-version".into(), p.to_string()]);
+    }
     if let (Some(peers), Some(listen)) = (&dp.peers, dp.peer_listen) {
         v.extend(["--peers".into(), peers.display().to_string(), "--peer-listen".into(), listen.to_string()]);
     }
@@ -479,7 +485,17 @@ fn adopt_dataplane(p: &Paths, dp: &DataPlaneArgs, shards: usize) -> Result<Optio
     let fd = sys::seqpacket::connect(&p.dataplane_sock())
         .with_context(|| format!("the data plane (pid {pid}) runs but its control socket does not answer; stop it (kill {pid}) and start again"))?;
     set_timeout(fd.as_raw_fd(), Duration::from_secs(5));
-    let dp_control = Channel::<Admin>::new(fd.as_fd());
+    let version = match sys::control::hello_on(fd.as_fd()).context("the data plane's hello")? {
+        Ok(v) => v,
+        Err(refused) => match refused.msg {
+            Admin::Error { reason } => bail!("the running data plane (pid {pid}) refused our hello: {reason}"),
+            other => bail!(
+                "the running data plane (pid {pid}) answered our hello with {}",
+                proto::wire::Message::name(&other)
+            ),
+        },
+    };
+    let dp_control = Channel::<Admin>::new(fd.as_fd()).at(version);
     dp_control.send(&Admin::GetSockets).context("sending GetSockets")?;
     let mut buf = vec![0u8; 4096];
     let got = dp_control
@@ -656,6 +672,8 @@ pub mod tests {
             "/tmp/peers",
             "--peer-listen",
             "127.0.0.1:4434",
+            "--protocol-version",
+            "4",
         ]);
         let paths = Paths::new(std::path::Path::new("/tmp/x"));
         let mut argv = vec!["demux".to_string(), "dataplane".to_string(), "--listen".into(), "127.0.0.1:4433".into()];
@@ -685,6 +703,9 @@ pub mod tests {
         assert_eq!(dp.keys.as_deref(), Some(paths.keys().as_path()));
         assert_eq!(dp.orphan_timeout, Some(ORPHAN_TIMEOUT_DEFAULT), "a controller's data plane exits when orphaned");
         assert_eq!(dp.metrics, None, "the controller serves the metrics, not its data plane");
+        assert_eq!(dp.protocol_version, Some(4), "our binary runs the data plane: it speaks what we speak");
+        let plain = parse(&["demux", "--listen", "127.0.0.1:4433", "--state-dir", "/tmp/x"]);
+        assert!(!dataplane_args(&plain.dataplane, &paths).iter().any(|a| a == "--protocol-version"));
     }
 
     /// Spawned workers ask for rings exactly when the data plane offers them, and an

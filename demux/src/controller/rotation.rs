@@ -23,7 +23,7 @@ use super::conns::tell_dataplane;
 use super::{pacing, state, Ctl, Kind};
 use anyhow::{Context, Result};
 use proto::keyfile::KeyFile;
-use proto::wire::{Admin, Registration};
+use proto::wire::{Admin, Announce, Registration};
 use std::os::fd::AsFd;
 use std::time::Duration;
 use sys::seqpacket::Channel;
@@ -89,7 +89,7 @@ impl Ctl {
         let workers: Vec<u64> = self.conns.iter().filter(|(_, c)| c.kind == Kind::Worker).map(|(t, _)| *t).collect();
         for t in workers {
             let Some(c) = self.conns.get(&t) else { continue };
-            if let Err(e) = Channel::<Registration>::new(c.fd.as_fd()).dont_wait().send(&changed) {
+            if let Err(e) = c.channel::<Registration>().dont_wait().send(&changed) {
                 self.close(t, &format!("sending KeysChanged: {e}"));
             }
         }
@@ -112,9 +112,13 @@ pub(super) fn resync_adopted(p: &state::Paths, pid: i32, keys: &KeyFile) -> Resu
     Ok(())
 }
 
-/// One message to the data plane without waiting (best effort).
+/// One message to the data plane without waiting (best effort): behind the hello,
+/// in our newest version, which a data plane of the same or a newer build reads
+/// (docs/wire.md "Versions"); an older one refuses it.
 fn send_nowait(path: &std::path::Path, m: &Admin) {
     if let Ok(fd) = sys::seqpacket::connect(path) {
-        let _ = Channel::<Admin>::new(fd.as_fd()).dont_wait().send(m);
+        let ch = Channel::<Admin>::new(fd.as_fd()).dont_wait();
+        let hello = Admin::Hello { announce: Announce::plain(sys::protocol::window()), pid: std::process::id() };
+        let _ = ch.send(&hello).and_then(|()| ch.send(m));
     }
 }

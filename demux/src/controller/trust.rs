@@ -93,7 +93,7 @@ impl Ctl {
     fn refusal(&self, cred: &libc::ucred, m: &ControlSocket) -> Option<(Refusal, String)> {
         let ours = cred.uid == policy::euid();
         match m {
-            ControlSocket::Registration(Registration::Hello { pid } | Registration::Rejoin { pid, .. }) => {
+            ControlSocket::Registration(Registration::Hello { pid, .. } | Registration::Rejoin { pid, .. }) => {
                 if !ours && Some(cred.uid) != self.worker_uid() {
                     return Some((Refusal::WrongUid, format!("uid {} may not register workers", cred.uid)));
                 }

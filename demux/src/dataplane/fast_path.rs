@@ -14,7 +14,7 @@
 //! This module keeps the program's maps in step with the registry:
 //! - keys: every live siphash-2-4 generation's SipHash key (an hmac-sha256
 //!   generation stays inactive: the kernel cannot decode it);
-//! - workers: a worker that asks (`DataHelloV2` with `CAP_FAST_PATH`) gets one new
+//! - workers: a worker that asks (a `DataHello` announcing `CAP_FAST_PATH`) gets one new
 //!   socket per listen address, bound into the group and inserted at its counter
 //!   slot, then handed over with `FastSockets`; the data plane closes its own copy,
 //!   so the socket lives as long as the worker holds it and a crashed worker's

@@ -26,6 +26,8 @@ pub struct InstanceStatus {
     pub placeable: bool,
     /// How its frames travel: `"ring"` (shared-memory rings) or `"seqpacket"`.
     pub forward: &'static str,
+    /// The protocol version its data connection negotiated (docs/wire.md "Versions").
+    pub protocol: Option<u8>,
     pub counts: SlotCounts,
     /// Liveness and pressure (crate::dataplane::registry::liveness).
     pub live: Option<LiveStatus>,
@@ -138,6 +140,7 @@ pub fn render(
                 "server_id": i.server_id,
                 "placeable": i.placeable,
                 "forward": i.forward,
+                "protocol": i.protocol,
                 "datagrams": i.counts.datagrams,
                 "bytes": i.counts.bytes,
                 "drops_full": i.counts.drops_full,
@@ -153,6 +156,8 @@ pub fn render(
         .collect();
     let mut top = Map::new();
     top.insert("pid".into(), json!(info.pid));
+    let window = sys::protocol::window();
+    top.insert("protocol".into(), json!({ "newest": window.newest, "oldest": window.oldest }));
     top.insert("io".into(), json!(info.io));
     top.insert("steer".into(), json!(info.steer));
     top.insert("busy_poll_us".into(), json!(info.busy_poll_us));
@@ -310,10 +315,11 @@ pub fn pretty(json_text: &str) -> Result<String, serde_json::Error> {
         g("/accept/control/hello_timeouts")
     );
     s += &format!(
-        "{:>9} {:>9} {:>9} {:>14} {:>16} {:>10} {:>14} {:>7} {:>6} {:>10} {:>8} {:>8}\n",
+        "{:>9} {:>9} {:>9} {:>5} {:>14} {:>16} {:>10} {:>14} {:>7} {:>6} {:>10} {:>8} {:>8}\n",
         "server_id",
         "placeable",
         "forward",
+        "proto",
         "datagrams",
         "bytes",
         "drops_full",
@@ -327,10 +333,11 @@ pub fn pretty(json_text: &str) -> Result<String, serde_json::Error> {
     if let Some(list) = v["instances"].as_array() {
         for i in list {
             s += &format!(
-                "{:>9} {:>9} {:>9} {:>14} {:>16} {:>10} {:>14} {:>7} {:>6} {:>10} {:>8} {:>8}\n",
+                "{:>9} {:>9} {:>9} {:>5} {:>14} {:>16} {:>10} {:>14} {:>7} {:>6} {:>10} {:>8} {:>8}\n",
                 i["server_id"].as_u64().unwrap_or(0),
                 if i["placeable"].as_bool().unwrap_or(false) { "yes" } else { "no" },
                 i["forward"].as_str().unwrap_or("-"),
+                i["protocol"].as_u64().map_or("-".to_string(), |v| v.to_string()),
                 i["datagrams"].as_u64().unwrap_or(0),
                 i["bytes"].as_u64().unwrap_or(0),
                 i["drops_full"].as_u64().unwrap_or(0),

@@ -310,13 +310,18 @@ impl Worker {
     fn connect_full(d: &Demux, server_id: u16, ready: bool, read: bool, fast_path: bool) -> Worker {
         let fd = seqpacket_connect(&d.data).unwrap();
         let caps = if d.rings { CAP_RINGS } else { 0 } | if fast_path { CAP_FAST_PATH } else { 0 };
-        let hello = if caps != 0 {
-            Data::DataHelloV2 { server_id: ServerId(server_id), caps }
-        } else {
-            Data::DataHello { server_id: ServerId(server_id) }
-        };
+        let announce = proto::wire::Announce { window: proto::wire::Window::OWN, caps };
+        let hello = Data::DataHello { announce, server_id: ServerId(server_id) };
         send_record(fd.as_raw_fd(), &Message::to_record(&hello), &[]).unwrap();
         let mut buf = vec![0u8; 4096];
+        let (n, _) = recv_record(fd.as_raw_fd(), &mut buf).unwrap();
+        match Data::decode(&buf[..n]) {
+            Ok(Data::Welcome { version, caps: theirs }) => {
+                assert_eq!(version, proto::wire::PROTOCOL_VERSION, "worker {server_id}: negotiated version");
+                assert_eq!(theirs, proto::wire::data::CAPS_KNOWN, "worker {server_id}: the data plane's capabilities");
+            }
+            other => panic!("worker {server_id}: expected Welcome, got {other:?}"),
+        }
         let (n, socket_fds) = recv_record(fd.as_raw_fd(), &mut buf).unwrap();
         let sockets = match Data::decode(&buf[..n]) {
             Ok(Data::Sockets { addrs }) => addrs,
@@ -336,7 +341,7 @@ impl Worker {
             }
         }
         let mut rings = Vec::new();
-        if caps != 0 {
+        {
             let (n, fds) = recv_record(fd.as_raw_fd(), &mut buf).unwrap();
             let Ok(Data::Rings { count, bytes }) = Data::decode(&buf[..n]) else {
                 panic!("worker {server_id}: expected Rings")

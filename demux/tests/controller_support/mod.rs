@@ -281,12 +281,19 @@ impl Controller {
     /// Starts a worker outside the controller's supervision (scale-out by hand);
     /// returns its index in `externals`.
     pub fn start_external(&mut self) -> usize {
-        let log = self.dir.join(format!("external-{}.log", self.externals.len()));
+        self.start_external_with(&[])
+    }
+
+    /// [`Controller::start_external`] with `extra` worker arguments; its log is
+    /// [`Controller::external_log`].
+    pub fn start_external_with(&mut self, extra: &[&str]) -> usize {
+        let log = self.external_log(self.externals.len());
         let child = Command::new(worker_bin())
             .arg("--server-id-from-controller")
             .arg("--control")
             .arg(self.control_sock())
             .args(self.worker_args())
+            .args(extra)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
@@ -296,6 +303,11 @@ impl Controller {
             .expect("spawn worker");
         self.externals.push(child);
         self.externals.len() - 1
+    }
+
+    /// The log file of external worker `i`.
+    pub fn external_log(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("external-{i}.log"))
     }
 
     pub fn logs(&self) -> String {

@@ -1,18 +1,23 @@
 //! The checks every conversation's fuzz target makes on what its decoder accepts:
-//! it re-encodes to exactly the same bytes, and no other conversation's decoder
-//! reads it (`Error`, the one record all conversations share, is read alike).
+//! it re-encodes, in the protocol version it came in, to exactly the same bytes, and
+//! no other conversation's decoder reads it (`Error` and `Welcome`, the records all
+//! conversations share, are read alike). A hello's window is a valid one.
 
-use proto::wire::{frame, Admin, Conversation, Data, Message, Registration, WireError, ERROR};
+use proto::wire::version::FIRST_VERSION;
+use proto::wire::{frame, Admin, Conversation, Data, Message, Registration, WireError, ERROR, WELCOME};
 
 pub fn check<M: Message>(data: &[u8], own: Conversation) {
     let Ok(m) = M::decode(data) else { return };
-    assert_eq!(m.to_record(), data, "one encoding per message");
+    let version = data[1];
+    assert!(version >= FIRST_VERSION, "no record of a build before negotiation decodes");
+    assert_eq!(m.to_record_at(version), data, "one encoding per message and version");
     let tag = data[2];
-    if tag == ERROR {
+    if tag == ERROR || tag == WELCOME {
+        assert!(m.is_frozen());
         for other in [
-            Registration::decode(data).map(|m| m.to_record()),
-            Data::decode(data).map(|m| m.to_record()),
-            Admin::decode(data).map(|m| m.to_record()),
+            Registration::decode(data).map(|m| m.to_record_at(version)),
+            Data::decode(data).map(|m| m.to_record_at(version)),
+            Admin::decode(data).map(|m| m.to_record_at(version)),
         ] {
             assert_eq!(other.as_deref(), Ok(data));
         }

@@ -2,22 +2,32 @@
 //! `lb-status`, `rotate-keys`) and from the controller as the data plane's supervisor
 //! (docs/wire.md "Admin"). O = operator tool, C = controller, D = data plane.
 //!
-//! On the controller's `control.sock` (beside registration): O → C `Hello`, then
-//! `StatusRequest` → `Status` or `RotateKeys` → `Status` / `Error`.
-//! On the data plane's control socket: C → D `Hello` (held open: the data plane's sign
-//! of a controller), `KeysChanged`, `GetSockets` → `Sockets` (+ fds), and from C or O
-//! `StatusRequest` → `Status`.
+//! Every connection opens with `Hello`, answered by `Welcome` in the negotiated
+//! version (or `Error`). On the controller's `control.sock` (beside registration):
+//! O → C `Hello`, then `StatusRequest` → `Status` or `RotateKeys` → `Status` /
+//! `Error`. On the data plane's control socket: C → D `Hello` (held open: the data
+//! plane's sign of a controller), `KeysChanged`, `GetSockets` → `Sockets` (+ fds),
+//! and from C or O `StatusRequest` → `Status`.
+//!
+//! No capability is defined for this conversation yet ([`CAPS_KNOWN`]).
 
 use super::codec::{self, put_keys, put_socket_addrs, put_text};
-use super::{Conversation, Keys, Message, WireError, ERROR};
+use super::{Announce, Conversation, Keys, Message, WireError, ERROR, WELCOME};
 use crate::cid::Prf;
 use std::net::SocketAddr;
+
+/// The admin capabilities this build knows: none yet.
+pub const CAPS_KNOWN: u64 = 0;
 
 /// Every admin message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Admin {
-    /// O → C, C → D, first (optional): who is asking (its pid, for the logs).
-    Hello { pid: u32 },
+    /// O → C, C → D, first: the asker's window and capabilities, and its pid (for
+    /// the logs).
+    Hello { announce: Announce, pid: u32 },
+    /// C → O, D → O, D → C: the answer to `Hello`: the negotiated protocol version (this
+    /// record's version byte) and the answerer's capabilities.
+    Welcome { version: u8, caps: u64 },
     /// O → C / D, C → D: request the status text (JSON).
     StatusRequest,
     /// C / D → O, D → C: status as JSON text.
@@ -80,19 +90,20 @@ mod tag {
 }
 
 impl Message for Admin {
-    fn encode(&self, v: &mut Vec<u8>) {
+    fn encode_at(&self, version: u8, v: &mut Vec<u8>) {
         match self {
-            Admin::Hello { pid } => {
-                codec::header(tag::HELLO, v);
+            Admin::Hello { announce, pid } => {
+                codec::hello(tag::HELLO, announce, v);
                 v.extend_from_slice(&pid.to_be_bytes());
             }
-            Admin::StatusRequest => codec::header(tag::STATUS_REQUEST, v),
+            Admin::Welcome { version, caps } => codec::welcome(*version, *caps, v),
+            Admin::StatusRequest => codec::header(tag::STATUS_REQUEST, version, v),
             Admin::Status { json } => {
-                codec::header(tag::STATUS, v);
+                codec::header(tag::STATUS, version, v);
                 put_text(v, json);
             }
             Admin::RotateKeys { prf, force, phase, from } => {
-                codec::header(tag::ROTATE_KEYS, v);
+                codec::header(tag::ROTATE_KEYS, version, v);
                 v.push(prf.map_or(KEEP_PRF, Prf::code));
                 v.push(u8::from(*force) | phase.bits() << 1 | if from.is_some() { ROTATE_FROM } else { 0 });
                 if let Some(f) = from {
@@ -100,22 +111,23 @@ impl Message for Admin {
                 }
             }
             Admin::KeysChanged { keys } => {
-                codec::header(tag::KEYS_CHANGED, v);
+                codec::header(tag::KEYS_CHANGED, version, v);
                 put_keys(v, keys);
             }
-            Admin::GetSockets => codec::header(tag::GET_SOCKETS, v),
+            Admin::GetSockets => codec::header(tag::GET_SOCKETS, version, v),
             Admin::Sockets { addrs } => {
-                codec::header(tag::SOCKETS, v);
+                codec::header(tag::SOCKETS, version, v);
                 put_socket_addrs(v, addrs);
             }
-            Admin::Error { reason } => codec::error(reason, v),
+            Admin::Error { reason } => codec::error(reason, version, v),
         }
     }
 
     fn decode(rec: &[u8]) -> Result<Self, WireError> {
-        let (t, mut c) = codec::open(rec, Conversation::Admin)?;
+        let (version, t, mut c) = codec::open(rec, Conversation::Admin)?;
         let m = match t {
-            tag::HELLO => Admin::Hello { pid: c.u32()? },
+            tag::HELLO => Admin::Hello { announce: c.announce(version)?, pid: c.u32()? },
+            WELCOME => Admin::Welcome { version, caps: c.u64()? },
             tag::STATUS_REQUEST => Admin::StatusRequest,
             tag::STATUS => Admin::Status { json: c.text()? },
             tag::ROTATE_KEYS => {
@@ -148,6 +160,7 @@ impl Message for Admin {
     fn name(&self) -> &'static str {
         match self {
             Admin::Hello { .. } => "Hello",
+            Admin::Welcome { .. } => "Welcome",
             Admin::StatusRequest => "StatusRequest",
             Admin::Status { .. } => "Status",
             Admin::RotateKeys { .. } => "RotateKeys",
@@ -162,7 +175,15 @@ impl Message for Admin {
         matches!(self, Admin::Sockets { .. })
     }
 
+    fn is_frozen(&self) -> bool {
+        matches!(self, Admin::Hello { .. } | Admin::Welcome { .. } | Admin::Error { .. })
+    }
+
     fn error(reason: String) -> Self {
         Admin::Error { reason }
+    }
+
+    fn welcome(version: u8, caps: u64) -> Self {
+        Admin::Welcome { version, caps }
     }
 }

@@ -1,29 +1,33 @@
-//! The pieces every control record is made of: the record header with its tag
-//! ranges, and the body fields (addresses, keys, text) with their checks.
+//! The pieces every control record is made of: the record header with its version
+//! and tag ranges, the frozen records (hello announcement, `Welcome`, `Error`), and
+//! the body fields (addresses, keys, text) with their checks.
 
-use super::{Conversation, KeyGen, Keys, WireError, CONTROL_MAGIC, CONTROL_VERSION, ERROR, MAX_SOCKETS, MAX_TEXT};
+use super::version::{Announce, Window, FIRST_VERSION};
+use super::{Conversation, KeyGen, Keys, WireError, CONTROL_MAGIC, ERROR, MAX_SOCKETS, MAX_TEXT, WELCOME};
 use crate::cid::{Generation, Prf};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-/// Starts a record: magic, version, `tag`.
-pub(super) fn header(tag: u8, out: &mut Vec<u8>) {
-    out.extend_from_slice(&[CONTROL_MAGIC, CONTROL_VERSION, tag]);
+/// Starts a record: magic, protocol `version`, `tag`.
+pub(super) fn header(tag: u8, version: u8, out: &mut Vec<u8>) {
+    out.extend_from_slice(&[CONTROL_MAGIC, version, tag]);
 }
 
-/// Reads a record's header for `conv`: the tag (one of `conv`'s range, or [`ERROR`])
-/// and a cursor on the body.
-pub(super) fn open(rec: &[u8], conv: Conversation) -> Result<(u8, Cur<'_>), WireError> {
+/// Reads a record's header for `conv`: its protocol version (one from
+/// [`FIRST_VERSION`] on: 1 and 2 are the formats of builds before negotiation),
+/// the tag (one of `conv`'s range, [`ERROR`] or [`WELCOME`]) and a cursor on the
+/// body.
+pub(super) fn open(rec: &[u8], conv: Conversation) -> Result<(u8, u8, Cur<'_>), WireError> {
     let mut c = Cur { b: rec };
     if c.u8()? != CONTROL_MAGIC {
         return Err(WireError::BadMagic);
     }
     let ver = c.u8()?;
-    if ver != CONTROL_VERSION {
+    if ver < FIRST_VERSION {
         return Err(WireError::UnsupportedVersion(ver));
     }
     let tag = c.u8()?;
-    if tag == ERROR || conv.tags().contains(&tag) {
-        return Ok((tag, c));
+    if tag == ERROR || tag == WELCOME || conv.tags().contains(&tag) {
+        return Ok((ver, tag, c));
     }
     match Conversation::of_tag(tag) {
         Some(belongs_to) => Err(WireError::WrongConversation { tag, belongs_to }),
@@ -31,10 +35,24 @@ pub(super) fn open(rec: &[u8], conv: Conversation) -> Result<(u8, Cur<'_>), Wire
     }
 }
 
-/// `Error { reason }`'s record.
-pub(super) fn error(reason: &str, out: &mut Vec<u8>) {
-    header(ERROR, out);
+/// `Error { reason }`'s record (frozen: the same in every version).
+pub(super) fn error(reason: &str, version: u8, out: &mut Vec<u8>) {
+    header(ERROR, version, out);
     put_text(out, reason);
+}
+
+/// `Welcome { version, caps }`'s record (frozen): caps u64.
+pub(super) fn welcome(version: u8, caps: u64, out: &mut Vec<u8>) {
+    header(WELCOME, version, out);
+    out.extend_from_slice(&caps.to_be_bytes());
+}
+
+/// A hello's header and announcement (frozen): the version byte is the sender's
+/// newest, then oldest u8, caps u64. The conversation's own fields follow.
+pub(super) fn hello(tag: u8, a: &Announce, out: &mut Vec<u8>) {
+    header(tag, a.window.newest, out);
+    out.push(a.window.oldest);
+    out.extend_from_slice(&a.caps.to_be_bytes());
 }
 
 /// The 16-byte address field: IPv4 in the first 4 bytes, the rest zero.
@@ -127,6 +145,19 @@ impl<'a> Cur<'a> {
     pub(super) fn u32(&mut self) -> Result<u32, WireError> {
         let b = self.take(4)?;
         Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    pub(super) fn u64(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_be_bytes(self.array()?))
+    }
+    /// A hello's announcement, in a record whose version byte was `newest`. Unknown
+    /// capability bits are kept (the reader ignores them, `version::common_caps`).
+    pub(super) fn announce(&mut self, newest: u8) -> Result<Announce, WireError> {
+        let oldest = self.u8()?;
+        let window = Window { oldest, newest };
+        if !window.is_valid() {
+            return Err(WireError::BadWindow { oldest, newest });
+        }
+        Ok(Announce { window, caps: self.u64()? })
     }
     pub(super) fn array<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
         let mut a = [0u8; N];

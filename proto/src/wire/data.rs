@@ -2,13 +2,15 @@
 //! "Data connection"), beside the data frames ([`super::frame`]) the data plane sends
 //! on it. W = worker, D = data plane.
 //!
-//! 1. W → D `DataHello { server_id }` or `DataHelloV2 { server_id, caps }`;
-//! 2. D → W `Sockets` (+ fds), then for `DataHelloV2` `FastSockets` (asked with
-//!    [`CAP_FAST_PATH`], + fds) and `Rings` (+ fds); or `Error` and close;
+//! 1. W → D `DataHello { announce, server_id }` (capabilities [`CAP_RINGS`],
+//!    [`CAP_FAST_PATH`]);
+//! 2. D → W `Welcome` in the negotiated version, `Sockets` (+ fds), `FastSockets`
+//!    (when both announced [`CAP_FAST_PATH`], + fds) and `Rings` (+ fds); or `Error`
+//!    and close;
 //! 3. W → D `Ready` / `Draining`, `Load` every [`LOAD_INTERVAL_MS`], `HandshakeDone`.
 
 use super::codec::{self, put_socket_addrs};
-use super::{Conversation, Message, WireError, ERROR};
+use super::{Announce, Conversation, Message, WireError, ERROR, WELCOME};
 use crate::cid::ServerId;
 use std::net::SocketAddr;
 
@@ -16,31 +18,33 @@ use std::net::SocketAddr;
 pub const LOAD_INTERVAL_MS: u64 = 250;
 /// Longest `HandshakeDone` DCID (RFC 9000 §17.2).
 pub const MAX_ODCID_LEN: usize = 20;
-/// `DataHelloV2` capability: the worker reads forwarding rings (`Rings`).
-pub const CAP_RINGS: u32 = 0x1;
-/// `DataHelloV2` capability: the worker receives on its own fast-path sockets
-/// (`FastSockets`) as well as on the data connection.
-pub const CAP_FAST_PATH: u32 = 0x2;
-/// Capability bits this version knows; others are reserved (zero).
-pub const CAPS_KNOWN: u32 = CAP_RINGS | CAP_FAST_PATH;
+/// Data capability: forwarding rings (`Rings` with rings in it; without it, `Rings`
+/// says count 0).
+pub const CAP_RINGS: u64 = 0x1;
+/// Data capability: the worker's own kernel fast-path sockets (`FastSockets`),
+/// read as well as the data connection.
+pub const CAP_FAST_PATH: u64 = 0x2;
+/// The data capabilities this build knows; a reader ignores the others.
+pub const CAPS_KNOWN: u64 = CAP_RINGS | CAP_FAST_PATH;
 /// The most rings one `Rings` message announces (two fds each: 253 / 2 SCM_RIGHTS).
 pub const MAX_RINGS: u8 = 64;
 
 /// Every control message of the data connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Data {
-    /// W → D, first: the frames on this connection are for this id.
-    DataHello { server_id: ServerId },
-    /// W → D, instead of `DataHello`: the same, plus capability bits ([`CAP_RINGS`]:
-    /// the worker reads shared-memory rings; [`CAP_FAST_PATH`]: it takes
-    /// `FastSockets`). The data plane answers `Sockets`, [`Data::FastSockets`] when
-    /// asked, then `Rings`.
-    DataHelloV2 { server_id: ServerId, caps: u32 },
-    /// D → W, the answer to the hello: the shared UDP sockets, one per listen address
-    /// in this order; the fds travel with this record (SCM_RIGHTS). The worker only
-    /// sends on them, never reads.
+    /// W → D, first: the frames on this connection are for this id. The
+    /// capabilities ask for shared-memory rings ([`CAP_RINGS`]) and the worker's own
+    /// fast-path sockets ([`CAP_FAST_PATH`]). The data plane answers `Welcome`,
+    /// `Sockets`, [`Data::FastSockets`] when both announced it, then `Rings`.
+    DataHello { announce: Announce, server_id: ServerId },
+    /// D → W, the answer to the hello: the negotiated protocol version (this record's
+    /// version byte) and the data plane's capabilities.
+    Welcome { version: u8, caps: u64 },
+    /// D → W, after `Welcome`: the shared UDP sockets, one per listen address in this
+    /// order; the fds travel with this record (SCM_RIGHTS). The worker only sends on
+    /// them, never reads.
     Sockets { addrs: Vec<SocketAddr> },
-    /// D → W, the answer to a `DataHelloV2` with [`CAP_FAST_PATH`], after `Sockets`
+    /// D → W, when both hello and `Welcome` carry [`CAP_FAST_PATH`], after `Sockets`
     /// and before `Rings`: this worker's own UDP sockets, one per listen address in
     /// `Sockets` order, each in that address's SO_REUSEPORT group, where the data
     /// plane's SK_REUSEPORT program steers this worker's established datagrams to it
@@ -50,8 +54,8 @@ pub enum Data {
     /// D → W: `count` shared-memory rings (one per shard) of `bytes` data bytes each
     /// (proto::ring layout); the fds travel with this record, ring-major: the memfd,
     /// then its eventfd, for each ring. Frames may still come on the connection too.
-    /// The answer to every `DataHelloV2` (after `Sockets`); `count: 0, bytes: 0` when
-    /// the data plane forwards over SEQPACKET only.
+    /// The last answer to every `DataHello`; `count: 0, bytes: 0` when the data plane
+    /// forwards over SEQPACKET only (or either side lacks [`CAP_RINGS`]).
     Rings { count: u8, bytes: u64 },
     /// W → D: ready for new connections (becomes placeable).
     Ready,
@@ -76,7 +80,7 @@ pub enum Data {
 
 mod tag {
     pub const DATA_HELLO: u8 = 0x40;
-    pub const DATA_HELLO_V2: u8 = 0x41;
+    // 0x41 was `DataHelloV2` (capabilities before protocol versions): unused.
     pub const SOCKETS: u8 = 0x42;
     pub const FAST_SOCKETS: u8 = 0x43;
     pub const RINGS: u8 = 0x44;
@@ -87,59 +91,48 @@ mod tag {
 }
 
 impl Message for Data {
-    fn encode(&self, v: &mut Vec<u8>) {
+    fn encode_at(&self, version: u8, v: &mut Vec<u8>) {
         match self {
-            Data::DataHello { server_id } => {
-                codec::header(tag::DATA_HELLO, v);
+            Data::DataHello { announce, server_id } => {
+                codec::hello(tag::DATA_HELLO, announce, v);
                 v.extend_from_slice(&server_id.0.to_be_bytes());
             }
-            Data::DataHelloV2 { server_id, caps } => {
-                codec::header(tag::DATA_HELLO_V2, v);
-                v.extend_from_slice(&server_id.0.to_be_bytes());
-                v.extend_from_slice(&caps.to_be_bytes());
-            }
+            Data::Welcome { version, caps } => codec::welcome(*version, *caps, v),
             Data::Sockets { addrs } => {
-                codec::header(tag::SOCKETS, v);
+                codec::header(tag::SOCKETS, version, v);
                 put_socket_addrs(v, addrs);
             }
             Data::FastSockets { addrs } => {
-                codec::header(tag::FAST_SOCKETS, v);
+                codec::header(tag::FAST_SOCKETS, version, v);
                 put_socket_addrs(v, addrs);
             }
             Data::Rings { count, bytes } => {
-                codec::header(tag::RINGS, v);
+                codec::header(tag::RINGS, version, v);
                 v.push(*count);
                 v.extend_from_slice(&bytes.to_be_bytes());
             }
-            Data::Ready => codec::header(tag::READY, v),
-            Data::Draining => codec::header(tag::DRAINING, v),
+            Data::Ready => codec::header(tag::READY, version, v),
+            Data::Draining => codec::header(tag::DRAINING, version, v),
             Data::Load { handshakes, incoming_bytes } => {
-                codec::header(tag::LOAD, v);
+                codec::header(tag::LOAD, version, v);
                 v.extend_from_slice(&handshakes.to_be_bytes());
                 v.extend_from_slice(&incoming_bytes.to_be_bytes());
             }
             Data::HandshakeDone { odcid } => {
-                codec::header(tag::HANDSHAKE_DONE, v);
+                codec::header(tag::HANDSHAKE_DONE, version, v);
                 let n = odcid.len().min(MAX_ODCID_LEN);
                 v.push(n as u8);
                 v.extend_from_slice(&odcid[..n]);
             }
-            Data::Error { reason } => codec::error(reason, v),
+            Data::Error { reason } => codec::error(reason, version, v),
         }
     }
 
     fn decode(rec: &[u8]) -> Result<Self, WireError> {
-        let (t, mut c) = codec::open(rec, Conversation::Data)?;
+        let (version, t, mut c) = codec::open(rec, Conversation::Data)?;
         let m = match t {
-            tag::DATA_HELLO => Data::DataHello { server_id: ServerId(c.u16()?) },
-            tag::DATA_HELLO_V2 => {
-                let server_id = ServerId(c.u16()?);
-                let caps = c.u32()?;
-                if caps & !CAPS_KNOWN != 0 {
-                    return Err(WireError::ReservedBits);
-                }
-                Data::DataHelloV2 { server_id, caps }
-            }
+            tag::DATA_HELLO => Data::DataHello { announce: c.announce(version)?, server_id: ServerId(c.u16()?) },
+            WELCOME => Data::Welcome { version, caps: c.u64()? },
             tag::SOCKETS => Data::Sockets { addrs: c.socket_addrs()? },
             tag::FAST_SOCKETS => Data::FastSockets { addrs: c.socket_addrs()? },
             tag::RINGS => {
@@ -147,8 +140,7 @@ impl Message for Data {
                 if count > MAX_RINGS {
                     return Err(WireError::TooMany);
                 }
-                let hi = u64::from(c.u32()?);
-                let bytes = hi << 32 | u64::from(c.u32()?);
+                let bytes = c.u64()?;
                 // count 0, bytes 0: "no rings, frames stay on this connection".
                 if (count == 0) != (bytes == 0) || (count > 0 && !crate::ring::valid_capacity(bytes)) {
                     return Err(WireError::ReservedBits);
@@ -174,7 +166,7 @@ impl Message for Data {
     fn name(&self) -> &'static str {
         match self {
             Data::DataHello { .. } => "DataHello",
-            Data::DataHelloV2 { .. } => "DataHelloV2",
+            Data::Welcome { .. } => "Welcome",
             Data::Sockets { .. } => "Sockets",
             Data::FastSockets { .. } => "FastSockets",
             Data::Rings { .. } => "Rings",
@@ -190,7 +182,15 @@ impl Message for Data {
         matches!(self, Data::Sockets { .. } | Data::FastSockets { .. } | Data::Rings { .. })
     }
 
+    fn is_frozen(&self) -> bool {
+        matches!(self, Data::DataHello { .. } | Data::Welcome { .. } | Data::Error { .. })
+    }
+
     fn error(reason: String) -> Self {
         Data::Error { reason }
+    }
+
+    fn welcome(version: u8, caps: u64) -> Self {
+        Data::Welcome { version, caps }
     }
 }

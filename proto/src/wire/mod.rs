@@ -8,13 +8,17 @@
 //! - [`admin`]: the operator tool, and the controller as the data plane's supervisor,
 //!   asking a control socket ([`Admin`]).
 //!
-//! Every control record is `CONTROL_MAGIC, CONTROL_VERSION, tag, body`. Each
-//! conversation owns a range of tags ([`Conversation::tags`]): a record sent on the
-//! wrong conversation is refused ([`WireError::WrongConversation`]), never read as
-//! another message. One tag belongs to no conversation: [`ERROR`], which every
-//! conversation decodes as its own `Error { reason }` (so a socket can refuse a peer
-//! before it knows which conversation the peer speaks). Each conversation opens with
-//! its own hello (`Hello` / `Rejoin`, `DataHello` / `DataHelloV2`, the admin `Hello`).
+//! - [`version`]: protocol versions, windows, capabilities and their negotiation.
+//!
+//! Every control record is `CONTROL_MAGIC, version, tag, body`, where `version` is
+//! the protocol version the body is encoded in ([`version`]). Each conversation owns
+//! a range of tags ([`Conversation::tags`]): a record sent on the wrong conversation
+//! is refused ([`WireError::WrongConversation`]), never read as another message. Two
+//! tags belong to no conversation: [`ERROR`] and [`WELCOME`], which every
+//! conversation decodes as its own `Error { reason }` and `Welcome { version, caps }`
+//! (so a socket can refuse a peer before it knows which conversation the peer
+//! speaks). Each conversation opens with its own hello (`Hello` / `Rejoin`,
+//! `DataHello`, the admin `Hello`), answered by `Welcome` or `Error`.
 //!
 //! Every decoder checks every length and reserved bit: malformed input is an error,
 //! never a panic.
@@ -24,20 +28,22 @@ mod codec;
 pub mod data;
 pub mod frame;
 pub mod registration;
+pub mod version;
 
 pub use admin::Admin;
 pub use data::Data;
 pub use registration::Registration;
+pub use version::{Announce, Window, PROTOCOL_VERSION};
 
 use crate::cid::{Generation, Prf, KEY_LEN};
 
 /// First byte of a control record (a data frame starts with [`frame::MAGIC`]).
 pub const CONTROL_MAGIC: u8 = 0xc7;
-/// Control-record layout version (2: one tag range per conversation; 1 was one flat
-/// list of tags). A decoder refuses the other.
-pub const CONTROL_VERSION: u8 = 2;
 /// The tag of `Error { reason }`, the same in every conversation.
 pub const ERROR: u8 = 0x01;
+/// The tag of `Welcome { version, caps }`, the responder's answer to every hello, the
+/// same in every conversation.
+pub const WELCOME: u8 = 0x02;
 /// Most UDP sockets (listen addresses) one `Sockets` message may carry: the SCM_RIGHTS
 /// limit is 253 fds per message (SCM_MAX_FD).
 pub const MAX_SOCKETS: usize = 64;
@@ -47,22 +53,49 @@ pub const MAX_TEXT: usize = 60_000;
 /// One conversation's messages: what a typed channel (`sys::seqpacket::Channel`)
 /// sends and receives.
 pub trait Message: Sized {
-    /// Appends this message's record to `out`.
-    fn encode(&self, out: &mut Vec<u8>);
-    /// Decodes one whole record; another conversation's tag is
+    /// Appends this message's record, encoded in protocol version `version` (the
+    /// negotiated one). A hello's version byte is its announced newest and
+    /// `Welcome`'s its own `version`, whatever `version` says.
+    fn encode_at(&self, version: u8, out: &mut Vec<u8>);
+    /// Decodes one whole record, in the version its version byte names (any from
+    /// [`version::FIRST_VERSION`] on: which ones a process speaks is its window's
+    /// business, `sys::seqpacket::Channel`); another conversation's tag is
     /// [`WireError::WrongConversation`].
     fn decode(rec: &[u8]) -> Result<Self, WireError>;
     /// The message's name for logs (never its contents: `Assign` carries secrets).
     fn name(&self) -> &'static str;
     /// Whether descriptors (SCM_RIGHTS) travel with this message.
     fn carries_fds(&self) -> bool;
+    /// The hello, `Welcome` and `Error`: the same layout in every protocol version,
+    /// read whatever version byte they carry (docs/wire.md "Versions").
+    fn is_frozen(&self) -> bool;
     /// This conversation's `Error { reason }`.
     fn error(reason: String) -> Self;
-    /// The record in a new buffer.
+    /// This conversation's `Welcome { version, caps }`.
+    fn welcome(version: u8, caps: u64) -> Self;
+    /// Appends the record in this build's version, [`PROTOCOL_VERSION`] (tests and
+    /// tools; a connection encodes in its negotiated version).
+    fn encode(&self, out: &mut Vec<u8>) {
+        self.encode_at(PROTOCOL_VERSION, out)
+    }
+    /// The record in a new buffer, in [`PROTOCOL_VERSION`].
     fn to_record(&self) -> Vec<u8> {
+        self.to_record_at(PROTOCOL_VERSION)
+    }
+    /// The record in a new buffer, in protocol version `version`.
+    fn to_record_at(&self, version: u8) -> Vec<u8> {
         let mut v = Vec::new();
-        self.encode(&mut v);
+        self.encode_at(version, &mut v);
         v
+    }
+}
+
+/// The protocol version a control record is encoded in (its second byte); `None`
+/// for anything that is not a control record (a data frame, a short record).
+pub fn record_version(rec: &[u8]) -> Option<u8> {
+    match rec {
+        [CONTROL_MAGIC, v, ..] => Some(*v),
+        _ => None,
     }
 }
 
@@ -118,6 +151,11 @@ pub enum WireError {
         tag: u8,
         belongs_to: Conversation,
     },
+    /// A hello's window is not `FIRST_VERSION <= oldest <= newest`.
+    BadWindow {
+        oldest: u8,
+        newest: u8,
+    },
     BadGeneration(u8),
     /// A key generation's PRF code is not one this version knows (ADR 0004).
     BadPrf(u8),
@@ -132,6 +170,9 @@ impl std::fmt::Display for WireError {
             WireError::Truncated => f.write_str("truncated"),
             WireError::BadMagic => f.write_str("bad magic byte"),
             WireError::UnsupportedVersion(v) => write!(f, "unsupported version {v}"),
+            WireError::BadWindow { oldest, newest } => {
+                write!(f, "hello announces versions {oldest}..={newest}, not a window from version 3 on")
+            }
             WireError::ReservedBits => f.write_str("reserved bits set"),
             WireError::BadEcn => f.write_str("ECN codepoint out of range"),
             WireError::BadSegmentSize => f.write_str("segment size zero or larger than payload"),
@@ -183,7 +224,7 @@ impl Keys {
 
 /// What the controller's `control.sock` reads: it carries two conversations, told
 /// apart by the tag of the first record (a worker's registration, an operator's
-/// admin requests). `Error` decodes as `Registration`.
+/// admin requests). `Error` and `Welcome` decode as `Registration`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ControlSocket {
     Registration(Registration),
@@ -191,10 +232,10 @@ pub enum ControlSocket {
 }
 
 impl Message for ControlSocket {
-    fn encode(&self, out: &mut Vec<u8>) {
+    fn encode_at(&self, version: u8, out: &mut Vec<u8>) {
         match self {
-            ControlSocket::Registration(m) => m.encode(out),
-            ControlSocket::Admin(m) => m.encode(out),
+            ControlSocket::Registration(m) => m.encode_at(version, out),
+            ControlSocket::Admin(m) => m.encode_at(version, out),
         }
     }
     fn decode(rec: &[u8]) -> Result<Self, WireError> {
@@ -217,7 +258,16 @@ impl Message for ControlSocket {
             ControlSocket::Admin(m) => m.carries_fds(),
         }
     }
+    fn is_frozen(&self) -> bool {
+        match self {
+            ControlSocket::Registration(m) => m.is_frozen(),
+            ControlSocket::Admin(m) => m.is_frozen(),
+        }
+    }
     fn error(reason: String) -> Self {
         ControlSocket::Registration(Registration::Error { reason })
+    }
+    fn welcome(version: u8, caps: u64) -> Self {
+        ControlSocket::Registration(Registration::Welcome { version, caps })
     }
 }

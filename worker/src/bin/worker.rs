@@ -24,6 +24,12 @@ use worker::{echo, Secrets};
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(v) = args.protocol_version {
+        if let Err(e) = sys::protocol::relabel(v) {
+            eprintln!("worker: {e}");
+            return ExitCode::from(2);
+        }
+    }
     // sys::logging: colours only on a terminal, journald-aware, text or JSON.
     let format = args.log_format.parse().unwrap_or(sys::logging::Format::Text);
     if let Err(e) = sys::logging::init(args.log_level.as_deref(), format, "RUST_LOG") {
@@ -67,7 +73,7 @@ async fn run(a: Args) -> anyhow::Result<()> {
             .context("registration task")?
             .with_context(|| format!("registering with the controller at {}", path.display()))?;
         tracing::info!(server_id = %asg.server_id, "registered with the controller");
-        let cc = ControlConn::new(asg.conn)?;
+        let cc = ControlConn::new(asg.conn, asg.version)?;
         let link = ControlLink::new(&path, asg.server_id, cc, Duration::from_secs(a.controller_grace));
         (asg.server_id, asg.secrets, Some(link))
     } else {

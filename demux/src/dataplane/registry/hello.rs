@@ -1,35 +1,40 @@
 //! The data hello (steps 1 and 2 of the protocol in the parent module): a
-//! `DataHello` / `DataHelloV2` is answered with `Sockets`, then for `DataHelloV2`
-//! `FastSockets` (`CAP_FAST_PATH`) and `Rings`, and the connection becomes live.
+//! `DataHello` is answered with `Welcome` in the negotiated version (or refused,
+//! crate::versions), then in that version `Sockets`, `FastSockets` (`CAP_FAST_PATH`
+//! on both sides) and `Rings`, and the connection becomes live.
 
 use super::{Conn, Registry};
 use crate::dataplane::ring::Producer;
 use crate::dataplane::snapshot::DataConn;
-use proto::wire::data::{CAP_FAST_PATH, CAP_RINGS, MAX_RINGS};
-use proto::wire::Data;
+use proto::wire::data::{CAPS_KNOWN, CAP_FAST_PATH, CAP_RINGS, MAX_RINGS};
+use proto::wire::version::common_caps;
+use proto::wire::{Announce, Data};
 use proto::ServerId;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::Arc;
 use sys::seqpacket::Channel;
 
-/// What a worker asked for in its data hello.
+/// The data capabilities this data plane announces in its `Welcome`: every one it
+/// knows (whether rings or a fast path are on is said by `Rings` and `FastSockets`).
+const OUR_CAPS: u64 = CAPS_KNOWN;
+
+/// What a worker asked for in its data hello: the capabilities both announced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Wants {
-    /// `DataHelloV2`: the answer ends with `Rings`.
-    v2: bool,
+struct Wants {
     rings: bool,
     fast_path: bool,
 }
 
 impl Wants {
-    pub(super) const V1: Wants = Wants { v2: false, rings: false, fast_path: false };
-    pub(super) fn from_caps(caps: u32) -> Wants {
-        Wants { v2: true, rings: caps & CAP_RINGS != 0, fast_path: caps & CAP_FAST_PATH != 0 }
+    /// Unknown bits are ignored (docs/wire.md "Versions").
+    fn from_caps(theirs: u64) -> Wants {
+        let caps = common_caps(OUR_CAPS, theirs, CAPS_KNOWN);
+        Wants { rings: caps & CAP_RINGS != 0, fast_path: caps & CAP_FAST_PATH != 0 }
     }
 }
 
 impl Registry {
-    /// The answer to every `DataHelloV2`: `Rings`, with one ring per shard when
+    /// The last answer to every `DataHello`: `Rings`, with one ring per shard when
     /// `--forward ring` and the worker asked (`wanted`), else count 0.
     /// Any failure leaves the worker on SEQPACKET frames (empty vector).
     fn offer_rings(&self, conn: Channel<'_, Data>, server_id: ServerId, wanted: bool) -> Vec<Producer> {
@@ -81,16 +86,24 @@ impl Registry {
         sent
     }
 
-    pub(super) fn hello(&mut self, token: u64, server_id: ServerId, wants: Wants) -> bool {
+    pub(super) fn hello(&mut self, token: u64, announce: Announce, server_id: ServerId) -> bool {
+        // Trust first (an untrusted peer learns nothing, not even our versions), then
+        // the protocol version (docs/wire.md "Versions").
         if !self.hello_allowed(token, server_id) {
             return false;
         }
+        let Some(fd) = self.conns.get(&token).map(|c| c.fd()) else { return false };
+        let Some(version) = crate::versions::answer::<Data>(fd, "data.sock", announce.window, OUR_CAPS) else {
+            self.close(token, "hello refused");
+            return false;
+        };
+        let wants = Wants::from_caps(announce.caps);
         let Some(slot) = self.slots.take() else {
             self.refuse(token, &format!("too many live instances (--max-instances {})", self.slots.capacity()));
             return false;
         };
         let Some(Conn::Pending { fd, .. }) = self.conns.remove(&token) else { return false };
-        let conn = Channel::<Data>::new(fd.as_fd()).dont_wait();
+        let conn = Channel::<Data>::new(fd.as_fd()).dont_wait().at(version);
         if let Err(e) = conn.send_with_raw_fds(&Data::Sockets { addrs: self.udp_addrs.clone() }, &self.udp_fds) {
             tracing::warn!(server_id = server_id.0, error = %e, "could not send Sockets; closing");
             self.slots.give_back(slot);
@@ -106,10 +119,10 @@ impl Registry {
                 return false;
             }
         }
-        let rings = if wants.v2 { self.offer_rings(conn, server_id, wants.rings) } else { Vec::new() };
+        let rings = self.offer_rings(conn, server_id, wants.rings);
         let conn = Arc::new(DataConn { fd, server_id: server_id.0, slot, rings });
-        self.conns.insert(token, Conn::Live { conn, placeable: false, live: Default::default() });
-        tracing::info!(server_id = server_id.0, slot, "instance live");
+        self.conns.insert(token, Conn::Live { conn, version, placeable: false, live: Default::default() });
+        tracing::info!(server_id = server_id.0, slot, protocol = version, "instance live");
         self.publish();
         true
     }

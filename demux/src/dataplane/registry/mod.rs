@@ -2,14 +2,15 @@
 //! the data-connection protocol") and status requests, keeps the set of live
 //! instances and publishes a new immutable snapshot on every change.
 //!
-//! 1. worker → `DataHello{server_id}` or `DataHelloV2{server_id, caps}`; a server id
-//!    another open connection holds is refused with `Error`, then close.
-//! 2. → `Sockets{addrs}` with the shared UDP fds (SCM_RIGHTS), one per listen address;
-//!    the id is live (Owner / Orphan / VersionNegotiation routing).
-//!    `DataHelloV2` with `CAP_FAST_PATH` → `FastSockets{addrs}`: the worker's own
-//!    sockets, steered to it by the kernel fast path (crate::dataplane::fast_path;
-//!    empty when the fast path is not active). Every `DataHelloV2` → `Rings`
-//!    (count 0 unless `--forward ring` and `CAP_RINGS`).
+//! 1. worker → `DataHello{announce, server_id}`: a window without a version in
+//!    common with ours is refused (crate::versions); a server id another open
+//!    connection holds is refused with `Error`, then close.
+//! 2. → `Welcome` in the negotiated version, then in it `Sockets{addrs}` with the
+//!    shared UDP fds (SCM_RIGHTS), one per listen address; the id is live (Owner /
+//!    Orphan / VersionNegotiation routing). With `CAP_FAST_PATH` on both sides →
+//!    `FastSockets{addrs}`: the worker's own sockets, steered to it by the kernel
+//!    fast path (crate::dataplane::fast_path; empty when the fast path is not
+//!    active). Then `Rings` (count 0 unless `--forward ring` and `CAP_RINGS`).
 //! 3. `Ready` → placeable; `Draining` → not placeable (still live, still fast).
 //! 4. close → dead at once, out of the fast path's maps.
 //!
@@ -19,7 +20,8 @@
 //! their baselines. [`status`]: the status JSON. [`liveness`]: the stall rule
 //! (`Load` heartbeats, full data connections) applied every [`liveness::TICK`].
 //! Accepting is guarded by [`crate::accept_guard`]: paused on EMFILE and friends,
-//! connections without hello closed after a timeout and capped.
+//! connections without hello closed after a timeout and capped. The control socket
+//! (the admin conversation) takes `Hello` first, answered by `Welcome`.
 
 mod hello;
 mod keys;
@@ -38,7 +40,7 @@ use crate::dataplane::pressure::{Pressure, PressureConfig};
 use crate::dataplane::snapshot::{Awaited, DataConn, Shared, Snapshot};
 use crate::dataplane::status::StatusInfo;
 use anyhow::{Context, Result};
-use proto::wire::{Admin, Data, Message};
+use proto::wire::{admin::CAPS_KNOWN as CAPS_ADMIN, Admin, Data, Message};
 use proto::{InstanceInfo, KeySet, ServerId, Table};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -48,7 +50,6 @@ use std::time::{Duration, Instant};
 use sys::seqpacket::Channel;
 use sys::Epoll;
 
-use hello::Wants;
 use liveness::Liveness;
 use slots::Slots;
 
@@ -67,14 +68,17 @@ enum Conn {
     Pending { fd: OwnedFd, since: Instant },
     Live {
         conn: Arc<DataConn>,
+        /// The negotiated protocol version.
+        version: u8,
         /// Said `Ready` (and not `Draining` since).
         placeable: bool,
         /// `Load` reports and the stall rule: placeable in the snapshot only when
         /// not stalled.
         live: Liveness,
     },
-    /// A control-socket connection; `idle_since`: accepted then, no message yet.
-    Control { fd: OwnedFd, idle_since: Option<Instant> },
+    /// A control-socket connection; `idle_since`: accepted then, no message yet;
+    /// `version`: negotiated by its `Hello` (none before).
+    Control { fd: OwnedFd, idle_since: Option<Instant>, version: Option<u8> },
 }
 
 impl Conn {
@@ -89,18 +93,22 @@ impl Conn {
         }
     }
 
-    /// The data connection (data.sock), while it speaks the data conversation.
+    /// The data connection (data.sock), while it speaks the data conversation (in
+    /// its negotiated version once live).
     fn data(&self) -> Option<Channel<'_, Data>> {
         match self {
-            Conn::Pending { .. } | Conn::Live { .. } => Some(Channel::new(self.fd())),
+            Conn::Pending { .. } => Some(Channel::new(self.fd())),
+            Conn::Live { version, .. } => Some(Channel::new(self.fd()).at(*version)),
             Conn::Control { .. } => None,
         }
     }
 
-    /// The control-socket connection (admin conversation).
+    /// The control-socket connection (admin conversation), in its negotiated
+    /// version once it said `Hello`.
     fn admin(&self) -> Option<Channel<'_, Admin>> {
         match self {
-            Conn::Control { fd, .. } => Some(Channel::new(fd.as_fd())),
+            Conn::Control { fd, version: Some(v), .. } => Some(Channel::new(fd.as_fd()).at(*v)),
+            Conn::Control { fd, version: None, .. } => Some(Channel::new(fd.as_fd())),
             Conn::Pending { .. } | Conn::Live { .. } => None,
         }
     }
@@ -176,7 +184,7 @@ pub struct RegistryConfig {
     pub all_udp_addrs: Vec<SocketAddr>,
     pub counters: Vec<Arc<ShardCounters>>,
     pub max_instances: usize,
-    /// `--forward ring`: ring size offered to workers that ask (`DataHelloV2`).
+    /// `--forward ring`: ring size offered to workers that ask (`CAP_RINGS` in their `DataHello`).
     pub ring_bytes: Option<u64>,
     pub info: StatusInfo,
     /// The key file, re-read on SIGHUP (`reload_signal`, a signalfd).
@@ -408,7 +416,7 @@ impl Registry {
                         sys::sockopt::set_send_buffer(&fd, DATA_SNDBUF);
                     }
                     let conn = if control {
-                        Conn::Control { fd, idle_since: Some(now) }
+                        Conn::Control { fd, idle_since: Some(now), version: None }
                     } else {
                         Conn::Pending { fd, since: now }
                     };
@@ -443,10 +451,7 @@ impl Registry {
         let clock = self.clock(now);
         let Some(conn) = self.conns.get_mut(&token) else { return false };
         match (conn, m) {
-            (Conn::Pending { .. }, Data::DataHello { server_id }) => self.hello(token, server_id, Wants::V1),
-            (Conn::Pending { .. }, Data::DataHelloV2 { server_id, caps }) => {
-                self.hello(token, server_id, Wants::from_caps(caps))
-            }
+            (Conn::Pending { .. }, Data::DataHello { announce, server_id }) => self.hello(token, announce, server_id),
             // The heartbeat and handshake-pressure report (docs/wire.md `Load`).
             (Conn::Live { live, .. }, Data::Load { handshakes, incoming_bytes }) => {
                 let before = self.pressure.level(live.handshakes);
@@ -486,15 +491,37 @@ impl Registry {
 
     /// Handles one message of a control-socket connection; false when it was closed.
     fn on_admin(&mut self, token: u64, m: Admin) -> bool {
-        if let Some(Conn::Control { idle_since, .. }) = self.conns.get_mut(&token) {
-            *idle_since = None;
+        let Some(Conn::Control { idle_since, version, fd }) = self.conns.get_mut(&token) else { return false };
+        *idle_since = None;
+        match (*version, m) {
+            // docs/wire.md "Versions": the hello first, answered in the version both speak.
+            (None, Admin::Hello { announce, .. }) => {
+                match crate::versions::answer::<Admin>(fd.as_fd(), "dataplane.sock", announce.window, CAPS_ADMIN) {
+                    Some(v) => {
+                        *version = Some(v);
+                        true
+                    }
+                    None => {
+                        self.close(token, "hello refused");
+                        false
+                    }
+                }
+            }
+            (None, other) => {
+                self.refuse(token, &format!("unexpected message {} before Hello", other.name()));
+                false
+            }
+            (Some(_), m) => self.on_admin_request(token, m),
         }
+    }
+
+    /// An admin request after the hello; false when the connection was closed.
+    fn on_admin_request(&mut self, token: u64, m: Admin) -> bool {
         match m {
             Admin::StatusRequest => {
                 let json = self.status_json();
                 self.reply(token, &Admin::Status { json }, &[], "status")
             }
-            Admin::Hello { .. } => true,
             // A (restarted) controller takes the sockets back to keep them open across
             // our own restarts.
             Admin::GetSockets => {
@@ -582,7 +609,7 @@ impl Registry {
             .conns
             .values()
             .filter_map(|c| match c {
-                Conn::Live { conn, placeable, live } => Some((
+                Conn::Live { conn, placeable, live, .. } => Some((
                     conn.clone(),
                     *placeable && (!live.stalled() || !healthy),
                     self.pressure.level(live.handshakes),
@@ -636,6 +663,16 @@ impl ControlServer for Registry {
     }
     fn refuse(&mut self, token: u64, why: &str) {
         Registry::refuse(self, token, why)
+    }
+    fn refuse_version(&mut self, token: u64, version: u8) {
+        match self.conns.get(&token) {
+            Some(c @ Conn::Control { .. }) => {
+                crate::versions::refuse_record::<Admin>(c.fd(), "dataplane.sock", version)
+            }
+            Some(c) => crate::versions::refuse_record::<Data>(c.fd(), "data.sock", version),
+            None => {}
+        }
+        self.close(token, "protocol version not supported");
     }
     fn recv_buf(&mut self) -> &mut Vec<u8> {
         &mut self.buf

@@ -28,7 +28,7 @@ impl Registry {
             .conns
             .values()
             .filter_map(|c| match c {
-                Conn::Live { conn, live, .. } => Some((conn.server_id, live)),
+                Conn::Live { conn, live, version, .. } => Some((conn.server_id, (live, *version))),
                 _ => None,
             })
             .collect();
@@ -40,8 +40,9 @@ impl Registry {
                 server_id: c.server_id,
                 placeable: info.placeable,
                 forward: if c.rings.is_empty() { "seqpacket" } else { "ring" },
+                protocol: lives.get(&c.server_id).map(|(_, v)| *v),
                 counts: self.slots.since_baseline(c.slot, self.slot_counts(c.slot)),
-                live: lives.get(&c.server_id).map(|l| LiveStatus {
+                live: lives.get(&c.server_id).map(|(l, _)| LiveStatus {
                     stalled: l.stalled(),
                     stalls: l.stalls,
                     handshakes: l.handshakes,
@@ -61,7 +62,7 @@ impl Registry {
             "peers": self.peers.as_ref().map(|p| p.status_json()),
             "liveness": {
                 "stalls": self.stalls_total,
-                "stalled": lives.values().filter(|l| l.stalled()).count(),
+                "stalled": lives.values().filter(|(l, _)| l.stalled()).count(),
                 "pressure_retry_above": self.pressure.retry_above,
                 "pressure_drop_above": self.pressure.drop_above,
             },
