@@ -461,8 +461,11 @@ fn initial_flood_is_bounded_and_memory_returns() {
     }
     // Every datagram routed to the one instance was forwarded to it and read by the
     // worker: one frame per datagram, or per GRO train (the legitimate client's GSO
-    // bursts; `trains_in`, each of 2 to 64 datagrams).
-    let routed = n("/reasons/Placed") + n("/reasons/Owner") + n("/reasons/Pinned");
+    // bursts; `trains_in`, each of 2 to 64 datagrams). A datagram with no live owner
+    // (`Orphan`, `Departed`) goes to a serving instance too, for its stateless reset
+    // (proto::route, RFC 9000 §10.3).
+    let routed =
+        ["Placed", "Owner", "Pinned", "Orphan", "Departed"].iter().map(|r| n(&format!("/reasons/{r}"))).sum::<u64>();
     let (forwarded, read, trains) = (n("/instances/0/datagrams"), stat("frames"), n("/trains_in"));
     assert_eq!(forwarded, routed, "routed to the worker but not forwarded: {}", status["instances"]);
     assert!(
