@@ -287,6 +287,9 @@ pub struct H3Args {
     /// Rewrite the generated `bench h3` block of FILE (e.g. docs/benchmarks.md).
     #[arg(long, value_name = "FILE")]
     pub doc: Option<PathBuf>,
+    /// Write the chart (rates over (a)'s) to FILE (e.g. docs/benchmarks-h3.svg).
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
     /// Also write every run, the medians and the targets as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,

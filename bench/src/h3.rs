@@ -462,6 +462,79 @@ fn report(runs: &[Run], sums: &[Sum], o: &H3Args, load_start: &str, secs: f64) -
     s
 }
 
+/// A bar per contender and load: its rate (requests, connections or MB per second)
+/// over (a)'s, with lines at 1 and at the 0.9 target.
+fn svg(sums: &[Sum], kinds: &[String], loads: &[String], o: &H3Args) -> String {
+    use std::fmt::Write;
+    const LABEL_W: f64 = 250.0;
+    const BAR_W: f64 = 420.0;
+    const VALUE_W: f64 = 190.0;
+    const ROW_H: f64 = 18.0;
+    const GAP: f64 = 12.0;
+    const TOP: f64 = 50.0;
+    const MAX: f64 = 1.25;
+    let colour = |k: &str| match k {
+        "alone" => "#bbbbbb",
+        "fast" => "#4477aa",
+        "user" => "#ee6677",
+        _ => "#228833",
+    };
+    let h = TOP + loads.len() as f64 * (kinds.len() as f64 * ROW_H + GAP) + 10.0;
+    let w = LABEL_W + BAR_W + VALUE_W;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"10\" y=\"20\" font-size=\"14\" font-weight=\"bold\">HTTP/3 served per second over (a) quinn alone, median of {} (higher is better)</text>\n\
+         <text x=\"10\" y=\"38\" fill=\"#555\">dashed: the 0.9 target of (b); value: ratio, and requests/s (download: MB/s)</text>\n",
+        o.rounds.reps
+    );
+    let x_of = |r: f64| LABEL_W + r.clamp(0.0, MAX) / MAX * BAR_W;
+    let mut y = TOP;
+    for load in loads {
+        let Some(a) = find(sums, "alone", load) else { continue };
+        let v = |x: &Sum| if load == "download" { x.mbps } else { x.rate };
+        for k in kinds {
+            let Some(m) = find(sums, k, load) else { continue };
+            let r = v(m) / v(a);
+            let _ = writeln!(
+                s,
+                "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}, {} {k}</text>",
+                LABEL_W - 6.0,
+                y + ROW_H - 5.0,
+                load_name(load, o),
+                letter(k)
+            );
+            let bw = if r.is_finite() { x_of(r) - LABEL_W } else { 0.0 };
+            let _ = writeln!(
+                s,
+                "<rect x=\"{LABEL_W}\" y=\"{y}\" width=\"{bw:.1}\" height=\"{}\" fill=\"{}\"/>",
+                ROW_H - 3.0,
+                colour(k)
+            );
+            let _ = writeln!(
+                s,
+                "<text x=\"{:.1}\" y=\"{}\">{} ({})</text>",
+                LABEL_W + bw + 4.0,
+                y + ROW_H - 5.0,
+                fixed(r, 2),
+                if load == "download" { fixed(v(m), 0) } else { thousands(v(m)) }
+            );
+            y += ROW_H;
+        }
+        y += GAP;
+    }
+    for (r, dash) in [(1.0, ""), (0.9, " stroke-dasharray=\"4 3\"")] {
+        let _ = writeln!(
+            s,
+            "<line x1=\"{x:.1}\" y1=\"{TOP}\" x2=\"{x:.1}\" y2=\"{}\" stroke=\"#333\"{dash}/>",
+            y - GAP,
+            x = x_of(r)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
 pub fn main(o: H3Args) -> Result<()> {
     let t0 = Instant::now();
     if o.rounds.nice != 0 {
@@ -487,6 +560,10 @@ pub fn main(o: H3Args) -> Result<()> {
     println!("{text}");
     if let Some(p) = &o.doc {
         replace_block(p, BEGIN, END, &text)?;
+        eprintln!("wrote {}", p.display());
+    }
+    if let Some(p) = &o.svg {
+        std::fs::write(p, svg(&sums, &kinds, &o.loads, &o))?;
         eprintln!("wrote {}", p.display());
     }
     if let Some(p) = &o.json {

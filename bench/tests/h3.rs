@@ -20,7 +20,7 @@ fn every_contender_serves_every_request() {
     assert_eq!(dir_of(&demux), dir_of(bench), "demux next to bench");
     assert_eq!(dir_of(&worker), dir_of(bench), "worker next to bench");
     let dir = testkit::temp_dir("bench-h3-smoke");
-    let (json, doc) = (dir.join("h3.json"), dir.join("benchmarks.md"));
+    let (json, doc, svg) = (dir.join("h3.json"), dir.join("benchmarks.md"), dir.join("h3.svg"));
     std::fs::write(
         &doc,
         "# Benchmarks\n\nbefore\n\n<!-- bench h3: begin old -->\nold\n<!-- bench h3: end -->\n\nafter\n",
@@ -32,6 +32,8 @@ fn every_contender_serves_every_request() {
         .arg(&json)
         .arg("--doc")
         .arg(&doc)
+        .arg("--svg")
+        .arg(&svg)
         .env("BENCH_NO_BUILD", "1")
         .output()
         .expect("run bench");
@@ -76,5 +78,9 @@ fn every_contender_serves_every_request() {
     // Each results row ends with `| failed / served |`, failed 0.
     let served_rows = text.lines().filter(|l| l.starts_with("| ") && l.contains(" | 0 / ")).count();
     assert_eq!(served_rows, CONTENDERS.len() * LOADS.len(), "{text}");
+    // The chart: a bar per contender and load.
+    let chart = std::fs::read_to_string(&svg).unwrap();
+    assert!(chart.starts_with("<svg") && chart.trim_end().ends_with("</svg>"), "{chart}");
+    assert_eq!(chart.matches("<rect x=").count(), CONTENDERS.len() * LOADS.len(), "{chart}");
     let _ = std::fs::remove_dir_all(&dir);
 }
