@@ -390,6 +390,16 @@ fn load_name(load: &str, o: &H3Args) -> String {
     }
 }
 
+/// The load in a few words (the chart's labels).
+fn short_name(load: &str, o: &H3Args) -> String {
+    match load {
+        "get-1k" => "1 KiB GETs".into(),
+        "get-64k" => "64 KiB GETs".into(),
+        "new-conn" => "new connections".into(),
+        _ => format!("{} MiB download", o.download_mib),
+    }
+}
+
 fn report(runs: &[Run], sums: &[Sum], o: &H3Args, load_start: &str, secs: f64) -> String {
     let out = |c: &str, a: &[&str]| crate::report::command_output(c, a);
     let mut s = format!(
@@ -501,7 +511,7 @@ fn svg(sums: &[Sum], kinds: &[String], loads: &[String], o: &H3Args) -> String {
                 "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}, {} {k}</text>",
                 LABEL_W - 6.0,
                 y + ROW_H - 5.0,
-                load_name(load, o),
+                short_name(load, o),
                 letter(k)
             );
             let bw = if r.is_finite() { x_of(r) - LABEL_W } else { 0.0 };
