@@ -251,6 +251,8 @@ pub(crate) struct Run {
     pub(crate) round: usize,
     pub(crate) m: Measured,
     pub(crate) fast_active: bool,
+    /// Server processes whose CPU time was summed.
+    pub(crate) processes: usize,
 }
 
 impl Run {
@@ -288,7 +290,7 @@ impl Run {
             "secs": self.m.secs, "rate": self.rate(), "mb_per_s": self.mbps(),
             "server_cpu_us_per_request_or_mb": self.server_us(), "server_cores": self.server_cores(),
             "client_cores": self.client_cores(), "p50_us": self.pct(0.5), "p99_us": self.pct(0.99),
-            "p999_us": self.pct(0.999), "fast_path_active": self.fast_active, "errors": self.m.errors,
+            "p999_us": self.pct(0.999), "fast_path_active": self.fast_active, "server_processes": self.processes, "errors": self.m.errors,
         })
     }
 }
@@ -604,6 +606,13 @@ fn run_contender(
     runs: &mut Vec<Run>,
 ) -> Result<()> {
     let server = Server::start(kind, o, bins, id, dir)?;
+    eprintln!(
+        "round {} {} {kind}: {} server process(es) on {}",
+        round + 1,
+        letter(kind),
+        server.pids.len(),
+        server.addr
+    );
     let two = kind == "two";
     let result = (|| -> Result<()> {
         let client = if two {
@@ -620,7 +629,14 @@ fn run_contender(
                 "new-conn" => client.new_connections(o.handshakes, o.seconds, &cpu)?,
                 _ => client.download(o.download_mib << 20, &cpu)?,
             };
-            let r = Run { kind: kind.to_string(), load: load.clone(), round, m, fast_active: server.fast_active };
+            let r = Run {
+                kind: kind.to_string(),
+                load: load.clone(),
+                round,
+                m,
+                fast_active: server.fast_active,
+                processes: server.pids.len(),
+            };
             eprintln!(
                 "round {} {} {:<5} {:<8} {:>9.1}/s {:>8.1} MB/s; server {:.1} µs/request ({:.2} cores), client {:.2} cores; p50 {:.0} p99 {:.0} p99.9 {:.0} µs; {} of {} served{}",
                 round + 1, letter(kind), kind, load, r.rate(), r.mbps(), r.server_us(), r.server_cores(),

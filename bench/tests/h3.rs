@@ -49,6 +49,14 @@ fn every_contender_serves_every_request() {
             let what = format!("{c} {l}: {r}");
             assert!(n("ok") >= 1.0, "{what}");
             assert_eq!((n("failed"), n("ok")), (0.0, n("issued")), "every request served: {what}");
+            // Every server process is measured: the worker alone; the controller, the
+            // data plane and each worker of the appliance.
+            let processes = match c {
+                "alone" => 1.0,
+                "two" => 4.0,
+                _ => 3.0,
+            };
+            assert_eq!(n("server_processes"), processes, "{what}");
             let size = match l {
                 "get-64k" => 65536.0,
                 "download" => 4.0 * 1048576.0,
