@@ -26,7 +26,7 @@
 //! while the contender is stopped, then it drains; its CPU time and the wall time of
 //! the drain per datagram, uncoalesced and in GRO trains.
 //!
-//! `cargo run --release -p bench -- h3 [--seconds S] [--reps N] [--contenders alone,fast,user,two] [--loads get-1k,get-64k,new-conn,download] [--doc FILE] [--json FILE]`
+//! `cargo run --release -p bench -- h3 [--seconds S] [--reps N] [--contenders alone,fast,user,two] [--loads get-1k,get-64k,new-conn,download] [--doc FILE] [--svg FILE] [--json FILE]`
 //!
 //! HTTP/3 through the appliance against quinn alone (h3.rs, the client in
 //! h3_load.rs): requests/s, new connections/s and MB/s, server CPU per request and
