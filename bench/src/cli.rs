@@ -14,6 +14,16 @@ pub const CONTENDERS: [&str; 5] = ["floor", "baseline", "demux-uring", "demux-mm
 /// SEQPACKET, the user path with `--forward ring`.
 pub const FASTPATH_CONTENDERS: [&str; 4] = ["floor", "fast", "seqpacket", "ring"];
 
+/// The contenders of `bench h3`, in their default order: (a) `alone`, one `worker
+/// --listen` on quinn's own socket; the appliance (`demux --state-dir`) with (b)
+/// `fast`, one worker and the fast path on, (c) `user`, one worker and the fast path
+/// off, (d) `two`, two workers and a shard on each of the two cores.
+pub const H3_CONTENDERS: [&str; 4] = ["alone", "fast", "user", "two"];
+
+/// The loads of `bench h3`, in order: 1 KiB and 64 KiB GETs on established
+/// connections, new connections (one small GET each), one large download.
+pub const H3_LOADS: [&str; 4] = ["get-1k", "get-64k", "new-conn", "download"];
+
 /// The contenders of `bench saturation`, in their default order: the recv-and-drop
 /// floor, the per-datagram baseline, the demux's user path (io_uring, `--fast-path
 /// off`) with `--forward seqpacket` and with `--forward ring`, and the demux answering
@@ -71,6 +81,16 @@ pub enum Command {
     /// process (and, separately, the sender's), one-way latency at 25/50/75 % of the
     /// floor's unpaced rate. Prints Markdown; `--doc`/`--svg` write it into the docs.
     Fastpath(FastpathArgs),
+    /// HTTP/3 through the appliance against quinn alone: requests/s, connections/s, MB/s.
+    ///
+    /// (a) one `worker --listen` (quinn's own UDP socket), (b) the appliance with one
+    /// worker and the fast path, (c) without the fast path, (d) with two workers on
+    /// two cores; an in-process quinn/h3 client on the other core offers 1 KiB and
+    /// 64 KiB GETs over established connections, new connections (one small GET
+    /// each, full handshakes) and one large download. Server CPU (every server
+    /// process) per request, latency percentiles, medians over rotating rounds.
+    /// Prints Markdown; `--doc` writes it into docs/benchmarks.md.
+    H3(H3Args),
     /// Capacity at saturation: queue datagrams while the contender is stopped, then time its drain.
     ///
     /// Floor, baseline, and the demux's user path with SEQPACKET and with ring
@@ -236,6 +256,43 @@ pub struct FastpathArgs {
     /// `bpftool prog show`); adds two clock reads to every eBPF program run meanwhile.
     #[arg(long)]
     pub bpf_stats: bool,
+}
+
+/// `bench h3`. A list flag given twice: the last one wins.
+#[derive(Debug, Args)]
+#[command(args_override_self = true)]
+pub struct H3Args {
+    /// Seconds of each timed load (per contender, load and round).
+    #[arg(long, value_name = "S", default_value_t = 3.0, value_parser = positive_f64)]
+    pub seconds: f64,
+    /// Contenders to run, comma-separated.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
+          value_parser = H3_CONTENDERS, default_value = "alone,fast,user,two")]
+    pub contenders: Vec<String>,
+    /// Loads to offer, comma-separated.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
+          value_parser = H3_LOADS, default_value = "get-1k,get-64k,new-conn,download")]
+    pub loads: Vec<String>,
+    /// Established connections of the GET loads (one request in flight on each).
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = positive_usize)]
+    pub connections: usize,
+    /// New-connection load: connections being opened at once.
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = positive_usize)]
+    pub handshakes: usize,
+    /// Size of the download, in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 256, value_parser = positive_u64)]
+    pub download_mib: u64,
+    #[command(flatten)]
+    pub rounds: Rounds,
+    /// Rewrite the generated `bench h3` block of FILE (e.g. docs/benchmarks.md).
+    #[arg(long, value_name = "FILE")]
+    pub doc: Option<PathBuf>,
+    /// Write the chart (rates over (a)'s) to FILE (e.g. docs/benchmarks-h3.svg).
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// Also write every run, the medians and the targets as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
 }
 
 /// `bench saturation`. A list flag given twice: the last one wins.

@@ -26,6 +26,13 @@
 //! while the contender is stopped, then it drains; its CPU time and the wall time of
 //! the drain per datagram, uncoalesced and in GRO trains.
 //!
+//! `cargo run --release -p bench -- h3 [--seconds S] [--reps N] [--contenders alone,fast,user,two] [--loads get-1k,get-64k,new-conn,download] [--doc FILE] [--svg FILE] [--json FILE]`
+//!
+//! HTTP/3 through the appliance against quinn alone (h3.rs, the client in
+//! h3_load.rs): requests/s, new connections/s and MB/s, server CPU per request and
+//! latency percentiles, (a) `worker --listen` against the appliance with one worker
+//! (fast path on, off) and with two.
+//!
 //! `bench floor-server …` and `bench baseline-server …` are the contenders `all`
 //! starts as subprocesses (see servers.rs).
 
@@ -34,6 +41,8 @@ mod cli;
 mod dataplane;
 mod fastpath;
 mod forward;
+mod h3;
+mod h3_load;
 mod load;
 mod report;
 mod saturation;
@@ -50,6 +59,7 @@ fn main() {
         Command::Forward(a) => forward::main(a),
         Command::Fastpath(a) => fastpath::main(a),
         Command::Saturation(a) => saturation::main(a),
+        Command::H3(a) => h3::main(a),
         Command::FloorServer(a) => servers::floor(a),
         Command::BaselineServer(a) => servers::baseline(a),
         Command::RetryFloorServer(a) => servers::retry_floor(a),

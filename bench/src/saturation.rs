@@ -313,7 +313,7 @@ fn raise_queue(pid: u32, port: u16, bytes: u64) -> Result<()> {
     Ok(())
 }
 
-fn signal(pid: u32, sig: libc::c_int) -> Result<()> {
+pub(crate) fn signal(pid: u32, sig: libc::c_int) -> Result<()> {
     // SAFETY: a signal to our own child.
     if unsafe { libc::kill(pid as libc::pid_t, sig) } != 0 {
         bail!("kill({pid}, {sig}): {}", std::io::Error::last_os_error());

@@ -283,6 +283,7 @@ sections! {
 /// Worker flags that have no `[workers]` key, and why (the drift test in
 /// demux/tests/config.rs checks every other worker flag has one).
 pub const WORKER_FLAGS_WITHOUT_KEY: &[(&str, &str)] = &[
+    ("listen", "workers alone only (no data plane): the controller's workers serve its sockets"),
     ("server-id", "standalone workers only: the controller assigns the id"),
     ("keys", "standalone workers only: the controller sends the keys"),
     ("data-socket", "the controller's workers use DIR/data.sock"),

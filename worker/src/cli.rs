@@ -9,6 +9,23 @@ use std::time::Duration;
 
 use crate::h3_server;
 
+/// Flags (clap ids) that make no sense without the data plane and are refused with
+/// `--listen`: the data connection, the controller link, the ADR 0001 keys and
+/// connection IDs, the fast path and rings, and echo mode (which echoes forwarded
+/// frames).
+pub const LISTEN_CONFLICTS: &[&str] = &[
+    "server_id",
+    "keys",
+    "data_socket",
+    "server_id_from_controller",
+    "control",
+    "controller_grace",
+    "fast_path",
+    "rings",
+    "cid_lifetime",
+    "echo",
+];
+
 /// `--version`: the package version, the git commit and the wire-format versions.
 pub static VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     proto::wire_version::version_line(env!("CARGO_PKG_VERSION"), env!("QUICDEMUX_GIT_COMMIT"))
@@ -22,6 +39,10 @@ pub static VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     args_override_self = true
 )]
 pub struct Args {
+    /// Serve HTTP/3 alone on this UDP address (port 0: any free port), on quinn's own
+    /// socket: no data plane, no controller (docs/operations.md "A worker alone").
+    #[arg(long, value_name = "ADDR:PORT", conflicts_with_all = LISTEN_CONFLICTS)]
+    pub listen: Option<std::net::SocketAddr>,
     /// This instance's 16-bit server id (ADR 0001); standalone mode.
     #[arg(long, value_name = "N")]
     pub server_id: Option<u16>,

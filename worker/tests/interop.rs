@@ -14,10 +14,6 @@ use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
 
-fn tool_exists(cmd: &str, args: &[&str]) -> bool {
-    Command::new(cmd).args(args).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok()
-}
-
 /// A demux with two workers. gtlsclient and aioquic do not verify the certificate
 /// here, so the workers make their own self-signed certificates at start (rcgen).
 fn setup(tag: &str) -> (Demux, Vec<Worker>) {
@@ -68,31 +64,6 @@ fn assert_fast_path_carried(d: &Demux, what: &str) {
     let owner = d.reason("Owner");
     assert!(fast >= 50, "{what}: {fast} datagrams on the fast path: {fp}");
     assert!(owner * 10 < fast, "{what}: the user path routed {owner} Owner datagrams vs {fast} fast ones");
-}
-
-/// (length, whether byte i == i mod 256 throughout), reading 64 KiB at a time.
-fn check_pattern(file: &Path) -> (u64, bool) {
-    use std::io::Read;
-    let pattern: Vec<u8> = (0..65536usize).map(|i| i as u8).collect();
-    let Ok(mut f) = std::fs::File::open(file) else { return (0, false) };
-    let mut buf = vec![0u8; 65536];
-    let (mut len, mut ok) = (0u64, true);
-    loop {
-        // Fill whole chunks so every chunk starts at a multiple of 65536.
-        let mut got = 0;
-        while got < buf.len() {
-            match f.read(&mut buf[got..]) {
-                Ok(0) => break,
-                Ok(k) => got += k,
-                Err(_) => return (len, false),
-            }
-        }
-        if got == 0 {
-            return (len, ok);
-        }
-        ok &= buf[..got] == pattern[..got];
-        len += got as u64;
-    }
 }
 
 fn run_with_timeout(mut cmd: Command, t: Duration) -> (bool, String) {
@@ -163,17 +134,6 @@ fn gtlsclient_nat_rebinding() {
     gtlsclient_get(&d, &["--change-local-addr=50ms", "--nat-rebinding", "--delay-stream=300ms"]);
     assert_eq!((d.reason("Orphan"), d.reason("Departed")), (0, 0));
     assert_fast_path_carried(&d, "gtlsclient rebinding");
-}
-
-/// Whether aioquic is installed (prints why a test skips when it is not).
-fn have_aioquic() -> bool {
-    let have = Command::new("python3")
-        .args(["-c", "import aioquic"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    have_tool(have, "aioquic (pip install aioquic)")
 }
 
 /// Runs the aioquic client for `/bytes/1048576` (with `extra` flags, at most 40 s):

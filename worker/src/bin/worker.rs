@@ -4,6 +4,9 @@
 //! [--root DIR] [--retry] [--echo] [--drain-timeout SECS] [--fast-path on|off]`.
 //! Under the controller: `worker --server-id-from-controller --control PATH
 //! --data-socket PATH [...]` (server id and keys from `Assign`).
+//! Alone: `worker --listen ADDR:PORT [--cert C --key K] [--root DIR] [...]` serves
+//! the same HTTP/3 on quinn's own UDP socket, no data plane (docs/operations.md
+//! "A worker alone").
 //! SIGTERM (or SIGINT) drains gracefully (docs/worker.md); a second one exits at once.
 
 use anyhow::{anyhow, Context};
@@ -64,6 +67,9 @@ fn plain_or_event(json: bool, line: &str) {
 }
 
 async fn run(a: Args) -> anyhow::Result<()> {
+    if let Some(addr) = a.listen {
+        return run_listen(a, addr).await;
+    }
     let (server_id, secrets, control) = if a.server_id_from_controller {
         let path =
             a.control.clone().ok_or_else(|| anyhow!("--control PATH is required with --server-id-from-controller"))?;
@@ -129,36 +135,11 @@ async fn run(a: Args) -> anyhow::Result<()> {
         return Ok(());
     }
 
-    let identity = match (&a.cert, &a.key) {
-        (Some(c), Some(k)) => Identity::load_pem(c, k)?,
-        _ => Identity::self_signed(&["localhost"])?,
-    };
-    let crypto = tls::server_crypto(identity, &[ALPN_H3, ALPN_HQ])?;
-    let mut sc = quinn::ServerConfig::with_crypto(crypto);
-    let mut transport = quinn::TransportConfig::default();
-    transport.max_idle_timeout(Some(quinn::IdleTimeout::from(quinn::VarInt::from_u32(30_000))));
-    sc.transport_config(Arc::new(transport));
-    let limits = worker::Limits {
-        max_incoming: a.max_incoming.max(1),
-        incoming_buffer_size: a.incoming_buffer_size,
-        incoming_buffer_size_total: a.incoming_buffer_size_total,
-        cid_lifetime: (!a.cid_lifetime.is_zero()).then_some(a.cid_lifetime),
-    };
-    let att = worker::endpoint_on_with(Arc::clone(&socket), server_id, &secrets, sc, &limits)?;
+    let att = worker::endpoint_on_with(Arc::clone(&socket), server_id, &secrets, server_config(&a)?, &limits(&a))?;
 
     let drain = Drain::new();
-    let opts = ServerOptions {
-        root: a.root.clone(),
-        retry: a.retry,
-        max_handshakes: a.max_handshakes,
-        handshake_timeout: a.handshake_timeout,
-        ..ServerOptions::new(server_id)
-    };
-    let ctx = Ctx::new(opts, drain.clone())?;
-    let trimmer = a.malloc_trim.then(|| {
-        let d = drain.clone();
-        tokio::spawn(worker::alloc::trim_after_peaks(move || d.open_connections(), Duration::from_secs(1)))
-    });
+    let ctx = Ctx::new(server_options(&a, server_id), drain.clone())?;
+    let trimmer = spawn_trimmer(&a, &drain);
     let server = tokio::spawn(h3_server::serve(att.endpoint.clone(), Arc::clone(&ctx)));
     // Key rotations from the controller (ADR 0001); re-registration when it is lost.
     let mut lost = match &control {
@@ -193,22 +174,8 @@ async fn run(a: Args) -> anyhow::Result<()> {
             tracing::warn!(error = %e, "could not send Draining to the controller");
         }
     }
-    drain.start();
-    let deadline = Duration::from_secs(a.drain_timeout);
-    let finished = tokio::select! {
-        r = tokio::time::timeout(deadline, drain.idle()) => r.is_ok(),
-        _ = term.recv() => false,
-        _ = int.recv() => false,
-    };
-    if !finished {
-        tracing::warn!(open = drain.open_connections(), "drain timeout: closing the remaining connections");
-    }
-    att.endpoint.close(quinn::VarInt::from_u32(H3_NO_ERROR), b"shutting down");
-    let _ = tokio::time::timeout(Duration::from_secs(2), att.endpoint.wait_idle()).await;
-    server.abort();
-    if let Some(t) = trimmer {
-        t.abort();
-    }
+    let finished = drain_until_idle(&drain, Duration::from_secs(a.drain_timeout), &mut term, &mut int).await;
+    close_endpoint(&att.endpoint, &drain, finished, server, trimmer).await;
     // Closing the data connection makes the server id dead at once.
     data.close();
     let s = &ctx.stats;
@@ -252,10 +219,139 @@ async fn run(a: Args) -> anyhow::Result<()> {
 }
 
 fn write_ready(a: &Args, id: ServerId) -> anyhow::Result<()> {
+    write_ready_text(a, &format!("ready {id}\n"))
+}
+
+/// Writes `text` to `--ready-file` (atomically: a temporary file renamed).
+fn write_ready_text(a: &Args, text: &str) -> anyhow::Result<()> {
     if let Some(p) = &a.ready_file {
         let tmp = p.with_extension("tmp");
-        std::fs::write(&tmp, format!("ready {id}\n")).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
         std::fs::rename(&tmp, p).with_context(|| format!("renaming to {}", p.display()))?;
+    }
+    Ok(())
+}
+
+/// The TLS identity (`--cert/--key`, else a fresh self-signed `localhost` one),
+/// ALPNs h3 and hq-interop, and a 30 s idle timeout.
+fn server_config(a: &Args) -> anyhow::Result<quinn::ServerConfig> {
+    let identity = match (&a.cert, &a.key) {
+        (Some(c), Some(k)) => Identity::load_pem(c, k)?,
+        _ => Identity::self_signed(&["localhost"])?,
+    };
+    let crypto = tls::server_crypto(identity, &[ALPN_H3, ALPN_HQ])?;
+    let mut sc = quinn::ServerConfig::with_crypto(crypto);
+    let mut transport = quinn::TransportConfig::default();
+    transport.max_idle_timeout(Some(quinn::IdleTimeout::from(quinn::VarInt::from_u32(30_000))));
+    sc.transport_config(Arc::new(transport));
+    Ok(sc)
+}
+
+fn limits(a: &Args) -> worker::Limits {
+    worker::Limits {
+        max_incoming: a.max_incoming.max(1),
+        incoming_buffer_size: a.incoming_buffer_size,
+        incoming_buffer_size_total: a.incoming_buffer_size_total,
+        cid_lifetime: (!a.cid_lifetime.is_zero()).then_some(a.cid_lifetime),
+    }
+}
+
+fn server_options(a: &Args, server_id: ServerId) -> ServerOptions {
+    ServerOptions {
+        root: a.root.clone(),
+        retry: a.retry,
+        max_handshakes: a.max_handshakes,
+        handshake_timeout: a.handshake_timeout,
+        ..ServerOptions::new(server_id)
+    }
+}
+
+fn spawn_trimmer(a: &Args, drain: &Drain) -> Option<tokio::task::JoinHandle<()>> {
+    a.malloc_trim.then(|| {
+        let d = drain.clone();
+        tokio::spawn(worker::alloc::trim_after_peaks(move || d.open_connections(), Duration::from_secs(1)))
+    })
+}
+
+/// Starts the drain (worker/src/drain.rs: GOAWAY everywhere) and waits at most
+/// `deadline` (or until a second signal) for every connection to finish; whether
+/// they all did.
+async fn drain_until_idle(
+    drain: &Drain,
+    deadline: Duration,
+    term: &mut tokio::signal::unix::Signal,
+    int: &mut tokio::signal::unix::Signal,
+) -> bool {
+    drain.start();
+    tokio::select! {
+        r = tokio::time::timeout(deadline, drain.idle()) => r.is_ok(),
+        _ = term.recv() => false,
+        _ = int.recv() => false,
+    }
+}
+
+/// Closes what the drain left open, waits (briefly) for the closes to go out and
+/// stops the server's tasks.
+async fn close_endpoint(
+    endpoint: &quinn::Endpoint,
+    drain: &Drain,
+    finished: bool,
+    server: tokio::task::JoinHandle<()>,
+    trimmer: Option<tokio::task::JoinHandle<()>>,
+) {
+    if !finished {
+        tracing::warn!(open = drain.open_connections(), "drain timeout: closing the remaining connections");
+    }
+    endpoint.close(quinn::VarInt::from_u32(H3_NO_ERROR), b"shutting down");
+    let _ = tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await;
+    server.abort();
+    if let Some(t) = trimmer {
+        t.abort();
+    }
+}
+
+/// `--listen`: the same HTTP/3 server on a quinn endpoint of its own (quinn's UDP
+/// path: quinn-udp with GSO and GRO), no data plane and no controller. quinn's own
+/// connection IDs (no ADR 0001 keys: nothing routes by them) and a random token
+/// key; the server id in `x-server-id` and `/health` is 0. The ready file gets
+/// `udp ADDR:PORT`, the bound address (port 0 picks one).
+async fn run_listen(a: Args, addr: std::net::SocketAddr) -> anyhow::Result<()> {
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let mut sc = server_config(&a)?;
+    limits(&a).apply(&mut sc);
+    let endpoint = quinn::Endpoint::server(sc, addr).with_context(|| format!("--listen {addr}"))?;
+    let local = endpoint.local_addr().context("the bound address")?;
+    let drain = Drain::new();
+    let ctx = Ctx::new(server_options(&a, ServerId(0)), drain.clone())?;
+    let trimmer = spawn_trimmer(&a, &drain);
+    let server = tokio::spawn(h3_server::serve(endpoint.clone(), Arc::clone(&ctx)));
+    write_ready_text(&a, &format!("udp {local}\n"))?;
+    tracing::info!(%local, retry = a.retry, "serving HTTP/3 alone (--listen)");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::info!(open = drain.open_connections(), "draining");
+    let finished = drain_until_idle(&drain, Duration::from_secs(a.drain_timeout), &mut term, &mut int).await;
+    close_endpoint(&endpoint, &drain, finished, server, trimmer).await;
+    let s = &ctx.stats;
+    let line = format!(
+        "worker exit: listen={local} connections={} requests={} ok={} retries={} refused={} overload_retries={} \
+         overload_ignored={} handshake_timeouts={} drained={finished}",
+        s.connections.load(Ordering::Relaxed),
+        s.requests.load(Ordering::Relaxed),
+        s.responses_ok.load(Ordering::Relaxed),
+        s.retries_sent.load(Ordering::Relaxed),
+        s.refused_incoming.load(Ordering::Relaxed),
+        s.overload_retries.load(Ordering::Relaxed),
+        s.overload_ignored.load(Ordering::Relaxed),
+        s.handshake_timeouts.load(Ordering::Relaxed),
+    );
+    if a.log_format == "json" {
+        tracing::info!(target: "worker", line, "worker exit");
+    } else {
+        eprintln!("{line}");
     }
     Ok(())
 }

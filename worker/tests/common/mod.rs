@@ -251,3 +251,44 @@ impl Drop for Worker {
         testkit::bin::kill_and_reap(&mut self.child);
     }
 }
+
+/// Whether `cmd args` runs at all (the tool is installed).
+pub fn tool_exists(cmd: &str, args: &[&str]) -> bool {
+    Command::new(cmd).args(args).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok()
+}
+
+/// (length, whether byte i == i mod 256 throughout), reading 64 KiB at a time.
+pub fn check_pattern(file: &Path) -> (u64, bool) {
+    use std::io::Read;
+    let pattern: Vec<u8> = (0..65536usize).map(|i| i as u8).collect();
+    let Ok(mut f) = std::fs::File::open(file) else { return (0, false) };
+    let mut buf = vec![0u8; 65536];
+    let (mut len, mut ok) = (0u64, true);
+    loop {
+        // Fill whole chunks so every chunk starts at a multiple of 65536.
+        let mut got = 0;
+        while got < buf.len() {
+            match f.read(&mut buf[got..]) {
+                Ok(0) => break,
+                Ok(k) => got += k,
+                Err(_) => return (len, false),
+            }
+        }
+        if got == 0 {
+            return (len, ok);
+        }
+        ok &= buf[..got] == pattern[..got];
+        len += got as u64;
+    }
+}
+
+/// Whether aioquic is installed (prints why a test skips when it is not).
+pub fn have_aioquic() -> bool {
+    let have = Command::new("python3")
+        .args(["-c", "import aioquic"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    have_tool(have, "aioquic (pip install aioquic)")
+}
