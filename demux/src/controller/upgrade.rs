@@ -436,7 +436,12 @@ impl Ctl {
                 if self.lc.phase().kind() != PhaseKind::Serving {
                     return Some(stage);
                 }
-                if self.lifecycle(Event::Reload) {
+                let new_ones_left = self.lc.workers().iter().any(|w| {
+                    w.managed()
+                        && !matches!(w.phase(), WorkerPhase::Retiring { .. } | WorkerPhase::Exited)
+                        && u.new_workers.contains(&w.pid())
+                });
+                if new_ones_left && self.lifecycle(Event::Reload) {
                     Some(RollBack::Workers)
                 } else {
                     None

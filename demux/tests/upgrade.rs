@@ -1,0 +1,310 @@
+//! Upgrades across real processes (docs/operations.md "Upgrading"): `demux upgrade`
+//! moves a running appliance to other binaries — the data plane on the same
+//! sockets, the workers one at a time, the controller by re-executing itself —
+//! while downloads and new requests run, and rolls back when a step fails.
+//!
+//! "Another build" is this one relabelled with the hidden test flag
+//! `--protocol-version V` (a build that differs only in its version number,
+//! docs/wire.md "Versions"): a wrapper script per build that `exec`s this build's
+//! `demux` or `worker` with the flag last, so every process started from the
+//! wrapper — the controller, the data plane it starts, `check-state`, the workers —
+//! speaks V.
+#![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
+
+#[path = "controller_support/mod.rs"]
+mod support;
+
+use proto::wire::{Window, PROTOCOL_VERSION};
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+use support::*;
+
+const V: u8 = PROTOCOL_VERSION;
+/// Each in-flight download (the 8 × 32 MiB), read at most this fast so
+/// that all of them span the upgrade on two shared cores.
+const DOWNLOADS: usize = 8;
+const DOWNLOAD_BYTES: u64 = 32 << 20;
+const DOWNLOAD_RATE: u64 = 4 << 20;
+
+/// The binaries of one "build": wrappers of this build's `demux` and `worker`.
+struct Build {
+    demux: PathBuf,
+    worker: PathBuf,
+    version: u8,
+}
+
+fn script(path: &Path, body: &str) {
+    std::fs::write(path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// The build of protocol version `version` in `dir`.
+fn build(dir: &Path, version: u8) -> Build {
+    let demux = dir.join(format!("demux-v{version}"));
+    let worker = dir.join(format!("worker-v{version}"));
+    script(&demux, &format!("exec {DEMUX} \"$@\" --protocol-version {version}"));
+    script(&worker, &format!("exec {} \"$@\" --protocol-version {version}", worker_bin().display()));
+    Build { demux, worker, version }
+}
+
+/// A controller of `b` with two workers of `b`.
+fn start(tag: &str, b: &Build) -> Controller {
+    let worker = b.worker.display().to_string();
+    Controller::start_as(tag, 2, &b.demux, &["--worker-bin", &worker])
+}
+
+/// `demux upgrade --state-dir DIR …` (this build's operator tool).
+fn upgrade(c: &Controller, demux: &Path, worker: &Path) -> Output {
+    Command::new(DEMUX)
+        .args(["upgrade", "--timeout", "120", "--state-dir"])
+        .arg(&c.state)
+        .arg("--demux-bin")
+        .arg(demux)
+        .arg("--worker-bin")
+        .arg(worker)
+        .stdin(Stdio::null())
+        .output()
+        .expect("demux upgrade")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// Whether `pid` runs build V: the last `--protocol-version` of its command line
+/// (the one in force) says V.
+fn runs_version(pid: i64, v: u8) -> bool {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    let last = args.iter().rposition(|a| *a == b"--protocol-version");
+    last.and_then(|i| args.get(i + 1)).is_some_and(|a| *a == v.to_string().as_bytes())
+}
+
+/// `DOWNLOADS` downloads of `DOWNLOAD_BYTES`, each on a connection of its own.
+struct Downloads(Vec<tokio::task::JoinHandle<Result<Resp, String>>>);
+
+impl Downloads {
+    fn start(rt: &tokio::runtime::Runtime, addr: SocketAddr, cert: &Cert) -> Downloads {
+        let ep = {
+            let _g = rt.enter();
+            client_endpoint(cert)
+        };
+        Downloads(
+            (0..DOWNLOADS)
+                .map(|_| {
+                    let ep = ep.clone();
+                    rt.spawn(async move {
+                        let mut h = H3::connect(&ep, addr).await.map_err(|e| format!("connect: {e}"))?;
+                        let r = h
+                            .get_paced(&format!("/bytes/{DOWNLOAD_BYTES}"), Some(DOWNLOAD_RATE))
+                            .await
+                            .map_err(|e| format!("{e:?}"))?;
+                        h.close();
+                        Ok(r)
+                    })
+                })
+                .collect(),
+        )
+    }
+
+    /// How many completed 200, full length, every byte as generated.
+    fn finish(self, rt: &tokio::runtime::Runtime) -> (usize, Vec<String>) {
+        let mut ok = 0;
+        let mut bad = Vec::new();
+        for t in self.0 {
+            match rt.block_on(async { tokio::time::timeout(Duration::from_secs(120), t).await }) {
+                Ok(Ok(Ok(r))) if r.status == 200 && r.len == DOWNLOAD_BYTES && r.pattern_ok => ok += 1,
+                other => bad.push(format!("{other:?}")),
+            }
+        }
+        (ok, bad)
+    }
+}
+
+/// Upgrades `c` from `from` to `to` while the downloads and a loop of new requests
+/// run: the upgrade succeeds, nothing fails, and afterwards only `to`'s processes
+/// serve (the data plane, every worker and the controller itself, in the same pid).
+fn upgrade_under_load(tag: &str, from_v: u8, to_v: u8) {
+    let _s = serial();
+    let dir = temp_dir(tag);
+    let (from, to) = (build(&dir, from_v), build(&dir, to_v));
+    let mut c = start(tag, &from);
+    let rt = runtime();
+    let addr = c.addr();
+    let controller_pid = c.child.id() as i64;
+    let (dp0, workers0) = (c.dataplane_pid(), c.workers());
+    assert!(runs_version(controller_pid, from.version) && runs_version(dp0, from.version), "{}", c.logs());
+    let load = Load::start(&rt, addr, &c.cert, 2, "/bytes/16384");
+    load.wait_progress(10, Duration::from_secs(30));
+    let downloads = Downloads::start(&rt, addr, &c.cert);
+    std::thread::sleep(Duration::from_millis(500));
+
+    let t = Instant::now();
+    let out = upgrade(&c, &to.demux, &to.worker);
+    let took = t.elapsed();
+    assert!(out.status.success(), "upgrade: {}{}", text(&out), c.logs());
+    assert!(text(&out).contains("upgraded"), "{}", text(&out));
+    load.wait_progress(10, Duration::from_secs(30));
+    let (ok, bad) = downloads.finish(&rt);
+    let (served, failed, failures) = load.finish(&rt);
+    eprintln!(
+        "upgrade v{from_v} -> v{to_v}: {took:?}; {ok}/{DOWNLOADS} downloads of {DOWNLOAD_BYTES} B; {served} requests"
+    );
+    assert_eq!((ok, bad.len()), (DOWNLOADS, 0), "{bad:?}{}", c.logs());
+    assert_eq!(failed, 0, "{failures:?}{}", c.logs());
+
+    // Only the new build's processes: the controller (same pid), the data plane
+    // (lb-status: its pid and window) and every worker (each data connection
+    // negotiated the new version).
+    assert_eq!(c.child.id() as i64, controller_pid);
+    assert!(c.child.try_wait().unwrap().is_none(), "the controller runs on{}", c.logs());
+    assert!(runs_version(controller_pid, to.version), "the controller re-executed the new build{}", c.logs());
+    let st = c.status_wait();
+    let lb = c.lb_wait();
+    let dp = lb["pid"].as_i64().unwrap();
+    assert_ne!(dp, dp0, "a new data plane");
+    assert_eq!(st["dataplane"]["pid"].as_i64(), Some(dp), "{st}");
+    assert!(runs_version(dp, to.version), "the data plane runs the new build");
+    assert_eq!(lb["protocol"]["newest"].as_u64(), Some(u64::from(to.version)), "{lb}");
+    let workers = c.workers();
+    assert_eq!(workers.len(), 2, "{workers:?}");
+    for (id, pid, state) in &workers {
+        assert_eq!(state, "ready");
+        assert!(!workers0.iter().any(|w| w.1 == *pid), "an old worker {pid} still registered: {workers:?}");
+        assert!(runs_version(*pid, to.version), "worker {pid} (server id {id}) runs the new build");
+    }
+    for (_, pid, _) in &workers0 {
+        assert!(!alive(*pid), "old worker {pid} exited");
+    }
+    assert!(!alive(dp0), "the old data plane exited");
+    let mut instances: Vec<(u64, u64)> = lb["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i["server_id"].as_u64().unwrap(), i["protocol"].as_u64().unwrap()))
+        .collect();
+    instances.sort();
+    let mut want: Vec<(u64, u64)> = workers.iter().map(|w| (w.0, u64::from(to.version))).collect();
+    want.sort();
+    assert_eq!(instances, want, "only the new workers' instances, in the new version: {lb}");
+    // The new controller serves: a request, and it stops cleanly.
+    let load = Load::start(&rt, addr, &c.cert, 1, "/bytes/1000");
+    load.wait_progress(3, Duration::from_secs(20));
+    assert_eq!(load.finish(&rt).1, 0);
+    assert!(c.stop(Duration::from_secs(60)), "the upgraded controller stops cleanly{}", c.logs());
+}
+
+#[test]
+fn upgrade_to_a_newer_build_keeps_every_download() {
+    upgrade_under_load("upg-up", V, V + 1);
+}
+
+#[test]
+fn downgrade_within_the_window_keeps_every_download() {
+    upgrade_under_load("upg-down", V + 1, V);
+}
+
+/// What must not change when an upgrade is refused: the processes and server ids.
+fn snapshot(c: &Controller) -> (i64, Vec<(u64, i64, String)>, u64) {
+    (c.dataplane_pid(), c.workers(), c.status_wait()["next_server_id"].as_u64().unwrap())
+}
+
+/// A build two versions newer shares no version with the running one: refused at
+/// the preflight with the documented error naming both, and the appliance is
+/// untouched (same data plane, workers, ids; load unbroken). So is a state
+/// directory of a newer format (a downgrade across a format change).
+#[test]
+fn a_gap_of_two_and_a_newer_state_format_are_refused_untouched() {
+    let _s = serial();
+    let dir = temp_dir("upg-gap");
+    let (a, gap) = (build(&dir, V), build(&dir, V + 2));
+    let mut c = start("upg-gap", &a);
+    let rt = runtime();
+    let load = Load::start(&rt, c.addr(), &c.cert, 2, "/bytes/16384");
+    load.wait_progress(10, Duration::from_secs(30));
+    let before = snapshot(&c);
+
+    let out = upgrade(&c, &gap.demux, &gap.worker);
+    let want =
+        format!("protocol version {} not supported: this build speaks {}", V + 2, Window::ending_at(V));
+    assert!(!out.status.success() && text(&out).contains(&want), "{}", text(&out));
+    assert!(text(&out).contains("nothing changed"), "{}", text(&out));
+
+    // A state directory written by a newer build (format 2): this build refuses it.
+    let format = c.state.join("state-format");
+    let ours = std::fs::read_to_string(&format).unwrap();
+    assert_eq!(ours, "quicdemux-state 1\n");
+    std::fs::write(&format, "quicdemux-state 2\n").unwrap();
+    let out = upgrade(&c, &a.demux, &a.worker);
+    assert!(
+        !out.status.success() && text(&out).contains("state format 2, newer than this build's 1"),
+        "{}",
+        text(&out)
+    );
+    std::fs::write(&format, ours).unwrap();
+
+    load.wait_progress(10, Duration::from_secs(30));
+    assert_eq!(snapshot(&c), before, "untouched{}", c.logs());
+    let (_, failed, failures) = load.finish(&rt);
+    assert_eq!(failed, 0, "{failures:?}");
+    assert!(c.stop(Duration::from_secs(60)), "{}", c.logs());
+}
+
+/// New binaries that fail, each while the downloads run: a `demux` that exits 1 at
+/// once (refused at the preflight), one whose data plane exits 1 (the data plane
+/// restarts from the old binary), and a worker that exits 1 (the workers and the
+/// data plane roll back). Each says why; every download completes and the old
+/// build serves on.
+#[test]
+fn a_new_binary_that_exits_1_rolls_back_and_every_download_completes() {
+    let _s = serial();
+    let dir = temp_dir("upg-fail");
+    let (a, b) = (build(&dir, V), build(&dir, V + 1));
+    let exits = dir.join("exits-1");
+    script(&exits, "exit 1");
+    let dp_exits = dir.join("demux-dataplane-exits-1");
+    script(&dp_exits, &format!("[ \"$1\" = dataplane ] && exit 1\nexec {} \"$@\"", b.demux.display()));
+    let mut c = start("upg-fail", &a);
+    let rt = runtime();
+    let addr = c.addr();
+    let load = Load::start(&rt, addr, &c.cert, 2, "/bytes/16384");
+    load.wait_progress(10, Duration::from_secs(30));
+    let downloads = Downloads::start(&rt, addr, &c.cert);
+    let (dp0, workers0, _) = snapshot(&c);
+
+    let out = upgrade(&c, &exits, &b.worker);
+    assert!(!out.status.success() && text(&out).contains("cannot take over the state (exit status: 1)"), "{}", text(&out));
+    assert_eq!(c.dataplane_pid(), dp0, "the preflight changed nothing");
+
+    let out = upgrade(&c, &dp_exits, &b.worker);
+    let t = text(&out);
+    assert!(!out.status.success() && t.contains("exited before it was ready: exit code 1") && t.contains("rolled back"), "{t}");
+    let dp1 = c.dataplane_pid();
+    assert_ne!(dp1, dp0, "restarted from the old binary");
+    assert!(runs_version(dp1, a.version), "the data plane runs the old build again");
+    assert_eq!(c.workers(), workers0, "the workers were not touched");
+
+    let out = upgrade(&c, &b.demux, &exits);
+    let t = text(&out);
+    assert!(!out.status.success() && t.contains("exited: exit code 1") && t.contains("rolled back"), "{t}{}", c.logs());
+    let dp2 = c.dataplane_pid();
+    assert!(runs_version(dp2, a.version), "the data plane runs the old build again{}", c.logs());
+    let workers = c.workers();
+    assert_eq!(workers.len(), 2, "{workers:?}");
+    for (_, pid, state) in &workers {
+        assert_eq!(state, "ready");
+        assert!(runs_version(*pid, a.version), "worker {pid} runs the old build");
+    }
+    assert!(runs_version(c.child.id() as i64, a.version), "the controller was not replaced");
+
+    let (ok, bad) = downloads.finish(&rt);
+    assert_eq!((ok, bad.len()), (DOWNLOADS, 0), "{bad:?}{}", c.logs());
+    let (_, failed, failures) = load.finish(&rt);
+    assert_eq!(failed, 0, "{failures:?}{}", c.logs());
+    let lb = c.lb_wait();
+    assert_eq!(lb["protocol"]["newest"].as_u64(), Some(u64::from(V)), "{lb}");
+    assert!(c.stop(Duration::from_secs(60)), "{}", c.logs());
+}
