@@ -218,6 +218,10 @@ pub enum Command {
         /// Tests only: as `demux dataplane --protocol-version`.
         #[arg(long, value_name = "V", hide = true)]
         protocol_version: Option<u8>,
+        /// Also check a controller command line (NUL-separated, from stdin): this
+        /// build parses it and passes its start checks.
+        #[arg(long)]
+        controller_args_stdin: bool,
     },
     /// Ask a running data plane for its counters.
     LbStatus {

@@ -195,6 +195,16 @@ fn upgrade_under_load(tag: &str, from_v: u8, to_v: u8) {
     load.wait_progress(3, Duration::from_secs(20));
     assert_eq!(load.finish(&rt).1, 0);
     assert!(c.stop(Duration::from_secs(60)), "the upgraded controller stops cleanly{}", c.logs());
+    // Its workers were adopted, yet are its children (same pid): reaped, with
+    // their exit status (waitid P_PIDFD), not left as zombies.
+    let log = std::fs::read_to_string(&c.log).unwrap();
+    for (_, pid, _) in &workers {
+        assert!(
+            log.contains(&format!("worker exited pid={pid} how=\"exit code 0\"")),
+            "worker {pid} reaped{}",
+            c.logs()
+        );
+    }
 }
 
 #[test]
@@ -228,8 +238,7 @@ fn a_gap_of_two_and_a_newer_state_format_are_refused_untouched() {
     let before = snapshot(&c);
 
     let out = upgrade(&c, &gap.demux, &gap.worker);
-    let want =
-        format!("protocol version {} not supported: this build speaks {}", V + 2, Window::ending_at(V));
+    let want = format!("protocol version {} not supported: this build speaks {}", V + 2, Window::ending_at(V));
     assert!(!out.status.success() && text(&out).contains(&want), "{}", text(&out));
     assert!(text(&out).contains("nothing changed"), "{}", text(&out));
 
@@ -276,12 +285,19 @@ fn a_new_binary_that_exits_1_rolls_back_and_every_download_completes() {
     let (dp0, workers0, _) = snapshot(&c);
 
     let out = upgrade(&c, &exits, &b.worker);
-    assert!(!out.status.success() && text(&out).contains("cannot take over the state (exit status: 1)"), "{}", text(&out));
+    assert!(
+        !out.status.success() && text(&out).contains("cannot take over the state (exit status: 1)"),
+        "{}",
+        text(&out)
+    );
     assert_eq!(c.dataplane_pid(), dp0, "the preflight changed nothing");
 
     let out = upgrade(&c, &dp_exits, &b.worker);
     let t = text(&out);
-    assert!(!out.status.success() && t.contains("exited before it was ready: exit code 1") && t.contains("rolled back"), "{t}");
+    assert!(
+        !out.status.success() && t.contains("exited before it was ready: exit code 1") && t.contains("rolled back"),
+        "{t}"
+    );
     let dp1 = c.dataplane_pid();
     assert_ne!(dp1, dp0, "restarted from the old binary");
     assert!(runs_version(dp1, a.version), "the data plane runs the old build again");

@@ -70,7 +70,8 @@ mod tests {
     fn parses_its_own_text_and_refuses_others() {
         assert_eq!(parse(&text(STATE_FORMAT)).unwrap(), STATE_FORMAT);
         assert_eq!(parse("quicdemux-state 7").unwrap(), 7);
-        for bad in ["", "quicdemux-state", "quicdemux-state 0", "quicdemux-state x", "quicdemux-keys 1", "quicdemux-state1"]
+        for bad in
+            ["", "quicdemux-state", "quicdemux-state 0", "quicdemux-state x", "quicdemux-keys 1", "quicdemux-state1"]
         {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
@@ -96,7 +97,11 @@ mod tests {
         let (_t, p) = dir("sf-newer");
         state::write_atomic(&p.state_format(), &text(STATE_FORMAT + 1)).unwrap();
         let e = format!("{:#}", ensure(&p).unwrap_err());
-        assert!(e.contains(&format!("state format {}", STATE_FORMAT + 1)) && e.contains(&format!("this build's {STATE_FORMAT}")), "{e}");
+        assert!(
+            e.contains(&format!("state format {}", STATE_FORMAT + 1))
+                && e.contains(&format!("this build's {STATE_FORMAT}")),
+            "{e}"
+        );
         assert!(e.contains("downgrade"), "{e}");
         assert_eq!(std::fs::read_to_string(p.state_format()).unwrap(), text(STATE_FORMAT + 1), "not rewritten");
     }

@@ -58,6 +58,8 @@ pub(super) struct Binaries {
 
 /// An upgrade under way.
 pub(super) struct Upgrade {
+    /// The request's id (echoed in the result).
+    id: Option<String>,
     from: Binaries,
     to: Binaries,
     /// The request named a worker binary (the new controller gets `--worker-bin`).
@@ -76,9 +78,16 @@ pub(super) struct Upgrade {
 }
 
 enum Step {
-    DataPlane { since: Instant },
-    Workers { since: Instant },
-    RollBack { why: String, stage: RollBack },
+    DataPlane {
+        since: Instant,
+    },
+    Workers {
+        since: Instant,
+    },
+    RollBack {
+        why: String,
+        stage: RollBack,
+    },
     /// Handing over to the new controller (tick re-executes once handed over).
     Exec,
 }
@@ -92,27 +101,48 @@ enum RollBack {
     Workers,
 }
 
-/// `DIR/upgrade.request`: `demux PATH` and `worker PATH` lines, absolute paths.
-pub fn parse_request(text: &str) -> Result<(Option<PathBuf>, Option<PathBuf>)> {
-    let (mut demux, mut worker) = (None, None);
-    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        let (key, path) = line.split_once(' ').ok_or_else(|| anyhow!("upgrade request line {line:?}"))?;
-        let path = PathBuf::from(path.trim());
-        if !path.is_absolute() {
-            bail!("upgrade request: {key} path {} is not absolute", path.display());
-        }
-        match key {
-            "demux" => demux = Some(path),
-            "worker" => worker = Some(path),
-            _ => bail!("upgrade request: unknown key {key:?}"),
-        }
-    }
-    Ok((demux, worker))
+/// `DIR/upgrade.request` (written by `demux upgrade`; none: SIGUSR1 alone).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Request {
+    /// Echoed in the result, so a client reads its own outcome.
+    pub id: Option<String>,
+    pub demux: Option<PathBuf>,
+    pub worker: Option<PathBuf>,
 }
 
-fn request_text(demux: Option<&Path>, worker: Option<&Path>) -> String {
+/// The request's text: `id ID`, `demux PATH` and `worker PATH` lines (absolute
+/// paths), each at most once.
+pub fn parse_request(text: &str) -> Result<Request> {
+    let mut r = Request::default();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let (key, value) = line.split_once(' ').ok_or_else(|| anyhow!("upgrade request line {line:?}"))?;
+        let value = value.trim();
+        let path = || -> Result<PathBuf> {
+            let p = PathBuf::from(value);
+            if !p.is_absolute() {
+                bail!("upgrade request: {key} path {value:?} is not absolute");
+            }
+            Ok(p)
+        };
+        let slot_taken = match key {
+            "id" => r.id.replace(value.to_string()).is_some(),
+            "demux" => r.demux.replace(path()?).is_some(),
+            "worker" => r.worker.replace(path()?).is_some(),
+            _ => bail!("upgrade request: unknown key {key:?}"),
+        };
+        if slot_taken {
+            bail!("upgrade request: {key} given twice");
+        }
+    }
+    Ok(r)
+}
+
+fn request_text(r: &Request) -> String {
     let mut t = String::new();
-    for (k, p) in [("demux", demux), ("worker", worker)] {
+    if let Some(id) = &r.id {
+        t.push_str(&format!("id {id}\n"));
+    }
+    for (k, p) in [("demux", &r.demux), ("worker", &r.worker)] {
         if let Some(p) = p {
             t.push_str(&format!("{k} {}\n", p.display()));
         }
@@ -154,8 +184,12 @@ fn parse_window(out: &str) -> Option<Window> {
 /// `demux check-state --state-dir DIR` (hidden; an upgrade's preflight runs it
 /// with the new binary): whether this build takes the directory over, and the
 /// protocol window it speaks.
-pub fn check_state(dir: &Path) -> Result<String> {
+pub fn check_state(dir: &Path, controller_args: Option<Vec<std::ffi::OsString>>) -> Result<String> {
     let p = state::Paths::new(dir);
+    let command_line = match controller_args {
+        Some(argv) => check_command_line(argv)?,
+        None => "controller command line not checked".into(),
+    };
     let format = super::state_format::check(&p)?;
     let keys = match state::read_private(&p.keys())? {
         Some(t) => {
@@ -166,25 +200,58 @@ pub fn check_state(dir: &Path) -> Result<String> {
     };
     let w = sys::protocol::window();
     Ok(format!(
-        "state-format {format} (this build: {})\n{keys}\nprotocol {} {}",
+        "state-format {format} (this build: {})\n{keys}\n{command_line}\nprotocol {} {}",
         super::state_format::STATE_FORMAT,
         w.oldest,
         w.newest
     ))
 }
 
-/// Step 1: runs `NEW check-state --state-dir DIR` (bounded) and checks its window
-/// against ours.
-fn preflight(bin: &Path, dir: &Path) -> Result<Window> {
+/// `check-state --controller-args-stdin`: the NUL-separated command line.
+pub fn args_from_stdin() -> Result<Vec<std::ffi::OsString>> {
+    use std::io::Read;
+    use std::os::unix::ffi::OsStringExt;
+    let mut buf = Vec::new();
+    std::io::stdin().take(1 << 20).read_to_end(&mut buf).context("reading the command line from stdin")?;
+    Ok(buf.split(|b| *b == 0).map(|a| std::ffi::OsString::from_vec(a.to_vec())).collect())
+}
+
+/// Whether this build takes `argv` as a controller's command line (its `--config`
+/// file included) and passes the checks that change nothing (`controller::plan`).
+fn check_command_line(argv: Vec<std::ffi::OsString>) -> Result<String> {
+    let effective = crate::config::effective_argv(argv)?;
+    let cli = <crate::cli::Cli as clap::Parser>::try_parse_from(&effective)
+        .map_err(|e| anyhow!("the controller's command line: {}", e.to_string().lines().next().unwrap_or("")))?;
+    let (dp, opts) = match cli.command {
+        None if cli.controller.state_dir.is_some() || cli.controller.config.is_some() => {
+            (cli.dataplane, cli.controller)
+        }
+        Some(crate::cli::Command::Controller { dataplane, controller }) => (dataplane, controller),
+        _ => bail!("the controller's command line is not a controller's"),
+    };
+    let plan = super::plan(&dp, &opts).context("the controller's command line")?;
+    Ok(format!("controller command line ok: {}", plan.summary(&dp, &opts)))
+}
+
+/// Step 1: runs `NEW check-state --state-dir DIR --controller-args-stdin`
+/// (bounded), giving it the command line the new controller will run with, and
+/// checks its window against ours.
+fn preflight(bin: &Path, dir: &Path, argv: &[String]) -> Result<Window> {
     let mut child = Command::new(bin)
         .arg("check-state")
         .arg("--state-dir")
         .arg(dir)
-        .stdin(Stdio::null())
+        .arg("--controller-args-stdin")
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .with_context(|| format!("running the new binary {}", bin.display()))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        use std::io::Write;
+        // A binary that does not read it fails below; its exit is the error to report.
+        let _ = stdin.write_all(argv.join("\0").as_bytes());
+    }
     let deadline = Instant::now() + PREFLIGHT_TIMEOUT;
     let status = loop {
         if let Some(st) = child.try_wait()? {
@@ -205,12 +272,15 @@ fn preflight(bin: &Path, dir: &Path) -> Result<Window> {
     }
     let theirs = parse_window(&stdout)
         .ok_or_else(|| anyhow!("the new binary {} said no protocol window: {}", bin.display(), stdout.trim()))?;
-    sys::protocol::window().negotiate(theirs).map_err(|refused| anyhow!("the new binary {}: {refused}", bin.display()))?;
+    sys::protocol::window()
+        .negotiate(theirs)
+        .map_err(|refused| anyhow!("the new binary {}: {refused}", bin.display()))?;
     Ok(theirs)
 }
 
-fn write_result(p: &state::Paths, ok: bool, text: &str) {
-    let body = format!("{}\n{text}\n", if ok { "ok" } else { "failed" });
+/// `DIR/upgrade.result`: `ok ID` or `failed ID` (`-` without an id), then the text.
+fn write_result(p: &state::Paths, id: Option<&str>, ok: bool, text: &str) {
+    let body = format!("{} {}\n{text}\n", if ok { "ok" } else { "failed" }, id.unwrap_or("-"));
     if let Err(e) = state::write_atomic(&p.upgrade_result(), &body) {
         tracing::warn!(error = %format!("{e:#}"), "could not write upgrade.result");
     }
@@ -219,22 +289,26 @@ fn write_result(p: &state::Paths, ok: bool, text: &str) {
 impl Ctl {
     /// SIGUSR1: begin an upgrade (the module's steps); a refusal is the result.
     pub(super) fn on_sigusr1(&mut self) {
-        if self.upgrade.is_some() {
-            tracing::warn!("SIGUSR1 ignored: an upgrade is already under way");
-            return;
-        }
         let req = state::read_private(&self.paths.upgrade_request())
             .and_then(|t| t.map(|t| parse_request(&t)).transpose().map(Option::unwrap_or_default));
         let _ = std::fs::remove_file(self.paths.upgrade_request());
-        let begun = req.and_then(|(demux, worker)| self.begin_upgrade(demux, worker));
+        let id = req.as_ref().ok().and_then(|r| r.id.clone());
+        if self.upgrade.is_some() {
+            let why = "upgrade refused: another upgrade is under way";
+            tracing::warn!("SIGUSR1: {why}");
+            write_result(&self.paths, id.as_deref(), false, why);
+            return;
+        }
+        let begun = req.and_then(|r| self.begin_upgrade(r));
         if let Err(e) = begun {
             let why = format!("upgrade refused: {e:#}; nothing changed");
             tracing::error!("{why}");
-            write_result(&self.paths, false, &why);
+            write_result(&self.paths, id.as_deref(), false, &why);
         }
     }
 
-    fn begin_upgrade(&mut self, demux: Option<PathBuf>, worker: Option<PathBuf>) -> Result<()> {
+    fn begin_upgrade(&mut self, req: Request) -> Result<()> {
+        let Request { id, demux, worker } = req;
         if self.lc.phase().kind() != PhaseKind::Serving {
             bail!("the controller is {}; upgrade once it serves", self.lc.phase().kind().name());
         }
@@ -252,7 +326,8 @@ impl Ctl {
         if self.opts.spawn_workers > 0 && !to.worker.is_file() {
             bail!("the new worker binary {} is not a file", to.worker.display());
         }
-        let theirs = preflight(&to.demux, &self.paths.dir)?;
+        let argv = self.exec_argv(&to, worker_named);
+        let theirs = preflight(&to.demux, &self.paths.dir, &argv)?;
         // The new binary speaks its own version: the test relabelling is not passed on.
         let mut new_options = vec![to.demux.display().to_string()];
         new_options.extend(without_protocol_version(old_options.get(1..).unwrap_or_default()));
@@ -264,6 +339,7 @@ impl Ctl {
             bail!("the data plane cannot restart now (the refusal is logged)");
         }
         self.upgrade = Some(Upgrade {
+            id,
             from,
             to,
             worker_named,
@@ -298,13 +374,17 @@ impl Ctl {
         match (&u.step, worker) {
             (Step::DataPlane { .. }, None) if dataplane_starting => {
                 u.failure = Some(if u.killed_slow_dataplane {
-                    format!("the new data plane ({}) was not ready within {DATAPLANE_READY_TIMEOUT:?}", u.to.demux.display())
+                    format!(
+                        "the new data plane ({}) was not ready within {DATAPLANE_READY_TIMEOUT:?}",
+                        u.to.demux.display()
+                    )
                 } else {
                     format!("the new data plane ({}) exited before it was ready: {how}", u.to.demux.display())
                 });
             }
             (Step::Workers { .. }, Some(pid)) if u.new_workers.contains(&pid) => {
-                u.failure = Some(format!("a worker of the new binary {} (pid {pid}) exited: {how}", u.to.worker.display()));
+                u.failure =
+                    Some(format!("a worker of the new binary {} (pid {pid}) exited: {how}", u.to.worker.display()));
             }
             _ => {}
         }
@@ -321,7 +401,7 @@ impl Ctl {
         if matches!(self.lc.phase().kind(), PhaseKind::ShuttingDown) {
             let why = "upgrade abandoned: the controller is shutting down".to_string();
             tracing::error!("{why}");
-            write_result(&self.paths, false, &why);
+            write_result(&self.paths, u.id.as_deref(), false, &why);
             return;
         }
         let step = std::mem::replace(&mut u.step, Step::Exec);
@@ -337,7 +417,7 @@ impl Ctl {
                         u.from.worker.display()
                     );
                     tracing::error!("upgrade failed: {text}");
-                    write_result(&self.paths, false, &text);
+                    write_result(&self.paths, u.id.as_deref(), false, &text);
                     return;
                 }
             },
@@ -455,13 +535,21 @@ impl Ctl {
     /// (without the test relabelling; plus `--worker-bin` when the request named
     /// one). Returns only when exec failed (the error), leaving the data plane and
     /// the workers running for the next controller, as a hand-over does.
+    /// The new controller's command line: `to.demux`, then ours without the test
+    /// relabelling, plus `--worker-bin` when the request named one.
+    fn exec_argv(&self, to: &Binaries, worker_named: bool) -> Vec<String> {
+        let argv: Vec<String> = self.opts.argv.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+        let mut v = vec![to.demux.display().to_string()];
+        v.extend(without_protocol_version(argv.get(1..).unwrap_or_default()));
+        if worker_named {
+            v.extend(["--worker-bin".into(), to.worker.display().to_string()]);
+        }
+        v
+    }
+
     pub(super) fn exec_new_controller(&mut self) -> anyhow::Error {
         let Some(u) = self.upgrade.take() else { return anyhow!("no upgrade to carry out") };
-        let argv: Vec<String> = self.opts.argv.iter().map(|a| a.to_string_lossy().into_owned()).collect();
-        let mut args = without_protocol_version(argv.get(1..).unwrap_or_default());
-        if u.worker_named {
-            args.extend(["--worker-bin".into(), u.to.worker.display().to_string()]);
-        }
+        let argv = self.exec_argv(&u.to, u.worker_named);
         let summary = format!(
             "data plane pid {} runs {}; {} worker(s) run {}; the controller (pid {}) re-executes {}",
             self.lc.dataplane_running().unwrap_or(0),
@@ -471,12 +559,13 @@ impl Ctl {
             std::process::id(),
             u.to.demux.display()
         );
-        if let Err(e) = state::write_atomic(&self.paths.upgrade_exec(), &summary) {
+        let exec_note = format!("{}\n{summary}", u.id.as_deref().unwrap_or("-"));
+        if let Err(e) = state::write_atomic(&self.paths.upgrade_exec(), &exec_note) {
             tracing::warn!(error = %format!("{e:#}"), "could not write upgrade.exec");
         }
         tracing::info!(%summary, "upgrade: re-executing the controller");
         let mut cmd = Command::new(&u.to.demux);
-        cmd.args(&args);
+        cmd.args(argv.get(1..).unwrap_or_default());
         // What systemd passed at the first start is gone (close-on-exec): the new
         // controller adopts the sockets from the data plane.
         for v in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"] {
@@ -488,6 +577,7 @@ impl Ctl {
         let _ = std::fs::remove_file(self.paths.upgrade_exec());
         write_result(
             &self.paths,
+            u.id.as_deref(),
             false,
             &format!("{why}; the data plane and the workers run the new binaries; start the controller again"),
         );
@@ -496,11 +586,12 @@ impl Ctl {
 
     /// At the new controller's first Placeable: an upgrade that re-executed it is done.
     pub(super) fn upgrade_finished(&mut self) {
-        let Ok(Some(summary)) = state::read_private(&self.paths.upgrade_exec()) else { return };
+        let Ok(Some(note)) = state::read_private(&self.paths.upgrade_exec()) else { return };
         let _ = std::fs::remove_file(self.paths.upgrade_exec());
+        let (id, summary) = note.split_once('\n').unwrap_or(("-", note.as_str()));
         let text = format!("{summary}\nthe new controller serves (protocol {})", sys::protocol::window());
         tracing::info!(%text, "upgrade done");
-        write_result(&self.paths, true, &text);
+        write_result(&self.paths, Some(id), true, &text);
     }
 }
 
@@ -510,12 +601,17 @@ pub fn request(dir: &Path, demux: Option<&Path>, worker: Option<&Path>, timeout:
     let abs = |x: Option<&Path>| -> Result<Option<PathBuf>> {
         x.map(|x| std::path::absolute(x).with_context(|| format!("{}", x.display()))).transpose()
     };
-    let (demux, worker) = (abs(demux)?, abs(worker)?);
+    let id = format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+    );
+    let req = Request { id: Some(id.clone()), demux: abs(demux)?, worker: abs(worker)? };
     let pid = state::read_pid(&p.controller_pid())
         .filter(|pid| state::pid_alive(*pid))
         .ok_or_else(|| anyhow!("no controller runs on {} (controller.pid)", dir.display()))?;
     let _ = std::fs::remove_file(p.upgrade_result());
-    state::write_atomic(&p.upgrade_request(), &request_text(demux.as_deref(), worker.as_deref()))?;
+    state::write_atomic(&p.upgrade_request(), &request_text(&req))?;
     // SAFETY: kill(2) with the pid of the controller of this state directory.
     if unsafe { libc::kill(pid, libc::SIGUSR1) } != 0 {
         bail!("signalling the controller (pid {pid}): {}", std::io::Error::last_os_error());
@@ -524,11 +620,15 @@ pub fn request(dir: &Path, demux: Option<&Path>, worker: Option<&Path>, timeout:
     loop {
         if let Some(text) = state::read_private(&p.upgrade_result())? {
             let (first, rest) = text.split_once('\n').unwrap_or((text.as_str(), ""));
-            if first == "ok" {
-                println!("upgraded: {}", rest.trim());
-                return Ok(());
+            match first.split_once(' ') {
+                Some(("ok", i)) if i == id => {
+                    println!("upgraded: {}", rest.trim());
+                    return Ok(());
+                }
+                Some(("failed", i)) if i == id => bail!("{}", rest.trim()),
+                // Another client's outcome.
+                _ => {}
             }
-            bail!("{}", rest.trim());
         }
         if !state::pid_alive(pid) {
             bail!("the controller (pid {pid}) exited during the upgrade");
@@ -544,15 +644,67 @@ pub fn request(dir: &Path, demux: Option<&Path>, worker: Option<&Path>, timeout:
 mod tests {
     use super::*;
 
+    use proptest::prelude::*;
+
     #[test]
     fn a_request_round_trips_and_bad_ones_are_refused() {
-        let (d, w) = (PathBuf::from("/opt/b/demux"), PathBuf::from("/opt/b/worker"));
-        assert_eq!(parse_request(&request_text(Some(&d), Some(&w))).unwrap(), (Some(d.clone()), Some(w.clone())));
-        assert_eq!(parse_request(&request_text(None, Some(&w))).unwrap(), (None, Some(w)));
-        assert_eq!(parse_request("").unwrap(), (None, None));
-        assert!(parse_request("demux relative/path").is_err());
-        assert!(parse_request("shell /bin/sh").is_err());
-        assert!(parse_request("demux").is_err());
+        let full = Request {
+            id: Some("12-34".into()),
+            demux: Some("/opt/b/demux".into()),
+            worker: Some("/opt/b/worker".into()),
+        };
+        assert_eq!(parse_request(&request_text(&full)).unwrap(), full);
+        let worker_only = Request { worker: Some("/opt/b/worker".into()), ..Request::default() };
+        assert_eq!(parse_request(&request_text(&worker_only)).unwrap(), worker_only);
+        assert_eq!(parse_request("").unwrap(), Request::default());
+        for bad in ["demux relative/path", "shell /bin/sh", "demux", "demux /a\ndemux /b", "id 1\nid 2"] {
+            assert!(parse_request(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    proptest! {
+        /// Any text: a request or an error, never a panic; a request read back from
+        /// its own text is the same request.
+        #[test]
+        fn requests_parse_without_panic_and_round_trip(text in ".{0,200}") {
+            if let Ok(r) = parse_request(&text) {
+                prop_assert_eq!(parse_request(&request_text(&r)).unwrap(), r);
+            }
+        }
+
+        #[test]
+        fn absolute_paths_round_trip(
+            id in "[a-z0-9-]{1,20}",
+            demux in proptest::option::of("/[a-zA-Z0-9_./ -]{0,40}[a-zA-Z0-9_]"),
+            worker in proptest::option::of("/[a-zA-Z0-9_./-]{0,40}"),
+        ) {
+            let r = Request { id: Some(id), demux: demux.map(PathBuf::from), worker: worker.map(PathBuf::from) };
+            prop_assert_eq!(parse_request(&request_text(&r)).unwrap(), r);
+        }
+
+        /// `check-state` output: a window exactly when a valid `protocol A B` line.
+        #[test]
+        fn windows_parse_like_the_model(a in 0u8..12, b in 0u8..12, junk in "[a-z ]{0,10}") {
+            let out = format!("{junk}\nprotocol {a} {b}\n");
+            let model = Window { oldest: a, newest: b };
+            prop_assert_eq!(parse_window(&out), model.is_valid().then_some(model));
+        }
+    }
+
+    /// The new controller's command line is checked by the new binary: a
+    /// controller's, accepted by its parser, with a plan.
+    #[test]
+    fn command_lines_are_checked_like_a_start() {
+        let os = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        let ok =
+            check_command_line(os(&["demux", "--listen", "127.0.0.1:4433", "--cores", "0", "--state-dir", "/tmp/x"]));
+        assert!(ok.as_ref().is_ok_and(|s| s.starts_with("controller command line ok")), "{ok:?}");
+        let unknown =
+            check_command_line(os(&["demux", "--listen", "127.0.0.1:4433", "--state-dir", "/x", "--no-such"]));
+        assert!(format!("{:#}", unknown.unwrap_err()).contains("--no-such"));
+        let no_listen = check_command_line(os(&["demux", "--state-dir", "/tmp/x"]));
+        assert!(format!("{:#}", no_listen.unwrap_err()).contains("--listen"));
+        assert!(check_command_line(os(&["demux", "lb-status", "--state-dir", "/x"])).is_err(), "not a controller");
     }
 
     #[test]
