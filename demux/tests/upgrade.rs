@@ -78,6 +78,32 @@ fn upgrade(c: &Controller, demux: &Path, worker: &Path) -> Output {
         .expect("demux upgrade")
 }
 
+/// `upgrade`, polling `demux status` meanwhile: the distinct `upgrade.step`s seen.
+fn upgrade_watching(c: &Controller, demux: &Path, worker: &Path, steps: &mut Vec<String>) -> Output {
+    let child = Command::new(DEMUX)
+        .args(["upgrade", "--timeout", "120", "--state-dir"])
+        .arg(&c.state)
+        .arg("--demux-bin")
+        .arg(demux)
+        .arg("--worker-bin")
+        .arg(worker)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("demux upgrade");
+    let pid = child.id() as i64;
+    while alive(pid) {
+        if let Some(step) = c.status().and_then(|s| s["upgrade"]["step"].as_str().map(str::to_string)) {
+            if steps.last() != Some(&step) {
+                steps.push(step);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("demux upgrade")
+}
+
 fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
@@ -167,15 +193,23 @@ fn upgrade_under_load(c: &Controller, from: &Build, to: &Build) {
     let downloads = Downloads::start(&rt, addr, &c.cert);
 
     let t = Instant::now();
-    let out = upgrade(c, &to.demux, &to.worker);
+    let mut steps = Vec::new();
+    let out = upgrade_watching(c, &to.demux, &to.worker, &mut steps);
     let took = t.elapsed();
     assert!(out.status.success(), "upgrade: {}{}", text(&out), c.logs());
+    // `demux status` showed the upgrade's steps in order while it ran, and shows
+    // none once it is done.
+    assert!(steps.contains(&"workers".to_string()), "the workers' roll shown: {steps:?}");
+    let mut order = steps.clone();
+    order.sort_by_key(|s| ["dataplane", "workers", "controller"].iter().position(|x| x == s));
+    assert_eq!(order, steps, "steps in order: {steps:?}");
+    assert!(c.status_wait()["upgrade"].is_null());
     assert!(text(&out).contains("upgraded"), "{}", text(&out));
     load.wait_progress(10, Duration::from_secs(30));
     let (ok, bad) = downloads.finish(&rt);
     let (served, failed, failures) = load.finish(&rt);
     eprintln!(
-        "upgrade v{} -> v{}: {took:?}; {ok}/{DOWNLOADS} downloads of {DOWNLOAD_BYTES} B; {served} requests",
+        "upgrade v{} -> v{}: {took:?}; {ok}/{DOWNLOADS} downloads of {DOWNLOAD_BYTES} B; {served} requests; steps {steps:?}",
         from.version, to.version
     );
     assert_eq!((ok, bad.len()), (DOWNLOADS, 0), "{bad:?}{}", c.logs());

@@ -390,6 +390,24 @@ impl Ctl {
         }
     }
 
+    /// `demux status`'s `upgrade`: null, or the step and the binaries.
+    pub(super) fn upgrade_json(&self) -> serde_json::Value {
+        let Some(u) = &self.upgrade else { return serde_json::Value::Null };
+        let step = match &u.step {
+            Step::DataPlane { .. } => "dataplane",
+            Step::Workers { .. } => "workers",
+            Step::RollBack { .. } => "rolling_back",
+            Step::Exec => "controller",
+        };
+        serde_json::json!({
+            "step": step,
+            "demux": u.to.demux.display().to_string(),
+            "worker": u.to.worker.display().to_string(),
+            "from_demux": u.from.demux.display().to_string(),
+            "from_worker": u.from.worker.display().to_string(),
+        })
+    }
+
     /// Whether the controller hands over to re-execute itself (tick).
     pub(super) fn upgrade_execs(&self) -> bool {
         self.upgrade.as_ref().is_some_and(|u| matches!(u.step, Step::Exec))
