@@ -302,7 +302,8 @@ fn snapshot(c: &Controller) -> (i64, Vec<(u64, i64, String)>, u64) {
 /// A build two versions newer shares no version with the running one: refused at
 /// the preflight with the documented error naming both, and the appliance is
 /// untouched (same data plane, workers, ids; load unbroken). So is a state
-/// directory of a newer format (a downgrade across a format change).
+/// directory of a newer format (a downgrade across a format change). Then SIGUSR1
+/// alone upgrades to the binaries at the present paths.
 #[test]
 fn a_gap_of_two_and_a_newer_state_format_are_refused_untouched() {
     let _s = serial();
@@ -334,6 +335,23 @@ fn a_gap_of_two_and_a_newer_state_format_are_refused_untouched() {
 
     load.wait_progress(10, Duration::from_secs(30));
     assert_eq!(snapshot(&c), before, "untouched{}", c.logs());
+
+    // SIGUSR1 alone (`systemctl kill -s USR1`): the binaries at the present paths —
+    // the controller's own executable, which speaks its own version (the test
+    // relabelling is not passed on), and its worker binary.
+    let result = c.state.join("upgrade.result");
+    let _ = std::fs::remove_file(&result);
+    kill(c.child.id() as i64, libc::SIGUSR1);
+    let text =
+        wait_until("the SIGUSR1 upgrade's result", Duration::from_secs(120), || std::fs::read_to_string(&result).ok());
+    assert!(text.starts_with("ok -\n"), "{text}{}", c.logs());
+    let (dp, workers, _) = snapshot(&c);
+    assert_ne!(dp, before.0, "a new data plane");
+    assert!(workers.iter().all(|w| !before.1.iter().any(|o| o.1 == w.1)), "new workers: {workers:?}");
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", c.child.id())).unwrap();
+    assert!(cmdline.starts_with(DEMUX.as_bytes()), "the controller re-executed this build's demux");
+    assert!(!cmdline.windows(18).any(|w| w == b"--protocol-version"), "{}", String::from_utf8_lossy(&cmdline));
+
     let (_, failed, failures) = load.finish(&rt);
     assert_eq!(failed, 0, "{failures:?}");
     assert!(c.stop(Duration::from_secs(60)), "{}", c.logs());
