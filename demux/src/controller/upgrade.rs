@@ -75,6 +75,8 @@ pub(super) struct Upgrade {
     failure: Option<String>,
     /// The new data plane was killed for not becoming ready in time.
     killed_slow_dataplane: bool,
+    /// When step 4 last asked the lifecycle to hand over.
+    exec_asked: Instant,
 }
 
 enum Step {
@@ -350,6 +352,7 @@ impl Ctl {
             workers_rolled: false,
             failure: None,
             killed_slow_dataplane: false,
+            exec_asked: Instant::now(),
         });
         Ok(())
     }
@@ -439,6 +442,14 @@ impl Ctl {
                     return;
                 }
             },
+            // A refused hand-over (the data plane not running at that moment) is
+            // asked for again, once a second, until the lifecycle takes it.
+            Step::Exec
+                if self.lc.phase().kind() != PhaseKind::HandingOver
+                    && now.saturating_duration_since(u.exec_asked) >= Duration::from_secs(1) =>
+            {
+                self.hand_over_for_exec(&mut u)
+            }
             Step::Exec => Step::Exec,
         };
         self.upgrade = Some(u);
@@ -455,7 +466,7 @@ impl Ctl {
             self.worker_bin = u.to.worker.clone();
             let managed = self.lc.workers().iter().any(|w| w.managed());
             if !managed {
-                return self.hand_over_for_exec();
+                return self.hand_over_for_exec(u);
             }
             if !self.lifecycle(Event::Reload) {
                 return self.roll_back(u, "the rolling reload onto the new worker binary was refused".into());
@@ -492,7 +503,7 @@ impl Ctl {
                 return self.roll_back(u, format!("the rolling reload stopped with workers {old:?} on the old binary"));
             }
             tracing::info!(workers = u.new_workers.len(), "upgrade: every worker runs the new binary");
-            return self.hand_over_for_exec();
+            return self.hand_over_for_exec(u);
         }
         let n = self.lc.workers().iter().filter(|w| w.managed()).count().max(1) as u32;
         let limit = (Duration::from_secs(self.opts.drain_timeout) + WORKER_STEP_MARGIN) * n;
@@ -503,7 +514,8 @@ impl Ctl {
     }
 
     /// Step 4 begins: the lifecycle hands over (nothing stopped), then tick re-executes.
-    fn hand_over_for_exec(&mut self) -> Step {
+    fn hand_over_for_exec(&mut self, u: &mut Upgrade) -> Step {
+        u.exec_asked = Instant::now();
         self.lifecycle(Event::HandOver);
         Step::Exec
     }
