@@ -215,6 +215,10 @@ pub fn args_from_stdin() -> Result<Vec<std::ffi::OsString>> {
     use std::os::unix::ffi::OsStringExt;
     let mut buf = Vec::new();
     std::io::stdin().take(1 << 20).read_to_end(&mut buf).context("reading the command line from stdin")?;
+    // A terminating NUL ends the last argument; it starts no empty one.
+    if buf.last() == Some(&0) {
+        buf.pop();
+    }
     Ok(buf.split(|b| *b == 0).map(|a| std::ffi::OsString::from_vec(a.to_vec())).collect())
 }
 
