@@ -117,6 +117,7 @@ impl Cli {
         match &self.command {
             None => self.dataplane.protocol_version,
             Some(Command::Dataplane(dp) | Command::Controller { dataplane: dp, .. }) => dp.protocol_version,
+            Some(Command::CheckState { protocol_version, .. }) => *protocol_version,
             Some(_) => None,
         }
     }
@@ -189,6 +190,38 @@ pub enum Command {
         /// Second phase: issue the staged generation (no new key; `--prf` does not apply).
         #[arg(long, conflicts_with = "prf")]
         activate: bool,
+    },
+    /// Upgrade a running appliance to new binaries without dropping a connection
+    /// (docs/operations.md "Upgrading"): the data plane, then the workers one at a
+    /// time, then the controller; a failed step rolls back and says why. Same as
+    /// SIGUSR1 to the controller, but waits for the outcome (exit 1 on failure).
+    Upgrade {
+        /// The controller's state directory.
+        #[arg(long, value_name = "DIR")]
+        state_dir: PathBuf,
+        /// The new `demux` binary (default: the present path, holding the new build).
+        #[arg(long, value_name = "PATH")]
+        demux_bin: Option<PathBuf>,
+        /// The new worker binary (default: the present `--worker-bin`).
+        #[arg(long, value_name = "PATH")]
+        worker_bin: Option<PathBuf>,
+        /// Longest wait for the outcome.
+        #[arg(long, value_name = "SECS", default_value_t = 600)]
+        timeout: u64,
+    },
+    /// Internal (an upgrade's preflight runs it with the new binary): whether this
+    /// build takes over the state directory, and the protocol window it speaks.
+    #[command(hide = true)]
+    CheckState {
+        #[arg(long, value_name = "DIR")]
+        state_dir: PathBuf,
+        /// Tests only: as `demux dataplane --protocol-version`.
+        #[arg(long, value_name = "V", hide = true)]
+        protocol_version: Option<u8>,
+        /// Also check a controller command line (NUL-separated, from stdin): this
+        /// build parses it and passes its start checks.
+        #[arg(long)]
+        controller_args_stdin: bool,
     },
     /// Ask a running data plane for its counters.
     LbStatus {

@@ -55,6 +55,16 @@ fn main() {
             };
             controller::client::rotate_keys(&state_dir, prf, force, phase, from.as_deref())
         }
+        Some(Command::Upgrade { state_dir, demux_bin, worker_bin, timeout }) => controller::upgrade::request(
+            &state_dir,
+            demux_bin.as_deref(),
+            worker_bin.as_deref(),
+            std::time::Duration::from_secs(timeout),
+        ),
+        Some(Command::CheckState { state_dir, controller_args_stdin, .. }) => {
+            let args = controller_args_stdin.then(controller::upgrade::args_from_stdin).transpose();
+            args.and_then(|a| controller::upgrade::check_state(&state_dir, a)).map(|s| println!("{s}"))
+        }
         Some(Command::GenKeys { out, force }) => operator::gen_keys(&out, force),
         Some(Command::LbStatus { control_socket, state_dir, json }) => {
             match control_socket.or_else(|| state_dir.map(|d| controller::state::Paths::new(&d).dataplane_sock())) {

@@ -1298,7 +1298,7 @@ impl<P: Process> Lifecycle<P> {
         let n = queue.len();
         match self.phase.move_to_reloading(Reload { queue, step: None }) {
             Ok(()) => {
-                tracing::info!(workers = n, "SIGHUP: rolling reload");
+                tracing::info!(workers = n, "rolling reload (SIGHUP, or an upgrade's workers)");
                 out.push(Output::Became(Became::ReloadStarted));
                 Ok(())
             }

@@ -11,7 +11,9 @@
 //! what the lifecycle decides), `reconfigure` (SIGHUP's re-read of `--config`),
 //! `status` (status JSON, metrics), `client` (operator commands), `systemd`
 //! (readiness, status and watchdog notifications), `activation` (sockets passed
-//! by systemd, the file-descriptor store).
+//! by systemd, the file-descriptor store), `upgrade` (SIGUSR1 / `demux upgrade`:
+//! new binaries without dropping a connection), `state_format` (the state
+//! directory's format, forward only).
 
 pub mod activation;
 pub mod client;
@@ -24,10 +26,12 @@ pub mod procs;
 mod reconfigure;
 mod rotation;
 pub mod state;
+pub mod state_format;
 pub mod status;
 pub mod supervise;
 pub mod systemd;
 mod trust;
+pub mod upgrade;
 
 use crate::cli::{ControllerOpts, DataPlaneArgs, LogArgs};
 use crate::dataplane::cores;
@@ -122,6 +126,8 @@ pub(crate) struct Ctl {
     logging: sys::logging::Logging,
     /// Notifications to systemd (no-ops without NOTIFY_SOCKET).
     sd: systemd::Notifier,
+    /// An upgrade under way (SIGUSR1, upgrade.rs).
+    upgrade: Option<upgrade::Upgrade>,
 }
 
 /// What the controller checks before it opens anything: the options alone, and
@@ -224,6 +230,7 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts, log: LogArgs, logging: sys::
     let paths = Paths::new(&dir);
     state::prepare_dir_for(&dir, worker_user.as_ref().map(|u| u.gid))?;
     let lock = state::lock(&paths)?;
+    state_format::ensure(&paths)?;
     state::write_atomic(&paths.controller_pid(), &format!("{}\n", std::process::id()))?;
     let (keys, created) = state::load_or_create_keys(&paths)?;
     let counter = state::load_or_create_counter(&paths)?;
@@ -232,7 +239,7 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts, log: LogArgs, logging: sys::
         key_newest = keys.keys.newest.generation.get(), "controller starting"
     );
 
-    let dataplane_options = dataplane_options(&dp, &paths, worker_user.as_ref());
+    let dataplane_options = dataplane_options(&exe, &dp, &paths, worker_user.as_ref());
     // Adopt a running data plane (controller restart), else open the sockets (or
     // take those systemd passed).
     let (udp, udp_addrs, adopted_dp) = match adopt_dataplane(&paths, &dp, cores.len())? {
@@ -323,6 +330,7 @@ pub fn run(dp: DataPlaneArgs, opts: ControllerOpts, log: LogArgs, logging: sys::
         log,
         logging,
         sd,
+        upgrade: None,
     };
     ctl.take_over_workers();
     let r = ctl.run();
@@ -357,11 +365,19 @@ fn add_log_args(opts: &mut ControllerOpts, log: &LogArgs) {
     }
 }
 
-/// The data plane's options (`lifecycle::Options`): every argument of the data
-/// plane the controller starts but the fds and what each start adds
-/// ([`log_args`], `--rejoin-grace-ms`).
-fn dataplane_options(dp: &DataPlaneArgs, paths: &Paths, user: Option<&crate::trust::WorkerUser>) -> Vec<String> {
-    let mut v = dataplane_args(dp, paths);
+/// The data plane's options (`lifecycle::Options`): the executable it runs from
+/// (first), then every argument of the data plane the controller starts but the
+/// fds and what each start adds ([`log_args`], `--rejoin-grace-ms`). The executable
+/// is part of them so that an upgrade's rollback (controller/upgrade.rs) brings the
+/// previous binary back with the previous options.
+fn dataplane_options(
+    exe: &std::path::Path,
+    dp: &DataPlaneArgs,
+    paths: &Paths,
+    user: Option<&crate::trust::WorkerUser>,
+) -> Vec<String> {
+    let mut v = vec![exe.display().to_string()];
+    v.extend(dataplane_args(dp, paths));
     v.extend(trust::dataplane_trust_args(paths, user));
     v
 }
@@ -540,7 +556,7 @@ pub(crate) fn set_timeout(fd: RawFd, t: Duration) {
     }
 }
 
-/// Blocks SIGTERM, SIGINT, SIGHUP, SIGUSR2 and SIGCHLD in this thread (and so in every thread
+/// Blocks SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2 and SIGCHLD in this thread (and so in every thread
 /// spawned later) and returns a signalfd for them. Children get a clean mask (std
 /// resets it between fork and exec).
 fn block_signals() -> Result<OwnedFd> {
@@ -548,7 +564,7 @@ fn block_signals() -> Result<OwnedFd> {
     let set = unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR2, libc::SIGCHLD] {
+        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR1, libc::SIGUSR2, libc::SIGCHLD] {
             libc::sigaddset(&mut set, s);
         }
         set
@@ -595,6 +611,7 @@ impl Ctl {
             match info.ssi_signo as libc::c_int {
                 libc::SIGTERM | libc::SIGINT => self.begin_shutdown(),
                 libc::SIGHUP => self.on_sighup(),
+                libc::SIGUSR1 => self.on_sigusr1(),
                 libc::SIGUSR2 => self.begin_hand_over(),
                 _ => {} // SIGCHLD: the next tick reaps.
             }

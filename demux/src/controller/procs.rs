@@ -2,9 +2,12 @@
 //!
 //! Each runs in its own process group (so a terminal's Ctrl-C reaches only the
 //! controller, and the controller's death — even SIGKILL — leaves them running, to
-//! be adopted by the next controller;). A process is either our
+//! be adopted by the next controller). A process is either our
 //! child (reaped with `try_wait`) or adopted from a previous controller (watched
-//! through a pidfd, pidfd_open(2)).
+//! through a pidfd, pidfd_open(2)). An adopted process can still be our child: the
+//! controller that re-executed itself for an upgrade (controller/upgrade.rs) keeps
+//! its pid and so its children; those are reaped through the pidfd
+//! (waitid(2) `P_PIDFD`).
 
 use anyhow::{Context, Result};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -42,6 +45,9 @@ impl Proc {
                 Err(e) => Some(format!("wait failed: {e}")),
             },
             Proc::Adopted { pidfd, .. } => {
+                if let Some(how) = reap_pidfd(pidfd.as_raw_fd()) {
+                    return Some(how);
+                }
                 let mut p = libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
                 // SAFETY: polls one live pollfd without blocking.
                 let r = unsafe { libc::poll(&mut p, 1, 0) };
@@ -54,6 +60,27 @@ impl Proc {
         // SAFETY: kill(2) with a pid we supervise.
         unsafe { libc::kill(self.pid(), sig) };
     }
+}
+
+/// waitid(2) `P_PIDFD`, without blocking: `Some(how it ended)` once an adopted
+/// process that is our child (a re-executed controller's) has exited, now reaped;
+/// `None` while it runs or when it is not our child (ECHILD: then only the pidfd's
+/// readability tells its exit).
+fn reap_pidfd(pidfd: RawFd) -> Option<String> {
+    // SAFETY: siginfo_t is plain old data.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: waitid on a live pidfd we own, writing into `info`.
+    let r = unsafe { libc::waitid(libc::P_PIDFD, pidfd as libc::id_t, &mut info, libc::WEXITED | libc::WNOHANG) };
+    // SAFETY: si_pid/si_status are valid to read for a siginfo waitid(2) filled.
+    let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
+    if r != 0 || pid == 0 {
+        return None;
+    }
+    Some(match info.si_code {
+        libc::CLD_EXITED => format!("exit code {status}"),
+        libc::CLD_KILLED | libc::CLD_DUMPED => format!("killed by signal {status}"),
+        _ => "exited".into(),
+    })
 }
 
 fn describe(st: std::process::ExitStatus) -> String {

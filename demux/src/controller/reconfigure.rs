@@ -51,6 +51,10 @@ impl Ctl {
             tracing::warn!(phase = self.lc.phase().kind().name(), "SIGHUP ignored");
             return;
         }
+        if self.upgrade.is_some() {
+            tracing::warn!("SIGHUP ignored: an upgrade is under way (reload once it is done)");
+            return;
+        }
         if self.opts.config.is_some() {
             if let Err(e) = self.reconfigure() {
                 tracing::error!(
@@ -90,7 +94,7 @@ impl Ctl {
         opts.argv = self.opts.argv.clone();
         add_worker_contract_args(&mut opts, &dp, &log);
 
-        let options = dataplane_options(&dp, &self.paths, self.worker_user.as_ref());
+        let options = dataplane_options(&self.exe, &dp, &self.paths, self.worker_user.as_ref());
         if options != *self.lc.dataplane_options() {
             let changed: Vec<&String> = options.iter().filter(|a| !self.lc.dataplane_options().contains(a)).collect();
             tracing::info!(?changed, "SIGHUP: new data-plane options");

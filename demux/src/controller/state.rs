@@ -68,6 +68,23 @@ impl Paths {
     pub fn dataplane_ready(&self) -> PathBuf {
         self.dir.join("dataplane.ready")
     }
+    /// `quicdemux-state N` (controller/state_format.rs).
+    pub fn state_format(&self) -> PathBuf {
+        self.dir.join("state-format")
+    }
+    /// `demux upgrade`'s request: the binaries to upgrade to (controller/upgrade.rs).
+    pub fn upgrade_request(&self) -> PathBuf {
+        self.dir.join("upgrade.request")
+    }
+    /// An upgrade's outcome, for `demux upgrade` (controller/upgrade.rs).
+    pub fn upgrade_result(&self) -> PathBuf {
+        self.dir.join("upgrade.result")
+    }
+    /// Written by a controller about to re-execute itself for an upgrade; the new
+    /// one turns it into `upgrade.result` once it serves (controller/upgrade.rs).
+    pub fn upgrade_exec(&self) -> PathBuf {
+        self.dir.join("upgrade.exec")
+    }
 }
 
 fn uid() -> u32 {

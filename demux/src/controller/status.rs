@@ -76,6 +76,8 @@ impl Ctl {
             "summary": self.lc.summary(),
             // Lifecycle events refused since start (each is logged).
             "refused_events": self.lc.refused(),
+            // An upgrade under way (upgrade.rs): its step and target binaries.
+            "upgrade": self.upgrade_json(),
             "workers": workers,
             // control.sock accepts (crate::accept_guard).
             "accept": {
@@ -142,6 +144,13 @@ pub fn pretty(v: &Value) -> String {
         ),
         _ => format!("fast path: off ({})\n", fp["reason"].as_str().unwrap_or("?")),
     };
+    if let Some(step) = v["upgrade"]["step"].as_str() {
+        s += &format!(
+            "upgrade under way: {step}  to {} and {}\n",
+            v["upgrade"]["demux"].as_str().unwrap_or("?"),
+            v["upgrade"]["worker"].as_str().unwrap_or("?")
+        );
+    }
     s += &format!(
         "workers (spawn {}; replaced {}{})\n",
         v["spawn_workers"],

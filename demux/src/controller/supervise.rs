@@ -30,6 +30,13 @@ impl Ctl {
             // SIGUSR2: the data plane and the workers stay; the next controller adopts
             // them (DIR/dataplane.pid, DIR/workers stay too).
             self.store_workers();
+            if self.upgrade_execs() {
+                // An upgrade's last step: the next controller is the new binary, in
+                // this very process. Only a failed exec comes back.
+                let e = self.exec_new_controller();
+                tracing::error!(error = %format!("{e:#}"), "upgrade: exiting; the data plane and the workers run on");
+                return Ok(true);
+            }
             tracing::info!(summary = %self.lc.summary(), "handed over: exiting; the data plane and the workers run on");
             return Ok(true);
         }
@@ -42,6 +49,7 @@ impl Ctl {
         self.spawn_workers();
         self.check_placeable();
         self.lifecycle(Event::Tick);
+        self.upgrade_tick(now);
         self.store_workers();
         self.publish_status();
         let done = self.lc.is_done();
@@ -107,7 +115,10 @@ impl Ctl {
                 tracing::info!(pid, restarts, "data plane started");
             }
             // A client can be served.
-            Became::Placeable => self.sd.ready(&summary),
+            Became::Placeable => {
+                self.sd.ready(&summary);
+                self.upgrade_finished();
+            }
             Became::ReloadStarted => self.sd.reloading(&summary),
             // Ready again, unless it never was (then Placeable says it).
             Became::ReloadDone | Became::ReloadStopped if self.lc.told_placeable() => self.sd.ready(&summary),
@@ -153,14 +164,22 @@ impl Ctl {
 
     /// Child exits, reported to the lifecycle.
     fn poll_exits(&mut self) {
+        use super::lifecycle::DataPlaneKind;
         let mut exits = Vec::new();
         if let Some(how) = self.lc.dataplane_proc_mut().and_then(|p| p.poll_exit()) {
+            let starting = self.lc.dataplane().kind() == DataPlaneKind::Starting;
+            self.upgrade_exit(starting, None, &how);
             exits.push(Event::DataPlaneExited(how));
         }
+        let mut workers = Vec::new();
         for (id, p) in self.lc.worker_procs_mut() {
             if let Some(how) = p.poll_exit() {
+                workers.push((p.pid() as u32, how.clone()));
                 exits.push(Event::WorkerExited { id, how });
             }
+        }
+        for (pid, how) in workers {
+            self.upgrade_exit(false, Some(pid), &how);
         }
         for e in exits {
             self.lifecycle(e);
@@ -181,12 +200,17 @@ impl Ctl {
         // orphans of ids that are not live yet while the workers rejoin, one by one
         // after their reconnect backoff (at most 1 s apart): no stateless resets of
         // their established connections meanwhile.
-        let mut args = self.lc.dataplane_options().clone();
+        // The options name the executable first (controller::dataplane_options).
+        let (exe, options) = match self.lc.dataplane_options().split_first() {
+            Some((exe, rest)) => (std::path::PathBuf::from(exe), rest.to_vec()),
+            None => (self.exe.clone(), Vec::new()),
+        };
+        let mut args = options;
         args.extend(super::log_args(&self.log));
         if rejoin_grace {
             args.extend(["--rejoin-grace-ms".into(), self.rejoin_grace_ms.to_string()]);
         }
-        match procs::spawn_dataplane(&self.exe, &fds, &args) {
+        match procs::spawn_dataplane(&exe, &fds, &args) {
             Ok(child) => self.lifecycle(Event::DataPlaneSpawned(procs::Proc::Child(child))),
             Err(e) => self.lifecycle(Event::DataPlaneSpawnFailed(format!("{e:#}"))),
         };
@@ -204,6 +228,7 @@ impl Ctl {
             ) {
                 Ok(child) => {
                     tracing::info!(pid = child.id(), "worker started");
+                    self.upgrade_worker_started(child.id());
                     self.lifecycle(Event::WorkerSpawned(procs::Proc::Child(child)));
                 }
                 Err(e) => {

@@ -65,6 +65,8 @@ pub struct Controller {
     pub listen: String,
     /// Run inside this network namespace (`ip netns exec NS demux …`).
     pub netns: Option<String>,
+    /// The executable started as the controller (default: this build's `demux`).
+    pub bin: PathBuf,
     starts: usize,
 }
 
@@ -93,7 +95,12 @@ impl Controller {
 
     /// `start` on a given `--listen` address.
     pub fn start_on(tag: &str, spawn: usize, listen: &str, extra: &[&str]) -> Controller {
-        Controller::launched(tag, spawn, listen, extra, None, None)
+        Controller::launched(tag, spawn, listen, extra, None, None, Path::new(DEMUX))
+    }
+
+    /// `start` with `bin` as the controller's executable (a wrapper of `demux`).
+    pub fn start_as(tag: &str, spawn: usize, bin: &Path, extra: &[&str]) -> Controller {
+        Controller::launched(tag, spawn, "127.0.0.1:0", extra, None, None, bin)
     }
 
     /// A controller inside network namespace `netns`, listening on `listen`, whose
@@ -107,7 +114,7 @@ impl Controller {
         shared: Option<(&Path, &Cert)>,
         extra: &[&str],
     ) -> Controller {
-        Controller::launched(tag, spawn, listen, extra, Some(netns), shared)
+        Controller::launched(tag, spawn, listen, extra, Some(netns), shared, Path::new(DEMUX))
     }
 
     fn launched(
@@ -117,6 +124,7 @@ impl Controller {
         extra: &[&str],
         netns: Option<&str>,
         shared: Option<(&Path, &Cert)>,
+        bin: &Path,
     ) -> Controller {
         let dir = temp_dir(tag);
         let state = dir.join("state");
@@ -141,6 +149,7 @@ impl Controller {
             externals: Vec::new(),
             listen: listen.to_string(),
             netns: netns.map(str::to_string),
+            bin: bin.to_path_buf(),
             starts: 0,
         };
         let _ = c.child.wait();
@@ -155,10 +164,10 @@ impl Controller {
         let mut cmd = match &self.netns {
             Some(ns) => {
                 let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, DEMUX]);
+                c.args(["netns", "exec", ns]).arg(&self.bin);
                 c
             }
-            None => Command::new(DEMUX),
+            None => Command::new(&self.bin),
         };
         cmd.args(["--listen", &self.listen, "--cores", "0-1", "--drain-timeout", "10"]);
         cmd.arg("--state-dir").arg(&self.state);
