@@ -33,6 +33,10 @@ struct VersionLabels {
     hp: &'static [u8],
 }
 
+//= https://www.rfc-editor.org/rfc/rfc9001#section-5.2
+//# This secret is determined by using HKDF-Extract (see Section 2.2 of [HKDF]) with a salt of
+//# 0x38762cf7f55934b34d179ae6a4c80cadccbb7f0a and the input keying material (IKM) of the
+//# Destination Connection ID field.
 /// RFC 9001 §5.2 (initial_salt) and §5.1 (labels) for QUIC v1.
 const V1_LABELS: VersionLabels = VersionLabels {
     salt: [
@@ -103,6 +107,10 @@ impl InitialSalt {
         InitialSalt { extract: HkdfExtract::new(Some(&labels.salt)), labels }
     }
 
+    //= https://www.rfc-editor.org/rfc/rfc9001#section-5.2
+    //# The secret used by clients to construct Initial packets uses the PRK and the label "client
+    //# in" as input to the HKDF-Expand-Label function from TLS [TLS13] to produce a 32-byte secret.
+    //# Packets constructed by the server use the same process with the label "server in".
     /// RFC 9001 §5.2: `side`'s initial secret for the client's first DCID `dcid`,
     /// HKDF-Expand-Label(HKDF-Extract(initial_salt, dcid), "client in" | "server in",
     /// "", 32), as an HKDF PRK for the Expand-Labels that follow.
@@ -136,6 +144,9 @@ impl InitialSalt {
     }
 }
 
+//= https://www.rfc-editor.org/rfc/rfc9001#section-5.2
+//# The HKDF-Expand-Label function defined in TLS 1.3 MUST be used for Initial packets even where
+//# the TLS versions offered do not include TLS 1.3.
 /// RFC 8446 §7.1 HKDF-Expand-Label(Secret, Label, "", N): HKDF-Expand with the
 /// HkdfLabel structure (length, "tls13 " ‖ label, empty context) as info.
 fn expand_label<const N: usize>(secret: &Hkdf<Sha256>, label: &[u8]) -> [u8; N] {
@@ -155,6 +166,9 @@ pub fn client_initial_keys(version: u32, dcid: &[u8]) -> Option<InitialKeys> {
     Some(InitialSalt::new(version)?.keys(Side::Client, dcid))
 }
 
+//= https://www.rfc-editor.org/rfc/rfc9000#section-14.1
+//# A server MUST discard an Initial packet that is carried in a UDP datagram with a payload that is
+//# smaller than the smallest allowed maximum datagram size of 1200 bytes.
 /// RFC 9000 §14.1: a client's Initial datagram is at least this long (quinn drops
 /// shorter ones: `MIN_INITIAL_SIZE`).
 pub const MIN_INITIAL_DATAGRAM: usize = 1200;
@@ -162,6 +176,9 @@ pub const MIN_INITIAL_DATAGRAM: usize = 1200;
 pub const MIN_FIRST_DCID: usize = 8;
 /// RFC 9000 §17.2: connection IDs of QUIC v1 are at most 20 bytes.
 pub const MAX_CID: usize = 20;
+//= https://www.rfc-editor.org/rfc/rfc9001#section-5.4.2
+//# The sample of ciphertext is taken starting from an offset of 4 bytes after the start of the
+//# Packet Number field.
 /// RFC 9001 §5.4.2: the header-protection sample is 16 bytes, taken 4 bytes after the
 /// start of the packet number.
 const SAMPLE_OFFSET: usize = 4;
@@ -289,6 +306,10 @@ impl InitialProtection {
             .filter(|_| start + SAMPLE_LEN <= p.packet_len)
             .and_then(|s| <&[u8; SAMPLE_LEN]>::try_from(s).ok())
             .ok_or(NotRetryable::NoSample)?;
+        //= https://www.rfc-editor.org/rfc/rfc9001#section-5.4.1
+        //# The least significant bits of the first byte of the packet are masked by the least
+        //# significant bits of the first mask byte, and the packet number is masked with the
+        //# remaining bytes.
         let mask = hp_mask(&self.client_hp_key(p.dcid), sample);
         if (datagram[0] ^ mask[0]) & 0x0f & LONG_RESERVED_BITS != 0 {
             return Err(NotRetryable::ReservedBits);

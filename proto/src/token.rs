@@ -104,6 +104,9 @@ impl TokenKey {
         Some(key)
     }
 
+    //= https://www.rfc-editor.org/rfc/rfc9000#section-8.1.3
+    //# When a server receives an Initial packet with an address validation token, it MUST attempt
+    //# to validate the token, unless it has already completed address validation.
     /// Checks `token` from `client` at `now_unix` seconds (RFC 9000 §8.1.3–8.1.4).
     pub fn check(&self, token: &[u8], client: SocketAddr, now_unix: u64) -> TokenCheck {
         self.check_inner(token, client, now_unix).unwrap_or(TokenCheck::Invalid)
@@ -122,6 +125,9 @@ impl TokenKey {
         // quinn: AES-256-GCM, zero nonce, no AAD (NIST SP 800-38D §7.2: the tag is
         // compared in constant time, and nothing is decrypted unless it matches).
         let tag = <[u8; TAG_LEN]>::try_from(tag).ok()?;
+        //= https://www.rfc-editor.org/rfc/rfc9000#section-8.1.4
+        //# For this design to work, the token MUST be covered by integrity protection against
+        //# modification or falsification by clients.
         Aes256Gcm::new(&self.token_key(nonce)?.into())
             .decrypt_inout_detached(&ZERO_IV.into(), &[], plain.into(), &tag.into())
             .ok()?;
@@ -132,17 +138,27 @@ impl TokenKey {
             1 => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(take(&mut r, 16)?).ok()?)),
             _ => return None,
         };
+        //= https://www.rfc-editor.org/rfc/rfc9000#section-8.1.3
+        //# Tokens provided with NEW_TOKEN frames and Retry packets can be distinguished by servers
+        //# (see Section 8.1.1), and the latter can be validated more strictly.
         let (check, lifetime) = match ty {
             0 => {
                 let port = u16::from_be_bytes(take(&mut r, 2)?.try_into().ok()?);
                 let odcid_len = usize::from(take(&mut r, 1)?[0]);
                 take(&mut r, odcid_len)?;
+                //= https://www.rfc-editor.org/rfc/rfc9000#section-8.1.4
+                //# Tokens sent in Retry packets SHOULD include information that allows the server
+                //# to verify that the source IP address and port in client packets remain constant.
                 if SocketAddr::new(ip, port) != client {
                     return None;
                 }
                 (TokenCheck::Retry, RETRY_LIFETIME)
             }
             1 => {
+                //= https://www.rfc-editor.org/rfc/rfc9000#section-8.1.4
+                //# Tokens sent in NEW_TOKEN frames MUST include information that allows the server
+                //# to verify that the client IP address has not changed from when the token was
+                //# issued.
                 if ip != client.ip() {
                     return None;
                 }
@@ -150,6 +166,13 @@ impl TokenKey {
             }
             _ => return None,
         };
+        //= https://www.rfc-editor.org/rfc/rfc9000#section-8.1.4
+        //# Servers SHOULD ensure that tokens sent in Retry packets are only accepted for a short
+        //# time, as they are returned immediately by clients.
+        //= https://www.rfc-editor.org/rfc/rfc9000#section-8.1.3
+        //# Thus, a token SHOULD have an expiration time, which could be either an explicit
+        //# expiration time or an issued timestamp that can be used to dynamically calculate the
+        //# expiration time.
         let issued = u64::from_be_bytes(take(&mut r, 8)?.try_into().ok()?);
         // quinn: invalid once `issued + lifetime < now`.
         if !r.is_empty() || issued.saturating_add(lifetime) < now_unix {
@@ -188,6 +211,11 @@ impl TokenKey {
         }
         w.put(&client.port().to_be_bytes())?;
         w.put(&[odcid.len() as u8])?;
+        //= https://www.rfc-editor.org/rfc/rfc9000#section-8.1.2
+        //# Requiring the server to provide a different connection ID, along with the
+        //# original_destination_connection_id transport parameter defined in Section 18.2, forces
+        //# the server to demonstrate that it, or an entity it cooperates with, received the
+        //# original Initial packet from the client.
         w.put(odcid)?;
         w.put(&issued_unix.to_be_bytes())?;
         let plain_len = w.pos;
