@@ -17,6 +17,13 @@ pub const VERSION_1: u32 = 0x0000_0001;
 pub const VERSION_2: u32 = 0x6b33_43cf;
 /// Versions whose long-header packet types this parser understands.
 pub const SUPPORTED_VERSIONS: [u32; 2] = [VERSION_1, VERSION_2];
+//= https://www.rfc-editor.org/rfc/rfc9000#section-14.1
+//# A server MUST discard an Initial packet that is carried in a UDP datagram with a payload that is
+//# smaller than the smallest allowed maximum datagram size of 1200 bytes.
+/// RFC 9000 §14.1: a server MUST discard an Initial in a datagram smaller than this
+/// (quinn's `MIN_INITIAL_SIZE`); RFC 9000 §5.2.2: a server MUST drop smaller packets
+/// of unsupported versions.
+pub const MIN_INITIAL_DATAGRAM: usize = 1200;
 /// RFC 9000 §17.2: in QUIC v1 and v2 a connection ID is at most 20 bytes.
 pub const MAX_CID_LEN_V1: usize = 20;
 /// RFC 9001 §5.4.2: header protection samples 16 bytes starting 4 bytes after the

@@ -4,7 +4,7 @@
 //! server would send (docs/adr/0003-demux-retry.md), without a quinn endpoint.
 
 use crate::header::{VERSION_1, VERSION_2};
-use crate::initial_protection::{InitialProtection, NotRetryable};
+use crate::initial_protection::{ClientInitial, InitialProtection, NotRetryable};
 use crate::token::{TokenCheck, TokenKey, MAX_RETRY_TOKEN, NONCE_LEN};
 use aes_gcm::aead::AeadInOut;
 use aes_gcm::{AesGcm, KeyInit};
@@ -303,33 +303,51 @@ impl RetryMinter {
         if !p.token.is_empty() && self.token.check(p.token, client, now_unix) == TokenCheck::Retry {
             return Err(NotRetryable::Validated);
         }
-        //= https://www.rfc-editor.org/rfc/rfc9000#section-17.2
-        //# In QUIC version 1, this value MUST NOT exceed 20 bytes.
-        if scid.len() > 20 {
-            return Err(NotRetryable::Malformed);
-        }
-        //= https://www.rfc-editor.org/rfc/rfc9000#section-17.2.5.1
-        //# The server populates the Destination Connection ID with the connection ID that the
-        //# client included in the Source Connection ID of the Initial packet.
-        // RFC 9000 §17.2.5: the Retry's DCID is the client's SCID.
-        let mut pos = 0;
-        let mut put = |out: &mut [u8; MAX_RETRY], b: &[u8]| {
-            out[pos..pos + b.len()].copy_from_slice(b);
-            pos += b.len();
-        };
-        put(out, &[0xf0]);
-        put(out, &p.version.to_be_bytes());
-        put(out, &[p.scid.len() as u8]);
-        put(out, p.scid);
-        put(out, &[scid.len() as u8]);
-        put(out, scid);
-        let token_len =
-            self.token.seal_retry(client, p.dcid, now_unix, nonce, &mut out[pos..]).ok_or(NotRetryable::Malformed)?;
-        pos += token_len;
-        let tag = tag_with(&self.v1_integrity, p.dcid, &out[..pos]).ok_or(NotRetryable::Malformed)?;
-        out[pos..pos + TAG_LEN].copy_from_slice(&tag);
-        Ok(pos + TAG_LEN)
+        write_retry(
+            &p,
+            scid,
+            out,
+            |odcid, out| self.token.seal_retry(client, odcid, now_unix, nonce, out),
+            |odcid, retry| tag_with(&self.v1_integrity, odcid, retry),
+        )
     }
+}
+
+/// Writes to `out` the Retry answering the client Initial `p` with SCID `scid`: the
+/// header (first byte `0xf0`, as quinn writes it), the token `seal_token` writes for
+/// the original DCID, and the integrity tag `tag` computes over the pseudo-packet;
+/// its length. The one layout of [`RetryMinter::mint`] and of its model, which differ
+/// in the crypto behind `seal_token` and `tag` only.
+fn write_retry(
+    p: &ClientInitial<'_>,
+    scid: &[u8],
+    out: &mut [u8; MAX_RETRY],
+    seal_token: impl FnOnce(&[u8], &mut [u8]) -> Option<usize>,
+    tag: impl FnOnce(&[u8], &[u8]) -> Option<[u8; TAG_LEN]>,
+) -> Result<usize, NotRetryable> {
+    //= https://www.rfc-editor.org/rfc/rfc9000#section-17.2
+    //# In QUIC version 1, this value MUST NOT exceed 20 bytes.
+    if scid.len() > 20 {
+        return Err(NotRetryable::Malformed);
+    }
+    //= https://www.rfc-editor.org/rfc/rfc9000#section-17.2.5.1
+    //# The server populates the Destination Connection ID with the connection ID that the
+    //# client included in the Source Connection ID of the Initial packet.
+    let mut pos = 0;
+    let mut put = |out: &mut [u8; MAX_RETRY], b: &[u8]| {
+        out[pos..pos + b.len()].copy_from_slice(b);
+        pos += b.len();
+    };
+    put(out, &[0xf0]);
+    put(out, &p.version.to_be_bytes());
+    put(out, &[p.scid.len() as u8]);
+    put(out, p.scid);
+    put(out, &[scid.len() as u8]);
+    put(out, scid);
+    pos += seal_token(p.dcid, &mut out[pos..]).ok_or(NotRetryable::Malformed)?;
+    let tag = tag(p.dcid, &out[..pos]).ok_or(NotRetryable::Malformed)?;
+    out[pos..pos + TAG_LEN].copy_from_slice(&tag);
+    Ok(pos + TAG_LEN)
 }
 
 /// RFC 9001 §5.8 (RFC 9369 §3.3.3): a version's fixed integrity key, scheduled once
@@ -375,6 +393,7 @@ mod minter_tests {
     use crate::initial::build_client_initial;
     use crate::initial_protection::tests::model as protection_model;
     use crate::token::tests::{any_client, model as token_model};
+    use crate::token::write_retry_plain;
     use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM};
     use proptest::prelude::*;
 
@@ -393,46 +412,6 @@ mod minter_tests {
             .seal_in_place_separate_tag(Nonce::assume_unique_for_key(*nonce), Aad::from(&pseudo[..]), &mut [0u8; 0])
             .unwrap();
         tag.as_ref().try_into().unwrap()
-    }
-
-    /// `RetryMinter::mint` as it was on aws-lc-rs alone (aws-lc-rs HMAC contexts and
-    /// header-protection keys), from the models of initial_protection and token: the
-    /// slow, obviously right model of the minter.
-    fn model_mint(
-        token_secret: &[u8; 32],
-        datagram: &[u8],
-        client: SocketAddr,
-        scid: &[u8],
-        now_unix: u64,
-        nonce: [u8; NONCE_LEN],
-        out: &mut [u8; MAX_RETRY],
-    ) -> Result<usize, NotRetryable> {
-        let token = token_model::TokenKey::new(token_secret);
-        let v1_integrity = model_integrity_key(&V1_KEY);
-        let p = protection_model::check(datagram)?;
-        if !p.token.is_empty() && token.check(p.token, client, now_unix) == TokenCheck::Retry {
-            return Err(NotRetryable::Validated);
-        }
-        if scid.len() > 20 {
-            return Err(NotRetryable::Malformed);
-        }
-        let mut pos = 0;
-        let mut put = |out: &mut [u8; MAX_RETRY], b: &[u8]| {
-            out[pos..pos + b.len()].copy_from_slice(b);
-            pos += b.len();
-        };
-        put(out, &[0xf0]);
-        put(out, &p.version.to_be_bytes());
-        put(out, &[p.scid.len() as u8]);
-        put(out, p.scid);
-        put(out, &[scid.len() as u8]);
-        put(out, scid);
-        let token_len =
-            token.seal_retry(client, p.dcid, now_unix, nonce, &mut out[pos..]).ok_or(NotRetryable::Malformed)?;
-        pos += token_len;
-        let tag = model_tag_with(&v1_integrity, &V1_NONCE, p.dcid, &out[..pos]);
-        out[pos..pos + TAG_LEN].copy_from_slice(&tag);
-        Ok(pos + TAG_LEN)
     }
 
     /// What the client's Initial carries as its token.
@@ -505,7 +484,22 @@ mod minter_tests {
             init[0] ^= first_xor;
             let (mut got, mut want) = ([0u8; MAX_RETRY], [0u8; MAX_RETRY]);
             let n = m.mint(&init, client, &scid, now, nonce, &mut got);
-            let w = model_mint(&secret, &init, client, &scid, now, nonce, &mut want);
+            // The model: `mint` as it was on aws-lc-rs alone, from the models of
+            // initial_protection and token (the layout, `write_retry`, is shared).
+            let model_token = token_model::TokenKey::new(&secret);
+            let w = protection_model::check(&init).and_then(|p| {
+                if !p.token.is_empty() && model_token.check(p.token, client, now) == TokenCheck::Retry {
+                    return Err(NotRetryable::Validated);
+                }
+                let seal = |odcid: &[u8], out: &mut [u8]| {
+                    let n = write_retry_plain(out, client, odcid, now)?;
+                    model_token.seal_plain(out, n, nonce)
+                };
+                let tag = |odcid: &[u8], retry: &[u8]| {
+                    Some(model_tag_with(&model_integrity_key(&V1_KEY), &V1_NONCE, odcid, retry))
+                };
+                write_retry(&p, &scid, &mut want, seal, tag)
+            });
             prop_assert_eq!(n, w);
             if let Ok(n) = n {
                 prop_assert_eq!(&got[..n], &want[..n]);

@@ -25,14 +25,10 @@
 
 use crate::cid::{KeySet, ServerId, CID_LEN};
 use crate::decode_cache::{Decoder, Uncached};
-use crate::header::{self, Header, LongHeader, LongType};
+use crate::header::{self, Header, LongHeader, LongType, MIN_INITIAL_DATAGRAM};
 use crate::pin::PinTable;
 use crate::rendezvous::Rendezvous;
 use std::time::Duration;
-
-/// RFC 9000 §14.1: a server MUST discard an Initial in a datagram smaller than this;
-/// RFC 9000 §5.2.2: a server MUST drop smaller packets of unsupported versions.
-pub const MIN_INITIAL_DATAGRAM: usize = 1200;
 
 /// Why a datagram goes where it goes. The order is the counter order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -3,7 +3,7 @@
 //! The client then starts again with a version from the list (RFC 9368 §2.2,
 //! incompatible version negotiation).
 
-use crate::route::MIN_INITIAL_DATAGRAM;
+use crate::header::MIN_INITIAL_DATAGRAM;
 
 //= https://www.rfc-editor.org/rfc/rfc9000#section-15
 //# Versions that follow the pattern 0x?a?a?a?a are reserved for use in forcing version negotiation
