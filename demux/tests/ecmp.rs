@@ -26,8 +26,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 use std::time::Instant;
-use support::netns::{can_build, in_netns, ip, sysctl};
 use support::*;
+use testkit::netns::{can_build, in_netns, ip, sysctl};
 
 const ANYCAST: &str = "198.19.9.9";
 const PORT: u16 = 4433;
@@ -227,9 +227,7 @@ fn downloads_spread_over_two_hosts() {
     let (hosts, _) = appliances(&t);
     let have_gtls =
         testkit::have_tool(Command::new("gtlsclient").arg("--help").output().is_ok(), "gtlsclient (ngtcp2-client)");
-    let have_aioquic =
-        Command::new("python3").args(["-c", "import aioquic"]).output().map(|o| o.status.success()).unwrap_or(false);
-    let have_aioquic = testkit::have_tool(have_aioquic, "aioquic (python3 -m pip install aioquic)");
+    let have_aioquic = testkit::bin::have_aioquic();
     let before: Vec<u64> = hosts.iter().map(received).collect();
     let dl = testkit::temp_dir("ecmp-dl");
     let url = format!("https://{ANYCAST}:{PORT}/bytes/{MIB}");
@@ -249,7 +247,7 @@ fn downloads_spread_over_two_hosts() {
         assert!(ok && len == MIB && pattern, "gtlsclient flow {i}: ok={ok} len={len} pattern={pattern}: {out}");
         flows += 1;
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../worker/tests/aioquic_h3_get.py");
+    let script = testkit::bin::python_script("aioquic_h3_get.py");
     for i in 0..8 {
         if !have_aioquic {
             break;
