@@ -720,6 +720,24 @@ mod tests {
         "127.0.0.1:40000".parse().unwrap()
     }
 
+    /// A socket standing for an address this host serves (read timeout 5 s), and the
+    /// address.
+    fn served_sink() -> (UdpSocket, SocketAddr) {
+        let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
+        sink.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let local = sink.local_addr().unwrap();
+        (sink, local)
+    }
+
+    /// A scripted host 2 and a real host 1 on 127.0.0.1 that lists it and serves
+    /// `serves`, past their handshake.
+    fn scripted_to_real(keys: &KeyFile, serves: Vec<SocketAddr>) -> (Scripted, Real) {
+        let mut a = scripted(2, &keys.forwarding);
+        let b = Real::start(1, keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], serves);
+        a.handshake(1, b.addr, Duration::from_secs(5));
+        (a, b)
+    }
+
     /// ADR 0005 §4: a process holding everything a worker is ever sent — the
     /// `Assign` contents: CID keys, reset key, token key — cannot get a frame
     /// accepted. Every 32-byte string of the encoded `Assign`, used as the forwarding
@@ -732,11 +750,8 @@ mod tests {
             return;
         }
         let keys = cluster_keys();
-        let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let local = sink.local_addr().unwrap();
-        let mut good = scripted(2, &keys.forwarding);
-        let b = Real::start(1, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, good.addr())], vec![local]);
-        good.handshake(1, b.addr, Duration::from_secs(5));
+        let (sink, local) = served_sink();
+        let (mut good, b) = scripted_to_real(&keys, vec![local]);
         let epoch = good.outbound[&1].epoch();
         let mut assign = Vec::new();
         keys.assign(ServerId(1 << 14)).encode(&mut assign);
@@ -761,7 +776,6 @@ mod tests {
         good.data(1, b.addr, client(), local, b"genuine");
         wait("the genuine frame received", Duration::from_secs(5), || b.count(|c| &c.received) == 1);
         let mut buf = [0u8; 16];
-        sink.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let (n, from) = sink.recv_from(&mut buf).unwrap();
         assert_eq!((&buf[..n], from), (&b"genuine"[..], client()));
         b.peers.shutdown();
@@ -775,12 +789,9 @@ mod tests {
             return;
         }
         let keys = cluster_keys();
-        let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let local = sink.local_addr().unwrap();
-        let mut a = scripted(2, &keys.forwarding);
-        let b = Real::start(1, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], vec![local]);
+        let (_sink, local) = served_sink();
+        let (mut a, b) = scripted_to_real(&keys, vec![local]);
         let c = Real::start(3, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], vec![local]);
-        a.handshake(1, b.addr, Duration::from_secs(5));
         a.handshake(3, c.addr, Duration::from_secs(5));
         let ab = a.data(1, b.addr, client(), local, b"for B");
         wait("B received it", Duration::from_secs(5), || b.count(|c| &c.received) == 1);
@@ -802,11 +813,8 @@ mod tests {
             return;
         }
         let keys = cluster_keys();
-        let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let local = sink.local_addr().unwrap();
-        let mut a = scripted(2, &keys.forwarding);
-        let b = Real::start(1, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], vec![local]);
-        a.handshake(1, b.addr, Duration::from_secs(5));
+        let (_sink, local) = served_sink();
+        let (mut a, b) = scripted_to_real(&keys, vec![local]);
         let captured = a.data(1, b.addr, client(), local, b"before");
         wait("received before the restart", Duration::from_secs(5), || b.count(|c| &c.received) == 1);
         let at = b.addr;
@@ -832,9 +840,7 @@ mod tests {
             return;
         }
         let keys = cluster_keys();
-        let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
-        sink.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let local = sink.local_addr().unwrap();
+        let (sink, local) = served_sink();
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let a = Real::start(1, &keys, any, &[], vec![local]);
         let b = Real::start(2, &keys, any, &[(1, a.addr)], vec![local]);
@@ -888,9 +894,7 @@ mod tests {
             return;
         }
         let keys = cluster_keys();
-        let mut a = scripted(2, &keys.forwarding);
-        let b = Real::start(1, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], vec![]);
-        a.handshake(1, b.addr, Duration::from_secs(5));
+        let (_a, b) = scripted_to_real(&keys, vec![]);
         wait("A alive at B", Duration::from_secs(2), || b.peers.alive(2));
         // A moves (a new socket, another port); only the file says so.
         let mut moved = scripted(2, &keys.forwarding);
@@ -925,9 +929,7 @@ mod tests {
         let conn = Arc::new(DataConn { fd: ours, server_id: owner.0, slot: 0, rings: Vec::new() });
         let snap = Snapshot { table, conns: vec![conn], pressure: Vec::new(), version: 1, awaited: Default::default() };
         let shared = Arc::new(arc_swap::ArcSwap::from_pointee(snap));
-        let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
-        sink.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let local = sink.local_addr().unwrap();
+        let (sink, local) = served_sink();
         let mut a = scripted(2, &keys.forwarding);
         let b = Real::start(1, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], vec![local]);
         b.peers.hand_over_to(shared, 16);
@@ -974,13 +976,10 @@ mod tests {
             return;
         };
         rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let rx4 = UdpSocket::bind("127.0.0.1:0").unwrap();
-        rx4.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let (local, local4) = (rx.local_addr().unwrap(), rx4.local_addr().unwrap());
+        let (rx4, local4) = served_sink();
+        let local = rx.local_addr().unwrap();
         let keys = cluster_keys();
-        let mut a = scripted(2, &keys.forwarding);
-        let b = Real::start(1, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], vec![local, local4]);
-        a.handshake(1, b.addr, Duration::from_secs(5));
+        let (mut a, b) = scripted_to_real(&keys, vec![local, local4]);
         let client6: SocketAddr = "[2001:db8::5]:4321".parse().unwrap();
         a.data(1, b.addr, client6, local, b"a forwarded datagram");
         let mut buf = [0u8; 64];
