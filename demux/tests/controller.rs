@@ -229,19 +229,7 @@ fn dataplane_sigkill_is_restarted_on_the_same_sockets_and_downloads_finish() {
         client_endpoint(&c.cert)
     };
     let size = 4 * MIB;
-    let mut downloads = Vec::new();
-    for _ in 0..4 {
-        let mut h = rt.block_on(H3::connect(&ep, addr)).expect("connect");
-        let id = rt.block_on(h.get("/bytes/10")).expect("GET").server_id;
-        downloads.push((
-            id,
-            rt.spawn(async move {
-                let r = h.get_paced(&format!("/bytes/{size}"), Some(MIB)).await;
-                h.close();
-                r
-            }),
-        ));
-    }
+    let downloads = paced_downloads(&rt, &ep, addr, 4, size, Some(MIB));
     std::thread::sleep(Duration::from_millis(1500));
     let cmdline = |pid: i64| std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
     let grace = |c: &[u8]| c.split(|b| *b == 0).any(|a| a == b"--rejoin-grace-ms");
@@ -679,25 +667,15 @@ fn malformed_control_messages_and_bad_state_files() {
     let keys = c.state.join("keys");
     let good = std::fs::read_to_string(&keys).expect("keys");
     std::fs::write(&keys, "quicdemux-keys 1\nnewest 0 zz\n").expect("corrupt");
-    let out = std::process::Command::new(DEMUX)
-        .args(["--listen", "127.0.0.1:0", "--cores", "0", "--state-dir"])
-        .arg(&c.state)
-        .output()
-        .expect("run");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("corrupt"), "{err}");
+    let err = start_refused(&c.state);
+    assert!(err.contains("corrupt"), "{err}");
     assert_eq!(std::fs::read_to_string(&keys).expect("keys"), "quicdemux-keys 1\nnewest 0 zz\n");
     // Group-readable key file: refused too.
     std::fs::write(&keys, &good).expect("restore");
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o640)).expect("chmod");
-    let out = std::process::Command::new(DEMUX)
-        .args(["--listen", "127.0.0.1:0", "--cores", "0", "--state-dir"])
-        .arg(&c.state)
-        .output()
-        .expect("run");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("0600"), "{err}");
+    let err = start_refused(&c.state);
+    assert!(err.contains("0600"), "{err}");
     std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     // Owned by another uid (root here can chown): refused.
     // SAFETY: plain chown(2)/getuid(2) on a path we created.
@@ -706,25 +684,15 @@ fn malformed_control_messages_and_bad_state_files() {
         let cpath = std::ffi::CString::new(keys.as_os_str().as_encoded_bytes()).expect("path");
         // SAFETY: a valid NUL-terminated path.
         assert_eq!(unsafe { libc::chown(cpath.as_ptr(), 4242, 4242) }, 0);
-        let out = std::process::Command::new(DEMUX)
-            .args(["--listen", "127.0.0.1:0", "--cores", "0", "--state-dir"])
-            .arg(&c.state)
-            .output()
-            .expect("run");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains("belongs to uid 4242"), "{err}");
+        let err = start_refused(&c.state);
+        assert!(err.contains("belongs to uid 4242"), "{err}");
         // SAFETY: as above.
         assert_eq!(unsafe { libc::chown(cpath.as_ptr(), me, me) }, 0);
     }
     // Corrupt counter: refused.
     std::fs::write(c.state.join("server-id"), "garbage\n").expect("corrupt");
-    let out = std::process::Command::new(DEMUX)
-        .args(["--listen", "127.0.0.1:0", "--cores", "0", "--state-dir"])
-        .arg(&c.state)
-        .output()
-        .expect("run");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("server-id"), "{err}");
+    let err = start_refused(&c.state);
+    assert!(err.contains("server-id"), "{err}");
 }
 
 /// The kernel fast path carries established traffic without the data plane: with the
@@ -754,19 +722,7 @@ fn established_downloads_finish_while_the_data_plane_is_stopped() {
         client_endpoint(&c.cert)
     };
     let size = 8 * MIB;
-    let mut downloads = Vec::new();
-    for _ in 0..4 {
-        let mut h = rt.block_on(H3::connect(&ep, addr)).expect("connect");
-        let id = rt.block_on(h.get("/bytes/10")).expect("GET").server_id;
-        downloads.push((
-            id,
-            rt.spawn(async move {
-                let r = h.get_paced(&format!("/bytes/{size}"), Some(2 * MIB)).await;
-                h.close();
-                r
-            }),
-        ));
-    }
+    let downloads = paced_downloads(&rt, &ep, addr, 4, size, Some(2 * MIB));
     std::thread::sleep(Duration::from_millis(500));
     let fast_before = c.lb_wait()["fast_path"]["datagrams"].as_u64().unwrap_or(0);
     kill(dp, libc::SIGSTOP);
@@ -894,4 +850,41 @@ fn rotation_across_a_prf_switch_keeps_every_connection() {
         h.close();
     }
     assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
+}
+
+/// `n` connections to `addr`, each downloading `/bytes/SIZE` (paced at `pace` bytes/s)
+/// after a first small GET: (the server id that answered it, the download).
+fn paced_downloads(
+    rt: &tokio::runtime::Runtime,
+    ep: &quinn::Endpoint,
+    addr: std::net::SocketAddr,
+    n: usize,
+    size: u64,
+    pace: Option<u64>,
+) -> Vec<(u16, tokio::task::JoinHandle<Result<Resp, ReqError>>)> {
+    (0..n)
+        .map(|_| {
+            let mut h = rt.block_on(H3::connect(ep, addr)).expect("connect");
+            let id = rt.block_on(h.get("/bytes/10")).expect("GET").server_id;
+            let download = rt.spawn(async move {
+                let r = h.get_paced(&format!("/bytes/{size}"), pace).await;
+                h.close();
+                r
+            });
+            (id, download)
+        })
+        .collect()
+}
+
+/// `demux --state-dir STATE` on a state directory it must refuse: its stderr, once
+/// it has failed.
+fn start_refused(state: &std::path::Path) -> String {
+    let out = std::process::Command::new(DEMUX)
+        .args(["--listen", "127.0.0.1:0", "--cores", "0", "--state-dir"])
+        .arg(state)
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "started on a bad state directory: {err}");
+    err
 }

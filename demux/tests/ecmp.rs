@@ -17,17 +17,18 @@
 //! Needs root and iproute2; skipped with a message otherwise.
 #![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
+mod peer_support;
 #[path = "controller_support/mod.rs"]
 mod support;
 
-use proto::peer::{Body, Frame, FrameKeys, Header, Me, Outbound, Session, Verdict};
-use std::collections::HashMap;
+use peer_support::Scripted;
+use proto::peer::{Body, Frame, FrameKeys, Header, Me};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 use std::time::Instant;
-use support::netns::{can_build, in_netns, ip, sysctl};
 use support::*;
+use testkit::netns::{can_build, in_netns, ip, sysctl};
 
 const ANYCAST: &str = "198.19.9.9";
 const PORT: u16 = 4433;
@@ -227,9 +228,7 @@ fn downloads_spread_over_two_hosts() {
     let (hosts, _) = appliances(&t);
     let have_gtls =
         testkit::have_tool(Command::new("gtlsclient").arg("--help").output().is_ok(), "gtlsclient (ngtcp2-client)");
-    let have_aioquic =
-        Command::new("python3").args(["-c", "import aioquic"]).output().map(|o| o.status.success()).unwrap_or(false);
-    let have_aioquic = testkit::have_tool(have_aioquic, "aioquic (python3 -m pip install aioquic)");
+    let have_aioquic = testkit::bin::have_aioquic();
     let before: Vec<u64> = hosts.iter().map(received).collect();
     let dl = testkit::temp_dir("ecmp-dl");
     let url = format!("https://{ANYCAST}:{PORT}/bytes/{MIB}");
@@ -249,7 +248,7 @@ fn downloads_spread_over_two_hosts() {
         assert!(ok && len == MIB && pattern, "gtlsclient flow {i}: ok={ok} len={len} pattern={pattern}: {out}");
         flows += 1;
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../worker/tests/aioquic_h3_get.py");
+    let script = testkit::bin::python_script("aioquic_h3_get.py");
     for i in 0..8 {
         if !have_aioquic {
             break;
@@ -399,78 +398,6 @@ fn next_hop_changes(v6: bool) {
     assert!(sum("received") <= sum("forwarded"), "more received than sent: {p:?}");
 }
 
-/// A scripted peer: the forwarding protocol by hand (proto::peer::session) on a UDP
-/// socket in a namespace, so that a test can capture, replay and forge frames.
-struct Scripted {
-    sock: std::net::UdpSocket,
-    me: Me,
-    keys: FrameKeys,
-    sessions: HashMap<u16, Session>,
-    outbound: HashMap<u16, Outbound>,
-}
-
-impl Scripted {
-    /// Host `host`, bound at `at` inside `ns`, sealing with `secret`.
-    fn bind(ns: &str, at: std::net::SocketAddr, host: u16, secret: &[u8; 32]) -> Scripted {
-        let sock = in_netns(ns, move || std::net::UdpSocket::bind(at).expect("bind"));
-        sock.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
-        let me = Me { host, epoch: u64::from(std::process::id()) << 20 | 0x3 };
-        Scripted { sock, me, keys: FrameKeys::new(secret, None), sessions: HashMap::new(), outbound: HashMap::new() }
-    }
-
-    fn seal(&mut self, to_host: u16, to_epoch: u64, seq: u64, body: Body<'_>) -> Vec<u8> {
-        let ack = self.sessions.entry(to_host).or_default().ack();
-        let header = Header { from_host: self.me.host, to_host, from_epoch: self.me.epoch, to_epoch, seq, ack };
-        let mut out = Vec::new();
-        proto::peer::seal(&self.keys.current, &Frame { header, body }, &mut out);
-        out
-    }
-
-    fn heartbeat(&mut self, to_host: u16, to: std::net::SocketAddr, to_epoch: u64) {
-        let seq = self.outbound.entry(to_host).or_default().seq();
-        let f = self.seal(to_host, to_epoch, seq, Body::Heartbeat);
-        self.sock.send_to(&f, to).expect("send");
-    }
-
-    /// Receives for `for_ms`, applying the rules and answering stale frames.
-    fn pump(&mut self, to: &HashMap<u16, std::net::SocketAddr>, for_ms: u64) {
-        let end = Instant::now() + Duration::from_millis(for_ms);
-        let mut buf = [0u8; 2048];
-        while Instant::now() < end {
-            let Ok((n, _)) = self.sock.recv_from(&mut buf) else { continue };
-            let Ok(f) = proto::peer::open(&self.keys, &buf[..n]) else { continue };
-            let h = f.header;
-            let v = self.sessions.entry(h.from_host).or_default().receive(self.me, &h, 0);
-            let o = self.outbound.entry(h.from_host).or_default();
-            match v {
-                Verdict::Stale { ack, nudge } => {
-                    o.raise(ack);
-                    if let (Some(e), Some(&a)) = (nudge, to.get(&h.from_host)) {
-                        self.heartbeat(h.from_host, a, e);
-                    }
-                }
-                Verdict::Fresh { learned: Some(l) } => o.learn(l),
-                _ => {}
-            }
-        }
-    }
-
-    /// Hellos until `host` at `to` answers, then a heartbeat to its epoch (after
-    /// which it knows ours).
-    fn handshake(&mut self, host: u16, to: std::net::SocketAddr) {
-        let table = HashMap::from([(host, to)]);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.outbound.get(&host).is_none_or(|o| o.epoch() == 0) {
-            assert!(Instant::now() < deadline, "host {host} never answered");
-            self.heartbeat(host, to, 0);
-            self.pump(&table, 100);
-        }
-        let e = self.outbound[&host].epoch();
-        self.heartbeat(host, to, e);
-        self.pump(&table, 100);
-    }
-}
-
 /// (e) Every kind of bad frame is refused and counted, by real appliances, from a
 /// scripted host 3 (in the router namespace, at 198.18.2.1, listed by both hosts):
 /// garbage; frames sealed with anything a worker is ever sent (every 32-byte string
@@ -495,9 +422,11 @@ fn forged_misdirected_stale_and_replayed_frames_are_refused() {
     let (client, local) = (t.sockaddr("198.18.1.2", 40000), t.service());
     let datagram = [0x40u8; 40];
     let data = Body::Data { client, local, datagram: &datagram };
-    let mut s3 = Scripted::bind(&t.router, h3, 3, &keys.forwarding);
-    s3.handshake(1, to1);
-    s3.handshake(2, to2);
+    let sock = in_netns(&t.router, move || std::net::UdpSocket::bind(h3).expect("bind"));
+    let me = Me { host: 3, epoch: u64::from(std::process::id()) << 20 | 0x3 };
+    let mut s3 = Scripted::new(sock, me, &keys.forwarding);
+    s3.handshake(1, to1, Duration::from_secs(10));
+    s3.handshake(2, to2, Duration::from_secs(10));
     let epoch1 = s3.outbound[&1].epoch();
     // Garbage, and an authentic frame from the client network.
     let stranger = in_netns(&t.client, || std::net::UdpSocket::bind("198.18.1.2:0").expect("bind"));

@@ -8,7 +8,6 @@
 
 use serde_json::Value;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -172,30 +171,6 @@ fn limits_off_and_tight_limits() {
     assert!(u(&v, "/refused/RateLimited") > 0, "{v}");
 }
 
-fn run_with_timeout(mut cmd: Command, t: Duration) -> (bool, String) {
-    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn client");
-    let deadline = Instant::now() + t;
-    loop {
-        if let Ok(Some(st)) = child.try_wait() {
-            let mut out = String::new();
-            if let Some(mut o) = child.stdout.take() {
-                let _ = std::io::Read::read_to_string(&mut o, &mut out);
-            }
-            if let Some(mut e) = child.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut e, &mut out);
-            }
-            let tail: String = out.chars().rev().take(3000).collect::<String>().chars().rev().collect();
-            return (st.success(), tail);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return (false, format!("timed out after {t:?}"));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// `--retry always`: the data plane answers every token-less client Initial with a
 /// Retry whose SCID names the instance it would place the connection on and whose
 /// token is quinn's own; quinn, ngtcp2 (gtlsclient) and aioquic clients all follow
@@ -231,18 +206,16 @@ fn demux_minted_retry_accepted_by_quinn_ngtcp2_aioquic() {
         cmd.args(["-q", "--exit-on-all-streams-close", "--timeout=15s"])
             .arg(format!("--download={}", dl.display()))
             .args(["127.0.0.1", &port, &url]);
-        let (ok, out) = run_with_timeout(cmd, Duration::from_secs(40));
+        let (ok, out) = testkit::bin::run_bounded(&mut cmd, Duration::from_secs(40));
         let len = std::fs::metadata(dl.join("1024")).map(|m| m.len()).unwrap_or(0);
         assert!(ok && len == 1024, "gtlsclient after Retry: ok={ok} len={len}: {out}");
         clients += 1;
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../worker/tests/aioquic_h3_get.py");
-    let have_aioquic =
-        Command::new("python3").args(["-c", "import aioquic"]).output().map(|o| o.status.success()).unwrap_or(false);
-    if have_tool(have_aioquic, "aioquic (python3 -m pip install aioquic)") {
+    let script = testkit::bin::python_script("aioquic_h3_get.py");
+    if testkit::bin::have_aioquic() {
         let mut cmd = Command::new("python3");
         cmd.arg(&script).args(["127.0.0.1", &port, "/bytes/1024"]);
-        let (ok, out) = run_with_timeout(cmd, Duration::from_secs(40));
+        let (ok, out) = testkit::bin::run_bounded(&mut cmd, Duration::from_secs(40));
         assert!(ok && out.contains("status=200") && out.contains("bytes=1024"), "aioquic after Retry: {out}");
         clients += 1;
     }

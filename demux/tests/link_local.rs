@@ -17,8 +17,8 @@ mod support;
 
 use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::process::Command;
-use support::netns::{can_build, ifindex, in_netns, ip, sysctl};
 use support::*;
+use testkit::netns::{can_build, ifindex, in_netns, ip, sysctl};
 
 const PORT: u16 = 4433;
 

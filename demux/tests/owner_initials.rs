@@ -37,7 +37,7 @@ use proto::{KeySet, ServerId};
 use serde_json::Value;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -199,30 +199,6 @@ impl Spoofer {
     }
 }
 
-fn run_with_timeout(mut cmd: Command, t: Duration) -> (bool, String) {
-    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn client");
-    let deadline = Instant::now() + t;
-    loop {
-        if let Ok(Some(st)) = child.try_wait() {
-            let mut out = String::new();
-            if let Some(mut o) = child.stdout.take() {
-                let _ = std::io::Read::read_to_string(&mut o, &mut out);
-            }
-            if let Some(mut e) = child.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut e, &mut out);
-            }
-            let tail: String = out.chars().rev().take(3000).collect::<String>().chars().rev().collect();
-            return (st.success(), tail);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return (false, format!("timed out after {t:?}"));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// From an ngtcp2 qlog (JSON text sequences): (the distinct CRYPTO offsets of the
 /// Initial packets sent before the client first heard from the server — a
 /// retransmission repeats one — and the end of their CRYPTO data: its ClientHello in
@@ -266,10 +242,10 @@ fn legitimate_clients(dir: &Path, target: SocketAddr) -> Vec<String> {
     let port = target.port().to_string();
     let mut lines = Vec::new();
     // aioquic, a 1 216-byte GREASE key share.
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/aioquic_big_hello.py");
+    let script = testkit::bin::python_script("aioquic_big_hello.py");
     let mut cmd = Command::new("python3");
     cmd.arg(&script).args(["127.0.0.1", &port, "/bytes/4096"]);
-    let (ok, out) = run_with_timeout(cmd, Duration::from_secs(60));
+    let (ok, out) = testkit::bin::run_bounded(&mut cmd, Duration::from_secs(60));
     assert!(ok && out.contains("status=200") && out.contains("bytes=4096"), "aioquic: {out}");
     let packets: u64 =
         out.split_whitespace().find_map(|w| w.strip_prefix("ch_packets=")).and_then(|n| n.parse().ok()).unwrap_or(0);
@@ -291,7 +267,7 @@ fn legitimate_clients(dir: &Path, target: SocketAddr) -> Vec<String> {
             .arg(format!("--qlog-file={}", qlog.display()))
             .arg(format!("--download={}", dl.display()))
             .args(["127.0.0.1", &port, &format!("https://localhost:{port}/bytes/4096")]);
-        let (ok, out) = run_with_timeout(cmd, Duration::from_secs(60));
+        let (ok, out) = testkit::bin::run_bounded(&mut cmd, Duration::from_secs(60));
         let len = std::fs::metadata(dl.join("4096")).map(|m| m.len()).unwrap_or(0);
         assert!(ok && len == 4096, "gtlsclient {tag}: ok={ok} len={len}: {out}");
         let (packets, bytes, later) = qlog_first_flight(&qlog);
@@ -307,11 +283,7 @@ fn legitimate_clients(dir: &Path, target: SocketAddr) -> Vec<String> {
 #[test]
 fn owner_initials_meet_the_limits_while_big_client_hellos_complete() {
     let have_gtls = Command::new("gtlsclient").arg("--help").output().is_ok();
-    let have_aioquic =
-        Command::new("python3").args(["-c", "import aioquic"]).output().map(|o| o.status.success()).unwrap_or(false);
-    if !testkit::have_tool(have_gtls, "gtlsclient (ngtcp2-client)")
-        || !testkit::have_tool(have_aioquic, "aioquic (python3 -m pip install aioquic)")
-    {
+    if !testkit::have_tool(have_gtls, "gtlsclient (ngtcp2-client)") || !testkit::bin::have_aioquic() {
         return;
     }
     let flags = [

@@ -201,10 +201,7 @@ fn get_once(rt: &tokio::runtime::Runtime, c: &Cert, addr: SocketAddr) -> control
 #[test]
 fn socket_activation_readiness_reload_and_stop() {
     let _g = serial();
-    if !testkit::have_tool(
-        Command::new("systemd-socket-activate").arg("--version").output().is_ok(),
-        "systemd-socket-activate",
-    ) {
+    if !have_socket_activate() {
         return;
     }
     let dir = testkit::temp_dir("sd-activate");
@@ -215,23 +212,11 @@ fn socket_activation_readiness_reload_and_stop() {
     let cfg = config(&dir, &addr.to_string(), 1, &c);
     let mut notify = Notify::new(&dir, "notify.sock");
     let log = dir.join("controller.log");
-    let mut child = Command::new("systemd-socket-activate")
-        .args(["--datagram", "-l", &addr.to_string(), "--fdname=quicdemux-test"])
-        .arg("-E")
-        .arg(format!("NOTIFY_SOCKET={}", notify.path.display()))
-        .args(["-E", "WATCHDOG_USEC=400000"])
-        .arg(DEMUX)
-        .arg("--config")
-        .arg(&cfg)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("systemd-socket-activate");
+    let notify_env = format!("NOTIFY_SOCKET={}", notify.path.display());
+    let (listen, watchdog) = (addr.to_string(), "WATCHDOG_USEC=400000");
+    let args = ["--datagram", "-l", &listen, "--fdname=quicdemux-test", "-E", &notify_env, "-E", watchdog];
+    let mut child = socket_activated(&args, &cfg, &log);
     let pid = child.id() as i64;
-    testkit::wait_until("systemd-socket-activate listening", Duration::from_secs(10), || {
-        tail(&log).contains("Listening on").then_some(())
-    });
     // The first datagram activates the service (it stays in the socket): garbage,
     // which the data plane must then read from the activated socket (NotQuic).
     let client = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -337,6 +322,63 @@ fn socket_activation_readiness_reload_and_stop() {
     assert_eq!(notify.states(), ["READY", "RELOADING", "READY", "STOPPING"]);
 }
 
+/// Whether systemd-socket-activate is installed (a skip says why when it is not).
+fn have_socket_activate() -> bool {
+    testkit::have_tool(
+        Command::new("systemd-socket-activate").arg("--version").output().is_ok(),
+        "systemd-socket-activate",
+    )
+}
+
+/// `systemd-socket-activate ARGS… DEMUX --config CFG` (stderr to `log`), once it is
+/// listening (`ARGS` has `-l ADDR`, and `--datagram` for UDP).
+fn socket_activated(args: &[&str], cfg: &Path, log: &Path) -> Child {
+    let child = Command::new("systemd-socket-activate")
+        .args(args)
+        .arg(DEMUX)
+        .arg("--config")
+        .arg(cfg)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .expect("systemd-socket-activate");
+    testkit::wait_until("systemd-socket-activate listening", Duration::from_secs(10), || {
+        tail(log).contains("Listening on").then_some(())
+    });
+    child
+}
+
+/// A controller started with `NOTIFY_SOCKET` on a fresh state directory (one worker,
+/// 127.0.0.1, an ephemeral port), once it is ready and has stored its sockets.
+struct Notified {
+    dir: PathBuf,
+    _reap: testkit::bin::Reaper,
+    c: Cert,
+    cfg: PathBuf,
+    notify: Notify,
+    log: PathBuf,
+    child: Child,
+    /// The index of its READY=1 in `notify.got`.
+    ready: usize,
+    store: Vec<(String, OwnedFd)>,
+}
+
+impl Notified {
+    fn start(tag: &str) -> Notified {
+        let dir = testkit::temp_dir(tag);
+        let _reap = testkit::bin::Reaper(dir.clone());
+        let c = cert(&dir);
+        let cfg = config(&dir, "127.0.0.1:0", 1, &c);
+        let mut notify = Notify::new(&dir, "notify.sock");
+        let log = dir.join("controller-a.log");
+        let mut child = start_notified(&cfg, &notify.path, &log);
+        let ready = notify.wait_for(0, "READY", "1", Duration::from_secs(60), &mut child, &log);
+        let store = stored(&mut notify, 0);
+        Notified { dir, _reap, c, cfg, notify, log, child, ready, store }
+    }
+}
+
 /// Starts `demux --config cfg` as systemd would after a restart: `fds` as
 /// descriptors 3… (`LISTEN_FDS`, `LISTEN_FDNAMES`, `LISTEN_PID` = the new process).
 fn start_with_fds(cfg: &Path, notify: &Path, fds: &[(String, OwnedFd)], log: &Path) -> Child {
@@ -406,15 +448,8 @@ fn start_notified(cfg: &Path, notify: &Path, log: &Path) -> Child {
 #[test]
 fn a_restart_serves_the_stored_sockets_and_never_closes_the_port() {
     let _g = serial();
-    let dir = testkit::temp_dir("sd-restart");
-    let _reap = testkit::bin::Reaper(dir.clone());
-    let c = cert(&dir);
-    let cfg = config(&dir, "127.0.0.1:0", 1, &c);
-    let mut notify = Notify::new(&dir, "notify.sock");
-    let log_a = dir.join("controller-a.log");
-    let mut a = start_notified(&cfg, &notify.path, &log_a);
-    let ready = notify.wait_for(0, "READY", "1", Duration::from_secs(60), &mut a, &log_a);
-    let store = stored(&mut notify, 0);
+    let Notified { dir, _reap, c, cfg, mut notify, log: log_a, child: mut a, ready, store } =
+        Notified::start("sd-restart");
     assert_eq!(store.len(), 2, "one stored socket per shard");
     let addr = local_addr(&store[0].1);
     let inodes: Vec<u64> = store.iter().map(|(_, f)| inode(f)).collect();
@@ -481,15 +516,8 @@ fn a_restart_serves_the_stored_sockets_and_never_closes_the_port() {
 #[test]
 fn a_hand_over_keeps_established_connections() {
     let _g = serial();
-    let dir = testkit::temp_dir("sd-handover");
-    let _reap = testkit::bin::Reaper(dir.clone());
-    let c = cert(&dir);
-    let cfg = config(&dir, "127.0.0.1:0", 1, &c);
-    let mut notify = Notify::new(&dir, "notify.sock");
-    let log_a = dir.join("controller-a.log");
-    let mut a = start_notified(&cfg, &notify.path, &log_a);
-    let ready = notify.wait_for(0, "READY", "1", Duration::from_secs(60), &mut a, &log_a);
-    let store = stored(&mut notify, 0);
+    let Notified { dir, _reap, c, cfg, mut notify, log: log_a, child: mut a, ready, store } =
+        Notified::start("sd-handover");
     let addr = local_addr(&store[0].1);
     let st = json(&dir, "status").unwrap();
     let dp_pid = st["dataplane"]["pid"].as_i64().unwrap();
@@ -565,10 +593,7 @@ fn a_hand_over_keeps_established_connections() {
 #[test]
 fn unusable_passed_sockets_stop_the_start_with_a_reason() {
     let _g = serial();
-    if !testkit::have_tool(
-        Command::new("systemd-socket-activate").arg("--version").output().is_ok(),
-        "systemd-socket-activate",
-    ) {
+    if !have_socket_activate() {
         return;
     }
     let dir = testkit::temp_dir("sd-refuse");
@@ -576,18 +601,8 @@ fn unusable_passed_sockets_stop_the_start_with_a_reason() {
     let c = cert(&dir);
     let run = |args: &[&str], cfg: &Path, trigger: &dyn Fn(SocketAddr), addr: SocketAddr| -> String {
         let log = dir.join("refused.log");
-        let mut child = Command::new("systemd-socket-activate")
-            .args(args)
-            .args(["-l", &addr.to_string()])
-            .arg(DEMUX)
-            .arg("--config")
-            .arg(cfg)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        testkit::wait_until("listening", Duration::from_secs(10), || tail(&log).contains("Listening on").then_some(()));
+        let listen = addr.to_string();
+        let mut child = socket_activated(&[args, &["-l", &listen]].concat(), cfg, &log);
         trigger(addr);
         let st = wait_exit(&mut child, Duration::from_secs(20)).expect("the controller gives up");
         assert!(!st.success());
@@ -623,10 +638,7 @@ fn unusable_passed_sockets_stop_the_start_with_a_reason() {
 #[test]
 fn ipv6_activated_sockets() {
     let _g = serial();
-    if !testkit::have_tool(
-        Command::new("systemd-socket-activate").arg("--version").output().is_ok(),
-        "systemd-socket-activate",
-    ) {
+    if !have_socket_activate() {
         return;
     }
     if UdpSocket::bind("[::1]:0").is_err() {
@@ -641,19 +653,8 @@ fn ipv6_activated_sockets() {
     let cfg = config(&dir, &addr.to_string(), 1, &c);
     let mut notify = Notify::new(&dir, "notify.sock");
     let log = dir.join("controller.log");
-    let mut child = Command::new("systemd-socket-activate")
-        .args(["--datagram", "-l", &addr.to_string()])
-        .arg("-E")
-        .arg(format!("NOTIFY_SOCKET={}", notify.path.display()))
-        .arg(DEMUX)
-        .arg("--config")
-        .arg(&cfg)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    testkit::wait_until("listening", Duration::from_secs(10), || tail(&log).contains("Listening on").then_some(()));
+    let notify_env = format!("NOTIFY_SOCKET={}", notify.path.display());
+    let mut child = socket_activated(&["--datagram", "-l", &addr.to_string(), "-E", &notify_env], &cfg, &log);
     UdpSocket::bind("[::1]:0").unwrap().send_to(&[0x00, 1], addr).unwrap();
     notify.wait_for(0, "READY", "1", Duration::from_secs(60), &mut child, &log);
     let store = stored(&mut notify, 0);
@@ -686,17 +687,7 @@ fn ipv6_activated_sockets() {
     let any: SocketAddr = format!("[::]:{port}").parse().unwrap();
     let cfg = config(&dir, &any.to_string(), 0, &c);
     let log = dir.join("dual.log");
-    let mut child = Command::new("systemd-socket-activate")
-        .args(["--datagram", "-l", &any.to_string()])
-        .arg(DEMUX)
-        .arg("--config")
-        .arg(&cfg)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    testkit::wait_until("listening", Duration::from_secs(10), || tail(&log).contains("Listening on").then_some(()));
+    let mut child = socket_activated(&["--datagram", "-l", &any.to_string()], &cfg, &log);
     UdpSocket::bind("[::1]:0").unwrap().send_to(&[0x00, 1], format!("[::1]:{port}")).unwrap();
     let st = wait_exit(&mut child, Duration::from_secs(20)).expect("refused");
     assert!(!st.success());

@@ -9,12 +9,21 @@
 //!   §17.2.3 (0-RTT), §17.2.4 (Handshake), §17.2.5 (Retry), §17.3 (short header).
 //! - RFC 9369 §3.2: QUIC version 2 long-header type codes.
 
+//= https://www.rfc-editor.org/rfc/rfc9000#section-15
+//# This version of the specification is identified by the number 0x00000001.
 /// QUIC version 1 (RFC 9000 §15).
 pub const VERSION_1: u32 = 0x0000_0001;
 /// QUIC version 2 (RFC 9369 §3.1).
 pub const VERSION_2: u32 = 0x6b33_43cf;
 /// Versions whose long-header packet types this parser understands.
 pub const SUPPORTED_VERSIONS: [u32; 2] = [VERSION_1, VERSION_2];
+//= https://www.rfc-editor.org/rfc/rfc9000#section-14.1
+//# A server MUST discard an Initial packet that is carried in a UDP datagram with a payload that is
+//# smaller than the smallest allowed maximum datagram size of 1200 bytes.
+/// RFC 9000 §14.1: a server MUST discard an Initial in a datagram smaller than this
+/// (quinn's `MIN_INITIAL_SIZE`); RFC 9000 §5.2.2: a server MUST drop smaller packets
+/// of unsupported versions.
+pub const MIN_INITIAL_DATAGRAM: usize = 1200;
 /// RFC 9000 §17.2: in QUIC v1 and v2 a connection ID is at most 20 bytes.
 pub const MAX_CID_LEN_V1: usize = 20;
 /// RFC 9001 §5.4.2: header protection samples 16 bytes starting 4 bytes after the
@@ -153,6 +162,10 @@ impl<'a> Reader<'a> {
     }
 }
 
+//= https://www.rfc-editor.org/rfc/rfc9000#section-16
+//# The QUIC variable-length integer encoding reserves the two most significant bits of the first
+//# byte to encode the base-2 logarithm of the integer encoding length in bytes. The integer value
+//# is encoded on the remaining bits, in network byte order.
 /// Decodes an RFC 9000 §16 varint from the front of `buf`: (value, bytes used).
 pub fn read_varint(buf: &[u8]) -> Option<(u64, usize)> {
     let mut r = Reader { buf, pos: 0 };
@@ -160,6 +173,9 @@ pub fn read_varint(buf: &[u8]) -> Option<(u64, usize)> {
     Some((v, r.pos))
 }
 
+//= https://www.rfc-editor.org/rfc/rfc9000#section-17.2
+//# Long Packet Type: The next two bits (those with a mask of 0x30) of byte 0 contain a packet type.
+//# Packet types are listed in Table 5.
 /// The long-header packet type for a v1/v2 first byte (RFC 9000 §17.2, RFC 9369 §3.2).
 fn long_type(version: u32, first: u8) -> LongType {
     let bits = (first >> 4) & 0x03;
@@ -189,6 +205,9 @@ pub fn parse(datagram: &[u8], short_dcid_len: usize) -> Result<Header<'_>, Heade
     let first = r.u8()?;
     if first & FORM_LONG == 0 {
         // RFC 9000 §17.3.1: 1-RTT packet.
+        //= https://www.rfc-editor.org/rfc/rfc9000#section-17.3.1
+        //# Fixed Bit: The next bit (0x40) of byte 0 is set to 1. Packets containing a zero value
+        //# for this bit are not valid packets in this version and MUST be discarded.
         if first & FIXED_BIT == 0 {
             return Err(HeaderError::FixedBitClear);
         }
@@ -200,19 +219,32 @@ pub fn parse(datagram: &[u8], short_dcid_len: usize) -> Result<Header<'_>, Heade
     }
     // RFC 8999 §5.1: version, then DCID and SCID, each with a one-byte length.
     let version = r.u32()?;
+    //= https://www.rfc-editor.org/rfc/rfc9000#section-17.2
+    //# In order to properly form a Version Negotiation packet, servers SHOULD be able to read
+    //# longer connection IDs from other QUIC versions.
     let dcid_len = r.u8()? as usize;
     let dcid = r.bytes(dcid_len)?;
     let scid_len = r.u8()? as usize;
     let scid = r.bytes(scid_len)?;
+    //= https://www.rfc-editor.org/rfc/rfc9000#section-17.2.1
+    //# Upon receipt by a client, it will be identified as a Version Negotiation packet based on the
+    //# Version field having a value of 0.
     if version == 0 {
         return Ok(Header::VersionNegotiation { dcid, scid });
     }
     if !SUPPORTED_VERSIONS.contains(&version) {
         return Ok(Header::UnsupportedVersion { version, dcid, scid });
     }
+    //= https://www.rfc-editor.org/rfc/rfc9000#section-17.2
+    //# Fixed Bit: The next bit (0x40) of byte 0 is set to 1, unless the packet is a Version
+    //# Negotiation packet. Packets containing a zero value for this bit are not valid packets in
+    //# this version and MUST be discarded.
     if first & FIXED_BIT == 0 {
         return Err(HeaderError::FixedBitClear);
     }
+    //= https://www.rfc-editor.org/rfc/rfc9000#section-17.2
+    //# In QUIC version 1, this value MUST NOT exceed 20 bytes. Endpoints that receive a version 1
+    //# long header with a value larger than 20 MUST drop the packet.
     if dcid_len > MAX_CID_LEN_V1 || scid_len > MAX_CID_LEN_V1 {
         return Err(HeaderError::CidTooLong);
     }
@@ -220,6 +252,10 @@ pub fn parse(datagram: &[u8], short_dcid_len: usize) -> Result<Header<'_>, Heade
     let mut token: &[u8] = &[];
     match ty {
         LongType::Retry => {
+            //= https://www.rfc-editor.org/rfc/rfc9000#section-12.2
+            //# Retry packets (Section 17.2.5), Version Negotiation packets (Section 17.2.1), and
+            //# packets with a short header (Section 17.3) do not contain a Length field and so
+            //# cannot be followed by other packets in the same UDP datagram.
             // RFC 9000 §17.2.5: Retry Token, then a 16-byte integrity tag.
             if r.remaining() < 16 {
                 return Err(HeaderError::LengthMismatch);
@@ -234,6 +270,9 @@ pub fn parse(datagram: &[u8], short_dcid_len: usize) -> Result<Header<'_>, Heade
             }));
         }
         LongType::Initial => {
+            //= https://www.rfc-editor.org/rfc/rfc9000#section-17.2.2
+            //# Token Length: A variable-length integer specifying the length of the Token field, in
+            //# bytes.
             // RFC 9000 §17.2.2: Token Length (varint) and Token.
             let len = r.varint()?;
             let len = usize::try_from(len).map_err(|_| HeaderError::Truncated)?;
@@ -241,9 +280,14 @@ pub fn parse(datagram: &[u8], short_dcid_len: usize) -> Result<Header<'_>, Heade
         }
         LongType::ZeroRtt | LongType::Handshake => {}
     }
+    //= https://www.rfc-editor.org/rfc/rfc9000#section-17.2
+    //# Length: This is the length of the remainder of the packet (that is, the Packet Number and
+    //# Payload fields) in bytes, encoded as a variable-length integer (Section 16).
     // RFC 9000 §17.2.2-4: Length covers packet number and payload.
     let length = r.varint()?;
     let length = usize::try_from(length).map_err(|_| HeaderError::LengthMismatch)?;
+    //= https://www.rfc-editor.org/rfc/rfc9001#section-5.4.2
+    //# An endpoint MUST discard packets that are not long enough to contain a complete sample.
     // RFC 9001 §5.4.2: the header-protection sample must fit inside the packet.
     if length > r.remaining() || length < MIN_AFTER_PN_OFFSET {
         return Err(HeaderError::LengthMismatch);

@@ -44,6 +44,9 @@ struct Keys {
     hp: HeaderProtectionKey,
 }
 
+//= https://www.rfc-editor.org/rfc/rfc9000#section-12.2
+//# The receiver of coalesced QUIC packets MUST individually process each QUIC packet and separately
+//# acknowledge them, as if they were received as the payload of different UDP datagrams.
 /// Whether `datagram` (from a client) starts a QUIC connection: some Initial packet
 /// in it carries a CRYPTO frame at offset 0. `None` when the first packet is not a
 /// v1/v2 Initial or does not open (quinn drops such a packet too).
@@ -55,6 +58,9 @@ pub fn starts_connection(datagram: &[u8]) -> Option<bool> {
         let rest = &datagram[off..];
         let Some(p) = split_initial(rest) else { break };
         if keys.as_ref().is_some_and(|(d, _)| d[..] != *p.dcid) {
+            //= https://www.rfc-editor.org/rfc/rfc9000#section-12.2
+            //# Receivers SHOULD ignore any subsequent packets with a different Destination
+            //# Connection ID than the first packet in the datagram.
             // RFC 9000 §12.2: a coalesced packet with another DCID is dropped.
             break;
         }
@@ -121,6 +127,9 @@ fn split_initial(p: &[u8]) -> Option<InitialPacket<'_>> {
 /// Removes header protection (RFC 9001 §5.4) and opens the packet (§5.3): its
 /// plaintext payload.
 fn open(k: &Keys, packet: &[u8], pn_offset: usize) -> Option<Vec<u8>> {
+    //= https://www.rfc-editor.org/rfc/rfc9001#section-5.4.2
+    //# The sample of ciphertext is taken starting from an offset of 4 bytes after the start of the
+    //# Packet Number field.
     // RFC 9001 §5.4.2: the sample starts 4 bytes after the packet number's start.
     let sample = packet.get(pn_offset + 4..pn_offset + 20)?;
     let mask = k.hp.new_mask(sample).ok()?;
@@ -133,6 +142,8 @@ fn open(k: &Keys, packet: &[u8], pn_offset: usize) -> Option<Vec<u8>> {
         *b ^= mask[1 + i];
         pn = pn << 8 | u64::from(*b);
     }
+    //= https://www.rfc-editor.org/rfc/rfc9001#section-5.3
+    //# The exclusive OR of the padded packet number and the IV forms the AEAD nonce.
     // RFC 9001 §5.3: nonce = IV xor the (truncated, for the first packets it is the
     // full) packet number, left-padded. A client's packet numbers of a new
     // connection are small, so the truncated value is the packet number.
@@ -140,6 +151,10 @@ fn open(k: &Keys, packet: &[u8], pn_offset: usize) -> Option<Vec<u8>> {
     for (i, b) in pn.to_be_bytes().iter().enumerate() {
         nonce[4 + i] ^= b;
     }
+    //= https://www.rfc-editor.org/rfc/rfc9001#section-5.3
+    //# The associated data, A, for the AEAD is the contents of the QUIC header, starting from the
+    //# first byte of either the short or long header, up to and including the unprotected packet
+    //# number.
     let (header, payload) = buf.split_at_mut(pn_offset + pn_len);
     let plain = k.aead.open_in_place(Nonce::assume_unique_for_key(nonce), Aad::from(&*header), payload).ok()?;
     Some(plain.to_vec())
@@ -173,6 +188,10 @@ pub fn build_client_initial(
     if fixed + payload.len() < min_len {
         payload.resize(min_len - fixed, 0);
     }
+    //= https://www.rfc-editor.org/rfc/rfc9001#section-5.4.2
+    //# To ensure that sufficient data is available for sampling, packets are padded so that the
+    //# combined lengths of the encoded packet number and protected payload is at least 4 bytes
+    //# longer than the sample required for header protection.
     // RFC 9001 §5.4.2: at least 4 bytes of packet number + payload before the sample.
     if payload.len() < 4 {
         payload.resize(4, 0);

@@ -19,7 +19,7 @@
 //! the `quic hp` key): ten SHA-256 compressions in all; then an AES-128 key schedule
 //! and one AES block (RFC 9001 §5.4.3, the `aes` crate, AES-NI chosen at run time).
 
-use crate::header::{read_varint, VERSION_1, VERSION_2};
+use crate::header::{read_varint, MAX_CID_LEN_V1, MIN_INITIAL_DATAGRAM, VERSION_1, VERSION_2};
 use aes::cipher::{BlockCipherEncrypt, KeyInit};
 use hkdf::{Hkdf, HkdfExtract};
 use sha2::Sha256;
@@ -33,6 +33,10 @@ struct VersionLabels {
     hp: &'static [u8],
 }
 
+//= https://www.rfc-editor.org/rfc/rfc9001#section-5.2
+//# This secret is determined by using HKDF-Extract (see Section 2.2 of [HKDF]) with a salt of
+//# 0x38762cf7f55934b34d179ae6a4c80cadccbb7f0a and the input keying material (IKM) of the
+//# Destination Connection ID field.
 /// RFC 9001 §5.2 (initial_salt) and §5.1 (labels) for QUIC v1.
 const V1_LABELS: VersionLabels = VersionLabels {
     salt: [
@@ -103,6 +107,10 @@ impl InitialSalt {
         InitialSalt { extract: HkdfExtract::new(Some(&labels.salt)), labels }
     }
 
+    //= https://www.rfc-editor.org/rfc/rfc9001#section-5.2
+    //# The secret used by clients to construct Initial packets uses the PRK and the label "client
+    //# in" as input to the HKDF-Expand-Label function from TLS [TLS13] to produce a 32-byte secret.
+    //# Packets constructed by the server use the same process with the label "server in".
     /// RFC 9001 §5.2: `side`'s initial secret for the client's first DCID `dcid`,
     /// HKDF-Expand-Label(HKDF-Extract(initial_salt, dcid), "client in" | "server in",
     /// "", 32), as an HKDF PRK for the Expand-Labels that follow.
@@ -136,6 +144,9 @@ impl InitialSalt {
     }
 }
 
+//= https://www.rfc-editor.org/rfc/rfc9001#section-5.2
+//# The HKDF-Expand-Label function defined in TLS 1.3 MUST be used for Initial packets even where
+//# the TLS versions offered do not include TLS 1.3.
 /// RFC 8446 §7.1 HKDF-Expand-Label(Secret, Label, "", N): HKDF-Expand with the
 /// HkdfLabel structure (length, "tls13 " ‖ label, empty context) as info.
 fn expand_label<const N: usize>(secret: &Hkdf<Sha256>, label: &[u8]) -> [u8; N] {
@@ -155,13 +166,11 @@ pub fn client_initial_keys(version: u32, dcid: &[u8]) -> Option<InitialKeys> {
     Some(InitialSalt::new(version)?.keys(Side::Client, dcid))
 }
 
-/// RFC 9000 §14.1: a client's Initial datagram is at least this long (quinn drops
-/// shorter ones: `MIN_INITIAL_SIZE`).
-pub const MIN_INITIAL_DATAGRAM: usize = 1200;
 /// RFC 9000 §7.2: a client's first DCID is at least 8 bytes.
 pub const MIN_FIRST_DCID: usize = 8;
-/// RFC 9000 §17.2: connection IDs of QUIC v1 are at most 20 bytes.
-pub const MAX_CID: usize = 20;
+//= https://www.rfc-editor.org/rfc/rfc9001#section-5.4.2
+//# The sample of ciphertext is taken starting from an offset of 4 bytes after the start of the
+//# Packet Number field.
 /// RFC 9001 §5.4.2: the header-protection sample is 16 bytes, taken 4 bytes after the
 /// start of the packet number.
 const SAMPLE_OFFSET: usize = 4;
@@ -217,13 +226,13 @@ fn parse_inner(p: &[u8]) -> Option<ClientInitial<'_>> {
         return None;
     }
     let dl = usize::from(*p.get(5)?);
-    if dl > MAX_CID {
+    if dl > MAX_CID_LEN_V1 {
         return None;
     }
     let dcid = p.get(6..6 + dl)?;
     let mut pos = 6 + dl;
     let sl = usize::from(*p.get(pos)?);
-    if sl > MAX_CID {
+    if sl > MAX_CID_LEN_V1 {
         return None;
     }
     let scid = p.get(pos + 1..pos + 1 + sl)?;
@@ -276,25 +285,36 @@ impl InitialProtection {
     /// protection removal (RFC 9001 §5.4.1: the low 4 bits of the first byte are
     /// masked in a long header).
     pub fn check<'a>(&self, datagram: &'a [u8]) -> Result<ClientInitial<'a>, NotRetryable> {
-        let p = parse(datagram)?;
-        if datagram.len() < MIN_INITIAL_DATAGRAM {
-            return Err(NotRetryable::Short);
-        }
-        if p.dcid.len() < MIN_FIRST_DCID {
-            return Err(NotRetryable::ShortDcid);
-        }
-        let start = p.pn_offset + SAMPLE_OFFSET;
-        let sample = datagram
-            .get(start..start + SAMPLE_LEN)
-            .filter(|_| start + SAMPLE_LEN <= p.packet_len)
-            .and_then(|s| <&[u8; SAMPLE_LEN]>::try_from(s).ok())
-            .ok_or(NotRetryable::NoSample)?;
+        let (p, sample) = parse_to_sample(datagram)?;
+        //= https://www.rfc-editor.org/rfc/rfc9001#section-5.4.1
+        //# The least significant bits of the first byte of the packet are masked by the least
+        //# significant bits of the first mask byte, and the packet number is masked with the
+        //# remaining bytes.
         let mask = hp_mask(&self.client_hp_key(p.dcid), sample);
         if (datagram[0] ^ mask[0]) & 0x0f & LONG_RESERVED_BITS != 0 {
             return Err(NotRetryable::ReservedBits);
         }
         Ok(p)
     }
+}
+
+/// The first three of [`InitialProtection::check`]'s checks, in quinn's order (datagram
+/// length, DCID length, sample present): the Initial and its header-protection sample.
+fn parse_to_sample(datagram: &[u8]) -> Result<(ClientInitial<'_>, &[u8; SAMPLE_LEN]), NotRetryable> {
+    let p = parse(datagram)?;
+    if datagram.len() < MIN_INITIAL_DATAGRAM {
+        return Err(NotRetryable::Short);
+    }
+    if p.dcid.len() < MIN_FIRST_DCID {
+        return Err(NotRetryable::ShortDcid);
+    }
+    let start = p.pn_offset + SAMPLE_OFFSET;
+    let sample = datagram
+        .get(start..start + SAMPLE_LEN)
+        .filter(|_| start + SAMPLE_LEN <= p.packet_len)
+        .and_then(|s| <&[u8; SAMPLE_LEN]>::try_from(s).ok())
+        .ok_or(NotRetryable::NoSample)?;
+    Ok((p, sample))
 }
 
 /// RFC 9001 §5.4.3: the AES-based header-protection mask, AES-ECB(hp_key, sample)
@@ -380,19 +400,10 @@ pub(crate) mod tests {
             (key, iv, hp)
         }
 
+        /// `check` with aws-lc-rs's header protection (the parsing and the length
+        /// checks before it are [`parse_to_sample`], shared).
         pub fn check(datagram: &[u8]) -> Result<ClientInitial<'_>, NotRetryable> {
-            let p = parse(datagram)?;
-            if datagram.len() < MIN_INITIAL_DATAGRAM {
-                return Err(NotRetryable::Short);
-            }
-            if p.dcid.len() < MIN_FIRST_DCID {
-                return Err(NotRetryable::ShortDcid);
-            }
-            let start = p.pn_offset + SAMPLE_OFFSET;
-            let sample = datagram
-                .get(start..start + SAMPLE_LEN)
-                .filter(|_| start + SAMPLE_LEN <= p.packet_len)
-                .ok_or(NotRetryable::NoSample)?;
+            let (p, sample) = parse_to_sample(datagram)?;
             let hp = HeaderProtectionKey::new(&AES_128, &client_hp_key(p.dcid)).map_err(|_| NotRetryable::NoSample)?;
             let mask = hp.new_mask(sample).map_err(|_| NotRetryable::NoSample)?;
             if (datagram[0] ^ mask[0]) & 0x0f & LONG_RESERVED_BITS != 0 {

@@ -24,6 +24,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cid;
+mod counter_enum;
 pub mod decode_cache;
 pub mod header;
 pub mod host;
@@ -48,4 +49,6 @@ pub use cid::{Decoded, Generation, KeySet, Prf, ServerId, Unroutable, CID_LEN};
 pub use decode_cache::{DecodeCache, Decoder, Uncached};
 pub use header::{Header, HeaderError, LongHeader, LongType};
 pub use pin::PinTable;
-pub use route::{Admission, Decision, InstanceInfo, NoAdmission, OwnerInitial, Reason, Router, Table, TrainRun};
+pub use route::{
+    Admission, Decision, InstanceInfo, LiveInitial, NoAdmission, OwnerInitial, Reason, Router, Table, TrainRun,
+};

@@ -4,7 +4,7 @@
 //! server would send (docs/adr/0003-demux-retry.md), without a quinn endpoint.
 
 use crate::header::{VERSION_1, VERSION_2};
-use crate::initial_protection::{InitialProtection, NotRetryable};
+use crate::initial_protection::{ClientInitial, InitialProtection, NotRetryable};
 use crate::token::{TokenCheck, TokenKey, MAX_RETRY_TOKEN, NONCE_LEN};
 use aes_gcm::aead::AeadInOut;
 use aes_gcm::{AesGcm, KeyInit};
@@ -18,14 +18,32 @@ use std::net::SocketAddr;
 pub const TAG_LEN: usize = 16;
 
 // RFC 9001 §5.8: the fixed key and nonce of the v1 Retry integrity AEAD.
+//= https://www.rfc-editor.org/rfc/rfc9001#section-5.8
+//# The secret key, K, is 128 bits equal to 0xbe0c690b9f66575a1d766b54e368c84e.
 const V1_KEY: [u8; 16] =
     [0xbe, 0x0c, 0x69, 0x0b, 0x9f, 0x66, 0x57, 0x5a, 0x1d, 0x76, 0x6b, 0x54, 0xe3, 0x68, 0xc8, 0x4e];
+//= https://www.rfc-editor.org/rfc/rfc9001#section-5.8
+//# The nonce, N, is 96 bits equal to 0x461599d35d632bf2239825bb.
 const V1_NONCE: [u8; 12] = [0x46, 0x15, 0x99, 0xd3, 0x5d, 0x63, 0x2b, 0xf2, 0x23, 0x98, 0x25, 0xbb];
 // RFC 9369 §3.3.3: the v2 ones.
 const V2_KEY: [u8; 16] =
     [0x8f, 0xb4, 0xb0, 0x1b, 0x56, 0xac, 0x48, 0xe2, 0x60, 0xfb, 0xcb, 0xce, 0xad, 0x7c, 0xcc, 0x92];
 const V2_NONCE: [u8; 12] = [0xd8, 0x69, 0x69, 0xbc, 0x2d, 0x7c, 0x6d, 0x99, 0x90, 0xef, 0xb0, 0x4a];
 
+//= https://www.rfc-editor.org/rfc/rfc9000#section-17.2.5
+//# Retry Packet {
+//#   Header Form (1) = 1,
+//#   Fixed Bit (1) = 1,
+//#   Long Packet Type (2) = 3,
+//#   Unused (4),
+//#   Version (32),
+//#   Destination Connection ID Length (8),
+//#   Destination Connection ID (0..160),
+//#   Source Connection ID Length (8),
+//#   Source Connection ID (0..160),
+//#   Retry Token (..),
+//#   Retry Integrity Tag (128),
+//# }
 /// The fields of a Retry packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Retry<'a> {
@@ -39,6 +57,8 @@ pub struct Retry<'a> {
     pub tag: [u8; TAG_LEN],
 }
 
+//= https://www.rfc-editor.org/rfc/rfc9000#section-17.2.5
+//# a Retry packet uses a long packet header with a type value of 0x03.
 /// Long-header type bits of Retry: 3 in v1 (RFC 9000 §17.2), 0 in v2 (RFC 9369 §3.2).
 fn retry_type_bits(version: u32) -> Option<u8> {
     match version {
@@ -61,15 +81,38 @@ pub fn parse(p: &[u8]) -> Option<Retry<'_>> {
     let dcid = p.get(6..6 + dl)?;
     let sl = usize::from(*p.get(6 + dl)?);
     let scid = p.get(7 + dl..7 + dl + sl)?;
+    //= https://www.rfc-editor.org/rfc/rfc9000#section-17.2
+    //# In QUIC version 1, this value MUST NOT exceed 20 bytes. Endpoints that receive a version 1
+    //# long header with a value larger than 20 MUST drop the packet.
     if dl > 20 || sl > 20 {
         return None;
     }
     let rest = p.get(7 + dl + sl..)?;
+    //= https://www.rfc-editor.org/rfc/rfc9000#section-17.2.5
+    //# Retry Integrity Tag: Defined in Section 5.8 ("Retry Packet Integrity") of [QUIC-TLS].
     let split = rest.len().checked_sub(TAG_LEN)?;
     let (token, tag) = rest.split_at(split);
     Some(Retry { version, dcid, scid, token, tag: tag.try_into().ok()? })
 }
 
+//= https://www.rfc-editor.org/rfc/rfc9001#section-5.8
+//# The Retry Integrity Tag is a 128-bit field that is computed as the output of AEAD_AES_128_GCM
+//# [AEAD] used with the following inputs:
+//= https://www.rfc-editor.org/rfc/rfc9001#section-5.8
+//# Retry Pseudo-Packet {
+//#   ODCID Length (8),
+//#   Original Destination Connection ID (0..160),
+//#   Header Form (1) = 1,
+//#   Fixed Bit (1) = 1,
+//#   Long Packet Type (2) = 3,
+//#   Unused (4),
+//#   Version (32),
+//#   DCID Len (8),
+//#   Destination Connection ID (0..160),
+//#   SCID Len (8),
+//#   Source Connection ID (0..160),
+//#   Retry Token (..),
+//# }
 /// The Retry Integrity Tag of `retry_without_tag` for a client whose original DCID
 /// was `odcid` (RFC 9001 §5.8: AES-128-GCM with a fixed key and nonce over an empty
 /// plaintext, the Retry Pseudo-Packet as associated data). `None` for another
@@ -80,14 +123,22 @@ pub fn integrity_tag(version: u32, odcid: &[u8], retry_without_tag: &[u8]) -> Op
         VERSION_2 => (V2_KEY, V2_NONCE),
         _ => return None,
     };
+    //= https://www.rfc-editor.org/rfc/rfc9001#section-5.8
+    //# The Retry Pseudo-Packet is not sent over the wire. It is computed by taking the transmitted
+    //# Retry packet, removing the Retry Integrity Tag, and prepending the two following fields:
     // Retry Pseudo-Packet: ODCID Length (8), ODCID, then the Retry without its tag.
     let mut pseudo = Vec::with_capacity(1 + odcid.len() + retry_without_tag.len());
     pseudo.push(u8::try_from(odcid.len()).ok()?);
     pseudo.extend_from_slice(odcid);
     pseudo.extend_from_slice(retry_without_tag);
+    //= https://www.rfc-editor.org/rfc/rfc9001#section-5.8
+    //# The plaintext, P, is empty.
     integrity_key(&key, &nonce).tag(&pseudo)
 }
 
+//= https://www.rfc-editor.org/rfc/rfc9000#section-17.2.5.2
+//# Clients MUST discard Retry packets that have a Retry Integrity Tag that cannot be validated; see
+//# Section 5.8 of [QUIC-TLS].
 /// Whether `packet` is a Retry whose integrity tag is right for original DCID
 /// `odcid` (what a client checks, RFC 9001 §5.8).
 pub fn verify(packet: &[u8], odcid: &[u8]) -> bool {
@@ -109,10 +160,15 @@ pub fn build(
     out: &mut Vec<u8>,
 ) -> Option<()> {
     let ty = retry_type_bits(version)?;
+    //= https://www.rfc-editor.org/rfc/rfc9000#section-17.2.5.2
+    //# A client MUST discard a Retry packet with a zero-length Retry Token field.
     if dcid.len() > 20 || scid.len() > 20 || token.is_empty() {
         return None;
     }
     out.clear();
+    //= https://www.rfc-editor.org/rfc/rfc9000#section-17.2.5
+    //# The value in the Unused field is set to an arbitrary value by the server; a client MUST
+    //# ignore these bits.
     out.push(0xc0 | ty << 4 | (unused & 0x0f));
     out.extend_from_slice(&version.to_be_bytes());
     out.push(dcid.len() as u8);
@@ -234,32 +290,64 @@ impl RetryMinter {
         nonce: [u8; NONCE_LEN],
         out: &mut [u8; MAX_RETRY],
     ) -> Result<usize, NotRetryable> {
+        //= https://www.rfc-editor.org/rfc/rfc9000#section-17.2.5.1
+        //# A server MUST NOT send more than one Retry packet in response to a single UDP datagram.
         let p = self.protection.check(datagram)?;
+        //= https://www.rfc-editor.org/rfc/rfc9000#section-8.1.2
+        //# In response to processing an Initial packet containing a token that was provided in a
+        //# Retry packet, a server cannot send another Retry packet; it can only refuse the
+        //# connection or permit it to proceed.
+        //= https://www.rfc-editor.org/rfc/rfc9000#section-8.1.3
+        //# If the token is invalid, then the server SHOULD proceed as if the client did not have a
+        //# validated address, including potentially sending a Retry packet.
         if !p.token.is_empty() && self.token.check(p.token, client, now_unix) == TokenCheck::Retry {
             return Err(NotRetryable::Validated);
         }
-        if scid.len() > 20 {
-            return Err(NotRetryable::Malformed);
-        }
-        // RFC 9000 §17.2.5: the Retry's DCID is the client's SCID.
-        let mut pos = 0;
-        let mut put = |out: &mut [u8; MAX_RETRY], b: &[u8]| {
-            out[pos..pos + b.len()].copy_from_slice(b);
-            pos += b.len();
-        };
-        put(out, &[0xf0]);
-        put(out, &p.version.to_be_bytes());
-        put(out, &[p.scid.len() as u8]);
-        put(out, p.scid);
-        put(out, &[scid.len() as u8]);
-        put(out, scid);
-        let token_len =
-            self.token.seal_retry(client, p.dcid, now_unix, nonce, &mut out[pos..]).ok_or(NotRetryable::Malformed)?;
-        pos += token_len;
-        let tag = tag_with(&self.v1_integrity, p.dcid, &out[..pos]).ok_or(NotRetryable::Malformed)?;
-        out[pos..pos + TAG_LEN].copy_from_slice(&tag);
-        Ok(pos + TAG_LEN)
+        write_retry(
+            &p,
+            scid,
+            out,
+            |odcid, out| self.token.seal_retry(client, odcid, now_unix, nonce, out),
+            |odcid, retry| tag_with(&self.v1_integrity, odcid, retry),
+        )
     }
+}
+
+/// Writes to `out` the Retry answering the client Initial `p` with SCID `scid`: the
+/// header (first byte `0xf0`, as quinn writes it), the token `seal_token` writes for
+/// the original DCID, and the integrity tag `tag` computes over the pseudo-packet;
+/// its length. The one layout of [`RetryMinter::mint`] and of its model, which differ
+/// in the crypto behind `seal_token` and `tag` only.
+fn write_retry(
+    p: &ClientInitial<'_>,
+    scid: &[u8],
+    out: &mut [u8; MAX_RETRY],
+    seal_token: impl FnOnce(&[u8], &mut [u8]) -> Option<usize>,
+    tag: impl FnOnce(&[u8], &[u8]) -> Option<[u8; TAG_LEN]>,
+) -> Result<usize, NotRetryable> {
+    //= https://www.rfc-editor.org/rfc/rfc9000#section-17.2
+    //# In QUIC version 1, this value MUST NOT exceed 20 bytes.
+    if scid.len() > 20 {
+        return Err(NotRetryable::Malformed);
+    }
+    //= https://www.rfc-editor.org/rfc/rfc9000#section-17.2.5.1
+    //# The server populates the Destination Connection ID with the connection ID that the
+    //# client included in the Source Connection ID of the Initial packet.
+    let mut pos = 0;
+    let mut put = |out: &mut [u8; MAX_RETRY], b: &[u8]| {
+        out[pos..pos + b.len()].copy_from_slice(b);
+        pos += b.len();
+    };
+    put(out, &[0xf0]);
+    put(out, &p.version.to_be_bytes());
+    put(out, &[p.scid.len() as u8]);
+    put(out, p.scid);
+    put(out, &[scid.len() as u8]);
+    put(out, scid);
+    pos += seal_token(p.dcid, &mut out[pos..]).ok_or(NotRetryable::Malformed)?;
+    let tag = tag(p.dcid, &out[..pos]).ok_or(NotRetryable::Malformed)?;
+    out[pos..pos + TAG_LEN].copy_from_slice(&tag);
+    Ok(pos + TAG_LEN)
 }
 
 /// RFC 9001 §5.8 (RFC 9369 §3.3.3): a version's fixed integrity key, scheduled once
@@ -284,6 +372,9 @@ impl IntegrityKey {
     }
 }
 
+//= https://www.rfc-editor.org/rfc/rfc9001#section-5.8
+//# Original Destination Connection ID: The Original Destination Connection ID contains the value of
+//# the Destination Connection ID from the Initial packet that this Retry is in response to.
 /// RFC 9001 §5.8 under an already scheduled key, without allocating: the Retry
 /// Pseudo-Packet (ODCID length, ODCID, the Retry without its tag) is the AAD.
 fn tag_with(key: &IntegrityKey, odcid: &[u8], retry_without_tag: &[u8]) -> Option<[u8; TAG_LEN]> {
@@ -302,6 +393,7 @@ mod minter_tests {
     use crate::initial::build_client_initial;
     use crate::initial_protection::tests::model as protection_model;
     use crate::token::tests::{any_client, model as token_model};
+    use crate::token::write_retry_plain;
     use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM};
     use proptest::prelude::*;
 
@@ -320,46 +412,6 @@ mod minter_tests {
             .seal_in_place_separate_tag(Nonce::assume_unique_for_key(*nonce), Aad::from(&pseudo[..]), &mut [0u8; 0])
             .unwrap();
         tag.as_ref().try_into().unwrap()
-    }
-
-    /// `RetryMinter::mint` as it was on aws-lc-rs alone (aws-lc-rs HMAC contexts and
-    /// header-protection keys), from the models of initial_protection and token: the
-    /// slow, obviously right model of the minter.
-    fn model_mint(
-        token_secret: &[u8; 32],
-        datagram: &[u8],
-        client: SocketAddr,
-        scid: &[u8],
-        now_unix: u64,
-        nonce: [u8; NONCE_LEN],
-        out: &mut [u8; MAX_RETRY],
-    ) -> Result<usize, NotRetryable> {
-        let token = token_model::TokenKey::new(token_secret);
-        let v1_integrity = model_integrity_key(&V1_KEY);
-        let p = protection_model::check(datagram)?;
-        if !p.token.is_empty() && token.check(p.token, client, now_unix) == TokenCheck::Retry {
-            return Err(NotRetryable::Validated);
-        }
-        if scid.len() > 20 {
-            return Err(NotRetryable::Malformed);
-        }
-        let mut pos = 0;
-        let mut put = |out: &mut [u8; MAX_RETRY], b: &[u8]| {
-            out[pos..pos + b.len()].copy_from_slice(b);
-            pos += b.len();
-        };
-        put(out, &[0xf0]);
-        put(out, &p.version.to_be_bytes());
-        put(out, &[p.scid.len() as u8]);
-        put(out, p.scid);
-        put(out, &[scid.len() as u8]);
-        put(out, scid);
-        let token_len =
-            token.seal_retry(client, p.dcid, now_unix, nonce, &mut out[pos..]).ok_or(NotRetryable::Malformed)?;
-        pos += token_len;
-        let tag = model_tag_with(&v1_integrity, &V1_NONCE, p.dcid, &out[..pos]);
-        out[pos..pos + TAG_LEN].copy_from_slice(&tag);
-        Ok(pos + TAG_LEN)
     }
 
     /// What the client's Initial carries as its token.
@@ -432,7 +484,22 @@ mod minter_tests {
             init[0] ^= first_xor;
             let (mut got, mut want) = ([0u8; MAX_RETRY], [0u8; MAX_RETRY]);
             let n = m.mint(&init, client, &scid, now, nonce, &mut got);
-            let w = model_mint(&secret, &init, client, &scid, now, nonce, &mut want);
+            // The model: `mint` as it was on aws-lc-rs alone, from the models of
+            // initial_protection and token (the layout, `write_retry`, is shared).
+            let model_token = token_model::TokenKey::new(&secret);
+            let w = protection_model::check(&init).and_then(|p| {
+                if !p.token.is_empty() && model_token.check(p.token, client, now) == TokenCheck::Retry {
+                    return Err(NotRetryable::Validated);
+                }
+                let seal = |odcid: &[u8], out: &mut [u8]| {
+                    let n = write_retry_plain(out, client, odcid, now)?;
+                    model_token.seal_plain(out, n, nonce)
+                };
+                let tag = |odcid: &[u8], retry: &[u8]| {
+                    Some(model_tag_with(&model_integrity_key(&V1_KEY), &V1_NONCE, odcid, retry))
+                };
+                write_retry(&p, &scid, &mut want, seal, tag)
+            });
             prop_assert_eq!(n, w);
             if let Ok(n) = n {
                 prop_assert_eq!(&got[..n], &want[..n]);

@@ -24,58 +24,26 @@
 //! Owner path, which must stay stateless (ADR 0001 "Consequences").
 
 use crate::cid::{KeySet, ServerId, CID_LEN};
+use crate::counter_enum::counter_enum;
 use crate::decode_cache::{Decoder, Uncached};
-use crate::header::{self, Header, LongHeader, LongType};
+use crate::header::{self, Header, LongHeader, LongType, MIN_INITIAL_DATAGRAM};
 use crate::pin::PinTable;
 use crate::rendezvous::Rendezvous;
 use std::time::Duration;
 
-/// RFC 9000 §14.1: a server MUST discard an Initial in a datagram smaller than this;
-/// RFC 9000 §5.2.2: a server MUST drop smaller packets of unsupported versions.
-pub const MIN_INITIAL_DATAGRAM: usize = 1200;
-
-/// Why a datagram goes where it goes. The order is the counter order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum Reason {
-    Owner = 0,
-    Placed = 1,
-    Pinned = 2,
-    Orphan = 3,
-    VersionNegotiation = 4,
-    NotQuic = 5,
-    NoInstance = 6,
-    /// Like `Orphan`, but the DCID does decode, to a server id that is not live: its
-    /// instance exited, or has not rejoined a restarted data plane yet.
-    Departed = 7,
-}
-
-impl Reason {
-    pub const COUNT: usize = 8;
-    pub const ALL: [Reason; Reason::COUNT] = [
-        Reason::Owner,
-        Reason::Placed,
-        Reason::Pinned,
-        Reason::Orphan,
-        Reason::VersionNegotiation,
-        Reason::NotQuic,
-        Reason::NoInstance,
-        Reason::Departed,
-    ];
-    pub fn name(self) -> &'static str {
-        match self {
-            Reason::Owner => "Owner",
-            Reason::Placed => "Placed",
-            Reason::Pinned => "Pinned",
-            Reason::Orphan => "Orphan",
-            Reason::VersionNegotiation => "VersionNegotiation",
-            Reason::NotQuic => "NotQuic",
-            Reason::NoInstance => "NoInstance",
-            Reason::Departed => "Departed",
-        }
-    }
-    pub fn index(self) -> usize {
-        self as usize
+counter_enum! {
+    /// Why a datagram goes where it goes. The order is the counter order.
+    pub enum Reason {
+        Owner,
+        Placed,
+        Pinned,
+        Orphan,
+        VersionNegotiation,
+        NotQuic,
+        NoInstance,
+        /// Like `Orphan`, but the DCID does decode, to a server id that is not live: its
+        /// instance exited, or has not rejoined a restarted data plane yet.
+        Departed,
     }
 }
 
@@ -244,11 +212,9 @@ pub trait Admission {
     /// evicted, retargeted, or never stored): called exactly once per payload other
     /// than [`crate::pin::NO_PAYLOAD`].
     fn release(&mut self, payload: u32);
-    /// A client Initial whose DCID decodes to live instance `owner`: does it go there
-    /// as `Owner`, is it placed like a client-chosen DCID (pin, placement,
-    /// [`Admission::admit`], Retry), or dropped? `datagram` is the whole datagram, or
-    /// a uniform GRO train of `stride`-byte segments when `stride > 0` (routed as one:
-    /// the answer covers every segment); empty from [`Router::route_header`]. Default
+    /// A client Initial whose DCID decodes to a live instance ([`LiveInitial`]): does
+    /// it go to that owner as `Owner`, is it placed like a client-chosen DCID (pin,
+    /// placement, [`Admission::admit`], Retry), or dropped? Default
     /// [`OwnerInitial::Owner`]: plain ADR 0001 routing.
     ///
     /// A DCID that decodes is no proof of anything: a CID of the sender's own
@@ -256,15 +222,32 @@ pub trait Admission {
     /// [`crate::limits::owner_initial`] (docs/adr/0003-demux-retry.md "Initials on
     /// live DCIDs").
     #[inline]
-    fn owner_initial(
-        &mut self,
-        _h: &LongHeader<'_>,
-        _datagram: &[u8],
-        _stride: usize,
-        _table: &Table,
-        _owner: usize,
-    ) -> OwnerInitial<Self::Refusal> {
+    fn owner_initial(&mut self, _initial: &LiveInitial<'_, '_>, _table: &Table) -> OwnerInitial<Self::Refusal> {
         OwnerInitial::Owner
+    }
+}
+
+/// A client Initial whose DCID decodes to live instance `owner` (an index of
+/// [`Table::instances`]), as [`Admission::owner_initial`] is asked about it.
+#[derive(Clone, Copy, Debug)]
+pub struct LiveInitial<'a, 'h> {
+    pub header: &'a LongHeader<'h>,
+    /// The whole datagram, or a uniform GRO train of `stride`-byte segments when
+    /// `stride > 0` (routed as one: the answer covers every segment); empty from
+    /// [`Router::route_header`].
+    pub datagram: &'a [u8],
+    pub stride: usize,
+    pub owner: usize,
+}
+
+impl LiveInitial<'_, '_> {
+    /// How many datagrams the answer covers: the segments of a GRO train, else 1.
+    pub fn segments(&self) -> usize {
+        if self.stride > 0 && self.stride < self.datagram.len() {
+            self.datagram.len().div_ceil(self.stride)
+        } else {
+            1
+        }
     }
 }
 
@@ -307,15 +290,8 @@ impl<A: Admission + ?Sized> Admission for &mut A {
         (**self).release(payload)
     }
     #[inline]
-    fn owner_initial(
-        &mut self,
-        h: &LongHeader<'_>,
-        d: &[u8],
-        stride: usize,
-        t: &Table,
-        owner: usize,
-    ) -> OwnerInitial<Self::Refusal> {
-        (**self).owner_initial(h, d, stride, t, owner)
+    fn owner_initial(&mut self, initial: &LiveInitial<'_, '_>, t: &Table) -> OwnerInitial<Self::Refusal> {
+        (**self).owner_initial(initial, t)
     }
 }
 
@@ -429,7 +405,8 @@ impl<'r, A: Admission, D: Decoder> Router<'r, A, D> {
                     if l.ty != LongType::Initial {
                         return to_owner;
                     }
-                    match admission.owner_initial(l, datagram, stride, table, i) {
+                    let initial = LiveInitial { header: l, datagram, stride, owner: i };
+                    match admission.owner_initial(&initial, table) {
                         OwnerInitial::Owner => return to_owner,
                         OwnerInitial::Refuse(r) => return Err(r),
                         OwnerInitial::Place => {}

@@ -3,8 +3,12 @@
 //! The client then starts again with a version from the list (RFC 9368 §2.2,
 //! incompatible version negotiation).
 
-use crate::route::MIN_INITIAL_DATAGRAM;
+use crate::header::MIN_INITIAL_DATAGRAM;
 
+//= https://www.rfc-editor.org/rfc/rfc9000#section-15
+//# Versions that follow the pattern 0x?a?a?a?a are reserved for use in forcing version negotiation
+//# to be exercised -- that is, any version number where the low four bits of all bytes is 1010 (in
+//# binary).
 /// A reserved version (RFC 9000 §15: 0x?a?a?a?a) listed first, as quinn 0.11 lists
 /// one, so that clients go on ignoring versions they do not know.
 pub const GREASE: u32 = 0x0a1a_2a3a;
@@ -36,6 +40,10 @@ pub enum NoAnswer {
     NoRoom,
 }
 
+//= https://www.rfc-editor.org/rfc/rfc9000#section-5.2.2
+//# If a server receives a packet that indicates an unsupported version and if the packet is large
+//# enough to initiate a new connection for any supported version, the server SHOULD send a Version
+//# Negotiation packet as described in Section 6.1.
 /// The Version Negotiation answering `datagram` (a client's first packet, of a
 /// version not in `versions`), listing [`GREASE`] (or [`GREASE_OTHER`]) then
 /// `versions`, written to `out`; its length. RFC 9000 §17.2.1: the first byte is
@@ -43,6 +51,8 @@ pub enum NoAnswer {
 /// set as well, as quinn sets it, RFC 9000 §17.2.1 allows any value), version 0, the
 /// DCID is the client's SCID and the SCID is the client's DCID.
 pub fn answer(datagram: &[u8], versions: &[u32], random: u8, out: &mut [u8]) -> Result<usize, NoAnswer> {
+    //= https://www.rfc-editor.org/rfc/rfc9000#section-5.2.2
+    //# Servers MUST drop smaller packets that specify unsupported versions.
     if datagram.len() < MIN_INITIAL_DATAGRAM {
         return Err(NoAnswer::Short);
     }
@@ -52,10 +62,16 @@ pub fn answer(datagram: &[u8], versions: &[u32], random: u8, out: &mut [u8]) -> 
         return Err(NoAnswer::Malformed);
     }
     let version = u32::from_be_bytes(datagram.get(1..5).and_then(|v| v.try_into().ok()).ok_or(NoAnswer::Malformed)?);
+    //= https://www.rfc-editor.org/rfc/rfc9000#section-17.2.1
+    //# Version-specific rules for the connection ID therefore MUST NOT influence a decision about
+    //# whether to send a Version Negotiation packet.
     let dcid_len = usize::from(*datagram.get(5).ok_or(NoAnswer::Malformed)?);
     let dcid = datagram.get(6..6 + dcid_len).ok_or(NoAnswer::Malformed)?;
     let scid_len = usize::from(*datagram.get(6 + dcid_len).ok_or(NoAnswer::Malformed)?);
     let scid = datagram.get(7 + dcid_len..7 + dcid_len + scid_len).ok_or(NoAnswer::Malformed)?;
+    //= https://www.rfc-editor.org/rfc/rfc9000#section-6.1
+    //# An endpoint MUST NOT send a Version Negotiation packet in response to receiving a Version
+    //# Negotiation packet.
     if version == 0 {
         return Err(NoAnswer::IsVersionNegotiation);
     }
@@ -63,6 +79,9 @@ pub fn answer(datagram: &[u8], versions: &[u32], random: u8, out: &mut [u8]) -> 
         return Err(NoAnswer::Spoken);
     }
     let grease = if version == GREASE { GREASE_OTHER } else { GREASE };
+    //= https://www.rfc-editor.org/rfc/rfc9000#section-17.2.1
+    //# A server MUST NOT send more than one Version Negotiation packet in response to a single UDP
+    //# datagram.
     let len = 1 + 4 + 1 + scid.len() + 1 + dcid.len() + 4 * (1 + versions.len());
     let out = out.get_mut(..len).ok_or(NoAnswer::NoRoom)?;
     let mut pos = 0;
@@ -70,12 +89,27 @@ pub fn answer(datagram: &[u8], versions: &[u32], random: u8, out: &mut [u8]) -> 
         out[pos..pos + b.len()].copy_from_slice(b);
         pos += b.len();
     };
+    //= https://www.rfc-editor.org/rfc/rfc9000#section-17.2.1
+    //# The value in the Unused field is set to an arbitrary value by the server. Clients MUST
+    //# ignore the value of this field. Where QUIC might be multiplexed with other protocols (see
+    //# [RFC7983]), servers SHOULD set the most significant bit of this field (0x40) to 1 so that
+    //# Version Negotiation packets appear to have the Fixed Bit field.
     put(&[0xc0 | random]);
+    //= https://www.rfc-editor.org/rfc/rfc9000#section-17.2.1
+    //# The Version field of a Version Negotiation packet MUST be set to 0x00000000.
     put(&0u32.to_be_bytes());
+    //= https://www.rfc-editor.org/rfc/rfc9000#section-17.2.1
+    //# The server MUST include the value from the Source Connection ID field of the packet it
+    //# receives in the Destination Connection ID field. The value for Source Connection ID MUST be
+    //# copied from the Destination Connection ID of the received packet, which is initially
+    //# randomly selected by a client.
     put(&[scid.len() as u8]);
     put(scid);
     put(&[dcid.len() as u8]);
     put(dcid);
+    //= https://www.rfc-editor.org/rfc/rfc9000#section-17.2.1
+    //# The remainder of the Version Negotiation packet is a list of 32-bit versions that the server
+    //# supports.
     put(&grease.to_be_bytes());
     for v in versions {
         put(&v.to_be_bytes());

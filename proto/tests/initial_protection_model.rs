@@ -368,32 +368,28 @@ fn model_derives_the_rfc9001_a1_keys() {
     assert_eq!(hkdf_label("quic hp", 16), hex("00100d746c733133207175696320687000"));
     let dcid = hex(CLIENT_DCID);
     assert_eq!(initial_secret(&dcid), hex("7db5df06e7a69e432496adedb00851923595221596ae2ae9fb8115c1e9ed0a44"));
-    assert_eq!(
-        side_secret(&dcid, Side::Client),
-        hex("c00cf151ca5be075ed0ebfb5c80323c42d6b7db67881289af4008f1f6c357aea")
-    );
-    assert_eq!(
-        side_secret(&dcid, Side::Server),
-        hex("3c199828fd139efd216c155ad844cc81fb82fa8d7446fa7d78be803acdda951b")
-    );
-    let c = initial_keys(&dcid, Side::Client);
-    assert_eq!(
-        (c.key, c.iv, c.hp),
+    // (side, its secret, key, iv, hp).
+    let sides = [
         (
-            hex("1f369613dd76d5467730efcbe3b1a22d"),
-            hex("fa044b2f42a3fd3b46fb255c"),
-            hex("9f50449e04a0e810283a1e9933adedd2")
-        )
-    );
-    let s = initial_keys(&dcid, Side::Server);
-    assert_eq!(
-        (s.key, s.iv, s.hp),
+            Side::Client,
+            "c00cf151ca5be075ed0ebfb5c80323c42d6b7db67881289af4008f1f6c357aea",
+            "1f369613dd76d5467730efcbe3b1a22d",
+            "fa044b2f42a3fd3b46fb255c",
+            "9f50449e04a0e810283a1e9933adedd2",
+        ),
         (
-            hex("cf3a5331653c364c88f0f379b6067e37"),
-            hex("0ac1493ca1905853b0bba03e"),
-            hex("c206b8d9b9f0f37644430b490eeaa314")
-        )
-    );
+            Side::Server,
+            "3c199828fd139efd216c155ad844cc81fb82fa8d7446fa7d78be803acdda951b",
+            "cf3a5331653c364c88f0f379b6067e37",
+            "0ac1493ca1905853b0bba03e",
+            "c206b8d9b9f0f37644430b490eeaa314",
+        ),
+    ];
+    for (side, secret, key, iv, hp) in sides {
+        assert_eq!(side_secret(&dcid, side), hex(secret), "{side:?}");
+        let k = initial_keys(&dcid, side);
+        assert_eq!((k.key, k.iv, k.hp), (hex(key), hex(iv), hex(hp)), "{side:?}");
+    }
 }
 
 /// RFC 9001 Appendix A.2, end to end: the model parses the protected client Initial,

@@ -964,7 +964,7 @@ mod live_dcid_initials {
     use proto::initial::build_client_initial;
     use proto::limits::owner_initial::{decide, Outcome, OwnerInitialQuery, UnprovenLimits};
     use proto::limits::{ClientKey, ConcurrencySketch, FollowUps, Gcra, RateSketch, Ticket, FOLLOW_UP_TTL};
-    use proto::route::{Admission, OwnerInitial};
+    use proto::route::{Admission, LiveInitial, OwnerInitial};
     use proto::token::TokenKey;
     use std::collections::HashMap;
     use std::net::{IpAddr, SocketAddr};
@@ -1174,24 +1174,9 @@ mod live_dcid_initials {
         fn release(&mut self, p: u32) {
             self.conc.release(Ticket::from_raw(p).unwrap());
         }
-        fn owner_initial(
-            &mut self,
-            h: &LongHeader<'_>,
-            datagram: &[u8],
-            stride: usize,
-            table: &Table,
-            owner: usize,
-        ) -> OwnerInitial<Refused> {
-            let q = OwnerInitialQuery {
-                header: h,
-                datagram,
-                stride,
-                client: self.client,
-                owner,
-                owner_id: table.instance(owner).unwrap().server_id,
-                now: self.now,
-                now_unix: NOW_UNIX + self.now.as_secs(),
-            };
+        fn owner_initial(&mut self, initial: &LiveInitial<'_, '_>, table: &Table) -> OwnerInitial<Refused> {
+            let owner_id = table.instance(initial.owner).unwrap().server_id;
+            let q = OwnerInitialQuery::new(initial, self.client, owner_id, self.now, NOW_UNIX + self.now.as_secs());
             let mut limits = Unproven {
                 rate: self.rate,
                 conc: self.conc,

@@ -11,6 +11,18 @@ pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// A python script of the test kit, `testkit/py/NAME` (the aioquic clients).
+pub fn python_script(name: &str) -> PathBuf {
+    workspace_root().join("testkit/py").join(name)
+}
+
+/// Whether python3 can import aioquic, which the aioquic clients need; `false` after
+/// reporting why ([`crate::have_tool`]: a failure under CI).
+pub fn have_aioquic() -> bool {
+    let ok = Command::new("python3").args(["-c", "import aioquic"]).output().is_ok_and(|o| o.status.success());
+    crate::have_tool(ok, "aioquic (python3 -m pip install aioquic)")
+}
+
 /// The target directory (`CARGO_TARGET_DIR` or `<workspace>/target`).
 pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("target"))

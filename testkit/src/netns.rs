@@ -1,6 +1,7 @@
-//! Two network namespaces joined by a veth pair, made and removed by the test that
-//! uses them, with addresses from 198.18.0.0/15 only: for traffic that must cross a
-//! real device (receive-side GRO) rather than loopback.
+//! Network namespaces for tests that need more than loopback, made and removed by the
+//! test that uses them, with addresses from 198.18.0.0/15 (or link-local) only: `ip`,
+//! `sysctl` and threads inside a namespace, and two namespaces joined by a veth pair
+//! for traffic that must cross a real device (receive-side GRO).
 
 use std::net::Ipv4Addr;
 use std::process::Command;
@@ -28,6 +29,21 @@ pub fn exec(ns: &str, program: &str, args: &[&str]) {
     );
 }
 
+/// Sets sysctl `kv` (`name=value`) inside `ns`; panics with its output on failure.
+pub fn sysctl(ns: &str, kv: &str) {
+    exec(ns, "sysctl", &["-q", "-w", kv]);
+}
+
+/// The interface index of `dev` in namespace `ns` (`ip -o link show`: "N: dev…").
+pub fn ifindex(ns: &str, dev: &str) -> u32 {
+    let out = Command::new("ip").args(["-n", ns, "-o", "link", "show", dev]).output().expect("ip link show");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split(':')
+        .next()
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no ifindex for {dev} in {ns}: {text}"))
+}
+
 /// Runs `f` on a new thread inside network namespace `ns`: sockets it opens live
 /// there (they stay in it whatever thread uses them later).
 pub fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
@@ -45,17 +61,24 @@ pub fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'sta
     .expect("netns thread")
 }
 
-/// Whether this machine can make namespaces and veths (root, iproute2) and tune the
-/// device (ethtool); `false` after reporting why ([`crate::have_tool`]: a failure
-/// under CI, which has all of them).
-pub fn available() -> bool {
+/// Whether this machine can make namespaces and veths (root, iproute2); `false` after
+/// reporting why ([`crate::have_tool`]: a failure under CI, which has all of them).
+pub fn can_build() -> bool {
     // SAFETY: geteuid(2) cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         crate::skip("network namespaces need root");
         return false;
     }
-    let ok = |p: &str, a: &str| Command::new(p).arg(a).output().is_ok_and(|o| o.status.success());
-    crate::have_tool(ok("ip", "-V"), "iproute2 (ip)") && crate::have_tool(ok("ethtool", "--version"), "ethtool")
+    crate::have_tool(tool_runs("ip", "-V"), "iproute2 (ip)")
+}
+
+/// [`can_build`], and the device can be tuned (ethtool).
+pub fn available() -> bool {
+    can_build() && crate::have_tool(tool_runs("ethtool", "--version"), "ethtool")
+}
+
+fn tool_runs(program: &str, arg: &str) -> bool {
+    Command::new(program).arg(arg).output().is_ok_and(|o| o.status.success())
 }
 
 /// Namespaces `a` (198.18.100.1/24 on device `a_dev`) and `b` (198.18.100.2/24 on

@@ -140,7 +140,7 @@ fn gtlsclient_nat_rebinding() {
 /// whether it exited successfully (a whole response), its output line and the end of
 /// its log.
 fn aioquic_get(d: &Demux, extra: &[&str]) -> (bool, String, String) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/aioquic_h3_get.py");
+    let script = testkit::bin::python_script("aioquic_h3_get.py");
     let out_path = d.dir.join(format!("aioquic{}.out", extra.join("")));
     let mut cmd = Command::new("python3");
     cmd.arg(&script)
@@ -154,7 +154,7 @@ fn aioquic_get(d: &Demux, extra: &[&str]) -> (bool, String, String) {
 
 #[test]
 fn aioquic_gets_1_mib() {
-    if !have_aioquic() {
+    if !testkit::bin::have_aioquic() {
         return;
     }
     let (d, _w) = setup("aioquic");
@@ -173,7 +173,7 @@ fn aioquic_gets_1_mib() {
 /// starts again in v1 (RFC 9368 §2.2), gets a demux-minted Retry and fetches 1 MiB.
 #[test]
 fn aioquic_offering_v2_first_is_moved_to_v1_then_retried() {
-    if !have_aioquic() {
+    if !testkit::bin::have_aioquic() {
         return;
     }
     let d = Demux::start_with("aioquic-v2", &["--retry", "always"]);

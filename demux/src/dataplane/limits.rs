@@ -23,7 +23,7 @@ use proto::limits::{
     DEFAULT_MAX_HANDSHAKES, DEFAULT_RATE_PER_SECOND, DEFAULT_TICKS_PER_SECOND, MAX_CAP, MAX_WORDS,
 };
 use proto::pin::NO_PAYLOAD;
-use proto::route::{Admission, OwnerInitial};
+use proto::route::{Admission, LiveInitial, OwnerInitial};
 use proto::Table;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -320,25 +320,9 @@ impl Admission for ShardAdmission<'_> {
     /// and admitted like any new Initial; anything else meets the owner's pressure,
     /// the Retry gate and the client's limits, and goes to the owner only within them.
     #[inline]
-    fn owner_initial(
-        &mut self,
-        h: &LongHeader<'_>,
-        datagram: &[u8],
-        stride: usize,
-        table: &Table,
-        owner: usize,
-    ) -> OwnerInitial<Refusal> {
-        let Some(info) = table.instance(owner) else { return OwnerInitial::Owner };
-        let q = OwnerInitialQuery {
-            header: h,
-            datagram,
-            stride,
-            client: self.client,
-            owner,
-            owner_id: info.server_id,
-            now: self.now,
-            now_unix: self.unix,
-        };
+    fn owner_initial(&mut self, initial: &LiveInitial<'_, '_>, table: &Table) -> OwnerInitial<Refusal> {
+        let Some(info) = table.instance(initial.owner) else { return OwnerInitial::Owner };
+        let q = OwnerInitialQuery::new(initial, self.client, info.server_id, self.now, self.unix);
         let mut limits = Unproven {
             limits: self.limits,
             client: self.client,
@@ -347,8 +331,7 @@ impl Admission for ShardAdmission<'_> {
             pressure: self.pressure,
         };
         let outcome = owner_initial::decide(self.limits.token_key.as_ref(), self.follow_ups, &q, &mut limits);
-        let segments = if stride > 0 && stride < datagram.len() { datagram.len().div_ceil(stride) } else { 1 };
-        crate::dataplane::counters::bump(&self.counters.owner_initial[outcome.index()], segments as u64);
+        crate::dataplane::counters::bump(&self.counters.owner_initial[outcome.index()], initial.segments() as u64);
         match outcome {
             Outcome::Placed => OwnerInitial::Place,
             o if o.to_owner() => OwnerInitial::Owner,

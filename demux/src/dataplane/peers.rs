@@ -626,13 +626,18 @@ fn dcid(d: &[u8]) -> Option<&[u8]> {
 }
 
 #[cfg(test)]
+#[path = "../../tests/peer_support/mod.rs"]
+mod peer_support;
+
+#[cfg(test)]
 #[allow(clippy::unwrap_used)] // the tests' own set-up
 mod tests {
+    use super::peer_support::Scripted;
     use super::{dcid, Peers};
     use proto::cid::{Prf, ServerId};
     use proto::host::HostLayout;
     use proto::keyfile::KeyFile;
-    use proto::peer::{self, Body, Frame, FrameKeys, Header, Me, Outbound, Session, Verdict};
+    use proto::peer::{Body, FrameKeys, Me};
     use std::collections::HashMap;
     use std::net::{SocketAddr, UdpSocket};
     use std::sync::atomic::Ordering::Relaxed;
@@ -703,100 +708,34 @@ mod tests {
         }
     }
 
-    /// A scripted peer: the protocol (proto::peer::session) by hand on a UDP socket,
-    /// so that a test can capture, replay and forge frames.
-    struct Scripted {
-        sock: UdpSocket,
-        me: Me,
-        keys: FrameKeys,
-        sessions: HashMap<u16, Session>,
-        outbound: HashMap<u16, Outbound>,
-    }
-
-    impl Scripted {
-        fn new(host: u16, secret: &[u8; 32]) -> Scripted {
-            let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
-            sock.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
-            let mut epoch = [0u8; 8];
-            sys::os_random(&mut epoch).unwrap();
-            let me = Me { host, epoch: u64::from_ne_bytes(epoch) | 1 };
-            Scripted {
-                sock,
-                me,
-                keys: FrameKeys::new(secret, None),
-                sessions: HashMap::new(),
-                outbound: HashMap::new(),
-            }
-        }
-
-        fn addr(&self) -> SocketAddr {
-            self.sock.local_addr().unwrap()
-        }
-
-        fn seal(&mut self, to_host: u16, to_epoch: u64, seq: u64, body: Body<'_>) -> Vec<u8> {
-            let ack = self.sessions.entry(to_host).or_default().ack();
-            let header = Header { from_host: self.me.host, to_host, from_epoch: self.me.epoch, to_epoch, seq, ack };
-            let mut out = Vec::new();
-            peer::seal(&self.keys.current, &Frame { header, body }, &mut out);
-            out
-        }
-
-        fn heartbeat(&mut self, to_host: u16, to: SocketAddr, to_epoch: u64) {
-            let seq = self.outbound.entry(to_host).or_default().seq();
-            let f = self.seal(to_host, to_epoch, seq, Body::Heartbeat);
-            self.sock.send_to(&f, to).unwrap();
-        }
-
-        /// Receives for `for_ms`, applying the rules (and answering stale frames).
-        fn pump(&mut self, to: &HashMap<u16, SocketAddr>, for_ms: u64) {
-            let end = Instant::now() + Duration::from_millis(for_ms);
-            let mut buf = [0u8; 2048];
-            while Instant::now() < end {
-                let Ok((n, _)) = self.sock.recv_from(&mut buf) else { continue };
-                let Ok(f) = peer::open(&self.keys, &buf[..n]) else { continue };
-                let h = f.header;
-                let now = 0;
-                let v = self.sessions.entry(h.from_host).or_default().receive(self.me, &h, now);
-                let o = self.outbound.entry(h.from_host).or_default();
-                match v {
-                    Verdict::Stale { ack, nudge } => {
-                        o.raise(ack);
-                        if let (Some(e), Some(&a)) = (nudge, to.get(&h.from_host)) {
-                            self.heartbeat(h.from_host, a, e);
-                        }
-                    }
-                    Verdict::Fresh { learned: Some(l) } => o.learn(l),
-                    _ => {}
-                }
-            }
-        }
-
-        /// Hellos until `host` at `to` is learned, then one heartbeat to its epoch,
-        /// after which the real host has learned ours.
-        fn handshake(&mut self, host: u16, to: SocketAddr) {
-            let table = HashMap::from([(host, to)]);
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while self.outbound.get(&host).is_none_or(|o| o.epoch() == 0) {
-                assert!(Instant::now() < deadline, "host {host} never answered");
-                self.heartbeat(host, to, 0);
-                self.pump(&table, 50);
-            }
-            let e = self.outbound[&host].epoch();
-            self.heartbeat(host, to, e);
-            self.pump(&table, 50);
-        }
-
-        /// A data frame to `host` at `to` (its learned epoch), sent; its bytes back.
-        fn data(&mut self, host: u16, to: SocketAddr, client: SocketAddr, local: SocketAddr, d: &[u8]) -> Vec<u8> {
-            let (e, seq) = self.outbound[&host].data().unwrap();
-            let f = self.seal(host, e, seq, Body::Data { client, local, datagram: d });
-            self.sock.send_to(&f, to).unwrap();
-            f
-        }
+    /// A scripted peer host `host` on 127.0.0.1 with a random epoch (tests/peer_support).
+    fn scripted(host: u16, secret: &[u8; 32]) -> Scripted {
+        let mut epoch = [0u8; 8];
+        sys::os_random(&mut epoch).unwrap();
+        let me = Me { host, epoch: u64::from_ne_bytes(epoch) | 1 };
+        Scripted::new(UdpSocket::bind("127.0.0.1:0").unwrap(), me, secret)
     }
 
     fn client() -> SocketAddr {
         "127.0.0.1:40000".parse().unwrap()
+    }
+
+    /// A socket standing for an address this host serves (read timeout 5 s), and the
+    /// address.
+    fn served_sink() -> (UdpSocket, SocketAddr) {
+        let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
+        sink.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let local = sink.local_addr().unwrap();
+        (sink, local)
+    }
+
+    /// A scripted host 2 and a real host 1 on 127.0.0.1 that lists it and serves
+    /// `serves`, past their handshake.
+    fn scripted_to_real(keys: &KeyFile, serves: Vec<SocketAddr>) -> (Scripted, Real) {
+        let mut a = scripted(2, &keys.forwarding);
+        let b = Real::start(1, keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], serves);
+        a.handshake(1, b.addr, Duration::from_secs(5));
+        (a, b)
     }
 
     /// ADR 0005 §4: a process holding everything a worker is ever sent — the
@@ -811,11 +750,8 @@ mod tests {
             return;
         }
         let keys = cluster_keys();
-        let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let local = sink.local_addr().unwrap();
-        let mut good = Scripted::new(2, &keys.forwarding);
-        let b = Real::start(1, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, good.addr())], vec![local]);
-        good.handshake(1, b.addr);
+        let (sink, local) = served_sink();
+        let (mut good, b) = scripted_to_real(&keys, vec![local]);
         let epoch = good.outbound[&1].epoch();
         let mut assign = Vec::new();
         keys.assign(ServerId(1 << 14)).encode(&mut assign);
@@ -827,7 +763,7 @@ mod tests {
         );
         candidates.push(old.as_ref().try_into().unwrap());
         for secret in &candidates {
-            let mut forger = Scripted::new(2, secret);
+            let mut forger = scripted(2, secret);
             // From the listed peer's own socket, to the right epoch, with a fresh number.
             forger.sock = good.sock.try_clone().unwrap();
             let f = forger.seal(1, epoch, 1 << 40, Body::Data { client: client(), local, datagram: b"forged" });
@@ -840,7 +776,6 @@ mod tests {
         good.data(1, b.addr, client(), local, b"genuine");
         wait("the genuine frame received", Duration::from_secs(5), || b.count(|c| &c.received) == 1);
         let mut buf = [0u8; 16];
-        sink.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let (n, from) = sink.recv_from(&mut buf).unwrap();
         assert_eq!((&buf[..n], from), (&b"genuine"[..], client()));
         b.peers.shutdown();
@@ -854,13 +789,10 @@ mod tests {
             return;
         }
         let keys = cluster_keys();
-        let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let local = sink.local_addr().unwrap();
-        let mut a = Scripted::new(2, &keys.forwarding);
-        let b = Real::start(1, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], vec![local]);
+        let (_sink, local) = served_sink();
+        let (mut a, b) = scripted_to_real(&keys, vec![local]);
         let c = Real::start(3, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], vec![local]);
-        a.handshake(1, b.addr);
-        a.handshake(3, c.addr);
+        a.handshake(3, c.addr, Duration::from_secs(5));
         let ab = a.data(1, b.addr, client(), local, b"for B");
         wait("B received it", Duration::from_secs(5), || b.count(|c| &c.received) == 1);
         a.sock.send_to(&ab, c.addr).unwrap();
@@ -881,11 +813,8 @@ mod tests {
             return;
         }
         let keys = cluster_keys();
-        let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let local = sink.local_addr().unwrap();
-        let mut a = Scripted::new(2, &keys.forwarding);
-        let b = Real::start(1, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], vec![local]);
-        a.handshake(1, b.addr);
+        let (_sink, local) = served_sink();
+        let (mut a, b) = scripted_to_real(&keys, vec![local]);
         let captured = a.data(1, b.addr, client(), local, b"before");
         wait("received before the restart", Duration::from_secs(5), || b.count(|c| &c.received) == 1);
         let at = b.addr;
@@ -911,9 +840,7 @@ mod tests {
             return;
         }
         let keys = cluster_keys();
-        let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
-        sink.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let local = sink.local_addr().unwrap();
+        let (sink, local) = served_sink();
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let a = Real::start(1, &keys, any, &[], vec![local]);
         let b = Real::start(2, &keys, any, &[(1, a.addr)], vec![local]);
@@ -967,12 +894,10 @@ mod tests {
             return;
         }
         let keys = cluster_keys();
-        let mut a = Scripted::new(2, &keys.forwarding);
-        let b = Real::start(1, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], vec![]);
-        a.handshake(1, b.addr);
+        let (_a, b) = scripted_to_real(&keys, vec![]);
         wait("A alive at B", Duration::from_secs(2), || b.peers.alive(2));
         // A moves (a new socket, another port); only the file says so.
-        let mut moved = Scripted::new(2, &keys.forwarding);
+        let mut moved = scripted(2, &keys.forwarding);
         Real::write(&b.file, &[(2, moved.addr())]);
         let table = HashMap::from([(1, b.addr)]);
         let deadline = Instant::now() + Duration::from_secs(4);
@@ -1004,13 +929,11 @@ mod tests {
         let conn = Arc::new(DataConn { fd: ours, server_id: owner.0, slot: 0, rings: Vec::new() });
         let snap = Snapshot { table, conns: vec![conn], pressure: Vec::new(), version: 1, awaited: Default::default() };
         let shared = Arc::new(arc_swap::ArcSwap::from_pointee(snap));
-        let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
-        sink.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let local = sink.local_addr().unwrap();
-        let mut a = Scripted::new(2, &keys.forwarding);
+        let (sink, local) = served_sink();
+        let mut a = scripted(2, &keys.forwarding);
         let b = Real::start(1, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], vec![local]);
         b.peers.hand_over_to(shared, 16);
-        a.handshake(1, b.addr);
+        a.handshake(1, b.addr, Duration::from_secs(5));
         let short = |id: ServerId| {
             let mut d = vec![0x40];
             d.extend_from_slice(&ks.encode(id, &[9; proto::cid::CID_RANDOM_LEN]));
@@ -1053,13 +976,10 @@ mod tests {
             return;
         };
         rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let rx4 = UdpSocket::bind("127.0.0.1:0").unwrap();
-        rx4.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let (local, local4) = (rx.local_addr().unwrap(), rx4.local_addr().unwrap());
+        let (rx4, local4) = served_sink();
+        let local = rx.local_addr().unwrap();
         let keys = cluster_keys();
-        let mut a = Scripted::new(2, &keys.forwarding);
-        let b = Real::start(1, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], vec![local, local4]);
-        a.handshake(1, b.addr);
+        let (mut a, b) = scripted_to_real(&keys, vec![local, local4]);
         let client6: SocketAddr = "[2001:db8::5]:4321".parse().unwrap();
         a.data(1, b.addr, client6, local, b"a forwarded datagram");
         let mut buf = [0u8; 64];

@@ -16,7 +16,7 @@
 
 use crate::dataplane::limits::Refusal;
 use proto::header::LongHeader;
-use proto::route::{Admission, OwnerInitial};
+use proto::route::{Admission, LiveInitial, OwnerInitial};
 use proto::Table;
 
 /// What a token-less Initial placed on the instance gets.
@@ -82,15 +82,8 @@ impl<A: Admission<Refusal = Refusal>> Admission for PressureAdmission<'_, A> {
     /// owner (proto::limits::owner_initial); it applies the owner's pressure to the
     /// unproven ones itself (crate::dataplane::limits::ShardAdmission::pressure).
     #[inline]
-    fn owner_initial(
-        &mut self,
-        h: &LongHeader<'_>,
-        d: &[u8],
-        stride: usize,
-        t: &Table,
-        owner: usize,
-    ) -> OwnerInitial<Refusal> {
-        self.inner.owner_initial(h, d, stride, t, owner)
+    fn owner_initial(&mut self, initial: &LiveInitial<'_, '_>, t: &Table) -> OwnerInitial<Refusal> {
+        self.inner.owner_initial(initial, t)
     }
 }
 

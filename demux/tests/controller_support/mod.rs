@@ -14,8 +14,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-pub mod netns;
-
 pub const DEMUX: &str = env!("CARGO_BIN_EXE_demux");
 
 pub use testkit::h3client::{cert, client_endpoint, runtime, Cert, ReqError, Resp, H3};

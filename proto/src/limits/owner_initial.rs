@@ -26,61 +26,37 @@
 
 use super::follow_up::FollowUps;
 use crate::cid::ServerId;
+use crate::counter_enum::counter_enum;
 use crate::header::LongHeader;
+use crate::route::LiveInitial;
 use crate::token::{owner_initial_proof, OwnerInitialProof, TokenKey};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-/// What became of a client Initial on a live DCID. The order is the counter order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum Outcome {
-    /// Its token is valid for the client: to the owner.
-    Token = 0,
-    /// It starts a connection: placed and admitted like a new Initial.
-    Placed = 1,
-    /// A follow-up of a placement of its 4-tuple on the owner: to the owner.
-    FollowUp = 2,
-    /// Unproven, within the limits: to the owner.
-    Admitted = 3,
-    /// Unproven; the owner is under handshake pressure: dropped.
-    DroppedPressure = 4,
-    /// Unproven; the shard answers token-less Initials with Retry: dropped.
-    DroppedRetry = 5,
-    /// Unproven; the client holds its cap of pinned handshakes: dropped.
-    HandshakeLimited = 6,
-    /// Unproven; the client's new-connection rate is spent: dropped.
-    RateLimited = 7,
+counter_enum! {
+    /// What became of a client Initial on a live DCID. The order is the counter order;
+    /// the names are the counters' (`owner_initial.<name>` in the status).
+    pub enum Outcome {
+        /// Its token is valid for the client: to the owner.
+        Token => "token",
+        /// It starts a connection: placed and admitted like a new Initial.
+        Placed => "placed",
+        /// A follow-up of a placement of its 4-tuple on the owner: to the owner.
+        FollowUp => "follow_up",
+        /// Unproven, within the limits: to the owner.
+        Admitted => "admitted",
+        /// Unproven; the owner is under handshake pressure: dropped.
+        DroppedPressure => "dropped_pressure",
+        /// Unproven; the shard answers token-less Initials with Retry: dropped.
+        DroppedRetry => "dropped_retry",
+        /// Unproven; the client holds its cap of pinned handshakes: dropped.
+        HandshakeLimited => "handshake_limited",
+        /// Unproven; the client's new-connection rate is spent: dropped.
+        RateLimited => "rate_limited",
+    }
 }
 
 impl Outcome {
-    pub const COUNT: usize = 8;
-    pub const ALL: [Outcome; Outcome::COUNT] = [
-        Outcome::Token,
-        Outcome::Placed,
-        Outcome::FollowUp,
-        Outcome::Admitted,
-        Outcome::DroppedPressure,
-        Outcome::DroppedRetry,
-        Outcome::HandshakeLimited,
-        Outcome::RateLimited,
-    ];
-    /// The counter's name (`owner_initial.<name>` in the status).
-    pub fn name(self) -> &'static str {
-        match self {
-            Outcome::Token => "token",
-            Outcome::Placed => "placed",
-            Outcome::FollowUp => "follow_up",
-            Outcome::Admitted => "admitted",
-            Outcome::DroppedPressure => "dropped_pressure",
-            Outcome::DroppedRetry => "dropped_retry",
-            Outcome::HandshakeLimited => "handshake_limited",
-            Outcome::RateLimited => "rate_limited",
-        }
-    }
-    pub fn index(self) -> usize {
-        self as usize
-    }
     /// Goes to its owner as `Owner`.
     pub fn to_owner(self) -> bool {
         matches!(self, Outcome::Token | Outcome::FollowUp | Outcome::Admitted)
@@ -120,6 +96,21 @@ pub struct OwnerInitialQuery<'a, 'h> {
     /// The router's clock (follow-up lifetimes) and wall-clock Unix seconds (tokens).
     pub now: Duration,
     pub now_unix: u64,
+}
+
+impl<'a, 'h> OwnerInitialQuery<'a, 'h> {
+    /// The query about `initial` from `client`, whose owner has server id `owner_id`,
+    /// at router time `now` and Unix time `now_unix`.
+    pub fn new(
+        initial: &LiveInitial<'a, 'h>,
+        client: SocketAddr,
+        owner_id: ServerId,
+        now: Duration,
+        now_unix: u64,
+    ) -> OwnerInitialQuery<'a, 'h> {
+        let LiveInitial { header, datagram, stride, owner } = *initial;
+        OwnerInitialQuery { header, datagram, stride, client, owner, owner_id, now, now_unix }
+    }
 }
 
 /// The rule (module docs). `key`: the instances' token key (`None`: no token is

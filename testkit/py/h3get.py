@@ -1,24 +1,16 @@
-#!/usr/bin/env python3
-"""Minimal aioquic HTTP/3 GET client for the worker interop test.
-
-Usage: aioquic_h3_get.py HOST PORT PATH [--v2-first]
-Prints one line `status=<code> bytes=<n> server_id=<id> ok=<pattern ok> version=<v>`
-and exits 0 when the response is complete (status 200, body length ==
-content-length). `--v2-first` offers QUIC v2 (RFC 9369) first, then v1: the first
-Initial is a v2 one, and a Version Negotiation moves the client to v1 (RFC 9368).
-The body of /bytes/N is checked against the server's pattern (byte i == i % 256);
-other paths report ok=False (no pattern to check).
+"""The aioquic HTTP/3 GET shared by the aioquic client scripts of the tests
+(aioquic_h3_get.py, aioquic_big_hello.py): one request, its headers, its body
+length, and whether the body is the server's pattern (byte i == i % 256, checked
+for /bytes/N only).
 """
 import asyncio
 import ssl
-import sys
 
 from aioquic.asyncio import connect
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.h3.connection import H3_ALPN, H3Connection
 from aioquic.h3.events import DataReceived, HeadersReceived
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.packet import QuicProtocolVersion
 
 
 class H3Client(QuicConnectionProtocol):
@@ -61,24 +53,26 @@ class H3Client(QuicConnectionProtocol):
             if getattr(ev, "stream_ended", False) and not self.done.done():
                 self.done.set_result(True)
 
+    def status(self):
+        return self.headers.get(":status")
 
-async def main(host, port, path, v2_first):
-    cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
+    def complete(self):
+        """Status 200, body length == content-length, the pattern intact."""
+        length = int(self.headers.get("content-length", "-1"))
+        return self.status() == "200" and self.size == length and self.pattern_ok
+
+
+def client_config(**kwargs):
+    """A client configuration for HTTP/3 to `localhost`, certificates unchecked."""
+    cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost", **kwargs)
     cfg.verify_mode = ssl.CERT_NONE
-    if v2_first:
-        cfg.supported_versions = [QuicProtocolVersion.VERSION_2, QuicProtocolVersion.VERSION_1]
+    return cfg
+
+
+async def get(host, port, path, cfg):
+    """GETs `path` from host:port (at most 60 s for the response); the finished
+    H3Client."""
     async with connect(host, port, configuration=cfg, create_protocol=H3Client) as client:
         client.get(f"localhost:{port}", path)
         await asyncio.wait_for(client.done, timeout=60)
-        status = client.headers.get(":status")
-        length = int(client.headers.get("content-length", "-1"))
-        print(
-            f"status={status} bytes={client.size} server_id={client.headers.get('x-server-id')} "
-            f"ok={client.pattern_ok} version={client._quic._version:#x}"
-        )
-        return status == "200" and client.size == length and client.pattern_ok
-
-
-if __name__ == "__main__":
-    ok = asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3], "--v2-first" in sys.argv[4:]))
-    sys.exit(0 if ok else 1)
+        return client

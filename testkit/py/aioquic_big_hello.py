@@ -21,16 +21,12 @@ DCID). From aioquic's own packet log (qlog events).
 """
 import asyncio
 import os
-import ssl
 import sys
 
 import aioquic.tls as tls
-from aioquic.asyncio import connect
-from aioquic.asyncio.protocol import QuicConnectionProtocol
-from aioquic.h3.connection import H3_ALPN, H3Connection
-from aioquic.h3.events import DataReceived, HeadersReceived
-from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.logger import QuicLogger
+
+from h3get import client_config, get
 
 GREASE_GROUP = 0x0A0A
 SHARE_BYTES = int(sys.argv[4]) if len(sys.argv) > 4 else 1216
@@ -45,43 +41,6 @@ def push_big_client_hello(buf, hello):
 
 
 tls.push_client_hello = push_big_client_hello
-
-
-class H3Client(QuicConnectionProtocol):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.h3 = H3Connection(self._quic)
-        self.done = asyncio.get_event_loop().create_future()
-        self.headers = {}
-        self.size = 0
-        self.pattern_ok = True
-
-    def get(self, authority, path):
-        sid = self._quic.get_next_available_stream_id()
-        self.h3.send_headers(
-            stream_id=sid,
-            headers=[
-                (b":method", b"GET"),
-                (b":scheme", b"https"),
-                (b":authority", authority.encode()),
-                (b":path", path.encode()),
-            ],
-            end_stream=True,
-        )
-        self.transmit()
-
-    def quic_event_received(self, event):
-        for ev in self.h3.handle_event(event):
-            if isinstance(ev, HeadersReceived):
-                self.headers.update({k.decode(): v.decode() for k, v in ev.headers})
-            elif isinstance(ev, DataReceived):
-                for i, b in enumerate(ev.data):
-                    if b != (self.size + i) % 256:
-                        self.pattern_ok = False
-                        break
-                self.size += len(ev.data)
-            if getattr(ev, "stream_ended", False) and not self.done.done():
-                self.done.set_result(True)
 
 
 def first_flight(logger):
@@ -107,19 +66,13 @@ def first_flight(logger):
 
 async def main(host, port, path):
     logger = QuicLogger()
-    cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost", quic_logger=logger)
-    cfg.verify_mode = ssl.CERT_NONE
-    async with connect(host, port, configuration=cfg, create_protocol=H3Client) as client:
-        client.get(f"localhost:{port}", path)
-        await asyncio.wait_for(client.done, timeout=60)
-        length = int(client.headers.get("content-length", "-1"))
-        status = client.headers.get(":status")
+    client = await get(host, port, path, client_config(quic_logger=logger))
     packets, crypto, after = first_flight(logger)
     print(
-        f"status={status} bytes={client.size} ok={client.pattern_ok} ch_packets={packets} "
+        f"status={client.status()} bytes={client.size} ok={client.pattern_ok} ch_packets={packets} "
         f"ch_bytes={crypto} initials_after={after}"
     )
-    return status == "200" and client.size == length and client.pattern_ok
+    return client.complete()
 
 
 if __name__ == "__main__":
