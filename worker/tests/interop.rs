@@ -8,7 +8,6 @@
 mod common;
 
 use common::*;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 

@@ -163,11 +163,11 @@ fn gtlsclient_gets_1_mib() {
 /// aioquic fetches 1 MiB from a worker alone (self-signed certificate).
 #[test]
 fn aioquic_gets_1_mib() {
-    if !have_aioquic() {
+    if !testkit::bin::have_aioquic() {
         return;
     }
     let w = Alone::start("alone-aioquic", &[]);
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/aioquic_h3_get.py");
+    let script = testkit::bin::python_script("aioquic_h3_get.py");
     let mut cmd = Command::new("python3");
     cmd.arg(&script).args(["127.0.0.1", &w.addr.port().to_string(), &format!("/bytes/{MIB}")]);
     let (ok, out) = testkit::bin::run_bounded(&mut cmd, Duration::from_secs(40));

@@ -281,14 +281,3 @@ pub fn check_pattern(file: &Path) -> (u64, bool) {
         len += got as u64;
     }
 }
-
-/// Whether aioquic is installed (prints why a test skips when it is not).
-pub fn have_aioquic() -> bool {
-    let have = Command::new("python3")
-        .args(["-c", "import aioquic"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    have_tool(have, "aioquic (pip install aioquic)")
-}
