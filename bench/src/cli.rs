@@ -243,15 +243,8 @@ pub struct FastpathArgs {
     pub loads: Vec<f64>,
     #[command(flatten)]
     pub rounds: Rounds,
-    /// Rewrite the generated `bench fastpath` block of FILE (e.g. docs/benchmarks.md).
-    #[arg(long, value_name = "FILE")]
-    pub doc: Option<PathBuf>,
-    /// Write the CPU chart to FILE (e.g. docs/benchmarks-fastpath.svg).
-    #[arg(long, value_name = "FILE")]
-    pub svg: Option<PathBuf>,
-    /// Also write every run as JSON to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub out: Outputs,
     /// Count the SK_REUSEPORT program's run time in the fast runs (BPF_ENABLE_STATS,
     /// `bpftool prog show`); adds two clock reads to every eBPF program run meanwhile.
     #[arg(long)]
@@ -284,15 +277,8 @@ pub struct H3Args {
     pub download_mib: u64,
     #[command(flatten)]
     pub rounds: Rounds,
-    /// Rewrite the generated `bench h3` block of FILE (e.g. docs/benchmarks.md).
-    #[arg(long, value_name = "FILE")]
-    pub doc: Option<PathBuf>,
-    /// Write the chart (rates over (a)'s) to FILE (e.g. docs/benchmarks-h3.svg).
-    #[arg(long, value_name = "FILE")]
-    pub svg: Option<PathBuf>,
-    /// Also write every run, the medians and the targets as JSON to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub out: Outputs,
 }
 
 /// `bench saturation`. A list flag given twice: the last one wins.
@@ -355,6 +341,20 @@ pub struct Rounds {
     /// Nice value for the bench and all it starts, in an autogroup of its own (0 = leave priorities alone).
     #[arg(long, value_name = "N", default_value_t = -20, allow_negative_numbers = true)]
     pub nice: i32,
+}
+
+/// Where `bench fastpath` and `bench h3` write their results besides stdout.
+#[derive(Clone, Debug, Default, Args)]
+pub struct Outputs {
+    /// Rewrite this bench's generated block of FILE (e.g. docs/benchmarks.md).
+    #[arg(long, value_name = "FILE")]
+    pub doc: Option<PathBuf>,
+    /// Write this bench's chart to FILE (e.g. docs/benchmarks-fastpath.svg, docs/benchmarks-h3.svg).
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// Also write every run (`bench h3`: and the medians and targets) as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
 }
 
 /// What both contender servers take.
@@ -573,7 +573,7 @@ mod tests {
         assert_eq!((f.seconds, r.reps, r.nice, r.shard_core, r.load_core), (3.0, 3, -20, 0, 1));
         assert_eq!(f.contenders, FASTPATH_CONTENDERS);
         assert_eq!(f.loads, [25.0, 50.0, 75.0]);
-        assert!(f.doc.is_none() && f.svg.is_none() && f.json.is_none() && !f.bpf_stats);
+        assert!(f.out.doc.is_none() && f.out.svg.is_none() && f.out.json.is_none() && !f.bpf_stats);
         let Command::Saturation(s) = parse("saturation").unwrap().command else { panic!() };
         let r = &s.rounds;
         assert_eq!((s.datagrams, s.queue, r.reps, r.nice, r.shard_core, r.load_core), (400_000, 1 << 30, 3, -20, 0, 1));

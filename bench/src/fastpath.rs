@@ -27,7 +27,7 @@ use crate::dataplane::{
     demux_bin, send_rec, start_demux_with, stat_cpu_s, status, wait_placeable, Demux, DATAGRAM, SINK_RCVTIMEO,
 };
 use crate::load::{flow_payloads, flow_sockets, DCID, FLOWS, LOOPBACK_ANY, SETTLE};
-use crate::report::{command_output, fixed, loadavg, loadavg_now, median, replace_block, thousands};
+use crate::report::{command_output, fixed, loadavg, loadavg_now, median, thousands, write_outputs};
 use crate::sys::{cpu_model, pin, schedstat_ns, sink_timeout, Schedstat};
 use anyhow::{bail, Context, Result};
 use proto::cid::KeySet;
@@ -884,19 +884,13 @@ pub fn main(o: FastpathArgs) -> Result<()> {
     pcts.extend(o.loads.iter().copied());
     let sums = summarize(&runs, &kinds, &pcts);
     let text = report(&runs, &sums, &o, sat, &load_start, t0.elapsed().as_secs_f64());
-    println!("{text}");
-    if let Some(p) = &o.doc {
-        replace_block(p, BEGIN, END, &text)?;
-        eprintln!("wrote {}", p.display());
-    }
-    if let Some(p) = &o.svg {
-        std::fs::write(p, svg(&sums, &kinds, &pcts, o.rounds.reps))?;
-        eprintln!("wrote {}", p.display());
-    }
-    if let Some(p) = &o.json {
-        std::fs::write(p, serde_json::to_string_pretty(&Value::Array(runs.iter().map(Run::json).collect()))?)?;
-    }
-    Ok(())
+    write_outputs(
+        &o.out,
+        (BEGIN, END),
+        &text,
+        || svg(&sums, &kinds, &pcts, o.rounds.reps),
+        || Value::Array(runs.iter().map(Run::json).collect()),
+    )
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@
 use crate::cli::H3Args;
 use crate::dataplane::{demux_bin, with_parent};
 use crate::h3_load::{Client, Measured, SMALL};
-use crate::report::{fixed, loadavg, median, replace_block, thousands};
+use crate::report::{fixed, loadavg, median, thousands, write_outputs};
 use crate::saturation::signal;
 use crate::sys::{cpu_model, schedstat_ns, Schedstat};
 use anyhow::{bail, Context, Result};
@@ -569,30 +569,20 @@ pub fn main(o: H3Args) -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     let sums = summarize(&runs, &kinds, &o.loads);
     let text = report(&runs, &sums, &o, &load_start, t0.elapsed().as_secs_f64());
-    println!("{text}");
-    if let Some(p) = &o.doc {
-        replace_block(p, BEGIN, END, &text)?;
-        eprintln!("wrote {}", p.display());
-    }
-    if let Some(p) = &o.svg {
-        std::fs::write(p, svg(&sums, &kinds, &o.loads, &o))?;
-        eprintln!("wrote {}", p.display());
-    }
-    if let Some(p) = &o.json {
+    let json = || {
         let sum_json = |x: &Sum| {
             json!({"contender": x.kind, "load": x.load, "rate": x.rate, "mb_per_s": x.mbps,
                    "server_cpu_us_per_request_or_mb": x.server_us, "server_cores": x.server_cores,
                    "client_cores": x.client_cores, "p50_us": x.p50, "p99_us": x.p99, "p999_us": x.p999,
                    "failed": x.failed, "served": x.served})
         };
-        let v = json!({
+        json!({
             "runs": runs.iter().map(Run::json).collect::<Vec<_>>(),
             "medians": sums.iter().map(sum_json).collect::<Vec<_>>(),
             "targets": targets(&sums).iter().map(|t| json!({"target": t.what, "ratio": t.ratio, "met": t.met})).collect::<Vec<_>>(),
-        });
-        std::fs::write(p, serde_json::to_string_pretty(&v)?)?;
-    }
-    Ok(())
+        })
+    };
+    write_outputs(&o.out, (BEGIN, END), &text, || svg(&sums, &kinds, &o.loads, &o), json)
 }
 
 /// Starts `kind`, offers every load, stops it.

@@ -135,6 +135,30 @@ pub(crate) fn median_interval(mut v: Vec<f64>, level: f64) -> Option<MedianInter
     Some(MedianInterval { lo: v[k - 1], hi: v[n - k], coverage: coverage(below) })
 }
 
+/// Prints `text`, then writes what `out` asks for: `text` as the block between
+/// `begin` and `end` of `out.doc`, `svg()` to `out.svg`, `json()` to `out.json`.
+pub(crate) fn write_outputs(
+    out: &crate::cli::Outputs,
+    (begin, end): (&str, &str),
+    text: &str,
+    svg: impl FnOnce() -> String,
+    json: impl FnOnce() -> serde_json::Value,
+) -> Result<()> {
+    println!("{text}");
+    if let Some(p) = &out.doc {
+        replace_block(p, begin, end, text)?;
+        eprintln!("wrote {}", p.display());
+    }
+    if let Some(p) = &out.svg {
+        std::fs::write(p, svg())?;
+        eprintln!("wrote {}", p.display());
+    }
+    if let Some(p) = &out.json {
+        std::fs::write(p, serde_json::to_string_pretty(&json())?)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -64,34 +64,29 @@ fn start(tag: &str, b: &Build) -> Controller {
     Controller::start_as(tag, 2, &b.demux, &["--worker-bin", &worker])
 }
 
-/// `demux upgrade --state-dir DIR …` (this build's operator tool).
-fn upgrade(c: &Controller, demux: &Path, worker: &Path) -> Output {
-    Command::new(DEMUX)
-        .args(["upgrade", "--timeout", "120", "--state-dir"])
+/// `demux upgrade --state-dir DIR --demux-bin … --worker-bin …` (this build's
+/// operator tool), stdin closed.
+fn upgrade_command(c: &Controller, demux: &Path, worker: &Path) -> Command {
+    let mut cmd = Command::new(DEMUX);
+    cmd.args(["upgrade", "--timeout", "120", "--state-dir"])
         .arg(&c.state)
         .arg("--demux-bin")
         .arg(demux)
         .arg("--worker-bin")
         .arg(worker)
-        .stdin(Stdio::null())
-        .output()
-        .expect("demux upgrade")
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// Runs `upgrade_command` to its end.
+fn upgrade(c: &Controller, demux: &Path, worker: &Path) -> Output {
+    upgrade_command(c, demux, worker).output().expect("demux upgrade")
 }
 
 /// `upgrade`, polling `demux status` meanwhile: the distinct `upgrade.step`s seen.
 fn upgrade_watching(c: &Controller, demux: &Path, worker: &Path, steps: &mut Vec<String>) -> Output {
-    let child = Command::new(DEMUX)
-        .args(["upgrade", "--timeout", "120", "--state-dir"])
-        .arg(&c.state)
-        .arg("--demux-bin")
-        .arg(demux)
-        .arg("--worker-bin")
-        .arg(worker)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("demux upgrade");
+    let child =
+        upgrade_command(c, demux, worker).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("demux upgrade");
     let pid = child.id() as i64;
     while alive(pid) {
         if let Some(step) = c.status().and_then(|s| s["upgrade"]["step"].as_str().map(str::to_string)) {
