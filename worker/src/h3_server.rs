@@ -72,6 +72,9 @@ pub struct ServerOptions {
     pub max_handshakes: usize,
     /// A handshake not complete after this long is abandoned (`--handshake-timeout`).
     pub handshake_timeout: Duration,
+    /// `--upstream`: every HTTP/3 request goes to it (crate::proxy) instead of the
+    /// built-in routes.
+    pub proxy: Option<crate::proxy::ProxyOptions>,
 }
 
 /// `--max-handshakes` default. Memory is not what limits it (~10 KiB of quinn +
@@ -94,6 +97,7 @@ impl ServerOptions {
             retry: false,
             max_handshakes: DEFAULT_MAX_HANDSHAKES,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            proxy: None,
         }
     }
 }
@@ -104,6 +108,7 @@ pub struct Ctx {
     pub opts: ServerOptions,
     pub drain: Drain,
     pub stats: HttpStats,
+    pub proxy: Option<crate::proxy::Proxy>,
 }
 
 impl Ctx {
@@ -111,7 +116,8 @@ impl Ctx {
         if let Some(r) = &opts.root {
             opts.root = Some(std::fs::canonicalize(r).map_err(|e| anyhow::anyhow!("--root {}: {e}", r.display()))?);
         }
-        Ok(Arc::new(Ctx { opts, drain, stats: HttpStats::default() }))
+        let proxy = opts.proxy.clone().map(crate::proxy::Proxy::new);
+        Ok(Arc::new(Ctx { opts, drain, stats: HttpStats::default(), proxy }))
     }
 }
 
@@ -263,8 +269,10 @@ async fn serve_h3(conn: quinn::Connection, ctx: Arc<Ctx>) -> anyhow::Result<()> 
             Ev::Accept(Ok(Some(resolver))) => {
                 ctx.stats.requests.fetch_add(1, Ordering::Relaxed);
                 let ctx = Arc::clone(&ctx);
+                let (conn, late) = (conn.clone(), goaway);
                 reqs.spawn(async move {
                     match resolver.resolve_request().await {
+                        Ok((req, stream)) if ctx.proxy.is_some() => proxy_request(req, stream, &conn, late, &ctx).await,
                         Ok((req, stream)) => {
                             if let Err(e) = handle_h3_request(req, stream, &ctx).await {
                                 tracing::debug!(error = %e, "request failed");
@@ -471,6 +479,22 @@ async fn handle_h3_request(
     }
     end_request_side(&mut stream).await;
     Ok(())
+}
+
+/// `--upstream`: the request goes to the upstream (crate::proxy), with the client's
+/// address as the connection's path has it now (after any migration).
+async fn proxy_request(
+    req: Request<()>,
+    stream: h3::server::RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>,
+    conn: &quinn::Connection,
+    late: bool,
+    ctx: &Ctx,
+) {
+    let Some(proxy) = &ctx.proxy else { return };
+    let out = proxy.handle(req, stream, conn.remote_address(), late).await;
+    if (200..400).contains(&out.status) {
+        ctx.stats.responses_ok.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// RFC 9114 §4.1.2: we never need the rest of a request, but dropping the stream while

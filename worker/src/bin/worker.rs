@@ -152,6 +152,7 @@ async fn run(a: Args) -> anyhow::Result<()> {
         retry: a.retry,
         max_handshakes: a.max_handshakes,
         handshake_timeout: a.handshake_timeout,
+        proxy: a.proxy.options(),
         ..ServerOptions::new(server_id)
     };
     let ctx = Ctx::new(opts, drain.clone())?;
@@ -174,6 +175,9 @@ async fn run(a: Args) -> anyhow::Result<()> {
     }
     write_ready(&a, server_id)?;
     tracing::info!(%server_id, local = ?att.endpoint.local_addr().ok(), retry = a.retry, "serving HTTP/3");
+    if let Some(p) = &ctx.opts.proxy {
+        tracing::info!(upstream = %p.upstream, "proxying every request to the upstream");
+    }
 
     tokio::select! {
         _ = term.recv() => {}
