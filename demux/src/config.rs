@@ -275,6 +275,8 @@ sections! {
         upstream_timeout: Seconds => Flag::Worker("upstream-timeout"),
         upstream_max_body: u64 => Flag::Worker("upstream-max-body"),
         upstream_x_forwarded: bool => Flag::WorkerOnOff("upstream-x-forwarded"),
+        access_log: String => Flag::Worker("access-log"),
+        access_log_format: String => Flag::Worker("access-log-format"),
         args: Vec<String> => Flag::WorkerArgs,
     }
     /// Logging, of the controller and of the processes it starts.

@@ -75,6 +75,8 @@ pub struct ServerOptions {
     /// `--upstream`: every HTTP/3 request goes to it (crate::proxy) instead of the
     /// built-in routes.
     pub proxy: Option<crate::proxy::ProxyOptions>,
+    /// `--access-log`: one line per proxied request (crate::access_log).
+    pub access_log: Option<crate::access_log::AccessLogOptions>,
 }
 
 /// `--max-handshakes` default. Memory is not what limits it (~10 KiB of quinn +
@@ -98,6 +100,7 @@ impl ServerOptions {
             max_handshakes: DEFAULT_MAX_HANDSHAKES,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             proxy: None,
+            access_log: None,
         }
     }
 }
@@ -109,6 +112,7 @@ pub struct Ctx {
     pub drain: Drain,
     pub stats: HttpStats,
     pub proxy: Option<crate::proxy::Proxy>,
+    pub access_log: Option<Arc<crate::access_log::AccessLog>>,
 }
 
 impl Ctx {
@@ -117,7 +121,8 @@ impl Ctx {
             opts.root = Some(std::fs::canonicalize(r).map_err(|e| anyhow::anyhow!("--root {}: {e}", r.display()))?);
         }
         let proxy = opts.proxy.clone().map(crate::proxy::Proxy::new);
-        Ok(Arc::new(Ctx { opts, drain, stats: HttpStats::default(), proxy }))
+        let access_log = opts.access_log.clone().map(crate::access_log::AccessLog::open).transpose()?.map(Arc::new);
+        Ok(Arc::new(Ctx { opts, drain, stats: HttpStats::default(), proxy, access_log }))
     }
 }
 
@@ -491,9 +496,30 @@ async fn proxy_request(
     ctx: &Ctx,
 ) {
     let Some(proxy) = &ctx.proxy else { return };
-    let out = proxy.handle(req, stream, conn.remote_address(), late).await;
+    let (started, time, client) = (std::time::Instant::now(), std::time::SystemTime::now(), conn.remote_address());
+    let log = ctx.access_log.as_ref().map(|_| {
+        let authority = req.uri().authority().map(|a| a.to_string());
+        let authority = authority.or_else(|| req.headers().get("host").and_then(|h| h.to_str().ok()).map(String::from));
+        (req.method().clone(), authority.unwrap_or_default(), req.uri().path_and_query().map(|p| p.to_string()))
+    });
+    let out = proxy.handle(req, stream, client, late).await;
     if (200..400).contains(&out.status) {
         ctx.stats.responses_ok.fetch_add(1, Ordering::Relaxed);
+    }
+    if let (Some(al), Some((method, authority, path))) = (&ctx.access_log, log) {
+        al.record(&crate::access_log::Entry {
+            time,
+            client,
+            server_id: ctx.opts.server_id.0,
+            method: method.as_str(),
+            authority: &authority,
+            path: path.as_deref().unwrap_or("/"),
+            status: out.status,
+            bytes_in: out.bytes_in,
+            bytes_out: out.bytes_out,
+            total: started.elapsed(),
+            upstream: out.upstream,
+        });
     }
 }
 

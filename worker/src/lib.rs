@@ -14,7 +14,7 @@
 //! - [`load_report`]: the `Load` heartbeat and handshake-pressure report (every 250 ms).
 //! - [`control`]: registration with the controller (server id, keys, rotations).
 //! - [`h3_server`], [`drain`], [`echo`], [`tls`]: the `worker` binary's HTTP/3 server;
-//!   [`cli`]: its command line; [`proxy`]: `--upstream`, the reverse proxy.
+//!   [`cli`]: its command line; [`proxy`]: `--upstream`, the reverse proxy, and [`access_log`].
 //!
 //! Minimal use (see docs/worker.md):
 //!
@@ -29,6 +29,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod access_log;
 pub mod alloc;
 pub mod async_fd;
 pub mod cid_gen;

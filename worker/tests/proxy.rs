@@ -681,3 +681,89 @@ fn gtlsclient_gets_through_the_proxy() {
         assert_eq!(up.last().uri.path(), format!("/bytes/{MIB}"));
     });
 }
+
+/// `--access-log FILE --access-log-format json`: one line per request with the
+/// client's address, the server id, method, authority, path, status, bytes each way
+/// and the times; SIGHUP reopens the file (after a rotation), and text lines too.
+#[test]
+fn access_log_lines_and_reopen_on_sighup() {
+    let rt = testkit::h3client::runtime();
+    rt.block_on(async {
+        let up = upstream().await;
+        let dir = temp_dir("proxy-accesslog");
+        let log = dir.join("access.log");
+        let log_s = log.to_str().unwrap().to_string();
+        let extra = ["--access-log", &log_s, "--access-log-format", "json"];
+        let a = appliance("proxy-accesslog", 1, &format!("http://{}", up.addr), &extra);
+        let (ep, h3) = connect(&a).await;
+        let client = ep.local_addr().unwrap();
+        let mut s = h3.sender();
+        let r = exchange(&mut s, "GET", "/bytes/1234?x=1", &[], None).await.unwrap();
+        assert_eq!(r.status, 200);
+        let r = exchange(&mut s, "POST", "/count", &[], Some((5000, None))).await.unwrap();
+        assert_eq!(r.status, 200);
+        let lines = |p: &Path| -> Vec<serde_json::Value> {
+            std::fs::read_to_string(p)
+                .unwrap_or_default()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+                .collect()
+        };
+        // The line is written when the request's task ends, just after the response.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while lines(&log).len() < 2 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let l = lines(&log);
+        assert_eq!(l.len(), 2, "{l:?}");
+        assert_eq!(l[0]["client"], client.to_string());
+        assert_eq!(l[0]["server_id"], 1);
+        assert_eq!((l[0]["method"].as_str(), l[0]["authority"].as_str()), (Some("GET"), Some("localhost")));
+        assert_eq!((l[0]["path"].as_str(), l[0]["status"].as_u64()), (Some("/bytes/1234?x=1"), Some(200)));
+        assert_eq!((l[0]["bytes_in"].as_u64(), l[0]["bytes_out"].as_u64()), (Some(0), Some(1234)));
+        assert!(l[0]["time"].as_str().unwrap().ends_with('Z'));
+        let (total, upstream) = (l[0]["total_ms"].as_f64().unwrap(), l[0]["upstream_ms"].as_f64().unwrap());
+        assert!(upstream > 0.0 && total >= upstream, "{total} {upstream}");
+        let body = "len=5000 pattern=true trailer=".len() as u64;
+        assert_eq!((l[1]["method"].as_str(), l[1]["bytes_in"].as_u64()), (Some("POST"), Some(5000)));
+        assert_eq!(l[1]["bytes_out"].as_u64(), Some(body));
+
+        // Rotation: move the file away, SIGHUP, and the next line goes to a new file.
+        let rotated = dir.join("access.log.1");
+        std::fs::rename(&log, &rotated).unwrap();
+        a._w[0].signal(libc::SIGHUP);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !log.exists() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(log.exists(), "SIGHUP reopened (created) the access log");
+        let r = exchange(&mut s, "GET", "/nope", &[], None).await.unwrap();
+        assert_eq!(r.status, 404);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while lines(&log).is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(lines(&rotated).len(), 2);
+        let l = lines(&log);
+        assert_eq!((l.len(), l[0]["status"].as_u64()), (1, Some(404)));
+        h3.close();
+        drop(a);
+
+        // Text: the common log format's first fields.
+        let log = dir.join("access.txt");
+        let log_s = log.to_str().unwrap().to_string();
+        let a = appliance("proxy-accesslog-text", 1, &format!("http://{}", up.addr), &["--access-log", &log_s]);
+        let (ep, h3) = connect(&a).await;
+        let client = ep.local_addr().unwrap();
+        exchange(&mut h3.sender(), "GET", "/bytes/10", &[], None).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::fs::read_to_string(&log).unwrap_or_default().is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let text = std::fs::read_to_string(&log).unwrap();
+        let want = format!("{client} - - [");
+        assert!(text.starts_with(&want), "{text}");
+        assert!(text.contains("] \"GET /bytes/10 HTTP/3\" 200 10 \"localhost\" server_id=1 in=0 total_ms="), "{text}");
+        h3.close();
+    });
+}

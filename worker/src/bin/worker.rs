@@ -153,6 +153,7 @@ async fn run(a: Args) -> anyhow::Result<()> {
         max_handshakes: a.max_handshakes,
         handshake_timeout: a.handshake_timeout,
         proxy: a.proxy.options(),
+        access_log: a.access_log.options(),
         ..ServerOptions::new(server_id)
     };
     let ctx = Ctx::new(opts, drain.clone())?;
@@ -178,6 +179,11 @@ async fn run(a: Args) -> anyhow::Result<()> {
     if let Some(p) = &ctx.opts.proxy {
         tracing::info!(upstream = %p.upstream, "proxying every request to the upstream");
     }
+    // SIGHUP reopens the access log file (logrotate); SIGHUP means nothing else here.
+    let _reopen = match &ctx.access_log {
+        Some(log) if log.path().is_some() => Some(worker::access_log::reopen_on_sighup(Arc::clone(log))?),
+        _ => None,
+    };
 
     tokio::select! {
         _ = term.recv() => {}
