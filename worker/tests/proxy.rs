@@ -125,7 +125,7 @@ struct Upstream {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
     /// Events: a response body dropped, a request body aborted.
-    events: Mutex<mpsc::UnboundedReceiver<&'static str>>,
+    events: tokio::sync::Mutex<mpsc::UnboundedReceiver<&'static str>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -225,7 +225,7 @@ async fn upstream() -> Upstream {
             });
         }
     });
-    Upstream { addr, seen, events: Mutex::new(rx), task }
+    Upstream { addr, seen, events: tokio::sync::Mutex::new(rx), task }
 }
 
 impl Upstream {
@@ -234,7 +234,7 @@ impl Upstream {
     }
 
     async fn event(&self, within: Duration) -> Option<&'static str> {
-        let mut rx = self.events.lock().unwrap();
+        let mut rx = self.events.lock().await;
         tokio::time::timeout(within, rx.recv()).await.ok().flatten()
     }
 }

@@ -415,7 +415,7 @@ mod tests {
             let grouped = group(&want);
             let got = pairs(&out.headers);
             prop_assert_eq!(&got, &grouped);
-            let last_fwd = out.headers.get_all("forwarded").iter().last().map(|v| v.to_str().unwrap().to_string());
+            let last_fwd = out.headers.get_all("forwarded").iter().next_back().map(|v| v.to_str().unwrap().to_string());
             prop_assert_eq!(last_fwd, Some(format!("for={ip};proto=https;host=app.test")));
             if !h2 { prop_assert_eq!(got.first().map(|p| p.0.as_str()), Some("host")); }
         }
