@@ -767,3 +767,25 @@ fn access_log_lines_and_reopen_on_sighup() {
         h3.close();
     });
 }
+
+/// `Forwarded` carries the client's address as the QUIC path has it when the request
+/// arrives: after the client moves from 127.0.0.1 to 127.0.0.2 (connection
+/// migration, RFC 9000 §9), the new one.
+#[test]
+fn forwarded_follows_a_migrated_client() {
+    let rt = testkit::h3client::runtime();
+    rt.block_on(async {
+        let up = upstream().await;
+        let a = appliance("proxy-migrate", 1, &format!("http://{}", up.addr), &[]);
+        let (ep, h3) = connect(&a).await;
+        let mut s = h3.sender();
+        exchange(&mut s, "GET", "/bytes/1", &[], None).await.unwrap();
+        let fwd = |seen: Seen| seen.headers.get("forwarded").unwrap().to_str().unwrap().to_string();
+        assert_eq!(fwd(up.last()), "for=127.0.0.1;proto=https;host=localhost");
+        ep.rebind(std::net::UdpSocket::bind("127.0.0.2:0").unwrap()).unwrap();
+        // The first packets from the new address carry this request.
+        exchange(&mut s, "GET", "/bytes/2", &[], None).await.unwrap();
+        assert_eq!(fwd(up.last()), "for=127.0.0.2;proto=https;host=localhost");
+        h3.close();
+    });
+}
