@@ -95,7 +95,7 @@ impl Body for RequestBody {
 pub enum PumpEnd {
     /// The whole request went into the body.
     Complete,
-    /// More than the body limit: the client was asked to stop (RFC 9114 §4.1.2).
+    /// More than the body limit: reading stopped (the client is told to stop sending).
     TooLarge,
     /// The client reset the stream (or the connection went away).
     ClientGone,
@@ -127,7 +127,9 @@ pub async fn pump(
         };
         let total = seen.fetch_add(chunk.len() as u64, Ordering::Relaxed) + chunk.len() as u64;
         if total > limit {
-            recv.stop_sending(h3::error::Code::H3_NO_ERROR);
+            // Dropping `recv` stops the stream (quinn: STOP_SENDING). Not h3's
+            // stop_sending: h3-quinn 0.0.10 panics there while a read is in flight,
+            // which h3 may leave behind after returning data.
             return PumpEnd::TooLarge;
         }
         if tx.send(Chunk::Data(chunk)).await.is_err() {

@@ -163,6 +163,7 @@ impl Proxy {
         out: &mut Outcome,
     ) -> anyhow::Result<()> {
         let (mut send, mut recv) = stream.split();
+        // `recv.stop_sending` only before its first read (h3-quinn: see body::pump).
         if late {
             recv.stop_sending(h3::error::Code::H3_NO_ERROR);
             return reply(&mut send, StatusCode::SERVICE_UNAVAILABLE, "draining\n", out).await;
