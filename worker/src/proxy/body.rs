@@ -11,7 +11,7 @@ use bytes::{Buf, Bytes};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::sync::mpsc;
@@ -103,17 +103,27 @@ pub enum PumpEnd {
     UpstreamGone,
 }
 
+/// What the reader has done so far, shared with the request's task.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Request body bytes read.
+    pub bytes: AtomicU64,
+    /// The body went over the limit. Set before the body is aborted, so that the
+    /// upstream request's failure can be told from an upstream fault.
+    pub too_large: AtomicBool,
+}
+
 /// The HTTP/3 request stream's receive side.
 pub type H3Recv = h3::server::RequestStream<h3_quinn::RecvStream, Bytes>;
 
 /// Reads the request body (and trailers) into `tx`, `first` first. Counts bytes in
-/// `seen`; past `limit` stops with [`PumpEnd::TooLarge`].
+/// `progress`; past `limit` stops with [`PumpEnd::TooLarge`].
 pub async fn pump(
     mut recv: H3Recv,
     tx: mpsc::Sender<Chunk>,
     first: Option<Bytes>,
     limit: u64,
-    seen: Arc<AtomicU64>,
+    progress: Arc<Progress>,
 ) -> PumpEnd {
     let mut next = first;
     loop {
@@ -125,8 +135,9 @@ pub async fn pump(
                 Err(_) => return PumpEnd::ClientGone,
             },
         };
-        let total = seen.fetch_add(chunk.len() as u64, Ordering::Relaxed) + chunk.len() as u64;
+        let total = progress.bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed) + chunk.len() as u64;
         if total > limit {
+            progress.too_large.store(true, Ordering::Release);
             // Dropping `recv` stops the stream (quinn: STOP_SENDING). Not h3's
             // stop_sending: h3-quinn 0.0.10 panics there while a read is in flight,
             // which h3 may leave behind after returning data.

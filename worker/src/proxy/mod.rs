@@ -27,7 +27,7 @@ use headers::ForwardOptions;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -190,7 +190,8 @@ impl Proxy {
         }
         // A request whose stream already ended gets an empty body (HTTP/1.1: no
         // chunked encoding for a GET); otherwise the body streams.
-        let seen = Arc::new(AtomicU64::new(0));
+        let progress = Arc::new(body::Progress::default());
+        let seen = &progress.bytes;
         let (body, mut pump) = match ready_first(&mut recv) {
             Poll::Ready(Ok(None)) if declared.unwrap_or(0) == 0 => (RequestBody::empty(), None),
             Poll::Ready(Err(())) => return Ok(()), // reset before we began
@@ -200,7 +201,7 @@ impl Proxy {
                     _ => None,
                 };
                 let (tx, rx) = mpsc::channel::<Chunk>(BODY_QUEUE);
-                let task = tokio::spawn(body::pump(recv, tx, first, self.opts.max_body, Arc::clone(&seen)));
+                let task = tokio::spawn(body::pump(recv, tx, first, self.opts.max_body, Arc::clone(&progress)));
                 (RequestBody::channel(rx, declared), Some(AbortOnDrop(task)))
             }
         };
@@ -240,6 +241,11 @@ impl Proxy {
             Err(_) => {
                 out.bytes_in = seen.load(Ordering::Relaxed);
                 return reply(&mut send, StatusCode::GATEWAY_TIMEOUT, "upstream timed out\n", out).await;
+            }
+            // The body went over the limit and hyper saw it abort first.
+            Ok(Err(_)) if progress.too_large.load(Ordering::Acquire) => {
+                out.bytes_in = seen.load(Ordering::Relaxed);
+                return reply(&mut send, StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n", out).await;
             }
             Ok(Err(e)) => {
                 out.bytes_in = seen.load(Ordering::Relaxed);
