@@ -1,5 +1,5 @@
-//! `--access-log PATH|-`: one line per proxied request (docs/operations.md "Reverse
-//! proxy"), as text (common-log-like) or JSON (`--access-log-format`). Off by
+//! `--access-log PATH|-`: one line per HTTP/3 request, proxied or served by the
+//! built-in routes (docs/operations.md "Reverse proxy"), as text (common-log-like) or JSON (`--access-log-format`). Off by
 //! default. Each line is written with one `write(2)` on a file opened `O_APPEND`, so
 //! workers sharing a file do not interleave within lines; SIGHUP reopens the file
 //! (after logrotate moved it).
@@ -7,7 +7,7 @@
 //! Fields: time (RFC 3339, UTC), client address (as the QUIC path had it), server
 //! id, method, authority, path (with query), status (0: none sent, the client went
 //! away), request and response body bytes, total time and upstream time (request
-//! sent to response head; absent when the upstream was not reached).
+//! sent to response head; absent when the upstream was not reached or there is none).
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// The access log's flags (flattened into the worker's command line).
 #[derive(Debug, Clone, clap::Args)]
 pub struct AccessLogArgs {
-    /// Write one line per proxied request to PATH (`-`: standard output); reopened on SIGHUP.
+    /// Write one line per HTTP/3 request to PATH (`-`: standard output); reopened on SIGHUP.
     #[arg(long, value_name = "PATH|-")]
     pub access_log: Option<String>,
     /// Access log lines as `text` or `json`.

@@ -104,7 +104,7 @@ pub struct Args {
     /// The reverse proxy (`--upstream` and its options, crate::proxy).
     #[command(flatten)]
     pub proxy: crate::proxy::ProxyArgs,
-    /// The access log of proxied requests (crate::access_log).
+    /// The access log (crate::access_log).
     #[command(flatten)]
     pub access_log: crate::access_log::AccessLogArgs,
     /// Tests only (hidden): announce protocol version V (and V-1) instead of this

@@ -75,7 +75,7 @@ pub struct ServerOptions {
     /// `--upstream`: every HTTP/3 request goes to it (crate::proxy) instead of the
     /// built-in routes.
     pub proxy: Option<crate::proxy::ProxyOptions>,
-    /// `--access-log`: one line per proxied request (crate::access_log).
+    /// `--access-log`: one line per HTTP/3 request (crate::access_log).
     pub access_log: Option<crate::access_log::AccessLogOptions>,
 }
 
@@ -279,8 +279,13 @@ async fn serve_h3(conn: quinn::Connection, ctx: Arc<Ctx>) -> anyhow::Result<()> 
                     match resolver.resolve_request().await {
                         Ok((req, stream)) if ctx.proxy.is_some() => proxy_request(req, stream, &conn, late, &ctx).await,
                         Ok((req, stream)) => {
-                            if let Err(e) = handle_h3_request(req, stream, &ctx).await {
+                            let logged = Logged::start(&ctx, &req, conn.remote_address());
+                            let mut out = crate::proxy::Outcome::default();
+                            if let Err(e) = handle_h3_request(req, stream, &ctx, &mut out).await {
                                 tracing::debug!(error = %e, "request failed");
+                            }
+                            if let Some(l) = logged {
+                                l.finish(&ctx, &out);
                             }
                         }
                         Err(e) => tracing::debug!(error = %e, "bad request stream"),
@@ -463,6 +468,7 @@ async fn handle_h3_request(
     req: Request<()>,
     mut stream: h3::server::RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>,
     ctx: &Ctx,
+    out: &mut crate::proxy::Outcome,
 ) -> anyhow::Result<()> {
     let (status, body) = route(req.method(), req.uri().path(), ctx).await;
     let resp = Response::builder()
@@ -472,10 +478,13 @@ async fn handle_h3_request(
         .header("x-server-id", ctx.opts.server_id.0)
         .body(())?;
     stream.send_response(resp).await?;
+    out.status = status.as_u16();
     if req.method() != Method::HEAD {
         let mut chunks = Chunks { body, sent: 0 };
         while let Some(c) = chunks.next().await? {
+            let n = c.len() as u64;
             stream.send_data(c).await?;
+            out.bytes_out += n;
         }
     }
     stream.finish().await?;
@@ -496,28 +505,56 @@ async fn proxy_request(
     ctx: &Ctx,
 ) {
     let Some(proxy) = &ctx.proxy else { return };
-    let (started, time, client) = (std::time::Instant::now(), std::time::SystemTime::now(), conn.remote_address());
-    let log = ctx.access_log.as_ref().map(|_| {
-        let authority = req.uri().authority().map(|a| a.to_string());
-        let authority = authority.or_else(|| req.headers().get("host").and_then(|h| h.to_str().ok()).map(String::from));
-        (req.method().clone(), authority.unwrap_or_default(), req.uri().path_and_query().map(|p| p.to_string()))
-    });
+    let client = conn.remote_address();
+    let logged = Logged::start(ctx, &req, client);
     let out = proxy.handle(req, stream, client, late).await;
     if (200..400).contains(&out.status) {
         ctx.stats.responses_ok.fetch_add(1, Ordering::Relaxed);
     }
-    if let (Some(al), Some((method, authority, path))) = (&ctx.access_log, log) {
-        al.record(&crate::access_log::Entry {
-            time,
+    if let Some(l) = logged {
+        l.finish(ctx, &out);
+    }
+}
+
+/// A request's access-log fields taken when it arrives (crate::access_log).
+struct Logged {
+    started: std::time::Instant,
+    time: std::time::SystemTime,
+    client: std::net::SocketAddr,
+    method: Method,
+    authority: String,
+    path: String,
+}
+
+impl Logged {
+    /// `None` without `--access-log`.
+    fn start(ctx: &Ctx, req: &Request<()>, client: std::net::SocketAddr) -> Option<Logged> {
+        ctx.access_log.as_ref()?;
+        let authority = req.uri().authority().map(|a| a.to_string());
+        let authority = authority.or_else(|| req.headers().get("host").and_then(|h| h.to_str().ok()).map(String::from));
+        Some(Logged {
+            started: std::time::Instant::now(),
+            time: std::time::SystemTime::now(),
             client,
+            method: req.method().clone(),
+            authority: authority.unwrap_or_default(),
+            path: req.uri().path_and_query().map_or_else(|| "/".to_string(), |p| p.to_string()),
+        })
+    }
+
+    fn finish(self, ctx: &Ctx, out: &crate::proxy::Outcome) {
+        let Some(log) = &ctx.access_log else { return };
+        log.record(&crate::access_log::Entry {
+            time: self.time,
+            client: self.client,
             server_id: ctx.opts.server_id.0,
-            method: method.as_str(),
-            authority: &authority,
-            path: path.as_deref().unwrap_or("/"),
+            method: self.method.as_str(),
+            authority: &self.authority,
+            path: &self.path,
             status: out.status,
             bytes_in: out.bytes_in,
             bytes_out: out.bytes_out,
-            total: started.elapsed(),
+            total: self.started.elapsed(),
             upstream: out.upstream,
         });
     }

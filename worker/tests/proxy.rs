@@ -789,3 +789,36 @@ fn forwarded_follows_a_migrated_client() {
         h3.close();
     });
 }
+
+/// Without `--upstream` the access log has the built-in routes' requests (no
+/// upstream time).
+#[test]
+fn access_log_of_built_in_routes() {
+    let rt = testkit::h3client::runtime();
+    rt.block_on(async {
+        let d = Demux::start("proxy-accesslog-builtin");
+        let cert = cert(&d.dir);
+        let log = d.dir.join("access.log");
+        let log_s = log.to_str().unwrap().to_string();
+        let w = Worker::start(&d, &cert, 9, &["--access-log", &log_s, "--access-log-format", "json"]);
+        d.wait_instances("worker placeable", |i| i.iter().any(|x| x.1));
+        let ep = client_endpoint(&cert);
+        let h3 = H3::connect(&ep, d.addr).await.unwrap();
+        let r = exchange(&mut h3.sender(), "GET", "/bytes/100", &[], None).await.unwrap();
+        assert_eq!((r.status, r.body.len()), (200, 100));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::fs::read_to_string(&log).unwrap_or_default().is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let text = std::fs::read_to_string(&log).unwrap();
+        let l: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        assert_eq!(
+            (l["server_id"].as_u64(), l["status"].as_u64(), l["bytes_out"].as_u64()),
+            (Some(9), Some(200), Some(100))
+        );
+        assert_eq!((l["path"].as_str(), l["upstream_ms"].is_null()), (Some("/bytes/100"), true));
+        assert_eq!(l["client"], ep.local_addr().unwrap().to_string());
+        h3.close();
+        drop(w);
+    });
+}
