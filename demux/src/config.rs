@@ -271,6 +271,12 @@ sections! {
         incoming_buffer_size: u64 => Flag::Worker("incoming-buffer-size"),
         incoming_buffer_size_total: u64 => Flag::Worker("incoming-buffer-size-total"),
         malloc_trim: bool => Flag::WorkerOnOff("malloc-trim"),
+        upstream: String => Flag::Worker("upstream"),
+        upstream_timeout: Seconds => Flag::Worker("upstream-timeout"),
+        upstream_max_body: u64 => Flag::Worker("upstream-max-body"),
+        upstream_x_forwarded: bool => Flag::WorkerOnOff("upstream-x-forwarded"),
+        access_log: String => Flag::Worker("access-log"),
+        access_log_format: String => Flag::Worker("access-log-format"),
         args: Vec<String> => Flag::WorkerArgs,
     }
     /// Logging, of the controller and of the processes it starts.

@@ -122,6 +122,12 @@ pub struct Args {
     /// Log lines as `text` or `json` (one object per line). Colours only on a terminal.
     #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
+    /// The reverse proxy (`--upstream` and its options, crate::proxy).
+    #[command(flatten)]
+    pub proxy: crate::proxy::ProxyArgs,
+    /// The access log (crate::access_log).
+    #[command(flatten)]
+    pub access_log: crate::access_log::AccessLogArgs,
     /// Tests only (hidden): announce protocol version V (and V-1) instead of this
     /// build's, standing for a build that differs only in its version number
     /// (docs/wire.md "Versions"); V is this build's version up to 2 above it.

@@ -72,6 +72,11 @@ pub struct ServerOptions {
     pub max_handshakes: usize,
     /// A handshake not complete after this long is abandoned (`--handshake-timeout`).
     pub handshake_timeout: Duration,
+    /// `--upstream`: every HTTP/3 request goes to it (crate::proxy) instead of the
+    /// built-in routes.
+    pub proxy: Option<crate::proxy::ProxyOptions>,
+    /// `--access-log`: one line per HTTP/3 request (crate::access_log).
+    pub access_log: Option<crate::access_log::AccessLogOptions>,
 }
 
 /// `--max-handshakes` default. Memory is not what limits it (~10 KiB of quinn +
@@ -94,6 +99,8 @@ impl ServerOptions {
             retry: false,
             max_handshakes: DEFAULT_MAX_HANDSHAKES,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            proxy: None,
+            access_log: None,
         }
     }
 }
@@ -104,6 +111,8 @@ pub struct Ctx {
     pub opts: ServerOptions,
     pub drain: Drain,
     pub stats: HttpStats,
+    pub proxy: Option<crate::proxy::Proxy>,
+    pub access_log: Option<Arc<crate::access_log::AccessLog>>,
 }
 
 impl Ctx {
@@ -111,7 +120,9 @@ impl Ctx {
         if let Some(r) = &opts.root {
             opts.root = Some(std::fs::canonicalize(r).map_err(|e| anyhow::anyhow!("--root {}: {e}", r.display()))?);
         }
-        Ok(Arc::new(Ctx { opts, drain, stats: HttpStats::default() }))
+        let proxy = opts.proxy.clone().map(crate::proxy::Proxy::new);
+        let access_log = opts.access_log.clone().map(crate::access_log::AccessLog::open).transpose()?.map(Arc::new);
+        Ok(Arc::new(Ctx { opts, drain, stats: HttpStats::default(), proxy, access_log }))
     }
 }
 
@@ -263,11 +274,18 @@ async fn serve_h3(conn: quinn::Connection, ctx: Arc<Ctx>) -> anyhow::Result<()> 
             Ev::Accept(Ok(Some(resolver))) => {
                 ctx.stats.requests.fetch_add(1, Ordering::Relaxed);
                 let ctx = Arc::clone(&ctx);
+                let (conn, late) = (conn.clone(), goaway);
                 reqs.spawn(async move {
                     match resolver.resolve_request().await {
+                        Ok((req, stream)) if ctx.proxy.is_some() => proxy_request(req, stream, &conn, late, &ctx).await,
                         Ok((req, stream)) => {
-                            if let Err(e) = handle_h3_request(req, stream, &ctx).await {
+                            let logged = Logged::start(&ctx, &req, conn.remote_address());
+                            let mut out = crate::proxy::Outcome::default();
+                            if let Err(e) = handle_h3_request(req, stream, &ctx, &mut out).await {
                                 tracing::debug!(error = %e, "request failed");
+                            }
+                            if let Some(l) = logged {
+                                l.finish(&ctx, &out);
                             }
                         }
                         Err(e) => tracing::debug!(error = %e, "bad request stream"),
@@ -450,6 +468,7 @@ async fn handle_h3_request(
     req: Request<()>,
     mut stream: h3::server::RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>,
     ctx: &Ctx,
+    out: &mut crate::proxy::Outcome,
 ) -> anyhow::Result<()> {
     let (status, body) = route(req.method(), req.uri().path(), ctx).await;
     let resp = Response::builder()
@@ -459,10 +478,13 @@ async fn handle_h3_request(
         .header("x-server-id", ctx.opts.server_id.0)
         .body(())?;
     stream.send_response(resp).await?;
+    out.status = status.as_u16();
     if req.method() != Method::HEAD {
         let mut chunks = Chunks { body, sent: 0 };
         while let Some(c) = chunks.next().await? {
+            let n = c.len() as u64;
             stream.send_data(c).await?;
+            out.bytes_out += n;
         }
     }
     stream.finish().await?;
@@ -471,6 +493,71 @@ async fn handle_h3_request(
     }
     end_request_side(&mut stream).await;
     Ok(())
+}
+
+/// `--upstream`: the request goes to the upstream (crate::proxy), with the client's
+/// address as the connection's path has it now (after any migration).
+async fn proxy_request(
+    req: Request<()>,
+    stream: h3::server::RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>,
+    conn: &quinn::Connection,
+    late: bool,
+    ctx: &Ctx,
+) {
+    let Some(proxy) = &ctx.proxy else { return };
+    let client = conn.remote_address();
+    let logged = Logged::start(ctx, &req, client);
+    let out = proxy.handle(req, stream, client, late).await;
+    if (200..400).contains(&out.status) {
+        ctx.stats.responses_ok.fetch_add(1, Ordering::Relaxed);
+    }
+    if let Some(l) = logged {
+        l.finish(ctx, &out);
+    }
+}
+
+/// A request's access-log fields taken when it arrives (crate::access_log).
+struct Logged {
+    started: std::time::Instant,
+    time: std::time::SystemTime,
+    client: std::net::SocketAddr,
+    method: Method,
+    authority: String,
+    path: String,
+}
+
+impl Logged {
+    /// `None` without `--access-log`.
+    fn start(ctx: &Ctx, req: &Request<()>, client: std::net::SocketAddr) -> Option<Logged> {
+        ctx.access_log.as_ref()?;
+        let authority = req.uri().authority().map(|a| a.to_string());
+        let authority = authority.or_else(|| req.headers().get("host").and_then(|h| h.to_str().ok()).map(String::from));
+        Some(Logged {
+            started: std::time::Instant::now(),
+            time: std::time::SystemTime::now(),
+            client,
+            method: req.method().clone(),
+            authority: authority.unwrap_or_default(),
+            path: req.uri().path_and_query().map_or_else(|| "/".to_string(), |p| p.to_string()),
+        })
+    }
+
+    fn finish(self, ctx: &Ctx, out: &crate::proxy::Outcome) {
+        let Some(log) = &ctx.access_log else { return };
+        log.record(&crate::access_log::Entry {
+            time: self.time,
+            client: self.client,
+            server_id: ctx.opts.server_id.0,
+            method: self.method.as_str(),
+            authority: &self.authority,
+            path: &self.path,
+            status: out.status,
+            bytes_in: out.bytes_in,
+            bytes_out: out.bytes_out,
+            total: self.started.elapsed(),
+            upstream: out.upstream,
+        });
+    }
 }
 
 /// RFC 9114 §4.1.2: we never need the rest of a request, but dropping the stream while

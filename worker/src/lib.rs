@@ -14,7 +14,7 @@
 //! - [`load_report`]: the `Load` heartbeat and handshake-pressure report (every 250 ms).
 //! - [`control`]: registration with the controller (server id, keys, rotations).
 //! - [`h3_server`], [`drain`], [`echo`], [`tls`]: the `worker` binary's HTTP/3 server;
-//!   [`cli`]: its command line.
+//!   [`cli`]: its command line; [`proxy`]: `--upstream`, the reverse proxy, and [`access_log`].
 //!
 //! Minimal use (see docs/worker.md):
 //!
@@ -29,6 +29,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod access_log;
 pub mod alloc;
 pub mod async_fd;
 pub mod cid_gen;
@@ -41,6 +42,7 @@ pub mod fast_udp;
 pub mod h3_server;
 pub mod handshake_done;
 pub mod load_report;
+pub mod proxy;
 pub mod ring;
 pub mod secrets;
 pub mod socket;

@@ -155,6 +155,7 @@ async fn run(a: Args) -> anyhow::Result<()> {
     }
     write_ready(&a, server_id)?;
     tracing::info!(%server_id, local = ?att.endpoint.local_addr().ok(), retry = a.retry, "serving HTTP/3");
+    let _reopen = proxy_and_access_log(&ctx)?;
 
     tokio::select! {
         _ = term.recv() => {}
@@ -262,8 +263,22 @@ fn server_options(a: &Args, server_id: ServerId) -> ServerOptions {
         retry: a.retry,
         max_handshakes: a.max_handshakes,
         handshake_timeout: a.handshake_timeout,
+        proxy: a.proxy.options(),
+        access_log: a.access_log.options(),
         ..ServerOptions::new(server_id)
     }
+}
+
+/// Logs the upstream when proxying; SIGHUP reopens the access log file (logrotate),
+/// and means nothing else to a worker. The task lives as long as the handle.
+fn proxy_and_access_log(ctx: &Ctx) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    if let Some(p) = &ctx.opts.proxy {
+        tracing::info!(upstream = %p.upstream, "proxying every request to the upstream");
+    }
+    Ok(match &ctx.access_log {
+        Some(log) if log.path().is_some() => Some(worker::access_log::reopen_on_sighup(Arc::clone(log))?),
+        _ => None,
+    })
 }
 
 fn spawn_trimmer(a: &Args, drain: &Drain) -> Option<tokio::task::JoinHandle<()>> {
@@ -328,6 +343,7 @@ async fn run_listen(a: Args, addr: std::net::SocketAddr) -> anyhow::Result<()> {
     let server = tokio::spawn(h3_server::serve(endpoint.clone(), Arc::clone(&ctx)));
     write_ready_text(&a, &format!("udp {local}\n"))?;
     tracing::info!(%local, retry = a.retry, "serving HTTP/3 alone (--listen)");
+    let _reopen = proxy_and_access_log(&ctx)?;
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}

@@ -1,0 +1,300 @@
+//! `--upstream URL`: the worker as an HTTP/3 reverse proxy. Every HTTP/3 request goes
+//! to one HTTP/1.1 or HTTP/2 (h2c) upstream (docs/operations.md "Reverse proxy").
+//!
+//! - [`headers`]: the request and response head mapping (RFC 9114 §4.3, RFC 9110
+//!   §7.6.1, RFC 7239), pure.
+//! - [`body`]: the request body, streamed through a small bounded channel.
+//! - [`upstream`]: the URL, the connector and the pooled hyper client.
+//!
+//! Per request: the head is mapped; the body is pumped from the HTTP/3 stream into
+//! the upstream request while the upstream's response frames go out as HTTP/3 DATA
+//! (and trailers) as they come, so memory per request is bounded whatever the body
+//! sizes. Errors: 400 (unmappable head), 413 (body over `--upstream-max-body`), 502
+//! (upstream unreachable, reset or closed before its response head), 504 (no
+//! response head within `--upstream-timeout`), 503 (a request taken after the worker
+//! began draining). A failure after the response head resets the client's stream
+//! (H3_INTERNAL_ERROR) so that it never takes a short body for a whole one; a client
+//! that resets its stream drops the upstream request (hyper then closes that
+//! HTTP/1.1 connection or resets that HTTP/2 stream).
+
+pub mod body;
+pub mod headers;
+pub mod upstream;
+
+use body::{Chunk, PumpEnd, RequestBody, BODY_QUEUE};
+use bytes::{Buf, Bytes};
+use headers::ForwardOptions;
+use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use upstream::{Upstream, UpstreamClient};
+
+/// The proxy's flags (flattened into the worker's command line).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProxyArgs {
+    /// Proxy every HTTP/3 request to this HTTP/1.1 (`http://HOST:PORT`) or HTTP/2
+    /// with prior knowledge (`h2c://HOST:PORT`) upstream.
+    #[arg(long, value_name = "URL", value_parser = upstream::parse_upstream)]
+    pub upstream: Option<Upstream>,
+    /// Answer 504 when the upstream has not sent its response head after this long
+    /// (also: connecting, and the longest pause inside a response body).
+    #[arg(long, value_name = "SECS", default_value = "60", value_parser = crate::cli::secs)]
+    pub upstream_timeout: Duration,
+    /// Answer 413 to a request body larger than this (bytes).
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_BODY)]
+    pub upstream_max_body: u64,
+    /// Add X-Forwarded-For and X-Forwarded-Proto besides Forwarded: on or off.
+    #[arg(long, value_name = "on|off", default_value = "off", value_parser = crate::cli::on_off, action = clap::ArgAction::Set)]
+    pub upstream_x_forwarded: bool,
+}
+
+/// `--upstream-max-body` default: 1 GiB.
+pub const DEFAULT_MAX_BODY: u64 = 1 << 30;
+
+/// What the proxy was configured with.
+#[derive(Debug, Clone)]
+pub struct ProxyOptions {
+    pub upstream: Upstream,
+    pub timeout: Duration,
+    pub max_body: u64,
+    pub forward: ForwardOptions,
+}
+
+impl ProxyArgs {
+    /// The options, when `--upstream` is set.
+    pub fn options(&self) -> Option<ProxyOptions> {
+        self.upstream.clone().map(|upstream| ProxyOptions {
+            upstream,
+            timeout: self.upstream_timeout,
+            max_body: self.upstream_max_body,
+            forward: ForwardOptions { x_forwarded: self.upstream_x_forwarded },
+        })
+    }
+}
+
+/// The proxy: options and the pooled client.
+#[derive(Debug)]
+pub struct Proxy {
+    pub opts: ProxyOptions,
+    client: UpstreamClient,
+}
+
+/// What became of one request (for the access log).
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    /// The status sent, 0 if none was (the client went away first).
+    pub status: u16,
+    /// Request body bytes read from the client.
+    pub bytes_in: u64,
+    /// Response body bytes sent to the client.
+    pub bytes_out: u64,
+    /// From sending the request upstream to its response head.
+    pub upstream: Option<Duration>,
+}
+
+type H3Stream = h3::server::RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>;
+type H3Send = h3::server::RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
+
+/// Aborts a spawned task when dropped (a cancelled request takes its reader along).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A small text response with `status`.
+async fn reply(send: &mut H3Send, status: StatusCode, text: &str, out: &mut Outcome) -> anyhow::Result<()> {
+    let resp = Response::builder()
+        .status(status)
+        .header("content-type", "text/plain; charset=utf-8")
+        .header("content-length", text.len())
+        .body(())?;
+    send.send_response(resp).await?;
+    out.status = status.as_u16();
+    send.send_data(Bytes::copy_from_slice(text.as_bytes())).await?;
+    out.bytes_out = text.len() as u64;
+    send.finish().await?;
+    Ok(())
+}
+
+/// The first chunk of the request body if it is already here: `Ok(None)` when the
+/// stream already ended (no body), `Err(())` when nothing is here yet.
+fn ready_first(recv: &mut body::H3Recv) -> Poll<Result<Option<Bytes>, ()>> {
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    match recv.poll_recv_data(&mut cx) {
+        Poll::Ready(Ok(Some(mut b))) => Poll::Ready(Ok(Some(b.copy_to_bytes(b.remaining())))),
+        Poll::Ready(Ok(None)) => Poll::Ready(Ok(None)),
+        Poll::Ready(Err(_)) => Poll::Ready(Err(())),
+        Poll::Pending => Poll::Pending,
+    }
+}
+
+impl Proxy {
+    /// A proxy to `opts.upstream`. Call inside tokio.
+    pub fn new(opts: ProxyOptions) -> Proxy {
+        let client = upstream::client(&opts.upstream, opts.timeout);
+        Proxy { opts, client }
+    }
+
+    /// Forwards one request from `client` (its address as the QUIC path sees it now).
+    /// `late`: taken after this connection's GOAWAY (draining), answered 503.
+    pub async fn handle(&self, req: Request<()>, stream: H3Stream, client: SocketAddr, late: bool) -> Outcome {
+        let mut out = Outcome::default();
+        if let Err(e) = self.forward(req, stream, client, late, &mut out).await {
+            tracing::debug!(error = %e, "proxied request failed");
+        }
+        out
+    }
+
+    async fn forward(
+        &self,
+        req: Request<()>,
+        stream: H3Stream,
+        client: SocketAddr,
+        late: bool,
+        out: &mut Outcome,
+    ) -> anyhow::Result<()> {
+        let (mut send, mut recv) = stream.split();
+        // `recv.stop_sending` only before its first read (h3-quinn: see body::pump).
+        if late {
+            recv.stop_sending(h3::error::Code::H3_NO_ERROR);
+            return reply(&mut send, StatusCode::SERVICE_UNAVAILABLE, "draining\n", out).await;
+        }
+        let protocol = self.opts.upstream.protocol;
+        let head =
+            match headers::map_request(req.method(), req.uri(), req.headers(), client, protocol, self.opts.forward) {
+                Ok(h) => h,
+                Err(e) => {
+                    recv.stop_sending(h3::error::Code::H3_NO_ERROR);
+                    let code = if e == headers::MapError::Connect {
+                        StatusCode::NOT_IMPLEMENTED
+                    } else {
+                        StatusCode::BAD_REQUEST
+                    };
+                    return reply(&mut send, code, &format!("{e}\n"), out).await;
+                }
+            };
+        let declared: Option<u64> =
+            req.headers().get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+        if declared.is_some_and(|n| n > self.opts.max_body) {
+            recv.stop_sending(h3::error::Code::H3_NO_ERROR);
+            return reply(&mut send, StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n", out).await;
+        }
+        // A request whose stream already ended gets an empty body (HTTP/1.1: no
+        // chunked encoding for a GET); otherwise the body streams.
+        let progress = Arc::new(body::Progress::default());
+        let seen = &progress.bytes;
+        let (body, mut pump) = match ready_first(&mut recv) {
+            Poll::Ready(Ok(None)) if declared.unwrap_or(0) == 0 => (RequestBody::empty(), None),
+            Poll::Ready(Err(())) => return Ok(()), // reset before we began
+            first => {
+                let first = match first {
+                    Poll::Ready(Ok(b)) => b,
+                    _ => None,
+                };
+                let (tx, rx) = mpsc::channel::<Chunk>(BODY_QUEUE);
+                let task = tokio::spawn(body::pump(recv, tx, first, self.opts.max_body, Arc::clone(&progress)));
+                (RequestBody::channel(rx, declared), Some(AbortOnDrop(task)))
+            }
+        };
+        let mut upstream_req = Request::new(body);
+        *upstream_req.method_mut() = head.method;
+        *upstream_req.uri_mut() = head.uri;
+        *upstream_req.headers_mut() = head.headers;
+        let sent_at = Instant::now();
+        let mut response = std::pin::pin!(tokio::time::timeout(self.opts.timeout, self.client.request(upstream_req)));
+
+        // Until the response head: the reader may fail first.
+        let result = loop {
+            let reader = async {
+                match pump.as_mut() {
+                    Some(p) => (&mut p.0).await.unwrap_or(PumpEnd::ClientGone),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = &mut response => break r,
+                end = reader => {
+                    pump = None;
+                    out.bytes_in = seen.load(Ordering::Relaxed);
+                    match end {
+                        PumpEnd::TooLarge => {
+                            return reply(&mut send, StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n", out).await
+                        }
+                        // Cancelled: dropping the request future drops the upstream request.
+                        PumpEnd::ClientGone => return Ok(()),
+                        PumpEnd::Complete | PumpEnd::UpstreamGone => {}
+                    }
+                }
+            }
+        };
+        out.upstream = Some(sent_at.elapsed());
+        let resp = match result {
+            Err(_) => {
+                out.bytes_in = seen.load(Ordering::Relaxed);
+                return reply(&mut send, StatusCode::GATEWAY_TIMEOUT, "upstream timed out\n", out).await;
+            }
+            // The body went over the limit and hyper saw it abort first.
+            Ok(Err(_)) if progress.too_large.load(Ordering::Acquire) => {
+                out.bytes_in = seen.load(Ordering::Relaxed);
+                return reply(&mut send, StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n", out).await;
+            }
+            Ok(Err(e)) => {
+                out.bytes_in = seen.load(Ordering::Relaxed);
+                tracing::debug!(error = %e, upstream = %self.opts.upstream, "upstream failed");
+                return reply(&mut send, StatusCode::BAD_GATEWAY, "upstream unreachable or failed\n", out).await;
+            }
+            Ok(Ok(r)) => r,
+        };
+        let (parts, mut upstream_body) = resp.into_parts();
+        let mut h3_resp = Response::new(());
+        *h3_resp.status_mut() = parts.status;
+        *h3_resp.headers_mut() = headers::map_response(&parts.headers);
+        send.send_response(h3_resp).await?;
+        out.status = parts.status.as_u16();
+        loop {
+            let frame = match tokio::time::timeout(self.opts.timeout, upstream_body.frame()).await {
+                Ok(Some(Ok(f))) => f,
+                Ok(None) => break,
+                Ok(Some(Err(e))) => {
+                    tracing::debug!(error = %e, "upstream response body failed");
+                    send.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
+                    out.bytes_in = seen.load(Ordering::Relaxed);
+                    return Ok(());
+                }
+                Err(_) => {
+                    tracing::debug!("upstream response body stalled");
+                    send.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
+                    out.bytes_in = seen.load(Ordering::Relaxed);
+                    return Ok(());
+                }
+            };
+            match frame.into_data() {
+                Ok(d) => {
+                    let n = d.len() as u64;
+                    // A failure here is the client gone: returning drops the upstream body.
+                    send.send_data(d).await?;
+                    out.bytes_out += n;
+                }
+                Err(f) => {
+                    if let Ok(t) = f.into_trailers() {
+                        send.send_trailers(t).await?;
+                    }
+                }
+            }
+        }
+        send.finish().await?;
+        out.bytes_in = seen.load(Ordering::Relaxed);
+        // Whatever the client still sends is not needed: dropping the reader (with
+        // the request stream) asks it to stop.
+        Ok(())
+    }
+}
