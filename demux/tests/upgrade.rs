@@ -28,7 +28,6 @@ const V: u8 = PROTOCOL_VERSION;
 const DOWNLOADS: usize = 8;
 const DOWNLOAD_BYTES: u64 = 32 << 20;
 const DOWNLOAD_RATE: u64 = 4 << 20;
-const WORKER_DRAIN_S: u64 = 90;
 
 /// The binaries of one "build": wrappers of this build's `demux` and `worker`.
 struct Build {
@@ -45,6 +44,7 @@ fn script(path: &Path, body: &str) {
 /// The build of protocol version `version` in `dir`. Its workers drain for up to
 /// `WORKER_DRAIN_S`: a retiring worker's downloads finish even on a loaded machine.
 fn build(dir: &Path, version: u8) -> Build {
+    const WORKER_DRAIN_S: u64 = 90;
     let demux = dir.join(format!("demux-v{version}"));
     let worker = dir.join(format!("worker-v{version}"));
     script(&demux, &format!("exec {DEMUX} \"$@\" --protocol-version {version}"));

@@ -57,6 +57,26 @@ pub struct HttpStats {
     pub handshake_timeouts: AtomicU64,
 }
 
+impl HttpStats {
+    /// The counters as the worker's exit line prints them (`connections=… requests=…
+    /// ok=… retries=… refused=… overload_retries=… overload_ignored=… handshake_timeouts=…`).
+    pub fn exit_fields(&self) -> String {
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        format!(
+            "connections={} requests={} ok={} retries={} refused={} overload_retries={} overload_ignored={} \
+             handshake_timeouts={}",
+            n(&self.connections),
+            n(&self.requests),
+            n(&self.responses_ok),
+            n(&self.retries_sent),
+            n(&self.refused_incoming),
+            n(&self.overload_retries),
+            n(&self.overload_ignored),
+            n(&self.handshake_timeouts),
+        )
+    }
+}
+
 /// What the server serves.
 #[derive(Debug, Clone)]
 pub struct ServerOptions {

@@ -65,26 +65,6 @@ fn assert_fast_path_carried(d: &Demux, what: &str) {
     assert!(owner * 10 < fast, "{what}: the user path routed {owner} Owner datagrams vs {fast} fast ones");
 }
 
-fn run_with_timeout(mut cmd: Command, t: Duration) -> (bool, String) {
-    let mut child = cmd.spawn().expect("spawn client");
-    let deadline = std::time::Instant::now() + t;
-    loop {
-        if let Ok(Some(st)) = child.try_wait() {
-            let mut err = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut e, &mut err);
-            }
-            return (st.success(), err.chars().rev().take(3000).collect::<String>().chars().rev().collect());
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return (false, format!("timed out after {t:?}"));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn gtlsclient_gets_1_mib() {
     if !have_tool(tool_exists("gtlsclient", &["--help"]), "gtlsclient (ngtcp2-client)") {

@@ -616,35 +616,9 @@ fn thousand_concurrent_requests_over_50_connections_and_2_workers() {
 // ---------------------------------------------------------------------------
 // Other clients: aioquic and gtlsclient, a GET each through the proxy.
 
-fn run_with_timeout(mut cmd: Command, t: Duration) -> (bool, String) {
-    let mut child = cmd.spawn().expect("spawn client");
-    let deadline = Instant::now() + t;
-    loop {
-        if let Ok(Some(st)) = child.try_wait() {
-            let mut err = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut e, &mut err);
-            }
-            return (st.success(), err.chars().rev().take(3000).collect::<String>().chars().rev().collect());
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return (false, format!("timed out after {t:?}"));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn aioquic_gets_through_the_proxy() {
-    let have = Command::new("python3")
-        .args(["-c", "import aioquic"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !have_tool(have, "aioquic (pip install aioquic)") {
+    if !testkit::bin::have_aioquic() {
         return;
     }
     let rt = testkit::h3client::runtime();

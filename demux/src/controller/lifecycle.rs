@@ -128,6 +128,19 @@ pub(crate) enum DataPlane<P> {
     Stopped,
 }
 
+/// The process of a data-plane state that has one (the same arms for `&` and `&mut`).
+macro_rules! data_plane_proc {
+    ($state:expr) => {
+        match $state {
+            DataPlane::Starting { proc, .. }
+            | DataPlane::Running { proc, .. }
+            | DataPlane::Replacing { proc, .. }
+            | DataPlane::Stopping { proc, .. } => Some(proc),
+            DataPlane::Backoff { .. } | DataPlane::Stopped => None,
+        }
+    };
+}
+
 impl<P: Process> DataPlane<P> {
     pub(crate) fn kind(&self) -> DataPlaneKind {
         match self {
@@ -141,23 +154,11 @@ impl<P: Process> DataPlane<P> {
     }
 
     pub(crate) fn proc(&self) -> Option<&P> {
-        match self {
-            DataPlane::Starting { proc, .. }
-            | DataPlane::Running { proc, .. }
-            | DataPlane::Replacing { proc, .. }
-            | DataPlane::Stopping { proc, .. } => Some(proc),
-            DataPlane::Backoff { .. } | DataPlane::Stopped => None,
-        }
+        data_plane_proc!(self)
     }
 
     fn proc_mut(&mut self) -> Option<&mut P> {
-        match self {
-            DataPlane::Starting { proc, .. }
-            | DataPlane::Running { proc, .. }
-            | DataPlane::Replacing { proc, .. }
-            | DataPlane::Stopping { proc, .. } => Some(proc),
-            DataPlane::Backoff { .. } | DataPlane::Stopped => None,
-        }
+        data_plane_proc!(self)
     }
 
     pub(crate) fn pid(&self) -> Option<i32> {

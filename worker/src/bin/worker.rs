@@ -183,19 +183,11 @@ async fn run(a: Args) -> anyhow::Result<()> {
     let d = &data.stats;
     let u = socket.udp();
     let line = format!(
-        "worker exit: server_id={} connections={} requests={} ok={} retries={} refused={} overload_retries={} \
-         overload_ignored={} handshake_timeouts={} frames={} malformed={} \
+        "worker exit: server_id={} {} frames={} malformed={} \
          udp_sends={} udp_bytes={} udp_errors={} gso_max={} fast_sockets={} fast_datagrams={} fast_bytes={} \
          fast_sends={} fast_errors={} rings={} ring_frames={} drained={}",
         server_id,
-        s.connections.load(Ordering::Relaxed),
-        s.requests.load(Ordering::Relaxed),
-        s.responses_ok.load(Ordering::Relaxed),
-        s.retries_sent.load(Ordering::Relaxed),
-        s.refused_incoming.load(Ordering::Relaxed),
-        s.overload_retries.load(Ordering::Relaxed),
-        s.overload_ignored.load(Ordering::Relaxed),
-        s.handshake_timeouts.load(Ordering::Relaxed),
+        s.exit_fields(),
         d.frames.load(Ordering::Relaxed),
         d.malformed.load(Ordering::Relaxed),
         u.stats.transmits.load(Ordering::Relaxed),
@@ -352,18 +344,7 @@ async fn run_listen(a: Args, addr: std::net::SocketAddr) -> anyhow::Result<()> {
     let finished = drain_until_idle(&drain, Duration::from_secs(a.drain_timeout), &mut term, &mut int).await;
     close_endpoint(&endpoint, &drain, finished, server, trimmer).await;
     let s = &ctx.stats;
-    let line = format!(
-        "worker exit: listen={local} connections={} requests={} ok={} retries={} refused={} overload_retries={} \
-         overload_ignored={} handshake_timeouts={} drained={finished}",
-        s.connections.load(Ordering::Relaxed),
-        s.requests.load(Ordering::Relaxed),
-        s.responses_ok.load(Ordering::Relaxed),
-        s.retries_sent.load(Ordering::Relaxed),
-        s.refused_incoming.load(Ordering::Relaxed),
-        s.overload_retries.load(Ordering::Relaxed),
-        s.overload_ignored.load(Ordering::Relaxed),
-        s.handshake_timeouts.load(Ordering::Relaxed),
-    );
+    let line = format!("worker exit: listen={local} {} drained={finished}", s.exit_fields());
     if a.log_format == "json" {
         tracing::info!(target: "worker", line, "worker exit");
     } else {

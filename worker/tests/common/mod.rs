@@ -281,3 +281,25 @@ pub fn check_pattern(file: &Path) -> (u64, bool) {
         len += got as u64;
     }
 }
+
+/// Runs `cmd` (the caller pipes its stderr) for at most `t`: whether it exited
+/// successfully, and the last 3,000 characters of its stderr (or why it did not end).
+pub fn run_with_timeout(mut cmd: Command, t: Duration) -> (bool, String) {
+    let mut child = cmd.spawn().expect("spawn client");
+    let deadline = Instant::now() + t;
+    loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            return (st.success(), err.chars().rev().take(3000).collect::<String>().chars().rev().collect());
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return (false, format!("timed out after {t:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
