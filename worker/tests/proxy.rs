@@ -625,7 +625,7 @@ fn aioquic_gets_through_the_proxy() {
     rt.block_on(async {
         let up = upstream().await;
         let a = appliance("proxy-aioquic", 1, &format!("h2c://{}", up.addr), &[]);
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/aioquic_h3_get.py");
+        let script = testkit::bin::python_script("aioquic_h3_get.py");
         let out_path = a.d.dir.join("aioquic.out");
         let mut cmd = Command::new("python3");
         cmd.arg(&script)
