@@ -2,7 +2,7 @@
 //!
 //! `cargo run --release -p bench -- all [--seconds S] [--reps N] [--contenders floor,baseline,demux-uring,demux-mmsg,nginx] [--trains 1,8] [--rates 0,100000] [--no-latency] [--no-doc] [--json FILE]`
 //!
-//! Issue #6: the demux (io_uring and mmsg), a per-datagram baseline, nginx's stream
+//! Side by side: the demux (io_uring and mmsg), a per-datagram baseline, nginx's stream
 //! UDP proxy and a recv-and-drop floor side by side; CPU µs per datagram, the most
 //! datagrams/s with the sender on the other core, ratios, and the demux hop's
 //! latency at 25/50/75 % of its saturation. Writes docs/benchmarks.md and
@@ -10,7 +10,7 @@
 //!
 //! `cargo run --release -p bench -- dataplane [--seconds S] [--rate DATAGRAMS_PER_S] [--io uring,mmsg,uring+ring,mmsg+ring] [--shard-core C] [--load-core L]`
 //!
-//! Issue #3: one data-plane shard on one core, a sender and sink workers on the other;
+//! The data plane alone: one data-plane shard on one core, a sender and sink workers on the other;
 //! the data plane's CPU time per forwarded datagram and its counters.
 //!
 //! `cargo run --release -p bench -- fastpath [--seconds S] [--reps N] [--contenders floor,fast,seqpacket,ring] [--loads 25,50,75] [--doc FILE] [--svg FILE] [--json FILE]`

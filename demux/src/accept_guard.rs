@@ -1,5 +1,5 @@
-//! Accepting on a Unix listener without spinning or flooding the log (overload issue
-//! items 5): the registry's data and control listeners and the controller's
+//! Accepting on a Unix listener without spinning or flooding the log (docs/operations.md
+//! "Liveness and pressure"): the registry's data and control listeners and the controller's
 //! `control.sock`.
 //!
 //! - An accept that fails with EMFILE / ENFILE / ENOBUFS / ENOMEM (or any other

@@ -184,7 +184,7 @@ fn src(i: u32) -> ClientKey {
     ClientKey::from(SocketAddr::from((Ipv4Addr::from(0x0a00_0000 | i), 4433)))
 }
 
-/// Issue #7 item 3: 10⁶ distinct client DCIDs from 10⁵ sources within one pin
+/// 10⁶ distinct client DCIDs from 10⁵ sources within one pin
 /// lifetime. The table never holds more than its capacity, evicts strictly oldest
 /// first, every ticket is released exactly once (the sketch is all zeros after a
 /// drain), and a handshake whose pin is younger than the flood needs to push it out

@@ -11,7 +11,7 @@ use crate::report::{fixed, median, thousands};
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 
-// Issue #6's goals, per demux backend, datagram mode and offered rate.
+// The goals of docs/benchmarks.md "Targets", per demux backend, datagram mode and offered rate.
 /// CPU µs per uncoalesced datagram, at most.
 const GOAL_US_UNCOALESCED: f64 = 0.40;
 /// CPU µs per datagram in GRO trains, at most.

@@ -1,4 +1,4 @@
-//! Handshake pressure per instance (overload issue; docs/operations.md "Liveness and
+//! Handshake pressure per instance (docs/operations.md "Liveness and
 //! pressure"): each worker reports its handshakes in progress in `Load` (docs/wire.md);
 //! the registry turns that into a [`Pressure`] level per instance and publishes it in
 //! the snapshot, next to the table. The shard applies it to token-less Initials about
