@@ -211,7 +211,50 @@ pub fn main(a: ProxyArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body::Body;
     use http_body_util::BodyExt;
+
+    fn sum(kind: &str, load: &str, rate: f64, mbps: f64, server_us: f64) -> Sum {
+        Sum {
+            kind: kind.into(),
+            load: load.into(),
+            rate,
+            mbps,
+            server_us,
+            upstream_us: 5.0,
+            server_cores: 1.0,
+            client_cores: 1.0,
+            p50: 1.0,
+            p99: 2.0,
+            p999: 3.0,
+            failed: 0,
+            served: 1,
+        }
+    }
+
+    #[test]
+    fn targets_compare_e_with_b() {
+        let sums = vec![
+            sum("fast", "get-1k", 1000.0, 1.0, 10.0),
+            sum("proxy", "get-1k", 400.0, 0.4, 20.0),
+            sum("fast", "download", 30.0, 1000.0, 800.0),
+            sum("proxy", "download", 20.0, 600.0, 1601.0),
+        ];
+        let t = targets(&sums);
+        let got: Vec<(&str, f64, Option<bool>)> = t.iter().map(|x| (x.what.as_str(), x.ratio, x.met)).collect();
+        // Exactly at 2× is met; just past it is missed; rates over (b)'s, reported.
+        assert_eq!(
+            got,
+            [
+                ("(e)/(b) server CPU per request, get-1k ≤ 2", 2.0, Some(true)),
+                ("(e)/(b) requests/s, get-1k (reported)", 0.4, None),
+                ("(e)/(b) server CPU per MB, download ≤ 2", 1601.0 / 800.0, Some(false)),
+                ("(e)/(b) MB/s, download (reported)", 0.6, None),
+            ]
+        );
+        // A load without both contenders has no target.
+        assert_eq!(targets(&sums[..3]).len(), 2);
+    }
 
     #[test]
     fn pattern_body_has_exactly_its_length() {
