@@ -91,6 +91,15 @@ pub enum Command {
     /// process) per request, latency percentiles, medians over rotating rounds.
     /// Prints Markdown; `--doc` writes it into docs/benchmarks.md.
     H3(H3Args),
+    /// The worker as a reverse proxy against its built-in responses.
+    ///
+    /// `bench h3`'s (b), the appliance with one worker and the fast path, against
+    /// (e) the same with `--upstream` to a hyper HTTP/1.1 upstream in the bench (on
+    /// the client's core): 1 KiB GETs over established connections and one large
+    /// download; server CPU per request (the upstream's apart), latency
+    /// percentiles, medians over rotating rounds. Prints Markdown; `--doc` writes it
+    /// into docs/benchmarks.md.
+    Proxy(ProxyArgs),
     /// Capacity at saturation: queue datagrams while the contender is stopped, then time its drain.
     ///
     /// Floor, baseline, and the demux's user path with SEQPACKET and with ring
@@ -274,6 +283,24 @@ pub struct H3Args {
     pub handshakes: usize,
     /// Size of the download, in MiB.
     #[arg(long, value_name = "MIB", default_value_t = 256, value_parser = positive_u64)]
+    pub download_mib: u64,
+    #[command(flatten)]
+    pub rounds: Rounds,
+    #[command(flatten)]
+    pub out: Outputs,
+}
+
+/// `bench proxy`.
+#[derive(Debug, Args)]
+pub struct ProxyArgs {
+    /// Seconds of the 1 KiB GET load (per contender and round).
+    #[arg(long, value_name = "S", default_value_t = 3.0, value_parser = positive_f64)]
+    pub seconds: f64,
+    /// Established connections of the GET load (one request in flight on each).
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = positive_usize)]
+    pub connections: usize,
+    /// Size of the download, in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 32, value_parser = positive_u64)]
     pub download_mib: u64,
     #[command(flatten)]
     pub rounds: Rounds,

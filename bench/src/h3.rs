@@ -60,8 +60,28 @@ pub(crate) fn letter(kind: &str) -> &'static str {
         "alone" => "(a)",
         "fast" => "(b)",
         "user" => "(c)",
+        "proxy" => "(e)",
         _ => "(d)",
     }
+}
+
+/// What `bench h3` and `bench proxy` (proxy.rs) do differently.
+pub(crate) struct Flavor<'a> {
+    /// The subcommand, for the generated block's header.
+    pub(crate) command: &'static str,
+    /// The generated block's markers in the doc.
+    pub(crate) markers: (&'static str, &'static str),
+    /// The contender the ratios are over.
+    pub(crate) base: &'static str,
+    /// The chart's title.
+    pub(crate) title: &'static str,
+    /// The chart's dashed line (a ratio).
+    pub(crate) line: f64,
+    pub(crate) targets: fn(&[Sum]) -> Vec<Target>,
+    /// Appended to the conditions.
+    pub(crate) conditions: String,
+    /// `proxy`'s upstream (its CPU is reported apart from the servers').
+    pub(crate) upstream: Option<&'a crate::proxy::Upstream>,
 }
 
 /// A running contender.
@@ -151,7 +171,14 @@ fn pinned(cores: Option<&str>, bin: &Path) -> Command {
 }
 
 impl Server {
-    fn start(kind: &str, o: &H3Args, bins: &(PathBuf, PathBuf), id: &Identity, dir: &Path) -> Result<Server> {
+    fn start(
+        kind: &str,
+        o: &H3Args,
+        bins: &(PathBuf, PathBuf),
+        id: &Identity,
+        dir: &Path,
+        upstream: Option<SocketAddr>,
+    ) -> Result<Server> {
         let (demux, worker) = bins;
         let shard = o.rounds.shard_core.to_string();
         let log = dir.join(format!("{kind}.log"));
@@ -179,7 +206,7 @@ impl Server {
         let state = dir.join(format!("state-{kind}"));
         let _ = std::fs::remove_dir_all(&state);
         let (cores, workers, fast) = match kind {
-            "fast" => (shard.clone(), 1, "on"),
+            "fast" | "proxy" => (shard.clone(), 1, "on"),
             "user" => (shard.clone(), 1, "off"),
             _ => ("0-1".to_string(), 2, "on"),
         };
@@ -192,6 +219,10 @@ impl Server {
             .arg(worker)
             .arg(format!("--worker-arg=--cert={}", id.cert.display()))
             .arg(format!("--worker-arg=--key={}", id.key.display()));
+        if kind == "proxy" {
+            let up = upstream.context("the proxy contender needs an upstream")?;
+            cmd.arg(format!("--worker-arg=--upstream=http://{up}"));
+        }
         let mut child = with_parent(&mut cmd).stdin(Stdio::null()).stdout(Stdio::null()).stderr(logf).spawn()?;
         let status = wait_ready("the appliance", &mut child, &log, || {
             let s = demux_json(demux, "status", &state)?;
@@ -253,6 +284,10 @@ pub(crate) struct Run {
     pub(crate) fast_active: bool,
     /// Server processes whose CPU time was summed.
     pub(crate) processes: usize,
+    /// CPU time of the upstream over the load (`bench proxy`; else 0).
+    pub(crate) upstream_ns: u64,
+    /// Requests the upstream answered during the load.
+    pub(crate) upstream_requests: u64,
 }
 
 impl Run {
@@ -263,11 +298,18 @@ impl Run {
     pub(crate) fn mbps(&self) -> f64 {
         self.m.bytes as f64 / self.m.secs / 1e6
     }
-    /// Server CPU µs per request served (per connection: one request each), per MB
-    /// for the download.
-    pub(crate) fn server_us(&self) -> f64 {
+    /// Per request served (per connection: one request each), per MB for the download.
+    fn per_unit(&self, ns: u64) -> f64 {
         let per = if self.load == "download" { self.m.bytes as f64 / 1e6 } else { self.m.ok as f64 };
-        self.m.server_ns as f64 / 1e3 / per
+        ns as f64 / 1e3 / per
+    }
+    /// Server CPU µs per request served, per MB for the download.
+    pub(crate) fn server_us(&self) -> f64 {
+        self.per_unit(self.m.server_ns)
+    }
+    /// The upstream's CPU µs per request served, per MB for the download.
+    pub(crate) fn upstream_us(&self) -> f64 {
+        self.per_unit(self.upstream_ns)
     }
     /// Server CPU in cores (1.0: one core busy all the window).
     pub(crate) fn server_cores(&self) -> f64 {
@@ -291,6 +333,7 @@ impl Run {
             "server_cpu_us_per_request_or_mb": self.server_us(), "server_cores": self.server_cores(),
             "client_cores": self.client_cores(), "p50_us": self.pct(0.5), "p99_us": self.pct(0.99),
             "p999_us": self.pct(0.999), "fast_path_active": self.fast_active, "server_processes": self.processes, "errors": self.m.errors,
+            "upstream_cpu_us_per_request_or_mb": self.upstream_us(), "upstream_requests": self.upstream_requests,
         })
     }
 }
@@ -303,6 +346,7 @@ pub(crate) struct Sum {
     pub(crate) rate: f64,
     pub(crate) mbps: f64,
     pub(crate) server_us: f64,
+    pub(crate) upstream_us: f64,
     pub(crate) server_cores: f64,
     pub(crate) client_cores: f64,
     pub(crate) p50: f64,
@@ -327,6 +371,7 @@ fn summarize(runs: &[Run], kinds: &[String], loads: &[String]) -> Vec<Sum> {
                 rate: m(&Run::rate),
                 mbps: m(&Run::mbps),
                 server_us: m(&Run::server_us),
+                upstream_us: m(&Run::upstream_us),
                 server_cores: m(&Run::server_cores),
                 client_cores: m(&Run::client_cores),
                 p50: m(&|r| r.pct(0.5)),
@@ -349,7 +394,7 @@ pub(crate) struct Target {
     pub(crate) met: Option<bool>,
 }
 
-fn find<'a>(sums: &'a [Sum], kind: &str, load: &str) -> Option<&'a Sum> {
+pub(crate) fn find<'a>(sums: &'a [Sum], kind: &str, load: &str) -> Option<&'a Sum> {
     sums.iter().find(|s| s.kind == kind && s.load == load)
 }
 
@@ -402,13 +447,15 @@ fn short_name(load: &str, o: &H3Args) -> String {
     }
 }
 
-fn report(runs: &[Run], sums: &[Sum], o: &H3Args, load_start: &str, secs: f64) -> String {
+fn report(runs: &[Run], sums: &[Sum], o: &H3Args, f: &Flavor, load_start: &str, secs: f64) -> String {
     let out = |c: &str, a: &[&str]| crate::report::command_output(c, a);
     let mut s = format!(
-        "{BEGIN} (generated by `cargo run --release -p bench -- h3 --doc docs/benchmarks.md`; edits inside are overwritten) -->\n#### Run finished {}\n\n",
+        "{} (generated by `cargo run --release -p bench -- {} --doc docs/benchmarks.md`; edits inside are overwritten) -->\n#### Run finished {}\n\n",
+        f.markers.0,
+        f.command,
         out("date", &["-u", "+%Y-%m-%d %H:%M UTC"])
     );
-    let fast: Vec<String> = ["fast", "two"]
+    let fast: Vec<String> = ["fast", "two", "proxy"]
         .iter()
         .filter(|k| runs.iter().any(|r| r.kind == **k))
         .map(|k| {
@@ -417,7 +464,7 @@ fn report(runs: &[Run], sums: &[Sum], o: &H3Args, load_start: &str, secs: f64) -
         })
         .collect();
     s += &format!(
-        "Conditions: Linux {}, {} ({} CPUs), {}; load average at start {} (at end {}); {} round(s) of {} s per contender and load, contenders in rotating order, each started afresh per round; (a)–(c): every server process on core {} (`taskset`; the appliance `--cores {}`), the client on core {} (one runtime thread); (d): the appliance `--cores 0-1` with two workers, the client unpinned (two runtime threads); the appliance with `--limits off` (with its default per-source limits, one client address's new connections beyond 40 + 10/s each get a demux-minted Retry first), `--retry auto` (Retries only above 10 000 new connections/s per shard), everything else default; fast path: {}; the client: quinn + h3 in the bench, one UDP socket, no TLS session resumption, closed loop (each task's next request when the last one completed); a request counts only with status 200 and its whole body; server CPU = schedstat time of every server process (controller, data plane, workers) over the window; the bench and all it starts at nice {}. Whole run: {:.0} s. Figures are medians over the rounds.\n\n",
+        "Conditions: Linux {}, {} ({} CPUs), {}; load average at start {} (at end {}); {} round(s) of {} s per contender and load, contenders in rotating order, each started afresh per round; (a)–(c): every server process on core {} (`taskset`; the appliance `--cores {}`), the client on core {} (one runtime thread); (d): the appliance `--cores 0-1` with two workers, the client unpinned (two runtime threads); the appliance with `--limits off` (with its default per-source limits, one client address's new connections beyond 40 + 10/s each get a demux-minted Retry first), `--retry auto` (Retries only above 10 000 new connections/s per shard), everything else default; fast path: {}; the client: quinn + h3 in the bench, one UDP socket, no TLS session resumption, closed loop (each task's next request when the last one completed); a request counts only with status 200 and its whole body; server CPU = schedstat time of every server process (controller, data plane, workers) over the window; the bench and all it starts at nice {}.{} Whole run: {:.0} s. Figures are medians over the rounds.\n\n",
         out("uname", &["-r"]),
         cpu_model(),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
@@ -431,22 +478,28 @@ fn report(runs: &[Run], sums: &[Sum], o: &H3Args, load_start: &str, secs: f64) -
         o.rounds.load_core,
         if fast.is_empty() { "–".into() } else { fast.join(", ") },
         o.rounds.nice,
+        f.conditions,
         secs,
     );
-    s += "| load | contender | served /s | MB/s | **server CPU µs / request** (download: / MB) | server cores | client cores | p50 µs | p99 µs | p99.9 µs | rate vs (a) | CPU vs (a) | failed / served |\n";
-    s += "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    let (b, up) = (letter(f.base), f.upstream.is_some());
+    s += &format!(
+        "| load | contender | served /s | MB/s | **server CPU µs / request** (download: / MB) |{} server cores | client cores | p50 µs | p99 µs | p99.9 µs | rate vs {b} | CPU vs {b} | failed / served |\n",
+        if up { " upstream CPU µs / request (download: / MB) |" } else { "" }
+    );
+    s += &format!("|---|---|---|---|---|{}---|---|---|---|---|---|---|---|\n", if up { "---|" } else { "" });
     for x in sums {
-        let a = find(sums, "alone", &x.load);
+        let a = find(sums, f.base, &x.load);
         let vs = |f: fn(&Sum) -> f64| a.map_or(f64::NAN, |a| f(x) / f(a));
         let rate_vs = vs(if x.load == "download" { |s| s.mbps } else { |s| s.rate });
         s += &format!(
-            "| {} | {} {} | {} | {} | **{}** | {} | {} | {} | {} | {} | {} | {} | {} / {} |\n",
+            "| {} | {} {} | {} | {} | **{}** |{} {} | {} | {} | {} | {} | {} | {} | {} / {} |\n",
             load_name(&x.load, o),
             letter(&x.kind),
             x.kind,
             if x.load == "download" { fixed(x.rate, 2) } else { thousands(x.rate) },
             fixed(x.mbps, 1),
             fixed(x.server_us, 1),
+            if up { format!(" {} |", fixed(x.upstream_us, 1)) } else { String::new() },
             fixed(x.server_cores, 2),
             fixed(x.client_cores, 2),
             thousands(x.p50),
@@ -458,7 +511,7 @@ fn report(runs: &[Run], sums: &[Sum], o: &H3Args, load_start: &str, secs: f64) -
             x.served,
         );
     }
-    let ts = targets(sums);
+    let ts = (f.targets)(sums);
     if !ts.is_empty() {
         s += "\n| target | result | |\n|---|---|---|\n";
         for t in &ts {
@@ -470,13 +523,13 @@ fn report(runs: &[Run], sums: &[Sum], o: &H3Args, load_start: &str, secs: f64) -
             s += &format!("| {} | {} | {status} |\n", t.what, fixed(t.ratio, 2));
         }
     }
-    s += &format!("\n{END}\n");
+    s += &format!("\n{}\n", f.markers.1);
     s
 }
 
 /// A bar per contender and load: its rate (requests, connections or MB per second)
-/// over (a)'s, with lines at 1 and at the 0.9 target.
-fn svg(sums: &[Sum], kinds: &[String], loads: &[String], o: &H3Args) -> String {
+/// over the base contender's, with lines at 1 and at `f.line`.
+fn svg(sums: &[Sum], kinds: &[String], loads: &[String], o: &H3Args, f: &Flavor) -> String {
     use std::fmt::Write;
     const LABEL_W: f64 = 250.0;
     const BAR_W: f64 = 420.0;
@@ -489,6 +542,7 @@ fn svg(sums: &[Sum], kinds: &[String], loads: &[String], o: &H3Args) -> String {
         "alone" => "#bbbbbb",
         "fast" => "#4477aa",
         "user" => "#ee6677",
+        "proxy" => "#ccbb44",
         _ => "#228833",
     };
     let h = TOP + loads.len() as f64 * (kinds.len() as f64 * ROW_H + GAP) + 10.0;
@@ -496,14 +550,16 @@ fn svg(sums: &[Sum], kinds: &[String], loads: &[String], o: &H3Args) -> String {
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"10\" y=\"20\" font-size=\"14\" font-weight=\"bold\">HTTP/3 served per second over (a) quinn alone, median of {} (higher is better)</text>\n\
-         <text x=\"10\" y=\"38\" fill=\"#555\">dashed: the 0.9 target of (b); value: ratio, and requests/s (download: MB/s)</text>\n",
-        o.rounds.reps
+         <text x=\"10\" y=\"20\" font-size=\"14\" font-weight=\"bold\">{}, median of {} (higher is better)</text>\n\
+         <text x=\"10\" y=\"38\" fill=\"#555\">dashed: {}; value: ratio, and requests/s (download: MB/s)</text>\n",
+        f.title,
+        o.rounds.reps,
+        fixed(f.line, 1)
     );
     let x_of = |r: f64| LABEL_W + r.clamp(0.0, MAX) / MAX * BAR_W;
     let mut y = TOP;
     for load in loads {
-        let Some(a) = find(sums, "alone", load) else { continue };
+        let Some(a) = find(sums, f.base, load) else { continue };
         let v = |x: &Sum| if load == "download" { x.mbps } else { x.rate };
         for k in kinds {
             let Some(m) = find(sums, k, load) else { continue };
@@ -535,7 +591,7 @@ fn svg(sums: &[Sum], kinds: &[String], loads: &[String], o: &H3Args) -> String {
         }
         y += GAP;
     }
-    for (r, dash) in [(1.0, ""), (0.9, " stroke-dasharray=\"4 3\"")] {
+    for (r, dash) in [(1.0, ""), (f.line, " stroke-dasharray=\"4 3\"")] {
         let _ = writeln!(
             s,
             "<line x1=\"{x:.1}\" y1=\"{TOP}\" x2=\"{x:.1}\" y2=\"{}\" stroke=\"#333\"{dash}/>",
@@ -548,6 +604,21 @@ fn svg(sums: &[Sum], kinds: &[String], loads: &[String], o: &H3Args) -> String {
 }
 
 pub fn main(o: H3Args) -> Result<()> {
+    let flavor = Flavor {
+        command: "h3",
+        markers: (BEGIN, END),
+        base: "alone",
+        title: "HTTP/3 served per second over (a) quinn alone",
+        line: 0.9,
+        targets,
+        conditions: String::new(),
+        upstream: None,
+    };
+    run(o, &flavor)
+}
+
+/// Every round of every contender under every load, then the report.
+pub(crate) fn run(o: H3Args, f: &Flavor) -> Result<()> {
     let t0 = Instant::now();
     if o.rounds.nice != 0 {
         crate::all::prioritize(o.rounds.nice);
@@ -562,40 +633,43 @@ pub fn main(o: H3Args) -> Result<()> {
     for round in 0..o.rounds.reps {
         for i in 0..n {
             let kind = &kinds[(i + round) % n];
-            run_contender(kind, round, &o, &bins, &id, &dir, &mut runs)
+            run_contender(kind, round, &o, f, &bins, &id, &dir, &mut runs)
                 .with_context(|| format!("{kind}, round {}", round + 1))?;
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
     let sums = summarize(&runs, &kinds, &o.loads);
-    let text = report(&runs, &sums, &o, &load_start, t0.elapsed().as_secs_f64());
+    let text = report(&runs, &sums, &o, f, &load_start, t0.elapsed().as_secs_f64());
     let json = || {
         let sum_json = |x: &Sum| {
             json!({"contender": x.kind, "load": x.load, "rate": x.rate, "mb_per_s": x.mbps,
                    "server_cpu_us_per_request_or_mb": x.server_us, "server_cores": x.server_cores,
+                   "upstream_cpu_us_per_request_or_mb": x.upstream_us,
                    "client_cores": x.client_cores, "p50_us": x.p50, "p99_us": x.p99, "p999_us": x.p999,
                    "failed": x.failed, "served": x.served})
         };
         json!({
             "runs": runs.iter().map(Run::json).collect::<Vec<_>>(),
             "medians": sums.iter().map(sum_json).collect::<Vec<_>>(),
-            "targets": targets(&sums).iter().map(|t| json!({"target": t.what, "ratio": t.ratio, "met": t.met})).collect::<Vec<_>>(),
+            "targets": (f.targets)(&sums).iter().map(|t| json!({"target": t.what, "ratio": t.ratio, "met": t.met})).collect::<Vec<_>>(),
         })
     };
-    write_outputs(&o.out, (BEGIN, END), &text, || svg(&sums, &kinds, &o.loads, &o), json)
+    write_outputs(&o.out, f.markers, &text, || svg(&sums, &kinds, &o.loads, &o, f), json)
 }
 
 /// Starts `kind`, offers every load, stops it.
+#[allow(clippy::too_many_arguments)]
 fn run_contender(
     kind: &str,
     round: usize,
     o: &H3Args,
+    f: &Flavor,
     bins: &(PathBuf, PathBuf),
     id: &Identity,
     dir: &Path,
     runs: &mut Vec<Run>,
 ) -> Result<()> {
-    let server = Server::start(kind, o, bins, id, dir)?;
+    let server = Server::start(kind, o, bins, id, dir, f.upstream.map(|u| u.addr))?;
     eprintln!(
         "round {} {} {kind}: {} server process(es) on {}",
         round + 1,
@@ -612,7 +686,9 @@ fn run_contender(
         };
         let cpu = || server.cpu_ns();
         let fast_before = server.fast_datagrams();
+        let upstream = || f.upstream.map_or((0, 0), |u| (u.cpu_ns(), u.requests()));
         for load in &o.loads {
+            let (u0, q0) = upstream();
             let m = match load.as_str() {
                 "get-1k" => client.established(1024, o.connections, o.seconds, &cpu)?,
                 "get-64k" => client.established(65_536, o.connections, o.seconds, &cpu)?,
@@ -626,6 +702,8 @@ fn run_contender(
                 m,
                 fast_active: server.fast_active,
                 processes: server.pids.len(),
+                upstream_ns: upstream().0.saturating_sub(u0),
+                upstream_requests: upstream().1.saturating_sub(q0),
             };
             eprintln!(
                 "round {} {} {:<5} {:<8} {:>9.1}/s {:>8.1} MB/s; server {:.1} µs/request ({:.2} cores), client {:.2} cores; p50 {:.0} p99 {:.0} p99.9 {:.0} µs; {} of {} served{}",
@@ -669,6 +747,7 @@ mod tests {
             p999: 3.0,
             failed: 0,
             served: 1,
+            upstream_us: 0.0,
         }
     }
 

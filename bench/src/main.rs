@@ -33,6 +33,13 @@
 //! latency percentiles, (a) `worker --listen` against the appliance with one worker
 //! (fast path on, off) and with two.
 //!
+//! `cargo run --release -p bench -- proxy [--seconds S] [--reps N] [--download-mib 32] [--doc FILE] [--svg FILE] [--json FILE]`
+//!
+//! The worker as a reverse proxy (proxy.rs, on h3.rs): the appliance with
+//! `--upstream` to a hyper HTTP/1.1 upstream in the bench against the same appliance
+//! serving `/bytes/N` itself; requests/s, MB/s, latency, server CPU per request and
+//! the upstream's apart.
+//!
 //! `bench floor-server …` and `bench baseline-server …` are the contenders `all`
 //! starts as subprocesses (see servers.rs).
 
@@ -44,6 +51,7 @@ mod forward;
 mod h3;
 mod h3_load;
 mod load;
+mod proxy;
 mod report;
 mod saturation;
 mod servers;
@@ -60,6 +68,7 @@ fn main() {
         Command::Fastpath(a) => fastpath::main(a),
         Command::Saturation(a) => saturation::main(a),
         Command::H3(a) => h3::main(a),
+        Command::Proxy(a) => proxy::main(a),
         Command::FloorServer(a) => servers::floor(a),
         Command::BaselineServer(a) => servers::baseline(a),
         Command::RetryFloorServer(a) => servers::retry_floor(a),
