@@ -215,21 +215,7 @@ mod tests {
     use http_body_util::BodyExt;
 
     fn sum(kind: &str, load: &str, rate: f64, mbps: f64, server_us: f64) -> Sum {
-        Sum {
-            kind: kind.into(),
-            load: load.into(),
-            rate,
-            mbps,
-            server_us,
-            upstream_us: 5.0,
-            server_cores: 1.0,
-            client_cores: 1.0,
-            p50: 1.0,
-            p99: 2.0,
-            p999: 3.0,
-            failed: 0,
-            served: 1,
-        }
+        crate::h3::test_sum(kind, load, rate, mbps, server_us, 5.0)
     }
 
     #[test]

@@ -4,42 +4,29 @@
 //! CPU measured for each.
 #![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
-use std::path::Path;
-use std::process::Command;
+mod smoke_support;
 
 const CONTENDERS: [&str; 4] = ["alone", "fast", "user", "two"];
 const LOADS: [&str; 4] = ["get-1k", "get-64k", "new-conn", "download"];
 
 #[test]
 fn every_contender_serves_every_request() {
-    // The debug demux and worker next to this debug bench (cargo builds them if stale).
-    let demux = testkit::bin::workspace_bin("demux", "demux");
-    let worker = testkit::bin::workspace_bin("worker", "worker");
-    let bench = Path::new(env!("CARGO_BIN_EXE_bench"));
-    let dir_of = |p: &Path| std::fs::canonicalize(p.parent().unwrap()).unwrap();
-    assert_eq!(dir_of(&demux), dir_of(bench), "demux next to bench");
-    assert_eq!(dir_of(&worker), dir_of(bench), "worker next to bench");
-    let dir = testkit::temp_dir("bench-h3-smoke");
-    let (json, doc, svg) = (dir.join("h3.json"), dir.join("benchmarks.md"), dir.join("h3.svg"));
-    std::fs::write(
-        &doc,
-        "# Benchmarks\n\nbefore\n\n<!-- bench h3: begin old -->\nold\n<!-- bench h3: end -->\n\nafter\n",
-    )
-    .unwrap();
-    let out = Command::new(bench)
-        .args(["h3", "--seconds", "0.5", "--reps", "1", "--download-mib", "4", "--nice", "0"])
-        .args(["--contenders", &CONTENDERS.join(","), "--json"])
-        .arg(&json)
-        .arg("--doc")
-        .arg(&doc)
-        .arg("--svg")
-        .arg(&svg)
-        .env("BENCH_NO_BUILD", "1")
-        .output()
-        .expect("run bench");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "bench h3 failed: {stderr}");
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let w = smoke_support::run(
+        "h3",
+        &[
+            "--seconds",
+            "0.5",
+            "--reps",
+            "1",
+            "--download-mib",
+            "4",
+            "--nice",
+            "0",
+            "--contenders",
+            &CONTENDERS.join(","),
+        ],
+    );
+    let v = &w.json;
     let runs = v["runs"].as_array().unwrap();
     assert_eq!(runs.len(), CONTENDERS.len() * LOADS.len(), "one run per contender and load: {v}");
     for c in CONTENDERS {
@@ -76,19 +63,14 @@ fn every_contender_serves_every_request() {
     assert_eq!(targets.len(), 9, "{targets:?}");
     assert!(targets.contains(&"(b)/(a) new connections/s ≥ 0.8"), "{targets:?}");
 
-    // The doc: the block replaced, the text around it kept, a row per contender and load.
-    let text = std::fs::read_to_string(&doc).unwrap();
-    assert!(text.starts_with("# Benchmarks\n\nbefore\n\n<!-- bench h3: begin (generated"), "{text}");
-    assert!(text.trim_end().ends_with("<!-- bench h3: end -->\n\nafter"), "{text}");
-    assert!(!text.contains("\nold\n"), "{text}");
+    // The doc: a row per contender and load.
+    let text = &w.doc;
     let rows = text.lines().filter(|l| l.starts_with("| ") && l.contains(") alone |")).count();
     assert_eq!(rows, LOADS.len(), "{text}");
     // Each results row ends with `| failed / served |`, failed 0.
     let served_rows = text.lines().filter(|l| l.starts_with("| ") && l.contains(" | 0 / ")).count();
     assert_eq!(served_rows, CONTENDERS.len() * LOADS.len(), "{text}");
     // The chart: a bar per contender and load.
-    let chart = std::fs::read_to_string(&svg).unwrap();
-    assert!(chart.starts_with("<svg") && chart.trim_end().ends_with("</svg>"), "{chart}");
+    let chart = &w.svg;
     assert_eq!(chart.matches("<rect x=").count(), CONTENDERS.len() * LOADS.len(), "{chart}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
