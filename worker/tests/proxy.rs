@@ -828,7 +828,8 @@ fn routes_pick_the_upstream_by_authority_and_path_prefix() {
         let (a_up, b_up) = (upstream().await, upstream().await);
         let api = format!("/api=http://{}", b_up.addr);
         let other = format!("other.example=h2c://{}", b_up.addr);
-        let a = appliance("proxy-routes", 1, &format!("http://{}", a_up.addr), &["--upstream", &api, "--upstream", &other]);
+        let a =
+            appliance("proxy-routes", 1, &format!("http://{}", a_up.addr), &["--upstream", &api, "--upstream", &other]);
         let (_ep, h3) = connect(&a).await;
         let mut s = h3.sender();
         // (request, whether the second upstream takes it)
@@ -943,9 +944,6 @@ fn idempotent_retry_and_passive_health() {
         w.signal(libc::SIGTERM);
         let (_, log) = w.wait_exit(Duration::from_secs(10));
         let stat = |k: &str| Worker::exit_stat(&log, k).unwrap_or_else(|| panic!("{k} in {log}"));
-        assert_eq!(
-            (stat("upstream_retries"), stat("upstream_down_rejects"), stat("upstream_marked_down")),
-            (1, 2, 1)
-        );
+        assert_eq!((stat("upstream_retries"), stat("upstream_down_rejects"), stat("upstream_marked_down")), (1, 2, 1));
     });
 }

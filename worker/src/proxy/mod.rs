@@ -31,11 +31,11 @@ pub mod upstream;
 use body::{Chunk, PumpEnd, RequestBody, BODY_QUEUE};
 use bytes::{Buf, Bytes};
 use headers::ForwardOptions;
+use health::{Admit, Health, HealthPolicy};
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use std::net::SocketAddr;
-use health::{Admit, Health, HealthPolicy};
 use routes::{Route, RouteTable};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
@@ -141,8 +141,7 @@ impl Drop for TrialGuard<'_> {
 
 /// RFC 9110 §9.2.2: the idempotent methods retried after a connection error.
 fn is_idempotent(m: &http::Method) -> bool {
-    [http::Method::GET, http::Method::HEAD, http::Method::OPTIONS, http::Method::PUT, http::Method::DELETE]
-        .contains(m)
+    [http::Method::GET, http::Method::HEAD, http::Method::OPTIONS, http::Method::PUT, http::Method::DELETE].contains(m)
 }
 
 /// A failure to connect, or the connection reset or closed before the response
@@ -166,10 +165,8 @@ fn is_connection_error(e: &hyper_util::client::legacy::Error) -> bool {
     false
 }
 
-type Attempt = Result<
-    Result<Response<hyper::body::Incoming>, hyper_util::client::legacy::Error>,
-    tokio::time::error::Elapsed,
->;
+type Attempt =
+    Result<Result<Response<hyper::body::Incoming>, hyper_util::client::legacy::Error>, tokio::time::error::Elapsed>;
 
 /// What became of one request (for the access log).
 #[derive(Debug, Clone, Default)]
@@ -300,9 +297,11 @@ impl Proxy {
             return reply(&mut send, StatusCode::SERVICE_UNAVAILABLE, "draining\n", out).await;
         }
         // The route: by the authority (else Host) and the path.
-        let authority = req.uri().authority().map(|a| a.as_str()).or_else(|| {
-            req.headers().get(http::header::HOST).and_then(|h| h.to_str().ok())
-        });
+        let authority = req
+            .uri()
+            .authority()
+            .map(|a| a.as_str())
+            .or_else(|| req.headers().get(http::header::HOST).and_then(|h| h.to_str().ok()));
         let host = routes::host_of(authority.unwrap_or(""));
         let Some(route) = self.opts.routes.choose(&host, req.uri().path()) else {
             recv.stop_sending(h3::error::Code::H3_NO_ERROR);

@@ -121,7 +121,8 @@ mod tests {
         let r = parse_route("[::1]:8443=http://a").unwrap();
         assert_eq!(r.host.as_deref(), Some("[::1]"));
         assert_eq!(parse_route("/=http://a").unwrap().prefix, "");
-        for bad in ["/a=ftp://x", "/a?b=http://x", "/a//b=http://x", "u@h=http://x", "a b=http://x", "=", "h=http://x/p"]
+        for bad in
+            ["/a=ftp://x", "/a?b=http://x", "/a//b=http://x", "u@h=http://x", "a b=http://x", "=", "h=http://x/p"]
         {
             assert!(parse_route(bad).is_err(), "{bad}");
         }
@@ -171,7 +172,9 @@ mod tests {
             };
             let path_ok = r.prefix.is_empty()
                 || path == r.prefix
-                || (path.len() > r.prefix.len() && path.starts_with(&r.prefix) && path.as_bytes()[r.prefix.len()] == b'/');
+                || (path.len() > r.prefix.len()
+                    && path.starts_with(&r.prefix)
+                    && path.as_bytes()[r.prefix.len()] == b'/');
             if host_ok && path_ok {
                 let score = (r.host.is_some(), r.prefix.len());
                 if best.is_none_or(|(_, s)| score > s) {
