@@ -251,9 +251,10 @@ impl Proxy {
         )
     }
 
-    /// One attempt at `b`, its outcome recorded by the health check.
-    async fn attempt(&self, b: &Backend, req: Request<RequestBody>, admit: Admit) -> Attempt {
-        let mut trial = TrialGuard((admit == Admit::Trial).then_some(&b.health));
+    /// One attempt at `b`, its outcome recorded by the health check. `trial` (armed
+    /// when this is the trial request) goes with the future: dropped unfinished, even
+    /// unpolled, it lets the next request try.
+    async fn attempt(&self, b: &Backend, req: Request<RequestBody>, mut trial: TrialGuard<'_>) -> Attempt {
         let r = tokio::time::timeout(self.opts.timeout, b.client.request(req)).await;
         match &r {
             Ok(Ok(_)) => {
@@ -357,9 +358,10 @@ impl Proxy {
         *upstream_req.method_mut() = head.method;
         *upstream_req.uri_mut() = head.uri;
         *upstream_req.headers_mut() = head.headers;
+        let trial = TrialGuard((admit == Admit::Trial).then_some(&backend.health));
         let sent_at = Instant::now();
         let mut response = std::pin::pin!(async {
-            let first = self.attempt(backend, upstream_req, admit).await;
+            let first = self.attempt(backend, upstream_req, trial).await;
             let Some((method, uri, headers)) = again else { return first };
             match first {
                 Ok(Err(e)) if is_connection_error(&e) => match backend.health.admit(Instant::now()) {
@@ -370,7 +372,8 @@ impl Proxy {
                         *req.method_mut() = method;
                         *req.uri_mut() = uri;
                         *req.headers_mut() = headers;
-                        self.attempt(backend, req, admit).await
+                        let trial = TrialGuard((admit == Admit::Trial).then_some(&backend.health));
+                        self.attempt(backend, req, trial).await
                     }
                 },
                 r => r,
@@ -461,5 +464,33 @@ impl Proxy {
         // Whatever the client still sends is not needed: dropping the reader (with
         // the request stream) asks it to stop.
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A trial attempt dropped before it was ever polled (the client went away at
+    /// once) does not leave the upstream waiting for a trial that never ends.
+    #[test]
+    fn an_unpolled_trial_is_abandoned_when_dropped() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let policy = HealthPolicy { threshold: 1, period: Duration::ZERO };
+            let p = Proxy::new(ProxyOptions {
+                routes: RouteTable::new(vec![routes::parse_route("http://127.0.0.1:9").unwrap()]),
+                health: policy,
+                timeout: Duration::from_secs(1),
+                max_body: DEFAULT_MAX_BODY,
+                forward: ForwardOptions { x_forwarded: false },
+            });
+            let b = &p.backends[0];
+            assert!(b.health.failure(Instant::now(), policy));
+            assert_eq!(b.health.admit(Instant::now()), Admit::Trial);
+            let never_polled = p.attempt(b, Request::new(RequestBody::empty()), TrialGuard(Some(&b.health)));
+            drop(never_polled);
+            assert_eq!(b.health.admit(Instant::now()), Admit::Trial);
+        });
     }
 }
