@@ -66,6 +66,14 @@ pub enum Seconds {
     Fraction(f64),
 }
 
+/// A string or a list of strings (a flag given once per element).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
 /// A key's value as command-line text.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Rendered {
@@ -99,6 +107,15 @@ impl Render for bool {
 impl Render for Vec<String> {
     fn render(&self) -> Rendered {
         Rendered::Many(self.clone())
+    }
+}
+
+impl Render for OneOrMany {
+    fn render(&self) -> Rendered {
+        match self {
+            OneOrMany::One(s) => Rendered::Many(vec![s.clone()]),
+            OneOrMany::Many(v) => Rendered::Many(v.clone()),
+        }
     }
 }
 
@@ -136,6 +153,7 @@ impl Setting {
             (Flag::Demux(n), Rendered::Many(vs)) => vs.iter().map(|v| format!("--{n}={v}")).collect(),
             (Flag::DemuxOnOff(n), Rendered::Bool(b)) => vec![format!("--{n}={}", on_off(*b))],
             (Flag::Worker(n), Rendered::One(v)) => vec![format!("--worker-arg=--{n}={v}")],
+            (Flag::Worker(n), Rendered::Many(vs)) => vs.iter().map(|v| format!("--worker-arg=--{n}={v}")).collect(),
             (Flag::WorkerSwitch(n), Rendered::Bool(b)) => {
                 if *b {
                     vec![format!("--worker-arg=--{n}")]
@@ -271,10 +289,12 @@ sections! {
         incoming_buffer_size: u64 => Flag::Worker("incoming-buffer-size"),
         incoming_buffer_size_total: u64 => Flag::Worker("incoming-buffer-size-total"),
         malloc_trim: bool => Flag::WorkerOnOff("malloc-trim"),
-        upstream: String => Flag::Worker("upstream"),
+        upstream: OneOrMany => Flag::Worker("upstream"),
         upstream_timeout: Seconds => Flag::Worker("upstream-timeout"),
         upstream_max_body: u64 => Flag::Worker("upstream-max-body"),
         upstream_x_forwarded: bool => Flag::WorkerOnOff("upstream-x-forwarded"),
+        upstream_fail_threshold: u64 => Flag::Worker("upstream-fail-threshold"),
+        upstream_down_ms: u64 => Flag::Worker("upstream-down-ms"),
         access_log: String => Flag::Worker("access-log"),
         access_log_format: String => Flag::Worker("access-log-format"),
         args: Vec<String> => Flag::WorkerArgs,
@@ -600,6 +620,17 @@ mod tests {
         assert_eq!(line_col(t, inside), (3, 8));
         assert_eq!(line_col(t, 999), (4, 1));
         assert_eq!(section_at(t, 13).as_deref(), Some("x"));
+    }
+
+    #[test]
+    fn upstream_is_one_url_or_a_list_of_routes() {
+        let one = load_text("[workers]\nupstream = \"http://127.0.0.1:8080\"\n").unwrap();
+        assert_eq!(one.settings[0].args(), ["--worker-arg=--upstream=http://127.0.0.1:8080"]);
+        let many = load_text("[workers]\nupstream = [\"http://a:1\", \"/api=h2c://b:2\"]\n").unwrap();
+        assert_eq!(
+            many.settings[0].args(),
+            ["--worker-arg=--upstream=http://a:1", "--worker-arg=--upstream=/api=h2c://b:2"]
+        );
     }
 
     proptest! {

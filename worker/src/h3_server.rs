@@ -92,8 +92,8 @@ pub struct ServerOptions {
     pub max_handshakes: usize,
     /// A handshake not complete after this long is abandoned (`--handshake-timeout`).
     pub handshake_timeout: Duration,
-    /// `--upstream`: every HTTP/3 request goes to it (crate::proxy) instead of the
-    /// built-in routes.
+    /// `--upstream`: HTTP/3 requests go to the upstreams of its routes (crate::proxy)
+    /// instead of the built-in routes.
     pub proxy: Option<crate::proxy::ProxyOptions>,
     /// `--access-log`: one line per HTTP/3 request (crate::access_log).
     pub access_log: Option<crate::access_log::AccessLogOptions>,

@@ -19,6 +19,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::pin::Pin;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -280,7 +281,7 @@ impl std::fmt::Debug for Exchange {
 
 type Sender = h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>;
 
-/// Sends `method path` with `headers` and `body` (streamed in 64 KiB chunks, on a
+/// Sends `method path` (or a whole `https://` URL) with `headers` and `body` (streamed in 64 KiB chunks, on a
 /// task of its own so that sending and receiving overlap), reads the whole response.
 /// `Err`: the response stream failed (after or before its head).
 async fn exchange(
@@ -290,7 +291,9 @@ async fn exchange(
     headers: &[(&str, &str)],
     body: Option<(u64, Option<HeaderMap>)>,
 ) -> Result<Exchange, String> {
-    let mut req = Request::builder().method(method).uri(format!("https://localhost{path}"));
+    // `path`, or a whole URL for another authority.
+    let uri = if path.starts_with("https://") { path.to_string() } else { format!("https://localhost{path}") };
+    let mut req = Request::builder().method(method).uri(uri);
     for (n, v) in headers {
         req = req.header(*n, *v);
     }
@@ -805,5 +808,142 @@ fn access_log_of_built_in_routes() {
         assert_eq!(l["client"], ep.local_addr().unwrap().to_string());
         h3.close();
         drop(w);
+    });
+}
+
+// ---------------------------------------------------------------------------
+// Routes, retries and the passive health check.
+
+/// Requests each upstream has seen.
+fn seen_count(u: &Upstream) -> usize {
+    u.seen.lock().unwrap().len()
+}
+
+/// Two upstreams: the default, and `/api` (segment boundaries) and the host
+/// `other.example` (any case, any port) on the second.
+#[test]
+fn routes_pick_the_upstream_by_authority_and_path_prefix() {
+    let rt = testkit::h3client::runtime();
+    rt.block_on(async {
+        let (a_up, b_up) = (upstream().await, upstream().await);
+        let api = format!("/api=http://{}", b_up.addr);
+        let other = format!("other.example=h2c://{}", b_up.addr);
+        let a =
+            appliance("proxy-routes", 1, &format!("http://{}", a_up.addr), &["--upstream", &api, "--upstream", &other]);
+        let (_ep, h3) = connect(&a).await;
+        let mut s = h3.sender();
+        // (request, whether the second upstream takes it)
+        let cases = [
+            ("/bytes/3", false),
+            ("/api", true),
+            ("/api/bytes/3", true),
+            ("/apix", false),
+            ("https://OTHER.example:8443/bytes/3", true),
+            ("https://other.example/apix", true),
+            ("https://third.example/api/x", true),
+            ("https://third.example/x", false),
+        ];
+        for (path, to_b) in cases {
+            let (na, nb) = (seen_count(&a_up), seen_count(&b_up));
+            let r = exchange(&mut s, "GET", path, &[], None).await.unwrap();
+            assert!(r.status == 200 || r.status == 404, "{path}: {r:?}");
+            let want = if to_b { (na, nb + 1) } else { (na + 1, nb) };
+            assert_eq!((seen_count(&a_up), seen_count(&b_up)), want, "{path}");
+        }
+        let paths: Vec<String> = b_up.seen.lock().unwrap().iter().map(|x| x.uri.path().to_string()).collect();
+        assert_eq!(paths, ["/api", "/api/bytes/3", "/bytes/3", "/apix", "/api/x"], "paths pass as sent");
+        assert_eq!(b_up.seen.lock().unwrap()[2].version, http::Version::HTTP_2, "other.example goes over h2c");
+        h3.close();
+    });
+}
+
+/// An HTTP/1.1 upstream that closes each accepted connection without answering
+/// while `close` is above zero (counting it down), then answers 200 `served` with
+/// `connection: close` (so no connection is reused); counts accepted connections.
+struct Flaky {
+    addr: SocketAddr,
+    accepts: Arc<AtomicU64>,
+    close: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Flaky {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn flaky() -> Flaky {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (accepts, close) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (n, c) = (Arc::clone(&accepts), Arc::clone(&close));
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else { return };
+            n.fetch_add(1, Ordering::SeqCst);
+            if c.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |k| k.checked_sub(1)).is_ok() {
+                drop(tcp);
+                continue;
+            }
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(|_req| async {
+                    Ok::<_, Infallible>(Response::builder().header("connection", "close").body(full("served")).unwrap())
+                });
+                let b = hyper::server::conn::http1::Builder::new();
+                let _ = b.serve_connection(hyper_util::rt::TokioIo::new(tcp), svc).await;
+            });
+        }
+    });
+    Flaky { addr, accepts, close, task }
+}
+
+/// A GET whose first connection closes unanswered is retried and served; a POST is
+/// not retried. Three connection errors in a row take the upstream down: 502 at
+/// once without a connection attempt, until one trial after `--upstream-down-ms`
+/// brings it back. The exit line counts retries, rejects and downs.
+#[test]
+fn idempotent_retry_and_passive_health() {
+    let rt = testkit::h3client::runtime();
+    rt.block_on(async {
+        let up = flaky().await;
+        let mut a = appliance("proxy-health", 1, &format!("http://{}", up.addr), &["--upstream-down-ms", "1500"]);
+        let (_ep, h3) = connect(&a).await;
+        let mut s = h3.sender();
+        let accepts = || up.accepts.load(Ordering::SeqCst);
+
+        up.close.store(1, Ordering::SeqCst);
+        let r = exchange(&mut s, "GET", "/r", &[], None).await.unwrap();
+        assert_eq!((r.status, r.body.as_slice(), accepts()), (200, &b"served"[..], 2), "GET retried once");
+
+        up.close.store(1, Ordering::SeqCst);
+        let r = exchange(&mut s, "POST", "/r", &[], None).await.unwrap();
+        assert_eq!((r.status, accepts()), (502, 3), "POST not retried");
+        // A response clears the run of failures: two more do not take it down.
+        let r = exchange(&mut s, "DELETE", "/r", &[], None).await.unwrap();
+        assert_eq!((r.status, accepts()), (200, 4));
+
+        up.close.store(3, Ordering::SeqCst);
+        for i in 1..=3 {
+            let r = exchange(&mut s, "POST", "/r", &[], None).await.unwrap();
+            assert_eq!((r.status, accepts()), (502, 4 + i), "failure {i}");
+        }
+        // Down: 502 without dialing (the upstream would now serve).
+        for _ in 0..2 {
+            let r = exchange(&mut s, "GET", "/r", &[], None).await.unwrap();
+            assert_eq!((r.status, r.body.as_slice(), accepts()), (502, &b"upstream down\n"[..], 7));
+        }
+        // After the period, one trial: served, and the upstream is up again.
+        tokio::time::sleep(Duration::from_millis(1600)).await;
+        for k in 1..=2 {
+            let r = exchange(&mut s, "GET", "/r", &[], None).await.unwrap();
+            assert_eq!((r.status, accepts()), (200, 7 + k));
+        }
+        h3.close();
+        let w = &mut a._w[0];
+        w.signal(libc::SIGTERM);
+        let (_, log) = w.wait_exit(Duration::from_secs(10));
+        let stat = |k: &str| Worker::exit_stat(&log, k).unwrap_or_else(|| panic!("{k} in {log}"));
+        assert_eq!((stat("upstream_retries"), stat("upstream_down_rejects"), stat("upstream_marked_down")), (1, 2, 1));
     });
 }

@@ -185,7 +185,7 @@ async fn run(a: Args) -> anyhow::Result<()> {
     let line = format!(
         "worker exit: server_id={} {} frames={} malformed={} \
          udp_sends={} udp_bytes={} udp_errors={} gso_max={} fast_sockets={} fast_datagrams={} fast_bytes={} \
-         fast_sends={} fast_errors={} rings={} ring_frames={} drained={}",
+         fast_sends={} fast_errors={} rings={} ring_frames={} drained={}{}",
         server_id,
         s.exit_fields(),
         d.frames.load(Ordering::Relaxed),
@@ -202,6 +202,7 @@ async fn run(a: Args) -> anyhow::Result<()> {
         socket.rings().len(),
         d.ring_frames.load(Ordering::Relaxed),
         finished,
+        proxy_exit_fields(&ctx),
     );
     if a.log_format == "json" {
         tracing::info!(target: "worker", line, "worker exit");
@@ -261,11 +262,18 @@ fn server_options(a: &Args, server_id: ServerId) -> ServerOptions {
     }
 }
 
-/// Logs the upstream when proxying; SIGHUP reopens the access log file (logrotate),
+/// ` upstream_retries=N …` when proxying, else nothing.
+fn proxy_exit_fields(ctx: &Ctx) -> String {
+    ctx.proxy.as_ref().map(|p| format!(" {}", p.exit_fields())).unwrap_or_default()
+}
+
+/// Logs the routes when proxying; SIGHUP reopens the access log file (logrotate),
 /// and means nothing else to a worker. The task lives as long as the handle.
 fn proxy_and_access_log(ctx: &Ctx) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
     if let Some(p) = &ctx.opts.proxy {
-        tracing::info!(upstream = %p.upstream, "proxying every request to the upstream");
+        for r in p.routes.routes() {
+            tracing::info!(route = %r, "proxying to the upstream");
+        }
     }
     Ok(match &ctx.access_log {
         Some(log) if log.path().is_some() => Some(worker::access_log::reopen_on_sighup(Arc::clone(log))?),
@@ -344,7 +352,7 @@ async fn run_listen(a: Args, addr: std::net::SocketAddr) -> anyhow::Result<()> {
     let finished = drain_until_idle(&drain, Duration::from_secs(a.drain_timeout), &mut term, &mut int).await;
     close_endpoint(&endpoint, &drain, finished, server, trimmer).await;
     let s = &ctx.stats;
-    let line = format!("worker exit: listen={local} {} drained={finished}", s.exit_fields());
+    let line = format!("worker exit: listen={local} {} drained={finished}{}", s.exit_fields(), proxy_exit_fields(&ctx));
     if a.log_format == "json" {
         tracing::info!(target: "worker", line, "worker exit");
     } else {

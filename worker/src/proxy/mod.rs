@@ -1,10 +1,13 @@
-//! `--upstream URL`: the worker as an HTTP/3 reverse proxy. Every HTTP/3 request goes
-//! to one HTTP/1.1 or HTTP/2 (h2c) upstream (docs/operations.md "Reverse proxy").
+//! `--upstream [AUTHORITY][/PREFIX]=URL`: the worker as an HTTP/3 reverse proxy. Each
+//! HTTP/3 request goes to the HTTP/1.1 or HTTP/2 (h2c) upstream its route names
+//! (docs/operations.md "Reverse proxy").
 //!
 //! - [`headers`]: the request and response head mapping (RFC 9114 §4.3, RFC 9110
 //!   §7.6.1, RFC 7239), pure.
 //! - [`body`]: the request body, streamed through a small bounded channel.
 //! - [`upstream`]: the URL, the connector and the pooled hyper client.
+//! - [`routes`]: which upstream a request goes to (authority, path prefix), pure.
+//! - [`health`]: the passive health check of one upstream.
 //!
 //! Per request: the head is mapped; the body is pumped from the HTTP/3 stream into
 //! the upstream request while the upstream's response frames go out as HTTP/3 DATA
@@ -12,22 +15,28 @@
 //! sizes. Errors: 400 (unmappable head), 413 (body over `--upstream-max-body`), 502
 //! (upstream unreachable, reset or closed before its response head), 504 (no
 //! response head within `--upstream-timeout`), 503 (a request taken after the worker
-//! began draining). A failure after the response head resets the client's stream
+//! began draining), 404 (no route). An idempotent request without a body is retried
+//! once after a connection error (RFC 9110 §9.2.2); an upstream down by the health
+//! check gets 502 at once. A failure after the response head resets the client's stream
 //! (H3_INTERNAL_ERROR) so that it never takes a short body for a whole one; a client
 //! that resets its stream drops the upstream request (hyper then closes that
 //! HTTP/1.1 connection or resets that HTTP/2 stream).
 
 pub mod body;
 pub mod headers;
+pub mod health;
+pub mod routes;
 pub mod upstream;
 
 use body::{Chunk, PumpEnd, RequestBody, BODY_QUEUE};
 use bytes::{Buf, Bytes};
 use headers::ForwardOptions;
+use health::{Admit, Health, HealthPolicy};
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
+use routes::{Route, RouteTable};
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -37,10 +46,11 @@ use upstream::{Upstream, UpstreamClient};
 /// The proxy's flags (flattened into the worker's command line).
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProxyArgs {
-    /// Proxy every HTTP/3 request to this HTTP/1.1 (`http://HOST:PORT`) or HTTP/2
-    /// with prior knowledge (`h2c://HOST:PORT`) upstream.
-    #[arg(long, value_name = "URL", value_parser = upstream::parse_upstream)]
-    pub upstream: Option<Upstream>,
+    /// Proxy HTTP/3 requests to this HTTP/1.1 (`http://HOST:PORT`) or HTTP/2 with
+    /// prior knowledge (`h2c://HOST:PORT`) upstream; `[AUTHORITY][/PREFIX]=URL` only
+    /// those for that host and path prefix. May be given several times.
+    #[arg(long, value_name = "[AUTHORITY][/PREFIX]=URL", value_parser = routes::parse_route)]
+    pub upstream: Vec<Route>,
     /// Answer 504 when the upstream has not sent its response head after this long
     /// (also: connecting, and the longest pause inside a response body).
     #[arg(long, value_name = "SECS", default_value = "60", value_parser = crate::cli::secs)]
@@ -51,6 +61,12 @@ pub struct ProxyArgs {
     /// Add X-Forwarded-For and X-Forwarded-Proto besides Forwarded: on or off.
     #[arg(long, value_name = "on|off", default_value = "off", value_parser = crate::cli::on_off, action = clap::ArgAction::Set)]
     pub upstream_x_forwarded: bool,
+    /// Connection errors in a row that take an upstream down (0: never).
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub upstream_fail_threshold: u32,
+    /// How long an upstream stays down before one trial request (milliseconds).
+    #[arg(long, value_name = "MS", default_value_t = 10_000)]
+    pub upstream_down_ms: u64,
 }
 
 /// `--upstream-max-body` default: 1 GiB.
@@ -59,7 +75,8 @@ pub const DEFAULT_MAX_BODY: u64 = 1 << 30;
 /// What the proxy was configured with.
 #[derive(Debug, Clone)]
 pub struct ProxyOptions {
-    pub upstream: Upstream,
+    pub routes: RouteTable,
+    pub health: HealthPolicy,
     pub timeout: Duration,
     pub max_body: u64,
     pub forward: ForwardOptions,
@@ -68,8 +85,12 @@ pub struct ProxyOptions {
 impl ProxyArgs {
     /// The options, when `--upstream` is set.
     pub fn options(&self) -> Option<ProxyOptions> {
-        self.upstream.clone().map(|upstream| ProxyOptions {
-            upstream,
+        (!self.upstream.is_empty()).then(|| ProxyOptions {
+            routes: RouteTable::new(self.upstream.clone()),
+            health: HealthPolicy {
+                threshold: self.upstream_fail_threshold,
+                period: Duration::from_millis(self.upstream_down_ms),
+            },
             timeout: self.upstream_timeout,
             max_body: self.upstream_max_body,
             forward: ForwardOptions { x_forwarded: self.upstream_x_forwarded },
@@ -77,12 +98,75 @@ impl ProxyArgs {
     }
 }
 
-/// The proxy: options and the pooled client.
+/// One upstream (routes naming the same URL share it): its pooled client and health.
+#[derive(Debug)]
+struct Backend {
+    upstream: Upstream,
+    client: UpstreamClient,
+    health: Health,
+}
+
+/// The proxy's counters (the worker's exit line).
+#[derive(Debug, Default)]
+pub struct ProxyCounters {
+    /// Requests sent a second time after a connection error.
+    pub retries: AtomicU64,
+    /// Requests answered 502 at once because their upstream was down.
+    pub down_rejects: AtomicU64,
+    /// Times an upstream was marked down.
+    pub marked_down: AtomicU64,
+}
+
+/// The proxy: options, one backend per distinct upstream, counters.
 #[derive(Debug)]
 pub struct Proxy {
     pub opts: ProxyOptions,
-    client: UpstreamClient,
+    backends: Vec<Backend>,
+    /// For each route, its index in `backends`.
+    route_backend: Vec<usize>,
+    pub counters: ProxyCounters,
 }
+
+/// Marks the upstream's trial request abandoned when dropped while armed (a
+/// timeout, or the client gone), so that the next request may try.
+struct TrialGuard<'a>(Option<&'a Health>);
+
+impl Drop for TrialGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(h) = self.0 {
+            h.trial_abandoned();
+        }
+    }
+}
+
+/// RFC 9110 §9.2.2: the idempotent methods retried after a connection error.
+fn is_idempotent(m: &http::Method) -> bool {
+    [http::Method::GET, http::Method::HEAD, http::Method::OPTIONS, http::Method::PUT, http::Method::DELETE].contains(m)
+}
+
+/// A failure to connect, or the connection reset or closed before the response
+/// head; not a bad response head nor a request body's own failure.
+fn is_connection_error(e: &hyper_util::client::legacy::Error) -> bool {
+    if e.is_connect() {
+        return true;
+    }
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        if let Some(h) = s.downcast_ref::<hyper::Error>() {
+            if h.is_incomplete_message() || h.is_canceled() || h.is_closed() {
+                return true;
+            }
+        }
+        if s.is::<std::io::Error>() {
+            return true;
+        }
+        src = s.source();
+    }
+    false
+}
+
+type Attempt =
+    Result<Result<Response<hyper::body::Incoming>, hyper_util::client::legacy::Error>, tokio::time::error::Elapsed>;
 
 /// What became of one request (for the access log).
 #[derive(Debug, Clone, Default)]
@@ -138,10 +222,55 @@ fn ready_first(recv: &mut body::H3Recv) -> Poll<Result<Option<Bytes>, ()>> {
 }
 
 impl Proxy {
-    /// A proxy to `opts.upstream`. Call inside tokio.
+    /// A proxy to the upstreams of `opts.routes`. Call inside tokio.
     pub fn new(opts: ProxyOptions) -> Proxy {
-        let client = upstream::client(&opts.upstream, opts.timeout);
-        Proxy { opts, client }
+        let mut backends: Vec<Backend> = Vec::new();
+        let mut route_backend = Vec::new();
+        for r in opts.routes.routes() {
+            let i = match backends.iter().position(|b| b.upstream == r.upstream) {
+                Some(i) => i,
+                None => {
+                    let client = upstream::client(&r.upstream, opts.timeout);
+                    backends.push(Backend { upstream: r.upstream.clone(), client, health: Health::default() });
+                    backends.len() - 1
+                }
+            };
+            route_backend.push(i);
+        }
+        Proxy { opts, backends, route_backend, counters: ProxyCounters::default() }
+    }
+
+    /// `upstream_retries=N upstream_down_rejects=N upstream_marked_down=N`.
+    pub fn exit_fields(&self) -> String {
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        format!(
+            "upstream_retries={} upstream_down_rejects={} upstream_marked_down={}",
+            n(&self.counters.retries),
+            n(&self.counters.down_rejects),
+            n(&self.counters.marked_down)
+        )
+    }
+
+    /// One attempt at `b`, its outcome recorded by the health check. `trial` (armed
+    /// when this is the trial request) goes with the future: dropped unfinished, even
+    /// unpolled, it lets the next request try.
+    async fn attempt(&self, b: &Backend, req: Request<RequestBody>, mut trial: TrialGuard<'_>) -> Attempt {
+        let r = tokio::time::timeout(self.opts.timeout, b.client.request(req)).await;
+        match &r {
+            Ok(Ok(_)) => {
+                b.health.success();
+                trial.0 = None;
+            }
+            Ok(Err(e)) if is_connection_error(e) => {
+                if b.health.failure(Instant::now(), self.opts.health) {
+                    self.counters.marked_down.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(upstream = %b.upstream, period = ?self.opts.health.period, "upstream down");
+                }
+                trial.0 = None;
+            }
+            _ => {}
+        }
+        r
     }
 
     /// Forwards one request from `client` (its address as the QUIC path sees it now).
@@ -168,7 +297,19 @@ impl Proxy {
             recv.stop_sending(h3::error::Code::H3_NO_ERROR);
             return reply(&mut send, StatusCode::SERVICE_UNAVAILABLE, "draining\n", out).await;
         }
-        let protocol = self.opts.upstream.protocol;
+        // The route: by the authority (else Host) and the path.
+        let authority = req
+            .uri()
+            .authority()
+            .map(|a| a.as_str())
+            .or_else(|| req.headers().get(http::header::HOST).and_then(|h| h.to_str().ok()));
+        let host = routes::host_of(authority.unwrap_or(""));
+        let Some(route) = self.opts.routes.choose(&host, req.uri().path()) else {
+            recv.stop_sending(h3::error::Code::H3_NO_ERROR);
+            return reply(&mut send, StatusCode::NOT_FOUND, "no upstream route for this request\n", out).await;
+        };
+        let backend = &self.backends[self.route_backend[route]];
+        let protocol = backend.upstream.protocol;
         let head =
             match headers::map_request(req.method(), req.uri(), req.headers(), client, protocol, self.opts.forward) {
                 Ok(h) => h,
@@ -205,12 +346,39 @@ impl Proxy {
                 (RequestBody::channel(rx, declared), Some(AbortOnDrop(task)))
             }
         };
+        let admit = backend.health.admit(Instant::now());
+        if admit == Admit::Down {
+            self.counters.down_rejects.fetch_add(1, Ordering::Relaxed);
+            return reply(&mut send, StatusCode::BAD_GATEWAY, "upstream down\n", out).await;
+        }
+        // Without a body (nothing of it sent), an idempotent request can go again.
+        let again = (pump.is_none() && is_idempotent(&head.method))
+            .then(|| (head.method.clone(), head.uri.clone(), head.headers.clone()));
         let mut upstream_req = Request::new(body);
         *upstream_req.method_mut() = head.method;
         *upstream_req.uri_mut() = head.uri;
         *upstream_req.headers_mut() = head.headers;
+        let trial = TrialGuard((admit == Admit::Trial).then_some(&backend.health));
         let sent_at = Instant::now();
-        let mut response = std::pin::pin!(tokio::time::timeout(self.opts.timeout, self.client.request(upstream_req)));
+        let mut response = std::pin::pin!(async {
+            let first = self.attempt(backend, upstream_req, trial).await;
+            let Some((method, uri, headers)) = again else { return first };
+            match first {
+                Ok(Err(e)) if is_connection_error(&e) => match backend.health.admit(Instant::now()) {
+                    Admit::Down => Ok(Err(e)),
+                    admit => {
+                        self.counters.retries.fetch_add(1, Ordering::Relaxed);
+                        let mut req = Request::new(RequestBody::empty());
+                        *req.method_mut() = method;
+                        *req.uri_mut() = uri;
+                        *req.headers_mut() = headers;
+                        let trial = TrialGuard((admit == Admit::Trial).then_some(&backend.health));
+                        self.attempt(backend, req, trial).await
+                    }
+                },
+                r => r,
+            }
+        });
 
         // Until the response head: the reader may fail first.
         let result = loop {
@@ -249,7 +417,7 @@ impl Proxy {
             }
             Ok(Err(e)) => {
                 out.bytes_in = seen.load(Ordering::Relaxed);
-                tracing::debug!(error = %e, upstream = %self.opts.upstream, "upstream failed");
+                tracing::debug!(error = %e, upstream = %backend.upstream, "upstream failed");
                 return reply(&mut send, StatusCode::BAD_GATEWAY, "upstream unreachable or failed\n", out).await;
             }
             Ok(Ok(r)) => r,
@@ -296,5 +464,33 @@ impl Proxy {
         // Whatever the client still sends is not needed: dropping the reader (with
         // the request stream) asks it to stop.
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A trial attempt dropped before it was ever polled (the client went away at
+    /// once) does not leave the upstream waiting for a trial that never ends.
+    #[test]
+    fn an_unpolled_trial_is_abandoned_when_dropped() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let policy = HealthPolicy { threshold: 1, period: Duration::ZERO };
+            let p = Proxy::new(ProxyOptions {
+                routes: RouteTable::new(vec![routes::parse_route("http://127.0.0.1:9").unwrap()]),
+                health: policy,
+                timeout: Duration::from_secs(1),
+                max_body: DEFAULT_MAX_BODY,
+                forward: ForwardOptions { x_forwarded: false },
+            });
+            let b = &p.backends[0];
+            assert!(b.health.failure(Instant::now(), policy));
+            assert_eq!(b.health.admit(Instant::now()), Admit::Trial);
+            let never_polled = p.attempt(b, Request::new(RequestBody::empty()), TrialGuard(Some(&b.health)));
+            drop(never_polled);
+            assert_eq!(b.health.admit(Instant::now()), Admit::Trial);
+        });
     }
 }
