@@ -234,3 +234,39 @@ fn a_bad_listen_address_is_refused() {
     assert!(!ok, "binding 203.0.113.1 must fail: {out}");
     assert!(out.contains("worker: --listen 203.0.113.1:4433:"), "the error names the address: {out}");
 }
+
+/// A request whose body never ends: the response goes out, the server gives the rest
+/// of the body 1 s, then stops reading it. That read was still in flight, so the
+/// stream must be given up without touching it (h3-quinn's `stop_sending` panics on a
+/// stream with a read in flight): no panic in the log, and the connection still serves.
+#[test]
+fn a_request_body_that_never_ends_is_given_up_without_a_panic() {
+    let files = temp_dir("alone-open-body");
+    let c = cert(&files);
+    let (cp, kp) = (c.cert.display().to_string(), c.key.display().to_string());
+    let mut w = Alone::start("alone-open-body", &["--cert", &cp, "--key", &kp]);
+    let rt = testkit::h3client::runtime();
+    rt.block_on(async {
+        let ep = client_endpoint(&c);
+        let mut h = H3::connect(&ep, w.addr).await.unwrap();
+        let mut sender = h.sender();
+        let req = http::Request::post("https://localhost/health").body(()).unwrap();
+        let mut s = sender.send_request(req).await.unwrap();
+        s.send_data(bytes::Bytes::from_static(b"a body that never ends")).await.unwrap();
+        let resp = s.recv_response().await.unwrap();
+        assert_eq!(resp.status(), 405, "POST on a GET route");
+        // Past the server's 1 s for the rest of the body, the stream still open here.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let after = h.get("/health").await.unwrap();
+        assert_eq!(after.status, 200, "the connection still serves");
+        drop(s);
+        h.close();
+        ep.wait_idle().await;
+    });
+    let (ok, log) = w.stop();
+    assert!(ok, "clean exit after SIGTERM: {log}");
+    assert!(!log.contains("panicked"), "no panic: {log}");
+    assert_eq!(Worker::exit_stat(&log, "requests"), Some(2), "{log}");
+    let _ = std::fs::remove_dir_all(&files);
+    let _ = std::fs::remove_dir_all(&w.dir);
+}
