@@ -97,7 +97,7 @@ pub struct ControllerOpts {
     pub rotate_every: u32,
     /// How long a worker's connection IDs live (passed to spawned workers as
     /// `worker --cid-lifetime`). Rotations are refused
-    /// within 2 × this of the last one (`rotate-keys --force` overrides).
+    /// within 3 × this of the last one (`rotate-keys --force` overrides).
     #[arg(long, value_name = "SECS", default_value_t = 600, requires = "state_dir")]
     pub cid_lifetime: u64,
     /// SIGTERM: longest wait for the workers to drain before they are killed.
@@ -175,7 +175,7 @@ pub enum Command {
         /// it) or `hmac-sha256` (user path only). Default: the newest generation's.
         #[arg(long, value_name = "PRF")]
         prf: Option<proto::cid::Prf>,
-        /// Rotate even within two CID lifetimes of the last rotation (connections
+        /// Rotate even within three CID lifetimes of the last rotation (connections
         /// still on the generation that stops decoding are orphaned).
         #[arg(long)]
         force: bool,

@@ -498,7 +498,7 @@ fn key_rotation_mid_connection_old_cids_still_route() {
     }
     assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
     // No controller running: the key file itself rotates (newest 2, previous 1) —
-    // `--force`: this is within two CID lifetimes of the rotation above.
+    // `--force`: this is within three CID lifetimes of the rotation above.
     let out = std::process::Command::new(DEMUX)
         .arg("rotate-keys")
         .arg("--state-dir")
@@ -789,7 +789,7 @@ fn rotation_across_a_prf_switch_keeps_every_connection() {
         let _g = rt.enter();
         client_endpoint(&c.cert)
     };
-    // `force`: within two CID lifetimes of the previous rotation (pacing).
+    // `force`: within three CID lifetimes of the previous rotation (pacing).
     let rotate = |prf: &str, force: bool| {
         let out = std::process::Command::new(DEMUX)
             .args(["rotate-keys", "--prf", prf, "--state-dir"])

@@ -94,7 +94,7 @@ fn ten_rotations_at_the_fastest_allowed_pace_under_live_downloads() {
     let mut c = Controller::start("rotpace", 2, &["--cid-lifetime", "2", "--limits", "off"]);
     let lost_before = c.reason("Orphan") + c.reason("Departed");
     // Long-lived connections: 8 clients, each on one connection for the whole run
-    // (10 rotations, ≥ 36 s: 18 CID lifetimes), downloading 4 MiB after 4 MiB. They
+    // (10 rotations, ≥ 54 s: 27 CID lifetimes), downloading 4 MiB after 4 MiB. They
     // survive only because the workers move them to newest-generation CIDs
     // (`worker --cid-lifetime`, which the controller passes).
     const LONG: usize = 8;
@@ -112,7 +112,7 @@ fn ten_rotations_at_the_fastest_allowed_pace_under_live_downloads() {
             let err = String::from_utf8_lossy(&out.stderr).to_string();
             assert!(err.contains("refusing to rotate") && err.contains("--force"), "rotation {i}: {err}");
             assert!(t0.elapsed() < Duration::from_secs(10), "rotation {i} refused for 10 s: {err}");
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(Duration::from_millis(if t0.elapsed() < Duration::from_secs(5) { 1000 } else { 50 }));
         }
         times.push(Instant::now());
         let s = c.status_wait();
@@ -125,16 +125,17 @@ fn ten_rotations_at_the_fastest_allowed_pace_under_live_downloads() {
             let err = String::from_utf8_lossy(&out.stderr);
             assert!(!out.status.success(), "a second rotation 0 s later was allowed");
             assert!(
-                err.contains("refusing to rotate") && err.contains("2 × 2.0 s") && err.contains("--force"),
+                err.contains("refusing to rotate") && err.contains("3 × 2.0 s") && err.contains("--force"),
                 "{err}"
             );
             assert_eq!(gens(&c.status_wait()), (Some(1), Some(0)), "a refused rotation changed the keys");
         }
     }
-    // The fastest allowed pace: 2 × 2 s apart (and not much more).
+    // The fastest allowed pace: 3 × 2 s apart (and not much more). Two lifetimes are
+    // not enough: quinn may keep a CID for up to two lifetimes (docs/worker.md).
     for w in times.windows(2) {
         let gap = w[1] - w[0];
-        assert!(gap >= Duration::from_millis(3_900) && gap < Duration::from_secs(8), "rotations {gap:?} apart");
+        assert!(gap >= Duration::from_millis(5_900) && gap < Duration::from_secs(9), "rotations {gap:?} apart");
     }
     // The long-lived connections still download after the tenth rotation.
     load.wait_progress(LONG as u64, Duration::from_secs(60));

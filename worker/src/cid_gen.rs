@@ -15,8 +15,9 @@ use std::time::Duration;
 /// Default CID lifetime (`--cid-lifetime`): quinn replaces every CID it issued this
 /// long ago with a fresh one (NEW_CONNECTION_ID with Retire Prior To, RFC 9000
 /// §5.1.1-2), so connections move to the newest key generation within about two
-/// lifetimes of a rotation. Rotations must therefore be at least two lifetimes apart
-/// (ADR 0001: the previous generation stays decodable for one rotation only).
+/// lifetimes of a rotation. Rotations must therefore be at least three lifetimes
+/// apart (two plus one of margin; ADR 0001: the previous generation stays decodable
+/// for one rotation only).
 pub const DEFAULT_CID_LIFETIME: Duration = Duration::from_secs(600);
 
 /// The live key generations, shared between the generators of all endpoints of a

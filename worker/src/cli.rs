@@ -109,7 +109,7 @@ pub struct Args {
     #[arg(long, value_name = "BYTES", default_value_t = crate::Limits::default().incoming_buffer_size_total)]
     pub incoming_buffer_size_total: u64,
     /// CID lifetime: quinn replaces older CIDs (newest key generation), so rotations
-    /// must be at least two lifetimes apart; 0: CIDs never expire.
+    /// must be at least three lifetimes apart; 0: CIDs never expire.
     #[arg(long, value_name = "SECS", default_value = "600", value_parser = secs)]
     pub cid_lifetime: Duration,
     /// Return freed heap to the OS (glibc `malloc_trim`) when connections close.

@@ -1,9 +1,12 @@
 //! Rotation pacing (docs/adr/0001): the data plane decodes only the
 //! newest and the previous key generation, so a rotation while connections still
 //! use CIDs of the previous one orphans them. Workers move their connections to
-//! newest-generation CIDs within one CID lifetime (`worker --cid-lifetime`), so a
-//! rotation is refused within 2 × lifetime of the last one (one lifetime for the
-//! last rotation's generation to take over, one of margin), unless forced.
+//! newest-generation CIDs within two CID lifetimes (`worker --cid-lifetime`: a CID
+//! expires one lifetime after it was issued, and quinn may keep it one more
+//! lifetime while it waits for the peer's RETIRE_CONNECTION_ID, RFC 9000 §5.1.2;
+//! docs/worker.md), so a rotation is refused within [`PACE_LIFETIMES`] × lifetime
+//! of the last one (two lifetimes for the last rotation's generation to take over,
+//! one of margin), unless forced.
 //!
 //! `DIR/last-rotation` (0600, atomic) records when the last rotation happened and
 //! the CID lifetime in force then, so the rule survives controller restarts and
@@ -66,12 +69,15 @@ pub fn store(p: &Paths, r: Record) -> Result<()> {
     state::write_atomic(&path(p), &r.to_text())
 }
 
-/// How long after `last` a rotation is allowed: 2 × the longer of the recorded
-/// lifetime and the current one.
+/// Rotations are at least this many CID lifetimes apart (the module comment says why).
+pub const PACE_LIFETIMES: u64 = 3;
+
+/// How long after `last` a rotation is allowed: [`PACE_LIFETIMES`] × the longer of
+/// the recorded lifetime and the current one.
 pub fn wait_needed(last: Option<Record>, lifetime: Option<Duration>, now_ms: u64) -> Option<Duration> {
     let last = last?;
     let life = lifetime.map_or(0, |d| d.as_millis() as u64).max(last.cid_lifetime_ms);
-    let allowed_at = last.at_unix_ms.saturating_add(2 * life);
+    let allowed_at = last.at_unix_ms.saturating_add(PACE_LIFETIMES * life);
     (now_ms < allowed_at).then(|| Duration::from_millis(allowed_at - now_ms))
 }
 
@@ -88,7 +94,7 @@ pub fn check(p: &Paths, lifetime: Option<Duration>, force: bool) -> Result<()> {
         bail!(
             "refusing to rotate: the last rotation was {:.1} s ago, and connections may still use CIDs of the \
              generation this rotation would stop decoding (CIDs live up to {:.1} s, so rotations are at least \
-             2 × {:.1} s apart); retry in {:.1} s, or pass --force (orphans those connections)",
+             {PACE_LIFETIMES} × {:.1} s apart); retry in {:.1} s, or pass --force (orphans those connections)",
             now.saturating_sub(last.at_unix_ms) as f64 / 1000.0,
             life_ms as f64 / 1000.0,
             life_ms as f64 / 1000.0,
@@ -112,14 +118,16 @@ mod tests {
     }
 
     #[test]
-    fn two_lifetimes_apart_using_the_longer_lifetime() {
+    fn three_lifetimes_apart_using_the_longer_lifetime() {
         let last = Some(Record { at_unix_ms: 10_000, cid_lifetime_ms: 2_000 });
         assert_eq!(wait_needed(None, Some(Duration::from_secs(2)), 10_000), None, "first rotation");
-        assert_eq!(wait_needed(last, Some(Duration::from_secs(2)), 13_000), Some(Duration::from_millis(1_000)));
-        assert_eq!(wait_needed(last, Some(Duration::from_secs(2)), 14_000), None, "exactly 2 × lifetime");
+        // Two lifetimes are not enough: a CID may still be in use then.
+        assert_eq!(wait_needed(last, Some(Duration::from_secs(2)), 14_000), Some(Duration::from_millis(2_000)));
+        assert_eq!(wait_needed(last, Some(Duration::from_secs(2)), 15_999), Some(Duration::from_millis(1)));
+        assert_eq!(wait_needed(last, Some(Duration::from_secs(2)), 16_000), None, "exactly 3 × lifetime");
         // The controller now runs a longer lifetime: CIDs may live that long.
-        assert_eq!(wait_needed(last, Some(Duration::from_secs(5)), 14_000), Some(Duration::from_millis(6_000)));
+        assert_eq!(wait_needed(last, Some(Duration::from_secs(5)), 16_000), Some(Duration::from_millis(9_000)));
         // Offline (no lifetime known here): the recorded one.
-        assert_eq!(wait_needed(last, None, 13_500), Some(Duration::from_millis(500)));
+        assert_eq!(wait_needed(last, None, 15_500), Some(Duration::from_millis(500)));
     }
 }

@@ -1,7 +1,7 @@
 //! Key rotation without a split (docs/adr/0001, docs/adr/0005). Invariant: every
 //! generation a worker may mint CIDs with is one the data plane decodes.
 //!
-//! 1. Pacing (`pacing`): refused within 2 × `--cid-lifetime` of the last rotation
+//! 1. Pacing (`pacing`): refused within 3 × `--cid-lifetime` of the last rotation
 //!    unless forced.
 //! 2. The new key file is written (a data plane that restarts now reads it).
 //! 3. The data plane gets `KeysChanged` and must acknowledge it (`tell_dataplane`:
@@ -12,8 +12,9 @@
 //!    data plane that applies the late update still decodes the previous newest,
 //!    which is what every worker keeps minting with), and the operator gets the
 //!    error. Workers never hear of the rolled-back generation.
-//! 5. Acknowledged: the counter and `DIR/last-rotation` are stored, then every
-//!    registered worker gets `KeysChanged`.
+//! 5. Acknowledged: the counter is stored, every registered worker gets
+//!    `KeysChanged`, then `DIR/last-rotation` is stored (the pacing interval starts
+//!    once no worker mints with the previous newest generation any more).
 //!
 //! Adoption (controller restart) and an offline `rotate-keys` are covered by
 //! `resync_adopted`: the adopted data plane gets the file's keys, acknowledged,
@@ -73,13 +74,6 @@ impl Ctl {
         if let Err(e) = state::store_counter(&self.paths, self.counter) {
             tracing::warn!(error = %format!("{e:#}"), "could not store the server-id counter after a rotation");
         }
-        let rec = pacing::Record {
-            at_unix_ms: pacing::now_unix_ms(),
-            cid_lifetime_ms: self.cid_lifetime().as_millis() as u64,
-        };
-        if let Err(e) = pacing::store(&self.paths, rec) {
-            tracing::warn!(error = %format!("{e:#}"), "could not record the rotation time");
-        }
         tracing::info!(
             why, ?phase, newest = self.keys.keys.newest.generation.get(), prf = %self.keys.keys.newest.prf,
             previous = ?self.keys.keys.previous.map(|p| p.generation.get()), staged = self.keys.is_staged(),
@@ -92,6 +86,13 @@ impl Ctl {
             if let Err(e) = c.channel::<Registration>().dont_wait().send(&changed) {
                 self.close(t, &format!("sending KeysChanged: {e}"));
             }
+        }
+        let rec = pacing::Record {
+            at_unix_ms: pacing::now_unix_ms(),
+            cid_lifetime_ms: self.cid_lifetime().as_millis() as u64,
+        };
+        if let Err(e) = pacing::store(&self.paths, rec) {
+            tracing::warn!(error = %format!("{e:#}"), "could not record the rotation time");
         }
         Ok(())
     }

@@ -33,7 +33,7 @@ pub enum Admin {
     /// C / D → O, D → C: status as JSON text.
     Status { json: String },
     /// O → C: rotate the CID key generation now; the new generation uses `prf`
-    /// (`None`: the newest generation's PRF). `force`: even within two CID lifetimes
+    /// (`None`: the newest generation's PRF). `force`: even within three CID lifetimes
     /// of the last rotation. Reply: `Status` (JSON) or `Error`.
     /// `from`: with `Stage`, stage the generation another host staged, from this key
     /// file (a path the controller reads), instead of a fresh one (ADR 0005 §3).
