@@ -8,7 +8,7 @@
 //! B, "any serving instance", which must answer with a stateless reset.
 //!
 //! - `connection_survives_two_rotations_with_a_cid_lifetime`: CIDs live 1 s, the keys
-//!   rotate twice 3 s apart (≥ two lifetimes): the connection keeps echoing, its DCIDs
+//!   rotate twice 3 s apart (three lifetimes): the connection keeps echoing, its DCIDs
 //!   move to the newest generation and nothing becomes an orphan.
 //! - `orphaned_connection_gets_a_stateless_reset`: CIDs never expire, the keys rotate
 //!   twice: the client's DCID generation is unknown, its next packet reaches B, and
@@ -197,7 +197,7 @@ fn connection_survives_two_rotations_with_a_cid_lifetime() {
         assert_eq!(*s.seen.last_gen.lock().expect("lock"), Some(g0.get()));
         for round in 1..=2 {
             s.keys.replace(s.keys.load().rotated(fresh_key()));
-            // Rotations two lifetimes (and a bit) apart, as docs/worker.md asks.
+            // Rotations three lifetimes apart, as docs/worker.md asks.
             keep_talking(&conn, 3 * lifetime).await;
             let newest = s.keys.load().newest();
             assert_eq!(
