@@ -12,6 +12,7 @@ pub mod handshakes;
 pub mod io_uring_backend;
 pub mod limits;
 pub mod mmsg_backend;
+pub mod peer_out;
 pub mod peers;
 pub mod pressure;
 pub mod registry;

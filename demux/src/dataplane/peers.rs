@@ -30,8 +30,10 @@
 //! are counted `inject_errors`, as are frames whose client and local addresses are of
 //! different families.
 
+use crate::dataplane::cmsg;
 use crate::dataplane::counters::ShardCounters;
 use crate::dataplane::forward::Forwarder;
+use crate::dataplane::peer_out::{self, PeerOut};
 use crate::dataplane::snapshot::Snapshot;
 use proto::cid::KeySet;
 use proto::host::HostLayout;
@@ -44,6 +46,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use sys::mmsg::{RecvMmsg, SendMeta};
 
 /// How often a host tells each peer it is alive.
 pub const HEARTBEAT: Duration = Duration::from_millis(250);
@@ -51,6 +54,14 @@ pub const HEARTBEAT: Duration = Duration::from_millis(250);
 pub const PEER_DEAD: Duration = Duration::from_secs(1);
 /// How often the peers file is checked for changes.
 pub const PEERS_FILE_CHECK: Duration = Duration::from_secs(1);
+/// The peer socket's receive and send buffers (bytes; forced past rmem_max and
+/// wmem_max when the data plane may).
+const PEER_SOCKET_BUFFER: usize = 8 << 20;
+/// Messages per recvmmsg on the peer socket, each up to a whole GRO train.
+const RECV_BATCH: usize = 32;
+const RECV_BUF: usize = 65_535;
+/// Room for UDP_GRO's segment size, with its header.
+const RECV_CONTROL: usize = 64;
 /// Host ids are below this (ADR 0005: at most 8 host bits).
 const HOSTS: usize = 1 << proto::host::MAX_HOST_BITS;
 
@@ -168,6 +179,8 @@ pub struct Peers {
     handoff: std::sync::OnceLock<Handoff>,
     stop: AtomicBool,
     receiver: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Set when the kernel refused a GSO train: frames go one by one.
+    gso_off: AtomicBool,
     pub counters: PeerCounters,
 }
 
@@ -194,8 +207,16 @@ impl Peers {
         serves: Vec<SocketAddr>,
     ) -> anyhow::Result<Arc<Peers>> {
         use anyhow::Context;
+        use std::os::fd::AsRawFd;
         let table = read_table(&file)?;
         let socket = UdpSocket::bind(listen).with_context(|| format!("--peer-listen {listen}"))?;
+        // GSO trains of frames arrive whole (udp(7) UDP_GRO; without it the kernel
+        // splits them before the socket), read with recvmmsg.
+        if let Err(e) = sys::sockopt::setsockopt_int(socket.as_raw_fd(), libc::SOL_UDP, libc::UDP_GRO, 1) {
+            tracing::warn!(error = %e, "no UDP_GRO on the peer socket: frames are read one by one");
+        }
+        sys::sockopt::set_recv_buffer(&socket, PEER_SOCKET_BUFFER);
+        sys::sockopt::set_send_buffer(&socket, PEER_SOCKET_BUFFER);
         let p = Arc::new(Peers {
             layout,
             me: Me { host: layout.host(), epoch: draw_epoch()? },
@@ -213,6 +234,7 @@ impl Peers {
             handoff: std::sync::OnceLock::new(),
             stop: AtomicBool::new(false),
             receiver: Mutex::new(None),
+            gso_off: AtomicBool::new(false),
             counters: PeerCounters::default(),
         });
         let raw = sys::raw::RawIpv4::open().context("a raw IPv4 socket for forwarded datagrams (needs CAP_NET_RAW)")?;
@@ -274,8 +296,17 @@ impl Peers {
 
     /// An orphan datagram (its DCID names no live local instance): forwarded when the
     /// DCID decodes to another host's server id with a known, live peer whose epoch
-    /// is learned. `true`: it went.
-    pub fn forward(&self, keys: &KeySet, datagram: &[u8], client: SocketAddr, local: SocketAddr) -> bool {
+    /// is learned. `true`: it was sealed into `out`, sent at the next
+    /// [`Peers::flush`] (a full `out` is flushed first); a frame the kernel then
+    /// refuses is counted `forward_errors`.
+    pub fn forward(
+        &self,
+        out: &mut PeerOut,
+        keys: &KeySet,
+        datagram: &[u8],
+        client: SocketAddr,
+        local: SocketAddr,
+    ) -> bool {
         // A client's Initial or 0-RTT carries a DCID it chose (RFC 9000 §7.2): any
         // host it decodes to is chance. New connections are placed locally.
         if client_chosen_dcid(datagram) {
@@ -293,20 +324,80 @@ impl Peers {
             self.counters.dead_peer.fetch_add(1, Relaxed);
             return false;
         };
+        if out.is_full() {
+            self.flush(out);
+        }
         let body = Body::Data { client, local, datagram };
-        match self.send_frame(to, host, to_epoch, seq, body) {
-            Ok(_) => {
-                self.counters.forwarded.fetch_add(1, Relaxed);
-                if let Some(n) = self.per_host.get(usize::from(host)) {
-                    n.fetch_add(1, Relaxed);
-                }
-                true
+        let header = self.header(host, to_epoch, seq);
+        let keys = self.keys.load();
+        let dest = out.dest(host, to);
+        let start = dest.bytes.len();
+        peer::seal_append(keys.sealing(self.seal_key(host)), &Frame { header, body }, &mut dest.bytes);
+        dest.lens.push(dest.bytes.len() - start);
+        out.frames += 1;
+        true
+    }
+
+    /// Sends the frames sealed into `out`: one sendmmsg per peer, equal-sized frames
+    /// in GSO trains (crate::dataplane::peer_out). A train the kernel refuses as such
+    /// (EINVAL or EIO: a segment over the path's MTU, a device without checksum
+    /// offload) goes again frame by frame, and GSO stays off from then on.
+    pub fn flush(&self, out: &mut PeerOut) {
+        if out.is_empty() {
+            return;
+        }
+        let gso = !self.gso_off.load(Relaxed);
+        let PeerOut { dests, used, send, trains, .. } = out;
+        for d in &dests[..*used] {
+            if gso {
+                peer_out::plan(&d.lens, peer_out::MAX_SEGMENTS, peer_out::MAX_TRAIN_BYTES, trains);
+            } else {
+                peer_out::plan(&d.lens, 1, 0, trains);
             }
-            Err(_) => {
-                self.counters.forward_errors.fetch_add(1, Relaxed);
-                false
+            let mut batch = send.batch();
+            for t in trains.iter() {
+                let meta = SendMeta { to: Some(&d.to), source: None, segment_size: t.segment };
+                batch.push(&[&d.bytes[t.offset..t.offset + t.bytes]], meta);
+            }
+            let (mut next, mut sent, mut failed) = (0, 0u64, 0u64);
+            while next < trains.len() {
+                match batch.send_from(&self.socket, next, 0) {
+                    Ok(0) => break,
+                    Ok(k) => {
+                        sent += trains[next..next + k].iter().map(|t| t.frames as u64).sum::<u64>();
+                        next += k;
+                    }
+                    Err(e) => {
+                        let t = trains[next];
+                        let refused_gso =
+                            t.segment.is_some() && matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EIO));
+                        if refused_gso {
+                            if !self.gso_off.swap(true, Relaxed) {
+                                tracing::warn!(error = %e, "UDP GSO refused towards a peer: frames go one by one from now on");
+                            }
+                            let mut off = t.offset;
+                            for &len in &d.lens[t.first..t.first + t.frames] {
+                                match self.socket.send_to(&d.bytes[off..off + len], d.addr) {
+                                    Ok(_) => sent += 1,
+                                    Err(_) => failed += 1,
+                                }
+                                off += len;
+                            }
+                        } else {
+                            failed += t.frames as u64;
+                        }
+                        next += 1;
+                    }
+                }
+            }
+            failed += trains[next..].iter().map(|t| t.frames as u64).sum::<u64>();
+            self.counters.forwarded.fetch_add(sent, Relaxed);
+            self.counters.forward_errors.fetch_add(failed, Relaxed);
+            if let Some(n) = self.per_host.get(usize::from(d.host)) {
+                n.fetch_add(sent, Relaxed);
             }
         }
+        out.clear();
     }
 
     fn serves_addr(&self, a: SocketAddr) -> bool {
@@ -318,20 +409,29 @@ impl Peers {
         seen != 0 && self.clock.now_ms().saturating_sub(seen - 1) < PEER_DEAD.as_millis() as u64
     }
 
-    fn send_frame(&self, to: SocketAddr, host: u16, to_epoch: u64, seq: u64, body: Body<'_>) -> std::io::Result<usize> {
-        thread_local! {
-            // One frame buffer per shard thread (and the receiving thread's heartbeats).
-            static FRAME: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(65_536));
-        }
+    /// The header of a frame to `host` (its epoch `to_epoch`) numbered `seq`.
+    fn header(&self, host: u16, to_epoch: u64, seq: u64) -> Header {
         let ack = self.acks.get(usize::from(host)).map_or(0, |a| a.load(Relaxed));
-        let header = Header { from_host: self.me.host, to_host: host, from_epoch: self.me.epoch, to_epoch, seq, ack };
-        let keys = self.keys.load();
-        let used = match self.seal_with.get(usize::from(host)).map(|s| s.load(Relaxed)) {
+        Header { from_host: self.me.host, to_host: host, from_epoch: self.me.epoch, to_epoch, seq, ack }
+    }
+
+    /// Which of our secrets frames to `host` are sealed with.
+    fn seal_key(&self, host: u16) -> KeyUsed {
+        match self.seal_with.get(usize::from(host)).map(|s| s.load(Relaxed)) {
             Some(1) => KeyUsed::Other,
             _ => KeyUsed::Current,
-        };
+        }
+    }
+
+    fn send_frame(&self, to: SocketAddr, host: u16, to_epoch: u64, seq: u64, body: Body<'_>) -> std::io::Result<usize> {
+        thread_local! {
+            // One frame buffer per thread (heartbeats).
+            static FRAME: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(65_536));
+        }
+        let header = self.header(host, to_epoch, seq);
+        let keys = self.keys.load();
         FRAME.with_borrow_mut(|frame| {
-            peer::seal(keys.sealing(used), &Frame { header, body }, frame);
+            peer::seal(keys.sealing(self.seal_key(host)), &Frame { header, body }, frame);
             self.socket.send_to(frame, to)
         })
     }
@@ -344,7 +444,7 @@ impl Peers {
 
     fn receive_loop(&self, mut inject: Injector) {
         let mut sessions: Vec<Session> = (0..HOSTS).map(|_| Session::default()).collect();
-        let mut buf = vec![0u8; 65536];
+        let mut batch = RecvMmsg::new(RECV_BATCH, RECV_BUF).with_names().with_control(RECV_CONTROL);
         let _ = self.socket.set_read_timeout(Some(HEARTBEAT / 2));
         let mut beat = Instant::now() - HEARTBEAT;
         let (mut stamp, mut checked) = (FileStamp::of(&self.file), Instant::now());
@@ -368,21 +468,43 @@ impl Peers {
                 }
                 checked = Instant::now();
             }
-            let (n, from) = match self.socket.recv_from(&mut buf) {
-                Ok(r) => r,
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => continue,
+            // Blocks (up to the read timeout) for the first message, then takes what
+            // else is queued.
+            match batch.recv(&self.socket, libc::MSG_WAITFORONE) {
+                Ok(_) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EINTR)) => continue,
                 Err(e) => {
                     tracing::warn!(error = %e, "peer socket receive failed");
                     std::thread::sleep(std::time::Duration::from_millis(10));
                     continue;
                 }
+            }
+            if self.handoff.get().is_some() && fwd.is_none() {
+                // No ring of any shard: frames go on the data connection.
+                fwd = Some(Forwarder::new(usize::MAX));
+            }
+            let handoff = self.handoff.get().zip(fwd.as_mut());
+            let snap = handoff.as_ref().map(|(h, _)| h.shared.load());
+            let mut to_owner = match (handoff, snap.as_deref()) {
+                (Some((h, fwd)), Some(snap)) => Some(HandOver { snap, counters: &h.counters, fwd }),
+                _ => None,
             };
-            if let Some(frame) = self.accept(&mut sessions, &buf[..n], from) {
-                if self.handoff.get().is_some() && fwd.is_none() {
-                    // No ring of any shard: frames go on the data connection.
-                    fwd = Some(Forwarder::new(usize::MAX));
+            for m in batch.iter() {
+                let Some(from) = m.source().filter(|_| !m.truncated() && !m.control_truncated()) else {
+                    self.counters.refused_malformed.fetch_add(1, Relaxed);
+                    continue;
+                };
+                // A GRO train (UDP_GRO) is frames of its segment size, the last
+                // possibly shorter: each is verified and accepted on its own.
+                let stride = cmsg::parse(m.control).gro_size.map_or(m.data.len(), usize::from).max(1);
+                for bytes in m.data.chunks(stride) {
+                    if let Some(frame) = self.accept(&mut sessions, bytes, from) {
+                        self.deliver(&frame, &mut inject, to_owner.as_mut());
+                    }
                 }
-                self.deliver(&frame, &mut inject, fwd.as_mut());
+            }
+            if let Some(h) = to_owner {
+                h.fwd.flush(h.snap, h.counters);
             }
         }
     }
@@ -445,23 +567,24 @@ impl Peers {
         }
     }
 
-    /// Hands an accepted data frame's datagram to its owner's data connection, or to
-    /// this host's stack.
-    fn deliver(&self, frame: &Frame<'_>, inject: &mut Injector, fwd: Option<&mut Forwarder>) {
+    /// Hands an accepted data frame's datagram to its owner's data connection (queued
+    /// in `to_owner`, sent at the end of the receive batch), or to this host's stack.
+    fn deliver<'b>(&self, frame: &Frame<'b>, inject: &mut Injector, to_owner: Option<&mut HandOver<'_>>) {
         let c = &self.counters;
         let Body::Data { client, local, datagram } = frame.body else { return };
         if !self.serves_addr(local) {
             c.inject_not_served.fetch_add(1, Relaxed);
             return;
         }
-        if let (Some(h), Some(fwd)) = (self.handoff.get(), fwd) {
-            let snap = h.shared.load();
-            if let Some(target) = self.owner(&snap, datagram) {
+        if let Some(h) = to_owner {
+            if let Some(target) = self.owner(h.snap, datagram) {
+                if h.fwd.is_full() {
+                    h.fwd.flush(h.snap, h.counters);
+                }
                 let meta = FrameMeta { client, local: Some(local), ecn: 0, segment_size: None };
-                // SAFETY: `datagram` lies in the receive buffer, which is not written
-                // again before the flush below returns (Forwarder::push's contract).
-                unsafe { fwd.push(&snap, target, &meta, datagram, 1, &h.counters) };
-                fwd.flush(&snap, &h.counters);
+                // SAFETY: `datagram` lies in the receive batch's buffers, which are not
+                // written again before the batch's flush (Forwarder::push's contract).
+                unsafe { h.fwd.push(h.snap, target, &meta, datagram, 1, h.counters) };
                 c.handed_over.fetch_add(1, Relaxed);
                 return;
             }
@@ -540,6 +663,14 @@ impl Peers {
 struct Handoff {
     shared: crate::dataplane::snapshot::Shared,
     counters: ShardCounters,
+}
+
+/// One receive batch's hand-over: the snapshot it routes with (the same until its
+/// flush, Forwarder's contract) and the frames queued for the owners.
+struct HandOver<'a> {
+    snap: &'a Snapshot,
+    counters: &'a ShardCounters,
+    fwd: &'a mut Forwarder,
 }
 
 /// Counts one and yields nothing (a refused frame).
@@ -633,7 +764,7 @@ mod peer_support;
 #[allow(clippy::unwrap_used)] // the tests' own set-up
 mod tests {
     use super::peer_support::Scripted;
-    use super::{dcid, Peers};
+    use super::{dcid, PeerOut, Peers};
     use proto::cid::{Prf, ServerId};
     use proto::host::HostLayout;
     use proto::keyfile::KeyFile;
@@ -698,6 +829,14 @@ mod tests {
         fn count(&self, f: impl Fn(&super::PeerCounters) -> &std::sync::atomic::AtomicU64) -> u64 {
             f(&self.peers.counters).load(Relaxed)
         }
+    }
+
+    /// Forwards one datagram in a batch of its own, sent at once.
+    fn forward_now(p: &Peers, ks: &proto::cid::KeySet, d: &[u8], client: SocketAddr, local: SocketAddr) -> bool {
+        let mut out = PeerOut::new();
+        let queued = p.forward(&mut out, ks, d, client, local);
+        p.flush(&mut out);
+        queued
     }
 
     fn wait(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
@@ -864,7 +1003,7 @@ mod tests {
         let mut d = vec![0x40];
         d.extend_from_slice(&ks.encode(ServerId(2 << 14), &[7; proto::cid::CID_RANDOM_LEN]));
         d.extend_from_slice(b" forwarded");
-        assert!(a.peers.forward(&ks, &d, client(), local));
+        assert!(forward_now(&a.peers, &ks, &d, client(), local));
         let mut buf = [0u8; 64];
         let (n, from) = sink.recv_from(&mut buf).unwrap();
         assert_eq!((&buf[..n], from), (&d[..], client()));
@@ -875,7 +1014,7 @@ mod tests {
         let a = Real::start(1, &keys, at, &[(2, b.addr)], vec![local]);
         a.peers.clock.step(-hour);
         wait("the restarted sender accepted", Duration::from_secs(1), || both_alive(&a, &b));
-        assert!(a.peers.forward(&ks, &d, client(), local));
+        assert!(forward_now(&a.peers, &ks, &d, client(), local));
         let (n, _) = sink.recv_from(&mut buf).unwrap();
         assert_eq!(&buf[..n], &d[..]);
         for r in [&a, &b] {
