@@ -70,7 +70,11 @@ const HOSTS: usize = 1 << proto::host::MAX_HOST_BITS;
 pub struct PeerCounters {
     pub forwarded: AtomicU64,
     pub forward_errors: AtomicU64,
+    /// GSO sends of more than one frame (crate::dataplane::peer_out).
+    pub trains_sent: AtomicU64,
     pub received: AtomicU64,
+    /// Reads of more than one frame at once (UDP_GRO trains).
+    pub trains_received: AtomicU64,
     /// Handed to the owning worker's data connection (its drops: `handed_over_dropped`).
     pub handed_over: AtomicU64,
     pub injected: AtomicU64,
@@ -364,7 +368,10 @@ impl Peers {
                 match batch.send_from(&self.socket, next, 0) {
                     Ok(0) => break,
                     Ok(k) => {
-                        sent += trains[next..next + k].iter().map(|t| t.frames as u64).sum::<u64>();
+                        let went = &trains[next..next + k];
+                        sent += went.iter().map(|t| t.frames as u64).sum::<u64>();
+                        let gso = went.iter().filter(|t| t.segment.is_some()).count();
+                        self.counters.trains_sent.fetch_add(gso as u64, Relaxed);
                         next += k;
                     }
                     Err(e) => {
@@ -497,6 +504,9 @@ impl Peers {
                 // A GRO train (UDP_GRO) is frames of its segment size, the last
                 // possibly shorter: each is verified and accepted on its own.
                 let stride = cmsg::parse(m.control).gro_size.map_or(m.data.len(), usize::from).max(1);
+                if m.data.len() > stride {
+                    self.counters.trains_received.fetch_add(1, Relaxed);
+                }
                 for bytes in m.data.chunks(stride) {
                     if let Some(frame) = self.accept(&mut sessions, bytes, from) {
                         self.deliver(&frame, &mut inject, to_owner.as_mut());
@@ -637,7 +647,9 @@ impl Peers {
             "forwarded": c.forwarded.load(Relaxed),
             "forwarded_to": per,
             "forward_errors": c.forward_errors.load(Relaxed),
+            "trains_sent": c.trains_sent.load(Relaxed),
             "received": c.received.load(Relaxed),
+            "trains_received": c.trains_received.load(Relaxed),
             "injected": c.injected.load(Relaxed),
             "handed_over": c.handed_over.load(Relaxed),
             "handed_over_dropped": self.handoff.get().map_or(0, |h| {
@@ -1099,6 +1111,117 @@ mod tests {
         wait("injected counted", Duration::from_secs(2), || b.count(|c| &c.injected) == 1);
         assert_eq!(b.count(|c| &c.handed_over), 1);
         assert_eq!(b.peers.status_json()["handed_over_dropped"], 0);
+        b.peers.shutdown();
+    }
+
+    /// Enables UDP_GRO on a test socket: GSO trains are read whole.
+    fn read_trains_whole(sock: &UdpSocket) {
+        use std::os::fd::AsRawFd;
+        sys::sockopt::setsockopt_int(sock.as_raw_fd(), libc::SOL_UDP, libc::UDP_GRO, 1).unwrap();
+    }
+
+    /// A 1200-byte short header for server id `host << 14` (`--host-bits 2`), its
+    /// CID's random part and padding `k`.
+    fn short_for(ks: &proto::cid::KeySet, host: u16, k: u8) -> Vec<u8> {
+        let mut d = vec![0x40];
+        d.extend_from_slice(&ks.encode(ServerId(host << 14), &[k; proto::cid::CID_RANDOM_LEN]));
+        d.resize(1200, k);
+        d
+    }
+
+    /// One shard batch with frames to two peers, interleaved: each peer gets one GSO
+    /// train (one sendmmsg per peer), which its socket reads whole (UDP_GRO) and which
+    /// splits at its segment size back into exactly the frames of its datagrams, in
+    /// order, sealed for it.
+    #[test]
+    fn a_batch_to_two_peers_goes_as_one_train_each() {
+        if !can_inject() {
+            return;
+        }
+        let keys = cluster_keys();
+        let ks = keys.key_set().unwrap();
+        let (mut p2, mut p3) = (scripted(2, &keys.forwarding), scripted(3, &keys.forwarding));
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let a = Real::start(1, &keys, any, &[(2, p2.addr()), (3, p3.addr())], vec![]);
+        p2.handshake(1, a.addr, Duration::from_secs(5));
+        p3.handshake(1, a.addr, Duration::from_secs(5));
+        read_trains_whole(&p2.sock);
+        read_trains_whole(&p3.sock);
+        let local: SocketAddr = "198.19.9.9:443".parse().unwrap();
+        let mut out = PeerOut::new();
+        let mut want: HashMap<u16, Vec<Vec<u8>>> = HashMap::new();
+        for k in 0..10u8 {
+            for host in [2, 3] {
+                let d = short_for(&ks, host, k);
+                assert!(a.peers.forward(&mut out, &ks, &d, client(), local));
+                want.entry(host).or_default().push(d);
+            }
+        }
+        assert_eq!(a.count(|c| &c.forwarded), 0, "nothing goes before the batch's end");
+        a.peers.flush(&mut out);
+        assert_eq!((a.count(|c| &c.forwarded), a.count(|c| &c.trains_sent)), (20, 2));
+        assert_eq!(a.count(|c| &c.forward_errors), 0);
+        assert!(out.is_empty());
+        for (p, host) in [(&p2, 2u16), (&p3, 3)] {
+            let mut rx = sys::mmsg::RecvMmsg::new(1, 65_535).with_control(64);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            // Heartbeats may come first: the train is the first message longer than one.
+            let (train, segment) = loop {
+                assert!(Instant::now() < deadline, "no train reached host {host}");
+                if rx.recv(&p.sock, 0).is_err() {
+                    continue;
+                }
+                let m = rx.get(0).unwrap();
+                if m.data.len() > 1300 {
+                    let segment = crate::dataplane::cmsg::parse(m.control).gro_size;
+                    break (m.data.to_vec(), segment);
+                }
+            };
+            let segment = usize::from(segment.expect("read as one GRO train"));
+            let frames: Vec<&[u8]> = train.chunks(segment).collect();
+            assert_eq!(frames.len(), 10);
+            for (f, d) in frames.iter().zip(&want[&host]) {
+                let opened = proto::peer::open(&p.keys, f).expect("each segment is one whole frame");
+                assert_eq!((opened.header.from_host, opened.header.to_host), (1, host));
+                assert_eq!(opened.body, Body::Data { client: client(), local, datagram: d });
+            }
+        }
+        a.peers.shutdown();
+    }
+
+    /// A GSO train of three frames, the middle one corrupted: the receiver reads it
+    /// as one train, counts the bad frame `unauthenticated`, accepts the other two
+    /// and delivers their datagrams in order.
+    #[test]
+    fn a_bad_frame_inside_a_train_is_counted_and_the_rest_accepted() {
+        if !can_inject() {
+            return;
+        }
+        let keys = cluster_keys();
+        let (sink, local) = served_sink();
+        let (mut a, b) = scripted_to_real(&keys, vec![local]);
+        let mut frames: Vec<Vec<u8>> = (0..3u8)
+            .map(|k| {
+                let (e, seq) = a.outbound[&1].data().unwrap();
+                a.seal(1, e, seq, Body::Data { client: client(), local, datagram: &[b'a' + k; 100] })
+            })
+            .collect();
+        frames[1][30] ^= 1;
+        let train = frames.concat();
+        let to = socket2::SockAddr::from(b.addr);
+        let mut send = sys::mmsg::SendMmsg::new(1, 1);
+        let mut batch = send.batch();
+        let segment = Some(frames[0].len() as u16);
+        assert!(batch.push(&[&train], sys::mmsg::SendMeta { to: Some(&to), source: None, segment_size: segment }));
+        assert_eq!(batch.send_from(&a.sock, 0, 0).unwrap(), 1);
+        wait("two accepted", Duration::from_secs(5), || b.count(|c| &c.received) == 2);
+        assert_eq!(b.count(|c| &c.refused_unauthenticated), 1);
+        assert_eq!(b.count(|c| &c.trains_received), 1, "read as one train");
+        let mut buf = [0u8; 256];
+        for k in [0u8, 2] {
+            let (n, from) = sink.recv_from(&mut buf).unwrap();
+            assert_eq!((&buf[..n], from), (&[b'a' + k; 100][..], client()));
+        }
         b.peers.shutdown();
     }
 
