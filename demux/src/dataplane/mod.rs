@@ -182,7 +182,8 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
         _ => None,
     };
     if let Some(p) = &peers {
-        p.hand_over_to(shared.clone(), a.max_instances);
+        // The peer thread's ring of each worker comes after the shards' (registry::hello).
+        p.hand_over_to(shared.clone(), a.max_instances, counters.len());
     }
     let mut reg = registry::Registry::new(registry::RegistryConfig {
         keys: keyset,

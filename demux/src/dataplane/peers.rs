@@ -261,9 +261,11 @@ impl Peers {
     }
 
     /// From now on, accepted datagrams whose owner is live in `shared` go straight to
-    /// its data connection. `max_instances`: the size of the counter slots.
-    pub fn hand_over_to(&self, shared: crate::dataplane::snapshot::Shared, max_instances: usize) {
-        let _ = self.handoff.set(Handoff { shared, counters: ShardCounters::new(max_instances) });
+    /// it: into its ring number `ring` (the registry gives each worker one ring per
+    /// shard, numbered from 0, and then this thread's), else on its data connection.
+    /// `max_instances`: the size of the counter slots.
+    pub fn hand_over_to(&self, shared: crate::dataplane::snapshot::Shared, max_instances: usize, ring: usize) {
+        let _ = self.handoff.set(Handoff { shared, counters: ShardCounters::new(max_instances), ring });
     }
 
     /// Stops the receiving thread and waits for it (tests: a data-plane restart in
@@ -486,9 +488,9 @@ impl Peers {
                     continue;
                 }
             }
-            if self.handoff.get().is_some() && fwd.is_none() {
-                // No ring of any shard: frames go on the data connection.
-                fwd = Some(Forwarder::new(usize::MAX));
+            if let (Some(h), None) = (self.handoff.get(), &fwd) {
+                // This thread's ring of each worker, or its data connection.
+                fwd = Some(Forwarder::new(h.ring));
             }
             let handoff = self.handoff.get().zip(fwd.as_mut());
             let snap = handoff.as_ref().map(|(h, _)| h.shared.load());
@@ -675,6 +677,8 @@ impl Peers {
 struct Handoff {
     shared: crate::dataplane::snapshot::Shared,
     counters: ShardCounters,
+    /// Which of each worker's rings is this thread's.
+    ring: usize,
 }
 
 /// One receive batch's hand-over: the snapshot it routes with (the same until its
@@ -1083,7 +1087,7 @@ mod tests {
         let (sink, local) = served_sink();
         let mut a = scripted(2, &keys.forwarding);
         let b = Real::start(1, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], vec![local]);
-        b.peers.hand_over_to(shared, 16);
+        b.peers.hand_over_to(shared, 16, 0);
         a.handshake(1, b.addr, Duration::from_secs(5));
         let short = |id: ServerId| {
             let mut d = vec![0x40];
@@ -1222,6 +1226,56 @@ mod tests {
             let (n, from) = sink.recv_from(&mut buf).unwrap();
             assert_eq!((&buf[..n], from), (&[b'a' + k; 100][..], client()));
         }
+        b.peers.shutdown();
+    }
+
+    /// With rings, an accepted datagram goes into its owner's ring that is this
+    /// thread's (the one after the shards'), not a shard's ring and not the data
+    /// connection, with the client's and the local address.
+    #[test]
+    fn a_datagram_for_a_live_owner_goes_into_the_peer_threads_ring() {
+        use crate::dataplane::ring::Producer;
+        use crate::dataplane::snapshot::{DataConn, Snapshot};
+        use proto::route::{InstanceInfo, Table};
+        if !can_inject() {
+            return;
+        }
+        let keys = cluster_keys();
+        let ks = keys.key_set().unwrap();
+        let owner = ServerId(1 << 14);
+        let (ours, worker_end) = sys::seqpacket::pair().unwrap();
+        let table =
+            Table::new(ks.clone(), keys.rendezvous_key, &[InstanceInfo { server_id: owner, placeable: true }]).unwrap();
+        let (shard_ring, peer_ring) = (Producer::create(1 << 18).unwrap(), Producer::create(1 << 18).unwrap());
+        let open = |p: &Producer| {
+            let [m, e] = p.fds();
+            worker::ring::Consumer::open(m.try_clone_to_owned().unwrap(), e.try_clone_to_owned().unwrap(), p.capacity())
+                .unwrap()
+        };
+        let (shard_rx, peer_rx) = (open(&shard_ring), open(&peer_ring));
+        let conn = Arc::new(DataConn { fd: ours, server_id: owner.0, slot: 0, rings: vec![shard_ring, peer_ring] });
+        let snap = Snapshot { table, conns: vec![conn], pressure: Vec::new(), version: 1, awaited: Default::default() };
+        let shared = Arc::new(arc_swap::ArcSwap::from_pointee(snap));
+        let (_sink, local) = served_sink();
+        let mut a = scripted(2, &keys.forwarding);
+        let b = Real::start(1, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], vec![local]);
+        b.peers.hand_over_to(shared, 16, 1);
+        a.handshake(1, b.addr, Duration::from_secs(5));
+        let d = short_for(&ks, 1, 4);
+        a.data(1, b.addr, client(), local, &d);
+        wait("counted", Duration::from_secs(5), || b.count(|c| &c.handed_over) == 1);
+        let mut payload = vec![0u8; 2048];
+        match peer_rx.pop_frame(&mut payload).unwrap() {
+            Some(worker::ring::Popped::Frame { meta, len }) => {
+                assert_eq!((meta.client, meta.local, &payload[..len]), (client(), Some(local), &d[..]));
+            }
+            other => panic!("the peer thread's ring holds {other:?}"),
+        }
+        assert!(shard_rx.is_empty(), "the shard's ring is not the peer thread's");
+        let worker_end = std::os::unix::net::UnixDatagram::from(worker_end);
+        worker_end.set_nonblocking(true).unwrap();
+        let mut rec = [0u8; 64];
+        assert!(worker_end.recv(&mut rec).is_err(), "nothing on the data connection");
         b.peers.shutdown();
     }
 
