@@ -31,6 +31,9 @@ const PEER_PORT: u16 = 4434;
 
 struct Run {
     received: u64,
+    /// How long the sender took to send the run's datagrams (longer than asked when
+    /// it cannot keep the pace).
+    send_s: f64,
     cpu_host1_s: f64,
     cpu_host2_s: f64,
 }
@@ -141,8 +144,8 @@ fn run_once(o: &ForwardArgs, to_host: u16) -> Result<Run> {
     let (p1, p2) = (h1.child.id(), h2.child.id());
     let (c1, c2) = (stat_cpu_s(p1), stat_cpu_s(p2));
     let f0 = frames.load(Ordering::Relaxed);
-    std::thread::scope(|sc| {
-        sc.spawn(|| -> Result<()> {
+    let send_s = std::thread::scope(|sc| {
+        sc.spawn(|| -> Result<f64> {
             pin(o.load_core);
             enter(&sender_ns)?;
             let sock = UdpSocket::bind("127.0.0.1:0").context("sender socket")?;
@@ -156,7 +159,7 @@ fn run_once(o: &ForwardArgs, to_host: u16) -> Result<Run> {
                 }
                 let _ = sock.send(&payload);
             }
-            Ok(())
+            Ok(start.elapsed().as_secs_f64())
         })
         .join()
         .map_err(|_| anyhow::anyhow!("the sender panicked"))?
@@ -164,6 +167,7 @@ fn run_once(o: &ForwardArgs, to_host: u16) -> Result<Run> {
     std::thread::sleep(crate::load::SETTLE);
     let run = Run {
         received: frames.load(Ordering::Relaxed) - f0,
+        send_s,
         cpu_host1_s: stat_cpu_s(p1) - c1,
         cpu_host2_s: stat_cpu_s(p2) - c2,
     };
@@ -189,25 +193,32 @@ pub fn main(o: ForwardArgs) -> Result<()> {
         let per = |cpu: f64, n: u64| cpu * 1e6 / n.max(1) as f64;
         let d2 = per(direct.cpu_host2_s, direct.received);
         let (f1, f2) = (per(fwd.cpu_host1_s, fwd.received), per(fwd.cpu_host2_s, fwd.received));
+        // Received per second of sending: the sink's rate while the load lasted.
+        let rate = |r: &Run| r.received as f64 / r.send_s.max(1e-9);
         println!(
-            "rep {rep}: direct: host 2 {d2:.2} µs/datagram ({} received) | forwarded: host 1 {f1:.2} + host 2 {f2:.2} µs/datagram ({} received) | forward's extra CPU {:.2} µs/datagram",
+            "rep {rep}: direct: host 2 {d2:.2} µs/datagram ({} received, {:.0}/s) | forwarded: host 1 {f1:.2} + host 2 {f2:.2} µs/datagram ({} received, {:.0}/s over {:.2} s of sending) | forward's extra CPU {:.2} µs/datagram",
             direct.received,
+            rate(&direct),
             fwd.received,
+            rate(&fwd),
+            fwd.send_s,
             f1 + f2 - d2
         );
-        rows.push((d2, f1, f2));
+        rows.push((d2, f1, f2, rate(&fwd)));
     }
-    let med = |f: &dyn Fn(&(f64, f64, f64)) -> f64| crate::report::median(rows.iter().map(f).collect());
+    let med = |f: &dyn Fn(&(f64, f64, f64, f64)) -> f64| crate::report::median(rows.iter().map(f).collect());
     println!(
         "median of {} reps at {} datagrams/s for {} s (1200-byte short headers; CPU from /proc/PID/stat, 10 ms ticks): \
-         direct host 2 {:.2} µs; forwarded host 1 {:.2} µs + host 2 {:.2} µs; extra {:.2} µs per datagram",
+         direct host 2 {:.2} µs; forwarded host 1 {:.2} µs + host 2 {:.2} µs; extra {:.2} µs per datagram; \
+         forwarded datagrams received {:.0}/s",
         o.reps,
         o.rate,
         o.seconds,
         med(&|r| r.0),
         med(&|r| r.1),
         med(&|r| r.2),
-        med(&|r| r.1 + r.2 - r.0)
+        med(&|r| r.1 + r.2 - r.0),
+        med(&|r| r.3)
     );
     Ok(())
 }
