@@ -171,8 +171,25 @@ fn run_once(o: &ForwardArgs, to_host: u16) -> Result<Run> {
         cpu_host1_s: stat_cpu_s(p1) - c1,
         cpu_host2_s: stat_cpu_s(p2) - c2,
     };
-    if to_host == 1 && g(&status(&h1)?, "/peers/forwarded") == 0 {
-        bail!("host 1 forwarded nothing: {}", status(&h1)?["peers"]);
+    if to_host == 1 {
+        let (s1, s2) = (status(&h1)?, status(&h2)?);
+        if g(&s1, "/peers/forwarded") == 0 {
+            bail!("host 1 forwarded nothing: {}", s1["peers"]);
+        }
+        // Where the datagrams went: what was lost before host 1's shard read it, what
+        // host 1 sent (and in how many GSO trains), what host 2 accepted (read in how
+        // many GRO trains) and handed over.
+        println!(
+            "  host 1: socket drops {}, forwarded {} in {} trains, errors {} | host 2: received {} in {} trains, handed over {} (dropped {})",
+            g(&s1, "/socket_drops"),
+            g(&s1, "/peers/forwarded"),
+            g(&s1, "/peers/trains_sent"),
+            g(&s1, "/peers/forward_errors"),
+            g(&s2, "/peers/received"),
+            g(&s2, "/peers/trains_received"),
+            g(&s2, "/peers/handed_over"),
+            g(&s2, "/peers/handed_over_dropped"),
+        );
     }
     stop.store(true, Ordering::Relaxed);
     drop((h1, h2));
