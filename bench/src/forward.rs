@@ -38,6 +38,15 @@ struct Run {
     cpu_host2_s: f64,
 }
 
+/// One repetition's figures: CPU µs per datagram received (the direct run's host 2,
+/// the forwarded run's hosts 1 and 2) and the forwarded run's received rate.
+struct Row {
+    direct: f64,
+    host1: f64,
+    host2: f64,
+    rate: f64,
+}
+
 const ANYCAST: &str = "198.19.9.9:4433";
 
 /// Runs `ip args…` (in `ns` when given).
@@ -221,9 +230,9 @@ pub fn main(o: ForwardArgs) -> Result<()> {
             fwd.send_s,
             f1 + f2 - d2
         );
-        rows.push((d2, f1, f2, rate(&fwd)));
+        rows.push(Row { direct: d2, host1: f1, host2: f2, rate: rate(&fwd) });
     }
-    let med = |f: &dyn Fn(&(f64, f64, f64, f64)) -> f64| crate::report::median(rows.iter().map(f).collect());
+    let med = |f: &dyn Fn(&Row) -> f64| crate::report::median(rows.iter().map(f).collect());
     println!(
         "median of {} reps at {} datagrams/s for {} s (1200-byte short headers; CPU from /proc/PID/stat, 10 ms ticks): \
          direct host 2 {:.2} µs; forwarded host 1 {:.2} µs + host 2 {:.2} µs; extra {:.2} µs per datagram; \
@@ -231,11 +240,11 @@ pub fn main(o: ForwardArgs) -> Result<()> {
         o.reps,
         o.rate,
         o.seconds,
-        med(&|r| r.0),
-        med(&|r| r.1),
-        med(&|r| r.2),
-        med(&|r| r.1 + r.2 - r.0),
-        med(&|r| r.3)
+        med(&|r| r.direct),
+        med(&|r| r.host1),
+        med(&|r| r.host2),
+        med(&|r| r.host1 + r.host2 - r.direct),
+        med(&|r| r.rate)
     );
     Ok(())
 }
