@@ -37,14 +37,15 @@ pub struct Train {
 /// trains the kernel splits back into exactly these frames: every frame of a train
 /// but the last has the train's segment size, the last is at most that (udp(7)
 /// UDP_SEGMENT), at most `max_segments` frames and `max_bytes` bytes a train. A
-/// frame too long to be a segment (≥ 2^16) goes alone.
-pub fn plan(lens: &[usize], max_segments: usize, max_bytes: usize, out: &mut Vec<Train>) {
+/// frame too long to be a segment (≥ 2^16, or ≥ `segment_below`: the kernel refused
+/// trains of such frames) goes alone.
+pub fn plan(lens: &[usize], max_segments: usize, max_bytes: usize, segment_below: usize, out: &mut Vec<Train>) {
     out.clear();
     let (mut i, mut offset) = (0, 0);
     while i < lens.len() {
         let size = lens[i];
         let (mut frames, mut bytes) = (1, size);
-        if size > 0 && size <= usize::from(u16::MAX) {
+        if size > 0 && size <= usize::from(u16::MAX) && size < segment_below {
             while let Some(&next) = lens.get(i + frames) {
                 // A shorter frame ends the train (only the last may be shorter).
                 if frames >= max_segments || bytes + next > max_bytes || next > size || next == 0 {
@@ -154,11 +155,11 @@ mod tests {
     #[test]
     fn equal_frames_go_in_trains_of_at_most_max_segments() {
         let mut out = Vec::new();
-        plan(&[1300; 130], 64, 65_000, &mut out);
+        plan(&[1300; 130], 64, 65_000, usize::MAX, &mut out);
         let shape: Vec<(usize, usize, Option<u16>)> = out.iter().map(|t| (t.first, t.frames, t.segment)).collect();
         // 50 × 1300 = 65 000 bytes fills a train before 64 segments do.
         assert_eq!(shape, vec![(0, 50, Some(1300)), (50, 50, Some(1300)), (100, 30, Some(1300))]);
-        plan(&[100; 70], 64, 65_000, &mut out);
+        plan(&[100; 70], 64, 65_000, usize::MAX, &mut out);
         let shape: Vec<(usize, usize)> = out.iter().map(|t| (t.first, t.frames)).collect();
         assert_eq!(shape, vec![(0, 64), (64, 6)]);
     }
@@ -166,7 +167,7 @@ mod tests {
     #[test]
     fn a_shorter_frame_ends_a_train_and_a_longer_one_starts_one() {
         let mut out = Vec::new();
-        plan(&[1300, 1300, 900, 1300, 1400, 1400, 7], 64, 65_000, &mut out);
+        plan(&[1300, 1300, 900, 1300, 1400, 1400, 7], 64, 65_000, usize::MAX, &mut out);
         let shape: Vec<(usize, usize, usize, Option<u16>)> =
             out.iter().map(|t| (t.first, t.frames, t.offset, t.segment)).collect();
         assert_eq!(
@@ -174,10 +175,14 @@ mod tests {
             vec![(0, 3, 0, Some(1300)), (3, 1, 3500, None), (4, 3, 4800, Some(1400))],
             "the 900 closes the first train; 1300 then 1400: a longer frame cannot follow"
         );
-        plan(&[], 64, 65_000, &mut out);
+        plan(&[], 64, 65_000, usize::MAX, &mut out);
         assert!(out.is_empty());
-        plan(&[70_000, 10], 64, 65_000, &mut out);
+        plan(&[70_000, 10], 64, 65_000, usize::MAX, &mut out);
         assert_eq!(out.iter().map(|t| t.segment).collect::<Vec<_>>(), vec![None, None], "too long for a segment");
+        // Trains of 1300-byte frames were refused: those go alone, smaller ones still in trains.
+        plan(&[1300, 1300, 1299, 1299, 1299], 64, 65_000, 1300, &mut out);
+        let shape: Vec<(usize, Option<u16>)> = out.iter().map(|t| (t.frames, t.segment)).collect();
+        assert_eq!(shape, vec![(1, None), (1, None), (3, Some(1299))]);
     }
 
     proptest! {
@@ -188,9 +193,10 @@ mod tests {
             lens in proptest::collection::vec(prop_oneof![1usize..40, Just(1300usize), Just(1200usize)], 0..300),
             max_segments in 1usize..70,
             max_bytes in 1usize..70_000,
+            segment_below in prop_oneof![Just(usize::MAX), 1usize..1400],
         ) {
             let mut out = Vec::new();
-            plan(&lens, max_segments, max_bytes, &mut out);
+            plan(&lens, max_segments, max_bytes, segment_below, &mut out);
             let mut back = Vec::new();
             let (mut first, mut offset) = (0, 0);
             for t in &out {
@@ -198,6 +204,7 @@ mod tests {
                 prop_assert_eq!(t.bytes, lens[t.first..t.first + t.frames].iter().sum::<usize>());
                 if t.frames > 1 {
                     prop_assert!(t.frames <= max_segments && t.bytes <= max_bytes);
+                    prop_assert!(usize::from(t.segment.unwrap()) < segment_below);
                 }
                 back.extend(split(t));
                 first += t.frames;

@@ -43,7 +43,7 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use sys::mmsg::{RecvMmsg, SendMeta};
@@ -183,8 +183,9 @@ pub struct Peers {
     handoff: std::sync::OnceLock<Handoff>,
     stop: AtomicBool,
     receiver: Mutex<Option<std::thread::JoinHandle<()>>>,
-    /// Set when the kernel refused a GSO train: frames go one by one.
-    gso_off: AtomicBool,
+    /// The smallest segment size of a GSO train the kernel refused (`usize::MAX`:
+    /// none): frames of that size or more go one by one.
+    gso_refused_at: AtomicUsize,
     pub counters: PeerCounters,
 }
 
@@ -238,7 +239,7 @@ impl Peers {
             handoff: std::sync::OnceLock::new(),
             stop: AtomicBool::new(false),
             receiver: Mutex::new(None),
-            gso_off: AtomicBool::new(false),
+            gso_refused_at: AtomicUsize::new(usize::MAX),
             counters: PeerCounters::default(),
         });
         let raw = sys::raw::RawIpv4::open().context("a raw IPv4 socket for forwarded datagrams (needs CAP_NET_RAW)")?;
@@ -346,20 +347,17 @@ impl Peers {
 
     /// Sends the frames sealed into `out`: one sendmmsg per peer, equal-sized frames
     /// in GSO trains (crate::dataplane::peer_out). A train the kernel refuses as such
-    /// (EINVAL or EIO: a segment over the path's MTU, a device without checksum
-    /// offload) goes again frame by frame, and GSO stays off from then on.
+    /// (EMSGSIZE, EINVAL: a segment over the path's MTU; EIO: a device without
+    /// checksum offload) goes again frame by frame, and so do, from then on, frames of its
+    /// segment size or more.
     pub fn flush(&self, out: &mut PeerOut) {
         if out.is_empty() {
             return;
         }
-        let gso = !self.gso_off.load(Relaxed);
+        let segment_below = self.gso_refused_at.load(Relaxed);
         let PeerOut { dests, used, send, trains, .. } = out;
         for d in &dests[..*used] {
-            if gso {
-                peer_out::plan(&d.lens, peer_out::MAX_SEGMENTS, peer_out::MAX_TRAIN_BYTES, trains);
-            } else {
-                peer_out::plan(&d.lens, 1, 0, trains);
-            }
+            peer_out::plan(&d.lens, peer_out::MAX_SEGMENTS, peer_out::MAX_TRAIN_BYTES, segment_below, trains);
             let mut batch = send.batch();
             for t in trains.iter() {
                 let meta = SendMeta { to: Some(&d.to), source: None, segment_size: t.segment };
@@ -367,7 +365,8 @@ impl Peers {
             }
             let (mut next, mut sent, mut failed) = (0, 0u64, 0u64);
             while next < trains.len() {
-                match batch.send_from(&self.socket, next, 0) {
+                // Never blocks the shard: a full socket buffer loses the frames (counted).
+                match batch.send_from(&self.socket, next, libc::MSG_DONTWAIT) {
                     Ok(0) => break,
                     Ok(k) => {
                         let went = &trains[next..next + k];
@@ -378,15 +377,23 @@ impl Peers {
                     }
                     Err(e) => {
                         let t = trains[next];
-                        let refused_gso =
-                            t.segment.is_some() && matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EIO));
-                        if refused_gso {
-                            if !self.gso_off.swap(true, Relaxed) {
-                                tracing::warn!(error = %e, "UDP GSO refused towards a peer: frames go one by one from now on");
+                        let refused_gso = matches!(e.raw_os_error(), Some(libc::EMSGSIZE | libc::EINVAL | libc::EIO));
+                        if let (true, Some(size)) = (refused_gso, t.segment) {
+                            let size = usize::from(size);
+                            if self.gso_refused_at.fetch_min(size, Relaxed) > size {
+                                tracing::warn!(
+                                    error = %e, frame_bytes = size,
+                                    "UDP GSO refused towards a peer: frames of this size or more go one by one"
+                                );
                             }
                             let mut off = t.offset;
                             for &len in &d.lens[t.first..t.first + t.frames] {
-                                match self.socket.send_to(&d.bytes[off..off + len], d.addr) {
+                                let frame = &d.bytes[off..off + len];
+                                match socket2::SockRef::from(&self.socket).send_to_with_flags(
+                                    frame,
+                                    &d.to,
+                                    libc::MSG_DONTWAIT,
+                                ) {
                                     Ok(_) => sent += 1,
                                     Err(_) => failed += 1,
                                 }
@@ -784,7 +791,7 @@ mod tests {
     use proto::cid::{Prf, ServerId};
     use proto::host::HostLayout;
     use proto::keyfile::KeyFile;
-    use proto::peer::{Body, FrameKeys, Me};
+    use proto::peer::{Body, Frame, FrameKeys, Me};
     use std::collections::HashMap;
     use std::net::{SocketAddr, UdpSocket};
     use std::sync::atomic::Ordering::Relaxed;
@@ -1277,6 +1284,72 @@ mod tests {
         let mut rec = [0u8; 64];
         assert!(worker_end.recv(&mut rec).is_err(), "nothing on the data connection");
         b.peers.shutdown();
+    }
+
+    /// Between two network namespaces whose veth has an MTU of 1280, a train of
+    /// frames too long for it (1300-byte datagrams) is refused by the kernel and sent
+    /// again frame by frame (IP fragments): nothing lost, nothing counted an error.
+    /// Trains of shorter frames still go as trains; longer ones go alone from then on.
+    #[test]
+    fn a_train_the_path_refuses_goes_frame_by_frame() {
+        use testkit::netns::{in_netns, ip, VethPair};
+        if !can_inject() || !testkit::netns::can_build() {
+            return;
+        }
+        let keys = cluster_keys();
+        let ks = keys.key_set().unwrap();
+        let pair = VethPair::new("peermtu");
+        for (ns, dev) in [(&pair.a, pair.a_dev), (&pair.b, pair.b_dev)] {
+            ip(Some(ns), &["link", "set", dev, "mtu", "1280"]);
+        }
+        let (a_addr, b_addr) = (pair.a_addr, pair.b_addr);
+        let sock = in_netns(&pair.b, move || UdpSocket::bind((b_addr, 0)).unwrap());
+        let mut p2 = Scripted::new(sock, Me { host: 2, epoch: 0x2222_0001 }, &keys.forwarding);
+        let (k, peer) = (keys.clone(), p2.addr());
+        let a = in_netns(&pair.a, move || Real::start(1, &k, SocketAddr::new(a_addr.into(), 0), &[(2, peer)], vec![]));
+        p2.handshake(1, a.addr, Duration::from_secs(5));
+        let local: SocketAddr = "198.19.9.9:443".parse().unwrap();
+        let batch = |len: usize, k: u8| {
+            let mut out = PeerOut::new();
+            let sent: Vec<Vec<u8>> = (0..3)
+                .map(|i| {
+                    let mut d = short_for(&ks, 2, k + i);
+                    d.resize(len, k + i);
+                    assert!(a.peers.forward(&mut out, &ks, &d, client(), local));
+                    d
+                })
+                .collect();
+            a.peers.flush(&mut out);
+            sent
+        };
+        let mut got = Vec::new();
+        let receive = |n: usize, got: &mut Vec<Vec<u8>>| {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let mut buf = vec![0u8; 65_535];
+            while got.len() < n {
+                assert!(Instant::now() < deadline, "only {} of {n} frames arrived", got.len());
+                let Ok((len, _)) = p2.sock.recv_from(&mut buf) else { continue };
+                if let Ok(Frame { body: Body::Data { datagram, .. }, .. }) = proto::peer::open(&p2.keys, &buf[..len]) {
+                    got.push(datagram.to_vec());
+                }
+            }
+        };
+        let long = batch(1300, 10);
+        receive(3, &mut got);
+        assert_eq!(got, long, "every frame of the refused train arrived, in order");
+        // An IPv4 data frame: header, two 7-byte addresses, the datagram, the tag.
+        let long_frame = proto::peer::HEADER_LEN + 2 * 7 + 1300 + proto::peer::TAG_LEN;
+        assert_eq!(a.peers.gso_refused_at.load(Relaxed), long_frame, "trains of such frames are not tried again");
+        assert_eq!((a.count(|c| &c.forwarded), a.count(|c| &c.forward_errors), a.count(|c| &c.trains_sent)), (3, 0, 0));
+        let short = batch(1000, 20);
+        receive(6, &mut got);
+        assert_eq!(&got[3..], &short[..]);
+        assert_eq!(a.count(|c| &c.trains_sent), 1, "shorter frames still go as a train");
+        let long_again = batch(1300, 30);
+        receive(9, &mut got);
+        assert_eq!(&got[6..], &long_again[..]);
+        assert_eq!((a.count(|c| &c.forwarded), a.count(|c| &c.trains_sent)), (9, 1), "long frames now go alone");
+        a.peers.shutdown();
     }
 
     /// An authenticated frame from a listed peer whose client and local addresses
