@@ -31,8 +31,20 @@ const PEER_PORT: u16 = 4434;
 
 struct Run {
     received: u64,
+    /// How long the sender took to send the run's datagrams (longer than asked when
+    /// it cannot keep the pace).
+    send_s: f64,
     cpu_host1_s: f64,
     cpu_host2_s: f64,
+}
+
+/// One repetition's figures: CPU µs per datagram received (the direct run's host 2,
+/// the forwarded run's hosts 1 and 2) and the forwarded run's received rate.
+struct Row {
+    direct: f64,
+    host1: f64,
+    host2: f64,
+    rate: f64,
 }
 
 const ANYCAST: &str = "198.19.9.9:4433";
@@ -141,8 +153,8 @@ fn run_once(o: &ForwardArgs, to_host: u16) -> Result<Run> {
     let (p1, p2) = (h1.child.id(), h2.child.id());
     let (c1, c2) = (stat_cpu_s(p1), stat_cpu_s(p2));
     let f0 = frames.load(Ordering::Relaxed);
-    std::thread::scope(|sc| {
-        sc.spawn(|| -> Result<()> {
+    let send_s = std::thread::scope(|sc| {
+        sc.spawn(|| -> Result<f64> {
             pin(o.load_core);
             enter(&sender_ns)?;
             let sock = UdpSocket::bind("127.0.0.1:0").context("sender socket")?;
@@ -156,7 +168,7 @@ fn run_once(o: &ForwardArgs, to_host: u16) -> Result<Run> {
                 }
                 let _ = sock.send(&payload);
             }
-            Ok(())
+            Ok(start.elapsed().as_secs_f64())
         })
         .join()
         .map_err(|_| anyhow::anyhow!("the sender panicked"))?
@@ -164,11 +176,29 @@ fn run_once(o: &ForwardArgs, to_host: u16) -> Result<Run> {
     std::thread::sleep(crate::load::SETTLE);
     let run = Run {
         received: frames.load(Ordering::Relaxed) - f0,
+        send_s,
         cpu_host1_s: stat_cpu_s(p1) - c1,
         cpu_host2_s: stat_cpu_s(p2) - c2,
     };
-    if to_host == 1 && g(&status(&h1)?, "/peers/forwarded") == 0 {
-        bail!("host 1 forwarded nothing: {}", status(&h1)?["peers"]);
+    if to_host == 1 {
+        let (s1, s2) = (status(&h1)?, status(&h2)?);
+        if g(&s1, "/peers/forwarded") == 0 {
+            bail!("host 1 forwarded nothing: {}", s1["peers"]);
+        }
+        // Where the datagrams went: what was lost before host 1's shard read it, what
+        // host 1 sent (and in how many GSO trains), what host 2 accepted (read in how
+        // many GRO trains) and handed over.
+        println!(
+            "  host 1: socket drops {}, forwarded {} in {} trains, errors {} | host 2: received {} in {} trains, handed over {} (dropped {})",
+            g(&s1, "/socket_drops"),
+            g(&s1, "/peers/forwarded"),
+            g(&s1, "/peers/trains_sent"),
+            g(&s1, "/peers/forward_errors"),
+            g(&s2, "/peers/received"),
+            g(&s2, "/peers/trains_received"),
+            g(&s2, "/peers/handed_over"),
+            g(&s2, "/peers/handed_over_dropped"),
+        );
     }
     stop.store(true, Ordering::Relaxed);
     drop((h1, h2));
@@ -189,25 +219,32 @@ pub fn main(o: ForwardArgs) -> Result<()> {
         let per = |cpu: f64, n: u64| cpu * 1e6 / n.max(1) as f64;
         let d2 = per(direct.cpu_host2_s, direct.received);
         let (f1, f2) = (per(fwd.cpu_host1_s, fwd.received), per(fwd.cpu_host2_s, fwd.received));
+        // Received per second of sending: the sink's rate while the load lasted.
+        let rate = |r: &Run| r.received as f64 / r.send_s.max(1e-9);
         println!(
-            "rep {rep}: direct: host 2 {d2:.2} µs/datagram ({} received) | forwarded: host 1 {f1:.2} + host 2 {f2:.2} µs/datagram ({} received) | forward's extra CPU {:.2} µs/datagram",
+            "rep {rep}: direct: host 2 {d2:.2} µs/datagram ({} received, {:.0}/s) | forwarded: host 1 {f1:.2} + host 2 {f2:.2} µs/datagram ({} received, {:.0}/s over {:.2} s of sending) | forward's extra CPU {:.2} µs/datagram",
             direct.received,
+            rate(&direct),
             fwd.received,
+            rate(&fwd),
+            fwd.send_s,
             f1 + f2 - d2
         );
-        rows.push((d2, f1, f2));
+        rows.push(Row { direct: d2, host1: f1, host2: f2, rate: rate(&fwd) });
     }
-    let med = |f: &dyn Fn(&(f64, f64, f64)) -> f64| crate::report::median(rows.iter().map(f).collect());
+    let med = |f: &dyn Fn(&Row) -> f64| crate::report::median(rows.iter().map(f).collect());
     println!(
         "median of {} reps at {} datagrams/s for {} s (1200-byte short headers; CPU from /proc/PID/stat, 10 ms ticks): \
-         direct host 2 {:.2} µs; forwarded host 1 {:.2} µs + host 2 {:.2} µs; extra {:.2} µs per datagram",
+         direct host 2 {:.2} µs; forwarded host 1 {:.2} µs + host 2 {:.2} µs; extra {:.2} µs per datagram; \
+         forwarded datagrams received {:.0}/s",
         o.reps,
         o.rate,
         o.seconds,
-        med(&|r| r.0),
-        med(&|r| r.1),
-        med(&|r| r.2),
-        med(&|r| r.1 + r.2 - r.0)
+        med(&|r| r.direct),
+        med(&|r| r.host1),
+        med(&|r| r.host2),
+        med(&|r| r.host1 + r.host2 - r.direct),
+        med(&|r| r.rate)
     );
     Ok(())
 }

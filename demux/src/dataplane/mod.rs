@@ -12,6 +12,7 @@ pub mod handshakes;
 pub mod io_uring_backend;
 pub mod limits;
 pub mod mmsg_backend;
+pub mod peer_out;
 pub mod peers;
 pub mod pressure;
 pub mod registry;
@@ -181,7 +182,8 @@ pub fn run(a: DataPlaneArgs) -> Result<()> {
         _ => None,
     };
     if let Some(p) = &peers {
-        p.hand_over_to(shared.clone(), a.max_instances);
+        // The peer thread's ring of each worker comes after the shards' (registry::hello).
+        p.hand_over_to(shared.clone(), a.max_instances, counters.len());
     }
     let mut reg = registry::Registry::new(registry::RegistryConfig {
         keys: keyset,

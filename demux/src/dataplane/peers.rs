@@ -30,8 +30,10 @@
 //! are counted `inject_errors`, as are frames whose client and local addresses are of
 //! different families.
 
+use crate::dataplane::cmsg;
 use crate::dataplane::counters::ShardCounters;
 use crate::dataplane::forward::Forwarder;
+use crate::dataplane::peer_out::{self, PeerOut};
 use crate::dataplane::snapshot::Snapshot;
 use proto::cid::KeySet;
 use proto::host::HostLayout;
@@ -41,9 +43,10 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use sys::mmsg::{RecvMmsg, SendMeta};
 
 /// How often a host tells each peer it is alive.
 pub const HEARTBEAT: Duration = Duration::from_millis(250);
@@ -51,6 +54,14 @@ pub const HEARTBEAT: Duration = Duration::from_millis(250);
 pub const PEER_DEAD: Duration = Duration::from_secs(1);
 /// How often the peers file is checked for changes.
 pub const PEERS_FILE_CHECK: Duration = Duration::from_secs(1);
+/// The peer socket's receive and send buffers (bytes; forced past rmem_max and
+/// wmem_max when the data plane may).
+const PEER_SOCKET_BUFFER: usize = 8 << 20;
+/// Messages per recvmmsg on the peer socket, each up to a whole GRO train.
+const RECV_BATCH: usize = 32;
+const RECV_BUF: usize = 65_535;
+/// Room for UDP_GRO's segment size, with its header.
+const RECV_CONTROL: usize = 64;
 /// Host ids are below this (ADR 0005: at most 8 host bits).
 const HOSTS: usize = 1 << proto::host::MAX_HOST_BITS;
 
@@ -59,7 +70,11 @@ const HOSTS: usize = 1 << proto::host::MAX_HOST_BITS;
 pub struct PeerCounters {
     pub forwarded: AtomicU64,
     pub forward_errors: AtomicU64,
+    /// GSO sends of more than one frame (crate::dataplane::peer_out).
+    pub trains_sent: AtomicU64,
     pub received: AtomicU64,
+    /// Reads of more than one frame at once (UDP_GRO trains).
+    pub trains_received: AtomicU64,
     /// Handed to the owning worker's data connection (its drops: `handed_over_dropped`).
     pub handed_over: AtomicU64,
     pub injected: AtomicU64,
@@ -168,6 +183,9 @@ pub struct Peers {
     handoff: std::sync::OnceLock<Handoff>,
     stop: AtomicBool,
     receiver: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The smallest segment size of a GSO train the kernel refused (`usize::MAX`:
+    /// none): frames of that size or more go one by one.
+    gso_refused_at: AtomicUsize,
     pub counters: PeerCounters,
 }
 
@@ -194,8 +212,16 @@ impl Peers {
         serves: Vec<SocketAddr>,
     ) -> anyhow::Result<Arc<Peers>> {
         use anyhow::Context;
+        use std::os::fd::AsRawFd;
         let table = read_table(&file)?;
         let socket = UdpSocket::bind(listen).with_context(|| format!("--peer-listen {listen}"))?;
+        // GSO trains of frames arrive whole (udp(7) UDP_GRO; without it the kernel
+        // splits them before the socket), read with recvmmsg.
+        if let Err(e) = sys::sockopt::setsockopt_int(socket.as_raw_fd(), libc::SOL_UDP, libc::UDP_GRO, 1) {
+            tracing::warn!(error = %e, "no UDP_GRO on the peer socket: frames are read one by one");
+        }
+        sys::sockopt::set_recv_buffer(&socket, PEER_SOCKET_BUFFER);
+        sys::sockopt::set_send_buffer(&socket, PEER_SOCKET_BUFFER);
         let p = Arc::new(Peers {
             layout,
             me: Me { host: layout.host(), epoch: draw_epoch()? },
@@ -213,6 +239,7 @@ impl Peers {
             handoff: std::sync::OnceLock::new(),
             stop: AtomicBool::new(false),
             receiver: Mutex::new(None),
+            gso_refused_at: AtomicUsize::new(usize::MAX),
             counters: PeerCounters::default(),
         });
         let raw = sys::raw::RawIpv4::open().context("a raw IPv4 socket for forwarded datagrams (needs CAP_NET_RAW)")?;
@@ -235,9 +262,11 @@ impl Peers {
     }
 
     /// From now on, accepted datagrams whose owner is live in `shared` go straight to
-    /// its data connection. `max_instances`: the size of the counter slots.
-    pub fn hand_over_to(&self, shared: crate::dataplane::snapshot::Shared, max_instances: usize) {
-        let _ = self.handoff.set(Handoff { shared, counters: ShardCounters::new(max_instances) });
+    /// it: into its ring number `ring` (the registry gives each worker one ring per
+    /// shard, numbered from 0, and then this thread's), else on its data connection.
+    /// `max_instances`: the size of the counter slots.
+    pub fn hand_over_to(&self, shared: crate::dataplane::snapshot::Shared, max_instances: usize, ring: usize) {
+        let _ = self.handoff.set(Handoff { shared, counters: ShardCounters::new(max_instances), ring });
     }
 
     /// Stops the receiving thread and waits for it (tests: a data-plane restart in
@@ -274,8 +303,17 @@ impl Peers {
 
     /// An orphan datagram (its DCID names no live local instance): forwarded when the
     /// DCID decodes to another host's server id with a known, live peer whose epoch
-    /// is learned. `true`: it went.
-    pub fn forward(&self, keys: &KeySet, datagram: &[u8], client: SocketAddr, local: SocketAddr) -> bool {
+    /// is learned. `true`: it was sealed into `out`, sent at the next
+    /// [`Peers::flush`] (a full `out` is flushed first); a frame the kernel then
+    /// refuses is counted `forward_errors`.
+    pub fn forward(
+        &self,
+        out: &mut PeerOut,
+        keys: &KeySet,
+        datagram: &[u8],
+        client: SocketAddr,
+        local: SocketAddr,
+    ) -> bool {
         // A client's Initial or 0-RTT carries a DCID it chose (RFC 9000 §7.2): any
         // host it decodes to is chance. New connections are placed locally.
         if client_chosen_dcid(datagram) {
@@ -293,20 +331,89 @@ impl Peers {
             self.counters.dead_peer.fetch_add(1, Relaxed);
             return false;
         };
+        if out.is_full() {
+            self.flush(out);
+        }
         let body = Body::Data { client, local, datagram };
-        match self.send_frame(to, host, to_epoch, seq, body) {
-            Ok(_) => {
-                self.counters.forwarded.fetch_add(1, Relaxed);
-                if let Some(n) = self.per_host.get(usize::from(host)) {
-                    n.fetch_add(1, Relaxed);
-                }
-                true
+        let header = self.header(host, to_epoch, seq);
+        let keys = self.keys.load();
+        let dest = out.dest(host, to);
+        let start = dest.bytes.len();
+        peer::seal_append(keys.sealing(self.seal_key(host)), &Frame { header, body }, &mut dest.bytes);
+        dest.lens.push(dest.bytes.len() - start);
+        out.frames += 1;
+        true
+    }
+
+    /// Sends the frames sealed into `out`: one sendmmsg per peer, equal-sized frames
+    /// in GSO trains (crate::dataplane::peer_out). A train the kernel refuses as such
+    /// (EMSGSIZE, EINVAL: a segment over the path's MTU; EIO: a device without
+    /// checksum offload) goes again frame by frame, and so do, from then on, frames of its
+    /// segment size or more.
+    pub fn flush(&self, out: &mut PeerOut) {
+        if out.is_empty() {
+            return;
+        }
+        let segment_below = self.gso_refused_at.load(Relaxed);
+        let PeerOut { dests, used, send, trains, .. } = out;
+        for d in &dests[..*used] {
+            peer_out::plan(&d.lens, peer_out::MAX_SEGMENTS, peer_out::MAX_TRAIN_BYTES, segment_below, trains);
+            let mut batch = send.batch();
+            for t in trains.iter() {
+                let meta = SendMeta { to: Some(&d.to), source: None, segment_size: t.segment };
+                batch.push(&[&d.bytes[t.offset..t.offset + t.bytes]], meta);
             }
-            Err(_) => {
-                self.counters.forward_errors.fetch_add(1, Relaxed);
-                false
+            let (mut next, mut sent, mut failed) = (0, 0u64, 0u64);
+            while next < trains.len() {
+                // Never blocks the shard: a full socket buffer loses the frames (counted).
+                match batch.send_from(&self.socket, next, libc::MSG_DONTWAIT) {
+                    Ok(0) => break,
+                    Ok(k) => {
+                        let went = &trains[next..next + k];
+                        sent += went.iter().map(|t| t.frames as u64).sum::<u64>();
+                        let gso = went.iter().filter(|t| t.segment.is_some()).count();
+                        self.counters.trains_sent.fetch_add(gso as u64, Relaxed);
+                        next += k;
+                    }
+                    Err(e) => {
+                        let t = trains[next];
+                        let refused_gso = matches!(e.raw_os_error(), Some(libc::EMSGSIZE | libc::EINVAL | libc::EIO));
+                        if let (true, Some(size)) = (refused_gso, t.segment) {
+                            let size = usize::from(size);
+                            if self.gso_refused_at.fetch_min(size, Relaxed) > size {
+                                tracing::warn!(
+                                    error = %e, frame_bytes = size,
+                                    "UDP GSO refused towards a peer: frames of this size or more go one by one"
+                                );
+                            }
+                            let mut off = t.offset;
+                            for &len in &d.lens[t.first..t.first + t.frames] {
+                                let frame = &d.bytes[off..off + len];
+                                match socket2::SockRef::from(&self.socket).send_to_with_flags(
+                                    frame,
+                                    &d.to,
+                                    libc::MSG_DONTWAIT,
+                                ) {
+                                    Ok(_) => sent += 1,
+                                    Err(_) => failed += 1,
+                                }
+                                off += len;
+                            }
+                        } else {
+                            failed += t.frames as u64;
+                        }
+                        next += 1;
+                    }
+                }
+            }
+            failed += trains[next..].iter().map(|t| t.frames as u64).sum::<u64>();
+            self.counters.forwarded.fetch_add(sent, Relaxed);
+            self.counters.forward_errors.fetch_add(failed, Relaxed);
+            if let Some(n) = self.per_host.get(usize::from(d.host)) {
+                n.fetch_add(sent, Relaxed);
             }
         }
+        out.clear();
     }
 
     fn serves_addr(&self, a: SocketAddr) -> bool {
@@ -318,20 +425,29 @@ impl Peers {
         seen != 0 && self.clock.now_ms().saturating_sub(seen - 1) < PEER_DEAD.as_millis() as u64
     }
 
-    fn send_frame(&self, to: SocketAddr, host: u16, to_epoch: u64, seq: u64, body: Body<'_>) -> std::io::Result<usize> {
-        thread_local! {
-            // One frame buffer per shard thread (and the receiving thread's heartbeats).
-            static FRAME: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(65_536));
-        }
+    /// The header of a frame to `host` (its epoch `to_epoch`) numbered `seq`.
+    fn header(&self, host: u16, to_epoch: u64, seq: u64) -> Header {
         let ack = self.acks.get(usize::from(host)).map_or(0, |a| a.load(Relaxed));
-        let header = Header { from_host: self.me.host, to_host: host, from_epoch: self.me.epoch, to_epoch, seq, ack };
-        let keys = self.keys.load();
-        let used = match self.seal_with.get(usize::from(host)).map(|s| s.load(Relaxed)) {
+        Header { from_host: self.me.host, to_host: host, from_epoch: self.me.epoch, to_epoch, seq, ack }
+    }
+
+    /// Which of our secrets frames to `host` are sealed with.
+    fn seal_key(&self, host: u16) -> KeyUsed {
+        match self.seal_with.get(usize::from(host)).map(|s| s.load(Relaxed)) {
             Some(1) => KeyUsed::Other,
             _ => KeyUsed::Current,
-        };
+        }
+    }
+
+    fn send_frame(&self, to: SocketAddr, host: u16, to_epoch: u64, seq: u64, body: Body<'_>) -> std::io::Result<usize> {
+        thread_local! {
+            // One frame buffer per thread (heartbeats).
+            static FRAME: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(65_536));
+        }
+        let header = self.header(host, to_epoch, seq);
+        let keys = self.keys.load();
         FRAME.with_borrow_mut(|frame| {
-            peer::seal(keys.sealing(used), &Frame { header, body }, frame);
+            peer::seal(keys.sealing(self.seal_key(host)), &Frame { header, body }, frame);
             self.socket.send_to(frame, to)
         })
     }
@@ -344,7 +460,7 @@ impl Peers {
 
     fn receive_loop(&self, mut inject: Injector) {
         let mut sessions: Vec<Session> = (0..HOSTS).map(|_| Session::default()).collect();
-        let mut buf = vec![0u8; 65536];
+        let mut batch = RecvMmsg::new(RECV_BATCH, RECV_BUF).with_names().with_control(RECV_CONTROL);
         let _ = self.socket.set_read_timeout(Some(HEARTBEAT / 2));
         let mut beat = Instant::now() - HEARTBEAT;
         let (mut stamp, mut checked) = (FileStamp::of(&self.file), Instant::now());
@@ -368,21 +484,46 @@ impl Peers {
                 }
                 checked = Instant::now();
             }
-            let (n, from) = match self.socket.recv_from(&mut buf) {
-                Ok(r) => r,
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => continue,
+            // Blocks (up to the read timeout) for the first message, then takes what
+            // else is queued.
+            match batch.recv(&self.socket, libc::MSG_WAITFORONE) {
+                Ok(_) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EINTR)) => continue,
                 Err(e) => {
                     tracing::warn!(error = %e, "peer socket receive failed");
                     std::thread::sleep(std::time::Duration::from_millis(10));
                     continue;
                 }
+            }
+            if let (Some(h), None) = (self.handoff.get(), &fwd) {
+                // This thread's ring of each worker, or its data connection.
+                fwd = Some(Forwarder::new(h.ring));
+            }
+            let handoff = self.handoff.get().zip(fwd.as_mut());
+            let snap = handoff.as_ref().map(|(h, _)| h.shared.load());
+            let mut to_owner = match (handoff, snap.as_deref()) {
+                (Some((h, fwd)), Some(snap)) => Some(HandOver { snap, counters: &h.counters, fwd }),
+                _ => None,
             };
-            if let Some(frame) = self.accept(&mut sessions, &buf[..n], from) {
-                if self.handoff.get().is_some() && fwd.is_none() {
-                    // No ring of any shard: frames go on the data connection.
-                    fwd = Some(Forwarder::new(usize::MAX));
+            for m in batch.iter() {
+                let Some(from) = m.source().filter(|_| !m.truncated() && !m.control_truncated()) else {
+                    self.counters.refused_malformed.fetch_add(1, Relaxed);
+                    continue;
+                };
+                // A GRO train (UDP_GRO) is frames of its segment size, the last
+                // possibly shorter: each is verified and accepted on its own.
+                let stride = cmsg::parse(m.control).gro_size.map_or(m.data.len(), usize::from).max(1);
+                if m.data.len() > stride {
+                    self.counters.trains_received.fetch_add(1, Relaxed);
                 }
-                self.deliver(&frame, &mut inject, fwd.as_mut());
+                for bytes in m.data.chunks(stride) {
+                    if let Some(frame) = self.accept(&mut sessions, bytes, from) {
+                        self.deliver(&frame, &mut inject, to_owner.as_mut());
+                    }
+                }
+            }
+            if let Some(h) = to_owner {
+                h.fwd.flush(h.snap, h.counters);
             }
         }
     }
@@ -445,23 +586,24 @@ impl Peers {
         }
     }
 
-    /// Hands an accepted data frame's datagram to its owner's data connection, or to
-    /// this host's stack.
-    fn deliver(&self, frame: &Frame<'_>, inject: &mut Injector, fwd: Option<&mut Forwarder>) {
+    /// Hands an accepted data frame's datagram to its owner's data connection (queued
+    /// in `to_owner`, sent at the end of the receive batch), or to this host's stack.
+    fn deliver<'b>(&self, frame: &Frame<'b>, inject: &mut Injector, to_owner: Option<&mut HandOver<'_>>) {
         let c = &self.counters;
         let Body::Data { client, local, datagram } = frame.body else { return };
         if !self.serves_addr(local) {
             c.inject_not_served.fetch_add(1, Relaxed);
             return;
         }
-        if let (Some(h), Some(fwd)) = (self.handoff.get(), fwd) {
-            let snap = h.shared.load();
-            if let Some(target) = self.owner(&snap, datagram) {
+        if let Some(h) = to_owner {
+            if let Some(target) = self.owner(h.snap, datagram) {
+                if h.fwd.is_full() {
+                    h.fwd.flush(h.snap, h.counters);
+                }
                 let meta = FrameMeta { client, local: Some(local), ecn: 0, segment_size: None };
-                // SAFETY: `datagram` lies in the receive buffer, which is not written
-                // again before the flush below returns (Forwarder::push's contract).
-                unsafe { fwd.push(&snap, target, &meta, datagram, 1, &h.counters) };
-                fwd.flush(&snap, &h.counters);
+                // SAFETY: `datagram` lies in the receive batch's buffers, which are not
+                // written again before the batch's flush (Forwarder::push's contract).
+                unsafe { h.fwd.push(h.snap, target, &meta, datagram, 1, h.counters) };
                 c.handed_over.fetch_add(1, Relaxed);
                 return;
             }
@@ -514,7 +656,9 @@ impl Peers {
             "forwarded": c.forwarded.load(Relaxed),
             "forwarded_to": per,
             "forward_errors": c.forward_errors.load(Relaxed),
+            "trains_sent": c.trains_sent.load(Relaxed),
             "received": c.received.load(Relaxed),
+            "trains_received": c.trains_received.load(Relaxed),
             "injected": c.injected.load(Relaxed),
             "handed_over": c.handed_over.load(Relaxed),
             "handed_over_dropped": self.handoff.get().map_or(0, |h| {
@@ -540,6 +684,16 @@ impl Peers {
 struct Handoff {
     shared: crate::dataplane::snapshot::Shared,
     counters: ShardCounters,
+    /// Which of each worker's rings is this thread's.
+    ring: usize,
+}
+
+/// One receive batch's hand-over: the snapshot it routes with (the same until its
+/// flush, Forwarder's contract) and the frames queued for the owners.
+struct HandOver<'a> {
+    snap: &'a Snapshot,
+    counters: &'a ShardCounters,
+    fwd: &'a mut Forwarder,
 }
 
 /// Counts one and yields nothing (a refused frame).
@@ -633,11 +787,11 @@ mod peer_support;
 #[allow(clippy::unwrap_used)] // the tests' own set-up
 mod tests {
     use super::peer_support::Scripted;
-    use super::{dcid, Peers};
+    use super::{dcid, PeerOut, Peers};
     use proto::cid::{Prf, ServerId};
     use proto::host::HostLayout;
     use proto::keyfile::KeyFile;
-    use proto::peer::{Body, FrameKeys, Me};
+    use proto::peer::{Body, Frame, FrameKeys, Me};
     use std::collections::HashMap;
     use std::net::{SocketAddr, UdpSocket};
     use std::sync::atomic::Ordering::Relaxed;
@@ -698,6 +852,14 @@ mod tests {
         fn count(&self, f: impl Fn(&super::PeerCounters) -> &std::sync::atomic::AtomicU64) -> u64 {
             f(&self.peers.counters).load(Relaxed)
         }
+    }
+
+    /// Forwards one datagram in a batch of its own, sent at once.
+    fn forward_now(p: &Peers, ks: &proto::cid::KeySet, d: &[u8], client: SocketAddr, local: SocketAddr) -> bool {
+        let mut out = PeerOut::new();
+        let queued = p.forward(&mut out, ks, d, client, local);
+        p.flush(&mut out);
+        queued
     }
 
     fn wait(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
@@ -864,7 +1026,7 @@ mod tests {
         let mut d = vec![0x40];
         d.extend_from_slice(&ks.encode(ServerId(2 << 14), &[7; proto::cid::CID_RANDOM_LEN]));
         d.extend_from_slice(b" forwarded");
-        assert!(a.peers.forward(&ks, &d, client(), local));
+        assert!(forward_now(&a.peers, &ks, &d, client(), local));
         let mut buf = [0u8; 64];
         let (n, from) = sink.recv_from(&mut buf).unwrap();
         assert_eq!((&buf[..n], from), (&d[..], client()));
@@ -875,7 +1037,7 @@ mod tests {
         let a = Real::start(1, &keys, at, &[(2, b.addr)], vec![local]);
         a.peers.clock.step(-hour);
         wait("the restarted sender accepted", Duration::from_secs(1), || both_alive(&a, &b));
-        assert!(a.peers.forward(&ks, &d, client(), local));
+        assert!(forward_now(&a.peers, &ks, &d, client(), local));
         let (n, _) = sink.recv_from(&mut buf).unwrap();
         assert_eq!(&buf[..n], &d[..]);
         for r in [&a, &b] {
@@ -932,7 +1094,7 @@ mod tests {
         let (sink, local) = served_sink();
         let mut a = scripted(2, &keys.forwarding);
         let b = Real::start(1, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], vec![local]);
-        b.peers.hand_over_to(shared, 16);
+        b.peers.hand_over_to(shared, 16, 0);
         a.handshake(1, b.addr, Duration::from_secs(5));
         let short = |id: ServerId| {
             let mut d = vec![0x40];
@@ -961,6 +1123,233 @@ mod tests {
         assert_eq!(b.count(|c| &c.handed_over), 1);
         assert_eq!(b.peers.status_json()["handed_over_dropped"], 0);
         b.peers.shutdown();
+    }
+
+    /// Enables UDP_GRO on a test socket: GSO trains are read whole.
+    fn read_trains_whole(sock: &UdpSocket) {
+        use std::os::fd::AsRawFd;
+        sys::sockopt::setsockopt_int(sock.as_raw_fd(), libc::SOL_UDP, libc::UDP_GRO, 1).unwrap();
+    }
+
+    /// A 1200-byte short header for server id `host << 14` (`--host-bits 2`), its
+    /// CID's random part and padding `k`.
+    fn short_for(ks: &proto::cid::KeySet, host: u16, k: u8) -> Vec<u8> {
+        let mut d = vec![0x40];
+        d.extend_from_slice(&ks.encode(ServerId(host << 14), &[k; proto::cid::CID_RANDOM_LEN]));
+        d.resize(1200, k);
+        d
+    }
+
+    /// One shard batch with frames to two peers, interleaved: each peer gets one GSO
+    /// train (one sendmmsg per peer), which its socket reads whole (UDP_GRO) and which
+    /// splits at its segment size back into exactly the frames of its datagrams, in
+    /// order, sealed for it.
+    #[test]
+    fn a_batch_to_two_peers_goes_as_one_train_each() {
+        if !can_inject() {
+            return;
+        }
+        let keys = cluster_keys();
+        let ks = keys.key_set().unwrap();
+        let (mut p2, mut p3) = (scripted(2, &keys.forwarding), scripted(3, &keys.forwarding));
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let a = Real::start(1, &keys, any, &[(2, p2.addr()), (3, p3.addr())], vec![]);
+        p2.handshake(1, a.addr, Duration::from_secs(5));
+        p3.handshake(1, a.addr, Duration::from_secs(5));
+        read_trains_whole(&p2.sock);
+        read_trains_whole(&p3.sock);
+        let local: SocketAddr = "198.19.9.9:443".parse().unwrap();
+        let mut out = PeerOut::new();
+        let mut want: HashMap<u16, Vec<Vec<u8>>> = HashMap::new();
+        for k in 0..10u8 {
+            for host in [2, 3] {
+                let d = short_for(&ks, host, k);
+                assert!(a.peers.forward(&mut out, &ks, &d, client(), local));
+                want.entry(host).or_default().push(d);
+            }
+        }
+        assert_eq!(a.count(|c| &c.forwarded), 0, "nothing goes before the batch's end");
+        a.peers.flush(&mut out);
+        assert_eq!((a.count(|c| &c.forwarded), a.count(|c| &c.trains_sent)), (20, 2));
+        assert_eq!(a.count(|c| &c.forward_errors), 0);
+        assert!(out.is_empty());
+        for (p, host) in [(&p2, 2u16), (&p3, 3)] {
+            let mut rx = sys::mmsg::RecvMmsg::new(1, 65_535).with_control(64);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            // Heartbeats may come first: the train is the first message longer than one.
+            let (train, segment) = loop {
+                assert!(Instant::now() < deadline, "no train reached host {host}");
+                if rx.recv(&p.sock, 0).is_err() {
+                    continue;
+                }
+                let m = rx.get(0).unwrap();
+                if m.data.len() > 1300 {
+                    let segment = crate::dataplane::cmsg::parse(m.control).gro_size;
+                    break (m.data.to_vec(), segment);
+                }
+            };
+            let segment = usize::from(segment.expect("read as one GRO train"));
+            let frames: Vec<&[u8]> = train.chunks(segment).collect();
+            assert_eq!(frames.len(), 10);
+            for (f, d) in frames.iter().zip(&want[&host]) {
+                let opened = proto::peer::open(&p.keys, f).expect("each segment is one whole frame");
+                assert_eq!((opened.header.from_host, opened.header.to_host), (1, host));
+                assert_eq!(opened.body, Body::Data { client: client(), local, datagram: d });
+            }
+        }
+        a.peers.shutdown();
+    }
+
+    /// A GSO train of three frames, the middle one corrupted: the receiver reads it
+    /// as one train, counts the bad frame `unauthenticated`, accepts the other two
+    /// and delivers their datagrams in order.
+    #[test]
+    fn a_bad_frame_inside_a_train_is_counted_and_the_rest_accepted() {
+        if !can_inject() {
+            return;
+        }
+        let keys = cluster_keys();
+        let (sink, local) = served_sink();
+        let (mut a, b) = scripted_to_real(&keys, vec![local]);
+        let mut frames: Vec<Vec<u8>> = (0..3u8)
+            .map(|k| {
+                let (e, seq) = a.outbound[&1].data().unwrap();
+                a.seal(1, e, seq, Body::Data { client: client(), local, datagram: &[b'a' + k; 100] })
+            })
+            .collect();
+        frames[1][30] ^= 1;
+        let train = frames.concat();
+        let to = socket2::SockAddr::from(b.addr);
+        let mut send = sys::mmsg::SendMmsg::new(1, 1);
+        let mut batch = send.batch();
+        let segment = Some(frames[0].len() as u16);
+        assert!(batch.push(&[&train], sys::mmsg::SendMeta { to: Some(&to), source: None, segment_size: segment }));
+        assert_eq!(batch.send_from(&a.sock, 0, 0).unwrap(), 1);
+        wait("two accepted", Duration::from_secs(5), || b.count(|c| &c.received) == 2);
+        assert_eq!(b.count(|c| &c.refused_unauthenticated), 1);
+        assert_eq!(b.count(|c| &c.trains_received), 1, "read as one train");
+        let mut buf = [0u8; 256];
+        for k in [0u8, 2] {
+            let (n, from) = sink.recv_from(&mut buf).unwrap();
+            assert_eq!((&buf[..n], from), (&[b'a' + k; 100][..], client()));
+        }
+        b.peers.shutdown();
+    }
+
+    /// With rings, an accepted datagram goes into its owner's ring that is this
+    /// thread's (the one after the shards'), not a shard's ring and not the data
+    /// connection, with the client's and the local address.
+    #[test]
+    fn a_datagram_for_a_live_owner_goes_into_the_peer_threads_ring() {
+        use crate::dataplane::ring::Producer;
+        use crate::dataplane::snapshot::{DataConn, Snapshot};
+        use proto::route::{InstanceInfo, Table};
+        if !can_inject() {
+            return;
+        }
+        let keys = cluster_keys();
+        let ks = keys.key_set().unwrap();
+        let owner = ServerId(1 << 14);
+        let (ours, worker_end) = sys::seqpacket::pair().unwrap();
+        let table =
+            Table::new(ks.clone(), keys.rendezvous_key, &[InstanceInfo { server_id: owner, placeable: true }]).unwrap();
+        let (shard_ring, peer_ring) = (Producer::create(1 << 18).unwrap(), Producer::create(1 << 18).unwrap());
+        let open = |p: &Producer| {
+            let [m, e] = p.fds();
+            worker::ring::Consumer::open(m.try_clone_to_owned().unwrap(), e.try_clone_to_owned().unwrap(), p.capacity())
+                .unwrap()
+        };
+        let (shard_rx, peer_rx) = (open(&shard_ring), open(&peer_ring));
+        let conn = Arc::new(DataConn { fd: ours, server_id: owner.0, slot: 0, rings: vec![shard_ring, peer_ring] });
+        let snap = Snapshot { table, conns: vec![conn], pressure: Vec::new(), version: 1, awaited: Default::default() };
+        let shared = Arc::new(arc_swap::ArcSwap::from_pointee(snap));
+        let (_sink, local) = served_sink();
+        let mut a = scripted(2, &keys.forwarding);
+        let b = Real::start(1, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], vec![local]);
+        b.peers.hand_over_to(shared, 16, 1);
+        a.handshake(1, b.addr, Duration::from_secs(5));
+        let d = short_for(&ks, 1, 4);
+        a.data(1, b.addr, client(), local, &d);
+        wait("counted", Duration::from_secs(5), || b.count(|c| &c.handed_over) == 1);
+        let mut payload = vec![0u8; 2048];
+        match peer_rx.pop_frame(&mut payload).unwrap() {
+            Some(worker::ring::Popped::Frame { meta, len }) => {
+                assert_eq!((meta.client, meta.local, &payload[..len]), (client(), Some(local), &d[..]));
+            }
+            other => panic!("the peer thread's ring holds {other:?}"),
+        }
+        assert!(shard_rx.is_empty(), "the shard's ring is not the peer thread's");
+        let worker_end = std::os::unix::net::UnixDatagram::from(worker_end);
+        worker_end.set_nonblocking(true).unwrap();
+        let mut rec = [0u8; 64];
+        assert!(worker_end.recv(&mut rec).is_err(), "nothing on the data connection");
+        b.peers.shutdown();
+    }
+
+    /// Between two network namespaces whose veth has an MTU of 1280, a train of
+    /// frames too long for it (1300-byte datagrams) is refused by the kernel and sent
+    /// again frame by frame (IP fragments): nothing lost, nothing counted an error.
+    /// Trains of shorter frames still go as trains; longer ones go alone from then on.
+    #[test]
+    fn a_train_the_path_refuses_goes_frame_by_frame() {
+        use testkit::netns::{in_netns, ip, VethPair};
+        if !can_inject() || !testkit::netns::can_build() {
+            return;
+        }
+        let keys = cluster_keys();
+        let ks = keys.key_set().unwrap();
+        let pair = VethPair::new("peermtu");
+        for (ns, dev) in [(&pair.a, pair.a_dev), (&pair.b, pair.b_dev)] {
+            ip(Some(ns), &["link", "set", dev, "mtu", "1280"]);
+        }
+        let (a_addr, b_addr) = (pair.a_addr, pair.b_addr);
+        let sock = in_netns(&pair.b, move || UdpSocket::bind((b_addr, 0)).unwrap());
+        let mut p2 = Scripted::new(sock, Me { host: 2, epoch: 0x2222_0001 }, &keys.forwarding);
+        let (k, peer) = (keys.clone(), p2.addr());
+        let a = in_netns(&pair.a, move || Real::start(1, &k, SocketAddr::new(a_addr.into(), 0), &[(2, peer)], vec![]));
+        p2.handshake(1, a.addr, Duration::from_secs(5));
+        let local: SocketAddr = "198.19.9.9:443".parse().unwrap();
+        let batch = |len: usize, k: u8| {
+            let mut out = PeerOut::new();
+            let sent: Vec<Vec<u8>> = (0..3)
+                .map(|i| {
+                    let mut d = short_for(&ks, 2, k + i);
+                    d.resize(len, k + i);
+                    assert!(a.peers.forward(&mut out, &ks, &d, client(), local));
+                    d
+                })
+                .collect();
+            a.peers.flush(&mut out);
+            sent
+        };
+        let mut got = Vec::new();
+        let receive = |n: usize, got: &mut Vec<Vec<u8>>| {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let mut buf = vec![0u8; 65_535];
+            while got.len() < n {
+                assert!(Instant::now() < deadline, "only {} of {n} frames arrived", got.len());
+                let Ok((len, _)) = p2.sock.recv_from(&mut buf) else { continue };
+                if let Ok(Frame { body: Body::Data { datagram, .. }, .. }) = proto::peer::open(&p2.keys, &buf[..len]) {
+                    got.push(datagram.to_vec());
+                }
+            }
+        };
+        let long = batch(1300, 10);
+        receive(3, &mut got);
+        assert_eq!(got, long, "every frame of the refused train arrived, in order");
+        // An IPv4 data frame: header, two 7-byte addresses, the datagram, the tag.
+        let long_frame = proto::peer::HEADER_LEN + 2 * 7 + 1300 + proto::peer::TAG_LEN;
+        assert_eq!(a.peers.gso_refused_at.load(Relaxed), long_frame, "trains of such frames are not tried again");
+        assert_eq!((a.count(|c| &c.forwarded), a.count(|c| &c.forward_errors), a.count(|c| &c.trains_sent)), (3, 0, 0));
+        let short = batch(1000, 20);
+        receive(6, &mut got);
+        assert_eq!(&got[3..], &short[..]);
+        assert_eq!(a.count(|c| &c.trains_sent), 1, "shorter frames still go as a train");
+        let long_again = batch(1300, 30);
+        receive(9, &mut got);
+        assert_eq!(&got[6..], &long_again[..]);
+        assert_eq!((a.count(|c| &c.forwarded), a.count(|c| &c.trains_sent)), (9, 1), "long frames now go alone");
+        a.peers.shutdown();
     }
 
     /// An authenticated frame from a listed peer whose client and local addresses

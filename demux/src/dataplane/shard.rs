@@ -70,6 +70,8 @@ pub struct Router {
     /// `HandshakeDone` notices seen (crate::dataplane::handshakes).
     done_cursor: u64,
     peers: Option<Arc<crate::dataplane::peers::Peers>>,
+    /// This batch's frames to other hosts (sent at its flush).
+    peer_out: crate::dataplane::peer_out::PeerOut,
 }
 
 impl Drop for Router {
@@ -109,6 +111,7 @@ impl Router {
             rejoin_grace_ms: setup.rejoin_grace.as_millis() as u64,
             done_cursor: setup.limits.handshakes_done.written(),
             peers: setup.peers.clone(),
+            peer_out: Default::default(),
         })
     }
 
@@ -187,7 +190,7 @@ impl Router {
         };
         let (fwd, unix) = (&mut self.fwd, self.unix);
         let rejoining = self.ms < self.rejoin_grace_ms && !snap.awaited.is_empty();
-        let peers = self.peers.as_deref();
+        let (peers, peer_out) = (self.peers.as_deref(), &mut self.peer_out);
         // Only a new placement calls into the limits (proto::route::Admission); the
         // clock in ms for the rate sketch is the batch's, no extra clock read.
         let (gate, mut minter) = match &mut self.retry {
@@ -250,7 +253,7 @@ impl Router {
                     let mut all = true;
                     let seg_len = if run.segments > 1 { stride.max(1) } else { bytes.len().max(1) };
                     for seg in bytes.chunks(seg_len) {
-                        all &= p.forward(keys, seg, client, local);
+                        all &= p.forward(peer_out, keys, seg, client, local);
                     }
                     if all {
                         return;
@@ -293,11 +296,14 @@ impl Router {
         });
     }
 
-    /// End of a batch: one sendmmsg per destination, and one per socket for the
-    /// batch's Retries.
+    /// End of a batch: one sendmmsg per destination (workers, and peers for the
+    /// frames to other hosts), and one per socket for the batch's Retries.
     #[inline]
     pub fn flush(&mut self, snap: &Snapshot) {
         self.fwd.flush(snap, &self.counters);
+        if let Some(p) = &self.peers {
+            p.flush(&mut self.peer_out);
+        }
         if let Some((_, m)) = &mut self.retry {
             m.flush(&self.counters);
         }

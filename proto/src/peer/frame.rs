@@ -184,6 +184,13 @@ pub enum FrameError {
 /// Writes the frame for `f`, sealed with `key`, into `out` (cleared first).
 pub fn seal(key: &FrameKey, f: &Frame<'_>, out: &mut Vec<u8>) {
     out.clear();
+    seal_append(key, f, out);
+}
+
+/// Appends the frame for `f`, sealed with `key`, to `out` (a batch of frames back to
+/// back, one per datagram of a GSO send): the tag covers only this frame's bytes.
+pub fn seal_append(key: &FrameKey, f: &Frame<'_>, out: &mut Vec<u8>) {
+    let start = out.len();
     let h = &f.header;
     out.extend_from_slice(&MAGIC);
     out.push(match f.body {
@@ -201,7 +208,7 @@ pub fn seal(key: &FrameKey, f: &Frame<'_>, out: &mut Vec<u8>) {
         put_addr(out, local);
         out.extend_from_slice(datagram);
     }
-    let tag = key.tag(out);
+    let tag = key.tag(&out[start..]);
     out.extend_from_slice(&tag);
 }
 
@@ -318,6 +325,23 @@ mod tests {
         seal(&keys(1).current, &hb, &mut out);
         assert_eq!(out.len(), HEADER_LEN + TAG_LEN);
         assert_eq!(open(&keys(1), &out), Ok(hb));
+    }
+
+    /// Frames appended back to back are each the frame `seal` makes alone (the tag
+    /// covers only its own frame, not what precedes it in the buffer).
+    #[test]
+    fn appended_frames_are_each_a_sealed_frame() {
+        let (a, b) = (data(&[0x40, 1, 2, 3]), Frame { header: header(), body: Body::Heartbeat });
+        let (mut alone_a, mut alone_b) = (Vec::new(), Vec::new());
+        seal(&keys(1).current, &a, &mut alone_a);
+        seal(&keys(1).current, &b, &mut alone_b);
+        let mut batch = b"prefix".to_vec();
+        seal_append(&keys(1).current, &a, &mut batch);
+        seal_append(&keys(1).current, &b, &mut batch);
+        assert_eq!(&batch[..6], b"prefix");
+        let (got_a, got_b) = batch[6..].split_at(alone_a.len());
+        assert_eq!((got_a, got_b), (&alone_a[..], &alone_b[..]));
+        assert_eq!(open(&keys(1), got_b), Ok(b));
     }
 
     /// The byte layout, field by field (docs/adr/0005 §4).

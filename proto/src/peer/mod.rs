@@ -20,8 +20,8 @@ pub mod session;
 pub mod window;
 
 pub use frame::{
-    open, open_with, seal, Body, Frame, FrameError, FrameKey, FrameKeys, Header, KeyUsed, HEADER_LEN, MAGIC,
-    MAX_OVERHEAD, TAG_LEN,
+    open, open_with, seal, seal_append, Body, Frame, FrameError, FrameKey, FrameKeys, Header, KeyUsed, HEADER_LEN,
+    MAGIC, MAX_OVERHEAD, TAG_LEN,
 };
 pub use peers_file::parse_peers;
 pub use session::{Learned, Me, Outbound, Session, Verdict, NUDGE_INTERVAL_MS};

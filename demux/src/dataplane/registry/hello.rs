@@ -35,12 +35,15 @@ impl Wants {
 
 impl Registry {
     /// The last answer to every `DataHello`: `Rings`, with one ring per shard when
-    /// `--forward ring` and the worker asked (`wanted`), else count 0.
+    /// `--forward ring` and the worker asked (`wanted`), and with host-to-host
+    /// forwarding one more, last, for the peer thread's hand-over
+    /// (crate::dataplane::peers); else count 0.
     /// Any failure leaves the worker on SEQPACKET frames (empty vector).
     fn offer_rings(&self, conn: Channel<'_, Data>, server_id: ServerId, wanted: bool) -> Vec<Producer> {
+        let count = self.counters.len() + usize::from(self.peers.is_some());
         let made: std::io::Result<Vec<_>> = match self.ring_bytes {
-            Some(bytes) if wanted && self.counters.len() <= usize::from(MAX_RINGS) => {
-                (0..self.counters.len()).map(|_| Producer::create(bytes)).collect()
+            Some(bytes) if wanted && count <= usize::from(MAX_RINGS) => {
+                (0..count).map(|_| Producer::create(bytes)).collect()
             }
             _ => Ok(Vec::new()),
         };
