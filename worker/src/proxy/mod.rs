@@ -25,6 +25,7 @@
 pub mod body;
 pub mod headers;
 pub mod health;
+pub mod pool;
 pub mod routes;
 pub mod upstream;
 
@@ -34,6 +35,7 @@ use headers::ForwardOptions;
 use health::{Admit, Health, HealthPolicy};
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
+use pool::Lease;
 use routes::{Route, RouteTable};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,7 +43,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
-use upstream::{Upstream, UpstreamClient};
+use upstream::{Upstream, UpstreamClient, UpstreamError};
 
 /// The proxy's flags (flattened into the worker's command line).
 #[derive(Debug, Clone, clap::Args)]
@@ -144,29 +146,8 @@ fn is_idempotent(m: &http::Method) -> bool {
     [http::Method::GET, http::Method::HEAD, http::Method::OPTIONS, http::Method::PUT, http::Method::DELETE].contains(m)
 }
 
-/// A failure to connect, or the connection reset or closed before the response
-/// head; not a bad response head nor a request body's own failure.
-fn is_connection_error(e: &hyper_util::client::legacy::Error) -> bool {
-    if e.is_connect() {
-        return true;
-    }
-    let mut src = std::error::Error::source(e);
-    while let Some(s) = src {
-        if let Some(h) = s.downcast_ref::<hyper::Error>() {
-            if h.is_incomplete_message() || h.is_canceled() || h.is_closed() {
-                return true;
-            }
-        }
-        if s.is::<std::io::Error>() {
-            return true;
-        }
-        src = s.source();
-    }
-    false
-}
-
 type Attempt =
-    Result<Result<Response<hyper::body::Incoming>, hyper_util::client::legacy::Error>, tokio::time::error::Elapsed>;
+    Result<Result<(Response<hyper::body::Incoming>, Option<Lease>), UpstreamError>, tokio::time::error::Elapsed>;
 
 /// What became of one request (for the access log).
 #[derive(Debug, Clone, Default)]
@@ -261,7 +242,7 @@ impl Proxy {
                 b.health.success();
                 trial.0 = None;
             }
-            Ok(Err(e)) if is_connection_error(e) => {
+            Ok(Err(e)) if e.is_connection_error() => {
                 if b.health.failure(Instant::now(), self.opts.health) {
                     self.counters.marked_down.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(upstream = %b.upstream, period = ?self.opts.health.period, "upstream down");
@@ -364,7 +345,7 @@ impl Proxy {
             let first = self.attempt(backend, upstream_req, trial).await;
             let Some((method, uri, headers)) = again else { return first };
             match first {
-                Ok(Err(e)) if is_connection_error(&e) => match backend.health.admit(Instant::now()) {
+                Ok(Err(e)) if e.is_connection_error() => match backend.health.admit(Instant::now()) {
                     Admit::Down => Ok(Err(e)),
                     admit => {
                         self.counters.retries.fetch_add(1, Ordering::Relaxed);
@@ -422,6 +403,7 @@ impl Proxy {
             }
             Ok(Ok(r)) => r,
         };
+        let (resp, lease) = resp;
         let (parts, mut upstream_body) = resp.into_parts();
         let mut h3_resp = Response::new(());
         *h3_resp.status_mut() = parts.status;
@@ -431,7 +413,12 @@ impl Proxy {
         loop {
             let frame = match tokio::time::timeout(self.opts.timeout, upstream_body.frame()).await {
                 Ok(Some(Ok(f))) => f,
-                Ok(None) => break,
+                Ok(None) => {
+                    if let Some(l) = lease {
+                        l.release();
+                    }
+                    break;
+                }
                 Ok(Some(Err(e))) => {
                     tracing::debug!(error = %e, "upstream response body failed");
                     send.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);

@@ -1,15 +1,17 @@
 //! The upstream: its URL (`--upstream`), the connector that always dials it, and the
-//! pooled hyper client (keep-alive; HTTP/1.1, or HTTP/2 with prior knowledge).
+//! client: for HTTP/1.1 the keep-alive pool of pool.rs, for HTTP/2 with prior
+//! knowledge hyper-util's pooled client (one multiplexed connection).
 //!
-//! The request URI the client is given carries the HTTP/3 request's own authority
-//! (it becomes `Host` or `:authority`, headers.rs); [`FixedConnector`] ignores it and
-//! dials the upstream's address: a TCP `host:port`, or a Unix stream socket's path
-//! (`unix:/PATH`, as nginx's `proxy_pass http://unix:/PATH`). hyper's pool is keyed
-//! by that authority, so each authority the clients use has its own idle connections
-//! to the one upstream.
+//! The request URI carries the HTTP/3 request's own authority (it becomes `Host` or
+//! `:authority`, headers.rs); [`FixedConnector`] ignores it and dials the upstream's
+//! address: a TCP `host:port`, or a Unix stream socket's path (`unix:/PATH`, as
+//! nginx's `proxy_pass http://unix:/PATH`). hyper-util's HTTP/2 pool is keyed by
+//! that authority, so each authority the clients use has its own connection to the
+//! one upstream; the HTTP/1.1 pool is one per upstream.
 
 use super::body::RequestBody;
 use super::headers::Protocol;
+use super::pool::{Http1Error, Http1Pool, Lease};
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -165,7 +167,14 @@ enum Target {
     Unix(PathBuf),
 }
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl FixedConnector {
+    /// A new connection to the upstream.
+    pub fn dial(&self) -> Pin<Box<dyn Future<Output = Result<TokioIo<UpstreamStream>, BoxError>> + Send>> {
+        tower_service::Service::call(&mut self.clone(), http::Uri::from_static("/"))
+    }
+}
 
 impl tower_service::Service<http::Uri> for FixedConnector {
     type Response = TokioIo<UpstreamStream>;
@@ -198,15 +207,77 @@ impl tower_service::Service<http::Uri> for FixedConnector {
     }
 }
 
-/// The pooled client.
-pub type UpstreamClient = Client<FixedConnector, RequestBody>;
+/// The client of one upstream.
+#[derive(Debug)]
+pub enum UpstreamClient {
+    Http1(Http1Pool),
+    H2c(Client<FixedConnector, RequestBody>),
+}
 
-/// Idle upstream connections kept per authority.
-pub const POOL_IDLE_PER_AUTHORITY: usize = 64;
-/// How long an idle upstream connection is kept.
-pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Why a request got no response head.
+#[derive(Debug)]
+pub enum UpstreamError {
+    Http1(Http1Error),
+    H2c(hyper_util::client::legacy::Error),
+}
 
-/// A client for `up`, connecting within `connect_timeout`.
+impl std::fmt::Display for UpstreamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UpstreamError::Http1(e) => write!(f, "{e}"),
+            UpstreamError::H2c(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// Whether `e` (or what caused it) is an I/O error or a connection hyper saw fail.
+fn connection_failed(mut e: Option<&(dyn std::error::Error + 'static)>) -> bool {
+    while let Some(s) = e {
+        if let Some(h) = s.downcast_ref::<hyper::Error>() {
+            if h.is_incomplete_message() || h.is_canceled() || h.is_closed() {
+                return true;
+            }
+        }
+        if s.is::<std::io::Error>() {
+            return true;
+        }
+        e = s.source();
+    }
+    false
+}
+
+impl UpstreamError {
+    /// A failure to connect, or the connection reset or closed before the response
+    /// head; not a bad response head nor a request body's own failure.
+    pub fn is_connection_error(&self) -> bool {
+        match self {
+            UpstreamError::Http1(Http1Error::Connect(_)) => true,
+            UpstreamError::Http1(Http1Error::Request(e)) => connection_failed(Some(e)),
+            UpstreamError::H2c(e) => e.is_connect() || connection_failed(std::error::Error::source(e)),
+        }
+    }
+}
+
+impl UpstreamClient {
+    /// Sends `req`; for HTTP/1.1 the connection's lease comes with the response
+    /// (released when its body ended).
+    pub async fn request(
+        &self,
+        req: http::Request<RequestBody>,
+    ) -> Result<(http::Response<hyper::body::Incoming>, Option<Lease>), UpstreamError> {
+        match self {
+            UpstreamClient::Http1(pool) => {
+                pool.send(req).await.map(|(r, l)| (r, Some(l))).map_err(UpstreamError::Http1)
+            }
+            UpstreamClient::H2c(c) => c.request(req).await.map(|r| (r, None)).map_err(UpstreamError::H2c),
+        }
+    }
+}
+
+/// How long an idle HTTP/2 upstream connection is kept.
+pub const H2_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A client for `up`, connecting within `connect_timeout`. Call inside tokio.
 pub fn client(up: &Upstream, connect_timeout: Duration) -> UpstreamClient {
     let mut http = HttpConnector::new();
     http.set_nodelay(true);
@@ -224,15 +295,17 @@ pub fn client(up: &Upstream, connect_timeout: Duration) -> UpstreamClient {
         Address::Unix(path) => Target::Unix(path.clone()),
     };
     let connector = FixedConnector { inner: http, target, connect_timeout };
+    if up.protocol == Protocol::Http1 {
+        return UpstreamClient::Http1(Http1Pool::new(connector));
+    }
     let mut b = Client::builder(TokioExecutor::new());
-    b.pool_idle_timeout(POOL_IDLE_TIMEOUT)
-        .pool_max_idle_per_host(POOL_IDLE_PER_AUTHORITY)
+    b.pool_idle_timeout(H2_IDLE_TIMEOUT)
         .pool_timer(hyper_util::rt::TokioTimer::new())
         .timer(hyper_util::rt::TokioTimer::new())
-        // Host is set by headers::map_request (the client's authority).
+        // :authority is the request URI's (headers::map_request).
         .set_host(false)
-        .http2_only(up.protocol == Protocol::H2c);
-    b.build(connector)
+        .http2_only(true);
+    UpstreamClient::H2c(b.build(connector))
 }
 
 #[cfg(test)]
