@@ -202,6 +202,23 @@ fn ready_first(recv: &mut body::H3Recv) -> Poll<Result<Option<Bytes>, ()>> {
     }
 }
 
+/// `fut`'s output, or `Elapsed` after `limit`; no timer when `fut` is ready at once
+/// (a response body's next frame usually is).
+async fn within<F: std::future::Future>(limit: Duration, fut: F) -> Result<F::Output, tokio::time::error::Elapsed> {
+    let mut fut = std::pin::pin!(fut);
+    let now = std::future::poll_fn(|cx| {
+        Poll::Ready(match fut.as_mut().poll(cx) {
+            Poll::Ready(v) => Some(v),
+            Poll::Pending => None,
+        })
+    })
+    .await;
+    match now {
+        Some(v) => Ok(v),
+        None => tokio::time::timeout(limit, fut).await,
+    }
+}
+
 impl Proxy {
     /// A proxy to the upstreams of `opts.routes`. Call inside tokio.
     pub fn new(opts: ProxyOptions) -> Proxy {
@@ -284,7 +301,7 @@ impl Proxy {
             .authority()
             .map(|a| a.as_str())
             .or_else(|| req.headers().get(http::header::HOST).and_then(|h| h.to_str().ok()));
-        let host = routes::host_of(authority.unwrap_or(""));
+        let host = if self.opts.routes.by_host() { routes::host_of(authority.unwrap_or("")) } else { String::new() };
         let Some(route) = self.opts.routes.choose(&host, req.uri().path()) else {
             recv.stop_sending(h3::error::Code::H3_NO_ERROR);
             return reply(&mut send, StatusCode::NOT_FOUND, "no upstream route for this request\n", out).await;
@@ -332,9 +349,9 @@ impl Proxy {
             self.counters.down_rejects.fetch_add(1, Ordering::Relaxed);
             return reply(&mut send, StatusCode::BAD_GATEWAY, "upstream down\n", out).await;
         }
-        // Without a body (nothing of it sent), an idempotent request can go again.
-        let again = (pump.is_none() && is_idempotent(&head.method))
-            .then(|| (head.method.clone(), head.uri.clone(), head.headers.clone()));
+        // Without a body (nothing of it sent), an idempotent request can go again
+        // (its head mapped anew: the first went with the first attempt).
+        let again = pump.is_none() && is_idempotent(&head.method);
         let mut upstream_req = Request::new(body);
         *upstream_req.method_mut() = head.method;
         *upstream_req.uri_mut() = head.uri;
@@ -343,16 +360,28 @@ impl Proxy {
         let sent_at = Instant::now();
         let mut response = std::pin::pin!(async {
             let first = self.attempt(backend, upstream_req, trial).await;
-            let Some((method, uri, headers)) = again else { return first };
+            if !again {
+                return first;
+            }
             match first {
                 Ok(Err(e)) if e.is_connection_error() => match backend.health.admit(Instant::now()) {
                     Admit::Down => Ok(Err(e)),
                     admit => {
                         self.counters.retries.fetch_add(1, Ordering::Relaxed);
+                        let Ok(head) = headers::map_request(
+                            req.method(),
+                            req.uri(),
+                            req.headers(),
+                            client,
+                            protocol,
+                            self.opts.forward,
+                        ) else {
+                            return Ok(Err(e));
+                        };
                         let mut req = Request::new(RequestBody::empty());
-                        *req.method_mut() = method;
-                        *req.uri_mut() = uri;
-                        *req.headers_mut() = headers;
+                        *req.method_mut() = head.method;
+                        *req.uri_mut() = head.uri;
+                        *req.headers_mut() = head.headers;
                         let trial = TrialGuard((admit == Admit::Trial).then_some(&backend.health));
                         self.attempt(backend, req, trial).await
                     }
@@ -411,7 +440,7 @@ impl Proxy {
         send.send_response(h3_resp).await?;
         out.status = parts.status.as_u16();
         loop {
-            let frame = match tokio::time::timeout(self.opts.timeout, upstream_body.frame()).await {
+            let frame = match within(self.opts.timeout, upstream_body.frame()).await {
                 Ok(Some(Ok(f))) => f,
                 Ok(None) => {
                     if let Some(l) = lease {
@@ -457,6 +486,22 @@ impl Proxy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `within`: a ready future's output at once; a pending one's when it comes
+    /// before the limit; `Elapsed` at the limit.
+    #[tokio::test]
+    async fn within_the_limit_or_elapsed() {
+        let limit = Duration::from_millis(300);
+        assert_eq!(within(limit, async { 7 }).await.unwrap(), 7);
+        let late = within(limit, async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            8
+        });
+        assert_eq!(late.await.unwrap(), 8);
+        let t0 = Instant::now();
+        assert!(within(limit, std::future::pending::<()>()).await.is_err());
+        assert!(t0.elapsed() >= limit);
+    }
 
     /// A trial attempt dropped before it was ever polled (the client went away at
     /// once) does not leave the upstream waiting for a trial that never ends.
