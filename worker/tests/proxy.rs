@@ -506,6 +506,68 @@ fn errors_502_504_413() {
     });
 }
 
+/// A QUIC variable-length integer (RFC 9000 §16) read off `s`.
+async fn read_varint(s: &mut quinn::RecvStream) -> u64 {
+    let mut b = [0u8; 8];
+    s.read_exact(&mut b[..1]).await.unwrap();
+    let len = 1usize << (b[0] >> 6);
+    s.read_exact(&mut b[1..len]).await.unwrap();
+    let mut v = u64::from(b[0] & 0x3f);
+    for x in &b[1..len] {
+        v = (v << 8) | u64::from(*x);
+    }
+    v
+}
+
+/// The stream id of the server's GOAWAY (RFC 9114 §7.2.6), read off its control
+/// stream (RFC 9114 §6.2.1), which the test accepts itself: the h3 client's driver
+/// is never polled.
+async fn read_goaway(conn: &quinn::Connection) -> u64 {
+    loop {
+        let mut s = conn.accept_uni().await.unwrap();
+        if read_varint(&mut s).await != 0x00 {
+            continue; // QPACK or a reserved stream type
+        }
+        loop {
+            let (kind, len) = (read_varint(&mut s).await, read_varint(&mut s).await);
+            if kind == 0x07 {
+                return read_varint(&mut s).await;
+            }
+            let mut skip = vec![0u8; len as usize];
+            s.read_exact(&mut skip).await.unwrap();
+        }
+    }
+}
+
+/// RFC 9114 §5.2: a request on a stream the GOAWAY still covers, taken after the
+/// worker began draining, is answered 503 and never reaches the upstream. The window
+/// is deterministic: the client's h3 driver is never polled, so the client learns
+/// nothing of the GOAWAY (the test reads it off the control stream) and opens the
+/// next request stream after it, well within the worker's wait for late requests
+/// (at least 250 ms of quiet before it closes).
+#[test]
+fn a_request_taken_after_goaway_is_answered_503() {
+    let rt = testkit::h3client::runtime();
+    rt.block_on(async {
+        let up = upstream().await;
+        let a = appliance("proxy-late", 1, &format!("http://{}", up.addr), &["--drain-timeout", "10"]);
+        let ep = client_endpoint(&a.cert);
+        let conn = ep.connect(a.d.addr, "localhost").unwrap().await.unwrap();
+        let (_unpolled_driver, mut send) = h3::client::new(h3_quinn::Connection::new(conn.clone())).await.unwrap();
+        let r = exchange(&mut send, "GET", "/bytes/10", &[], None).await.unwrap();
+        assert_eq!((r.status, r.body.len()), (200, 10));
+        let seen = up.seen.lock().unwrap().len();
+
+        a._w[0].signal(libc::SIGTERM);
+        let goaway = tokio::time::timeout(Duration::from_secs(10), read_goaway(&conn)).await.expect("GOAWAY");
+        // The first request was stream 0; one more is let in (stream 4).
+        assert_eq!(goaway, 4);
+        let r = exchange(&mut send, "GET", "/bytes/10", &[], None).await.unwrap();
+        assert_eq!((r.status, String::from_utf8_lossy(&r.body).as_ref()), (503, "draining\n"));
+        assert_eq!(up.seen.lock().unwrap().len(), seen, "a late request never reaches the upstream");
+    });
+}
+
 /// An upstream that breaks its response mid-body: the client's stream fails (a
 /// reset), never a clean short body.
 #[test]
