@@ -1037,3 +1037,51 @@ fn idempotent_retry_and_passive_health() {
         assert_eq!((stat("upstream_retries"), stat("upstream_down_rejects"), stat("upstream_marked_down")), (1, 2, 1));
     });
 }
+
+/// The passive health state is each worker's own: with two workers, the upstream
+/// taken down by one worker's three failures is still tried (and served) by the
+/// other. New connections land on either worker (the data plane's rendezvous
+/// placement by connection id), so the test opens connections until it has met
+/// both: one answering `upstream down` without dialing, one dialing and served.
+#[test]
+fn passive_health_is_per_worker() {
+    let rt = testkit::h3client::runtime();
+    rt.block_on(async {
+        let up = flaky().await;
+        let a = appliance("proxy-health2", 2, &format!("http://{}", up.addr), &["--upstream-down-ms", "60000"]);
+        let accepts = || up.accepts.load(Ordering::SeqCst);
+        let (_ep, h3) = connect(&a).await;
+        let mut s = h3.sender();
+        up.close.store(3, Ordering::SeqCst);
+        for i in 1..=3 {
+            let r = exchange(&mut s, "POST", "/r", &[], None).await.unwrap();
+            assert_eq!((r.status, accepts()), (502, i), "failure {i}");
+        }
+        let r = exchange(&mut s, "GET", "/r", &[], None).await.unwrap();
+        assert_eq!((r.status, r.body.as_slice(), accepts()), (502, &b"upstream down\n"[..], 3));
+        h3.close();
+
+        let (mut down, mut served) = (0, 0);
+        for _ in 0..30 {
+            let (_ep, h3) = connect(&a).await;
+            let before = accepts();
+            let r = exchange(&mut h3.sender(), "GET", "/r", &[], None).await.unwrap();
+            match (r.status, r.body.as_slice()) {
+                (502, b"upstream down\n") => {
+                    assert_eq!(accepts(), before, "the worker that took it down does not dial");
+                    down += 1;
+                }
+                (200, b"served") => {
+                    assert_eq!(accepts(), before + 1, "the other worker dials");
+                    served += 1;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+            h3.close();
+            if down > 0 && served > 0 {
+                break;
+            }
+        }
+        assert!(down > 0 && served > 0, "both workers met: down {down}, served {served}");
+    });
+}
