@@ -211,7 +211,8 @@ impl tower_service::Service<http::Uri> for FixedConnector {
 #[derive(Debug)]
 pub enum UpstreamClient {
     Http1(Http1Pool),
-    H2c(Client<FixedConnector, RequestBody>),
+    /// Boxed: hyper-util's client is large, and one per upstream.
+    H2c(Box<Client<FixedConnector, RequestBody>>),
 }
 
 /// Why a request got no response head.
@@ -305,7 +306,7 @@ pub fn client(up: &Upstream, connect_timeout: Duration) -> UpstreamClient {
         // :authority is the request URI's (headers::map_request).
         .set_host(false)
         .http2_only(true);
-    UpstreamClient::H2c(b.build(connector))
+    UpstreamClient::H2c(Box::new(b.build(connector)))
 }
 
 #[cfg(test)]
