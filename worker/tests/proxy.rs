@@ -1085,3 +1085,46 @@ fn passive_health_is_per_worker() {
         assert!(down > 0 && served > 0, "both workers met: down {down}, served {served}");
     });
 }
+
+/// A GET whose stream ends (FIN) only after its HEADERS, in a later packet, is
+/// still a GET without a body: no chunked encoding towards HTTP/1.1, and retried
+/// once after a connection error like any other.
+#[test]
+fn a_get_whose_fin_comes_late_is_bodiless() {
+    let rt = testkit::h3client::runtime();
+    rt.block_on(async {
+        async fn late_fin_get(send: &mut Sender, path: &str) -> (u16, Vec<u8>) {
+            let req = Request::builder().method("GET").uri(format!("https://localhost{path}")).body(()).unwrap();
+            let mut s = send.send_request(req).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            s.finish().await.unwrap();
+            let resp = s.recv_response().await.unwrap();
+            let mut body = Vec::new();
+            while let Some(mut c) = s.recv_data().await.unwrap() {
+                while c.has_remaining() {
+                    let n = c.chunk().len();
+                    body.extend_from_slice(c.chunk());
+                    c.advance(n);
+                }
+            }
+            (resp.status().as_u16(), body)
+        }
+        let up = upstream().await;
+        let a = appliance("proxy-latefin", 1, &format!("http://{}", up.addr), &[]);
+        let (_ep, h3) = connect(&a).await;
+        let (status, _) = late_fin_get(&mut h3.sender(), "/headers").await;
+        assert_eq!(status, 200);
+        let seen = up.last();
+        assert!(seen.headers.get("transfer-encoding").is_none(), "{:?}", seen.headers);
+        assert!(seen.headers.get("content-length").is_none(), "{:?}", seen.headers);
+        h3.close();
+
+        let flaky = flaky().await;
+        let a = appliance("proxy-latefin2", 1, &format!("http://{}", flaky.addr), &[]);
+        let (_ep, h3) = connect(&a).await;
+        flaky.close.store(1, Ordering::SeqCst);
+        let (status, body) = late_fin_get(&mut h3.sender(), "/r").await;
+        assert_eq!((status, body.as_slice(), flaky.accepts.load(Ordering::SeqCst)), (200, &b"served"[..], 2));
+        h3.close();
+    });
+}

@@ -23,6 +23,7 @@
 //! HTTP/1.1 connection or resets that HTTP/2 stream).
 
 pub mod body;
+pub mod h2;
 pub mod headers;
 pub mod health;
 pub mod pool;
@@ -35,7 +36,7 @@ use headers::ForwardOptions;
 use health::{Admit, Health, HealthPolicy};
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use pool::Lease;
+use pool::{ConnError, Lease};
 use routes::{Route, RouteTable};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,7 +44,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
-use upstream::{Upstream, UpstreamClient, UpstreamError};
+use upstream::{Upstream, UpstreamClient};
 
 /// The proxy's flags (flattened into the worker's command line).
 #[derive(Debug, Clone, clap::Args)]
@@ -146,8 +147,14 @@ fn is_idempotent(m: &http::Method) -> bool {
     [http::Method::GET, http::Method::HEAD, http::Method::OPTIONS, http::Method::PUT, http::Method::DELETE].contains(m)
 }
 
-type Attempt =
-    Result<Result<(Response<hyper::body::Incoming>, Option<Lease>), UpstreamError>, tokio::time::error::Elapsed>;
+/// Methods whose requests carry no body by custom (RFC 9110 §9.3: a body has no
+/// defined meaning for them).
+fn usually_bodiless(m: &http::Method) -> bool {
+    [http::Method::GET, http::Method::HEAD, http::Method::OPTIONS, http::Method::DELETE, http::Method::TRACE]
+        .contains(m)
+}
+
+type Attempt = Result<Result<(Response<hyper::body::Incoming>, Option<Lease>), ConnError>, tokio::time::error::Elapsed>;
 
 /// What became of one request (for the access log).
 #[derive(Debug, Clone, Default)]
@@ -328,10 +335,23 @@ impl Proxy {
             return reply(&mut send, StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n", out).await;
         }
         // A request whose stream already ended gets an empty body (HTTP/1.1: no
-        // chunked encoding for a GET); otherwise the body streams.
+        // chunked encoding for a GET), and can be retried; otherwise the body streams.
+        // A GET (HEAD, OPTIONS, DELETE, TRACE) without Content-Length whose FIN came
+        // in a packet after its HEADERS is waited for: it is bodiless nearly always.
         let progress = Arc::new(body::Progress::default());
         let seen = &progress.bytes;
-        let (body, mut pump) = match ready_first(&mut recv) {
+        let first = match ready_first(&mut recv) {
+            Poll::Pending if declared.is_none() && usually_bodiless(req.method()) => {
+                match within(self.opts.timeout, recv.recv_data()).await {
+                    Ok(Ok(Some(mut b))) => Poll::Ready(Ok(Some(b.copy_to_bytes(b.remaining())))),
+                    Ok(Ok(None)) => Poll::Ready(Ok(None)),
+                    Ok(Err(_)) => Poll::Ready(Err(())),
+                    Err(_) => Poll::Pending,
+                }
+            }
+            first => first,
+        };
+        let (body, mut pump) = match first {
             Poll::Ready(Ok(None)) if declared.unwrap_or(0) == 0 => (RequestBody::empty(), None),
             Poll::Ready(Err(())) => return Ok(()), // reset before we began
             first => {

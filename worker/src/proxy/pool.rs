@@ -26,9 +26,9 @@ pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 type Sender = http1::SendRequest<RequestBody>;
 
-/// Why a request got no response head.
+/// Why a request got no response head (HTTP/1.1 here, HTTP/2 in h2.rs).
 #[derive(Debug)]
-pub enum Http1Error {
+pub enum ConnError {
     /// Dialling the upstream failed.
     Connect(BoxError),
     /// The connection failed (or closed) before the response head, or the request
@@ -36,11 +36,11 @@ pub enum Http1Error {
     Request(hyper::Error),
 }
 
-impl std::fmt::Display for Http1Error {
+impl std::fmt::Display for ConnError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Http1Error::Connect(e) => write!(f, "connecting: {e}"),
-            Http1Error::Request(e) => write!(f, "{e}"),
+            ConnError::Connect(e) => write!(f, "connecting: {e}"),
+            ConnError::Request(e) => write!(f, "{e}"),
         }
     }
 }
@@ -123,7 +123,7 @@ impl Http1Pool {
     pub async fn send(
         &self,
         mut req: Request<RequestBody>,
-    ) -> Result<(Response<hyper::body::Incoming>, Lease), Http1Error> {
+    ) -> Result<(Response<hyper::body::Incoming>, Lease), ConnError> {
         let target = req.uri().path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
         *req.uri_mut() = Uri::from(target);
         loop {
@@ -136,15 +136,15 @@ impl Http1Pool {
                 Err(mut e) => match e.take_message() {
                     // Closed while idle, the request unsent: another connection.
                     Some(r) if reused => req = r,
-                    _ => return Err(Http1Error::Request(e.into_error())),
+                    _ => return Err(ConnError::Request(e.into_error())),
                 },
             }
         }
     }
 
-    async fn connect(&self) -> Result<Sender, Http1Error> {
-        let io = self.inner.connector.dial().await.map_err(Http1Error::Connect)?;
-        let (tx, conn) = self.inner.builder.handshake(io).await.map_err(Http1Error::Request)?;
+    async fn connect(&self) -> Result<Sender, ConnError> {
+        let io = self.inner.connector.dial().await.map_err(ConnError::Connect)?;
+        let (tx, conn) = self.inner.builder.handshake(io).await.map_err(ConnError::Request)?;
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "upstream connection ended");
@@ -315,5 +315,34 @@ mod tests {
         let n = tokio::io::AsyncReadExt::read(&mut c, &mut buf).await.unwrap();
         assert!(String::from_utf8_lossy(&buf[..n]).starts_with("GET /x?y=1 HTTP/1.1\r\nhost: app.test\r\n"));
         sent.abort();
+    }
+}
+
+#[cfg(test)]
+mod close_tests {
+    use super::*;
+    use crate::proxy::routes::parse_route;
+    use crate::proxy::upstream::{client, UpstreamClient};
+
+    /// An upstream that accepts and closes at once: every way that can end (the
+    /// request written or not, EOF or a reset) is a connection error.
+    #[tokio::test]
+    async fn an_upstream_closing_unanswered_is_a_connection_error() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                drop(s);
+            }
+        });
+        let up = parse_route(&format!("http://{addr}")).unwrap().upstream;
+        let UpstreamClient::Http1(p) = client(&up, Duration::from_secs(5)) else { panic!() };
+        for _ in 0..200 {
+            let mut r = Request::new(RequestBody::empty());
+            *r.uri_mut() = "http://app.test/x".parse().unwrap();
+            r.headers_mut().insert(http::header::HOST, "app.test".parse().unwrap());
+            let e = p.send(r).await.err().expect("no response");
+            assert!(e.is_connection_error(), "{e:?}");
+        }
     }
 }

@@ -1,20 +1,18 @@
 //! The upstream: its URL (`--upstream`), the connector that always dials it, and the
 //! client: for HTTP/1.1 the keep-alive pool of pool.rs, for HTTP/2 with prior
-//! knowledge hyper-util's pooled client (one multiplexed connection).
+//! knowledge the one multiplexed connection of h2.rs.
 //!
 //! The request URI carries the HTTP/3 request's own authority (it becomes `Host` or
 //! `:authority`, headers.rs); [`FixedConnector`] ignores it and dials the upstream's
 //! address: a TCP `host:port`, or a Unix stream socket's path (`unix:/PATH`, as
-//! nginx's `proxy_pass http://unix:/PATH`). hyper-util's HTTP/2 pool is keyed by
-//! that authority, so each authority the clients use has its own connection to the
-//! one upstream; the HTTP/1.1 pool is one per upstream.
+//! nginx's `proxy_pass http://unix:/PATH`).
 
 use super::body::RequestBody;
+use super::h2::H2Client;
 use super::headers::Protocol;
-use super::pool::{Http1Error, Http1Pool, Lease};
+use super::pool::{ConnError, Http1Pool, Lease};
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use std::future::Future;
 use std::io;
 use std::path::PathBuf;
@@ -211,24 +209,7 @@ impl tower_service::Service<http::Uri> for FixedConnector {
 #[derive(Debug)]
 pub enum UpstreamClient {
     Http1(Http1Pool),
-    /// Boxed: hyper-util's client is large, and one per upstream.
-    H2c(Box<Client<FixedConnector, RequestBody>>),
-}
-
-/// Why a request got no response head.
-#[derive(Debug)]
-pub enum UpstreamError {
-    Http1(Http1Error),
-    H2c(hyper_util::client::legacy::Error),
-}
-
-impl std::fmt::Display for UpstreamError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            UpstreamError::Http1(e) => write!(f, "{e}"),
-            UpstreamError::H2c(e) => write!(f, "{e}"),
-        }
-    }
+    H2c(H2Client),
 }
 
 /// Whether `e` (or what caused it) is an I/O error or a connection hyper saw fail.
@@ -247,14 +228,13 @@ fn connection_failed(mut e: Option<&(dyn std::error::Error + 'static)>) -> bool 
     false
 }
 
-impl UpstreamError {
+impl ConnError {
     /// A failure to connect, or the connection reset or closed before the response
     /// head; not a bad response head nor a request body's own failure.
     pub fn is_connection_error(&self) -> bool {
         match self {
-            UpstreamError::Http1(Http1Error::Connect(_)) => true,
-            UpstreamError::Http1(Http1Error::Request(e)) => connection_failed(Some(e)),
-            UpstreamError::H2c(e) => e.is_connect() || connection_failed(std::error::Error::source(e)),
+            ConnError::Connect(_) => true,
+            ConnError::Request(e) => connection_failed(Some(e)),
         }
     }
 }
@@ -265,18 +245,13 @@ impl UpstreamClient {
     pub async fn request(
         &self,
         req: http::Request<RequestBody>,
-    ) -> Result<(http::Response<hyper::body::Incoming>, Option<Lease>), UpstreamError> {
+    ) -> Result<(http::Response<hyper::body::Incoming>, Option<Lease>), ConnError> {
         match self {
-            UpstreamClient::Http1(pool) => {
-                pool.send(req).await.map(|(r, l)| (r, Some(l))).map_err(UpstreamError::Http1)
-            }
-            UpstreamClient::H2c(c) => c.request(req).await.map(|r| (r, None)).map_err(UpstreamError::H2c),
+            UpstreamClient::Http1(pool) => pool.send(req).await.map(|(r, l)| (r, Some(l))),
+            UpstreamClient::H2c(c) => c.send(req).await.map(|r| (r, None)),
         }
     }
 }
-
-/// How long an idle HTTP/2 upstream connection is kept.
-pub const H2_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A client for `up`, connecting within `connect_timeout`. Call inside tokio.
 pub fn client(up: &Upstream, connect_timeout: Duration) -> UpstreamClient {
@@ -296,17 +271,10 @@ pub fn client(up: &Upstream, connect_timeout: Duration) -> UpstreamClient {
         Address::Unix(path) => Target::Unix(path.clone()),
     };
     let connector = FixedConnector { inner: http, target, connect_timeout };
-    if up.protocol == Protocol::Http1 {
-        return UpstreamClient::Http1(Http1Pool::new(connector));
+    match up.protocol {
+        Protocol::Http1 => UpstreamClient::Http1(Http1Pool::new(connector)),
+        Protocol::H2c => UpstreamClient::H2c(H2Client::new(connector)),
     }
-    let mut b = Client::builder(TokioExecutor::new());
-    b.pool_idle_timeout(H2_IDLE_TIMEOUT)
-        .pool_timer(hyper_util::rt::TokioTimer::new())
-        .timer(hyper_util::rt::TokioTimer::new())
-        // :authority is the request URI's (headers::map_request).
-        .set_host(false)
-        .http2_only(true);
-    UpstreamClient::H2c(Box::new(b.build(connector)))
 }
 
 #[cfg(test)]
