@@ -5,7 +5,9 @@
 //! - [`headers`]: the request and response head mapping (RFC 9114 §4.3, RFC 9110
 //!   §7.6.1, RFC 7239), pure.
 //! - [`body`]: the request body, streamed through a small bounded channel.
-//! - [`upstream`]: the URL, the connector and the pooled hyper client.
+//! - [`upstream`]: the URL (TCP or Unix socket), the connector, the client per protocol.
+//! - [`pool`]: the HTTP/1.1 keep-alive connections of one upstream (hyper `conn::http1`).
+//! - [`h2`]: the one HTTP/2 connection of one h2c upstream (hyper `conn::http2`).
 //! - [`routes`]: which upstream a request goes to (authority, path prefix), pure.
 //! - [`health`]: the passive health check of one upstream.
 //!
