@@ -61,6 +61,8 @@ pub(crate) fn letter(kind: &str) -> &'static str {
         "fast" => "(b)",
         "user" => "(c)",
         "proxy" => "(e)",
+        "proxy-unix" => "(f)",
+        "proxy-h2c" => "(g)",
         _ => "(d)",
     }
 }
@@ -177,7 +179,7 @@ impl Server {
         bins: &(PathBuf, PathBuf),
         id: &Identity,
         dir: &Path,
-        upstream: Option<SocketAddr>,
+        upstream: Option<&crate::proxy::Upstream>,
     ) -> Result<Server> {
         let (demux, worker) = bins;
         let shard = o.rounds.shard_core.to_string();
@@ -206,7 +208,7 @@ impl Server {
         let state = dir.join(format!("state-{kind}"));
         let _ = std::fs::remove_dir_all(&state);
         let (cores, workers, fast) = match kind {
-            "fast" | "proxy" => (shard.clone(), 1, "on"),
+            "fast" | "proxy" | "proxy-unix" | "proxy-h2c" => (shard.clone(), 1, "on"),
             "user" => (shard.clone(), 1, "off"),
             _ => ("0-1".to_string(), 2, "on"),
         };
@@ -219,9 +221,10 @@ impl Server {
             .arg(worker)
             .arg(format!("--worker-arg=--cert={}", id.cert.display()))
             .arg(format!("--worker-arg=--key={}", id.key.display()));
-        if kind == "proxy" {
-            let up = upstream.context("the proxy contender needs an upstream")?;
-            cmd.arg(format!("--worker-arg=--upstream=http://{up}"));
+        if kind.starts_with("proxy") {
+            let up = upstream.context("the proxy contenders need an upstream")?;
+            let url = up.url(kind).with_context(|| format!("no upstream URL for {kind}"))?;
+            cmd.arg(format!("--worker-arg=--upstream={url}"));
         }
         let mut child = with_parent(&mut cmd).stdin(Stdio::null()).stdout(Stdio::null()).stderr(logf).spawn()?;
         let status = wait_ready("the appliance", &mut child, &log, || {
@@ -455,7 +458,7 @@ fn report(runs: &[Run], sums: &[Sum], o: &H3Args, f: &Flavor, load_start: &str, 
         f.command,
         out("date", &["-u", "+%Y-%m-%d %H:%M UTC"])
     );
-    let fast: Vec<String> = ["fast", "two", "proxy"]
+    let fast: Vec<String> = ["fast", "two", "proxy", "proxy-unix", "proxy-h2c"]
         .iter()
         .filter(|k| runs.iter().any(|r| r.kind == **k))
         .map(|k| {
@@ -543,6 +546,8 @@ fn svg(sums: &[Sum], kinds: &[String], loads: &[String], o: &H3Args, f: &Flavor)
         "fast" => "#4477aa",
         "user" => "#ee6677",
         "proxy" => "#ccbb44",
+        "proxy-unix" => "#aa3377",
+        "proxy-h2c" => "#66ccee",
         _ => "#228833",
     };
     let h = TOP + loads.len() as f64 * (kinds.len() as f64 * ROW_H + GAP) + 10.0;
@@ -669,7 +674,7 @@ fn run_contender(
     dir: &Path,
     runs: &mut Vec<Run>,
 ) -> Result<()> {
-    let server = Server::start(kind, o, bins, id, dir, f.upstream.map(|u| u.addr))?;
+    let server = Server::start(kind, o, bins, id, dir, f.upstream)?;
     eprintln!(
         "round {} {} {kind}: {} server process(es) on {}",
         round + 1,

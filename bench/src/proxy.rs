@@ -2,12 +2,14 @@
 //! "Reverse proxy") against the same worker serving `/bytes/N` itself
 //! (docs/benchmarks.md "Reverse proxy: `bench proxy`").
 //!
-//! It is `bench h3` (h3.rs) with two contenders, (b) `fast` and (e) `proxy`: the
-//! same appliance (one worker, fast path on), (e) started with
-//! `--worker-arg=--upstream=http://ADDR` to the HTTP/1.1 upstream below, and two
-//! loads, `get-1k` and `download` (32 MiB by default). Server CPU is that of the
-//! appliance's processes; the upstream's (a thread of this process) is measured
-//! and reported on its own.
+//! It is `bench h3` (h3.rs) with the contenders (b) `fast` and the proxies: the
+//! same appliance (one worker, fast path on), started with
+//! `--worker-arg=--upstream=URL` to the upstream below, (e) `proxy` over HTTP/1.1 on
+//! TCP (`http://ADDR`), (f) `proxy-unix` over HTTP/1.1 on a Unix stream socket
+//! (`unix:/PATH`), (g) `proxy-h2c` over HTTP/2 with prior knowledge on TCP
+//! (`h2c://ADDR`); and two loads, `get-1k` and `download` (32 MiB by default).
+//! Server CPU is that of the appliance's processes; the upstream's (a thread of
+//! this process) is measured and reported on its own.
 
 use crate::cli::{H3Args, ProxyArgs};
 use crate::h3::{Flavor, Sum, Target};
@@ -27,11 +29,16 @@ const END: &str = "<!-- bench proxy: end -->";
 /// The upstream's body chunk (a slice of one shared pattern buffer).
 const CHUNK: usize = 64 * 1024;
 
-/// The upstream: a hyper 1.x HTTP/1.1 server (keep-alive) on one thread of a
-/// current-thread tokio runtime, serving `GET /bytes/N` (N bytes of a fixed
-/// pattern, streamed in 64 KiB chunks) and 404 to anything else.
+/// The proxy contenders, each with its upstream URL's kind.
+pub(crate) const CONTENDERS: [&str; 3] = ["proxy", "proxy-unix", "proxy-h2c"];
+
+/// The upstream: a hyper 1.x server (HTTP/1.1 with keep-alive, or HTTP/2 with prior
+/// knowledge: hyper-util's `auto`) on one thread of a current-thread tokio runtime,
+/// listening on TCP and on a Unix stream socket, serving `GET /bytes/N` (N bytes of
+/// a fixed pattern, streamed in 64 KiB chunks) and 404 to anything else.
 pub(crate) struct Upstream {
     pub(crate) addr: SocketAddr,
+    pub(crate) unix: std::path::PathBuf,
     /// The serving thread, for its CPU time.
     tid: u32,
     requests: Arc<AtomicU64>,
@@ -40,11 +47,17 @@ pub(crate) struct Upstream {
 }
 
 impl Upstream {
-    /// Listening on 127.0.0.1 (a free port), its thread pinned to `core` if given.
+    /// Listening on 127.0.0.1 (a free port) and on a Unix socket in the temporary
+    /// directory, its thread pinned to `core` if given.
     pub(crate) fn start(core: Option<usize>) -> Result<Upstream> {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").context("upstream: bind 127.0.0.1:0")?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
+        let unix = std::env::temp_dir().join(format!("bench-proxy-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&unix);
+        let unix_listener = std::os::unix::net::UnixListener::bind(&unix)
+            .with_context(|| format!("upstream: bind {}", unix.display()))?;
+        unix_listener.set_nonblocking(true)?;
         let requests = Arc::new(AtomicU64::new(0));
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let (tid_tx, tid_rx) = std::sync::mpsc::channel();
@@ -58,10 +71,20 @@ impl Upstream {
             let tid =
                 std::fs::read_link("/proc/thread-self").ok().and_then(|l| l.file_name()?.to_str()?.parse::<u32>().ok());
             let _ = tid_tx.send(tid);
-            rt.block_on(serve(listener, counter, stopped));
+            rt.block_on(serve(listener, unix_listener, counter, stopped));
         })?;
         let tid = tid_rx.recv().ok().flatten().context("upstream thread: no id in /proc/thread-self")?;
-        Ok(Upstream { addr, tid, requests, stop: Some(stop), thread: Some(thread) })
+        Ok(Upstream { addr, unix, tid, requests, stop: Some(stop), thread: Some(thread) })
+    }
+
+    /// The `--upstream` URL of a proxy contender (None: not one).
+    pub(crate) fn url(&self, kind: &str) -> Option<String> {
+        match kind {
+            "proxy" => Some(format!("http://{}", self.addr)),
+            "proxy-unix" => Some(format!("unix:{}", self.unix.display())),
+            "proxy-h2c" => Some(format!("h2c://{}", self.addr)),
+            _ => None,
+        }
     }
 
     /// CPU time of the serving thread so far (schedstat(5)'s first field; 0 when
@@ -87,37 +110,50 @@ impl Drop for Upstream {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        let _ = std::fs::remove_file(&self.unix);
     }
 }
 
 async fn serve(
     listener: std::net::TcpListener,
+    unix: std::os::unix::net::UnixListener,
     requests: Arc<AtomicU64>,
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) {
-    let listener = match tokio::net::TcpListener::from_std(listener) {
-        Ok(l) => l,
-        Err(e) => return eprintln!("upstream: {e}"),
+    let (listener, unix) = match (tokio::net::TcpListener::from_std(listener), tokio::net::UnixListener::from_std(unix))
+    {
+        (Ok(l), Ok(u)) => (l, u),
+        (Err(e), _) | (_, Err(e)) => return eprintln!("upstream: {e}"),
     };
     loop {
-        let accepted = tokio::select! {
+        tokio::select! {
             _ = &mut stop => return,
-            a = listener.accept() => a,
-        };
-        let Ok((stream, _)) = accepted else { continue };
-        let _ = stream.set_nodelay(true);
-        let requests = requests.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                let resp = respond(req.uri().path());
-                if resp.status() == http::StatusCode::OK {
-                    requests.fetch_add(1, Ordering::Relaxed);
-                }
-                async move { Ok::<_, Infallible>(resp) }
-            });
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
-        });
+            a = listener.accept() => if let Ok((stream, _)) = a {
+                let _ = stream.set_nodelay(true);
+                tokio::spawn(connection(TokioIo::new(stream), requests.clone()));
+            },
+            a = unix.accept() => if let Ok((stream, _)) = a {
+                tokio::spawn(connection(TokioIo::new(stream), requests.clone()));
+            },
+        }
     }
+}
+
+/// Serves one connection, HTTP/1.1 or HTTP/2 with prior knowledge (by its preface).
+async fn connection<I>(io: I, requests: Arc<AtomicU64>)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        let resp = respond(req.uri().path());
+        if resp.status() == http::StatusCode::OK {
+            requests.fetch_add(1, Ordering::Relaxed);
+        }
+        async move { Ok::<_, Infallible>(resp) }
+    });
+    let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+        .serve_connection(io, service)
+        .await;
 }
 
 /// `/bytes/N`: 200 with N bytes; anything else 404.
@@ -163,18 +199,27 @@ impl http_body::Body for Pattern {
     }
 }
 
-/// (e)/(b) CPU per request (download: per MB) ≤ 2 for each load; rates reported.
+/// Each proxy's CPU per request (download: per MB) over (b)'s ≤ 2 for each load;
+/// rates reported.
 pub(crate) fn targets(sums: &[Sum]) -> Vec<Target> {
     let mut out = Vec::new();
-    for load in ["get-1k", "download"] {
-        let (Some(b), Some(e)) = (crate::h3::find(sums, "fast", load), crate::h3::find(sums, "proxy", load)) else {
-            continue;
-        };
-        let per = if load == "download" { "MB" } else { "request" };
-        let r = e.server_us / b.server_us;
-        out.push(Target { what: format!("(e)/(b) server CPU per {per}, {load} ≤ 2"), ratio: r, met: Some(r <= 2.0) });
-        let (rate, unit) = if load == "download" { (e.mbps / b.mbps, "MB/s") } else { (e.rate / b.rate, "requests/s") };
-        out.push(Target { what: format!("(e)/(b) {unit}, {load} (reported)"), ratio: rate, met: None });
+    for kind in CONTENDERS {
+        let e = crate::h3::letter(kind);
+        for load in ["get-1k", "download"] {
+            let (Some(b), Some(p)) = (crate::h3::find(sums, "fast", load), crate::h3::find(sums, kind, load)) else {
+                continue;
+            };
+            let per = if load == "download" { "MB" } else { "request" };
+            let r = p.server_us / b.server_us;
+            out.push(Target {
+                what: format!("{e}/(b) server CPU per {per}, {load} ≤ 2"),
+                ratio: r,
+                met: Some(r <= 2.0),
+            });
+            let (rate, unit) =
+                if load == "download" { (p.mbps / b.mbps, "MB/s") } else { (p.rate / b.rate, "requests/s") };
+            out.push(Target { what: format!("{e}/(b) {unit}, {load} (reported)"), ratio: rate, met: None });
+        }
     }
     out
 }
@@ -183,7 +228,7 @@ pub fn main(a: ProxyArgs) -> Result<()> {
     let upstream = Upstream::start(Some(a.rounds.load_core))?;
     let o = H3Args {
         seconds: a.seconds,
-        contenders: vec!["fast".into(), "proxy".into()],
+        contenders: std::iter::once("fast").chain(CONTENDERS).map(String::from).collect(),
         loads: vec!["get-1k".into(), "download".into()],
         connections: a.connections,
         handshakes: 1,
@@ -192,8 +237,8 @@ pub fn main(a: ProxyArgs) -> Result<()> {
         out: a.out,
     };
     let conditions = format!(
-        " (e): the appliance as (b), its worker with `--upstream http://{}`: a hyper 1.x HTTP/1.1 server (keep-alive, `/bytes/N` streamed in 64 KiB chunks) on one thread of the bench, pinned to the client's core {}; its CPU is not in the server CPU but in its own column (and in the client cores, the same process).",
-        upstream.addr, o.rounds.load_core
+        " (e)–(g): the appliance as (b), its worker with `--upstream URL` to one upstream, (e) `http://{}` (HTTP/1.1 over TCP), (f) `unix:{}` (HTTP/1.1 over a Unix stream socket), (g) `h2c://{}` (HTTP/2 with prior knowledge over TCP): a hyper 1.x server (hyper-util `auto`: HTTP/1.1 with keep-alive or HTTP/2 by the connection's preface; `TCP_NODELAY`; `/bytes/N` streamed in 64 KiB chunks) on one thread of the bench, pinned to the client's core {}; its CPU is not in the server CPU but in its own column (and in the client cores, the same process).",
+        upstream.addr, upstream.unix.display(), upstream.addr, o.rounds.load_core
     );
     let flavor = Flavor {
         command: "proxy",
@@ -219,16 +264,18 @@ mod tests {
     }
 
     #[test]
-    fn targets_compare_e_with_b() {
+    fn targets_compare_each_proxy_with_b() {
         let sums = vec![
             sum("fast", "get-1k", 1000.0, 1.0, 10.0),
             sum("proxy", "get-1k", 400.0, 0.4, 20.0),
+            sum("proxy-unix", "get-1k", 500.0, 0.5, 20.5),
             sum("fast", "download", 30.0, 1000.0, 800.0),
             sum("proxy", "download", 20.0, 600.0, 1601.0),
         ];
         let t = targets(&sums);
         let got: Vec<(&str, f64, Option<bool>)> = t.iter().map(|x| (x.what.as_str(), x.ratio, x.met)).collect();
-        // Exactly at 2× is met; just past it is missed; rates over (b)'s, reported.
+        // Exactly at 2× is met; just past it is missed; rates over (b)'s, reported;
+        // a proxy without a load's run has no target for it.
         assert_eq!(
             got,
             [
@@ -236,10 +283,26 @@ mod tests {
                 ("(e)/(b) requests/s, get-1k (reported)", 0.4, None),
                 ("(e)/(b) server CPU per MB, download ≤ 2", 1601.0 / 800.0, Some(false)),
                 ("(e)/(b) MB/s, download (reported)", 0.6, None),
+                ("(f)/(b) server CPU per request, get-1k ≤ 2", 2.05, Some(false)),
+                ("(f)/(b) requests/s, get-1k (reported)", 0.5, None),
             ]
         );
-        // A load without both contenders has no target.
-        assert_eq!(targets(&sums[..3]).len(), 2);
+        // Without (b), no target.
+        assert!(targets(&sums[1..3]).is_empty());
+    }
+
+    #[test]
+    fn each_proxy_contender_has_its_url() {
+        let up = Upstream::start(None).unwrap();
+        assert_eq!(up.url("proxy"), Some(format!("http://{}", up.addr)));
+        assert_eq!(up.url("proxy-h2c"), Some(format!("h2c://{}", up.addr)));
+        assert_eq!(up.url("proxy-unix"), Some(format!("unix:{}", up.unix.display())));
+        assert!(up.unix.exists());
+        assert_eq!(up.url("fast"), None);
+        assert!(CONTENDERS.iter().all(|k| up.url(k).is_some() && crate::h3::letter(k) != "(d)"));
+        let path = up.unix.clone();
+        drop(up);
+        assert!(!path.exists(), "the socket file goes with the upstream");
     }
 
     #[test]

@@ -1,7 +1,8 @@
-//! Smoke test for `bench proxy`: both contenders briefly under both loads, one
+//! Smoke test for `bench proxy`: every contender briefly under both loads, one
 //! round. Not a timing test: it checks that every request was served (status 200,
-//! whole body), that (e)'s requests went through the upstream and (b)'s did not,
-//! that the upstream's CPU is measured apart, and that the report is well-formed.
+//! whole body), that the proxies' ((e) HTTP/1.1, (f) over a Unix socket, (g) h2c)
+//! requests went through the upstream and (b)'s did not, that the upstream's CPU is
+//! measured apart, and that the report is well-formed.
 #![allow(clippy::unwrap_used)] // tests and benches may panic on their own setup
 
 mod smoke_support;
@@ -11,8 +12,8 @@ fn proxy_and_builtin_serve_every_request() {
     let w = smoke_support::run("proxy", &["--seconds", "0.5", "--reps", "1", "--download-mib", "4", "--nice", "0"]);
     let v = &w.json;
     let runs = v["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 4, "one run per contender and load: {v}");
-    for c in ["fast", "proxy"] {
+    assert_eq!(runs.len(), 8, "one run per contender and load: {v}");
+    for c in ["fast", "proxy", "proxy-unix", "proxy-h2c"] {
         for l in ["get-1k", "download"] {
             let r = runs.iter().find(|r| r["contender"] == c && r["load"] == l).unwrap_or_else(|| panic!("{c} {l}"));
             let n = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{c} {l}: {k} in {r}"));
@@ -25,7 +26,7 @@ fn proxy_and_builtin_serve_every_request() {
             assert_eq!(n("bytes"), n("ok") * size, "whole bodies: {what}");
             assert!(n("rate") > 0.0 && n("server_cpu_us_per_request_or_mb") > 0.0, "{what}");
             assert!(n("p50_us") >= 1.0 && n("p50_us") <= n("p99_us"), "{what}");
-            if c == "proxy" {
+            if c != "fast" {
                 // Every request served went through the upstream, whose CPU is measured.
                 assert_eq!(n("upstream_requests"), n("ok"), "{what}");
                 assert!(n("upstream_cpu_us_per_request_or_mb") > 0.0, "{what}");
@@ -43,6 +44,14 @@ fn proxy_and_builtin_serve_every_request() {
             "(e)/(b) requests/s, get-1k (reported)",
             "(e)/(b) server CPU per MB, download ≤ 2",
             "(e)/(b) MB/s, download (reported)",
+            "(f)/(b) server CPU per request, get-1k ≤ 2",
+            "(f)/(b) requests/s, get-1k (reported)",
+            "(f)/(b) server CPU per MB, download ≤ 2",
+            "(f)/(b) MB/s, download (reported)",
+            "(g)/(b) server CPU per request, get-1k ≤ 2",
+            "(g)/(b) requests/s, get-1k (reported)",
+            "(g)/(b) server CPU per MB, download ≤ 2",
+            "(g)/(b) MB/s, download (reported)",
         ]
     );
 
@@ -53,8 +62,10 @@ fn proxy_and_builtin_serve_every_request() {
         "{text}"
     );
     let served_rows = text.lines().filter(|l| l.starts_with("| ") && l.contains(" | 0 / ")).count();
-    assert_eq!(served_rows, 4, "{text}");
-    assert_eq!(text.lines().filter(|l| l.contains(") proxy |")).count(), 2, "{text}");
+    assert_eq!(served_rows, 8, "{text}");
+    for row in ["(e) proxy |", "(f) proxy-unix |", "(g) proxy-h2c |"] {
+        assert_eq!(text.lines().filter(|l| l.contains(row)).count(), 2, "{row}: {text}");
+    }
     let chart = &w.svg;
-    assert_eq!(chart.matches("<rect x=").count(), 4, "{chart}");
+    assert_eq!(chart.matches("<rect x=").count(), 8, "{chart}");
 }

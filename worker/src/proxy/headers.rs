@@ -91,9 +91,18 @@ fn te_is_trailers(v: &HeaderValue) -> bool {
 
 /// `headers` without the hop-by-hop fields; `keep_te_trailers` keeps `TE: trailers`.
 pub fn end_to_end(headers: &HeaderMap, keep_te_trailers: bool) -> HeaderMap {
-    let named = connection_tokens(headers);
     let mut out = HeaderMap::with_capacity(headers.len());
+    end_to_end_into(headers, keep_te_trailers, false, &mut out);
+    out
+}
+
+/// [`end_to_end`] appended to `out`; `drop_host` leaves `Host` out too.
+fn end_to_end_into(headers: &HeaderMap, keep_te_trailers: bool, drop_host: bool, out: &mut HeaderMap) {
+    let named = connection_tokens(headers);
     for (name, value) in headers {
+        if drop_host && name == HOST {
+            continue;
+        }
         let n = name.as_str();
         if named.iter().any(|t| t == n) {
             continue;
@@ -109,7 +118,6 @@ pub fn end_to_end(headers: &HeaderMap, keep_te_trailers: bool) -> HeaderMap {
         }
         out.append(name.clone(), value.clone());
     }
-    out
 }
 
 /// The client's IP as forwarded: an IPv4-mapped IPv6 address (a dual-stack socket)
@@ -141,14 +149,42 @@ fn token_or_quoted(v: &str) -> String {
     s
 }
 
+/// Appends `a` in dotted-decimal form (what `Ipv4Addr`'s `Display` writes, without
+/// the formatting machinery: this runs once per request).
+fn push_ipv4(s: &mut String, a: std::net::Ipv4Addr) {
+    for (i, o) in a.octets().into_iter().enumerate() {
+        if i > 0 {
+            s.push('.');
+        }
+        if o >= 100 {
+            s.push(char::from(b'0' + o / 100));
+        }
+        if o >= 10 {
+            s.push(char::from(b'0' + o / 10 % 10));
+        }
+        s.push(char::from(b'0' + o % 10));
+    }
+}
+
 /// One `Forwarded` element (RFC 7239 §4): `for=` the client's IP (RFC 7239 §6: an
 /// IPv6 address in brackets, quoted), `proto=https`, `host=` the authority.
 pub fn forwarded_element(client: SocketAddr, authority: &str) -> String {
-    let node = match client_ip(client) {
-        IpAddr::V4(a) => a.to_string(),
-        IpAddr::V6(a) => format!("\"[{a}]\""),
-    };
-    format!("for={node};proto=https;host={}", token_or_quoted(authority))
+    let mut s = String::with_capacity(40 + authority.len());
+    s.push_str("for=");
+    match client_ip(client) {
+        IpAddr::V4(a) => push_ipv4(&mut s, a),
+        IpAddr::V6(a) => {
+            use std::fmt::Write;
+            let _ = write!(s, "\"[{a}]\"");
+        }
+    }
+    s.push_str(";proto=https;host=");
+    if !authority.is_empty() && authority.chars().all(is_tchar) {
+        s.push_str(authority);
+    } else {
+        s.push_str(&token_or_quoted(authority));
+    }
+    s
 }
 
 /// Maps an HTTP/3 request head (RFC 9114 §4.3.1) to the upstream's.
@@ -180,17 +216,14 @@ pub fn map_request(
         .path_and_query(path)
         .build()
         .map_err(|_| MapError::BadHost)?;
-    let mut out = end_to_end(headers, protocol == Protocol::H2c);
-    out.remove(HOST);
+    let mut out = HeaderMap::with_capacity(headers.len() + 4);
     if protocol == Protocol::Http1 {
         // RFC 9112 §3.2: Host first; HTTP/2 carries it as :authority (from `uri`).
-        let mut with_host = HeaderMap::with_capacity(out.len() + 3);
-        with_host.insert(HOST, HeaderValue::from_str(authority.as_str()).map_err(|_| MapError::BadHost)?);
-        with_host.extend(out);
-        out = with_host;
+        out.insert(HOST, HeaderValue::from_str(authority.as_str()).map_err(|_| MapError::BadHost)?);
     }
+    end_to_end_into(headers, protocol == Protocol::H2c, true, &mut out);
     let fwd = forwarded_element(client, authority.as_str());
-    out.append(HeaderName::from_static("forwarded"), HeaderValue::from_str(&fwd).map_err(|_| MapError::BadHost)?);
+    out.append(HeaderName::from_static("forwarded"), HeaderValue::try_from(fwd).map_err(|_| MapError::BadHost)?);
     if opts.x_forwarded {
         let xff = HeaderName::from_static("x-forwarded-for");
         let ip = client_ip(client).to_string();
@@ -342,6 +375,17 @@ mod tests {
             ("te", "trailers"),
         ]);
         assert_eq!(pairs(&map_response(&h)), [("content-type".to_string(), "text/plain".to_string())]);
+    }
+
+    proptest! {
+        /// The hand-written dotted decimal is `Ipv4Addr`'s `Display`.
+        #[test]
+        fn ipv4_as_display(a in any::<u32>()) {
+            let a = std::net::Ipv4Addr::from(a);
+            let mut s = String::new();
+            push_ipv4(&mut s, a);
+            prop_assert_eq!(s, a.to_string());
+        }
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //! - [`headers`]: the request and response head mapping (RFC 9114 §4.3, RFC 9110
 //!   §7.6.1, RFC 7239), pure.
 //! - [`body`]: the request body, streamed through a small bounded channel.
-//! - [`upstream`]: the URL, the connector and the pooled hyper client.
+//! - [`upstream`]: the URL (TCP or Unix socket), the connector, the client per protocol.
+//! - [`pool`]: the HTTP/1.1 keep-alive connections of one upstream (hyper `conn::http1`).
+//! - [`h2`]: the one HTTP/2 connection of one h2c upstream (hyper `conn::http2`).
 //! - [`routes`]: which upstream a request goes to (authority, path prefix), pure.
 //! - [`health`]: the passive health check of one upstream.
 //!
@@ -23,8 +25,10 @@
 //! HTTP/1.1 connection or resets that HTTP/2 stream).
 
 pub mod body;
+pub mod h2;
 pub mod headers;
 pub mod health;
+pub mod pool;
 pub mod routes;
 pub mod upstream;
 
@@ -34,6 +38,7 @@ use headers::ForwardOptions;
 use health::{Admit, Health, HealthPolicy};
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
+use pool::{ConnError, Lease};
 use routes::{Route, RouteTable};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -144,29 +149,14 @@ fn is_idempotent(m: &http::Method) -> bool {
     [http::Method::GET, http::Method::HEAD, http::Method::OPTIONS, http::Method::PUT, http::Method::DELETE].contains(m)
 }
 
-/// A failure to connect, or the connection reset or closed before the response
-/// head; not a bad response head nor a request body's own failure.
-fn is_connection_error(e: &hyper_util::client::legacy::Error) -> bool {
-    if e.is_connect() {
-        return true;
-    }
-    let mut src = std::error::Error::source(e);
-    while let Some(s) = src {
-        if let Some(h) = s.downcast_ref::<hyper::Error>() {
-            if h.is_incomplete_message() || h.is_canceled() || h.is_closed() {
-                return true;
-            }
-        }
-        if s.is::<std::io::Error>() {
-            return true;
-        }
-        src = s.source();
-    }
-    false
+/// Methods whose requests carry no body by custom (RFC 9110 §9.3: a body has no
+/// defined meaning for them).
+fn usually_bodiless(m: &http::Method) -> bool {
+    [http::Method::GET, http::Method::HEAD, http::Method::OPTIONS, http::Method::DELETE, http::Method::TRACE]
+        .contains(m)
 }
 
-type Attempt =
-    Result<Result<Response<hyper::body::Incoming>, hyper_util::client::legacy::Error>, tokio::time::error::Elapsed>;
+type Attempt = Result<Result<(Response<hyper::body::Incoming>, Option<Lease>), ConnError>, tokio::time::error::Elapsed>;
 
 /// What became of one request (for the access log).
 #[derive(Debug, Clone, Default)]
@@ -221,6 +211,23 @@ fn ready_first(recv: &mut body::H3Recv) -> Poll<Result<Option<Bytes>, ()>> {
     }
 }
 
+/// `fut`'s output, or `Elapsed` after `limit`; no timer when `fut` is ready at once
+/// (a response body's next frame usually is).
+async fn within<F: std::future::Future>(limit: Duration, fut: F) -> Result<F::Output, tokio::time::error::Elapsed> {
+    let mut fut = std::pin::pin!(fut);
+    let now = std::future::poll_fn(|cx| {
+        Poll::Ready(match fut.as_mut().poll(cx) {
+            Poll::Ready(v) => Some(v),
+            Poll::Pending => None,
+        })
+    })
+    .await;
+    match now {
+        Some(v) => Ok(v),
+        None => tokio::time::timeout(limit, fut).await,
+    }
+}
+
 impl Proxy {
     /// A proxy to the upstreams of `opts.routes`. Call inside tokio.
     pub fn new(opts: ProxyOptions) -> Proxy {
@@ -261,7 +268,7 @@ impl Proxy {
                 b.health.success();
                 trial.0 = None;
             }
-            Ok(Err(e)) if is_connection_error(e) => {
+            Ok(Err(e)) if e.is_connection_error() => {
                 if b.health.failure(Instant::now(), self.opts.health) {
                     self.counters.marked_down.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(upstream = %b.upstream, period = ?self.opts.health.period, "upstream down");
@@ -303,7 +310,7 @@ impl Proxy {
             .authority()
             .map(|a| a.as_str())
             .or_else(|| req.headers().get(http::header::HOST).and_then(|h| h.to_str().ok()));
-        let host = routes::host_of(authority.unwrap_or(""));
+        let host = if self.opts.routes.by_host() { routes::host_of(authority.unwrap_or("")) } else { String::new() };
         let Some(route) = self.opts.routes.choose(&host, req.uri().path()) else {
             recv.stop_sending(h3::error::Code::H3_NO_ERROR);
             return reply(&mut send, StatusCode::NOT_FOUND, "no upstream route for this request\n", out).await;
@@ -330,10 +337,23 @@ impl Proxy {
             return reply(&mut send, StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n", out).await;
         }
         // A request whose stream already ended gets an empty body (HTTP/1.1: no
-        // chunked encoding for a GET); otherwise the body streams.
+        // chunked encoding for a GET), and can be retried; otherwise the body streams.
+        // A GET (HEAD, OPTIONS, DELETE, TRACE) without Content-Length whose FIN came
+        // in a packet after its HEADERS is waited for: it is bodiless nearly always.
         let progress = Arc::new(body::Progress::default());
         let seen = &progress.bytes;
-        let (body, mut pump) = match ready_first(&mut recv) {
+        let first = match ready_first(&mut recv) {
+            Poll::Pending if declared.is_none() && usually_bodiless(req.method()) => {
+                match within(self.opts.timeout, recv.recv_data()).await {
+                    Ok(Ok(Some(mut b))) => Poll::Ready(Ok(Some(b.copy_to_bytes(b.remaining())))),
+                    Ok(Ok(None)) => Poll::Ready(Ok(None)),
+                    Ok(Err(_)) => Poll::Ready(Err(())),
+                    Err(_) => Poll::Pending,
+                }
+            }
+            first => first,
+        };
+        let (body, mut pump) = match first {
             Poll::Ready(Ok(None)) if declared.unwrap_or(0) == 0 => (RequestBody::empty(), None),
             Poll::Ready(Err(())) => return Ok(()), // reset before we began
             first => {
@@ -351,9 +371,9 @@ impl Proxy {
             self.counters.down_rejects.fetch_add(1, Ordering::Relaxed);
             return reply(&mut send, StatusCode::BAD_GATEWAY, "upstream down\n", out).await;
         }
-        // Without a body (nothing of it sent), an idempotent request can go again.
-        let again = (pump.is_none() && is_idempotent(&head.method))
-            .then(|| (head.method.clone(), head.uri.clone(), head.headers.clone()));
+        // Without a body (nothing of it sent), an idempotent request can go again
+        // (its head mapped anew: the first went with the first attempt).
+        let again = pump.is_none() && is_idempotent(&head.method);
         let mut upstream_req = Request::new(body);
         *upstream_req.method_mut() = head.method;
         *upstream_req.uri_mut() = head.uri;
@@ -362,16 +382,28 @@ impl Proxy {
         let sent_at = Instant::now();
         let mut response = std::pin::pin!(async {
             let first = self.attempt(backend, upstream_req, trial).await;
-            let Some((method, uri, headers)) = again else { return first };
+            if !again {
+                return first;
+            }
             match first {
-                Ok(Err(e)) if is_connection_error(&e) => match backend.health.admit(Instant::now()) {
+                Ok(Err(e)) if e.is_connection_error() => match backend.health.admit(Instant::now()) {
                     Admit::Down => Ok(Err(e)),
                     admit => {
                         self.counters.retries.fetch_add(1, Ordering::Relaxed);
+                        let Ok(head) = headers::map_request(
+                            req.method(),
+                            req.uri(),
+                            req.headers(),
+                            client,
+                            protocol,
+                            self.opts.forward,
+                        ) else {
+                            return Ok(Err(e));
+                        };
                         let mut req = Request::new(RequestBody::empty());
-                        *req.method_mut() = method;
-                        *req.uri_mut() = uri;
-                        *req.headers_mut() = headers;
+                        *req.method_mut() = head.method;
+                        *req.uri_mut() = head.uri;
+                        *req.headers_mut() = head.headers;
                         let trial = TrialGuard((admit == Admit::Trial).then_some(&backend.health));
                         self.attempt(backend, req, trial).await
                     }
@@ -422,6 +454,7 @@ impl Proxy {
             }
             Ok(Ok(r)) => r,
         };
+        let (resp, lease) = resp;
         let (parts, mut upstream_body) = resp.into_parts();
         let mut h3_resp = Response::new(());
         *h3_resp.status_mut() = parts.status;
@@ -429,9 +462,14 @@ impl Proxy {
         send.send_response(h3_resp).await?;
         out.status = parts.status.as_u16();
         loop {
-            let frame = match tokio::time::timeout(self.opts.timeout, upstream_body.frame()).await {
+            let frame = match within(self.opts.timeout, upstream_body.frame()).await {
                 Ok(Some(Ok(f))) => f,
-                Ok(None) => break,
+                Ok(None) => {
+                    if let Some(l) = lease {
+                        l.release();
+                    }
+                    break;
+                }
                 Ok(Some(Err(e))) => {
                     tracing::debug!(error = %e, "upstream response body failed");
                     send.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
@@ -470,6 +508,22 @@ impl Proxy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `within`: a ready future's output at once; a pending one's when it comes
+    /// before the limit; `Elapsed` at the limit.
+    #[tokio::test]
+    async fn within_the_limit_or_elapsed() {
+        let limit = Duration::from_millis(300);
+        assert_eq!(within(limit, async { 7 }).await.unwrap(), 7);
+        let late = within(limit, async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            8
+        });
+        assert_eq!(late.await.unwrap(), 8);
+        let t0 = Instant::now();
+        assert!(within(limit, std::future::pending::<()>()).await.is_err());
+        assert!(t0.elapsed() >= limit);
+    }
 
     /// A trial attempt dropped before it was ever polled (the client went away at
     /// once) does not leave the upstream waiting for a trial that never ends.

@@ -90,6 +90,11 @@ impl RouteTable {
         &self.routes
     }
 
+    /// Whether any route names a host (else the request's host is not needed).
+    pub fn by_host(&self) -> bool {
+        self.routes.iter().any(|r| r.host.is_some())
+    }
+
     /// The index of the route for a request to `host` (lower case, no port; see
     /// [`host_of`]) and `path` (without the query), if any.
     pub fn choose(&self, host: &str, path: &str) -> Option<usize> {
