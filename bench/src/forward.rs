@@ -21,10 +21,10 @@ use crate::load::flow_payloads;
 use crate::sys::pin;
 use anyhow::{bail, Context, Result};
 use std::net::UdpSocket;
-use sys::mmsg::{SendMeta, SendMmsg};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use sys::mmsg::{SendMeta, SendMmsg};
 
 /// Host 2's first server id with `--host-bits 2`: 2 << 14.
 const SINK_ID: u16 = 2 << 14;
