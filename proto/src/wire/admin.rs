@@ -112,7 +112,7 @@ impl Message for Admin {
             }
             Admin::KeysChanged { keys } => {
                 codec::header(tag::KEYS_CHANGED, version, v);
-                put_keys(v, keys);
+                put_keys(v, version, keys);
             }
             Admin::GetSockets => codec::header(tag::GET_SOCKETS, version, v),
             Admin::Sockets { addrs } => {
@@ -148,7 +148,7 @@ impl Message for Admin {
                 let from = if flags & ROTATE_FROM != 0 { Some(c.text()?) } else { None };
                 Admin::RotateKeys { prf, force: flags & ROTATE_FORCE != 0, phase, from }
             }
-            tag::KEYS_CHANGED => Admin::KeysChanged { keys: c.keys()? },
+            tag::KEYS_CHANGED => Admin::KeysChanged { keys: c.keys(version)? },
             tag::GET_SOCKETS => Admin::GetSockets,
             tag::SOCKETS => Admin::Sockets { addrs: c.socket_addrs()? },
             ERROR => Admin::Error { reason: c.text()? },
