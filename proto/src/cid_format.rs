@@ -21,6 +21,11 @@
 //! key=none|generate|<32 hex> length=self|random` — the config id follows the
 //! generation; `key=generate` takes a fresh key from the new generation's random
 //! secret; `nonce` defaults to `11 - server-id`, `key` to `none`, `length` to `random`.
+//!
+//! A rotation without a new setting keeps the newest generation's format
+//! ([`FormatSpec::kept`]): the same config in the new generation's config id, and a
+//! fresh key when the newest's key is its own secret's first 16 bytes (it was
+//! generated).
 
 use crate::cid::{Generation, CID_LEN};
 use crate::quic_lb::{self, ConfigId, Params};
@@ -190,6 +195,23 @@ impl std::fmt::Debug for KeySpec {
 }
 
 impl FormatSpec {
+    /// The spec that keeps generation `format`'s format (module docs); `secret` is
+    /// that generation's secret.
+    pub fn kept(format: &CidFormat, secret: &[u8; 32]) -> FormatSpec {
+        let CidFormat::QuicLb(p) = format else { return FormatSpec::Adr1 };
+        let key = match p.key {
+            None => KeySpec::None,
+            Some(k) if k[..] == secret[..quic_lb::KEY_LEN] => KeySpec::Generate,
+            Some(k) => KeySpec::Fixed(k),
+        };
+        FormatSpec::QuicLb {
+            server_id_len: p.server_id_len,
+            nonce_len: p.nonce_len,
+            key,
+            self_encoded_len: p.self_encoded_len,
+        }
+    }
+
     /// Generation `generation`'s format, its config id `2 × generation`; `secret` is
     /// the generation's fresh random secret (the key of `key=generate`).
     pub fn for_generation(&self, generation: Generation, secret: &[u8; 32]) -> Result<CidFormat, CidFormatError> {
@@ -209,6 +231,25 @@ impl FormatSpec {
         let f = CidFormat::QuicLb(Params { config_id, server_id_len, nonce_len, key, self_encoded_len });
         f.check(generation)?;
         Ok(f)
+    }
+}
+
+impl std::fmt::Display for FormatSpec {
+    /// The setting's text (module docs), which [`FormatSpec::from_str`] reads back.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FormatSpec::Adr1 => f.write_str("adr1"),
+            FormatSpec::QuicLb { server_id_len, nonce_len, key, self_encoded_len } => write!(
+                f,
+                "quic-lb server-id={server_id_len} nonce={nonce_len} key={} length={}",
+                match key {
+                    KeySpec::None => "none".to_owned(),
+                    KeySpec::Generate => "generate".to_owned(),
+                    KeySpec::Fixed(k) => to_hex(k),
+                },
+                if *self_encoded_len { "self" } else { "random" }
+            ),
+        }
     }
 }
 
@@ -436,6 +477,19 @@ mod tests {
             let text = f.to_text();
             let fields: Vec<&str> = text.split_whitespace().collect();
             prop_assert_eq!(CidFormat::parse(&fields, generation), Ok(f));
+        }
+
+        /// A spec's text reads back to it; keeping a generation's format gives the
+        /// spec it was made with, so rotations keep it (a generated key stays generated).
+        #[test]
+        fn spec_text_and_kept(sid in 2u8..=7, key in prop_oneof![Just(KeySpec::None), Just(KeySpec::Generate), any::<[u8; 16]>().prop_map(KeySpec::Fixed)], sel: bool, n in 0u8..=2, secret: [u8; 32]) {
+            let spec = FormatSpec::QuicLb { server_id_len: sid, nonce_len: 11 - sid, key, self_encoded_len: sel };
+            prop_assert_eq!(spec.to_string().parse::<FormatSpec>(), Ok(spec));
+            let f = spec.for_generation(g(n), &secret).expect("fits");
+            // A fixed key equal to the secret's prefix is indistinguishable from a generated one.
+            prop_assume!(key != KeySpec::Fixed(secret[..16].try_into().expect("16")));
+            prop_assert_eq!(FormatSpec::kept(&f, &secret), spec);
+            prop_assert_eq!(FormatSpec::kept(&CidFormat::Adr1, &secret), FormatSpec::Adr1);
         }
 
         /// The server id sits big-endian in the last two bytes of the server-id field.

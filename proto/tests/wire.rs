@@ -10,7 +10,7 @@ mod common;
 use common::rng::Rng;
 use proptest::prelude::*;
 use proto::cid::{Generation, Prf, ServerId};
-use proto::cid_format::CidFormat;
+use proto::cid_format::{CidFormat, FormatSpec, KeySpec};
 use proto::wire::admin::{RotatePhase, KEEP_PRF};
 use proto::wire::data::{CAPS_KNOWN, CAP_FAST_PATH, CAP_RINGS, LOAD_INTERVAL_MS, MAX_ODCID_LEN, MAX_RINGS};
 use proto::wire::frame::{self, FrameMeta, HEADER_LEN, MAX_PAYLOAD};
@@ -159,7 +159,7 @@ fn model_admin(m: &Admin, v: u8) -> Vec<u8> {
         Admin::Welcome { version, caps } => model_record(*version, 0x02, &[U64(*caps)]),
         Admin::StatusRequest => model_record(v, 0x61, &[]),
         Admin::Status { json } => model_record(v, 0x62, &[Text(json)]),
-        Admin::RotateKeys { prf, force, phase, from } => {
+        Admin::RotateKeys { prf, force, phase, from, format } => {
             let code = match prf {
                 None => 0xff,
                 Some(Prf::HmacSha256) => 0,
@@ -170,11 +170,15 @@ fn model_admin(m: &Admin, v: u8) -> Vec<u8> {
                 RotatePhase::Stage => 1,
                 RotatePhase::Activate => 2,
             };
-            let flags = u8::from(*force) | phase << 1 | if from.is_some() { 8 } else { 0 };
-            match from {
-                Some(f) => model_record(v, 0x63, &[U8(code), U8(flags), Text(f)]),
-                None => model_record(v, 0x63, &[U8(code), U8(flags)]),
-            }
+            let flags = u8::from(*force)
+                | phase << 1
+                | if from.is_some() { 8 } else { 0 }
+                | if format.is_some() { 0x10 } else { 0 };
+            let format = format.map(|f| f.to_string());
+            let mut fields = vec![U8(code), U8(flags)];
+            fields.extend(from.as_deref().map(Text));
+            fields.extend(format.as_deref().map(Text));
+            model_record(v, 0x63, &fields)
         }
         Admin::KeysChanged { keys } => model_record(v, 0x64, &[Keys(keys)]),
         Admin::GetSockets => model_record(v, 0x65, &[]),
@@ -279,7 +283,7 @@ fn keys() -> impl Strategy<Value = Keys> {
 
 /// A protocol version a record may be in: from the first negotiated one on.
 fn version() -> impl Strategy<Value = u8> {
-    prop_oneof![Just(PROTOCOL_VERSION), FIRST_VERSION..=u8::MAX]
+    prop_oneof![Just(PROTOCOL_VERSION), Just(FIRST_VERSION), FIRST_VERSION..=u8::MAX]
 }
 
 /// A valid window (`FIRST_VERSION <= oldest <= newest`).
@@ -348,8 +352,27 @@ fn admin() -> impl Strategy<Value = Admin> {
             any::<bool>(),
             prop_oneof![Just(RotatePhase::Rotate), Just(RotatePhase::Stage), Just(RotatePhase::Activate)],
             proptest::option::of("[a-z/]{0,20}"),
+            proptest::option::of(prop_oneof![
+                Just(FormatSpec::Adr1),
+                (2u8..=7, any::<Option<[u8; 16]>>(), any::<bool>(), any::<bool>()).prop_map(
+                    |(sid, key, generate, sel)| {
+                        let key = match key {
+                            Some(k) => KeySpec::Fixed(k),
+                            None if generate => KeySpec::Generate,
+                            None => KeySpec::None,
+                        };
+                        FormatSpec::QuicLb { server_id_len: sid, nonce_len: 11 - sid, key, self_encoded_len: sel }
+                    }
+                ),
+            ]),
         )
-            .prop_map(|(prf, force, phase, from)| Admin::RotateKeys { prf, force, phase, from }),
+            .prop_map(|(prf, force, phase, from, format)| Admin::RotateKeys {
+                prf,
+                force,
+                phase,
+                from,
+                format
+            }),
         keys().prop_map(|keys| Admin::KeysChanged { keys }),
         Just(Admin::GetSockets),
         addrs().prop_map(|addrs| Admin::Sockets { addrs }),
@@ -383,8 +406,14 @@ fn round_trip<T: Message + Debug + PartialEq>(m: &T, v: u8, model: fn(&T, u8) ->
     prop_assert_eq!(&rec, &model(m, v), "{:?} against the model in version {}", m, v);
     // ADR 0007: version 3 cannot carry a quic-lb generation; its reader refuses the
     // record (the unknown PRF code), never reads it as adr1.
-    if v < CID_FORMAT_VERSION && format!("{m:?}").contains("QuicLb") {
+    let rotation_format = format!("{m:?}").contains("format: Some");
+    if v < CID_FORMAT_VERSION && !rotation_format && format!("{m:?}").contains("QuicLb") {
         prop_assert_eq!(T::decode(&rec).err(), Some(WireError::BadPrf(NO_PRF_IN_THIS_VERSION)));
+        return Ok(());
+    }
+    // …nor a rotation's CID format: a version 3 controller refuses the flag.
+    if v < CID_FORMAT_VERSION && rotation_format {
+        prop_assert_eq!(T::decode(&rec).err(), Some(WireError::ReservedBits));
         return Ok(());
     }
     prop_assert_eq!(&T::decode(&rec).unwrap(), m);
@@ -708,7 +737,7 @@ fn descriptors_travel_with_the_documented_messages() {
         Admin::Welcome { version: V, caps: 0 },
         Admin::StatusRequest,
         Admin::Status { json: String::new() },
-        Admin::RotateKeys { prf: None, force: false, phase: RotatePhase::Rotate, from: None },
+        Admin::RotateKeys { prf: None, force: false, phase: RotatePhase::Rotate, from: None, format: None },
         Admin::KeysChanged { keys: k },
         Admin::GetSockets,
         Admin::Sockets { addrs: vec![] },
@@ -780,11 +809,19 @@ fn exhaustive_single_byte_corruption() {
         Admin::Status { json: "{\"é\":1}".into() }.to_record(),
         Admin::GetSockets.to_record(),
         Admin::KeysChanged { keys: k }.to_record(),
-        Admin::RotateKeys { prf: None, force: false, phase: RotatePhase::Rotate, from: None }.to_record(),
-        Admin::RotateKeys { prf: Some(Prf::SipHash24), force: true, phase: RotatePhase::Rotate, from: None }
+        Admin::RotateKeys { prf: None, force: false, phase: RotatePhase::Rotate, from: None, format: None }.to_record(),
+        Admin::RotateKeys {
+            prf: Some(Prf::SipHash24),
+            force: true,
+            phase: RotatePhase::Rotate,
+            from: None,
+            format: None,
+        }
+        .to_record(),
+        Admin::RotateKeys { prf: None, force: false, phase: RotatePhase::Stage, from: Some("/k".into()), format: None }
             .to_record(),
-        Admin::RotateKeys { prf: None, force: false, phase: RotatePhase::Stage, from: Some("/k".into()) }.to_record(),
-        Admin::RotateKeys { prf: None, force: true, phase: RotatePhase::Activate, from: None }.to_record(),
+        Admin::RotateKeys { prf: None, force: true, phase: RotatePhase::Activate, from: None, format: None }
+            .to_record(),
     ];
     for rec in &recs {
         for i in 0..rec.len() {
@@ -1154,14 +1191,35 @@ fn admin_layout() {
     // rotate-keys [--prf] [--force] [--stage|--activate]: a PRF code (0 hmac-sha256,
     // 1 siphash-2-4) or 0xff (keep), then flags: bit 0 force, bits 1-2 the phase
     // (0 rotate, 1 stage, 2 activate), bit 3 a `from` path follows.
-    let rotate = |prf, force, phase, from| Admin::RotateKeys { prf, force, phase, from };
+    let rotate = |prf, force, phase, from| Admin::RotateKeys { prf, force, phase, from, format: None };
     assert_eq!(rotate(None, false, RotatePhase::Rotate, None).to_record(), [M, V, 0x63, KEEP_PRF, 0]);
     assert_eq!(rotate(Some(Prf::SipHash24), true, RotatePhase::Rotate, None).to_record(), [M, V, 0x63, 1, 1]);
     assert_eq!(Admin::decode(&[M, V, 0x63, 0, 0]), Ok(rotate(Some(Prf::HmacSha256), false, RotatePhase::Rotate, None)));
     assert_eq!(Admin::decode(&[M, V, 0x63, 0xff, 2]), Ok(rotate(None, false, RotatePhase::Stage, None)));
     assert_eq!(Admin::decode(&[M, V, 0x63, 0xff, 5]), Ok(rotate(None, true, RotatePhase::Activate, None)));
     assert_eq!(Admin::decode(&[M, V, 0x63, 0xff, 6]), Err(WireError::ReservedBits));
-    assert_eq!(Admin::decode(&[M, V, 0x63, 0xff, 16]), Err(WireError::ReservedBits));
+    assert_eq!(Admin::decode(&[M, V, 0x63, 0xff, 32]), Err(WireError::ReservedBits));
+    assert_eq!(Admin::decode(&[M, 3, 0x63, 0xff, 16]), Err(WireError::ReservedBits), "no format in version 3");
+    // Bit 4 (version 4): a CID format text follows (ADR 0007), after the path.
+    let spec: FormatSpec = "quic-lb server-id=2 key=generate".parse().unwrap();
+    let m = Admin::RotateKeys {
+        prf: None,
+        force: false,
+        phase: RotatePhase::Stage,
+        from: Some("/k".into()),
+        format: Some(spec),
+    };
+    let mut want = vec![M, V, 0x63, 0xff, 2 | 8 | 16, 0, 0, 0, 2, b'/', b'k'];
+    let text = b"quic-lb server-id=2 nonce=9 key=generate length=random";
+    want.extend_from_slice(&(text.len() as u32).to_be_bytes());
+    want.extend_from_slice(text);
+    assert_eq!(m.to_record(), want);
+    assert_eq!(Admin::decode(&want), Ok(m.clone()));
+    // An older controller refuses it rather than rotating without the format.
+    assert_eq!(Admin::decode(&m.to_record_at(3)), Err(WireError::ReservedBits));
+    let mut bad = vec![M, V, 0x63, 0xff, 16, 0, 0, 0, 4];
+    bad.extend_from_slice(b"adr2");
+    assert_eq!(Admin::decode(&bad), Err(WireError::BadCidFormatText));
     let from = rotate(None, false, RotatePhase::Stage, Some("/k".into()));
     let enc = from.to_record();
     assert_eq!(enc[..5], [M, V, 0x63, 0xff, 2 | 8]);

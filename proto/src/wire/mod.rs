@@ -166,6 +166,8 @@ pub enum WireError {
     /// A generation's QUIC-LB config that does not fit it (ADR 0007,
     /// `proto::cid_format`); the generation.
     BadCidFormat(u8),
+    /// A `RotateKeys` CID format text that does not parse (ADR 0007).
+    BadCidFormatText,
     TooMany,
     TrailingBytes,
     BadUtf8,
@@ -193,6 +195,7 @@ impl std::fmt::Display for WireError {
             WireError::BadPrf(p) => write!(f, "unknown PRF code {p}"),
             WireError::UnknownCidFormat(c) => write!(f, "unknown CID format code {c}"),
             WireError::BadCidFormat(g) => write!(f, "key generation {g}'s quic-lb config does not fit it"),
+            WireError::BadCidFormatText => f.write_str("the CID format text does not parse"),
             WireError::TooMany => f.write_str("list longer than allowed"),
             WireError::TrailingBytes => f.write_str("trailing bytes"),
             WireError::BadUtf8 => f.write_str("text is not UTF-8"),
