@@ -110,6 +110,17 @@ impl CidFormat {
         Ok(())
     }
 
+    /// What status and logs show: the key-file text with `key=<32 hex>` replaced by
+    /// `key=set` (never key material).
+    pub fn describe(&self) -> String {
+        match self {
+            CidFormat::QuicLb(p) if p.key.is_some() => {
+                CidFormat::QuicLb(Params { key: None, ..*p }).to_text().replace("key=none", "key=set")
+            }
+            _ => self.to_text(),
+        }
+    }
+
     /// The key-file text (module docs).
     pub fn to_text(&self) -> String {
         match self {
@@ -408,6 +419,8 @@ mod tests {
         let f = s.for_generation(g(2), &[0xab; 32]).expect("fits");
         let CidFormat::QuicLb(p) = f else { panic!("quic-lb") };
         assert_eq!((p.config_id.get(), p.key), (4, Some([0xab; 16])));
+        assert_eq!(f.describe(), "quic-lb config=4 server-id=3 nonce=8 key=set length=self");
+        assert!(f.to_text().contains(&"ab".repeat(16)));
         let cases = [
             ("", "missing CID format"),
             ("adr2", "unknown CID format 'adr2'"),

@@ -102,7 +102,7 @@ pub fn rotate_keys(
                 "{phase:?} in the key file (no controller running): key generation {} issued ({}, {}); also decoded: {:?}",
                 k.keys.newest.generation.get(),
                 k.keys.newest.prf,
-                k.keys.newest.format.to_text(),
+                k.keys.newest.format.describe(),
                 k.keys.previous.map(|g| g.generation.get())
             );
             Ok(())

@@ -87,7 +87,7 @@ impl Ctl {
         }
         tracing::info!(
             why, ?phase, newest = self.keys.keys.newest.generation.get(), prf = %self.keys.keys.newest.prf,
-            format = %self.keys.keys.newest.format.to_text(),
+            format = %self.keys.keys.newest.format.describe(),
             previous = ?self.keys.keys.previous.map(|p| p.generation.get()), staged = self.keys.is_staged(),
             "CID key generation rotated"
         );
