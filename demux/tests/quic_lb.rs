@@ -147,6 +147,11 @@ fn quic_lb_rotations_under_downloads_decode_with_an_independent_decoder() {
     assert!(std::fs::read_to_string(c.state.join("keys")).unwrap().starts_with("quicdemux-keys 4\n"));
     let served = check_cids_decode_to_the_server(&c, &keyed, 4);
     assert!(served.iter().all(|id| workers.contains(id)), "{served:?} not in {workers:?}");
+    // The kernel runs no AES: the keyed generation's datagrams take the user path,
+    // counted by the program.
+    let fast = |c: &Controller, what: &str| c.lb_wait().pointer(&format!("/fast_path/{what}")).and_then(|v| v.as_u64());
+    let encrypted = fast(&c, "to_demux/quic_lb_encrypted");
+    assert!(encrypted.is_some_and(|n| n > 0), "keyed quic-lb datagrams counted by the program: {encrypted:?}");
 
     // A short-header datagram of generation 1's other config id (3): unroutable,
     // counted as Orphan (and answered by a stateless reset).
@@ -172,6 +177,12 @@ fn quic_lb_rotations_under_downloads_decode_with_an_independent_decoder() {
     assert_eq!((pp.config_id.get(), pp.server_id_len, pp.nonce_len, pp.key), (4, 3, 8, None));
     let served = check_cids_decode_to_the_server(&c, &plain, 4);
     assert!(served.iter().all(|id| workers.contains(id)), "{served:?} not in {workers:?}");
+    // Generations 2 (plaintext) and 1 (keyed) are live, no adr1 one: every datagram
+    // the program hands to a worker now is a plaintext QUIC-LB one.
+    let steered = fast(&c, "datagrams").unwrap();
+    wait_until("plaintext quic-lb datagrams steered in the kernel", Duration::from_secs(30), || {
+        (fast(&c, "datagrams").unwrap() >= steered + 100).then_some(())
+    });
     let before = fresh_connections();
     wait_until("fresh connections on the plaintext generation", Duration::from_secs(30), || {
         (fresh_connections() >= before + 4).then_some(())
