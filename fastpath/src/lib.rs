@@ -58,6 +58,10 @@ use proto::{Generation, ServerId};
 #[allow(non_camel_case_types, dead_code, clippy::all)]
 mod abi;
 
+/// What a CID decode costs in eBPF, under BPF_PROG_TEST_RUN (benches and tests only;
+/// docs/adr/0007-quic-lb.md).
+pub mod cid_cost;
+
 /// The program's outcome counters (`struct steer_counters` of `bpf/steer.h`), summed
 /// over CPUs. Every skb the program runs on counts once among `fast`,
 /// `long_header`, `short_packet`, `cr_unroutable`, `unknown_generation`,
