@@ -50,6 +50,12 @@ fn newest_format(c: &Controller) -> CidFormat {
 /// One aioquic GET through the appliance: (server id that served it, the CIDs the
 /// server chose for the connection).
 fn aioquic_server_cids(c: &Controller) -> (u64, Vec<String>) {
+    let (id, cids, _) = aioquic_run(c);
+    (id, cids)
+}
+
+/// [`aioquic_server_cids`] and the SCID of the Retry the client got, if any.
+fn aioquic_run(c: &Controller) -> (u64, Vec<String>, Option<String>) {
     let script = testkit::bin::python_script("aioquic_server_cids.py");
     let addr = c.addr();
     let out = Command::new("python3")
@@ -70,7 +76,8 @@ fn aioquic_server_cids(c: &Controller) -> (u64, Vec<String>) {
     assert_eq!((field("status"), field("bytes"), field("ok")), ("200".into(), "100000".into(), "True".into()));
     let cids: Vec<String> = field("cids").split(',').map(str::to_owned).collect();
     assert!(cids.len() >= 2, "the server issued more than its handshake CID: {line}");
-    (field("server_id").parse().unwrap(), cids)
+    let retry = Some(field("retry_scid")).filter(|r| r != "-");
+    (field("server_id").parse().unwrap(), cids, retry)
 }
 
 /// The reference decoder's answers, one per request line.
@@ -117,6 +124,60 @@ fn check_cids_decode_to_the_server(c: &Controller, format: &CidFormat, runs: usi
     served
 }
 
+/// A short-header datagram whose DCID has generation 1's other config id (3): not
+/// routable, counted as Orphan, answered with a stateless reset (RFC 9000 §10.3).
+fn orphan_is_counted_and_reset(c: &Controller) {
+    let orphans = c.reason("Orphan");
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    // Short header (0x40), then the 12-byte DCID: config 3, length 11.
+    let mut d = vec![0x40, 0x60 | 11, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    d.resize(1200, 0);
+    sock.send_to(&d, c.addr()).unwrap();
+    let t0 = Instant::now();
+    while c.reason("Orphan") != orphans + 1 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "not counted as Orphan: {}", c.lb_wait()["reasons"]);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut buf = [0u8; 1500];
+    let (n, from) = sock.recv_from(&mut buf).unwrap_or_else(|e| panic!("no stateless reset: {e}{}", c.logs()));
+    // RFC 9000 §10.3: at least 21 bytes, a short header's first bits, from the service.
+    assert!(n >= 21 && n < d.len() && buf[0] & 0xc0 == 0x40, "not a stateless reset: {:02x?}", &buf[..n]);
+    assert_eq!(from, c.addr());
+}
+
+/// Retry (`--retry always`: every token-less Initial gets one from the data plane)
+/// with a keyed quic-lb generation: the Retry's SCID, minted by the data plane for
+/// the worker it places the client on, and every CID that worker then issues decode,
+/// by the reference decoder, to the worker that served; an unroutable CID is reset.
+#[test]
+fn retry_and_resets_with_a_quic_lb_generation() {
+    if !testkit::bin::have_aioquic() {
+        return;
+    }
+    let _s = serial();
+    let mut c = Controller::start("quiclbretry", 2, &["--retry", "always", "--limits", "off"]);
+    assert_eq!(rotate(&c, Some("quic-lb server-id=2 key=generate length=self")), 1);
+    let format = newest_format(&c);
+    let CidFormat::QuicLb(p) = format else { panic!("{format:?}") };
+    let sent = c.lb_wait()["retry"]["sent"].as_u64().unwrap();
+    let mut requests = vec![config_line(&format)];
+    let mut want = vec!["ok".to_owned()];
+    for _ in 0..4 {
+        let (id, cids, retry) = aioquic_run(&c);
+        let retry = retry.unwrap_or_else(|| panic!("no Retry with --retry always{}", c.logs()));
+        for cid in std::iter::once(retry).chain(cids) {
+            requests.push(format!("decode {cid}"));
+            want.push(format!("sid {} {id:04x}", p.config_id.get()));
+        }
+    }
+    assert_eq!(reference(&requests), want, "Retry SCIDs and CIDs vs the serving worker{}", c.logs());
+    assert!(c.lb_wait()["retry"]["sent"].as_u64().unwrap() >= sent + 4);
+    orphan_is_counted_and_reset(&c);
+    assert_eq!((c.reason("Departed"), c.reason("Orphan")), (0, 1), "{}", c.logs());
+    assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
+}
+
 #[test]
 fn quic_lb_rotations_under_downloads_decode_with_an_independent_decoder() {
     if !testkit::bin::have_aioquic() {
@@ -124,7 +185,7 @@ fn quic_lb_rotations_under_downloads_decode_with_an_independent_decoder() {
     }
     let _s = serial();
     let rt = runtime();
-    let mut c = Controller::start("quiclb", 2, &["--cid-lifetime", "2", "--limits", "off"]);
+    let mut c = Controller::start("quiclb", 2, &["--cid-lifetime", "3", "--limits", "off"]);
     assert_eq!(newest_format(&c), CidFormat::Adr1);
     assert!(std::fs::read_to_string(c.state.join("keys")).unwrap().starts_with("quicdemux-keys 3\n"));
     let workers: Vec<u64> = c.workers().iter().map(|w| w.0).collect();
@@ -155,17 +216,7 @@ fn quic_lb_rotations_under_downloads_decode_with_an_independent_decoder() {
 
     // A short-header datagram of generation 1's other config id (3): unroutable,
     // counted as Orphan (and answered by a stateless reset).
-    let orphans = c.reason("Orphan");
-    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    // Short header (0x40), then the 12-byte DCID: config 3, length 11.
-    let mut d = vec![0x40, 0x60 | 11, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-    d.resize(1200, 0);
-    sock.send_to(&d, c.addr()).unwrap();
-    let t0 = Instant::now();
-    while c.reason("Orphan") != orphans + 1 {
-        assert!(t0.elapsed() < Duration::from_secs(10), "not counted as Orphan: {}", c.lb_wait()["reasons"]);
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    orphan_is_counted_and_reset(&c);
     let lost_before = c.reason("Orphan") + c.reason("Departed");
 
     // quic-lb → another quic-lb config (plaintext, 3-byte server ids), then back to
@@ -215,6 +266,6 @@ fn quic_lb_rotations_under_downloads_decode_with_an_independent_decoder() {
     assert_eq!((connections, retried), (LONG as u64, 0), "long-lived clients reconnected{}", c.logs());
     let (fok, ff) = fresh.finish(&rt);
     assert!(ff.is_empty() && fok > 20, "fresh downloads: {} failed ({fok} ok): {ff:?}{}", ff.len(), c.logs());
-    assert_eq!(lost, 0, "connections were orphaned{}", c.logs());
+    assert_eq!(lost, 0, "connections were orphaned: {}{}", c.lb_wait()["reasons"], c.logs());
     assert!(c.stop(Duration::from_secs(60)), "controller did not stop cleanly{}", c.logs());
 }

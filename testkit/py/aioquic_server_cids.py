@@ -3,11 +3,12 @@
 QUIC-LB interop test, docs/adr/0007-quic-lb.md).
 
 Usage: aioquic_server_cids.py HOST PORT PATH
-Prints one line `status=<code> bytes=<n> server_id=<id> ok=<pattern ok> cids=<hex>,<hex>,...`
-where cids are every CID the server gave this client: the Source Connection ID of its
-handshake packets (the one the client talks to first) and those of its
-NEW_CONNECTION_ID frames (RFC 9000 §5.1.1), as aioquic holds them. Exits 0 when the
-response is complete.
+Prints one line `status=<code> bytes=<n> server_id=<id> ok=<pattern ok>
+cids=<hex>,<hex>,... retry_scid=<hex or ->` where cids are every CID the server gave
+this client: the Source Connection ID of its handshake packets (the one the client
+talks to first) and those of its NEW_CONNECTION_ID frames (RFC 9000 §5.1.1), as
+aioquic holds them; retry_scid is the Source Connection ID of a Retry the client got
+(RFC 9000 §17.2.5), `-` without one. Exits 0 when the response is complete.
 """
 import asyncio
 import sys
@@ -19,9 +20,10 @@ async def main(host, port, path):
     client = await get(host, port, path, client_config())
     quic = client._quic
     cids = [quic._peer_cid.cid] + [c.cid for c in quic._peer_cid_available]
+    retry = quic._retry_source_connection_id
     print(
         f"status={client.status()} bytes={client.size} server_id={client.headers.get('x-server-id')} "
-        f"ok={client.pattern_ok} cids={','.join(c.hex() for c in cids)}"
+        f"ok={client.pattern_ok} cids={','.join(c.hex() for c in cids)} retry_scid={retry.hex() if retry else '-'}"
     )
     return client.complete()
 
