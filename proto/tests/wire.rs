@@ -1220,6 +1220,12 @@ fn admin_layout() {
     let mut bad = vec![M, V, 0x63, 0xff, 16, 0, 0, 0, 4];
     bad.extend_from_slice(b"adr2");
     assert_eq!(Admin::decode(&bad), Err(WireError::BadCidFormatText));
+    // Only the canonical text: the same format written another way is refused.
+    let short = b"quic-lb server-id=2 key=generate";
+    let mut other = vec![M, V, 0x63, 0xff, 16];
+    other.extend_from_slice(&(short.len() as u32).to_be_bytes());
+    other.extend_from_slice(short);
+    assert_eq!(Admin::decode(&other), Err(WireError::BadCidFormatText));
     let from = rotate(None, false, RotatePhase::Stage, Some("/k".into()));
     let enc = from.to_record();
     assert_eq!(enc[..5], [M, V, 0x63, 0xff, 2 | 8]);

@@ -162,7 +162,14 @@ impl Message for Admin {
                 };
                 let from = if flags & ROTATE_FROM != 0 { Some(c.text()?) } else { None };
                 let format = if flags & ROTATE_FORMAT != 0 {
-                    Some(c.text()?.parse::<FormatSpec>().map_err(|_| WireError::BadCidFormatText)?)
+                    // Only the canonical text (what `Display` writes): one encoding per
+                    // message.
+                    let text = c.text()?;
+                    let spec = text.parse::<FormatSpec>().map_err(|_| WireError::BadCidFormatText)?;
+                    if spec.to_string() != text {
+                        return Err(WireError::BadCidFormatText);
+                    }
+                    Some(spec)
                 } else {
                     None
                 };
