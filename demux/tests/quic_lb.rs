@@ -157,6 +157,31 @@ fn retry_and_resets_with_a_quic_lb_generation() {
     }
     let _s = serial();
     let mut c = Controller::start("quiclbretry", 2, &["--retry", "always", "--limits", "off"]);
+    // A worker of protocol version 3 (by hand: its Keys have no CID format) is
+    // registered: the rotation to quic-lb is refused, naming it; nothing changes.
+    {
+        use proto::wire::{Announce, Message, Registration, Window};
+        let ctl = seqpacket_connect(&c.control_sock());
+        let v3 = Announce::plain(Window { oldest: 3, newest: 3 });
+        send_raw(&ctl, &Registration::Hello { announce: v3, pid: std::process::id() }.to_record());
+        assert_eq!(Registration::decode(&recv_raw(&ctl)), Ok(Registration::Welcome { version: 3, caps: 0 }));
+        let assign = recv_raw(&ctl);
+        assert!(matches!(Registration::decode(&assign), Ok(Registration::Assign { .. })), "{}", c.logs());
+        assert_eq!(assign[1], 3, "Assign in version 3");
+        let keys_before = std::fs::read_to_string(c.state.join("keys")).unwrap();
+        let out = Command::new(DEMUX)
+            .args(["rotate-keys", "--cid-format", "quic-lb server-id=2", "--state-dir"])
+            .arg(&c.state)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "rotation to quic-lb with a version 3 worker registered");
+        assert!(err.contains("needs protocol version 4") && err.contains("a worker of protocol version 3"), "{err}");
+        assert_eq!(std::fs::read_to_string(c.state.join("keys")).unwrap(), keys_before, "the key file changed");
+        assert_eq!(newest_format(&c), CidFormat::Adr1);
+    }
+    // It has gone (its connection closed): the rotation goes through.
+    wait_until("the version 3 worker gone", Duration::from_secs(20), || (c.workers().len() == 2).then_some(()));
     assert_eq!(rotate(&c, Some("quic-lb server-id=2 key=generate length=self")), 1);
     let format = newest_format(&c);
     let CidFormat::QuicLb(p) = format else { panic!("{format:?}") };

@@ -423,6 +423,9 @@ mod tests {
         }
         assert_eq!(load_or_create_keys(&p).unwrap().0, s, "refusals leave the file");
         let a = rotate_keys(&p, &s, None, Activate, None, None).unwrap();
+        assert_eq!((a.keys.newest, a.keys.previous), (s.keys.previous.unwrap(), Some(h.keys.newest)));
+        assert!(!a.is_staged());
+        assert_eq!(load_or_create_keys(&p).unwrap().0, a);
         // ADR 0007: `--cid-format` switches the new generation's format; a rotation
         // without it keeps the newest's (a generated key is generated afresh); a
         // format with --activate is refused.
@@ -442,9 +445,6 @@ mod tests {
         let back = rotate_keys(&p, &kept, None, Rotate, None, Some(&FormatSpec::Adr1)).unwrap();
         assert_eq!(back.keys.newest.format, CidFormat::Adr1);
         assert_eq!(rotate_keys(&p, &back, None, Rotate, None, None).unwrap().keys.newest.format, CidFormat::Adr1);
-        assert_eq!((a.keys.newest, a.keys.previous), (s.keys.previous.unwrap(), Some(h.keys.newest)));
-        assert!(!a.is_staged());
-        assert_eq!(load_or_create_keys(&p).unwrap().0, a);
         // No temp files left behind.
         let names: Vec<String> =
             std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
