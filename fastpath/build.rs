@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const SRC: &str = "bpf/steer.bpf.c";
+/// XDP programs that measure a CID decode under BPF_PROG_TEST_RUN (src/cid_cost.rs).
+const COST_SRC: &str = "bpf/cid_cost.bpf.c";
+const COST_OBJECT: &str = "cid_cost.bpf.o";
 const HEADERS: [&str; 2] = ["bpf/steer.h", "bpf/siphash.h"];
 /// (object file, extra clang arguments) of each variant.
 const VARIANTS: [(&str, &[&str]); 2] =
@@ -20,6 +23,7 @@ const VARIANTS: [(&str, &[&str]); 2] =
 
 fn main() {
     println!("cargo:rerun-if-changed={SRC}");
+    println!("cargo:rerun-if-changed={COST_SRC}");
     for h in HEADERS {
         println!("cargo:rerun-if-changed={h}");
     }
@@ -46,6 +50,7 @@ fn main() {
         for (obj, _) in VARIANTS {
             std::fs::write(out.join(obj), b"").expect("write empty object");
         }
+        std::fs::write(out.join(COST_OBJECT), b"").expect("write empty object");
         return;
     }
 
@@ -61,17 +66,18 @@ fn main() {
         "s390x" => "s390x-linux-gnu",
         other => panic!("quicdemux-fastpath: no multiarch include dir known for {other}"),
     };
-    for (obj, defines) in VARIANTS {
+    let sources = VARIANTS.iter().map(|(obj, defines)| (SRC, *obj, *defines)).chain([(COST_SRC, COST_OBJECT, &[][..])]);
+    for (src, obj, defines) in sources {
         let status = Command::new(&clang)
             .args(["-O2", "-g", "-target", "bpf", "-Wall"])
             .arg(format!("-I/usr/include/{triplet}"))
             .args(defines)
             .arg("-c")
-            .arg(SRC)
+            .arg(src)
             .arg("-o")
             .arg(out.join(obj))
             .status()
             .expect("run clang");
-        assert!(status.success(), "clang failed to compile {SRC} ({obj})");
+        assert!(status.success(), "clang failed to compile {src} ({obj})");
     }
 }

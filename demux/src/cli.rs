@@ -188,8 +188,14 @@ pub enum Command {
         #[arg(long, value_name = "FILE", requires = "stage", conflicts_with = "prf")]
         from: Option<PathBuf>,
         /// Second phase: issue the staged generation (no new key; `--prf` does not apply).
-        #[arg(long, conflicts_with = "prf")]
+        #[arg(long, conflicts_with_all = ["prf", "cid_format"])]
         activate: bool,
+        /// The new generation's CID format (docs/adr/0007-quic-lb.md): `adr1`, or
+        /// `"quic-lb server-id=S [nonce=N] [key=none|generate|HEX32] [length=self|random]"`
+        /// (one argument). Default: the newest generation's. The config id is twice
+        /// the generation.
+        #[arg(long, value_name = "FORMAT", conflicts_with = "from")]
+        cid_format: Option<proto::cid_format::FormatSpec>,
     },
     /// Upgrade a running appliance to new binaries without dropping a connection
     /// (docs/operations.md "Upgrading"): the data plane, then the workers one at a

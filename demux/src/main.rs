@@ -47,13 +47,13 @@ fn main() {
             }
         },
         Some(Command::Status { state_dir, json }) => controller::client::status(&state_dir, json),
-        Some(Command::RotateKeys { state_dir, prf, force, stage, activate, from }) => {
+        Some(Command::RotateKeys { state_dir, prf, force, stage, activate, from, cid_format }) => {
             let phase = match (stage, activate) {
                 (true, _) => proto::wire::admin::RotatePhase::Stage,
                 (_, true) => proto::wire::admin::RotatePhase::Activate,
                 _ => proto::wire::admin::RotatePhase::Rotate,
             };
-            controller::client::rotate_keys(&state_dir, prf, force, phase, from.as_deref())
+            controller::client::rotate_keys(&state_dir, prf, force, phase, from.as_deref(), cid_format)
         }
         Some(Command::Upgrade { state_dir, demux_bin, worker_bin, timeout }) => controller::upgrade::request(
             &state_dir,

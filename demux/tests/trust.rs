@@ -113,6 +113,7 @@ fn probe_helper() {
             force: false,
             phase: proto::wire::admin::RotatePhase::Rotate,
             from: None,
+            format: None,
         }),
         "status" => admin(Admin::StatusRequest),
         "getsockets" => admin(Admin::GetSockets),

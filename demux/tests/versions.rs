@@ -173,7 +173,7 @@ fn a_gap_of_two_is_refused_and_the_appliance_is_untouched() {
     let st = wait_until("the refused worker to exit", Duration::from_secs(30), || {
         c.externals[ext].try_wait().ok().flatten()
     });
-    let text = format!("protocol version {} not supported: this build speaks {V}", V + 2);
+    let text = format!("protocol version {} not supported: this build speaks {}", V + 2, Window::OWN);
     let wlog = std::fs::read_to_string(c.external_log(ext)).unwrap_or_default();
     assert!(!st.success() && wlog.contains(&text), "{st}: {wlog}");
     let ctl1 = c.status_wait();
@@ -186,7 +186,10 @@ fn a_gap_of_two_is_refused_and_the_appliance_is_untouched() {
     // within the interval.
     let got = exchange_raw(&c.control_sock(), &[vec![0xc7, 2, 0x61]]);
     assert_eq!(got.len(), 1, "one Error, then closed: {got:?}");
-    assert_eq!(error_record(&got[0]), (2, format!("protocol version 2 not supported: this build speaks {V}")));
+    assert_eq!(
+        error_record(&got[0]),
+        (2, format!("protocol version 2 not supported: this build speaks {}", Window::OWN))
+    );
     assert_eq!(refused_version(&c.status_wait()), refused_version(&ctl0) + 2);
     assert_eq!(log_lines(&c.log, &["refused an untrusted peer", "kind=\"version\""]), 1, "rate-limited: {}", c.logs());
 
@@ -271,7 +274,10 @@ fn a_standalone_data_plane_refuses_a_data_hello_two_versions_newer() {
     let far = worker("9", V + 2, "far.log").wait_with_output().expect("the V+2 worker");
     let far_log = std::fs::read_to_string(dir.join("far.log")).unwrap();
     assert!(!far.status.success(), "{far_log}");
-    assert!(far_log.contains(&format!("protocol version {} not supported: this build speaks {V}", V + 2)), "{far_log}");
+    assert!(
+        far_log.contains(&format!("protocol version {} not supported: this build speaks {}", V + 2, Window::OWN)),
+        "{far_log}"
+    );
     let s = lb().expect("status");
     assert_eq!(refused_version(&s), 1, "{s}");
     assert_eq!(instance_protocols(&s), vec![(7, u64::from(V))], "the refused worker is not live");

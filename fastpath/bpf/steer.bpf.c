@@ -17,6 +17,12 @@
  * bytes 0..=8 under the generation's key (bpf/siphash.h). k0/k1 are derived from
  * the generation's secret in user space; the secret never reaches the kernel.
  *
+ * A generation may be a QUIC-LB one instead (docs/adr/0007-quic-lb.md): its
+ * 12-byte CIDs start with a config id whose top two bits are the generation, so
+ * cr still picks the generation. A plaintext one carries the server id in clear
+ * (bytes 1..=server-id length, the id in the last two, the others zero); an
+ * encrypted one goes to a shard, counted (quic_lb_encrypted): no AES here.
+ *
  * Trains: one skb may carry several datagrams of one 4-tuple (a UDP GSO send on
  * loopback, or a receive-side GRO train). The program runs once for the whole skb,
  * so it may steer it to a worker only if every datagram in it belongs there.
@@ -68,6 +74,8 @@
 /* 1 header byte + 12-byte DCID + 20 bytes (proto::header::MIN_AFTER_PN_OFFSET). */
 #define MIN_SHORT_PAYLOAD (1 + CID_LEN + 20)
 #define CR_UNROUTABLE 3
+/* Not a server id (ids are 16 bits): never in the ids map. */
+#define NO_SERVER_ID 0x10000
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -117,6 +125,37 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } worker_fast SEC(".maps");
+
+/* The server id of a 12-byte DCID under generation g (active: SIPHASH or
+ * QUIC_LB_PLAINTEXT), or NO_SERVER_ID. Plaintext QUIC-LB (draft-21 §5.4.1 without
+ * a key; ADR 0007): the first octet's top three bits are g's config id, then
+ * quic_lb_server_id_len bytes of server id: zeros, then the 16-bit id. */
+static __always_inline __u32 gen_server_id(const struct steer_gen *g, const __u8 *cid)
+{
+	__u32 n, j, hi = 0, lo = 0;
+	__u8 zeros = 0;
+
+	if (g->active == STEER_GEN_SIPHASH)
+		return cid_server_id(g->k0, g->k1, cid);
+	if (g->active != STEER_GEN_QUIC_LB_PLAINTEXT || (cid[0] >> 5) != g->quic_lb_config_id)
+		return NO_SERVER_ID;
+	n = g->quic_lb_server_id_len;
+	if (n < 2 || n > 7)
+		return NO_SERVER_ID;
+	/* Constant indices only: bytes 1..n-2 zero, n-1 and n the id. */
+#pragma unroll
+	for (j = 1; j <= 7; j++) {
+		if (j + 1 < n)
+			zeros |= cid[j];
+		else if (j + 1 == n)
+			hi = cid[j];
+		else if (j == n)
+			lo = cid[j];
+	}
+	if (zeros)
+		return NO_SERVER_ID;
+	return (hi << 8) | lo;
+}
 
 #ifdef STEER_GSO_WALK
 #include <bpf/bpf_core_read.h>
@@ -198,9 +237,9 @@ static long check_segment(__u64 i, void *data)
 	if (cr == CR_UNROUTABLE)
 		return 1;
 	g = bpf_map_lookup_elem(&gens, &cr);
-	if (!g || !g->active)
+	if (!g || g->active == STEER_GEN_INACTIVE || g->active == STEER_GEN_QUIC_LB_ENCRYPTED)
 		return 1;
-	return cid_server_id(g->k0, g->k1, seg + 1) == w->id ? 0 : 1;
+	return gen_server_id(g, seg + 1) == w->id ? 0 : 1;
 }
 
 /* Whether every segment of a train belongs to worker `id` (see check_segment). */
@@ -292,11 +331,15 @@ int steer(struct sk_reuseport_md *ctx)
 		goto shard;
 	}
 	g = bpf_map_lookup_elem(&gens, &cr);
-	if (!g || !g->active) {
+	if (!g || g->active == STEER_GEN_INACTIVE) {
 		outcome = &c->unknown_generation;
 		goto shard;
 	}
-	id = cid_server_id(g->k0, g->k1, cid);
+	if (g->active == STEER_GEN_QUIC_LB_ENCRYPTED) {
+		outcome = &c->quic_lb_encrypted;
+		goto shard;
+	}
+	id = gen_server_id(g, cid);
 	v = bpf_map_lookup_elem(&ids, &id);
 	if (!v || *v <= cfg->shard_count) { /* 0 = not live; a shard index is never a worker */
 		outcome = &c->not_live;

@@ -21,12 +21,29 @@
  * kernel's UDP GSO (GRO stops at 64). A train with more goes to a shard. */
 #define STEER_MAX_TRAIN_SEGMENTS 128
 
+/* steer_gen.active: how the program reads a generation's CIDs. */
+/* Not decodable here: rotated away, or an hmac-sha256 ADR 0001 generation. */
+#define STEER_GEN_INACTIVE 0
+/* A live siphash-2-4 ADR 0001 generation (ADR 0004): k0, k1. */
+#define STEER_GEN_SIPHASH 1
+/* A live plaintext QUIC-LB generation (docs/adr/0007-quic-lb.md): the server id
+ * is in clear after the first octet; quic_lb_config_id, quic_lb_server_id_len. */
+#define STEER_GEN_QUIC_LB_PLAINTEXT 2
+/* A live encrypted QUIC-LB generation: the program runs no AES, so its CIDs go
+ * to a shard, counted as quic_lb_encrypted (ADR 0007). */
+#define STEER_GEN_QUIC_LB_ENCRYPTED 3
+
 /* gens[cr]: a key generation the program can decode. */
 struct steer_gen {
-	/* 1: a live siphash-2-4 generation; 0: not decodable here (rotated away,
-	 * or hmac-sha256). */
+	/* STEER_GEN_*. */
 	__u32 active;
-	__u32 pad;
+	/* QUIC-LB generations: the config id a DCID's first octet must carry in its
+	 * top three bits (another one is not this generation's: no server id), and
+	 * the server-id length, 2..=7 bytes: the id is the last two of them, the
+	 * others zero (a nonzero one is no server id). 0 otherwise. */
+	__u8 quic_lb_config_id;
+	__u8 quic_lb_server_id_len;
+	__u16 pad;
 	/* Its SipHash-2-4 key (ADR 0004 Decision 2). */
 	__u64 k0;
 	__u64 k1;
@@ -51,7 +68,8 @@ struct steer_config {
 /*
  * counters[0], one per CPU, summed by the loader. Every skb the program runs on
  * counts once among fast, long_header, short_packet, cr_unroutable,
- * unknown_generation, not_live, train_to_shard and select_failed (the outcome,
+ * unknown_generation, quic_lb_encrypted, not_live, train_to_shard and
+ * select_failed (the outcome,
  * decided by its first datagram and then by the train rule). The others count
  * within those.
  */
@@ -71,7 +89,9 @@ struct steer_counters {
 	__u64 cr_unroutable;
 	/* To a shard: cr names an inactive generation. */
 	__u64 unknown_generation;
-	/* To a shard: the decoded server id has no live worker socket. */
+	/* To a shard: the decoded server id has no live worker socket (for a
+	 * plaintext QUIC-LB generation also: another config id, or a server id
+	 * wider than 16 bits). */
 	__u64 not_live;
 	/* To a shard: the first datagram is fast, but the skb is a train the
 	 * program cannot prove to be one worker's (gso-walk: a segment that is not
@@ -84,6 +104,8 @@ struct steer_counters {
 	/* Of the skbs to a shard: not even the shard socket could be selected;
 	 * dropped. */
 	__u64 shard_select_failed;
+	/* To a shard: cr names a live encrypted QUIC-LB generation (ADR 0007). */
+	__u64 quic_lb_encrypted;
 };
 
 #endif /* QUICDEMUX_STEER_H */

@@ -5,16 +5,27 @@
 pub const STEER_GENERATIONS: u32 = 3;
 pub const STEER_CPU_SLOTS: u32 = 256;
 pub const STEER_MAX_TRAIN_SEGMENTS: u32 = 128;
+pub const STEER_GEN_INACTIVE: u32 = 0;
+pub const STEER_GEN_SIPHASH: u32 = 1;
+pub const STEER_GEN_QUIC_LB_PLAINTEXT: u32 = 2;
+pub const STEER_GEN_QUIC_LB_ENCRYPTED: u32 = 3;
+pub type __u8 = ::std::os::raw::c_uchar;
+pub type __u16 = ::std::os::raw::c_ushort;
 pub type __u32 = ::std::os::raw::c_uint;
 pub type __u64 = ::std::os::raw::c_ulonglong;
 /// gens[cr]: a key generation the program can decode.
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
 pub struct steer_gen {
-    /** 1: a live siphash-2-4 generation; 0: not decodable here (rotated away,
- or hmac-sha256).*/
+    /// STEER_GEN_*.
     pub active: __u32,
-    pub pad: __u32,
+    /** QUIC-LB generations: the config id a DCID's first octet must carry in its
+ top three bits (another one is not this generation's: no server id), and
+ the server-id length, 2..=7 bytes: the id is the last two of them, the
+ others zero (a nonzero one is no server id). 0 otherwise.*/
+    pub quic_lb_config_id: __u8,
+    pub quic_lb_server_id_len: __u8,
+    pub pad: __u16,
     /// Its SipHash-2-4 key (ADR 0004 Decision 2).
     pub k0: __u64,
     pub k1: __u64,
@@ -26,7 +37,13 @@ const _: () = {
     [
         "Offset of field: steer_gen::active",
     ][::std::mem::offset_of!(steer_gen, active) - 0usize];
-    ["Offset of field: steer_gen::pad"][::std::mem::offset_of!(steer_gen, pad) - 4usize];
+    [
+        "Offset of field: steer_gen::quic_lb_config_id",
+    ][::std::mem::offset_of!(steer_gen, quic_lb_config_id) - 4usize];
+    [
+        "Offset of field: steer_gen::quic_lb_server_id_len",
+    ][::std::mem::offset_of!(steer_gen, quic_lb_server_id_len) - 5usize];
+    ["Offset of field: steer_gen::pad"][::std::mem::offset_of!(steer_gen, pad) - 6usize];
     ["Offset of field: steer_gen::k0"][::std::mem::offset_of!(steer_gen, k0) - 8usize];
     ["Offset of field: steer_gen::k1"][::std::mem::offset_of!(steer_gen, k1) - 16usize];
 };
@@ -66,7 +83,8 @@ const _: () = {
 };
 /** counters[0], one per CPU, summed by the loader. Every skb the program runs on
  counts once among fast, long_header, short_packet, cr_unroutable,
- unknown_generation, not_live, train_to_shard and select_failed (the outcome,
+ unknown_generation, quic_lb_encrypted, not_live, train_to_shard and
+ select_failed (the outcome,
  decided by its first datagram and then by the train rule). The others count
  within those.*/
 #[repr(C)]
@@ -87,7 +105,9 @@ pub struct steer_counters {
     pub cr_unroutable: __u64,
     /// To a shard: cr names an inactive generation.
     pub unknown_generation: __u64,
-    /// To a shard: the decoded server id has no live worker socket.
+    /** To a shard: the decoded server id has no live worker socket (for a
+ plaintext QUIC-LB generation also: another config id, or a server id
+ wider than 16 bits).*/
     pub not_live: __u64,
     /** To a shard: the first datagram is fast, but the skb is a train the
  program cannot prove to be one worker's (gso-walk: a segment that is not
@@ -100,10 +120,12 @@ pub struct steer_counters {
     /** Of the skbs to a shard: not even the shard socket could be selected;
  dropped.*/
     pub shard_select_failed: __u64,
+    /// To a shard: cr names a live encrypted QUIC-LB generation (ADR 0007).
+    pub quic_lb_encrypted: __u64,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of steer_counters"][::std::mem::size_of::<steer_counters>() - 88usize];
+    ["Size of steer_counters"][::std::mem::size_of::<steer_counters>() - 96usize];
     ["Alignment of steer_counters"][::std::mem::align_of::<steer_counters>() - 8usize];
     [
         "Offset of field: steer_counters::fast",
@@ -138,4 +160,7 @@ const _: () = {
     [
         "Offset of field: steer_counters::shard_select_failed",
     ][::std::mem::offset_of!(steer_counters, shard_select_failed) - 80usize];
+    [
+        "Offset of field: steer_counters::quic_lb_encrypted",
+    ][::std::mem::offset_of!(steer_counters, quic_lb_encrypted) - 88usize];
 };

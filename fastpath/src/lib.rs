@@ -58,10 +58,14 @@ use proto::{Generation, ServerId};
 #[allow(non_camel_case_types, dead_code, clippy::all)]
 mod abi;
 
+/// What a CID decode costs in eBPF, under BPF_PROG_TEST_RUN (benches and tests only;
+/// docs/adr/0007-quic-lb.md).
+pub mod cid_cost;
+
 /// The program's outcome counters (`struct steer_counters` of `bpf/steer.h`), summed
 /// over CPUs. Every skb the program runs on counts once among `fast`,
-/// `long_header`, `short_packet`, `cr_unroutable`, `unknown_generation`, `not_live`,
-/// `train_to_shard` and `select_failed`; `fast_datagrams` and `train_fast` count
+/// `long_header`, `short_packet`, `cr_unroutable`, `unknown_generation`,
+/// `quic_lb_encrypted`, `not_live`, `train_to_shard` and `select_failed`; `fast_datagrams` and `train_fast` count
 /// within `fast`, `shard_select_failed` within the others (those were dropped).
 pub use abi::steer_counters as Counters;
 
@@ -189,6 +193,7 @@ impl Counters {
             train_to_shard,
             select_failed,
             shard_select_failed,
+            quic_lb_encrypted,
         } = *o;
         self.fast += fast;
         self.fast_datagrams += fast_datagrams;
@@ -201,6 +206,7 @@ impl Counters {
         self.train_to_shard += train_to_shard;
         self.select_failed += select_failed;
         self.shard_select_failed += shard_select_failed;
+        self.quic_lb_encrypted += quic_lb_encrypted;
     }
 
     /// The skbs the program ran on: the sum of the exclusive outcomes.
@@ -210,10 +216,27 @@ impl Counters {
             + self.short_packet
             + self.cr_unroutable
             + self.unknown_generation
+            + self.quic_lb_encrypted
             + self.not_live
             + self.train_to_shard
             + self.select_failed
     }
+}
+
+/// How the program reads one key generation's CIDs (`struct steer_gen`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GenSteering {
+    /// Not decoded here (not live, or ADR 0001 with hmac-sha256): to a shard.
+    Inactive,
+    /// ADR 0001 with siphash-2-4 (ADR 0004).
+    SipHash(SipHashKey),
+    /// Plaintext QUIC-LB (docs/adr/0007-quic-lb.md): the server id in clear after a
+    /// first octet of config `config_id`, `server_id_len` (2..=7) bytes, the id in
+    /// the last two.
+    QuicLbPlaintext { config_id: u8, server_id_len: u8 },
+    /// Encrypted QUIC-LB: to a shard, counted (`quic_lb_encrypted`): no AES in the
+    /// program.
+    QuicLbEncrypted,
 }
 
 /// Why [`Steering::attach`] failed.
@@ -572,9 +595,33 @@ impl Steering {
     /// space), or inactive (`None`: not live, or a generation whose PRF is
     /// hmac-sha256).
     pub fn set_generation(&self, g: Generation, key: Option<SipHashKey>) -> io::Result<()> {
-        let v = match key {
-            Some(SipHashKey { k0, k1 }) => abi::steer_gen { active: 1, pad: 0, k0, k1 },
-            None => abi::steer_gen::default(),
+        self.set_generation_as(g, key.map_or(GenSteering::Inactive, GenSteering::SipHash))
+    }
+
+    /// How the program reads generation `g`'s CIDs ([`GenSteering`]).
+    pub fn set_generation_as(&self, g: Generation, how: GenSteering) -> io::Result<()> {
+        let v = match how {
+            GenSteering::Inactive => abi::steer_gen::default(),
+            GenSteering::SipHash(SipHashKey { k0, k1 }) => {
+                abi::steer_gen { active: abi::STEER_GEN_SIPHASH, k0, k1, ..Default::default() }
+            }
+            GenSteering::QuicLbPlaintext { config_id, server_id_len } => {
+                if !(2..=7).contains(&server_id_len) || config_id > 6 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("quic-lb config {config_id}, server-id length {server_id_len}: not steerable"),
+                    ));
+                }
+                abi::steer_gen {
+                    active: abi::STEER_GEN_QUIC_LB_PLAINTEXT,
+                    quic_lb_config_id: config_id,
+                    quic_lb_server_id_len: server_id_len,
+                    ..Default::default()
+                }
+            }
+            GenSteering::QuicLbEncrypted => {
+                abi::steer_gen { active: abi::STEER_GEN_QUIC_LB_ENCRYPTED, ..Default::default() }
+            }
         };
         update(&self.gens, g.get().into(), &v)
     }
@@ -689,19 +736,28 @@ mod tests {
     /// Map values are their fields' bytes, in the header's order.
     #[test]
     fn map_values_round_trip_through_bytes() {
-        let g = abi::steer_gen { active: 1, pad: 0, k0: 0x0102_0304_0506_0708, k1: u64::MAX - 5 };
+        let g = abi::steer_gen {
+            active: 2,
+            quic_lb_config_id: 4,
+            quic_lb_server_id_len: 3,
+            pad: 0,
+            k0: 0x0102_0304_0506_0708,
+            k1: u64::MAX - 5,
+        };
         let b = value_bytes(&g);
         let at = |offset: usize, len: usize| &b[offset..offset + len];
         assert_eq!(b.len(), std::mem::size_of::<abi::steer_gen>());
-        assert_eq!(at(std::mem::offset_of!(abi::steer_gen, active), 4), &1u32.to_ne_bytes());
+        assert_eq!(at(std::mem::offset_of!(abi::steer_gen, active), 4), &2u32.to_ne_bytes());
+        assert_eq!(at(std::mem::offset_of!(abi::steer_gen, quic_lb_config_id), 2), &[4, 3]);
         assert_eq!(at(std::mem::offset_of!(abi::steer_gen, k0), 8), &g.k0.to_ne_bytes());
         assert_eq!(at(std::mem::offset_of!(abi::steer_gen, k1), 8), &g.k1.to_ne_bytes());
         assert_eq!(value_from::<abi::steer_gen>(b), Some(g));
         assert_eq!(value_from::<abi::steer_gen>(&b[..23]), None);
-        let c = Counters { fast: 3, shard_select_failed: 9, ..Counters::default() };
+        let c = Counters { fast: 3, shard_select_failed: 9, quic_lb_encrypted: 5, ..Counters::default() };
         let mut sum = c;
         sum.add(&c);
-        assert_eq!((sum.fast, sum.shard_select_failed, sum.not_live), (6, 18, 0));
+        assert_eq!((sum.fast, sum.shard_select_failed, sum.not_live, sum.quic_lb_encrypted), (6, 18, 0, 10));
+        assert_eq!(sum.total(), 6 + 10, "quic_lb_encrypted is an outcome, shard_select_failed is not");
         assert_eq!(value_from::<Counters>(value_bytes(&sum)), Some(sum));
     }
 }

@@ -11,9 +11,15 @@
 //! The PRF input is byte 0 *including* its six random bits, followed by the nonce
 //! (bytes 0..=8 of the CID), so a decoder can recompute it from the CID alone. Each
 //! generation records its PRF (ADR 0004): HMAC-SHA-256 or SipHash-2-4, see [`Prf`].
+//!
+//! A generation may instead use the QUIC-LB format (ADR 0007, [`crate::cid_format`]):
+//! its 12-byte CIDs start with a config id whose top two bits are the generation, so
+//! the first octet's `cr` bits pick the generation, and with it the format, for both.
 
+use crate::cid_format::CidFormat;
 use crate::prf::PreparedPrf;
 pub use crate::prf::{siphash_key, Prf, SipHashKey, UnknownPrf};
+use crate::quic_lb;
 
 /// Every server-issued CID is exactly this long (ADR 0001 "Length"), which is what
 /// lets the demux parse short headers without per-connection state (RFC 9000 §17.3).
@@ -69,6 +75,12 @@ pub enum Unroutable {
     Marked,
     /// `cr` names a generation this key set does not hold (rotated away or never made).
     UnknownGeneration(u8),
+    /// A QUIC-LB generation's CID whose config id (the first octet's top three bits)
+    /// is not that generation's config (ADR 0007).
+    UnknownConfig(u8),
+    /// A QUIC-LB CID whose server id does not fit 16 bits (ADR 0007: the bytes before
+    /// the last two are zero in every CID a worker issues).
+    ServerIdOutOfRange,
 }
 
 /// What a routable CID says.
@@ -83,12 +95,15 @@ pub struct Decoded {
 pub enum KeySetError {
     /// The previous generation equals the newest one.
     DuplicateGeneration,
+    /// The generation's QUIC-LB config does not fit it ([`CidFormat::check`]).
+    BadFormat(Generation),
 }
 
 impl std::fmt::Display for KeySetError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             KeySetError::DuplicateGeneration => f.write_str("two live keys share one generation"),
+            KeySetError::BadFormat(g) => write!(f, "generation {}'s quic-lb config does not fit it (ADR 0007)", g.0),
         }
     }
 }
@@ -100,6 +115,8 @@ struct Slot {
     prf: Prf,
     secret: [u8; KEY_LEN],
     prepared: PreparedPrf,
+    /// `Some` for a QUIC-LB generation (ADR 0007): its config, key schedule prepared.
+    quic_lb: Option<quic_lb::Config>,
 }
 
 /// The live key generations (at most two), each with its PRF (ADR 0004) and its key
@@ -140,17 +157,39 @@ impl KeySet {
         newest: (Generation, Prf, [u8; KEY_LEN]),
         previous: Option<(Generation, Prf, [u8; KEY_LEN])>,
     ) -> Result<KeySet, KeySetError> {
+        let adr1 = |(g, p, k): (Generation, Prf, [u8; KEY_LEN])| (g, p, k, CidFormat::Adr1);
+        KeySet::with_formats(adr1(newest), previous.map(adr1))
+    }
+
+    /// As [`KeySet::with_prfs`], each generation with its CID format (ADR 0007); a
+    /// format that does not fit its generation ([`CidFormat::check`]) is an error.
+    pub fn with_formats(
+        newest: (Generation, Prf, [u8; KEY_LEN], CidFormat),
+        previous: Option<(Generation, Prf, [u8; KEY_LEN], CidFormat)>,
+    ) -> Result<KeySet, KeySetError> {
         let mut slots: [Option<Slot>; 3] = [None, None, None];
-        if let Some((g, _, _)) = previous {
+        if let Some((g, _, _, _)) = previous {
             if g == newest.0 {
                 return Err(KeySetError::DuplicateGeneration);
             }
         }
-        for (g, prf, secret) in std::iter::once(newest).chain(previous) {
-            slots[g.0 as usize] = Some(Slot { prf, secret, prepared: PreparedPrf::new(prf, &secret) });
+        for (g, prf, secret, format) in std::iter::once(newest).chain(previous) {
+            let quic_lb = match format {
+                CidFormat::Adr1 => None,
+                CidFormat::QuicLb(params) => {
+                    format.check(g).map_err(|_| KeySetError::BadFormat(g))?;
+                    Some(quic_lb::Config::new(params).map_err(|_| KeySetError::BadFormat(g))?)
+                }
+            };
+            slots[g.0 as usize] = Some(Slot { prf, secret, prepared: PreparedPrf::new(prf, &secret), quic_lb });
         }
         let fingerprint = Self::fingerprint_of(newest.0, &slots);
         Ok(KeySet { newest: newest.0, slots, fingerprint })
+    }
+
+    /// The CID format of a live generation; `None` if `g` is not live.
+    pub fn format(&self, g: Generation) -> Option<CidFormat> {
+        self.slot(g).map(|s| s.quic_lb.as_ref().map_or(CidFormat::Adr1, |c| CidFormat::QuicLb(*c.params())))
     }
 
     /// SHA-256 over a domain label, the newest generation and every slot's PRF code
@@ -165,6 +204,17 @@ impl KeySet {
                     // ADR 0004: one secret under two PRFs decodes differently.
                     ctx.update(&[1, s.prf.code()]);
                     ctx.update(&s.secret);
+                    // ADR 0007: a QUIC-LB generation decodes by its config (adr1 slots
+                    // hash as before).
+                    if let Some(c) = &s.quic_lb {
+                        let p = c.params();
+                        ctx.update(&[2, p.config_id.get(), p.server_id_len, p.nonce_len, u8::from(p.self_encoded_len)]);
+                        ctx.update(&p.key.map_or([0; 17], |k| {
+                            let mut b = [1; 17];
+                            b[1..].copy_from_slice(&k);
+                            b
+                        }));
+                    }
                 }
                 None => ctx.update(&[0]),
             }
@@ -219,7 +269,12 @@ impl KeySet {
     /// the kernel fast path's map; `None` for a generation that is not live or uses
     /// `hmac-sha256` (never steered in the kernel, ADR 0004).
     pub fn siphash_key(&self, g: Generation) -> Option<SipHashKey> {
-        match self.slot(g)?.prepared {
+        let slot = self.slot(g)?;
+        if slot.quic_lb.is_some() {
+            // ADR 0007: the kernel decodes ADR 0001 CIDs only.
+            return None;
+        }
+        match slot.prepared {
             PreparedPrf::SipHash(k) => Some(k.into()),
             PreparedPrf::Hmac(_) => None,
         }
@@ -234,10 +289,10 @@ impl KeySet {
 
     /// Rotation as [`KeySet::rotated`], the new generation with PRF `prf`.
     pub fn rotated_with(&self, fresh: [u8; KEY_LEN], prf: Prf) -> KeySet {
-        let prev = self.newest_slot();
         let g = self.newest;
-        let set = KeySet::with_prfs((g.next(), prf, fresh), Some((g, prev.prf, prev.secret)));
-        set.expect("next() differs from the newest generation")
+        let prev = (g, self.newest_slot().prf, self.newest_slot().secret, self.format(g).unwrap_or_default());
+        let set = KeySet::with_formats((g.next(), prf, fresh, CidFormat::Adr1), Some(prev));
+        set.expect("next() differs from the newest generation; the previous format was checked")
     }
 
     fn newest_slot(&self) -> &Slot {
@@ -259,6 +314,15 @@ impl KeySet {
     ) -> Option<[u8; CID_LEN]> {
         let slot = self.slot(g)?;
         let mut cid = [0u8; CID_LEN];
+        if let Some(config) = &slot.quic_lb {
+            // ADR 0007: server id (16 bits, zero-padded) and a nonce of the config's
+            // length from `rand[1..]` (at most 9 bytes), the first octet's five low
+            // bits from `rand[0]` unless they encode the length.
+            let (sid, n) = CidFormat::server_id_bytes(config.params(), server_id);
+            let nonce = rand.get(1..1 + config.nonce_len())?;
+            config.encode(&sid[..n], nonce, rand[0], &mut cid).ok()?;
+            return Some(cid);
+        }
         cid[0] = (g.0 << 6) | (rand[0] & 0x3f);
         cid[1..9].copy_from_slice(&rand[1..9]);
         let m = slot.prepared.mask(&cid[..9]);
@@ -284,9 +348,23 @@ impl KeySet {
         let Some(slot) = self.slots[cr as usize].as_ref() else {
             return Err(Unroutable::UnknownGeneration(cr));
         };
+        if let Some(config) = &slot.quic_lb {
+            return decode_quic_lb(config, cid).map(|id| Decoded { generation: Generation(cr), server_id: id });
+        }
         let m = slot.prepared.mask(&cid[..9]);
         let id = u16::from_be_bytes([cid[9] ^ m[0], cid[10] ^ m[1]]);
         Ok(Decoded { generation: Generation(cr), server_id: ServerId(id) })
+    }
+}
+
+/// A QUIC-LB generation's CID to its 16-bit server id (ADR 0007).
+fn decode_quic_lb(config: &quic_lb::Config, cid: &[u8]) -> Result<ServerId, Unroutable> {
+    let first = cid.first().copied().unwrap_or(0);
+    let sid = config.decode(cid).ok_or(Unroutable::UnknownConfig(first >> 5))?;
+    let b = sid.as_bytes();
+    match b {
+        [zeros @ .., hi, lo] if zeros.iter().all(|z| *z == 0) => Ok(ServerId(u16::from_be_bytes([*hi, *lo]))),
+        _ => Err(Unroutable::ServerIdOutOfRange),
     }
 }
 
@@ -422,5 +500,90 @@ mod tests {
             KeySet::new((Generation(0), [1; 32]), Some((Generation(0), [2; 32]))).unwrap_err(),
             KeySetError::DuplicateGeneration
         );
+    }
+
+    fn g(n: u8) -> Generation {
+        Generation(n)
+    }
+
+    fn quic_lb_set(sid_len: u8, key: Option<[u8; 16]>, self_len: bool) -> KeySet {
+        let p = quic_lb::Params {
+            config_id: crate::cid_format::config_ids_of(g(1))[0],
+            server_id_len: sid_len,
+            nonce_len: 11 - sid_len,
+            key,
+            self_encoded_len: self_len,
+        };
+        KeySet::with_formats(
+            (g(1), Prf::SipHash24, [7; 32], CidFormat::QuicLb(p)),
+            Some((g(0), Prf::SipHash24, [9; 32], CidFormat::Adr1)),
+        )
+        .unwrap()
+    }
+
+    /// ADR 0007: a QUIC-LB generation's CIDs are draft-21 CIDs of config 2 (generation
+    /// 1), 12 bytes, the server id in the clear for a plaintext config (the obvious
+    /// model), decoded back by the key set and by `quic_lb`'s own config set; the adr1
+    /// generation beside it decodes as before, and the kernel gets no key for it.
+    #[test]
+    fn quic_lb_generation_encodes_and_decodes() {
+        let ks = quic_lb_set(3, None, true);
+        assert_eq!(ks.format(g(0)), Some(CidFormat::Adr1));
+        assert!(matches!(ks.format(g(1)), Some(CidFormat::QuicLb(_))));
+        assert_eq!(ks.siphash_key(g(1)), None, "never steered by the ADR 0001 program");
+        assert!(ks.siphash_key(g(0)).is_some());
+        let rand = [0xff, 1, 2, 3, 4, 5, 6, 7, 8, 9];
+        let cid = ks.encode(ServerId(0xbeef), &rand);
+        // config 2 | length 11 (self-encoded); server id 00 be ef; nonce 1..=8.
+        assert_eq!(cid, [0x40 | 11, 0, 0xbe, 0xef, 1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(ks.decode(&cid), Ok(Decoded { generation: g(1), server_id: ServerId(0xbeef) }));
+        let old = ks.encode_with(g(0), ServerId(0xbeef), &rand).unwrap();
+        assert_eq!(ks.decode(&old), Ok(Decoded { generation: g(0), server_id: ServerId(0xbeef) }));
+        // Config 3 (generation 1's other config id) is not this generation's config.
+        let mut other = cid;
+        other[0] |= 0x20;
+        assert_eq!(ks.decode(&other), Err(Unroutable::UnknownConfig(3)));
+        // A server id past 16 bits is not one a worker issued.
+        let mut wide = cid;
+        wide[1] = 1;
+        assert_eq!(ks.decode(&wide), Err(Unroutable::ServerIdOutOfRange));
+        // Random low bits when the length is not self-encoded.
+        let r = quic_lb_set(2, None, false).encode(ServerId(1), &[0x1f, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(r[0], 0x40 | 0x1f);
+        // The fingerprint tells the formats apart (decode caches are tagged with it).
+        assert_ne!(ks.fingerprint(), quic_lb_set(2, None, true).fingerprint());
+        assert_ne!(ks.fingerprint(), quic_lb_set(3, Some([1; 16]), true).fingerprint());
+        assert_ne!(ks.fingerprint(), quic_lb_set(3, None, false).fingerprint());
+        assert_eq!(ks.fingerprint(), quic_lb_set(3, None, true).fingerprint());
+        // A config of another generation is refused.
+        let p = quic_lb::Params {
+            config_id: crate::cid_format::config_ids_of(g(2))[0],
+            server_id_len: 2,
+            nonce_len: 9,
+            key: None,
+            self_encoded_len: false,
+        };
+        let bad = KeySet::with_formats((g(1), Prf::SipHash24, [7; 32], CidFormat::QuicLb(p)), None);
+        assert_eq!(bad.unwrap_err(), KeySetError::BadFormat(g(1)));
+    }
+
+    proptest::proptest! {
+        /// Any server id, any randomness, plaintext or keyed (Feistel), any server-id
+        /// length: the key set decodes its own CIDs, and so does an independent
+        /// `quic_lb::ConfigSet` holding the same config (what a load balancer runs).
+        #[test]
+        fn quic_lb_round_trip(id: u16, rand: [u8; CID_RANDOM_LEN], sid_len in 2u8..=7, key: Option<[u8; 16]>, self_len: bool) {
+            let ks = quic_lb_set(sid_len, key, self_len);
+            let cid = ks.encode(ServerId(id), &rand);
+            proptest::prop_assert_eq!(ks.decode(&cid), Ok(Decoded { generation: g(1), server_id: ServerId(id) }));
+            proptest::prop_assert_eq!(cid[0] >> 6, 1, "cr bits are the generation");
+            let Some(CidFormat::QuicLb(p)) = ks.format(g(1)) else { unreachable!() };
+            let mut lb = quic_lb::ConfigSet::new();
+            lb.insert(quic_lb::Config::new(p).unwrap());
+            let d = lb.decode(&cid).unwrap();
+            let mut want = [0u8; 7];
+            want[usize::from(sid_len) - 2..usize::from(sid_len)].copy_from_slice(&id.to_be_bytes());
+            proptest::prop_assert_eq!(d.server_id.as_bytes(), &want[..usize::from(sid_len)]);
+        }
     }
 }

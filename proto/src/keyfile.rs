@@ -2,9 +2,11 @@
 //! state directory (mode 0600) and read by standalone demux/worker/udpflood runs.
 //!
 //! ```text
-//! quicdemux-keys 3
-//! newest 1 siphash-2-4 <64 hex>     # generation 0..=2, its PRF (ADR 0004), its 32-byte CID key
-//! previous 0 hmac-sha256 <64 hex>   # optional: the generation still decodable
+//! quicdemux-keys 4
+//! newest 1 siphash-2-4 <64 hex> quic-lb config=2 server-id=2 nonce=9 key=none length=self
+//!                                   # generation 0..=2, its PRF (ADR 0004), its 32-byte CID key,
+//!                                   # its CID format (version 4: ADR 0007)
+//! previous 0 hmac-sha256 <64 hex> adr1  # optional: the generation still decodable
 //! reset <64 hex digits>             # stateless-reset key, identical on every instance
 //! token <64 hex digits>             # Retry/NEW_TOKEN key, identical on every instance
 //! rendezvous <32 hex digits>        # placement hash key of the demux
@@ -14,9 +16,15 @@
 //! PRF names: `hmac-sha256`, `siphash-2-4`. Blank lines and lines starting with `#`
 //! are ignored. Parsing is strict: every required line exactly once, the field count
 //! of the file's version, no unknown keywords or PRF names. [`KeyFile::to_text`]
-//! always writes version 3. How each version reads:
+//! writes version 3 while every generation is `adr1`, so such a file stays readable by
+//! a build that knows no CID format, and version 4 once a generation is `quic-lb`,
+//! which such a build refuses at line 1 (docs/wire.md "Versions"). How each version
+//! reads:
 //!
-//! - **3**: as above; `forwarding` is required.
+//! - **4**: as above; each generation line ends with its CID format
+//!   ([`crate::cid_format`]: `adr1`, or `quic-lb` and its config; the PRF and secret
+//!   stay, used by `adr1` only).
+//! - **3**: no CID format: every generation is `adr1`; `forwarding` is required.
 //! - **2**: no `forwarding` lines (they are refused). The forwarding secret is
 //!   derived from the rendezvous key: HMAC-SHA-256(rendezvous key, [`V2_FORWARDING_LABEL`]).
 //!   Every host reading the same version 2 file derives the same secret, and the
@@ -30,6 +38,7 @@
 //! (ADR 0005 §4: a worker must not be able to forge host-to-host frames).
 
 use crate::cid::{Generation, KeySet, KeySetError, Prf, ServerId, KEY_LEN};
+use crate::cid_format::{CidFormat, CidFormatError, FormatSpec};
 use crate::wire::{KeyGen, Keys, Registration};
 
 /// Random bytes [`KeyFile::generate`] takes: the generation-0 CID key, the reset key
@@ -38,8 +47,10 @@ use crate::wire::{KeyGen, Keys, Registration};
 pub const RANDOM_LEN: usize = KEY_LEN + 32 + 32 + 16 + 32;
 
 const MAGIC: &str = "quicdemux-keys";
-/// The version [`KeyFile::to_text`] writes.
-const VERSION: u8 = 3;
+/// The version [`KeyFile::to_text`] writes while every generation is `adr1`.
+const VERSION_ADR1: u8 = 3;
+/// The version [`KeyFile::to_text`] writes once a generation has another format.
+const VERSION: u8 = 4;
 /// The label a version 1 or 2 file's forwarding secret is derived with.
 pub const V2_FORWARDING_LABEL: &[u8] = b"quicdemux forwarding secret of a version 2 key file";
 
@@ -121,7 +132,10 @@ impl KeyFile {
         let mut forwarding = [0u8; 32];
         forwarding.copy_from_slice(&random[112..144]);
         KeyFile {
-            keys: Keys { newest: KeyGen { generation: Generation::ZERO, prf, secret: k }, previous: None },
+            keys: Keys {
+                newest: KeyGen { generation: Generation::ZERO, prf, secret: k, format: CidFormat::Adr1 },
+                previous: None,
+            },
             reset_key,
             token_key,
             rendezvous_key,
@@ -152,12 +166,35 @@ impl KeyFile {
     /// Likewise `fresh_forwarding` becomes the accepted other forwarding secret while
     /// frames are still sealed with the current one.
     pub fn staged(&self, fresh: [u8; KEY_LEN], fresh_forwarding: [u8; 32], prf: Prf) -> KeyFile {
-        let next = KeyGen { generation: self.keys.newest.generation.next(), prf, secret: fresh };
+        let next =
+            KeyGen { generation: self.keys.newest.generation.next(), prf, secret: fresh, format: CidFormat::Adr1 };
+        self.staged_gen(next, fresh_forwarding)
+    }
+
+    /// [`KeyFile::staged`], the staged generation in the CID format `spec` gives it
+    /// (docs/adr/0007-quic-lb.md).
+    pub fn staged_as(
+        &self,
+        fresh: [u8; KEY_LEN],
+        fresh_forwarding: [u8; 32],
+        prf: Prf,
+        spec: &FormatSpec,
+    ) -> Result<KeyFile, CidFormatError> {
+        Ok(self.staged_gen(self.next_generation(fresh, prf, spec)?, fresh_forwarding))
+    }
+
+    fn staged_gen(&self, next: KeyGen, fresh_forwarding: [u8; 32]) -> KeyFile {
         KeyFile {
             keys: Keys { newest: self.keys.newest, previous: Some(next) },
             forwarding_other: Some(fresh_forwarding),
             ..self.clone()
         }
+    }
+
+    /// The generation after the newest, in the format `spec` gives it.
+    fn next_generation(&self, fresh: [u8; KEY_LEN], prf: Prf, spec: &FormatSpec) -> Result<KeyGen, CidFormatError> {
+        let generation = self.keys.newest.generation.next();
+        Ok(KeyGen { generation, prf, secret: fresh, format: spec.for_generation(generation, &fresh)? })
     }
 
     /// Stages the generation `other` (another host's key file) staged, so every host
@@ -216,8 +253,21 @@ impl KeyFile {
     /// The forwarding secrets stay: they change only in the two phases every host of
     /// a cluster runs ([`KeyFile::staged`], [`KeyFile::activated`]).
     pub fn rotated(&self, fresh: [u8; KEY_LEN], prf: Prf) -> KeyFile {
-        let newest = KeyGen { generation: self.keys.newest.generation.next(), prf, secret: fresh };
+        let newest =
+            KeyGen { generation: self.keys.newest.generation.next(), prf, secret: fresh, format: CidFormat::Adr1 };
         KeyFile { keys: Keys { newest, previous: Some(self.keys.newest) }, ..self.clone() }
+    }
+
+    /// [`KeyFile::rotated`], the new generation in the CID format `spec` gives it
+    /// (docs/adr/0007-quic-lb.md): rotation is how the format changes.
+    pub fn rotated_as(&self, fresh: [u8; KEY_LEN], prf: Prf, spec: &FormatSpec) -> Result<KeyFile, CidFormatError> {
+        let newest = self.next_generation(fresh, prf, spec)?;
+        Ok(KeyFile { keys: Keys { newest, previous: Some(self.keys.newest) }, ..self.clone() })
+    }
+
+    /// Whether any live generation is not `adr1` (the file is then written as version 4).
+    pub fn has_other_formats(&self) -> bool {
+        std::iter::once(&self.keys.newest).chain(&self.keys.previous).any(|g| g.format != CidFormat::Adr1)
     }
 
     /// The routing key set.
@@ -226,8 +276,12 @@ impl KeyFile {
     }
 
     pub fn to_text(&self) -> String {
-        let mut s = format!("{MAGIC} {VERSION}\n");
-        let line = |what: &str, k: &KeyGen| format!("{what} {} {} {}\n", k.generation.get(), k.prf, to_hex(&k.secret));
+        let v4 = self.has_other_formats();
+        let mut s = format!("{MAGIC} {}\n", if v4 { VERSION } else { VERSION_ADR1 });
+        let line = |what: &str, k: &KeyGen| {
+            let format = if v4 { format!(" {}", k.format.to_text()) } else { String::new() };
+            format!("{what} {} {} {}{format}\n", k.generation.get(), k.prf, to_hex(&k.secret))
+        };
         s += &line("newest", &self.keys.newest);
         if let Some(p) = &self.keys.previous {
             s += &line("previous", p);
@@ -258,12 +312,16 @@ impl KeyFile {
             .map(|(i, l)| (i + 1, l.trim()))
             .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'));
         // Version 1 has no PRF field (ADR 0004); version 2 names one per generation;
-        // version 3 adds the forwarding secrets (ADR 0005 §4).
+        // version 3 adds the forwarding secrets (ADR 0005 §4); version 4 a CID format
+        // per generation (ADR 0007).
         let version: u8 = match lines.next() {
             Some((_, l)) if l == format!("{MAGIC} 1") => 1,
             Some((_, l)) if l == format!("{MAGIC} 2") => 2,
             Some((_, l)) if l == format!("{MAGIC} 3") => 3,
-            Some((n, _)) => return Err(err(n, format!("expected '{MAGIC} 1', '{MAGIC} 2' or '{MAGIC} 3'"))),
+            Some((_, l)) if l == format!("{MAGIC} 4") => 4,
+            Some((n, _)) => {
+                return Err(err(n, format!("expected '{MAGIC} 1', '{MAGIC} 2', '{MAGIC} 3' or '{MAGIC} 4'")))
+            }
             None => return Err(err(0, "empty key file")),
         };
         let v2 = version >= 2;
@@ -287,7 +345,20 @@ impl KeyFile {
                 "newest" | "previous" => {
                     let slot = if keyword == "newest" { &mut newest } else { &mut previous };
                     once(slot.is_some())?;
-                    fields(if v2 { 4 } else { 3 })?;
+                    if version >= 4 {
+                        if f.len() < 5 {
+                            return Err(err(
+                                n,
+                                format!(
+                                    "'{keyword}' takes a generation, PRF, secret and CID format in version 4, found \
+                                     {} fields",
+                                    f.len() - 1
+                                ),
+                            ));
+                        }
+                    } else {
+                        fields(if v2 { 4 } else { 3 })?;
+                    }
                     let generation = f[1]
                         .parse::<u8>()
                         .ok()
@@ -299,8 +370,13 @@ impl KeyFile {
                         // ADR 0004: version 1 generations are HMAC-SHA-256 (ADR 0001).
                         Prf::HmacSha256
                     };
-                    let secret = hex(f[f.len() - 1], n)?;
-                    *slot = Some(KeyGen { generation, prf, secret });
+                    let secret = hex(f[if v2 { 3 } else { 2 }], n)?;
+                    let format = if version >= 4 {
+                        CidFormat::parse(&f[4..], generation).map_err(|e| err(n, e.to_string()))?
+                    } else {
+                        CidFormat::Adr1
+                    };
+                    *slot = Some(KeyGen { generation, prf, secret, format });
                 }
                 "reset" | "token" | "rendezvous" => {
                     fields(2)?;
@@ -519,11 +595,21 @@ mod tests {
         let k = KeyFile::parse(&v1).unwrap();
         assert_eq!(
             k.keys.newest,
-            KeyGen { generation: Generation::new(2).unwrap(), prf: Prf::HmacSha256, secret: [0x11; 32] }
+            KeyGen {
+                generation: Generation::new(2).unwrap(),
+                prf: Prf::HmacSha256,
+                secret: [0x11; 32],
+                format: CidFormat::Adr1
+            }
         );
         assert_eq!(
             k.keys.previous,
-            Some(KeyGen { generation: Generation::new(1).unwrap(), prf: Prf::HmacSha256, secret: [0x22; 32] })
+            Some(KeyGen {
+                generation: Generation::new(1).unwrap(),
+                prf: Prf::HmacSha256,
+                secret: [0x22; 32],
+                format: CidFormat::Adr1
+            })
         );
         assert_eq!((k.reset_key, k.token_key, k.rendezvous_key), ([0x33; 32], [0x44; 32], [0x55; 16]));
         assert_eq!(k.forwarding, KeyFile::v2_forwarding_secret(&[0x55; 16]));
@@ -562,10 +648,15 @@ mod tests {
         let e = bad("forwarding ", "forwarding 00 ");
         assert_eq!((e.line, e.what.contains("'forwarding' takes 2 fields")), (7, true), "{e}");
         // Unknown versions.
-        for v in ["0", "4", "10", "3.0", ""] {
+        for v in ["0", "5", "10", "3.0", ""] {
             let e = bad("quicdemux-keys 3", &format!("quicdemux-keys {v}"));
             assert_eq!(e.line, 1, "{e}");
-            assert!(e.what.contains("expected 'quicdemux-keys 1', 'quicdemux-keys 2' or 'quicdemux-keys 3'"), "{e}");
+            assert!(
+                e.what.contains(
+                    "expected 'quicdemux-keys 1', 'quicdemux-keys 2', 'quicdemux-keys 3' or 'quicdemux-keys 4'"
+                ),
+                "{e}"
+            );
         }
         // Twice.
         let e = KeyFile::parse(&format!("{good}previous 2 hmac-sha256 {}\n", "00".repeat(32))).unwrap_err();
@@ -594,6 +685,132 @@ mod tests {
         // Every truncation fails or parses to something valid; never panics.
         for i in 0..good.len() {
             let _ = KeyFile::parse(&good[..i]);
+        }
+    }
+
+    fn quic_lb(server_id_len: u8, key: crate::cid_format::KeySpec, self_len: bool) -> FormatSpec {
+        FormatSpec::QuicLb { server_id_len, nonce_len: 11 - server_id_len, key, self_encoded_len: self_len }
+    }
+
+    /// ADR 0007: rotation changes the format; the file is version 4 while a quic-lb
+    /// generation is live, and version 3 again (byte for byte what a build without
+    /// formats writes) once both live generations are adr1.
+    #[test]
+    fn rotation_changes_the_cid_format() {
+        use crate::cid_format::KeySpec;
+        let a = KeyFile::generate(&counting(), Prf::SipHash24);
+        let v3 = a.to_text();
+        assert!(v3.starts_with("quicdemux-keys 3\nnewest 0 siphash-2-4 ") && !v3.contains("adr1"), "{v3}");
+        let b = a.rotated_as([9; 32], Prf::SipHash24, &quic_lb(2, KeySpec::Generate, true)).expect("fits");
+        let text = b.to_text();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "quicdemux-keys 4");
+        assert_eq!(
+            lines[1],
+            format!(
+                "newest 1 siphash-2-4 {} quic-lb config=2 server-id=2 nonce=9 key={} length=self",
+                "09".repeat(32),
+                "09".repeat(16)
+            )
+        );
+        assert_eq!(lines[2], format!("previous 0 siphash-2-4 {} adr1", to_hex(&counting()[..32])));
+        assert_eq!(KeyFile::parse(&text).expect("round trip"), b);
+        // Plaintext, generation 2: config id 4.
+        let c = b.rotated_as([7; 32], Prf::HmacSha256, &quic_lb(3, KeySpec::None, false)).expect("fits");
+        assert!(c.to_text().contains(" quic-lb config=4 server-id=3 nonce=8 key=none length=random\n"));
+        assert_eq!(KeyFile::parse(&c.to_text()).expect("round trip"), c);
+        // Back to adr1: version 4 while the quic-lb generation is still the previous one…
+        let d = c.rotated_as([6; 32], Prf::SipHash24, &FormatSpec::Adr1).expect("adr1");
+        assert!(d.to_text().starts_with("quicdemux-keys 4\nnewest 0 siphash-2-4 "));
+        assert_eq!(KeyFile::parse(&d.to_text()).expect("round trip"), d);
+        // …and version 3 once it is gone.
+        let e = d.rotated([5; 32], Prf::SipHash24);
+        assert_eq!(e.to_text(), d.rotated([5; 32], Prf::SipHash24).to_text());
+        assert!(e.to_text().starts_with("quicdemux-keys 3\n") && !e.to_text().contains("adr1"));
+        // Staging takes the format too, and activation keeps it.
+        let s = a.staged_as([4; 32], [0xf4; 32], Prf::SipHash24, &quic_lb(2, KeySpec::None, false)).expect("fits");
+        assert!(s.is_staged() && s.has_other_formats());
+        assert_eq!(KeyFile::parse(&s.to_text()).expect("round trip"), s);
+        let act = s.activated().expect("staged");
+        assert_eq!(act.keys.newest.format, s.keys.previous.expect("staged").format);
+        assert!(matches!(act.keys.newest.format, CidFormat::QuicLb(p) if p.config_id.get() == 2));
+    }
+
+    /// A version 4 file names the format on every generation line; a bad one gets the
+    /// line and the reason; a format in a version 3 file is a field-count error.
+    #[test]
+    fn version_4_errors() {
+        use crate::cid_format::KeySpec;
+        let good = KeyFile::generate(&[7; RANDOM_LEN], Prf::SipHash24)
+            .rotated_as([8; 32], Prf::HmacSha256, &quic_lb(2, KeySpec::None, true))
+            .expect("fits")
+            .to_text();
+        let bad = |from: &str, to: &str| {
+            assert!(good.contains(from), "{from} in {good}");
+            KeyFile::parse(&good.replacen(from, to, 1)).unwrap_err()
+        };
+        let cases = [
+            (" adr1\n", "\n", 3, "takes a generation, PRF, secret and CID format in version 4, found 3"),
+            (" adr1\n", " adr2\n", 3, "unknown CID format 'adr2'"),
+            ("config=2", "config=4", 2, "cannot be generation 1's"),
+            ("config=2", "config=7", 2, "expected a number 0..=5"),
+            ("nonce=9", "nonce=8", 2, "must add up to 11"),
+            ("server-id=2 nonce=9", "server-id=1 nonce=10", 2, "server ids are 16 bits"),
+            ("key=none", "key=generate", 2, "32 hex digits"),
+            ("length=self", "length=self length=self", 2, "'length' given twice"),
+            ("length=self", "", 2, "missing length"),
+        ];
+        for (from, to, line, want) in cases {
+            let e = bad(from, to);
+            assert_eq!(e.line, line, "{from} -> {to}: {e}");
+            assert!(e.what.contains(want), "{from} -> {to}: {e}");
+        }
+        let v3_with_format = good.replacen("quicdemux-keys 4", "quicdemux-keys 3", 1);
+        let e = KeyFile::parse(&v3_with_format).unwrap_err();
+        assert!(e.what.contains("'newest' takes 4 fields in version 3"), "{e}");
+        // A format the generation cannot take is refused by rotation, not written.
+        let e = KeyFile::generate(&[7; RANDOM_LEN], Prf::SipHash24)
+            .rotated_as([8; 32], Prf::SipHash24, &quic_lb(1, KeySpec::None, false))
+            .unwrap_err();
+        assert!(e.0.contains("16 bits"), "{e}");
+    }
+
+    fn arb_spec() -> impl proptest::strategy::Strategy<Value = FormatSpec> {
+        use crate::cid_format::KeySpec;
+        use proptest::prelude::*;
+        prop_oneof![
+            Just(FormatSpec::Adr1),
+            (
+                2u8..=7,
+                prop_oneof![Just(KeySpec::None), Just(KeySpec::Generate), any::<[u8; 16]>().prop_map(KeySpec::Fixed)],
+                any::<bool>()
+            )
+                .prop_map(|(sid, key, sel)| quic_lb(sid, key, sel)),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Any sequence of rotations and stages in any formats: every file parses back
+        /// to itself, its version is 4 exactly when a live generation is not adr1, and
+        /// each quic-lb generation's config id has the generation in its top two bits.
+        #[test]
+        fn rotations_round_trip(steps in proptest::collection::vec((arb_spec(), proptest::prelude::any::<[u8; 32]>(), 0u8..3), 1..8)) {
+            let mut k = KeyFile::generate(&counting(), Prf::SipHash24);
+            for (spec, fresh, op) in steps {
+                k = match op {
+                    0 => k.rotated_as(fresh, Prf::HmacSha256, &spec).expect("valid spec"),
+                    1 => k.staged_as(fresh, [1; 32], Prf::SipHash24, &spec).expect("valid spec"),
+                    _ => k.activated().unwrap_or(k),
+                };
+                let text = k.to_text();
+                proptest::prop_assert_eq!(KeyFile::parse(&text).expect("parses"), k.clone());
+                proptest::prop_assert_eq!(text.starts_with("quicdemux-keys 4\n"), k.has_other_formats());
+                for g in std::iter::once(k.keys.newest).chain(k.keys.previous) {
+                    if let CidFormat::QuicLb(p) = g.format {
+                        proptest::prop_assert_eq!(p.config_id.get() >> 1, g.generation.get());
+                    }
+                }
+            }
         }
     }
 }

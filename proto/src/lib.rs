@@ -4,6 +4,7 @@
 //! over bytes, time passed in, no sockets, no clocks, no threads, no `unsafe`.
 //!
 //! - [`cid`]: ADR 0001 connection IDs (encode / decode, key generations).
+//! - [`cid_format`]: the CID format of a key generation: ADR 0001 or QUIC-LB (ADR 0007).
 //! - [`prf`]: the per-generation PRF that masks server ids (ADR 0004).
 //! - [`quic_lb`]: QUIC-LB connection IDs (draft-ietf-quic-load-balancers-21): plaintext, single-pass AES, four-pass Feistel.
 //! - [`decode_cache`]: a per-shard cache of CID decodes (skips the HMAC for repeat DCIDs).
@@ -24,6 +25,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cid;
+pub mod cid_format;
 mod counter_enum;
 pub mod decode_cache;
 pub mod header;

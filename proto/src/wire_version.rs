@@ -26,10 +26,10 @@ mod tests {
     /// operator reads), not pass unnoticed.
     #[test]
     fn describes_both_versions() {
-        assert_eq!(super::describe(), "control protocol 3, data frame 2");
+        assert_eq!(super::describe(), "control protocol 4 and 3, data frame 2");
         assert_eq!(
             super::version_line("0.1.0", "abc-dirty"),
-            "0.1.0 (commit abc-dirty; control protocol 3, data frame 2)"
+            "0.1.0 (commit abc-dirty; control protocol 4 and 3, data frame 2)"
         );
     }
 }

@@ -1,5 +1,5 @@
 //! Interop: CIDs made by `proto::quic_lb` decoded by a QUIC-LB decoder that is not
-//! this project's code, `tests/quic_lb_ref.py` (written from
+//! this project's code, `testkit/py/quic_lb_ref.py` (written from
 //! draft-ietf-quic-load-balancers-21, AES from Python's `cryptography`, which aioquic
 //! installs). The decoder first checks the draft's vectors itself (`--self-test`);
 //! then one python3 process reads every request on stdin and answers on stdout.
@@ -16,7 +16,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
 fn script() -> String {
-    format!("{}/tests/quic_lb_ref.py", env!("CARGO_MANIFEST_DIR"))
+    testkit::bin::python_script("quic_lb_ref.py").display().to_string()
 }
 
 fn have_python_cryptography() -> bool {

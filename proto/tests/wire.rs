@@ -10,6 +10,7 @@ mod common;
 use common::rng::Rng;
 use proptest::prelude::*;
 use proto::cid::{Generation, Prf, ServerId};
+use proto::cid_format::{CidFormat, FormatSpec, KeySpec};
 use proto::wire::admin::{RotatePhase, KEEP_PRF};
 use proto::wire::data::{CAPS_KNOWN, CAP_FAST_PATH, CAP_RINGS, LOAD_INTERVAL_MS, MAX_ODCID_LEN, MAX_RINGS};
 use proto::wire::frame::{self, FrameMeta, HEADER_LEN, MAX_PAYLOAD};
@@ -75,11 +76,28 @@ fn model_record(version: u8, tag: u8, fields: &[Field]) -> Vec<u8> {
                     }
                     if let Some(g) = g {
                         v.push(g.generation.get());
+                        let quic_lb = match g.format {
+                            CidFormat::Adr1 => None,
+                            CidFormat::QuicLb(p) => Some(p),
+                        };
                         v.push(match g.prf {
+                            // Version 3 has no field for the format: the generation
+                            // is written with a PRF code no reader knows.
+                            _ if version < 4 && quic_lb.is_some() => 0xff,
                             Prf::HmacSha256 => 0,
                             Prf::SipHash24 => 1,
                         });
                         v.extend_from_slice(&g.secret);
+                        match quic_lb {
+                            _ if version < 4 => {}
+                            None => v.push(0),
+                            Some(p) => {
+                                let keyed = p.key.is_some();
+                                let flags = u8::from(keyed) + 2 * u8::from(p.self_encoded_len);
+                                v.extend_from_slice(&[1, p.config_id.get(), p.server_id_len, p.nonce_len, flags]);
+                                v.extend_from_slice(&p.key.unwrap_or_default()[..if keyed { 16 } else { 0 }]);
+                            }
+                        }
                     }
                 }
             }
@@ -141,7 +159,7 @@ fn model_admin(m: &Admin, v: u8) -> Vec<u8> {
         Admin::Welcome { version, caps } => model_record(*version, 0x02, &[U64(*caps)]),
         Admin::StatusRequest => model_record(v, 0x61, &[]),
         Admin::Status { json } => model_record(v, 0x62, &[Text(json)]),
-        Admin::RotateKeys { prf, force, phase, from } => {
+        Admin::RotateKeys { prf, force, phase, from, format } => {
             let code = match prf {
                 None => 0xff,
                 Some(Prf::HmacSha256) => 0,
@@ -152,11 +170,15 @@ fn model_admin(m: &Admin, v: u8) -> Vec<u8> {
                 RotatePhase::Stage => 1,
                 RotatePhase::Activate => 2,
             };
-            let flags = u8::from(*force) | phase << 1 | if from.is_some() { 8 } else { 0 };
-            match from {
-                Some(f) => model_record(v, 0x63, &[U8(code), U8(flags), Text(f)]),
-                None => model_record(v, 0x63, &[U8(code), U8(flags)]),
-            }
+            let flags = u8::from(*force)
+                | phase << 1
+                | if from.is_some() { 8 } else { 0 }
+                | if format.is_some() { 0x10 } else { 0 };
+            let format = format.map(|f| f.to_string());
+            let mut fields = vec![U8(code), U8(flags)];
+            fields.extend(from.as_deref().map(Text));
+            fields.extend(format.as_deref().map(Text));
+            model_record(v, 0x63, &fields)
         }
         Admin::KeysChanged { keys } => model_record(v, 0x64, &[Keys(keys)]),
         Admin::GetSockets => model_record(v, 0x65, &[]),
@@ -223,22 +245,45 @@ fn prf() -> impl Strategy<Value = Prf> {
     prop::sample::select(Prf::ALL.to_vec())
 }
 
+/// A CID format generation `g` may take (ADR 0007): adr1 or any fitting quic-lb config.
+fn format_of(
+    g: Generation,
+    (quic_lb, sid, high, key, self_len): (bool, u8, bool, Option<[u8; 16]>, bool),
+) -> CidFormat {
+    if !quic_lb {
+        return CidFormat::Adr1;
+    }
+    let ids = proto::cid_format::config_ids_of(g);
+    CidFormat::QuicLb(proto::quic_lb::Params {
+        config_id: ids[usize::from(high)],
+        server_id_len: sid,
+        nonce_len: 11 - sid,
+        key,
+        self_encoded_len: self_len,
+    })
+}
+
+fn format_choice() -> impl Strategy<Value = (bool, u8, bool, Option<[u8; 16]>, bool)> {
+    (any::<bool>(), 2u8..=7, any::<bool>(), any::<Option<[u8; 16]>>(), any::<bool>())
+}
+
 fn keys() -> impl Strategy<Value = Keys> {
-    (generation(), prf(), any::<[u8; 32]>(), proptest::option::of((1u8..3, prf(), any::<[u8; 32]>()))).prop_map(
-        |(g, prf, s, prev)| Keys {
-            newest: KeyGen { generation: g, prf, secret: s },
-            previous: prev.map(|(off, prf, ps)| KeyGen {
-                generation: Generation::new((g.get() + off) % 3).unwrap(),
-                prf,
-                secret: ps,
-            }),
-        },
+    (
+        (generation(), prf(), any::<[u8; 32]>(), format_choice()),
+        proptest::option::of((1u8..3, prf(), any::<[u8; 32]>(), format_choice())),
     )
+        .prop_map(|((g, prf, s, f), prev)| Keys {
+            newest: KeyGen { generation: g, prf, secret: s, format: format_of(g, f) },
+            previous: prev.map(|(off, prf, ps, f)| {
+                let generation = Generation::new((g.get() + off) % 3).unwrap();
+                KeyGen { generation, prf, secret: ps, format: format_of(generation, f) }
+            }),
+        })
 }
 
 /// A protocol version a record may be in: from the first negotiated one on.
 fn version() -> impl Strategy<Value = u8> {
-    prop_oneof![Just(PROTOCOL_VERSION), FIRST_VERSION..=u8::MAX]
+    prop_oneof![Just(PROTOCOL_VERSION), Just(FIRST_VERSION), FIRST_VERSION..=u8::MAX]
 }
 
 /// A valid window (`FIRST_VERSION <= oldest <= newest`).
@@ -307,8 +352,27 @@ fn admin() -> impl Strategy<Value = Admin> {
             any::<bool>(),
             prop_oneof![Just(RotatePhase::Rotate), Just(RotatePhase::Stage), Just(RotatePhase::Activate)],
             proptest::option::of("[a-z/]{0,20}"),
+            proptest::option::of(prop_oneof![
+                Just(FormatSpec::Adr1),
+                (2u8..=7, any::<Option<[u8; 16]>>(), any::<bool>(), any::<bool>()).prop_map(
+                    |(sid, key, generate, sel)| {
+                        let key = match key {
+                            Some(k) => KeySpec::Fixed(k),
+                            None if generate => KeySpec::Generate,
+                            None => KeySpec::None,
+                        };
+                        FormatSpec::QuicLb { server_id_len: sid, nonce_len: 11 - sid, key, self_encoded_len: sel }
+                    }
+                ),
+            ]),
         )
-            .prop_map(|(prf, force, phase, from)| Admin::RotateKeys { prf, force, phase, from }),
+            .prop_map(|(prf, force, phase, from, format)| Admin::RotateKeys {
+                prf,
+                force,
+                phase,
+                from,
+                format
+            }),
         keys().prop_map(|keys| Admin::KeysChanged { keys }),
         Just(Admin::GetSockets),
         addrs().prop_map(|addrs| Admin::Sockets { addrs }),
@@ -340,6 +404,18 @@ fn frame_reencodes(rec: &[u8]) -> Result<(), TestCaseError> {
 fn round_trip<T: Message + Debug + PartialEq>(m: &T, v: u8, model: fn(&T, u8) -> Vec<u8>) -> Result<(), TestCaseError> {
     let rec = m.to_record_at(v);
     prop_assert_eq!(&rec, &model(m, v), "{:?} against the model in version {}", m, v);
+    // ADR 0007: version 3 cannot carry a quic-lb generation; its reader refuses the
+    // record (the unknown PRF code), never reads it as adr1.
+    let rotation_format = format!("{m:?}").contains("format: Some");
+    if v < CID_FORMAT_VERSION && !rotation_format && format!("{m:?}").contains("QuicLb") {
+        prop_assert_eq!(T::decode(&rec).err(), Some(WireError::BadPrf(NO_PRF_IN_THIS_VERSION)));
+        return Ok(());
+    }
+    // …nor a rotation's CID format: a version 3 controller refuses the flag.
+    if v < CID_FORMAT_VERSION && rotation_format {
+        prop_assert_eq!(T::decode(&rec).err(), Some(WireError::ReservedBits));
+        return Ok(());
+    }
     prop_assert_eq!(&T::decode(&rec).unwrap(), m);
     prop_assert_eq!(record_version(&rec), Some(rec[1]));
     Ok(())
@@ -661,7 +737,7 @@ fn descriptors_travel_with_the_documented_messages() {
         Admin::Welcome { version: V, caps: 0 },
         Admin::StatusRequest,
         Admin::Status { json: String::new() },
-        Admin::RotateKeys { prf: None, force: false, phase: RotatePhase::Rotate, from: None },
+        Admin::RotateKeys { prf: None, force: false, phase: RotatePhase::Rotate, from: None, format: None },
         Admin::KeysChanged { keys: k },
         Admin::GetSockets,
         Admin::Sockets { addrs: vec![] },
@@ -680,8 +756,18 @@ fn descriptors_travel_with_the_documented_messages() {
 
 fn sample_keys() -> Keys {
     Keys {
-        newest: KeyGen { generation: Generation::new(1).unwrap(), prf: Prf::SipHash24, secret: [7; 32] },
-        previous: Some(KeyGen { generation: Generation::new(0).unwrap(), prf: Prf::HmacSha256, secret: [8; 32] }),
+        newest: KeyGen {
+            generation: Generation::new(1).unwrap(),
+            prf: Prf::SipHash24,
+            secret: [7; 32],
+            format: CidFormat::Adr1,
+        },
+        previous: Some(KeyGen {
+            generation: Generation::new(0).unwrap(),
+            prf: Prf::HmacSha256,
+            secret: [8; 32],
+            format: CidFormat::Adr1,
+        }),
     }
 }
 
@@ -723,11 +809,19 @@ fn exhaustive_single_byte_corruption() {
         Admin::Status { json: "{\"é\":1}".into() }.to_record(),
         Admin::GetSockets.to_record(),
         Admin::KeysChanged { keys: k }.to_record(),
-        Admin::RotateKeys { prf: None, force: false, phase: RotatePhase::Rotate, from: None }.to_record(),
-        Admin::RotateKeys { prf: Some(Prf::SipHash24), force: true, phase: RotatePhase::Rotate, from: None }
+        Admin::RotateKeys { prf: None, force: false, phase: RotatePhase::Rotate, from: None, format: None }.to_record(),
+        Admin::RotateKeys {
+            prf: Some(Prf::SipHash24),
+            force: true,
+            phase: RotatePhase::Rotate,
+            from: None,
+            format: None,
+        }
+        .to_record(),
+        Admin::RotateKeys { prf: None, force: false, phase: RotatePhase::Stage, from: Some("/k".into()), format: None }
             .to_record(),
-        Admin::RotateKeys { prf: None, force: false, phase: RotatePhase::Stage, from: Some("/k".into()) }.to_record(),
-        Admin::RotateKeys { prf: None, force: true, phase: RotatePhase::Activate, from: None }.to_record(),
+        Admin::RotateKeys { prf: None, force: true, phase: RotatePhase::Activate, from: None, format: None }
+            .to_record(),
     ];
     for rec in &recs {
         for i in 0..rec.len() {
@@ -855,10 +949,16 @@ fn control_reserved_values() {
     // Keys: generation 3 is not a generation; PRF codes are 0 and 1 (ADR 0004); the
     // "previous present" flag is 0 or 1; the previous generation differs from the newest.
     let k = Keys {
-        newest: KeyGen { generation: Generation::new(2).unwrap(), prf: Prf::HmacSha256, secret: [0; 32] },
+        newest: KeyGen {
+            generation: Generation::new(2).unwrap(),
+            prf: Prf::HmacSha256,
+            secret: [0; 32],
+            format: CidFormat::Adr1,
+        },
         previous: None,
     };
-    let base = Registration::KeysChanged { keys: k }.to_record();
+    // Version 3's layout (version 4's format bytes: keys_layout_with_a_quic_lb_generation).
+    let base = Registration::KeysChanged { keys: k }.to_record_at(3);
     let dec = |b: &[u8]| Registration::decode(b);
     let mut b = base.clone();
     b[3] = 3;
@@ -939,8 +1039,8 @@ fn keys_give_the_key_set_they_describe() {
     let g = |n| Generation::new(n).unwrap();
     for (pn, pp) in [(Prf::SipHash24, Prf::HmacSha256), (Prf::HmacSha256, Prf::SipHash24)] {
         let k = Keys {
-            newest: KeyGen { generation: g(2), prf: pn, secret: [5; 32] },
-            previous: Some(KeyGen { generation: g(1), prf: pp, secret: [6; 32] }),
+            newest: KeyGen { generation: g(2), prf: pn, secret: [5; 32], format: CidFormat::Adr1 },
+            previous: Some(KeyGen { generation: g(1), prf: pp, secret: [6; 32], format: CidFormat::Adr1 }),
         };
         let ks = k.key_set().unwrap();
         assert_eq!(ks.newest(), g(2));
@@ -964,35 +1064,98 @@ fn keys_give_the_key_set_they_describe() {
 fn keys_layout() {
     let g = |n| Generation::new(n).unwrap();
     let keys = Keys {
-        newest: KeyGen { generation: g(1), prf: Prf::SipHash24, secret: [0xaa; 32] },
-        previous: Some(KeyGen { generation: g(0), prf: Prf::HmacSha256, secret: [0xbb; 32] }),
+        newest: KeyGen { generation: g(1), prf: Prf::SipHash24, secret: [0xaa; 32], format: CidFormat::Adr1 },
+        previous: Some(KeyGen { generation: g(0), prf: Prf::HmacSha256, secret: [0xbb; 32], format: CidFormat::Adr1 }),
     };
     let mut want = vec![M, V, 0x26, 1, 1];
     want.extend_from_slice(&[0xaa; 32]);
-    want.extend_from_slice(&[1, 0, 0]);
+    want.extend_from_slice(&[0, 1, 0, 0]);
     want.extend_from_slice(&[0xbb; 32]);
+    want.push(0);
     assert_eq!(Registration::KeysChanged { keys: keys.clone() }.to_record(), want);
     assert_eq!(Registration::decode(&want), Ok(Registration::KeysChanged { keys: keys.clone() }));
     want[2] = 0x64;
     assert_eq!(Admin::KeysChanged { keys: keys.clone() }.to_record(), want);
-    assert_eq!(Admin::decode(&want), Ok(Admin::KeysChanged { keys }));
+    assert_eq!(Admin::decode(&want), Ok(Admin::KeysChanged { keys: keys.clone() }));
+    // Version 3's layout: no format bytes (adr1 throughout).
+    let mut v3 = vec![M, 3, 0x26, 1, 1];
+    v3.extend_from_slice(&[0xaa; 32]);
+    v3.extend_from_slice(&[1, 0, 0]);
+    v3.extend_from_slice(&[0xbb; 32]);
+    assert_eq!(Registration::KeysChanged { keys: keys.clone() }.to_record_at(3), v3);
+    assert_eq!(Registration::decode(&v3), Ok(Registration::KeysChanged { keys }));
     // Newest hmac-sha256 in generation 2, no previous.
-    let keys = Keys { newest: KeyGen { generation: g(2), prf: Prf::HmacSha256, secret: [0xcc; 32] }, previous: None };
+    let keys = Keys {
+        newest: KeyGen { generation: g(2), prf: Prf::HmacSha256, secret: [0xcc; 32], format: CidFormat::Adr1 },
+        previous: None,
+    };
     let mut want = vec![M, V, 0x26, 2, 0];
     want.extend_from_slice(&[0xcc; 32]);
-    want.push(0);
+    want.extend_from_slice(&[0, 0]);
     assert_eq!(Registration::KeysChanged { keys: keys.clone() }.to_record(), want);
     assert_eq!(Registration::decode(&want), Ok(Registration::KeysChanged { keys }));
     // Assign: server id, Keys, reset key, token key.
-    let keys = Keys { newest: KeyGen { generation: g(0), prf: Prf::SipHash24, secret: [0x11; 32] }, previous: None };
+    let keys = Keys {
+        newest: KeyGen { generation: g(0), prf: Prf::SipHash24, secret: [0x11; 32], format: CidFormat::Adr1 },
+        previous: None,
+    };
     let m = Registration::Assign { server_id: ServerId(0x0102), keys, reset_key: [0x22; 32], token_key: [0x33; 32] };
     let mut want = vec![M, V, 0x22, 1, 2, 0, 1];
     want.extend_from_slice(&[0x11; 32]);
-    want.push(0);
+    want.extend_from_slice(&[0, 0]);
     want.extend_from_slice(&[0x22; 32]);
     want.extend_from_slice(&[0x33; 32]);
     assert_eq!(m.to_record(), want);
     assert_eq!(Registration::decode(&want), Ok(m));
+}
+
+/// ADR 0007: a quic-lb generation's format in version 4 (format 1, config id,
+/// server-id length, nonce length, flags, key when keyed); in version 3 the PRF code
+/// 0xff, which a version 3 reader refuses; every bad format field refused.
+#[test]
+fn keys_layout_with_a_quic_lb_generation() {
+    let g = |n| Generation::new(n).unwrap();
+    let p = proto::quic_lb::Params {
+        config_id: proto::quic_lb::ConfigId::new(3).unwrap(),
+        server_id_len: 2,
+        nonce_len: 9,
+        key: Some([0x5c; 16]),
+        self_encoded_len: true,
+    };
+    let keys = Keys {
+        newest: KeyGen { generation: g(1), prf: Prf::SipHash24, secret: [0xaa; 32], format: CidFormat::QuicLb(p) },
+        previous: Some(KeyGen { generation: g(0), prf: Prf::HmacSha256, secret: [0xbb; 32], format: CidFormat::Adr1 }),
+    };
+    let m = Registration::KeysChanged { keys: keys.clone() };
+    let mut want = vec![M, 4, 0x26, 1, 1];
+    want.extend_from_slice(&[0xaa; 32]);
+    want.extend_from_slice(&[1, 3, 2, 9, 0b11]);
+    want.extend_from_slice(&[0x5c; 16]);
+    want.extend_from_slice(&[1, 0, 0]);
+    want.extend_from_slice(&[0xbb; 32]);
+    want.push(0);
+    assert_eq!(m.to_record_at(4), want);
+    assert_eq!(Registration::decode(&want), Ok(m.clone()));
+    let mut v3 = vec![M, 3, 0x26, 1, NO_PRF_IN_THIS_VERSION];
+    v3.extend_from_slice(&[0xaa; 32]);
+    v3.extend_from_slice(&[1, 0, 0]);
+    v3.extend_from_slice(&[0xbb; 32]);
+    assert_eq!(m.to_record_at(3), v3);
+    assert_eq!(Registration::decode(&v3), Err(WireError::BadPrf(0xff)));
+    // Offsets in `want`: 37 format, 38 config id, 39 server-id length, 40 nonce
+    // length, 41 flags.
+    let at = |i: usize, b: u8| {
+        let mut r = want.clone();
+        r[i] = b;
+        Registration::decode(&r)
+    };
+    assert_eq!(at(37, 2), Err(WireError::UnknownCidFormat(2)));
+    assert_eq!(at(38, 4), Err(WireError::BadCidFormat(1)), "config 4 is generation 2's");
+    assert_eq!(at(38, 7), Err(WireError::BadCidFormat(1)));
+    assert_eq!(at(39, 3), Err(WireError::BadCidFormat(1)), "lengths must add up to 11");
+    assert_eq!(at(41, 0b111), Err(WireError::ReservedBits));
+    // Unkeyed: the key is not read, so its first byte (0x5c) is read as has-previous.
+    assert_eq!(at(41, 0b10), Err(WireError::ReservedBits));
 }
 
 #[test]
@@ -1028,14 +1191,41 @@ fn admin_layout() {
     // rotate-keys [--prf] [--force] [--stage|--activate]: a PRF code (0 hmac-sha256,
     // 1 siphash-2-4) or 0xff (keep), then flags: bit 0 force, bits 1-2 the phase
     // (0 rotate, 1 stage, 2 activate), bit 3 a `from` path follows.
-    let rotate = |prf, force, phase, from| Admin::RotateKeys { prf, force, phase, from };
+    let rotate = |prf, force, phase, from| Admin::RotateKeys { prf, force, phase, from, format: None };
     assert_eq!(rotate(None, false, RotatePhase::Rotate, None).to_record(), [M, V, 0x63, KEEP_PRF, 0]);
     assert_eq!(rotate(Some(Prf::SipHash24), true, RotatePhase::Rotate, None).to_record(), [M, V, 0x63, 1, 1]);
     assert_eq!(Admin::decode(&[M, V, 0x63, 0, 0]), Ok(rotate(Some(Prf::HmacSha256), false, RotatePhase::Rotate, None)));
     assert_eq!(Admin::decode(&[M, V, 0x63, 0xff, 2]), Ok(rotate(None, false, RotatePhase::Stage, None)));
     assert_eq!(Admin::decode(&[M, V, 0x63, 0xff, 5]), Ok(rotate(None, true, RotatePhase::Activate, None)));
     assert_eq!(Admin::decode(&[M, V, 0x63, 0xff, 6]), Err(WireError::ReservedBits));
-    assert_eq!(Admin::decode(&[M, V, 0x63, 0xff, 16]), Err(WireError::ReservedBits));
+    assert_eq!(Admin::decode(&[M, V, 0x63, 0xff, 32]), Err(WireError::ReservedBits));
+    assert_eq!(Admin::decode(&[M, 3, 0x63, 0xff, 16]), Err(WireError::ReservedBits), "no format in version 3");
+    // Bit 4 (version 4): a CID format text follows (ADR 0007), after the path.
+    let spec: FormatSpec = "quic-lb server-id=2 key=generate".parse().unwrap();
+    let m = Admin::RotateKeys {
+        prf: None,
+        force: false,
+        phase: RotatePhase::Stage,
+        from: Some("/k".into()),
+        format: Some(spec),
+    };
+    let mut want = vec![M, V, 0x63, 0xff, 2 | 8 | 16, 0, 0, 0, 2, b'/', b'k'];
+    let text = b"quic-lb server-id=2 nonce=9 key=generate length=random";
+    want.extend_from_slice(&(text.len() as u32).to_be_bytes());
+    want.extend_from_slice(text);
+    assert_eq!(m.to_record(), want);
+    assert_eq!(Admin::decode(&want), Ok(m.clone()));
+    // An older controller refuses it rather than rotating without the format.
+    assert_eq!(Admin::decode(&m.to_record_at(3)), Err(WireError::ReservedBits));
+    let mut bad = vec![M, V, 0x63, 0xff, 16, 0, 0, 0, 4];
+    bad.extend_from_slice(b"adr2");
+    assert_eq!(Admin::decode(&bad), Err(WireError::BadCidFormatText));
+    // Only the canonical text: the same format written another way is refused.
+    let short = b"quic-lb server-id=2 key=generate";
+    let mut other = vec![M, V, 0x63, 0xff, 16];
+    other.extend_from_slice(&(short.len() as u32).to_be_bytes());
+    other.extend_from_slice(short);
+    assert_eq!(Admin::decode(&other), Err(WireError::BadCidFormatText));
     let from = rotate(None, false, RotatePhase::Stage, Some("/k".into()));
     let enc = from.to_record();
     assert_eq!(enc[..5], [M, V, 0x63, 0xff, 2 | 8]);
@@ -1242,14 +1432,14 @@ fn adjacent_builds_negotiate_and_a_gap_of_two_is_refused() {
     );
     assert_eq!(
         build(n - 2).negotiate(build(n)).unwrap_err().to_string(),
-        format!("protocol version {n} not supported: this build speaks {}", n - 2)
+        format!("protocol version {n} not supported: this build speaks {} and {}", n - 2, n - 3)
     );
-    // This build: it speaks only its own version until a later one exists (versions
-    // 1 and 2 were the formats before negotiation).
-    assert_eq!(Window::OWN, Window { oldest: 3, newest: 3 });
+    // This build: 4 (Keys with CID formats, ADR 0007) and 3; versions 1 and 2 were
+    // the formats before negotiation.
+    assert_eq!(Window::OWN, Window { oldest: 3, newest: 4 });
     assert_eq!(Window::OWN.negotiate(build(PROTOCOL_VERSION + 1)), Ok(PROTOCOL_VERSION));
     assert_eq!(
         Window::OWN.negotiate(Window { oldest: 2, newest: 2 }).unwrap_err().to_string(),
-        "protocol version 2 not supported: this build speaks 3"
+        "protocol version 2 not supported: this build speaks 4 and 3"
     );
 }

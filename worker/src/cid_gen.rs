@@ -2,6 +2,10 @@
 //! IDs — 12 bytes, the newest key generation in `cr`, this instance's server id
 //! encrypted under it, and fresh OS randomness (nonce and random bits) per CID.
 //!
+//! When the newest generation's format is `quic-lb` (docs/adr/0007-quic-lb.md) the
+//! same generator issues QUIC-LB CIDs carrying the server id: `KeySet::encode` picks
+//! the format, and every format's CIDs are 12 bytes, the length quinn parses with.
+//!
 //! Every CID quinn hands out for a connection (handshake SCID, NEW_CONNECTION_ID,
 //! the Retry SCID) comes from here, so each of them routes back to this instance
 //! (ADR 0001 "Unique, not reused").
@@ -184,5 +188,32 @@ mod tests {
         assert_eq!(after[0] >> 6, 2);
         assert_eq!(ck.load().decode(&after).unwrap().server_id, ServerId(7));
         assert!(g.validate(&before).is_ok(), "previous generation still live");
+    }
+
+    /// ADR 0007: with a quic-lb newest generation the generator issues 12-byte QUIC-LB
+    /// CIDs that a QUIC-LB load balancer holding the config (`quic_lb::ConfigSet`)
+    /// decodes to this instance's server id; `validate` still passes them.
+    #[test]
+    fn issues_quic_lb_cids_when_the_newest_generation_is_quic_lb() {
+        use proto::cid_format::{CidFormat, FormatSpec};
+        let spec: FormatSpec = "quic-lb server-id=2 key=generate".parse().unwrap();
+        let g1 = Generation::new(1).unwrap();
+        let format = spec.for_generation(g1, &[3; 32]).unwrap();
+        let ks = KeySet::with_formats(
+            (g1, proto::Prf::SipHash24, [3; 32], format),
+            Some((Generation::ZERO, proto::Prf::SipHash24, [4; 32], CidFormat::Adr1)),
+        )
+        .unwrap();
+        let CidFormat::QuicLb(p) = format else { unreachable!() };
+        let mut lb = proto::quic_lb::ConfigSet::new();
+        lb.insert(proto::quic_lb::Config::new(p).unwrap());
+        let mut g = AdrCidGenerator::new(CidKeys::new(ks.clone()), ServerId(0x0a0b));
+        for _ in 0..200 {
+            let cid = g.generate_cid();
+            assert_eq!(cid.len(), CID_LEN);
+            assert_eq!(lb.decode(&cid).unwrap().server_id.as_bytes(), &[0x0a, 0x0b]);
+            assert_eq!(ks.decode(&cid).unwrap().server_id, ServerId(0x0a0b));
+            assert!(g.validate(&cid).is_ok());
+        }
     }
 }

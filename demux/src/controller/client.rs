@@ -54,16 +54,18 @@ pub fn rotate_keys(
     force: bool,
     phase: proto::wire::admin::RotatePhase,
     from: Option<&Path>,
+    format: Option<proto::cid_format::FormatSpec>,
 ) -> Result<()> {
     let p = Paths::new(dir);
     let from = from.map(std::path::absolute).transpose().context("--from")?;
     let path = from.as_ref().map(|f| f.display().to_string());
-    match ask(dir, &Admin::RotateKeys { prf, force, phase, from: path }) {
+    match ask(dir, &Admin::RotateKeys { prf, force, phase, from: path, format }) {
         Ok(v) => {
             println!(
-                "{phase:?} by the running controller: key generation {} issued ({}); also decoded: {}",
+                "{phase:?} by the running controller: key generation {} issued ({}, {}); also decoded: {}",
                 v["key_newest"],
                 v["key_newest_prf"].as_str().unwrap_or("?"),
+                v["key_newest_format"].as_str().unwrap_or("?"),
                 v["key_previous"]
             );
             Ok(())
@@ -84,7 +86,7 @@ pub fn rotate_keys(
             };
             let k =
                 proto::keyfile::KeyFile::parse(&text).with_context(|| format!("key file {}", p.keys().display()))?;
-            let k = state::rotate_keys(&p, &k, prf, phase, from.as_deref())?;
+            let k = state::rotate_keys(&p, &k, prf, phase, from.as_deref(), format.as_ref())?;
             if phase != proto::wire::admin::RotatePhase::Stage {
                 let mut c = state::load_or_create_counter(&p)?;
                 c.starts_in_generation = 0;
@@ -97,9 +99,10 @@ pub fn rotate_keys(
                 super::pacing::Record { at_unix_ms: super::pacing::now_unix_ms(), cid_lifetime_ms: life },
             )?;
             println!(
-                "{phase:?} in the key file (no controller running): key generation {} issued ({}); also decoded: {:?}",
+                "{phase:?} in the key file (no controller running): key generation {} issued ({}, {}); also decoded: {:?}",
                 k.keys.newest.generation.get(),
                 k.keys.newest.prf,
+                k.keys.newest.format.describe(),
                 k.keys.previous.map(|g| g.generation.get())
             );
             Ok(())

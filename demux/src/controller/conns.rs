@@ -135,9 +135,9 @@ impl Ctl {
                 let json = self.status_json().to_string();
                 self.reply(token, &Admin::Status { json })
             }
-            (Kind::Operator, Adm(Admin::RotateKeys { prf, force, phase, from })) => {
+            (Kind::Operator, Adm(Admin::RotateKeys { prf, force, phase, from, format })) => {
                 let from = from.map(std::path::PathBuf::from);
-                match self.rotate("demux rotate-keys", prf, force, phase, from.as_deref()) {
+                match self.rotate("demux rotate-keys", prf, force, phase, from.as_deref(), format.as_ref()) {
                     Ok(()) => {
                         let json = self.status_json().to_string();
                         self.reply(token, &Admin::Status { json })
@@ -286,7 +286,7 @@ impl Ctl {
                 // still handed out), unless the id space itself needs the new generation.
                 let force = self.counter.starts_in_generation >= host.per_host() / 2;
                 let phase = proto::wire::admin::RotatePhase::Rotate;
-                if let Err(e) = self.rotate(&why, None, force, phase, None) {
+                if let Err(e) = self.rotate(&why, None, force, phase, None, None) {
                     tracing::warn!(error = %format!("{e:#}"), "automatic key rotation deferred");
                 }
             }

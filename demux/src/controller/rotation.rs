@@ -16,6 +16,12 @@
 //!    `KeysChanged`, then `DIR/last-rotation` is stored (the pacing interval starts
 //!    once no worker mints with the previous newest generation any more).
 //!
+//! A generation in another CID format than adr1 (ADR 0007) reaches only peers of
+//! protocol version 4 on: a rotation that would make one live is refused while a
+//! registered worker negotiated an older version (naming it); a data plane of an
+//! older version refuses the `KeysChanged` (its reader does not know the PRF code the
+//! generation is written with), so the rotation rolls back (step 4).
+//!
 //! Adoption (controller restart) and an offline `rotate-keys` are covered by
 //! `resync_adopted`: the adopted data plane gets the file's keys, acknowledged,
 //! before the control socket exists, so no worker can rejoin with keys it lacks.
@@ -46,12 +52,17 @@ impl Ctl {
         force: bool,
         phase: proto::wire::admin::RotatePhase,
         from: Option<&std::path::Path>,
+        format: Option<&proto::cid_format::FormatSpec>,
     ) -> Result<()> {
         if phase != proto::wire::admin::RotatePhase::Activate {
             pacing::check(&self.paths, Some(self.cid_lifetime()), force)?;
         }
         let old = self.keys.clone();
-        let k = state::rotate_keys(&self.paths, &self.keys, prf, phase, from)?;
+        let k = state::next_keys(&self.keys, prf, phase, from, format)?;
+        if k.has_other_formats() {
+            self.check_workers_read_formats()?;
+        }
+        state::write_atomic(&self.paths.keys(), &k.to_text())?;
         if let Err(e) = tell_dataplane(&self.paths.dataplane_sock(), &Admin::KeysChanged { keys: k.keys.clone() }) {
             let restored = state::write_atomic(&self.paths.keys(), &old.to_text());
             send_nowait(&self.paths.dataplane_sock(), &Admin::KeysChanged { keys: old.keys.clone() });
@@ -76,6 +87,7 @@ impl Ctl {
         }
         tracing::info!(
             why, ?phase, newest = self.keys.keys.newest.generation.get(), prf = %self.keys.keys.newest.prf,
+            format = %self.keys.keys.newest.format.describe(),
             previous = ?self.keys.keys.previous.map(|p| p.generation.get()), staged = self.keys.is_staged(),
             "CID key generation rotated"
         );
@@ -95,6 +107,28 @@ impl Ctl {
             tracing::warn!(error = %format!("{e:#}"), "could not record the rotation time");
         }
         Ok(())
+    }
+}
+
+impl Ctl {
+    /// ADR 0007: every registered worker negotiated a protocol version whose `Keys`
+    /// carry CID formats, else an error naming the ones that did not.
+    fn check_workers_read_formats(&self) -> Result<()> {
+        let old: Vec<String> = self
+            .conns
+            .values()
+            .filter(|c| c.kind == Kind::Worker)
+            .filter_map(|c| c.version.filter(|v| *v < proto::wire::CID_FORMAT_VERSION))
+            .map(|v| format!("a worker of protocol version {v}"))
+            .collect();
+        if old.is_empty() {
+            return Ok(());
+        }
+        anyhow::bail!(
+            "a quic-lb generation needs protocol version {} on every peer (docs/adr/0007-quic-lb.md); registered: {}              — upgrade them first (`demux upgrade`)",
+            proto::wire::CID_FORMAT_VERSION,
+            old.join(", ")
+        )
     }
 }
 

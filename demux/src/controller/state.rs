@@ -12,6 +12,7 @@
 //! connection.
 
 use anyhow::{bail, Context, Result};
+use proto::cid_format::FormatSpec;
 use proto::keyfile::KeyFile;
 use std::io::Write;
 use std::os::fd::AsRawFd;
@@ -226,8 +227,29 @@ pub fn rotate_keys(
     prf: Option<proto::cid::Prf>,
     phase: proto::wire::admin::RotatePhase,
     from: Option<&Path>,
+    format: Option<&FormatSpec>,
+) -> Result<KeyFile> {
+    let k = next_keys(current, prf, phase, from, format)?;
+    write_atomic(&p.keys(), &k.to_text())?;
+    Ok(k)
+}
+
+/// The key file a rotation makes of `current` ([`rotate_keys`] without the write):
+/// the new generation takes `format`, by default the newest generation's
+/// (`FormatSpec::kept`, docs/adr/0007-quic-lb.md).
+pub fn next_keys(
+    current: &KeyFile,
+    prf: Option<proto::cid::Prf>,
+    phase: proto::wire::admin::RotatePhase,
+    from: Option<&Path>,
+    format: Option<&FormatSpec>,
 ) -> Result<KeyFile> {
     use proto::wire::admin::RotatePhase;
+    if format.is_some() && (from.is_some() || phase == RotatePhase::Activate) {
+        bail!("a CID format applies to a new generation: not with --activate or --from (the staged one has its own)");
+    }
+    let newest = &current.keys.newest;
+    let spec = format.copied().unwrap_or_else(|| FormatSpec::kept(&newest.format, &newest.secret));
     let (mut fresh, mut fresh_forwarding) = ([0u8; 32], [0u8; 32]);
     sys::os_random(&mut fresh).context("getrandom")?;
     sys::os_random(&mut fresh_forwarding).context("getrandom")?;
@@ -238,9 +260,9 @@ pub fn rotate_keys(
             "key generation {staged_gen:?} is staged: `rotate-keys --activate` it first (on every host), or the \
              hosts that staged it would lose it"
         ),
-        RotatePhase::Rotate => current.rotated(fresh, prf),
+        RotatePhase::Rotate => current.rotated_as(fresh, prf, &spec)?,
         RotatePhase::Stage => match from {
-            None => current.staged(fresh, fresh_forwarding, prf),
+            None => current.staged_as(fresh, fresh_forwarding, prf, &spec)?,
             Some(f) => {
                 let text = read_private(f)?.with_context(|| format!("{} does not exist", f.display()))?;
                 let other = KeyFile::parse(&text).with_context(|| format!("key file {}", f.display()))?;
@@ -251,7 +273,6 @@ pub fn rotate_keys(
             current.activated().context("no key generation is staged (`rotate-keys --stage` on every host first)")?
         }
     };
-    write_atomic(&p.keys(), &k.to_text())?;
     Ok(k)
 }
 
@@ -374,13 +395,14 @@ mod tests {
         let (k2, created2) = load_or_create_keys(&p).unwrap();
         assert!(!created2 && k2 == k);
         assert_eq!(k.keys.newest.prf, proto::cid::Prf::SipHash24, "new state directories use siphash-2-4");
-        let r = rotate_keys(&p, &k, None, proto::wire::admin::RotatePhase::Rotate, None).unwrap();
+        let r = rotate_keys(&p, &k, None, proto::wire::admin::RotatePhase::Rotate, None, None).unwrap();
         assert_eq!(load_or_create_keys(&p).unwrap().0, r);
         assert_eq!(r.keys.previous, Some(k.keys.newest));
         assert_eq!(r.keys.newest.prf, proto::cid::Prf::SipHash24, "rotation keeps the PRF");
         // rotate-keys --prf: the new generation switches, the previous keeps its own.
-        let h = rotate_keys(&p, &r, Some(proto::cid::Prf::HmacSha256), proto::wire::admin::RotatePhase::Rotate, None)
-            .unwrap();
+        let h =
+            rotate_keys(&p, &r, Some(proto::cid::Prf::HmacSha256), proto::wire::admin::RotatePhase::Rotate, None, None)
+                .unwrap();
         assert_eq!(
             (h.keys.newest.prf, h.keys.previous.map(|g| g.prf)),
             (proto::cid::Prf::HmacSha256, Some(proto::cid::Prf::SipHash24))
@@ -391,19 +413,38 @@ mod tests {
         // staged, is refused and changes nothing.
         use proto::wire::admin::RotatePhase::{Activate, Rotate, Stage};
         let err = |r: Result<KeyFile>| format!("{:#}", r.unwrap_err());
-        assert!(err(rotate_keys(&p, &h, None, Activate, None)).contains("no key generation is staged"));
-        let s = rotate_keys(&p, &h, None, Stage, None).unwrap();
+        assert!(err(rotate_keys(&p, &h, None, Activate, None, None)).contains("no key generation is staged"));
+        let s = rotate_keys(&p, &h, None, Stage, None, None).unwrap();
         assert_eq!(s.keys.newest, h.keys.newest, "staging keeps the issuing generation");
         assert_eq!(s.keys.previous.map(|g| g.generation), Some(h.keys.newest.generation.next()));
         assert!(s.is_staged() && !h.is_staged());
         for phase in [Rotate, Stage] {
-            assert!(err(rotate_keys(&p, &s, None, phase, None)).contains("--activate"), "{phase:?}");
+            assert!(err(rotate_keys(&p, &s, None, phase, None, None)).contains("--activate"), "{phase:?}");
         }
         assert_eq!(load_or_create_keys(&p).unwrap().0, s, "refusals leave the file");
-        let a = rotate_keys(&p, &s, None, Activate, None).unwrap();
+        let a = rotate_keys(&p, &s, None, Activate, None, None).unwrap();
         assert_eq!((a.keys.newest, a.keys.previous), (s.keys.previous.unwrap(), Some(h.keys.newest)));
         assert!(!a.is_staged());
         assert_eq!(load_or_create_keys(&p).unwrap().0, a);
+        // ADR 0007: `--cid-format` switches the new generation's format; a rotation
+        // without it keeps the newest's (a generated key is generated afresh); a
+        // format with --activate is refused.
+        use proto::cid_format::CidFormat;
+        let spec: FormatSpec = "quic-lb server-id=2 key=generate length=self".parse().unwrap();
+        assert!(err(rotate_keys(&p, &s, None, Activate, None, Some(&spec))).contains("not with --activate"));
+        let q = rotate_keys(&p, &a, None, Rotate, None, Some(&spec)).unwrap();
+        let CidFormat::QuicLb(qp) = q.keys.newest.format else { panic!("quic-lb: {q:?}") };
+        assert_eq!(qp.config_id.get(), 2 * q.keys.newest.generation.get());
+        assert_eq!(qp.key.map(|k| k.to_vec()), Some(q.keys.newest.secret[..16].to_vec()));
+        assert_eq!(load_or_create_keys(&p).unwrap().0, q);
+        let kept = rotate_keys(&p, &q, None, Rotate, None, None).unwrap();
+        let CidFormat::QuicLb(kp) = kept.keys.newest.format else { panic!("kept: {kept:?}") };
+        assert_eq!(kp.config_id.get(), 2 * kept.keys.newest.generation.get());
+        assert_eq!(kp.key.map(|k| k.to_vec()), Some(kept.keys.newest.secret[..16].to_vec()), "a fresh key");
+        assert_ne!(kp.key, qp.key);
+        let back = rotate_keys(&p, &kept, None, Rotate, None, Some(&FormatSpec::Adr1)).unwrap();
+        assert_eq!(back.keys.newest.format, CidFormat::Adr1);
+        assert_eq!(rotate_keys(&p, &back, None, Rotate, None, None).unwrap().keys.newest.format, CidFormat::Adr1);
         // No temp files left behind.
         let names: Vec<String> =
             std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();

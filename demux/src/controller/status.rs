@@ -65,6 +65,8 @@ impl Ctl {
             "rotate_every": self.opts.rotate_every,
             "key_newest": k.newest.generation.get(),
             "key_newest_prf": k.newest.prf.as_str(),
+            "key_newest_format": k.newest.format.describe(),
+            "key_previous_format": k.previous.map(|p| p.format.describe()),
             "key_previous": k.previous.map(|p| p.generation.get()),
             "key_previous_prf": k.previous.map(|p| p.prf.as_str()),
             "spawn_workers": self.lc.spawn_workers(),

@@ -27,7 +27,8 @@
 use crate::cli::FastPathMode;
 use crate::dataplane::socket::{self, UdpSock};
 use anyhow::{bail, Result};
-use fastpath::Variant;
+use fastpath::{GenSteering, Variant};
+use proto::cid_format::CidFormat;
 use proto::{Generation, KeySet, ServerId};
 use serde_json::{json, Map, Value};
 use std::net::SocketAddr;
@@ -146,12 +147,21 @@ impl FastPath {
     }
 
     /// Writes every generation's state: the SipHash key of a live siphash-2-4
-    /// generation, inactive otherwise (hmac-sha256, not live).
+    /// generation, the config of a plaintext QUIC-LB one, "encrypted" for a keyed
+    /// QUIC-LB one (to the user path, counted: ADR 0007), inactive otherwise
+    /// (hmac-sha256, not live).
     pub fn set_keys(&self, keys: &KeySet) -> Result<()> {
         for cr in 0..3u8 {
             let Some(gen) = Generation::new(cr) else { continue };
+            let how = match keys.format(gen) {
+                Some(CidFormat::QuicLb(p)) if p.key.is_none() => {
+                    GenSteering::QuicLbPlaintext { config_id: p.config_id.get(), server_id_len: p.server_id_len }
+                }
+                Some(CidFormat::QuicLb(_)) => GenSteering::QuicLbEncrypted,
+                _ => keys.siphash_key(gen).map_or(GenSteering::Inactive, GenSteering::SipHash),
+            };
             for g in &self.groups {
-                g.steering.set_generation(gen, keys.siphash_key(gen))?;
+                g.steering.set_generation_as(gen, how)?;
             }
         }
         Ok(())
@@ -210,6 +220,7 @@ impl FastPath {
             "short_packet": t.short_packet,
             "cr_unroutable": t.cr_unroutable,
             "unknown_generation": t.unknown_generation,
+            "quic_lb_encrypted": t.quic_lb_encrypted,
             "not_live": t.not_live,
             "train_to_shard": t.train_to_shard,
             "select_failed": t.select_failed,

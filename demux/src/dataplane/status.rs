@@ -169,6 +169,11 @@ pub fn render(
     let newest = keys.newest();
     top.insert("key_newest".into(), json!(newest.get()));
     top.insert("key_previous".into(), json!(keys.live_generations().find(|g| *g != newest).map(|g| g.get())));
+    // ADR 0007: each live generation's CID format (`adr1`, or `quic-lb` and its config
+    // without the key).
+    let format = |g| keys.format(g).map(|f: proto::cid_format::CidFormat| f.name());
+    top.insert("key_newest_format".into(), json!(format(newest)));
+    top.insert("key_previous_format".into(), json!(keys.live_generations().find(|g| *g != newest).and_then(format)));
     for (k, v) in total {
         top.insert(k, v);
     }

@@ -547,3 +547,60 @@ pub fn socket_inodes(pid: i64) -> std::collections::BTreeSet<u64> {
         .filter_map(|fd| socket_inode(pid, fd))
         .collect()
 }
+
+/// Downloads on fresh connections, each checked; (ok, failures). (Many new
+/// connections a second from one address: the controllers run `--limits off`.)
+pub struct Downloads {
+    pub ok: Arc<AtomicU64>,
+    failures: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Downloads {
+    pub fn start(rt: &tokio::runtime::Runtime, c: &Controller, clients: usize, bytes: u64) -> Downloads {
+        let addr = c.addr();
+        let (ok, failures, stop) =
+            (Arc::new(AtomicU64::new(0)), Arc::new(Mutex::new(Vec::new())), Arc::new(AtomicBool::new(false)));
+        let mut tasks = Vec::new();
+        for _ in 0..clients {
+            let ep = {
+                let _g = rt.enter();
+                client_endpoint(&c.cert)
+            };
+            let (ok, failures, stop) = (ok.clone(), failures.clone(), stop.clone());
+            tasks.push(rt.spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let r = tokio::time::timeout(Duration::from_secs(30), async {
+                        let mut h = H3::connect(&ep, addr).await.map_err(|e| format!("connect: {e}"))?;
+                        let r = h.get(&format!("/bytes/{bytes}")).await.map_err(|e| format!("GET: {e:?}"))?;
+                        h.close();
+                        if r.status == 200 && r.len == bytes && r.pattern_ok {
+                            Ok(())
+                        } else {
+                            Err(format!("bad response {r:?}"))
+                        }
+                    })
+                    .await;
+                    match r {
+                        Ok(Ok(())) => {
+                            ok.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(Err(e)) => failures.lock().unwrap().push(e),
+                        Err(_) => failures.lock().unwrap().push("download timed out (30 s)".into()),
+                    }
+                }
+            }));
+        }
+        Downloads { ok, failures, stop, tasks }
+    }
+
+    pub fn finish(self, rt: &tokio::runtime::Runtime) -> (u64, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            let _ = rt.block_on(async { tokio::time::timeout(Duration::from_secs(60), t).await });
+        }
+        let f = self.failures.lock().unwrap().clone();
+        (self.ok.load(Ordering::Relaxed), f)
+    }
+}

@@ -83,6 +83,7 @@ pub enum Outcome {
     ShortPacket,
     CrUnroutable,
     UnknownGeneration,
+    QuicLbEncrypted,
     NotLive,
     SelectFailed,
 }
@@ -97,6 +98,7 @@ pub fn bump(c: &mut Counters, o: Outcome) {
         Outcome::ShortPacket => c.short_packet += 1,
         Outcome::CrUnroutable => c.cr_unroutable += 1,
         Outcome::UnknownGeneration => c.unknown_generation += 1,
+        Outcome::QuicLbEncrypted => c.quic_lb_encrypted += 1,
         Outcome::NotLive => c.not_live += 1,
         Outcome::SelectFailed => c.select_failed += 1,
     }

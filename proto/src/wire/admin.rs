@@ -14,6 +14,7 @@
 use super::codec::{self, put_keys, put_socket_addrs, put_text};
 use super::{Announce, Conversation, Keys, Message, WireError, ERROR, WELCOME};
 use crate::cid::Prf;
+use crate::cid_format::FormatSpec;
 use std::net::SocketAddr;
 
 /// The admin capabilities this build knows: none yet.
@@ -37,7 +38,9 @@ pub enum Admin {
     /// of the last rotation. Reply: `Status` (JSON) or `Error`.
     /// `from`: with `Stage`, stage the generation another host staged, from this key
     /// file (a path the controller reads), instead of a fresh one (ADR 0005 §3).
-    RotateKeys { prf: Option<Prf>, force: bool, phase: RotatePhase, from: Option<String> },
+    /// `format`: the new generation's CID format (ADR 0007; `None`: the newest
+    /// generation's, `FormatSpec::kept`); from protocol version 4.
+    RotateKeys { prf: Option<Prf>, force: bool, phase: RotatePhase, from: Option<String>, format: Option<FormatSpec> },
     /// C → D: the key generations changed (rotation, adoption).
     KeysChanged { keys: Keys },
     /// C → D: hand back every UDP socket, all shards, shard-major (`[shard][listen
@@ -75,6 +78,10 @@ impl RotatePhase {
 /// `from` path follows (text).
 const ROTATE_FORCE: u8 = 1;
 const ROTATE_FROM: u8 = 8;
+/// Bit 4, from protocol version 4: a CID format follows (text, after the path; ADR
+/// 0007). A version 3 reader refuses it as a reserved bit, so a format is never lost
+/// on the way to an older controller.
+const ROTATE_FORMAT: u8 = 0x10;
 
 /// `RotateKeys` body byte: keep the newest generation's PRF (else a PRF code).
 pub const KEEP_PRF: u8 = 0xff;
@@ -102,17 +109,24 @@ impl Message for Admin {
                 codec::header(tag::STATUS, version, v);
                 put_text(v, json);
             }
-            Admin::RotateKeys { prf, force, phase, from } => {
+            Admin::RotateKeys { prf, force, phase, from, format } => {
                 codec::header(tag::ROTATE_KEYS, version, v);
                 v.push(prf.map_or(KEEP_PRF, Prf::code));
-                v.push(u8::from(*force) | phase.bits() << 1 | if from.is_some() { ROTATE_FROM } else { 0 });
+                let flags = u8::from(*force)
+                    | phase.bits() << 1
+                    | if from.is_some() { ROTATE_FROM } else { 0 }
+                    | if format.is_some() { ROTATE_FORMAT } else { 0 };
+                v.push(flags);
                 if let Some(f) = from {
                     put_text(v, f);
+                }
+                if let Some(f) = format {
+                    put_text(v, &f.to_string());
                 }
             }
             Admin::KeysChanged { keys } => {
                 codec::header(tag::KEYS_CHANGED, version, v);
-                put_keys(v, keys);
+                put_keys(v, version, keys);
             }
             Admin::GetSockets => codec::header(tag::GET_SOCKETS, version, v),
             Admin::Sockets { addrs } => {
@@ -136,7 +150,8 @@ impl Message for Admin {
                     p => Some(Prf::from_code(p).ok_or(WireError::BadPrf(p))?),
                 };
                 let flags = c.u8()?;
-                if flags & 0xf0 != 0 {
+                let reserved = if version >= super::CID_FORMAT_VERSION { 0xe0 } else { 0xf0 };
+                if flags & reserved != 0 {
                     return Err(WireError::ReservedBits);
                 }
                 let phase = match (flags >> 1) & 0b11 {
@@ -146,9 +161,21 @@ impl Message for Admin {
                     _ => return Err(WireError::ReservedBits),
                 };
                 let from = if flags & ROTATE_FROM != 0 { Some(c.text()?) } else { None };
-                Admin::RotateKeys { prf, force: flags & ROTATE_FORCE != 0, phase, from }
+                let format = if flags & ROTATE_FORMAT != 0 {
+                    // Only the canonical text (what `Display` writes): one encoding per
+                    // message.
+                    let text = c.text()?;
+                    let spec = text.parse::<FormatSpec>().map_err(|_| WireError::BadCidFormatText)?;
+                    if spec.to_string() != text {
+                        return Err(WireError::BadCidFormatText);
+                    }
+                    Some(spec)
+                } else {
+                    None
+                };
+                Admin::RotateKeys { prf, force: flags & ROTATE_FORCE != 0, phase, from, format }
             }
-            tag::KEYS_CHANGED => Admin::KeysChanged { keys: c.keys()? },
+            tag::KEYS_CHANGED => Admin::KeysChanged { keys: c.keys(version)? },
             tag::GET_SOCKETS => Admin::GetSockets,
             tag::SOCKETS => Admin::Sockets { addrs: c.socket_addrs()? },
             ERROR => Admin::Error { reason: c.text()? },

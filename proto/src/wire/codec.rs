@@ -5,6 +5,16 @@
 use super::version::{Announce, Window, FIRST_VERSION};
 use super::{Conversation, KeyGen, Keys, WireError, CONTROL_MAGIC, ERROR, MAX_SOCKETS, MAX_TEXT, WELCOME};
 use crate::cid::{Generation, Prf};
+use crate::cid_format::CidFormat;
+use crate::quic_lb;
+
+/// The first protocol version whose `Keys` carry a CID format per generation (ADR 0007).
+pub const CID_FORMAT_VERSION: u8 = 4;
+/// The PRF code a quic-lb generation is written with in a version before
+/// [`CID_FORMAT_VERSION`]: no reader knows it ([`put_keys`]).
+pub const NO_PRF_IN_THIS_VERSION: u8 = 0xff;
+const FORMAT_ADR1: u8 = 0;
+const FORMAT_QUIC_LB: u8 = 1;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 /// Starts a record: magic, protocol `version`, `tag`.
@@ -93,12 +103,36 @@ pub(super) fn put_socket_addrs(v: &mut Vec<u8>, addrs: &[SocketAddr]) {
 }
 
 /// Keys = KeyGen, has-previous u8 (0/1), [KeyGen]; KeyGen = generation u8, PRF code
-/// u8 (ADR 0004), secret [32].
-pub(super) fn put_keys(v: &mut Vec<u8>, k: &Keys) {
+/// u8 (ADR 0004), secret [32], and from [`CID_FORMAT_VERSION`] on its CID format
+/// (ADR 0007): format u8 (0 adr1, 1 quic-lb), for quic-lb config id u8, server-id
+/// length u8, nonce length u8, flags u8 (bit 0 keyed, bit 1 self-encoded length),
+/// [key [16] when keyed].
+///
+/// In an older version a quic-lb generation has no field to go in: it is written with
+/// the PRF code [`NO_PRF_IN_THIS_VERSION`], which that version's reader refuses
+/// (`BadPrf`, and with it the whole `Keys`), never reads as adr1. The controller
+/// issues no quic-lb generation while such a peer is registered (docs/wire.md
+/// "Versions").
+pub(super) fn put_keys(v: &mut Vec<u8>, version: u8, k: &Keys) {
     let put = |v: &mut Vec<u8>, g: &KeyGen| {
         v.push(g.generation.get());
-        v.push(g.prf.code());
+        let carried = version >= CID_FORMAT_VERSION || g.format == CidFormat::Adr1;
+        v.push(if carried { g.prf.code() } else { NO_PRF_IN_THIS_VERSION });
         v.extend_from_slice(&g.secret);
+        if version < CID_FORMAT_VERSION {
+            return;
+        }
+        match &g.format {
+            CidFormat::Adr1 => v.push(FORMAT_ADR1),
+            CidFormat::QuicLb(p) => {
+                v.push(FORMAT_QUIC_LB);
+                let flags = u8::from(p.key.is_some()) | (u8::from(p.self_encoded_len) << 1);
+                v.extend_from_slice(&[p.config_id.get(), p.server_id_len, p.nonce_len, flags]);
+                if let Some(key) = &p.key {
+                    v.extend_from_slice(key);
+                }
+            }
+        }
     };
     put(v, &k.newest);
     match &k.previous {
@@ -196,13 +230,36 @@ impl<'a> Cur<'a> {
         let p = self.u8()?;
         Prf::from_code(p).ok_or(WireError::BadPrf(p))
     }
-    fn key_gen(&mut self) -> Result<KeyGen, WireError> {
-        Ok(KeyGen { generation: self.generation()?, prf: self.prf()?, secret: self.array()? })
+    fn key_gen(&mut self, version: u8) -> Result<KeyGen, WireError> {
+        let (generation, prf, secret) = (self.generation()?, self.prf()?, self.array()?);
+        let format = if version < CID_FORMAT_VERSION {
+            CidFormat::Adr1
+        } else {
+            match self.u8()? {
+                FORMAT_ADR1 => CidFormat::Adr1,
+                FORMAT_QUIC_LB => {
+                    let [id, server_id_len, nonce_len, flags] = self.array()?;
+                    if flags & !0b11 != 0 {
+                        return Err(WireError::ReservedBits);
+                    }
+                    let key = if flags & 1 != 0 { Some(self.array()?) } else { None };
+                    let config_id = quic_lb::ConfigId::new(id).ok_or(WireError::BadCidFormat(generation.get()))?;
+                    let p =
+                        quic_lb::Params { config_id, server_id_len, nonce_len, key, self_encoded_len: flags & 2 != 0 };
+                    let f = CidFormat::QuicLb(p);
+                    f.check(generation).map_err(|_| WireError::BadCidFormat(generation.get()))?;
+                    f
+                }
+                other => return Err(WireError::UnknownCidFormat(other)),
+            }
+        };
+        Ok(KeyGen { generation, prf, secret, format })
     }
-    pub(super) fn keys(&mut self) -> Result<Keys, WireError> {
-        let newest = self.key_gen()?;
+    /// `Keys` of a record in protocol `version` ([`put_keys`]).
+    pub(super) fn keys(&mut self, version: u8) -> Result<Keys, WireError> {
+        let newest = self.key_gen(version)?;
         let previous = if self.bool()? {
-            let p = self.key_gen()?;
+            let p = self.key_gen(version)?;
             if p.generation == newest.generation {
                 return Err(WireError::BadGeneration(p.generation.get()));
             }

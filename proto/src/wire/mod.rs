@@ -25,6 +25,7 @@
 
 pub mod admin;
 mod codec;
+pub use codec::{CID_FORMAT_VERSION, NO_PRF_IN_THIS_VERSION};
 pub mod data;
 pub mod frame;
 pub mod registration;
@@ -36,6 +37,7 @@ pub use registration::Registration;
 pub use version::{Announce, Window, PROTOCOL_VERSION};
 
 use crate::cid::{Generation, Prf, KEY_LEN};
+use crate::cid_format::CidFormat;
 
 /// First byte of a control record (a data frame starts with [`frame::MAGIC`]).
 pub const CONTROL_MAGIC: u8 = 0xc7;
@@ -159,6 +161,13 @@ pub enum WireError {
     BadGeneration(u8),
     /// A key generation's PRF code is not one this version knows (ADR 0004).
     BadPrf(u8),
+    /// A CID format code this version does not know (ADR 0007).
+    UnknownCidFormat(u8),
+    /// A generation's QUIC-LB config that does not fit it (ADR 0007,
+    /// `proto::cid_format`); the generation.
+    BadCidFormat(u8),
+    /// A `RotateKeys` CID format text that does not parse (ADR 0007).
+    BadCidFormatText,
     TooMany,
     TrailingBytes,
     BadUtf8,
@@ -184,6 +193,9 @@ impl std::fmt::Display for WireError {
             }
             WireError::BadGeneration(g) => write!(f, "key generation {g} out of range"),
             WireError::BadPrf(p) => write!(f, "unknown PRF code {p}"),
+            WireError::UnknownCidFormat(c) => write!(f, "unknown CID format code {c}"),
+            WireError::BadCidFormat(g) => write!(f, "key generation {g}'s quic-lb config does not fit it"),
+            WireError::BadCidFormatText => f.write_str("the CID format text does not parse"),
             WireError::TooMany => f.write_str("list longer than allowed"),
             WireError::TrailingBytes => f.write_str("trailing bytes"),
             WireError::BadUtf8 => f.write_str("text is not UTF-8"),
@@ -199,11 +211,14 @@ pub struct KeyGen {
     pub generation: Generation,
     pub prf: Prf,
     pub secret: [u8; KEY_LEN],
+    /// How this generation's CIDs are built (docs/adr/0007-quic-lb.md): ADR 0001's
+    /// format (which uses `prf` and `secret`) or QUIC-LB with its config.
+    pub format: CidFormat,
 }
 
 impl std::fmt::Debug for KeyGen {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "KeyGen({:?}, {}, <secret>)", self.generation, self.prf)
+        write!(f, "KeyGen({:?}, {}, <secret>, {:?})", self.generation, self.prf, self.format)
     }
 }
 
@@ -215,10 +230,10 @@ pub struct Keys {
 }
 
 impl Keys {
-    /// The routing key set these generations describe, each with its PRF.
+    /// The routing key set these generations describe, each with its PRF and CID format.
     pub fn key_set(&self) -> Result<crate::cid::KeySet, crate::cid::KeySetError> {
-        let t = |k: &KeyGen| (k.generation, k.prf, k.secret);
-        crate::cid::KeySet::with_prfs(t(&self.newest), self.previous.as_ref().map(t))
+        let t = |k: &KeyGen| (k.generation, k.prf, k.secret, k.format);
+        crate::cid::KeySet::with_formats(t(&self.newest), self.previous.as_ref().map(t))
     }
 }
 

@@ -73,7 +73,7 @@ impl Message for Registration {
             Registration::Assign { server_id, keys, reset_key, token_key } => {
                 codec::header(tag::ASSIGN, version, v);
                 v.extend_from_slice(&server_id.0.to_be_bytes());
-                put_keys(v, keys);
+                put_keys(v, version, keys);
                 v.extend_from_slice(reset_key);
                 v.extend_from_slice(token_key);
             }
@@ -85,7 +85,7 @@ impl Message for Registration {
             Registration::Draining => codec::header(tag::DRAINING, version, v),
             Registration::KeysChanged { keys } => {
                 codec::header(tag::KEYS_CHANGED, version, v);
-                put_keys(v, keys);
+                put_keys(v, version, keys);
             }
             Registration::Error { reason } => codec::error(reason, version, v),
         }
@@ -101,14 +101,14 @@ impl Message for Registration {
             WELCOME => Registration::Welcome { version, caps: c.u64()? },
             tag::ASSIGN => Registration::Assign {
                 server_id: ServerId(c.u16()?),
-                keys: c.keys()?,
+                keys: c.keys(version)?,
                 reset_key: c.array()?,
                 token_key: c.array()?,
             },
             tag::SOCKETS => Registration::Sockets { addrs: c.socket_addrs()? },
             tag::READY => Registration::Ready,
             tag::DRAINING => Registration::Draining,
-            tag::KEYS_CHANGED => Registration::KeysChanged { keys: c.keys()? },
+            tag::KEYS_CHANGED => Registration::KeysChanged { keys: c.keys(version)? },
             ERROR => Registration::Error { reason: c.text()? },
             other => return Err(WireError::UnknownMessage(other)),
         };

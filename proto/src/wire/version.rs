@@ -17,7 +17,7 @@
 
 /// The protocol version this build speaks, its newest (`demux --version` and
 /// `worker --version` print it).
-pub const PROTOCOL_VERSION: u8 = 3;
+pub const PROTOCOL_VERSION: u8 = 4;
 
 /// The first protocol version that negotiates. Version bytes 1 and 2 were the
 /// control-record formats of the builds before it, whose hellos carry no version:
