@@ -302,9 +302,43 @@ fn downloads_survive_next_hop_changes_over_ipv6() {
     next_hop_changes(true);
 }
 
+/// (b) with QUIC-LB connection IDs (docs/adr/0007-quic-lb.md): every host rotates to
+/// the same keyed QUIC-LB generation (4-pass Feistel, 2-byte server ids carrying the
+/// host bits) before the downloads, so the workers mint QUIC-LB CIDs and a host
+/// that receives another host's flow decodes the owner from them and forwards it.
+#[test]
+fn downloads_survive_next_hop_changes_with_quic_lb_cids() {
+    if !can_build() {
+        return;
+    }
+    let _s = serial();
+    next_hop_changes_as(false, Some("quic-lb server-id=2 key=00112233445566778899aabbccddeeff"));
+}
+
 fn next_hop_changes(v6: bool) {
+    next_hop_changes_as(v6, None);
+}
+
+/// [`next_hop_changes`]; `cid_format`: first rotate every host to a generation of
+/// this `rotate-keys --cid-format` (the same on every host: a keyed format names its
+/// key).
+fn next_hop_changes_as(v6: bool, cid_format: Option<&str>) {
     let t = Topology::build_family(3, v6);
     let (hosts, _) = appliances(&t);
+    if let Some(f) = cid_format {
+        for h in &hosts {
+            let out = Command::new(DEMUX)
+                .args(["rotate-keys", "--force", "--cid-format", f, "--state-dir"])
+                .arg(&h.state)
+                .output()
+                .expect("run rotate-keys");
+            assert!(out.status.success(), "rotate-keys: {}", String::from_utf8_lossy(&out.stderr));
+            let s = h.status_wait();
+            assert_eq!(s["key_newest"].as_u64(), Some(1), "{s}");
+            let lb = h.lb_wait();
+            assert_eq!(lb["key_newest_format"].as_str(), Some("quic-lb"), "the data plane's newest format: {lb}");
+        }
+    }
     let router = Some(t.router.as_str());
     let (h1, h2, h3) = (t.host_addr(1), t.host_addr(2), t.host_addr(3));
     let (fam, anycast) = (if v6 { "-6" } else { "-4" }, t.anycast());
