@@ -9,7 +9,7 @@ pub const CONTROL_PROTOCOL: crate::wire::Window = crate::wire::Window::OWN;
 /// The data frame (demux → worker) layout version.
 pub const DATA_FRAME: u8 = crate::wire::frame::VERSION;
 
-/// `control protocol N, data frame M` (the tail of both binaries' `--version`).
+/// `control protocol N and N-1, data frame M` (the window; the tail of both binaries' `--version`).
 pub fn describe() -> String {
     format!("control protocol {CONTROL_PROTOCOL}, data frame {DATA_FRAME}")
 }
