@@ -136,43 +136,9 @@ async fn sweep(client: Weak<Inner>) {
 mod tests {
     use super::*;
     use crate::proxy::routes::parse_route;
+    use crate::proxy::test_upstream::{server, Server, Speaks};
     use crate::proxy::upstream::{client, UpstreamClient};
     use http_body_util::BodyExt;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    /// An h2c upstream on loopback answering `ok`; counts the connections it accepted
-    /// and keeps their tasks (to close them from the upstream's side).
-    struct Server {
-        addr: std::net::SocketAddr,
-        accepted: Arc<AtomicUsize>,
-        conns: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
-    }
-
-    async fn server() -> Server {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let conns = Arc::new(Mutex::new(Vec::new()));
-        let (a, c) = (Arc::clone(&accepted), Arc::clone(&conns));
-        tokio::spawn(async move {
-            while let Ok((s, _)) = l.accept().await {
-                a.fetch_add(1, Ordering::SeqCst);
-                let svc = hyper::service::service_fn(|req: Request<hyper::body::Incoming>| async move {
-                    let body = format!("ok {}", req.uri().path());
-                    Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(bytes::Bytes::from(
-                        body,
-                    ))))
-                });
-                let io = hyper_util::rt::TokioIo::new(s);
-                let t = tokio::spawn(async move {
-                    let _ =
-                        hyper::server::conn::http2::Builder::new(TokioExecutor::new()).serve_connection(io, svc).await;
-                });
-                c.lock().unwrap().push(t);
-            }
-        });
-        Server { addr, accepted, conns }
-    }
 
     fn client_for(s: &Server) -> Arc<H2Client> {
         let up = parse_route(&format!("h2c://{}", s.addr)).unwrap().upstream;
@@ -191,7 +157,7 @@ mod tests {
 
     #[tokio::test]
     async fn concurrent_requests_share_one_connection() {
-        let s = server().await;
+        let s = server(Speaks::H2c).await;
         let c = client_for(&s);
         let tasks: Vec<_> = (0..20)
             .map(|i| {
@@ -203,18 +169,16 @@ mod tests {
             assert_eq!(t.await.unwrap(), format!("ok /{i}"));
         }
         assert_eq!(fetch(&c, "/again").await, "ok /again");
-        assert_eq!(s.accepted.load(Ordering::SeqCst), 1, "one connection, dialled once");
+        assert_eq!(s.accepted(), 1, "one connection, dialled once");
         assert!(c.connected());
     }
 
     #[tokio::test]
     async fn a_connection_the_upstream_closed_is_replaced_without_error() {
-        let s = server().await;
+        let s = server(Speaks::H2c).await;
         let c = client_for(&s);
         assert_eq!(fetch(&c, "/a").await, "ok /a");
-        for t in s.conns.lock().unwrap().drain(..) {
-            t.abort();
-        }
+        s.close_all();
         for _ in 0..100 {
             if !c.connected() {
                 break;
@@ -223,6 +187,6 @@ mod tests {
         }
         assert!(!c.connected(), "the closed connection is seen closed");
         assert_eq!(fetch(&c, "/b").await, "ok /b");
-        assert_eq!(s.accepted.load(Ordering::SeqCst), 2);
+        assert_eq!(s.accepted(), 2);
     }
 }

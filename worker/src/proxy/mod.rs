@@ -30,6 +30,8 @@ pub mod headers;
 pub mod health;
 pub mod pool;
 pub mod routes;
+#[cfg(test)]
+mod test_upstream;
 pub mod upstream;
 
 use body::{Chunk, PumpEnd, RequestBody, BODY_QUEUE};

@@ -53,6 +53,8 @@ struct Idle {
 struct Inner {
     connector: FixedConnector,
     builder: http1::Builder,
+    /// [`POOL_IDLE_TIMEOUT`] but in tests.
+    idle_timeout: Duration,
     /// Oldest first.
     idle: Mutex<Vec<Idle>>,
 }
@@ -83,7 +85,7 @@ impl Inner {
     fn take(&self) -> Option<Sender> {
         let mut idle = self.idle();
         while let Some(i) = idle.pop() {
-            if i.since.elapsed() < POOL_IDLE_TIMEOUT && i.tx.is_ready() {
+            if i.since.elapsed() < self.idle_timeout && i.tx.is_ready() {
                 return Some(i.tx);
             }
         }
@@ -93,7 +95,7 @@ impl Inner {
     fn put(&self, tx: Sender) {
         let now = Instant::now();
         let mut idle = self.idle();
-        let expired = idle.iter().take_while(|i| now.duration_since(i.since) >= POOL_IDLE_TIMEOUT).count();
+        let expired = idle.iter().take_while(|i| now.duration_since(i.since) >= self.idle_timeout).count();
         idle.drain(..expired);
         if idle.len() >= POOL_IDLE_MAX {
             idle.remove(0);
@@ -106,9 +108,14 @@ impl Http1Pool {
     /// A pool dialling with `connector`. Call inside tokio: a task drops connections
     /// idle for too long, or closed by the upstream, while no request comes.
     pub fn new(connector: FixedConnector) -> Http1Pool {
-        let inner = Arc::new(Inner { connector, builder: http1::Builder::new(), idle: Mutex::new(Vec::new()) });
+        Http1Pool::with_idle_timeout(connector, POOL_IDLE_TIMEOUT)
+    }
+
+    fn with_idle_timeout(connector: FixedConnector, idle_timeout: Duration) -> Http1Pool {
+        let inner =
+            Arc::new(Inner { connector, builder: http1::Builder::new(), idle_timeout, idle: Mutex::new(Vec::new()) });
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(sweep(Arc::downgrade(&inner)));
+            rt.spawn(sweep(Arc::downgrade(&inner), idle_timeout));
         }
         Http1Pool { inner }
     }
@@ -163,7 +170,7 @@ impl Lease {
             pool.put(tx);
         } else if !tx.is_closed() {
             tokio::spawn(async move {
-                if let Ok(Ok(())) = tokio::time::timeout(POOL_IDLE_TIMEOUT, tx.ready()).await {
+                if let Ok(Ok(())) = tokio::time::timeout(pool.idle_timeout, tx.ready()).await {
                     pool.put(tx);
                 }
             });
@@ -173,12 +180,12 @@ impl Lease {
 
 /// Every half idle timeout, drops the expired and closed idle connections, until
 /// the pool is gone.
-async fn sweep(pool: Weak<Inner>) {
+async fn sweep(pool: Weak<Inner>, idle_timeout: Duration) {
     loop {
-        tokio::time::sleep(POOL_IDLE_TIMEOUT / 2).await;
+        tokio::time::sleep(idle_timeout / 2).await;
         let Some(p) = pool.upgrade() else { return };
         let now = Instant::now();
-        p.idle().retain(|i| now.duration_since(i.since) < POOL_IDLE_TIMEOUT && !i.tx.is_closed());
+        p.idle().retain(|i| now.duration_since(i.since) < idle_timeout && !i.tx.is_closed());
     }
 }
 
@@ -186,41 +193,9 @@ async fn sweep(pool: Weak<Inner>) {
 mod tests {
     use super::*;
     use crate::proxy::routes::parse_route;
+    use crate::proxy::test_upstream::{server, Server, Speaks};
     use crate::proxy::upstream::{client, UpstreamClient};
     use http_body_util::BodyExt;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    /// An HTTP/1.1 upstream on loopback answering `ok`; counts the connections it
-    /// accepted and keeps their tasks (to close them from the upstream's side).
-    struct Server {
-        addr: std::net::SocketAddr,
-        accepted: Arc<AtomicUsize>,
-        conns: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
-    }
-
-    async fn server() -> Server {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let conns = Arc::new(Mutex::new(Vec::new()));
-        let (a, c) = (Arc::clone(&accepted), Arc::clone(&conns));
-        tokio::spawn(async move {
-            while let Ok((s, _)) = l.accept().await {
-                a.fetch_add(1, Ordering::SeqCst);
-                let svc = hyper::service::service_fn(|_req| async {
-                    Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(bytes::Bytes::from(
-                        "ok",
-                    ))))
-                });
-                let io = hyper_util::rt::TokioIo::new(s);
-                let t = tokio::spawn(async move {
-                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, svc).await;
-                });
-                c.lock().unwrap().push(t);
-            }
-        });
-        Server { addr, accepted, conns }
-    }
 
     fn pool_for(s: &Server) -> Http1Pool {
         let up = parse_route(&format!("http://{}", s.addr)).unwrap().upstream;
@@ -240,7 +215,7 @@ mod tests {
     /// Sends a GET and reads its whole body.
     async fn fetch(p: &Http1Pool) -> Lease {
         let (resp, lease) = p.send(get()).await.unwrap();
-        assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), "ok");
+        assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), "ok /x");
         lease
     }
 
@@ -253,39 +228,59 @@ mod tests {
 
     #[tokio::test]
     async fn a_released_connection_serves_the_next_request_an_unreleased_one_does_not() {
-        let s = server().await;
+        let s = server(Speaks::Http1).await;
         let p = pool_for(&s);
         fetch(&p).await.release();
         settle().await;
         assert_eq!(p.idle_count(), 1);
         fetch(&p).await.release();
-        assert_eq!(s.accepted.load(Ordering::SeqCst), 1, "kept alive and reused");
+        assert_eq!(s.accepted(), 1, "kept alive and reused");
         settle().await;
         // Not released (a request that failed after its head, a client gone): dropped.
         drop(fetch(&p).await);
         assert_eq!(p.idle_count(), 0);
         fetch(&p).await.release();
-        assert_eq!(s.accepted.load(Ordering::SeqCst), 2);
+        assert_eq!(s.accepted(), 2);
     }
 
     #[tokio::test]
     async fn an_idle_connection_the_upstream_closed_costs_no_error() {
-        let s = server().await;
+        let s = server(Speaks::Http1).await;
         let p = pool_for(&s);
         fetch(&p).await.release();
         settle().await;
-        for t in s.conns.lock().unwrap().drain(..) {
-            t.abort();
-        }
+        s.close_all();
         settle().await;
         // No error: a new connection.
         fetch(&p).await.release();
-        assert_eq!(s.accepted.load(Ordering::SeqCst), 2);
+        assert_eq!(s.accepted(), 2);
+    }
+
+    /// An idle connection past the idle timeout is not reused, and the sweep drops it
+    /// (the upstream sees it closed) while no request comes.
+    #[tokio::test]
+    async fn a_connection_idle_past_the_timeout_is_dropped_not_reused() {
+        let s = server(Speaks::Http1).await;
+        let p = Http1Pool::with_idle_timeout(pool_for(&s).inner.connector.clone(), Duration::from_millis(200));
+        fetch(&p).await.release();
+        settle().await;
+        assert_eq!(p.idle_count(), 1);
+        fetch(&p).await.release();
+        assert_eq!(s.accepted(), 1, "reused within the timeout");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        fetch(&p).await.release();
+        assert_eq!(s.accepted(), 2, "an expired connection is not taken");
+        settle().await;
+        assert_eq!(p.idle_count(), 1);
+        // No request: the sweep (every half timeout) drops it within 1.5 timeouts.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        assert_eq!(p.idle_count(), 0, "swept");
+        assert_eq!(s.open(), 0, "the upstream saw every connection closed");
     }
 
     #[tokio::test]
     async fn at_most_the_idle_maximum_waits() {
-        let s = server().await;
+        let s = server(Speaks::Http1).await;
         let p = Arc::new(pool_for(&s));
         let tasks: Vec<_> = (0..POOL_IDLE_MAX + 3)
             .map(|_| {
@@ -297,7 +292,7 @@ mod tests {
         for t in tasks {
             leases.push(t.await.unwrap());
         }
-        assert_eq!(s.accepted.load(Ordering::SeqCst), POOL_IDLE_MAX + 3);
+        assert_eq!(s.accepted(), POOL_IDLE_MAX + 3);
         leases.into_iter().for_each(Lease::release);
         settle().await;
         assert_eq!(p.idle_count(), POOL_IDLE_MAX);
