@@ -1,8 +1,9 @@
 //! QUIC-LB connection IDs end to end (docs/adr/0007-quic-lb.md): a controller
 //! rotated adr1 → quic-lb (keyed: Feistel) → quic-lb (plaintext) → adr1 → adr1 under
 //! live quinn downloads and long-lived connections: 0 failed downloads, 0 Orphan,
-//! no long-lived connection lost. At each quic-lb generation, aioquic clients
-//! connect and report the CIDs the server chose; a QUIC-LB decoder that is not this
+//! no long-lived connection lost. At each quic-lb generation, aioquic clients and
+//! an ngtcp2 client (`gtlsclient`, its own packet log) report the CIDs the server
+//! chose; a QUIC-LB decoder that is not this
 //! project's code (`testkit/py/quic_lb_ref.py`, written from draft-21) decodes every
 //! one of them to the server id of the worker that served the request. A CID of the
 //! generation's other config id is unroutable and counted (Orphan).
@@ -80,6 +81,51 @@ fn aioquic_run(c: &Controller) -> (u64, Vec<String>, Option<String>) {
     (field("server_id").parse().unwrap(), cids, retry)
 }
 
+/// One ngtcp2 (`gtlsclient`) GET of `/health` through the appliance: (server id that
+/// served it, from the body `… server-id=N`; the CIDs the server chose, from the
+/// client's own packet log: the SCIDs of its long headers and the CIDs of
+/// NEW_CONNECTION_ID frames, RFC 9000 §19.15).
+fn gtlsclient_server_cids(c: &Controller) -> (u64, Vec<String>) {
+    let dir = testkit::temp_dir("quiclb-ngtcp2");
+    let (qlog, dl) = (dir.join("client.qlog"), dir.join("dl"));
+    std::fs::create_dir_all(&dl).unwrap();
+    let port = c.addr().port().to_string();
+    let mut cmd = Command::new("gtlsclient");
+    cmd.args(["-q", "--exit-on-all-streams-close", "--timeout=30s"])
+        .arg(format!("--qlog-file={}", qlog.display()))
+        .arg(format!("--download={}", dl.display()))
+        .args(["127.0.0.1", &port, &format!("https://localhost:{port}/health")]);
+    let (ok, out) = testkit::bin::run_bounded(&mut cmd, Duration::from_secs(60));
+    let body = std::fs::read_to_string(dl.join("health")).unwrap_or_default();
+    assert!(ok, "gtlsclient: {out} {body}{}", c.logs());
+    let id = body
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("server-id="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no server-id in /health: {body:?}"));
+    let mut cids = Vec::new();
+    let text = std::fs::read_to_string(&qlog).unwrap();
+    for rec in text.split('\u{1e}').filter(|r| !r.trim().is_empty()) {
+        let Ok(e) = serde_json::from_str::<serde_json::Value>(rec) else { continue };
+        if !e["name"].as_str().is_some_and(|n| n.ends_with("packet_received")) {
+            continue;
+        }
+        let data = &e["data"];
+        let scid = data["header"]["scid"].as_str().filter(|s| !s.is_empty());
+        let frames = data["frames"].as_array().into_iter().flatten();
+        let issued =
+            frames.filter(|f| f["frame_type"] == "new_connection_id").filter_map(|f| f["connection_id"].as_str());
+        for cid in scid.into_iter().chain(issued) {
+            if !cids.iter().any(|c| c == cid) {
+                cids.push(cid.to_owned());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(cids.len() >= 2, "the server issued more than its handshake CID: {cids:?} in {}", qlog.display());
+    (id, cids)
+}
+
 /// The reference decoder's answers, one per request line.
 fn reference(requests: &[String]) -> Vec<String> {
     let script = testkit::bin::python_script("quic_lb_ref.py");
@@ -101,16 +147,16 @@ fn config_line(f: &CidFormat) -> String {
     format!("config {} {} {} {key}", p.config_id.get(), p.server_id_len, p.nonce_len)
 }
 
-/// aioquic clients' server-chosen CIDs, decoded by the reference decoder holding
-/// `format`'s config: each to the serving worker's id (zero-padded to the config's
-/// server-id length, in hex). Returns the server ids seen.
+/// The server-chosen CIDs of `runs` aioquic clients and one ngtcp2 client, decoded by
+/// the reference decoder holding `format`'s config: each to the serving worker's id
+/// (zero-padded to the config's server-id length, in hex). Returns the server ids seen.
 fn check_cids_decode_to_the_server(c: &Controller, format: &CidFormat, runs: usize) -> Vec<u64> {
     let CidFormat::QuicLb(p) = format else { unreachable!() };
     let mut requests = vec![config_line(format)];
     let mut want = vec!["ok".to_owned()];
     let mut served = Vec::new();
-    for _ in 0..runs {
-        let (id, cids) = aioquic_server_cids(c);
+    for run in 0..=runs {
+        let (id, cids) = if run < runs { aioquic_server_cids(c) } else { gtlsclient_server_cids(c) };
         served.push(id);
         for cid in cids {
             assert_eq!(cid.len(), 24, "12-byte CIDs: {cid}");
@@ -205,7 +251,9 @@ fn retry_and_resets_with_a_quic_lb_generation() {
 
 #[test]
 fn quic_lb_rotations_under_downloads_decode_with_an_independent_decoder() {
-    if !testkit::bin::have_aioquic() {
+    if !testkit::bin::have_aioquic()
+        || !testkit::have_tool(Command::new("gtlsclient").arg("--help").output().is_ok(), "gtlsclient (ngtcp2-client)")
+    {
         return;
     }
     let _s = serial();
