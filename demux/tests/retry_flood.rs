@@ -23,18 +23,6 @@ use std::time::{Duration, Instant};
 use testkit::h3client::{cert, client_endpoint_on, runtime, Cert, H3};
 use testkit::{temp_dir, wait_until};
 
-/// `cargo build --release -p PACKAGE --bin BIN`; its path.
-fn release_bin(package: &str, bin: &str) -> PathBuf {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let st = Command::new(cargo)
-        .args(["build", "--release", "-q", "-p", package, "--bin", bin])
-        .current_dir(testkit::bin::workspace_root())
-        .status()
-        .expect("running cargo build");
-    assert!(st.success(), "cargo build --release -p {package} --bin {bin} failed");
-    testkit::bin::target_dir().join("release").join(bin)
-}
-
 /// A controller (`demux --listen 127.0.0.1:0 --cores 0-1 --spawn-workers 2 --retry
 /// always`) with its data plane and two workers, all release builds.
 struct Appliance {
@@ -47,7 +35,8 @@ struct Appliance {
 
 impl Appliance {
     fn start(tag: &str) -> Appliance {
-        let (demux, worker) = (release_bin("demux", "demux"), release_bin("worker", "worker"));
+        let (demux, worker) =
+            (testkit::bin::release_bin("demux", "demux"), testkit::bin::release_bin("worker", "worker"));
         let dir = temp_dir(tag);
         let state = dir.join("state");
         let cert = cert(&dir);
@@ -148,7 +137,7 @@ fn cpu_secs(pid: i64) -> f64 {
 }
 
 fn udpflood(addr: std::net::SocketAddr, secs: u64) -> Command {
-    let mut c = Command::new(release_bin("udpflood", "udpflood"));
+    let mut c = Command::new(testkit::bin::release_bin("udpflood", "udpflood"));
     c.args(["--target", &addr.to_string(), "--mode", "initial", "--rate", "max", "--threads", "1"])
         .args(["--duration", &secs.to_string(), "--spoof-sources", SPOOFED_SOURCES, "--json", "--quiet"])
         .stdout(Stdio::piped())

@@ -50,6 +50,23 @@ pub fn workspace_bin(package: &str, bin: &str) -> PathBuf {
     path
 }
 
+/// Builds `bin` of `package` in the release profile (`cargo build --release -q -p
+/// PACKAGE --bin BIN`: the one release build shape, a no-op when it is up to date);
+/// its path. For the tests that load a process to its CPU limit (floods), where a
+/// debug build's cost per datagram, not the design, would decide the outcome.
+pub fn release_bin(package: &str, bin: &str) -> PathBuf {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let st = Command::new(cargo)
+        .args(["build", "--release", "-q", "-p", package, "--bin", bin])
+        .current_dir(workspace_root())
+        .status()
+        .expect("running cargo build --release");
+    assert!(st.success(), "cargo build --release -p {package} --bin {bin} failed");
+    let path = target_dir().join("release").join(bin);
+    assert!(path.exists(), "{} missing after build", path.display());
+    path
+}
+
 /// Waits (at most `within`) until the file at `path` exists and returns its text;
 /// panics with the child's log (`log`) when `child` exits first or time runs out.
 pub fn wait_ready_file(path: &Path, child: &mut Child, log: &Path, what: &str, within: Duration) -> String {

@@ -5,6 +5,10 @@
 //! `FLOOD_RATE`/s. The demux runs `--retry off --limits off --pressure-retry-above 0
 //! --pressure-drop-above 0`, so every Initial is placed on the worker, and the
 //! worker's own overload path (a Retry over `--max-handshakes`) answers the flood.
+//! The data plane and the worker are release builds (`testkit::bin::release_bin`):
+//! a debug worker spent over a second of CPU on the 256 full handshakes it admits at
+//! the flood's start, so its second legitimate connection waited the Initial PTO in
+//! most runs, a cost of the debug build that the latency checks below would measure.
 //!
 //! Asserts: the worker's RSS stays under 300 MB and comes back within 2× its idle RSS
 //! within 30 s after the flood; nothing on the path drops a datagram (the legitimate
@@ -31,7 +35,7 @@ mod common;
 
 use common::*;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -39,20 +43,6 @@ use std::time::{Duration, Instant};
 
 fn env_or(k: &str, d: usize) -> usize {
     std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d)
-}
-
-fn demux_release_or_debug() -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| manifest.join("../target"));
-    let release = !cfg!(debug_assertions);
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.args(["build", "-q", "-p", "demux"]).current_dir(manifest.join(".."));
-    if release {
-        cmd.arg("--release");
-    }
-    assert!(cmd.status().expect("cargo build -p demux").success(), "building demux failed");
-    target.join(if release { "release/demux" } else { "debug/demux" })
 }
 
 struct Kill(Child);
@@ -202,7 +192,7 @@ fn initial_flood_is_bounded_and_memory_returns() {
     assert!(sources <= 65_000);
 
     let dir = temp_dir("flood");
-    let demux = demux_release_or_debug();
+    let demux = testkit::bin::release_bin("demux", "demux");
     let keys = dir.join("keys");
     assert!(Command::new(&demux).args(["gen-keys", "--out"]).arg(&keys).status().expect("gen-keys").success());
     let (data, control, ready, dlog) =
@@ -222,7 +212,7 @@ fn initial_flood_is_bounded_and_memory_returns() {
     let c = cert(&dir);
     let (wready, wlog) = (dir.join("w.ready"), dir.join("w.log"));
     let extra = std::env::var("FLOOD_WORKER_ARGS").unwrap_or_default();
-    let mut w = Command::new(WORKER)
+    let mut w = Command::new(testkit::bin::release_bin("worker", "worker"))
         .args(["--server-id", "1", "--fast-path", "off", "--keys"])
         .arg(&keys)
         .arg("--data-socket")
