@@ -1072,25 +1072,35 @@ mod tests {
         b.peers.shutdown();
     }
 
+    /// A routing snapshot with one live, placeable owner (server id `1 << 14`: host 1)
+    /// whose data connection has `rings`: the owner, the worker's end of that data
+    /// connection, and the snapshot to hand over.
+    fn one_live_owner(
+        keys: &KeyFile,
+        rings: Vec<crate::dataplane::ring::Producer>,
+    ) -> (ServerId, std::os::fd::OwnedFd, Arc<arc_swap::ArcSwap<crate::dataplane::snapshot::Snapshot>>) {
+        use crate::dataplane::snapshot::{DataConn, Snapshot};
+        use proto::route::{InstanceInfo, Table};
+        let owner = ServerId(1 << 14);
+        let (ours, worker_end) = sys::seqpacket::pair().unwrap();
+        let infos = [InstanceInfo { server_id: owner, placeable: true }];
+        let table = Table::new(keys.key_set().unwrap(), keys.rendezvous_key, &infos).unwrap();
+        let conn = Arc::new(DataConn { fd: ours, server_id: owner.0, slot: 0, rings });
+        let snap = Snapshot { table, conns: vec![conn], pressure: Vec::new(), version: 1, awaited: Default::default() };
+        (owner, worker_end, Arc::new(arc_swap::ArcSwap::from_pointee(snap)))
+    }
+
     /// With the routing snapshot given, an accepted datagram whose owner is live here
     /// goes straight to the owner's data connection, as a shard's frame with the
     /// client's and the local address; one for an id not live here is injected.
     #[test]
     fn a_datagram_for_a_live_owner_is_handed_to_its_data_connection() {
-        use crate::dataplane::snapshot::{DataConn, Snapshot};
-        use proto::route::{InstanceInfo, Table};
         if !can_inject() {
             return;
         }
         let keys = cluster_keys();
         let ks = keys.key_set().unwrap();
-        let owner = ServerId(1 << 14);
-        let (ours, worker_end) = sys::seqpacket::pair().unwrap();
-        let table =
-            Table::new(ks.clone(), keys.rendezvous_key, &[InstanceInfo { server_id: owner, placeable: true }]).unwrap();
-        let conn = Arc::new(DataConn { fd: ours, server_id: owner.0, slot: 0, rings: Vec::new() });
-        let snap = Snapshot { table, conns: vec![conn], pressure: Vec::new(), version: 1, awaited: Default::default() };
-        let shared = Arc::new(arc_swap::ArcSwap::from_pointee(snap));
+        let (owner, worker_end, shared) = one_live_owner(&keys, Vec::new());
         let (sink, local) = served_sink();
         let mut a = scripted(2, &keys.forwarding);
         let b = Real::start(1, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], vec![local]);
@@ -1242,17 +1252,11 @@ mod tests {
     #[test]
     fn a_datagram_for_a_live_owner_goes_into_the_peer_threads_ring() {
         use crate::dataplane::ring::Producer;
-        use crate::dataplane::snapshot::{DataConn, Snapshot};
-        use proto::route::{InstanceInfo, Table};
         if !can_inject() {
             return;
         }
         let keys = cluster_keys();
         let ks = keys.key_set().unwrap();
-        let owner = ServerId(1 << 14);
-        let (ours, worker_end) = sys::seqpacket::pair().unwrap();
-        let table =
-            Table::new(ks.clone(), keys.rendezvous_key, &[InstanceInfo { server_id: owner, placeable: true }]).unwrap();
         let (shard_ring, peer_ring) = (Producer::create(1 << 18).unwrap(), Producer::create(1 << 18).unwrap());
         let open = |p: &Producer| {
             let [m, e] = p.fds();
@@ -1260,9 +1264,7 @@ mod tests {
                 .unwrap()
         };
         let (shard_rx, peer_rx) = (open(&shard_ring), open(&peer_ring));
-        let conn = Arc::new(DataConn { fd: ours, server_id: owner.0, slot: 0, rings: vec![shard_ring, peer_ring] });
-        let snap = Snapshot { table, conns: vec![conn], pressure: Vec::new(), version: 1, awaited: Default::default() };
-        let shared = Arc::new(arc_swap::ArcSwap::from_pointee(snap));
+        let (_owner, worker_end, shared) = one_live_owner(&keys, vec![shard_ring, peer_ring]);
         let (_sink, local) = served_sink();
         let mut a = scripted(2, &keys.forwarding);
         let b = Real::start(1, &keys, "127.0.0.1:0".parse().unwrap(), &[(2, a.addr())], vec![local]);
